@@ -1,0 +1,367 @@
+//! The command line: parsing (clap), dispatch, and exit statuses.
+//!
+//! Commands that inspect state (`status`, `sessions`, `ledger`) read the state directory directly,
+//! so they work whether or not the daemon runs.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use bytes::Bytes;
+use clap::{Parser, Subcommand};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+use crate::config::{self, ConfigError, ConfigSource, LocatedFinding, Severity};
+use crate::exit::Failure;
+use crate::ingress::verify;
+use crate::lifecycle::{self, journal};
+use crate::store::{self, DaemonLock, StatusSummary};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "agentgate",
+    version,
+    about = "Turns webhooks into durable AI-agent work",
+    long_about = "agentgate accepts webhooks on a systemd-held socket, makes each event durable before \
+                  acknowledging it, runs it as a turn of an agent session, and delivers the result. \
+                  Interrupted turns resume on the next start."
+)]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, clap::Args)]
+struct ConfigArg {
+    /// Config file [default: $AGENTGATE_CONFIG, else /etc/agentgate/agentgate.toml]
+    #[arg(long, value_name = "PATH")]
+    config: Option<PathBuf>,
+}
+
+impl ConfigArg {
+    fn source(&self) -> ConfigSource {
+        ConfigSource::resolve(self.config.as_deref())
+    }
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the daemon in the foreground (under systemd: Type=notify)
+    Serve(ConfigArg),
+    /// Repair the state directory before a start
+    Reconcile {
+        #[command(flatten)]
+        config: ConfigArg,
+        /// Print what would be done and change nothing
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Validate the config, print findings, exit 0 or 78
+    CheckConfig(ConfigArg),
+    /// Summarize the daemon and its state
+    Status {
+        #[command(flatten)]
+        config: ConfigArg,
+        /// Print JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// List, show, resume or suspend sessions
+    #[command(subcommand)]
+    Sessions(SessionsCommand),
+    /// Inspect the retry ledger
+    #[command(subcommand)]
+    Ledger(LedgerCommand),
+    /// Sign a payload the way ROUTE verifies it and POST it
+    Send {
+        #[command(flatten)]
+        config: ConfigArg,
+        /// The route name (a key under [routes])
+        route: String,
+        /// JSON payload, or @FILE to read it from a file [default: {}]
+        #[arg(long, value_name = "JSON|@FILE")]
+        data: Option<String>,
+        /// Base URL of the listener [default: http://<server.listen>]
+        #[arg(long, value_name = "BASE")]
+        url: Option<String>,
+        /// Delivery id to send [default: a new one]
+        #[arg(long, value_name = "ID")]
+        delivery_id: Option<String>,
+        /// Event type header for schemes that carry one [default: the route's first `events` entry]
+        #[arg(long, value_name = "TYPE")]
+        event_type: Option<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum SessionsCommand {
+    /// List sessions with state, last turn and attempts
+    List {
+        #[command(flatten)]
+        config: ConfigArg,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a session and its transcript
+    Show {
+        #[command(flatten)]
+        config: ConfigArg,
+        key: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Clear the session's ledger entry and queue it again
+    Resume {
+        #[command(flatten)]
+        config: ConfigArg,
+        key: String,
+    },
+    /// Stop the session
+    Suspend {
+        #[command(flatten)]
+        config: ConfigArg,
+        key: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum LedgerCommand {
+    /// Print the retry ledger
+    Show {
+        #[command(flatten)]
+        config: ConfigArg,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Parses the command line, runs the command, and maps the outcome to an exit status.
+pub(crate) fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => {
+            let _ = err.print();
+            return ExitCode::from(if err.use_stderr() { 2 } else { 0 });
+        }
+    };
+    let target = match cli.command {
+        Command::Serve(_) => journal::LogTarget::Daemon,
+        _ => journal::LogTarget::Terminal,
+    };
+    journal::init(target);
+    match run(cli.command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => {
+            eprintln!("agentgate: {failure}");
+            ExitCode::from(failure.code)
+        }
+    }
+}
+
+fn run(command: Command) -> Result<(), Failure> {
+    match command {
+        Command::Serve(config) => lifecycle::serve(&config.source()),
+        Command::CheckConfig(config) => check_config(&config.source()),
+        Command::Status { config, json } => status(&config.source(), json),
+        Command::Send {
+            config,
+            route,
+            data,
+            url,
+            delivery_id,
+            event_type,
+        } => send(
+            &config.source(),
+            &SendRequest {
+                route,
+                data,
+                url,
+                delivery_id,
+                event_type,
+            },
+        ),
+        Command::Reconcile { .. } => not_yet("reconcile"),
+        Command::Sessions(_) => not_yet("sessions"),
+        Command::Ledger(_) => not_yet("ledger"),
+    }
+}
+
+fn not_yet(command: &str) -> Result<(), Failure> {
+    Err(Failure::unavailable(format!(
+        "`agentgate {command}` is not implemented in this version"
+    )))
+}
+
+fn check_config(source: &ConfigSource) -> Result<(), Failure> {
+    match config::load(source) {
+        Ok(loaded) => {
+            for finding in &loaded.warnings {
+                println!("{}", LocatedFinding { source, finding });
+            }
+            println!(
+                "{source}: ok ({} route(s), {} tool(s), {} warning(s))",
+                loaded.config.routes.len(),
+                loaded.config.tools.len(),
+                loaded.warnings.len()
+            );
+            Ok(())
+        }
+        Err(ConfigError::Invalid {
+            source_name,
+            findings,
+        }) => {
+            for finding in &findings {
+                println!(
+                    "{}",
+                    LocatedFinding {
+                        source: &source_name,
+                        finding
+                    }
+                );
+            }
+            let errors = findings
+                .iter()
+                .filter(|f| f.severity == Severity::Error)
+                .count();
+            Err(Failure::config(format!(
+                "{source_name}: {errors} error(s); not usable"
+            )))
+        }
+        Err(err) => Err(Failure::config(err)),
+    }
+}
+
+fn status(source: &ConfigSource, json: bool) -> Result<(), Failure> {
+    let state_dir = config::state_dir(source).map_err(Failure::config)?;
+    let database = state_dir.join(store::DATABASE_FILE);
+    let summary = if database.exists() {
+        store::read_database(&database, StatusSummary::query).map_err(Failure::state)?
+    } else {
+        StatusSummary::default()
+    };
+    let running = DaemonLock::is_held(&state_dir);
+    if json {
+        let document = serde_json::json!({
+            "daemon": {"running": running},
+            "state_dir": state_dir,
+            "events": summary.events,
+            "sessions": summary.sessions,
+            "deliveries": {"pending": 0, "failed": 0},
+        });
+        println!("{document:#}");
+    } else {
+        print!("{}", render_status(&state_dir, running, &summary));
+    }
+    Ok(())
+}
+
+fn render_status(state_dir: &Path, running: bool, summary: &StatusSummary) -> String {
+    let breakdown = |counts: &std::collections::BTreeMap<String, i64>| {
+        counts
+            .iter()
+            .map(|(name, n)| format!("{name} {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    format!(
+        "daemon:     {}\nstate:      {}\nevents:     {} total ({})\nsessions:   {} total ({})\ndeliveries: 0 pending, 0 failed\n",
+        if running { "running" } else { "not running" },
+        state_dir.display(),
+        summary.events.total,
+        breakdown(&summary.events.by_status),
+        summary.sessions.total,
+        breakdown(&summary.sessions.by_state),
+    )
+}
+
+struct SendRequest {
+    route: String,
+    data: Option<String>,
+    url: Option<String>,
+    delivery_id: Option<String>,
+    event_type: Option<String>,
+}
+
+fn send(source: &ConfigSource, request: &SendRequest) -> Result<(), Failure> {
+    let config = lifecycle::load_config(source)?.config;
+    let route = config
+        .routes
+        .iter()
+        .find(|r| r.name == request.route)
+        .ok_or_else(|| {
+            let known: Vec<_> = config.routes.iter().map(|r| r.name.as_str()).collect();
+            Failure::config(format!(
+                "no route {:?} in {source} (routes: {})",
+                request.route,
+                known.join(", ")
+            ))
+        })?;
+    let body = match request.data.as_deref() {
+        None => b"{}".to_vec(),
+        Some(data) => match data.strip_prefix('@') {
+            Some(path) => std::fs::read(path)
+                .map_err(|err| Failure::runtime(format!("--data @{path}: {err}")))?,
+            None => data.as_bytes().to_vec(),
+        },
+    };
+    let base = request
+        .url
+        .clone()
+        .unwrap_or_else(|| format!("http://{}", config.server.listen));
+    let url = format!("{}{}", base.trim_end_matches('/'), route.path);
+    let delivery_id = request
+        .delivery_id
+        .clone()
+        .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let mut builder = http::Request::post(&url)
+        .header("content-type", "application/json")
+        .header("idempotency-key", &delivery_id);
+    for (name, value) in verify::sign(&route.verify, &body, now, &delivery_id) {
+        builder = builder.header(name, value);
+    }
+    let event_type = request
+        .event_type
+        .clone()
+        .or_else(|| route.events.as_ref().and_then(|e| e.first().cloned()));
+    if let (Some(header), Some(event_type)) = (
+        verify::event_type_header(route.verify.scheme),
+        event_type,
+    ) {
+        builder = builder.header(header, event_type);
+    }
+    let http_request = builder
+        .body(Full::new(Bytes::from(body)))
+        .map_err(|err| Failure::config(format!("--url {base}: {err}")))?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|err| Failure::runtime(format!("cannot start the async runtime: {err}")))?;
+    let (status, text) = runtime.block_on(async {
+        let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+        let response = client
+            .request(http_request)
+            .await
+            .map_err(|err| Failure::unavailable(format!("POST {url}: {err}")))?;
+        let status = response.status();
+        let bytes = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|err| Failure::unavailable(format!("POST {url}: reading the answer: {err}")))?
+            .to_bytes();
+        Ok::<_, Failure>((status, String::from_utf8_lossy(&bytes).into_owned()))
+    })?;
+    println!("{} {}", status.as_u16(), text.trim_end());
+    if status.is_success() {
+        Ok(())
+    } else {
+        Err(Failure::runtime(format!(
+            "POST {url} answered {}",
+            status.as_u16()
+        )))
+    }
+}

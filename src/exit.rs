@@ -1,0 +1,45 @@
+//! Process exit statuses (sysexits) and the one-line failure that goes with them.
+
+use std::fmt;
+
+/// A command's failure: the exit status and one line that names what was wrong and where.
+#[derive(Debug)]
+pub(crate) struct Failure {
+    pub code: u8,
+    pub message: String,
+}
+
+impl Failure {
+    /// 1: a runtime failure.
+    pub(crate) fn runtime(message: impl fmt::Display) -> Failure {
+        Failure::with_code(1, message)
+    }
+
+    /// 69: a needed service is unavailable.
+    pub(crate) fn unavailable(message: impl fmt::Display) -> Failure {
+        Failure::with_code(69, message)
+    }
+
+    /// 73: the state directory cannot be created or locked.
+    pub(crate) fn state(message: impl fmt::Display) -> Failure {
+        Failure::with_code(73, message)
+    }
+
+    /// 78: configuration error.
+    pub(crate) fn config(message: impl fmt::Display) -> Failure {
+        Failure::with_code(78, message)
+    }
+
+    fn with_code(code: u8, message: impl fmt::Display) -> Failure {
+        Failure {
+            code,
+            message: message.to_string().replace('\n', " "),
+        }
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}

@@ -1,0 +1,347 @@
+//! The webhook request path: route, limit, verify, parse, dedup, persist, and only then answer.
+//!
+//! Each step that can refuse a request does so before any later step runs, so nothing
+//! unauthenticated, oversized or malformed reaches the disk, and the 202 is written only after the
+//! store reports the commit that holds the event.
+
+use std::collections::{BTreeMap, HashMap};
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::{ALLOW, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderMap, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use serde_json::json;
+
+use super::ratelimit::TokenBucket;
+use super::verify;
+use crate::config::{Config, RouteSettings};
+use crate::store::{AcceptOutcome, NewEvent, Store};
+use crate::template::{EventContext, RouteTemplates};
+
+/// How long a client may take to send a body once its headers arrived, per `header_timeout`.
+const BODY_TIMEOUT_FACTOR: u32 = 4;
+
+pub(crate) type HttpResponse = Response<Full<Bytes>>;
+
+struct Route {
+    settings: RouteSettings,
+    limiter: Option<TokenBucket>,
+}
+
+/// Everything the listener needs to answer webhooks: routes by path, templates and the store.
+pub(crate) struct Ingress {
+    routes: HashMap<String, Route>,
+    templates: RouteTemplates,
+    store: Store,
+    dedup_window: Duration,
+    body_timeout: Duration,
+}
+
+impl Ingress {
+    pub(crate) fn new(config: &Config, store: Store) -> Result<Ingress, String> {
+        let templates = RouteTemplates::compile(&config.routes)?;
+        let routes = config
+            .routes
+            .iter()
+            .map(|settings| {
+                let route = Route {
+                    limiter: settings.rate_limit.map(TokenBucket::new),
+                    settings: settings.clone(),
+                };
+                (settings.path.clone(), route)
+            })
+            .collect();
+        Ok(Ingress {
+            routes,
+            templates,
+            store,
+            dedup_window: config.runtime.dedup_window,
+            body_timeout: config.server.header_timeout * BODY_TIMEOUT_FACTOR,
+        })
+    }
+
+    /// Answers one request. Never fails: every problem is an HTTP status with a JSON body.
+    pub(crate) async fn handle<B>(self: Arc<Self>, request: Request<B>) -> Result<HttpResponse, Infallible>
+    where
+        B: hyper::body::Body<Data = Bytes> + Send,
+        B::Error: std::error::Error + Send + Sync + 'static,
+    {
+        Ok(match self.answer(request).await {
+            Ok(response) | Err(response) => response,
+        })
+    }
+
+    async fn answer<B>(&self, request: Request<B>) -> Result<HttpResponse, HttpResponse>
+    where
+        B: hyper::body::Body<Data = Bytes> + Send,
+        B::Error: std::error::Error + Send + Sync + 'static,
+    {
+        let path = request.uri().path();
+        match (request.method(), path) {
+            (&Method::GET | &Method::HEAD, "/healthz") => {
+                return Ok(json_response(StatusCode::OK, &json!({"status": "ok"})));
+            }
+            (&Method::GET | &Method::HEAD, "/readyz") => {
+                return Ok(if self.store.is_writable() {
+                    json_response(StatusCode::OK, &json!({"status": "ready"}))
+                } else {
+                    unavailable("state cannot be written durably")
+                });
+            }
+            _ => {}
+        }
+        let route = self.routes.get(path).ok_or_else(|| {
+            error(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                &format!("no route at {path}"),
+            )
+        })?;
+        let settings = &route.settings;
+        if request.method() != Method::POST {
+            let mut response = error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                &format!("{path} accepts POST only"),
+            );
+            response
+                .headers_mut()
+                .insert(ALLOW, http::HeaderValue::from_static("POST"));
+            return Err(response);
+        }
+        let too_large = || {
+            error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                &format!(
+                    "body is larger than route {}'s limit of {} bytes",
+                    settings.name, settings.max_body
+                ),
+            )
+        };
+        let declared_length = request
+            .headers()
+            .get(CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared_length.is_some_and(|length| length > settings.max_body) {
+            return Err(too_large());
+        }
+        let (parts, body) = request.into_parts();
+        let limit = usize::try_from(settings.max_body).unwrap_or(usize::MAX);
+        let collected = tokio::time::timeout(self.body_timeout, Limited::new(body, limit).collect())
+            .await
+            .map_err(|_| {
+                error(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "request_timeout",
+                    "the body did not arrive in time",
+                )
+            })?;
+        let body = match collected {
+            Ok(collected) => collected.to_bytes(),
+            Err(err) if err.downcast_ref::<http_body_util::LengthLimitError>().is_some() => {
+                return Err(too_large());
+            }
+            Err(_) => {
+                return Err(error(
+                    StatusCode::BAD_REQUEST,
+                    "bad_request",
+                    "the body could not be read",
+                ));
+            }
+        };
+        let now = unix_seconds();
+        verify::verify(&settings.verify, &parts.headers, &body, now).map_err(|err| {
+            tracing::warn!(route = %settings.name, reason = %err, "webhook refused: verification failed");
+            error(StatusCode::UNAUTHORIZED, "unauthorized", &err.to_string())
+        })?;
+        let (payload, payload_bytes) = parse_payload(&parts.headers, body)?;
+        let event_type = event_type(settings, &parts.headers, &payload);
+        if let Some(events) = &settings.events
+            && !events.iter().any(|e| e == &event_type)
+        {
+            return Ok(json_response(
+                StatusCode::OK,
+                &json!({"status": "ignored", "event_type": event_type}),
+            ));
+        }
+        if let Some(limiter) = &route.limiter
+            && let Err(wait) = limiter.take(Instant::now())
+        {
+            let mut response = error(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limited",
+                &format!("route {} is over its rate_limit", settings.name),
+            );
+            let seconds = wait.as_secs_f64().ceil().max(1.0) as u64;
+            if let Ok(value) = http::HeaderValue::from_str(&seconds.to_string()) {
+                response.headers_mut().insert(RETRY_AFTER, value);
+            }
+            return Err(response);
+        }
+        let delivery_id = verify::delivery_id(settings.verify.scheme, &parts.headers, &payload);
+        let headers = visible_headers(&parts.headers);
+        let event_id = uuid::Uuid::now_v7().to_string();
+        let context = EventContext {
+            payload: &payload,
+            headers: &headers,
+            event_type: &event_type,
+            route: &settings.name,
+            event_id: &event_id,
+            delivery_id: delivery_id.as_deref(),
+        };
+        let session_key = self
+            .templates
+            .session_key(&context)
+            .map_err(|message| error(StatusCode::BAD_REQUEST, "bad_session_key", &message))?;
+        let headers_json = serde_json::to_string(&headers).unwrap_or_else(|_| "{}".to_string());
+        let dedup_since =
+            crate::store::now_millis() - i64::try_from(self.dedup_window.as_millis()).unwrap_or(i64::MAX);
+        let event = NewEvent {
+            id: event_id.clone(),
+            route: settings.name.clone(),
+            session_key: session_key.clone(),
+            event_type,
+            delivery_id: delivery_id.clone(),
+            headers: headers_json,
+            payload: payload_bytes.to_vec(),
+            dedup_since,
+        };
+        match self.store.accept(event).await {
+            Ok(AcceptOutcome::Accepted) => {
+                tracing::info!(
+                    message_id = crate::lifecycle::journal::MESSAGE_ACCEPTED,
+                    event_id = %event_id,
+                    session_key = %session_key,
+                    route = %settings.name,
+                    delivery_id = delivery_id.as_deref().unwrap_or(""),
+                    "event accepted"
+                );
+                Ok(json_response(
+                    StatusCode::ACCEPTED,
+                    &json!({"event_id": event_id, "session": session_key, "status": "accepted"}),
+                ))
+            }
+            Ok(AcceptOutcome::Duplicate { original }) => Ok(json_response(
+                StatusCode::OK,
+                &json!({"event_id": original, "status": "duplicate"}),
+            )),
+            Err(err) => {
+                tracing::error!(route = %settings.name, error = %err, "event refused: not durable");
+                Err(unavailable("state cannot be written durably"))
+            }
+        }
+    }
+}
+
+fn unix_seconds() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Decodes the body as JSON: `application/json` (or `+json`, or no content type), or a form with a
+/// `payload` field holding JSON (GitHub's form-encoded deliveries). Returns the value and its bytes.
+fn parse_payload(
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Result<(serde_json::Value, Bytes), HttpResponse> {
+    let content_type = headers
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| {
+            v.split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase()
+        })
+        .unwrap_or_default();
+    let json_bytes = if content_type.is_empty()
+        || content_type == "application/json"
+        || content_type.ends_with("+json")
+    {
+        body
+    } else if content_type == "application/x-www-form-urlencoded" {
+        let payload = form_urlencoded::parse(&body)
+            .find(|(name, _)| name == "payload")
+            .map(|(_, value)| value.into_owned())
+            .ok_or_else(|| {
+                error(
+                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                    "unsupported_media_type",
+                    "a form-encoded body must carry JSON in a payload field",
+                )
+            })?;
+        Bytes::from(payload)
+    } else {
+        return Err(error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            &format!("content type {content_type} is not JSON"),
+        ));
+    };
+    let value = serde_json::from_slice(&json_bytes).map_err(|err| {
+        error(
+            StatusCode::BAD_REQUEST,
+            "malformed_json",
+            &format!("body is not valid JSON: {err}"),
+        )
+    })?;
+    Ok((value, json_bytes))
+}
+
+/// The scheme's event header, else `payload.type`, else "".
+fn event_type(settings: &RouteSettings, headers: &HeaderMap, payload: &serde_json::Value) -> String {
+    verify::event_type_header(settings.verify.scheme)
+        .and_then(|name| headers.get(name))
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+        .or_else(|| {
+            payload
+                .get("type")
+                .and_then(|t| t.as_str())
+                .map(str::to_string)
+        })
+        .unwrap_or_default()
+}
+
+/// Request headers as templates and transcripts may see them: lower-case, credentials removed.
+fn visible_headers(headers: &HeaderMap) -> BTreeMap<String, String> {
+    headers
+        .iter()
+        .filter(|(name, _)| !verify::is_credential_header(name.as_str()))
+        .map(|(name, value)| {
+            (
+                name.as_str().to_string(),
+                String::from_utf8_lossy(value.as_bytes()).into_owned(),
+            )
+        })
+        .collect()
+}
+
+pub(crate) fn json_response(status: StatusCode, body: &serde_json::Value) -> HttpResponse {
+    let mut response = Response::new(Full::new(Bytes::from(body.to_string())));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+pub(crate) fn error(status: StatusCode, code: &str, message: &str) -> HttpResponse {
+    json_response(status, &json!({"error": code, "message": message}))
+}
+
+fn unavailable(message: &str) -> HttpResponse {
+    let mut response = error(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message);
+    response
+        .headers_mut()
+        .insert(RETRY_AFTER, http::HeaderValue::from_static("1"));
+    response
+}

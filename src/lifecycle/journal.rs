@@ -1,0 +1,55 @@
+//! Logging: journald with filterable fields under systemd, stderr otherwise.
+//!
+//! Under systemd every event's fields (`EVENT_ID`, `SESSION_KEY`, `ROUTE`, `TURN_ID`,
+//! `DELIVERY_ID`) become journal fields without a prefix, so `journalctl -u agentgate
+//! SESSION_KEY=…` finds a session's lines, and lifecycle events carry a stable `MESSAGE_ID` that
+//! the catalog in `packaging/` explains.
+
+use std::io::IsTerminal;
+
+use tracing_subscriber::EnvFilter;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+
+/// An event was made durable and acknowledged.
+pub(crate) const MESSAGE_ACCEPTED: &str = "b7f154d7dfdf46c28b5b7998d4708050";
+
+/// Where log lines go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LogTarget {
+    /// The daemon: journald when its stream is attached, else stderr.
+    Daemon,
+    /// Command-line tools: always stderr.
+    Terminal,
+}
+
+fn filter(default: &str) -> EnvFilter {
+    EnvFilter::try_from_env("AGENTGATE_LOG").unwrap_or_else(|_| EnvFilter::new(default))
+}
+
+/// Installs the global subscriber. Safe to call once per process.
+pub(crate) fn init(target: LogTarget) {
+    if target == LogTarget::Daemon
+        && std::env::var_os("JOURNAL_STREAM").is_some()
+        && let Ok(layer) = tracing_journald::layer()
+    {
+        let layer = layer
+            .with_field_prefix(None)
+            .with_syslog_identifier("agentgate".to_string());
+        let _ = tracing_subscriber::registry()
+            .with(filter("info"))
+            .with(layer)
+            .try_init();
+        return;
+    }
+    let default = match target {
+        LogTarget::Daemon => "info",
+        LogTarget::Terminal => "warn",
+    };
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter(default))
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_target(false)
+        .try_init();
+}

@@ -1,0 +1,140 @@
+//! Events: the durable accept with delivery-id dedup, and the summaries that `status` reads.
+
+use std::collections::BTreeMap;
+
+use rusqlite::{Connection, OptionalExtension, params};
+use serde::Serialize;
+
+use super::{Store, StoreError, now_millis};
+
+/// An event verified by the listener, about to be made durable.
+#[derive(Debug, Clone)]
+pub(crate) struct NewEvent {
+    pub id: String,
+    pub route: String,
+    pub session_key: String,
+    pub event_type: String,
+    pub delivery_id: Option<String>,
+    /// JSON object of the request headers (lower-case names, credentials removed).
+    pub headers: String,
+    pub payload: Vec<u8>,
+    /// Delivery ids seen at or after this time (unix ms) count as duplicates.
+    pub dedup_since: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum AcceptOutcome {
+    Accepted,
+    /// The delivery id was seen within the dedup window; this is the original event id.
+    Duplicate {
+        original: String,
+    },
+}
+
+fn accept_in(connection: &Connection, event: &NewEvent) -> rusqlite::Result<AcceptOutcome> {
+    let now = now_millis();
+    if let Some(delivery_id) = &event.delivery_id {
+        let original: Option<String> = connection
+            .prepare_cached(
+                "SELECT event_id FROM dedup WHERE route = ?1 AND delivery_id = ?2 AND seen_at >= ?3",
+            )?
+            .query_row(params![event.route, delivery_id, event.dedup_since], |row| {
+                row.get(0)
+            })
+            .optional()?;
+        if let Some(original) = original {
+            return Ok(AcceptOutcome::Duplicate { original });
+        }
+        connection
+            .prepare_cached(
+                "INSERT OR REPLACE INTO dedup (route, delivery_id, event_id, seen_at) VALUES (?1, ?2, ?3, ?4)",
+            )?
+            .execute(params![event.route, delivery_id, event.id, now])?;
+    }
+    connection
+        .prepare_cached(
+            "INSERT INTO events (id, route, session_key, event_type, delivery_id, headers, payload,
+                                 received_at, status, updated_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'queued', ?8)",
+        )?
+        .execute(params![
+            event.id,
+            event.route,
+            event.session_key,
+            event.event_type,
+            event.delivery_id,
+            event.headers,
+            event.payload,
+            now
+        ])?;
+    connection
+        .prepare_cached(
+            "INSERT OR IGNORE INTO sessions (key, route, state, created_at, updated_at)
+             VALUES (?1, ?2, 'idle', ?3, ?3)",
+        )?
+        .execute(params![event.session_key, event.route, now])?;
+    Ok(AcceptOutcome::Accepted)
+}
+
+/// Counts for `agentgate status`.
+#[derive(Debug, Default, Serialize)]
+pub(crate) struct StatusSummary {
+    pub events: Counts,
+    pub sessions: Counts,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub(crate) struct Counts {
+    pub total: i64,
+    #[serde(rename = "by_status", skip_serializing_if = "BTreeMap::is_empty")]
+    pub by_status: BTreeMap<String, i64>,
+    #[serde(rename = "by_state", skip_serializing_if = "BTreeMap::is_empty")]
+    pub by_state: BTreeMap<String, i64>,
+}
+
+fn grouped(connection: &Connection, sql: &str) -> rusqlite::Result<BTreeMap<String, i64>> {
+    let mut statement = connection.prepare(sql)?;
+    let rows = statement.query_map([], |row| Ok((row.get(0)?, row.get(1)?)))?;
+    rows.collect()
+}
+
+impl StatusSummary {
+    pub(crate) fn query(connection: &Connection) -> rusqlite::Result<StatusSummary> {
+        let by_status = grouped(
+            connection,
+            "SELECT status, count(*) FROM events GROUP BY status",
+        )?;
+        let by_state = grouped(
+            connection,
+            "SELECT state, count(*) FROM sessions GROUP BY state",
+        )?;
+        Ok(StatusSummary {
+            events: Counts {
+                total: by_status.values().sum(),
+                by_status,
+                by_state: BTreeMap::new(),
+            },
+            sessions: Counts {
+                total: by_state.values().sum(),
+                by_status: BTreeMap::new(),
+                by_state,
+            },
+        })
+    }
+}
+
+impl Store {
+    /// Makes `event` durable, or reports the original of a duplicate delivery id.
+    pub(crate) async fn accept(&self, event: NewEvent) -> Result<AcceptOutcome, StoreError> {
+        self.write(move |connection| accept_in(connection, &event))
+            .await
+    }
+
+    /// Forgets delivery ids last seen before `before` (unix ms). Returns how many were dropped.
+    pub(crate) async fn prune_dedup(&self, before: i64) -> Result<usize, StoreError> {
+        self.write(move |connection| {
+            connection.execute("DELETE FROM dedup WHERE seen_at < ?1", params![before])
+        })
+        .await
+    }
+}

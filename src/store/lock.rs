@@ -1,0 +1,109 @@
+//! `agentgate.lock`: one daemon per state directory.
+//!
+//! The lock is an fs4 (flock) lock on a file of its own, held for the daemon's lifetime. flock dies
+//! with the process, so a killed daemon leaves no stale lock behind. The holder writes its pid into
+//! the file so that a second daemon can name it.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use fs4::{FileExt, TryLockError};
+
+pub(crate) const DAEMON_LOCK_FILE: &str = "agentgate.lock";
+
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum LockError {
+    #[error("{path} is held by another agentgate (pid {holder})")]
+    Held { path: PathBuf, holder: String },
+    #[error("cannot lock {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// The held daemon lock; released on drop (or when the process dies).
+#[derive(Debug)]
+pub(crate) struct DaemonLock {
+    _file: File,
+}
+
+fn open(path: &Path) -> Result<File, LockError> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(|source| LockError::Io {
+            path: path.to_path_buf(),
+            source,
+        })
+}
+
+fn holder_pid(file: &mut File) -> String {
+    let mut text = String::new();
+    match file.read_to_string(&mut text) {
+        Ok(_) if !text.trim().is_empty() => text.trim().to_string(),
+        _ => "unknown".to_string(),
+    }
+}
+
+impl DaemonLock {
+    /// Takes the lock without waiting and records this process's pid in it.
+    pub(crate) fn acquire(state_dir: &Path) -> Result<DaemonLock, LockError> {
+        let path = state_dir.join(DAEMON_LOCK_FILE);
+        let mut file = open(&path)?;
+        let io_error = |source| LockError::Io {
+            path: path.clone(),
+            source,
+        };
+        match FileExt::try_lock(&file) {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => {
+                return Err(LockError::Held {
+                    holder: holder_pid(&mut file),
+                    path,
+                });
+            }
+            Err(TryLockError::Error(source)) => return Err(io_error(source)),
+        }
+        file.set_len(0).map_err(io_error)?;
+        file.seek(SeekFrom::Start(0)).map_err(io_error)?;
+        writeln!(file, "{}", std::process::id()).map_err(io_error)?;
+        Ok(DaemonLock { _file: file })
+    }
+
+    /// Whether a daemon holds the lock now (checked with a shared try-lock that is released at once).
+    pub(crate) fn is_held(state_dir: &Path) -> bool {
+        let Ok(file) = File::open(state_dir.join(DAEMON_LOCK_FILE)) else {
+            return false;
+        };
+        matches!(
+            FileExt::try_lock_shared(&file),
+            Err(TryLockError::WouldBlock)
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn second_holder_is_refused_with_the_first_pid() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let first = DaemonLock::acquire(dir.path()).expect("first lock");
+        assert!(DaemonLock::is_held(dir.path()));
+        match DaemonLock::acquire(dir.path()) {
+            Err(LockError::Held { holder, .. }) => {
+                assert_eq!(holder, std::process::id().to_string())
+            }
+            other => panic!("expected Held, got {other:?}"),
+        }
+        drop(first);
+        assert!(!DaemonLock::is_held(dir.path()));
+        DaemonLock::acquire(dir.path()).expect("lock after release");
+    }
+}

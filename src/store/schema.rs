@@ -1,0 +1,77 @@
+//! The SQLite schema and its migrations, versioned by `PRAGMA user_version`.
+//!
+//! Each migration is applied once, in order, inside one transaction together with the version
+//! bump, so a crash mid-migration leaves the previous version intact.
+
+use rusqlite::Connection;
+
+/// Migration `i` brings the database from version `i` to `i + 1`.
+const MIGRATIONS: &[&str] = &[
+    // 1: durable accept.
+    "CREATE TABLE events (
+        seq          INTEGER PRIMARY KEY,
+        id           TEXT NOT NULL UNIQUE,
+        route        TEXT NOT NULL,
+        session_key  TEXT NOT NULL,
+        event_type   TEXT NOT NULL,
+        delivery_id  TEXT,
+        headers      TEXT NOT NULL,
+        payload      BLOB NOT NULL,
+        received_at  INTEGER NOT NULL,
+        status       TEXT NOT NULL,
+        updated_at   INTEGER NOT NULL
+    );
+    CREATE INDEX events_by_status ON events(status, seq);
+    CREATE INDEX events_by_session ON events(session_key, seq);
+    CREATE TABLE dedup (
+        route        TEXT NOT NULL,
+        delivery_id  TEXT NOT NULL,
+        event_id     TEXT NOT NULL,
+        seen_at      INTEGER NOT NULL,
+        PRIMARY KEY (route, delivery_id)
+    ) WITHOUT ROWID;
+    CREATE INDEX dedup_by_age ON dedup(seen_at);
+    CREATE TABLE sessions (
+        key          TEXT PRIMARY KEY,
+        route        TEXT NOT NULL,
+        state        TEXT NOT NULL,
+        reason       TEXT,
+        created_at   INTEGER NOT NULL,
+        updated_at   INTEGER NOT NULL
+    ) WITHOUT ROWID;",
+];
+
+/// The schema version this build writes.
+pub(crate) const CURRENT_VERSION: i64 = MIGRATIONS.len() as i64;
+
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum MigrationError {
+    #[error(
+        "the database is at schema version {found}, newer than this agentgate ({CURRENT_VERSION}); upgrade agentgate"
+    )]
+    TooNew { found: i64 },
+    #[error("migration to schema version {version} failed: {source}")]
+    Failed {
+        version: i64,
+        source: rusqlite::Error,
+    },
+}
+
+pub(crate) fn migrate(connection: &mut Connection) -> Result<(), MigrationError> {
+    let found: i64 = connection
+        .query_row("PRAGMA user_version", [], |row| row.get(0))
+        .map_err(|source| MigrationError::Failed { version: 0, source })?;
+    if found > CURRENT_VERSION {
+        return Err(MigrationError::TooNew { found });
+    }
+    for (index, sql) in MIGRATIONS.iter().enumerate().skip(found as usize) {
+        let version = index as i64 + 1;
+        let failed = |source| MigrationError::Failed { version, source };
+        let tx = connection.transaction().map_err(failed)?;
+        tx.execute_batch(sql).map_err(failed)?;
+        tx.pragma_update(None, "user_version", version)
+            .map_err(failed)?;
+        tx.commit().map_err(failed)?;
+    }
+    Ok(())
+}

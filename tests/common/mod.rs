@@ -1,0 +1,305 @@
+//! Test harness: runs the real `agentgate` binary on loopback with a config of the test's own, and
+//! talks to it over raw HTTP/1.1 so that tests control every byte (slow clients, chunked bodies).
+#![allow(dead_code)] // each test binary uses a different part of the harness
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_agentgate");
+
+/// A free loopback port (bound and released; the daemon binds it again right after).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// Waits for `condition` up to `limit`, polling; panics with `what` if it never holds.
+pub fn wait_until(what: &str, limit: Duration, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if condition() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("timed out after {limit:?} waiting for {what}");
+}
+
+/// A test's own config directory and state directory.
+pub struct Workspace {
+    pub dir: tempfile::TempDir,
+    pub port: u16,
+}
+
+impl Workspace {
+    pub fn new() -> Workspace {
+        Workspace {
+            dir: tempfile::tempdir().expect("tempdir"),
+            port: free_port(),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn config_path(&self) -> PathBuf {
+        self.path().join("agentgate.toml")
+    }
+
+    pub fn state_dir(&self) -> PathBuf {
+        self.path().join("state")
+    }
+
+    /// Writes the config: `state_dir` and `[server] listen` are filled in, `body` is the rest.
+    pub fn write_config(&self, body: &str) {
+        self.write_config_with_state(body, &self.state_dir());
+    }
+
+    pub fn write_config_with_state(&self, body: &str, state_dir: &Path) {
+        let text = format!(
+            "state_dir = {:?}\n\n[server]\nlisten = \"127.0.0.1:{}\"\nheader_timeout = \"1s\"\nmax_body = \"64KiB\"\n\n{body}",
+            state_dir.display(),
+            self.port
+        );
+        std::fs::write(self.config_path(), text).expect("write config");
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    /// Runs an `agentgate` subcommand with this workspace's config and returns its output.
+    pub fn cli(&self, args: &[&str]) -> Output {
+        Command::new(BIN)
+            .args(args)
+            .arg("--config")
+            .arg(self.config_path())
+            .env_remove("AGENTGATE_CONFIG")
+            .env_remove("NOTIFY_SOCKET")
+            .output()
+            .expect("run agentgate")
+    }
+
+    /// `agentgate status --json`.
+    pub fn status(&self) -> serde_json::Value {
+        let output = self.cli(&["status", "--json"]);
+        assert!(output.status.success(), "status failed: {output:?}");
+        serde_json::from_slice(&output.stdout).expect("status --json is JSON")
+    }
+
+    pub fn events_total(&self) -> i64 {
+        self.status()["events"]["total"]
+            .as_i64()
+            .expect("events.total")
+    }
+
+    /// Starts `agentgate serve` and waits until /healthz answers.
+    pub fn start(&self) -> Daemon {
+        self.start_with_env(&[])
+    }
+
+    pub fn start_with_env(&self, env: &[(&str, &str)]) -> Daemon {
+        let mut command = Command::new(BIN);
+        command
+            .arg("serve")
+            .arg("--config")
+            .arg(self.config_path())
+            .env_remove("NOTIFY_SOCKET")
+            .env_remove("LISTEN_FDS")
+            .env_remove("JOURNAL_STREAM")
+            .env("AGENTGATE_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        let mut child = command.spawn().expect("spawn agentgate serve");
+        let log = Arc::new(Mutex::new(String::new()));
+        let stderr = child.stderr.take().expect("stderr");
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if let Ok(mut text) = sink.lock() {
+                    text.push_str(&line);
+                    text.push('\n');
+                }
+            }
+        });
+        let mut daemon = Daemon {
+            child,
+            log,
+            addr: self.addr(),
+        };
+        let addr = self.addr();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(response) = try_request(addr, "GET", "/healthz", &[], b"") {
+                if response.status == 200 {
+                    return daemon;
+                }
+            }
+            if let Ok(Some(status)) = daemon.child.try_wait() {
+                panic!("agentgate exited with {status} before serving:\n{}", daemon.log());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "agentgate did not answer /healthz:\n{}",
+                daemon.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// A running daemon; killed on drop.
+pub struct Daemon {
+    pub child: Child,
+    log: Arc<Mutex<String>>,
+    pub addr: SocketAddr,
+}
+
+impl Daemon {
+    pub fn log(&self) -> String {
+        self.log.lock().map(|t| t.clone()).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends SIGTERM and waits for the exit status.
+    pub fn terminate(mut self) -> std::process::ExitStatus {
+        signal(self.child.id(), "TERM");
+        let status = self.child.wait().expect("wait for agentgate");
+        status
+    }
+
+    pub fn request(&self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> HttpResponse {
+        try_request(self.addr, method, path, headers, body).expect("HTTP request")
+    }
+
+    pub fn post_json(&self, path: &str, headers: &[(&str, &str)], body: &str) -> HttpResponse {
+        let mut all = vec![("content-type", "application/json")];
+        all.extend_from_slice(headers);
+        self.request("POST", path, &all, body.as_bytes())
+    }
+
+    /// Peak resident memory in KiB (VmHWM).
+    pub fn peak_rss_kib(&self) -> u64 {
+        proc_status_kib(self.child.id(), "VmHWM:")
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn proc_status_kib(pid: u32, field: &str) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    text.lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+pub fn signal(pid: u32, name: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("kill");
+    assert!(status.success());
+}
+
+#[derive(Debug)]
+pub struct HttpResponse {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl HttpResponse {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body)
+            .unwrap_or_else(|err| panic!("body is not JSON ({err}): {}", self.body))
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// One request on a fresh connection, `Connection: close`.
+pub fn try_request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> std::io::Result<HttpResponse> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\ncontent-length: {}\r\n",
+        body.len()
+    );
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes())?;
+    stream.write_all(body)?;
+    read_response(&mut stream)
+}
+
+/// Reads a whole `Connection: close` response.
+pub fn read_response(stream: &mut TcpStream) -> std::io::Result<HttpResponse> {
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw)?;
+    parse_response(&raw)
+}
+
+pub fn parse_response(raw: &[u8]) -> std::io::Result<HttpResponse> {
+    let text = String::from_utf8_lossy(raw);
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| std::io::Error::other(format!("incomplete response: {text:?}")))?;
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("bad status line: {head:?}")))?;
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_string(), v.trim().to_string()))
+        .collect();
+    Ok(HttpResponse {
+        status,
+        headers,
+        body: body.to_string(),
+    })
+}
+
+/// HMAC-SHA256 in hex, for tests that sign raw requests themselves.
+pub fn hmac_sha256_hex(key: &[u8], message: &[u8]) -> String {
+    use hmac::{Hmac, Mac};
+    let mut mac = <Hmac<sha2::Sha256> as Mac>::new_from_slice(key).expect("hmac key");
+    mac.update(message);
+    hex::encode(mac.finalize().into_bytes())
+}

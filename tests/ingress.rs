@@ -1,0 +1,383 @@
+//! Webhook ingress against the real binary over loopback: status codes, signatures, limits,
+//! dedup across restarts, slow clients, and configuration errors.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const GITHUB_SECRET: &str = "It's a Secret to Everybody";
+
+fn github_config(extra: &str) -> String {
+    format!(
+        r#"[routes.github]
+path = "/hooks/github"
+verify = {{ scheme = "github", secret = {{ env = "TEST_GITHUB_SECRET" }} }}
+events = ["issues", "ping"]
+session = "{{{{ payload.repository.full_name }}}}#{{{{ payload.issue.number }}}}"
+{extra}
+"#
+    )
+}
+
+fn start_github(workspace: &Workspace, extra: &str) -> Daemon {
+    workspace.write_config(&github_config(extra));
+    workspace.start_with_env(&[("TEST_GITHUB_SECRET", GITHUB_SECRET)])
+}
+
+fn github_post(daemon: &Daemon, body: &str, delivery: &str) -> HttpResponse {
+    let signature = format!(
+        "sha256={}",
+        hmac_sha256_hex(GITHUB_SECRET.as_bytes(), body.as_bytes())
+    );
+    daemon.post_json(
+        "/hooks/github",
+        &[
+            ("x-hub-signature-256", &signature),
+            ("x-github-event", "issues"),
+            ("x-github-delivery", delivery),
+        ],
+        body,
+    )
+}
+
+const ISSUE: &str = r#"{"action":"opened","repository":{"full_name":"acme/web"},"issue":{"number":7}}"#;
+
+#[test]
+fn verified_event_is_accepted_with_its_session_key_and_stored() {
+    let workspace = Workspace::new();
+    let daemon = start_github(&workspace, "");
+    let response = github_post(&daemon, ISSUE, "d-1");
+    assert_eq!(response.status, 202, "{response:?}");
+    let body = response.json();
+    assert_eq!(body["status"], "accepted");
+    assert_eq!(body["session"], "acme/web#7");
+    assert!(body["event_id"].as_str().is_some_and(|id| !id.is_empty()));
+    assert_eq!(workspace.events_total(), 1);
+    assert!(daemon.log().contains("event accepted"));
+}
+
+#[test]
+fn bad_missing_and_stale_signatures_are_401_and_store_nothing() {
+    let workspace = Workspace::new();
+    let daemon = start_github(&workspace, "");
+    let wrong = daemon.post_json(
+        "/hooks/github",
+        &[
+            ("x-hub-signature-256", &format!("sha256={}", "0".repeat(64))),
+            ("x-github-event", "issues"),
+        ],
+        ISSUE,
+    );
+    assert_eq!(wrong.status, 401);
+    assert_eq!(wrong.json()["error"], "unauthorized");
+    assert!(
+        !wrong.body.contains(&hmac_sha256_hex(GITHUB_SECRET.as_bytes(), ISSUE.as_bytes())),
+        "the expected signature must never be echoed"
+    );
+    let missing = daemon.post_json("/hooks/github", &[("x-github-event", "issues")], ISSUE);
+    assert_eq!(missing.status, 401);
+
+    // A timestamped scheme: a signature older than five minutes is refused.
+    drop(daemon);
+    let workspace = Workspace::new();
+    workspace.write_config(
+        "[routes.slack]\npath = \"/hooks/slack\"\nverify = { scheme = \"slack\", secret = \"k\" }\n",
+    );
+    let daemon = workspace.start();
+    let stale_ts = (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs()
+        - 600)
+        .to_string();
+    let body = r#"{"type":"event_callback"}"#;
+    let signature = format!(
+        "v0={}",
+        hmac_sha256_hex(b"k", format!("v0:{stale_ts}:{body}").as_bytes())
+    );
+    let stale = daemon.post_json(
+        "/hooks/slack",
+        &[
+            ("x-slack-request-timestamp", &stale_ts),
+            ("x-slack-signature", &signature),
+        ],
+        body,
+    );
+    assert_eq!(stale.status, 401, "{stale:?}");
+    assert!(stale.json()["message"].as_str().unwrap_or("").contains("timestamp"));
+    assert_eq!(workspace.events_total(), 0);
+}
+
+#[test]
+fn unknown_route_wrong_method_non_json_and_malformed_json() {
+    let workspace = Workspace::new();
+    let daemon = start_github(&workspace, "");
+    assert_eq!(daemon.post_json("/hooks/nope", &[], "{}").status, 404);
+    let get = daemon.request("GET", "/hooks/github", &[], b"");
+    assert_eq!(get.status, 405);
+    assert_eq!(get.header("allow"), Some("POST"));
+
+    let signed = |body: &str, content_type: &str| {
+        let signature = format!(
+            "sha256={}",
+            hmac_sha256_hex(GITHUB_SECRET.as_bytes(), body.as_bytes())
+        );
+        daemon.request(
+            "POST",
+            "/hooks/github",
+            &[
+                ("content-type", content_type),
+                ("x-hub-signature-256", &signature),
+                ("x-github-event", "issues"),
+            ],
+            body.as_bytes(),
+        )
+    };
+    let text = signed("hello", "text/plain");
+    assert_eq!(text.status, 415, "{text:?}");
+    assert_eq!(text.json()["error"], "unsupported_media_type");
+    let malformed = signed("{\"action\": ", "application/json");
+    assert_eq!(malformed.status, 400, "{malformed:?}");
+    assert_eq!(malformed.json()["error"], "malformed_json");
+
+    // GitHub's form-encoded deliveries carry the JSON in `payload`.
+    let form = format!(
+        "payload={}",
+        form_urlencoded::byte_serialize(ISSUE.as_bytes()).collect::<String>()
+    );
+    let accepted = signed(&form, "application/x-www-form-urlencoded");
+    assert_eq!(accepted.status, 202, "{accepted:?}");
+    assert_eq!(accepted.json()["session"], "acme/web#7");
+    assert_eq!(workspace.events_total(), 1);
+}
+
+#[test]
+fn event_type_filter_and_session_template_errors() {
+    let workspace = Workspace::new();
+    let daemon = start_github(&workspace, "");
+    let body = r#"{"zen":"hi"}"#;
+    let signature = format!(
+        "sha256={}",
+        hmac_sha256_hex(GITHUB_SECRET.as_bytes(), body.as_bytes())
+    );
+    let ignored = daemon.post_json(
+        "/hooks/github",
+        &[("x-hub-signature-256", &signature), ("x-github-event", "push")],
+        body,
+    );
+    assert_eq!(ignored.status, 200);
+    assert_eq!(ignored.json()["status"], "ignored");
+
+    // `ping` passes the filter but has no issue number: the session key cannot be rendered.
+    let no_key = daemon.post_json(
+        "/hooks/github",
+        &[("x-hub-signature-256", &signature), ("x-github-event", "ping")],
+        body,
+    );
+    assert_eq!(no_key.status, 400, "{no_key:?}");
+    assert!(no_key.json()["message"].as_str().unwrap_or("").contains("routes.github.session"));
+    assert_eq!(workspace.events_total(), 0);
+}
+
+#[test]
+fn duplicate_delivery_id_returns_the_original_even_after_restart() {
+    let workspace = Workspace::new();
+    let daemon = start_github(&workspace, "");
+    let first = github_post(&daemon, ISSUE, "same-delivery");
+    assert_eq!(first.status, 202);
+    let original = first.json()["event_id"].clone();
+    let again = github_post(&daemon, ISSUE, "same-delivery");
+    assert_eq!(again.status, 200);
+    assert_eq!(again.json()["status"], "duplicate");
+    assert_eq!(again.json()["event_id"], original);
+
+    assert!(daemon.terminate().success());
+    let daemon = workspace.start_with_env(&[("TEST_GITHUB_SECRET", GITHUB_SECRET)]);
+    let after_restart = github_post(&daemon, ISSUE, "same-delivery");
+    assert_eq!(after_restart.status, 200);
+    assert_eq!(after_restart.json()["event_id"], original);
+    assert_eq!(workspace.events_total(), 1);
+    // A new delivery id is a new event.
+    assert_eq!(github_post(&daemon, ISSUE, "other-delivery").status, 202);
+    assert_eq!(workspace.events_total(), 2);
+}
+
+#[test]
+fn oversized_bodies_are_413_with_and_without_content_length() {
+    let workspace = Workspace::new();
+    let daemon = start_github(&workspace, "");
+    // Declared too large: refused from the headers alone.
+    let big = "x".repeat(70 * 1024);
+    let declared = daemon.post_json("/hooks/github", &[], &big);
+    assert_eq!(declared.status, 413);
+    assert_eq!(declared.json()["error"], "payload_too_large");
+
+    // Chunked, no Content-Length, far larger than the limit: refused while streaming, and the
+    // daemon never buffers it (peak RSS stays far below the 64 MiB sent).
+    let mut stream = TcpStream::connect(daemon.addr).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    stream
+        .write_all(
+            b"POST /hooks/github HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n",
+        )
+        .expect("head");
+    let chunk = vec![b'a'; 64 * 1024];
+    let mut sent = 0usize;
+    for _ in 0..1024 {
+        let mut frame = format!("{:x}\r\n", chunk.len()).into_bytes();
+        frame.extend_from_slice(&chunk);
+        frame.extend_from_slice(b"\r\n");
+        if stream.write_all(&frame).is_err() {
+            break; // the server answered and closed: exactly what we want
+        }
+        sent += chunk.len();
+    }
+    let mut raw = Vec::new();
+    let _ = stream.read_to_end(&mut raw);
+    let response = parse_response(&raw).expect("a response");
+    assert_eq!(response.status, 413, "{response:?}");
+    assert!(sent < 64 * 1024 * 1024, "server read the whole 64 MiB body");
+    let peak_mib = daemon.peak_rss_kib() / 1024;
+    assert!(peak_mib < 48, "peak RSS {peak_mib} MiB: body was buffered");
+    assert_eq!(workspace.events_total(), 0);
+}
+
+#[test]
+fn slow_header_clients_are_disconnected_after_header_timeout() {
+    let workspace = Workspace::new();
+    let daemon = start_github(&workspace, "");
+    for partial in [&b""[..], &b"POST /hooks/github HTTP/1.1\r\nhost: x\r\n"[..]] {
+        let mut stream = TcpStream::connect(daemon.addr).expect("connect");
+        stream.write_all(partial).expect("partial head");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        let started = Instant::now();
+        let mut buffer = [0u8; 1024];
+        // The server closes the connection (EOF or reset) once header_timeout (1 s) passed.
+        let closed = loop {
+            match stream.read(&mut buffer) {
+                Ok(0) | Err(_) => break started.elapsed(),
+                Ok(_) => continue,
+            }
+        };
+        assert!(
+            closed < Duration::from_secs(5),
+            "a client that never finished its headers was kept {closed:?}"
+        );
+        assert!(closed >= Duration::from_millis(500), "closed too early: {closed:?}");
+    }
+    // The daemon still serves others.
+    assert_eq!(github_post(&daemon, ISSUE, "after-slow").status, 202);
+}
+
+#[test]
+fn rate_limit_answers_429_with_retry_after() {
+    let workspace = Workspace::new();
+    let daemon = start_github(&workspace, "rate_limit = \"2/min\"");
+    assert_eq!(github_post(&daemon, ISSUE, "r1").status, 202);
+    assert_eq!(github_post(&daemon, ISSUE, "r2").status, 202);
+    let limited = github_post(&daemon, ISSUE, "r3");
+    assert_eq!(limited.status, 429);
+    let retry_after: u64 = limited
+        .header("retry-after")
+        .and_then(|v| v.parse().ok())
+        .expect("Retry-After in seconds");
+    assert!((1..=60).contains(&retry_after), "{retry_after}");
+    assert_eq!(workspace.events_total(), 2);
+}
+
+#[test]
+fn health_and_readiness() {
+    let workspace = Workspace::new();
+    let daemon = start_github(&workspace, "");
+    assert_eq!(daemon.request("GET", "/healthz", &[], b"").status, 200);
+    assert_eq!(daemon.request("GET", "/readyz", &[], b"").status, 200);
+}
+
+#[test]
+fn a_second_daemon_on_the_same_state_directory_exits_73_naming_the_holder() {
+    let workspace = Workspace::new();
+    let daemon = start_github(&workspace, "");
+    let output = std::process::Command::new(BIN)
+        .args(["serve", "--config"])
+        .arg(workspace.config_path())
+        .env("TEST_GITHUB_SECRET", GITHUB_SECRET)
+        .output()
+        .expect("run second daemon");
+    assert_eq!(output.status.code(), Some(73), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(&format!("pid {}", daemon.pid())),
+        "stderr should name the holder: {stderr}"
+    );
+}
+
+#[test]
+fn invalid_config_exits_78_with_one_line_per_problem() {
+    let workspace = Workspace::new();
+    std::fs::write(
+        workspace.config_path(),
+        "[runtime]\ndrain_timeout = \"soon\"\nmax_concurrent_turns = 0\n\n[routes.a]\npath = \"a\"\nverify = { scheme = \"github\" }\n",
+    )
+    .expect("write config");
+    for command in ["check-config", "serve"] {
+        let output = workspace.cli(&[command]);
+        assert_eq!(output.status.code(), Some(78), "{command}: {output:?}");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let config = workspace.config_path().display().to_string();
+        for (key, line) in [
+            ("runtime.drain_timeout", 2),
+            ("runtime.max_concurrent_turns", 3),
+            ("routes.a.path", 6),
+            ("routes.a.verify.secret", 7),
+        ] {
+            let expected = format!("{config}:{line}: error: {key}:");
+            assert!(
+                text.lines().any(|l| l.starts_with(&expected)),
+                "{command}: no line starting {expected:?} in:\n{text}"
+            );
+        }
+    }
+    // A syntax error names the line too.
+    std::fs::write(workspace.config_path(), "[server]\nlisten = \n").expect("write");
+    let output = workspace.cli(&["check-config"]);
+    assert_eq!(output.status.code(), Some(78));
+    assert!(String::from_utf8_lossy(&output.stdout).contains(":2: error"), "{output:?}");
+}
+
+#[test]
+fn check_config_passes_a_valid_file_with_warnings() {
+    let workspace = Workspace::new();
+    workspace.write_config(
+        "[routes.a]\npath = \"/a\"\nverify = { scheme = \"bearer\", secret = \"literal\" }\n",
+    );
+    let output = workspace.cli(&["check-config"]);
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("warning: routes.a.verify.secret"), "{stdout}");
+}
+
+#[test]
+fn send_signs_like_the_route_verifies() {
+    let workspace = Workspace::new();
+    workspace.write_config(
+        "[routes.std]\npath = \"/hooks/std\"\nverify = { scheme = \"standard\", secret = \"whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD\" }\n",
+    );
+    let _daemon = workspace.start();
+    let output = workspace.cli(&["send", "std", "--data", "{\"type\":\"x\"}", "--delivery-id", "msg_1"]);
+    assert!(output.status.success(), "{output:?}");
+    assert!(String::from_utf8_lossy(&output.stdout).starts_with("202 "));
+    let again = workspace.cli(&["send", "std", "--data", "{\"type\":\"x\"}", "--delivery-id", "msg_1"]);
+    assert!(String::from_utf8_lossy(&again.stdout).contains("duplicate"), "{again:?}");
+}
