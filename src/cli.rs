@@ -16,7 +16,7 @@ use crate::config::{self, ConfigError, ConfigSource, LocatedFinding, Severity};
 use crate::exit::Failure;
 use crate::ingress::verify;
 use crate::lifecycle::{self, journal};
-use crate::store::{self, DaemonLock, StatusSummary};
+use crate::store::{self, DaemonLock, DeliveryCounts, StatusSummary};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -48,7 +48,13 @@ impl ConfigArg {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the daemon in the foreground (under systemd: Type=notify)
-    Serve(ConfigArg),
+    Serve {
+        #[command(flatten)]
+        config: ConfigArg,
+        /// Append every model reply to this cassette file (replay it with backend = "replay")
+        #[arg(long, value_name = "CASSETTE")]
+        record: Option<PathBuf>,
+    },
     /// Repair the state directory before a start
     Reconcile {
         #[command(flatten)]
@@ -146,7 +152,7 @@ pub(crate) fn main() -> ExitCode {
         }
     };
     let target = match cli.command {
-        Command::Serve(_) => journal::LogTarget::Daemon,
+        Command::Serve { .. } => journal::LogTarget::Daemon,
         _ => journal::LogTarget::Terminal,
     };
     journal::init(target);
@@ -161,7 +167,7 @@ pub(crate) fn main() -> ExitCode {
 
 fn run(command: Command) -> Result<(), Failure> {
     match command {
-        Command::Serve(config) => lifecycle::serve(&config.source()),
+        Command::Serve { config, record } => lifecycle::serve(&config.source(), record.as_deref()),
         Command::CheckConfig(config) => check_config(&config.source()),
         Command::Status { config, json } => status(&config.source(), json),
         Command::Send {
@@ -182,7 +188,11 @@ fn run(command: Command) -> Result<(), Failure> {
             },
         ),
         Command::Reconcile { .. } => not_yet("reconcile"),
-        Command::Sessions(_) => not_yet("sessions"),
+        Command::Sessions(SessionsCommand::List { config, json }) => sessions_list(&config.source(), json),
+        Command::Sessions(SessionsCommand::Show { config, key, json }) => {
+            sessions_show(&config.source(), &key, json)
+        }
+        Command::Sessions(_) => not_yet("sessions resume|suspend"),
         Command::Ledger(_) => not_yet("ledger"),
     }
 }
@@ -232,14 +242,25 @@ fn check_config(source: &ConfigSource) -> Result<(), Failure> {
     }
 }
 
-fn status(source: &ConfigSource, json: bool) -> Result<(), Failure> {
+/// Runs a read-only query on the state database; `None` when there is no database yet.
+fn query_state<T>(
+    source: &ConfigSource,
+    query: impl FnOnce(&rusqlite::Connection) -> rusqlite::Result<T>,
+) -> Result<(PathBuf, Option<T>), Failure> {
     let state_dir = config::state_dir(source).map_err(Failure::config)?;
     let database = state_dir.join(store::DATABASE_FILE);
-    let summary = if database.exists() {
-        store::read_database(&database, StatusSummary::query).map_err(Failure::state)?
-    } else {
-        StatusSummary::default()
-    };
+    if !database.exists() {
+        return Ok((state_dir, None));
+    }
+    let value = store::read_database(&database, query).map_err(Failure::state)?;
+    Ok((state_dir, Some(value)))
+}
+
+fn status(source: &ConfigSource, json: bool) -> Result<(), Failure> {
+    let (state_dir, found) = query_state(source, |connection| {
+        Ok((StatusSummary::query(connection)?, DeliveryCounts::query(connection)?))
+    })?;
+    let (summary, deliveries) = found.unwrap_or_default();
     let running = DaemonLock::is_held(&state_dir);
     if json {
         let document = serde_json::json!({
@@ -247,16 +268,21 @@ fn status(source: &ConfigSource, json: bool) -> Result<(), Failure> {
             "state_dir": state_dir,
             "events": summary.events,
             "sessions": summary.sessions,
-            "deliveries": {"pending": 0, "failed": 0},
+            "deliveries": deliveries,
         });
         println!("{document:#}");
     } else {
-        print!("{}", render_status(&state_dir, running, &summary));
+        print!("{}", render_status(&state_dir, running, &summary, deliveries));
     }
     Ok(())
 }
 
-fn render_status(state_dir: &Path, running: bool, summary: &StatusSummary) -> String {
+fn render_status(
+    state_dir: &Path,
+    running: bool,
+    summary: &StatusSummary,
+    deliveries: DeliveryCounts,
+) -> String {
     let breakdown = |counts: &std::collections::BTreeMap<String, i64>| {
         counts
             .iter()
@@ -265,14 +291,94 @@ fn render_status(state_dir: &Path, running: bool, summary: &StatusSummary) -> St
             .join(", ")
     };
     format!(
-        "daemon:     {}\nstate:      {}\nevents:     {} total ({})\nsessions:   {} total ({})\ndeliveries: 0 pending, 0 failed\n",
+        "daemon:     {}\nstate:      {}\nevents:     {} total ({})\nsessions:   {} total ({})\ndeliveries: {} pending, {} failed\n",
         if running { "running" } else { "not running" },
         state_dir.display(),
         summary.events.total,
         breakdown(&summary.events.by_status),
         summary.sessions.total,
         breakdown(&summary.sessions.by_state),
+        deliveries.pending,
+        deliveries.failed,
     )
+}
+
+fn sessions_list(source: &ConfigSource, json: bool) -> Result<(), Failure> {
+    let (_, found) = query_state(source, store::sessions)?;
+    let sessions = found.unwrap_or_default();
+    if json {
+        println!("{:#}", serde_json::json!(sessions));
+        return Ok(());
+    }
+    println!("{:<40} {:<16} {:<15} {:>5} {:>6}  LAST TURN", "SESSION", "ROUTE", "STATE", "TURNS", "QUEUED");
+    for s in sessions {
+        println!(
+            "{:<40} {:<16} {:<15} {:>5} {:>6}  {}",
+            s.key,
+            s.route,
+            s.state,
+            s.turns,
+            s.queued,
+            s.last_turn_status.as_deref().unwrap_or("-")
+        );
+    }
+    Ok(())
+}
+
+fn sessions_show(source: &ConfigSource, key: &str, json: bool) -> Result<(), Failure> {
+    let (_, found) = query_state(source, |connection| {
+        Ok((store::session(connection, key)?, store::transcript_of(connection, key)?))
+    })?;
+    let Some((Some(session), transcript)) = found else {
+        return Err(Failure::runtime(format!("no session {key:?}")));
+    };
+    if json {
+        println!("{:#}", serde_json::json!({"session": session, "transcript": transcript}));
+        return Ok(());
+    }
+    println!(
+        "session {}  route {}  state {}{}  turns {}",
+        session.key,
+        session.route,
+        session.state,
+        session.reason.as_deref().map(|r| format!(" ({r})")).unwrap_or_default(),
+        session.turns
+    );
+    for row in transcript {
+        println!("{}", render_entry(&row.body));
+    }
+    Ok(())
+}
+
+/// One transcript entry as a readable block: who said what, which tool ran with what.
+fn render_entry(body: &serde_json::Value) -> String {
+    let text = |v: &serde_json::Value| v.as_str().unwrap_or("").to_string();
+    match body["kind"].as_str() {
+        Some("tool_start") => format!(
+            "  -> tool {} {} [{}]",
+            text(&body["name"]),
+            body["arguments"],
+            text(&body["call_id"])
+        ),
+        Some("message") => {
+            let message = &body["message"];
+            let role = text(&message["role"]);
+            let mut block = match role.as_str() {
+                "tool" => format!("  <- tool result [{}]: {}", text(&message["tool_call_id"]), text(&message["content"])),
+                _ => format!("{role}: {}", text(&message["content"])),
+            };
+            for call in message["tool_calls"].as_array().into_iter().flatten() {
+                block.push_str(&format!(
+                    "\n  assistant calls {}({}) [{}]",
+                    text(&call["function"]["name"]),
+                    text(&call["function"]["arguments"]),
+                    text(&call["id"])
+                ));
+            }
+            block
+        }
+        _ => body.to_string(),
+    }
 }
 
 struct SendRequest {

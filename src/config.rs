@@ -226,7 +226,6 @@ struct RawDeliver {
 
 #[derive(Debug, Clone)]
 pub(crate) struct Config {
-    pub source: ConfigSource,
     pub state_dir: PathBuf,
     pub server: ServerSettings,
     pub runtime: RuntimeSettings,
@@ -448,7 +447,7 @@ pub(crate) fn check(
         findings: Vec::new(),
         environment,
     };
-    let config = checker.config(source.clone(), raw);
+    let config = checker.config(raw);
     let mut findings = checker.findings;
     findings.sort_by_key(|f| (f.line.unwrap_or(0), f.severity));
     match config {
@@ -559,7 +558,7 @@ impl Checker<'_> {
         }
     }
 
-    fn config(&mut self, source: ConfigSource, raw: RawConfig) -> Option<Config> {
+    fn config(&mut self, raw: RawConfig) -> Option<Config> {
         let state_dir = resolve_state_dir(raw.state_dir, self.environment.state_directory);
         let server = self.server(raw.server);
         let runtime = self.runtime(raw.runtime);
@@ -584,7 +583,6 @@ impl Checker<'_> {
             }
         }
         Some(Config {
-            source,
             state_dir,
             server: server?,
             runtime,

@@ -2,13 +2,18 @@
 //!
 //! Data flows through the modules in this order: `ingress` (sockets, HTTP, signatures) hands a
 //! verified event to `store` (SQLite with group commit), which makes it durable before the listener
-//! answers. `lifecycle` owns the daemon's bootstrap and orderly stop; `cli` is the command line.
+//! answers; `session` schedules durable events as turns, which call the model and tools of `agent`,
+//! commit every step to `store`, and end with a result that `deliver` sends from the outbox.
+//! `lifecycle` owns the daemon's bootstrap and orderly stop; `cli` is the command line.
 
+mod agent;
 mod cli;
 mod config;
+mod deliver;
 mod exit;
 mod ingress;
 mod lifecycle;
+mod session;
 mod store;
 mod template;
 

@@ -95,7 +95,6 @@ impl RouteTemplates {
     }
 
     /// Renders the route's `system` or `prompt` text.
-    #[allow(dead_code)]
     pub(crate) fn text(&self, key: &str, context: &EventContext<'_>) -> Result<String, String> {
         let name = format!("{}.{key}", context.route);
         self.lenient

@@ -17,7 +17,8 @@ use serde_json::json;
 
 use super::ratelimit::TokenBucket;
 use super::verify;
-use crate::config::{Config, RouteSettings};
+use crate::config::{Config, OnBusy, RouteSettings};
+use crate::session::Sessions;
 use crate::store::{AcceptOutcome, NewEvent, Store};
 use crate::template::{EventContext, RouteTemplates};
 
@@ -34,15 +35,20 @@ struct Route {
 /// Everything the listener needs to answer webhooks: routes by path, templates and the store.
 pub(crate) struct Ingress {
     routes: HashMap<String, Route>,
-    templates: RouteTemplates,
+    templates: Arc<RouteTemplates>,
     store: Store,
+    sessions: Arc<Sessions>,
     dedup_window: Duration,
     body_timeout: Duration,
 }
 
 impl Ingress {
-    pub(crate) fn new(config: &Config, store: Store) -> Result<Ingress, String> {
-        let templates = RouteTemplates::compile(&config.routes)?;
+    pub(crate) fn new(
+        config: &Config,
+        store: Store,
+        templates: Arc<RouteTemplates>,
+        sessions: Arc<Sessions>,
+    ) -> Ingress {
         let routes = config
             .routes
             .iter()
@@ -54,13 +60,14 @@ impl Ingress {
                 (settings.path.clone(), route)
             })
             .collect();
-        Ok(Ingress {
+        Ingress {
             routes,
             templates,
             store,
+            sessions,
             dedup_window: config.runtime.dedup_window,
             body_timeout: config.server.header_timeout * BODY_TIMEOUT_FACTOR,
-        })
+        }
     }
 
     /// Answers one request. Never fails: every problem is an HTTP status with a JSON body.
@@ -213,6 +220,8 @@ impl Ingress {
         };
         match self.store.accept(event).await {
             Ok(AcceptOutcome::Accepted) => {
+                self.sessions
+                    .event_accepted(&session_key, settings.on_busy == OnBusy::Interrupt);
                 tracing::info!(
                     message_id = crate::lifecycle::journal::MESSAGE_ACCEPTED,
                     event_id = %event_id,

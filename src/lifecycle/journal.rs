@@ -14,6 +14,9 @@ use tracing_subscriber::util::SubscriberInitExt;
 /// An event was made durable and acknowledged.
 pub(crate) const MESSAGE_ACCEPTED: &str = "b7f154d7dfdf46c28b5b7998d4708050";
 
+/// A turn did not finish within `drain_timeout` and was left for resume.
+pub(crate) const MESSAGE_DRAIN_TIMEOUT: &str = "227513bade8c4853a9b43df1e4e36359";
+
 /// Where log lines go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum LogTarget {

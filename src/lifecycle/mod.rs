@@ -10,17 +10,25 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
+use crate::agent::model::Model;
 use crate::config::{self, ConfigError, ConfigSource, LocatedFinding};
+use crate::deliver::Deliverer;
 use crate::exit::Failure;
 use crate::ingress::{self, Ingress, ListenError};
+use crate::session::{self, Sessions, TurnContext};
 use crate::store::{self, DaemonLock, Store};
+use crate::template::RouteTemplates;
 
 /// How often delivery ids older than `dedup_window` are forgotten.
 const DEDUP_PRUNE_INTERVAL: Duration = Duration::from_secs(3600);
 /// How long in-flight HTTP requests may take to finish at shutdown.
 const REQUEST_FINISH_TIMEOUT: Duration = Duration::from_secs(10);
+/// After the drain timeout, how long cancelled turns get to commit their `resume_pending` state.
+const CANCEL_COMMIT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Prints each finding on its own line and turns an invalid config into exit status 78.
 pub(crate) fn load_config(source: &ConfigSource) -> Result<config::Loaded, Failure> {
@@ -48,8 +56,9 @@ pub(crate) fn load_config(source: &ConfigSource) -> Result<config::Loaded, Failu
     }
 }
 
-/// `agentgate serve`: runs until SIGTERM or SIGINT.
-pub(crate) fn serve(source: &ConfigSource) -> Result<(), Failure> {
+/// `agentgate serve`: runs until SIGTERM or SIGINT. `record` appends every model reply to a
+/// cassette file.
+pub(crate) fn serve(source: &ConfigSource, record: Option<&std::path::Path>) -> Result<(), Failure> {
     let loaded = load_config(source)?;
     for finding in &loaded.warnings {
         tracing::warn!("{}", LocatedFinding { source, finding });
@@ -69,7 +78,33 @@ pub(crate) fn serve(source: &ConfigSource) -> Result<(), Failure> {
         _ => Failure::config(err),
     })?;
     let store = Store::open(&config.state_dir).map_err(Failure::state)?;
-    let ingress = Arc::new(Ingress::new(&config, store.clone()).map_err(Failure::config)?);
+    let templates = Arc::new(RouteTemplates::compile(&config.routes).map_err(Failure::config)?);
+    let model = Arc::new(Model::new(&config.model, record).map_err(Failure::config)?);
+    if model.is_replay() {
+        tracing::warn!("the model is a replay of recorded replies (backend = \"replay\"), not a live model");
+    }
+    let config = Arc::new(config);
+    let sessions = Arc::new(Sessions::default());
+    let ingress = Arc::new(Ingress::new(
+        &config,
+        store.clone(),
+        templates.clone(),
+        sessions.clone(),
+    ));
+    let deliveries = Arc::new(Notify::new());
+    let deliverer = Arc::new(
+        Deliverer::new(store.clone(), config.clone(), deliveries.clone()).map_err(Failure::runtime)?,
+    );
+    let cancel_turns = CancellationToken::new();
+    let turn_context = Arc::new(TurnContext {
+        store: store.clone(),
+        config: config.clone(),
+        templates,
+        model,
+        sessions,
+        deliveries,
+        cancel_turns: cancel_turns.clone(),
+    });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("agentgate")
@@ -90,6 +125,16 @@ pub(crate) fn serve(source: &ConfigSource) -> Result<(), Failure> {
             REQUEST_FINISH_TIMEOUT,
         ));
         tokio::spawn(prune_dedup(store, config.runtime.dedup_window));
+        let stop_claiming = CancellationToken::new();
+        let turns = TaskTracker::new();
+        let scheduler = tokio::spawn(session::schedule(
+            turn_context,
+            config.runtime.max_concurrent_turns,
+            stop_claiming.clone(),
+            turns.clone(),
+        ));
+        let stop_delivering = CancellationToken::new();
+        let delivery = tokio::spawn(deliverer.run(stop_delivering.clone()));
         tracing::info!(
             listen = %address,
             socket_activated = listeners.activated,
@@ -98,8 +143,20 @@ pub(crate) fn serve(source: &ConfigSource) -> Result<(), Failure> {
             "agentgate is accepting webhooks"
         );
         wait_for_stop_signal().await?;
-        tracing::info!("stopping: no new connections; finishing in-flight requests");
+        tracing::info!("stopping: no new connections; finishing in-flight requests and running turns");
         shutdown.cancel();
+        stop_claiming.cancel();
+        let _ = scheduler.await;
+        turns.close();
+        if tokio::time::timeout(config.runtime.drain_timeout, turns.wait()).await.is_err() {
+            tracing::warn!(running = turns.len(), "drain_timeout reached; cancelling the turns still running");
+            cancel_turns.cancel();
+            if tokio::time::timeout(CANCEL_COMMIT_TIMEOUT, turns.wait()).await.is_err() {
+                tracing::error!("cancelled turns did not commit in time; they resume as crashed at the next start");
+            }
+        }
+        stop_delivering.cancel();
+        let _ = delivery.await;
         match server.await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(err)) => Err(Failure::runtime(format!("webhook listener failed: {err}"))),

@@ -5,9 +5,11 @@
 //! fdatasync covers many events, and a caller's future resolves only after the commit that holds
 //! its write has returned. That is what lets the listener answer 202 only for durable events.
 
+mod deliveries;
 mod events;
 mod lock;
 mod schema;
+mod turns;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -18,7 +20,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use rusqlite::{Connection, OpenFlags};
 use tokio::sync::oneshot;
 
+pub(crate) use deliveries::{DeliveryAttempt, DeliveryCounts, PendingDelivery};
 pub(crate) use events::{AcceptOutcome, NewEvent, StatusSummary};
+pub(crate) use turns::{ClaimedTurn, TurnEnd, session, sessions, transcript_of};
 pub(crate) use lock::DaemonLock;
 
 pub(crate) const DATABASE_FILE: &str = "agentgate.db";

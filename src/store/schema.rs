@@ -39,6 +39,45 @@ const MIGRATIONS: &[&str] = &[
         created_at   INTEGER NOT NULL,
         updated_at   INTEGER NOT NULL
     ) WITHOUT ROWID;",
+    // 2: agent turns, their transcript, and the outbox.
+    "CREATE TABLE turns (
+        id           TEXT PRIMARY KEY,
+        session_key  TEXT NOT NULL,
+        event_id     TEXT NOT NULL,
+        status       TEXT NOT NULL,
+        reason       TEXT,
+        steps        INTEGER NOT NULL DEFAULT 0,
+        output       TEXT,
+        error        TEXT,
+        started_at   INTEGER NOT NULL,
+        finished_at  INTEGER
+    ) WITHOUT ROWID;
+    CREATE INDEX turns_by_session ON turns(session_key, started_at);
+    CREATE INDEX turns_by_status ON turns(status);
+    CREATE TABLE transcript (
+        session_key  TEXT NOT NULL,
+        seq          INTEGER NOT NULL,
+        turn_id      TEXT NOT NULL,
+        kind         TEXT NOT NULL,
+        body         TEXT NOT NULL,
+        created_at   INTEGER NOT NULL,
+        PRIMARY KEY (session_key, seq)
+    ) WITHOUT ROWID;
+    CREATE TABLE deliveries (
+        event_id         TEXT PRIMARY KEY,
+        route            TEXT NOT NULL,
+        session_key      TEXT NOT NULL,
+        body             TEXT NOT NULL,
+        status           TEXT NOT NULL,
+        attempts         INTEGER NOT NULL DEFAULT 0,
+        next_attempt_at  INTEGER NOT NULL,
+        last_error       TEXT,
+        created_at       INTEGER NOT NULL,
+        updated_at       INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    CREATE INDEX deliveries_due ON deliveries(status, next_attempt_at);
+    ALTER TABLE sessions ADD COLUMN last_turn_id TEXT;
+    CREATE INDEX events_queued_by_session ON events(status, session_key, seq);",
 ];
 
 /// The schema version this build writes.

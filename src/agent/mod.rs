@@ -1,0 +1,6 @@
+//! The agent side of a turn: chat messages, model backends, and the tools a model may call.
+
+pub(crate) mod message;
+pub(crate) mod model;
+pub(crate) mod schema;
+pub(crate) mod tools;

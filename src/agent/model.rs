@@ -1,0 +1,392 @@
+//! Model backends behind one interface: an OpenAI-compatible HTTP endpoint, an external command,
+//! or a replay of recorded replies (a cassette).
+//!
+//! Transient failures of the HTTP backend (429, 5xx, connection errors, timeouts) are retried here
+//! with exponential backoff and jitter, honouring `Retry-After`, so the turn above sees either a
+//! reply or a final error. A reply that cannot be parsed is reported as `Malformed`: the turn
+//! records it as a step the model can recover from.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use serde_json::json;
+use tokio::io::AsyncWriteExt;
+use tokio::process::Command;
+
+use super::message::{Message, Role};
+use crate::config::{ModelBackend, ModelSettings, Secret, ToolSettings};
+
+/// The demo cassette bundled with agentgate, used by `backend = "replay"` without a `cassette`.
+const BUNDLED_CASSETTE: &str = include_str!("../../examples/triage.cassette.jsonl");
+const BACKOFF_BASE: Duration = Duration::from_millis(500);
+const BACKOFF_CAP: Duration = Duration::from_secs(30);
+const RETRY_AFTER_CAP: Duration = Duration::from_secs(120);
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum ModelError {
+    /// The model could not be reached or refused, after the configured retries.
+    #[error("model unavailable: {0}")]
+    Unavailable(String),
+    /// The model answered, but not with a usable assistant message.
+    #[error("model reply unusable: {0}")]
+    Malformed(String),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ModelSetupError {
+    #[error("model.cassette {path}: {message}")]
+    Cassette { path: String, message: String },
+    #[error("model: cannot build the HTTP client: {0}")]
+    Client(String),
+    #[error("--record {path}: {source}")]
+    Record {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+enum Backend {
+    OpenAi {
+        client: reqwest::Client,
+        url: String,
+        model: String,
+        api_key: Option<Secret>,
+    },
+    Command {
+        argv: Vec<String>,
+    },
+    Replay {
+        replies: Vec<Message>,
+    },
+}
+
+/// A configured model. Cheap to share behind an `Arc`.
+pub(crate) struct Model {
+    backend: Backend,
+    request_timeout: Duration,
+    max_retries: u32,
+    recorder: Option<Mutex<std::fs::File>>,
+}
+
+/// Parses a cassette: one assistant message (JSON) per line; blank lines are skipped.
+pub(crate) fn parse_cassette(text: &str) -> Result<Vec<Message>, String> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, line)| !line.trim().is_empty())
+        .map(|(index, line)| {
+            let message: Message = serde_json::from_str(line)
+                .map_err(|err| format!("line {}: {err}", index + 1))?;
+            if message.role != Role::Assistant {
+                return Err(format!("line {}: not an assistant message", index + 1));
+            }
+            Ok(message)
+        })
+        .collect()
+}
+
+impl Model {
+    /// Builds the backend. `record` (openai only) appends every reply to a cassette file.
+    pub(crate) fn new(settings: &ModelSettings, record: Option<&Path>) -> Result<Model, ModelSetupError> {
+        let backend = match &settings.backend {
+            ModelBackend::OpenAi {
+                base_url,
+                model,
+                api_key,
+            } => Backend::OpenAi {
+                client: reqwest::Client::builder()
+                    .timeout(settings.request_timeout)
+                    .build()
+                    .map_err(|err| ModelSetupError::Client(err.to_string()))?,
+                url: format!("{base_url}/chat/completions"),
+                model: model.clone(),
+                api_key: api_key.clone(),
+            },
+            ModelBackend::Command { argv } => Backend::Command { argv: argv.clone() },
+            ModelBackend::Replay { cassette } => {
+                let (text, name) = match cassette {
+                    Some(path) => (
+                        std::fs::read_to_string(path).map_err(|err| ModelSetupError::Cassette {
+                            path: path.display().to_string(),
+                            message: err.to_string(),
+                        })?,
+                        path.display().to_string(),
+                    ),
+                    None => (BUNDLED_CASSETTE.to_string(), "<bundled>".to_string()),
+                };
+                let replies = parse_cassette(&text)
+                    .map_err(|message| ModelSetupError::Cassette { path: name, message })?;
+                Backend::Replay { replies }
+            }
+        };
+        let recorder = match record {
+            None => None,
+            Some(path) => Some(Mutex::new(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .map_err(|source| ModelSetupError::Record {
+                        path: path.to_path_buf(),
+                        source,
+                    })?,
+            )),
+        };
+        Ok(Model {
+            backend,
+            request_timeout: settings.request_timeout,
+            max_retries: settings.max_retries,
+            recorder,
+        })
+    }
+
+    /// Whether this is a replay (its replies are labelled as such wherever they are shown).
+    pub(crate) fn is_replay(&self) -> bool {
+        matches!(self.backend, Backend::Replay { .. })
+    }
+
+    /// Asks the model for the next assistant message.
+    pub(crate) async fn complete(
+        &self,
+        messages: &[Message],
+        tools: &[&ToolSettings],
+    ) -> Result<Message, ModelError> {
+        let reply = match &self.backend {
+            Backend::OpenAi {
+                client,
+                url,
+                model,
+                api_key,
+            } => {
+                let body = request_body(model, messages, tools);
+                self.complete_http(client, url, api_key.as_ref(), &body).await
+            }
+            Backend::Command { argv } => self.complete_command(argv, messages, tools).await,
+            Backend::Replay { replies } => Ok(replay(replies, messages)),
+        }?;
+        if let Some(recorder) = &self.recorder
+            && let Ok(mut file) = recorder.lock()
+            && let Ok(line) = serde_json::to_string(&reply)
+        {
+            // Recording is best effort: a failed write must not fail the turn.
+            let _ = writeln!(file, "{line}");
+        }
+        Ok(reply)
+    }
+
+    async fn complete_http(
+        &self,
+        client: &reqwest::Client,
+        url: &str,
+        api_key: Option<&Secret>,
+        body: &serde_json::Value,
+    ) -> Result<Message, ModelError> {
+        let mut attempt = 0;
+        loop {
+            let mut request = client.post(url).json(body);
+            if let Some(key) = api_key {
+                request = request.bearer_auth(String::from_utf8_lossy(key.expose()));
+            }
+            let failure = match request.send().await {
+                Ok(response) => {
+                    let status = response.status();
+                    let retry_after = response
+                        .headers()
+                        .get(reqwest::header::RETRY_AFTER)
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.trim().parse::<u64>().ok())
+                        .map(|s| Duration::from_secs(s).min(RETRY_AFTER_CAP));
+                    if status.is_success() {
+                        let bytes = response.bytes().await.map_err(|err| {
+                            ModelError::Unavailable(format!("reading the reply: {err}"))
+                        })?;
+                        return parse_completion(&bytes);
+                    }
+                    let retryable = status.as_u16() == 429 || status.is_server_error();
+                    let text = response.text().await.unwrap_or_default();
+                    let summary = format!(
+                        "{url} answered {}: {}",
+                        status.as_u16(),
+                        one_line(&text, 200)
+                    );
+                    if !retryable {
+                        return Err(ModelError::Unavailable(summary));
+                    }
+                    (summary, retry_after)
+                }
+                Err(err) => (format!("{url}: {}", describe(&err)), None),
+            };
+            if attempt >= self.max_retries {
+                return Err(ModelError::Unavailable(format!(
+                    "{} (after {} retries)",
+                    failure.0, self.max_retries
+                )));
+            }
+            let delay = failure.1.unwrap_or_else(|| backoff(attempt));
+            tracing::warn!(attempt = attempt + 1, delay_ms = delay.as_millis() as u64, error = %failure.0, "model request failed; retrying");
+            tokio::time::sleep(delay).await;
+            attempt += 1;
+        }
+    }
+
+    async fn complete_command(
+        &self,
+        argv: &[String],
+        messages: &[Message],
+        tools: &[&ToolSettings],
+    ) -> Result<Message, ModelError> {
+        let Some((program, rest)) = argv.split_first() else {
+            return Err(ModelError::Unavailable("model.command is empty".into()));
+        };
+        let mut child = Command::new(program)
+            .args(rest)
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|err| ModelError::Unavailable(format!("cannot start {program}: {err}")))?;
+        let input = json!({"messages": messages, "tools": tool_definitions(tools)}).to_string();
+        if let Some(mut stdin) = child.stdin.take() {
+            let _ = stdin.write_all(input.as_bytes()).await;
+        }
+        let output = tokio::time::timeout(self.request_timeout, child.wait_with_output())
+            .await
+            .map_err(|_| ModelError::Unavailable(format!("{program} did not answer within model.request_timeout")))?
+            .map_err(|err| ModelError::Unavailable(format!("{program}: {err}")))?;
+        if !output.status.success() {
+            return Err(ModelError::Unavailable(format!(
+                "{program} exited with {}: {}",
+                output.status,
+                one_line(&String::from_utf8_lossy(&output.stderr), 200)
+            )));
+        }
+        let mut message: Message = serde_json::from_slice(&output.stdout).map_err(|err| {
+            ModelError::Malformed(format!("{program} printed no assistant message: {err}"))
+        })?;
+        message.role = Role::Assistant;
+        Ok(message)
+    }
+}
+
+fn describe(err: &reqwest::Error) -> String {
+    if err.is_timeout() {
+        "no answer within model.request_timeout".to_string()
+    } else if err.is_connect() {
+        "cannot connect".to_string()
+    } else {
+        err.to_string()
+    }
+}
+
+fn one_line(text: &str, limit: usize) -> String {
+    let flat: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    flat.chars().take(limit).collect()
+}
+
+/// Exponential backoff with ±50% jitter.
+fn backoff(attempt: u32) -> Duration {
+    let exponential = BACKOFF_BASE
+        .saturating_mul(1u32 << attempt.min(16))
+        .min(BACKOFF_CAP);
+    let jitter = 0.5 + fastrand::f64();
+    exponential.mul_f64(jitter)
+}
+
+fn tool_definitions(tools: &[&ToolSettings]) -> Vec<serde_json::Value> {
+    tools
+        .iter()
+        .map(|tool| {
+            json!({
+                "type": "function",
+                "function": {
+                    "name": tool.name,
+                    "description": tool.description,
+                    "parameters": tool.parameters,
+                }
+            })
+        })
+        .collect()
+}
+
+fn request_body(model: &str, messages: &[Message], tools: &[&ToolSettings]) -> serde_json::Value {
+    let mut body = json!({"model": model, "messages": messages});
+    if !tools.is_empty() {
+        body["tools"] = serde_json::Value::Array(tool_definitions(tools));
+    }
+    body
+}
+
+/// Reads `choices[0].message` of a Chat Completions response.
+fn parse_completion(bytes: &[u8]) -> Result<Message, ModelError> {
+    let value: serde_json::Value = serde_json::from_slice(bytes)
+        .map_err(|err| ModelError::Malformed(format!("not JSON: {err}")))?;
+    let message = value
+        .pointer("/choices/0/message")
+        .cloned()
+        .ok_or_else(|| ModelError::Malformed("no choices[0].message in the reply".into()))?;
+    let mut message: Message = serde_json::from_value(message)
+        .map_err(|err| ModelError::Malformed(format!("choices[0].message: {err}")))?;
+    message.role = Role::Assistant;
+    Ok(message)
+}
+
+/// The cassette reply for this point of the turn: the n-th reply, where n counts the assistant
+/// messages since the last user message.
+fn replay(replies: &[Message], messages: &[Message]) -> Message {
+    let position = messages
+        .iter()
+        .rev()
+        .take_while(|m| m.role != Role::User)
+        .filter(|m| m.role == Role::Assistant)
+        .count();
+    replies.get(position).cloned().unwrap_or_else(|| {
+        Message::text(
+            Role::Assistant,
+            "[replay] The recorded conversation ends here; no further replies are on the cassette.",
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bundled_cassette_parses() {
+        let replies = parse_cassette(BUNDLED_CASSETTE).expect("bundled cassette");
+        assert!(replies.iter().any(|m| !m.tool_calls.is_empty()));
+        assert!(
+            replies
+                .last()
+                .and_then(|m| m.visible_text())
+                .is_some_and(|t| t.starts_with("[replay]"))
+        );
+    }
+
+    #[test]
+    fn cassette_errors_name_the_line() {
+        let err = parse_cassette("{\"role\":\"assistant\",\"content\":\"a\"}\n\nnot json\n")
+            .expect_err("bad line");
+        assert!(err.starts_with("line 3:"), "{err}");
+    }
+
+    #[test]
+    fn completion_parsing() {
+        let ok = parse_completion(br#"{"choices":[{"message":{"role":"assistant","content":"hi"}}]}"#)
+            .expect("valid");
+        assert_eq!(ok.visible_text(), Some("hi"));
+        assert!(matches!(parse_completion(b"<html>"), Err(ModelError::Malformed(_))));
+        assert!(matches!(parse_completion(b"{\"choices\":[]}"), Err(ModelError::Malformed(_))));
+    }
+
+    #[test]
+    fn backoff_grows_and_is_capped() {
+        assert!(backoff(0) <= Duration::from_millis(750));
+        assert!(backoff(20) <= BACKOFF_CAP.mul_f64(1.5));
+    }
+}

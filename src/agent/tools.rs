@@ -1,0 +1,308 @@
+//! Runs a configured tool: argv only (never a shell), the call's JSON arguments on stdin, its own
+//! process group, a timeout, and capped output.
+//!
+//! On timeout or cancellation the whole process group gets SIGTERM, then SIGKILL after a grace
+//! period, so a tool's children die with it. Tools get a clean environment: nothing of the daemon's
+//! own (credentials, notify and activation variables) leaks into them.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::process::Command;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::ToolSettings;
+
+/// Output kept per stream; the rest is read and discarded, and the truncation is marked.
+pub(crate) const OUTPUT_CAP: usize = 64 * 1024;
+/// Between SIGTERM and SIGKILL of a tool's process group.
+const KILL_GRACE: Duration = Duration::from_secs(2);
+/// Environment variables a tool inherits from the daemon.
+const INHERITED_ENVIRONMENT: &[&str] = &["PATH", "HOME", "LANG", "LC_ALL", "TZ", "USER", "LOGNAME"];
+
+/// How a tool run ended, as recorded in the transcript and shown to the model.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub(crate) struct ToolOutcome {
+    /// The exit code, if the tool exited on its own.
+    pub exit_status: Option<i32>,
+    /// The signal that ended it, if any.
+    pub signal: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub stdout_truncated: bool,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub stderr_truncated: bool,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub timed_out: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl ToolOutcome {
+    fn failed_to_start(message: String) -> ToolOutcome {
+        ToolOutcome {
+            exit_status: None,
+            signal: None,
+            stdout: String::new(),
+            stderr: String::new(),
+            stdout_truncated: false,
+            stderr_truncated: false,
+            timed_out: false,
+            error: Some(message),
+        }
+    }
+}
+
+/// Why a tool did not produce an outcome.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum ToolAbort {
+    /// The turn was cancelled; the process group was killed.
+    Cancelled,
+}
+
+async fn read_capped<R: AsyncRead + Unpin>(mut reader: R) -> (Vec<u8>, bool) {
+    let mut kept = Vec::new();
+    let mut truncated = false;
+    let mut buffer = [0u8; 16 * 1024];
+    loop {
+        match reader.read(&mut buffer).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                let room = OUTPUT_CAP.saturating_sub(kept.len());
+                kept.extend_from_slice(&buffer[..n.min(room)]);
+                truncated |= n > room;
+            }
+        }
+    }
+    (kept, truncated)
+}
+
+fn signal_group(pgid: i32, signal: i32) {
+    // SAFETY: killpg has no memory-safety preconditions; a stale group id yields ESRCH.
+    unsafe {
+        libc::killpg(pgid, signal);
+    }
+}
+
+fn marked(bytes: Vec<u8>, truncated: bool) -> String {
+    let mut text = String::from_utf8_lossy(&bytes).into_owned();
+    if truncated {
+        text.push_str(&format!("\n[output truncated at {OUTPUT_CAP} bytes]"));
+    }
+    text
+}
+
+/// Runs `tool` with `arguments` on stdin. Resolves when the tool exits, is killed at its timeout,
+/// or `cancel` fires (then its process group is killed and `Cancelled` returned).
+pub(crate) async fn run(
+    tool: &ToolSettings,
+    arguments: &serde_json::Value,
+    cancel: &CancellationToken,
+) -> Result<ToolOutcome, ToolAbort> {
+    let Some((program, rest)) = tool.command.split_first() else {
+        return Ok(ToolOutcome::failed_to_start("the tool has no command".into()));
+    };
+    let mut command = Command::new(program);
+    command
+        .args(rest)
+        .env_clear()
+        .envs(INHERITED_ENVIRONMENT.iter().filter_map(|name| {
+            std::env::var_os(name).map(|value| (*name, value))
+        }))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    let mut child = match command.spawn() {
+        Ok(child) => child,
+        Err(err) => {
+            return Ok(ToolOutcome::failed_to_start(format!(
+                "cannot start {program}: {err}"
+            )));
+        }
+    };
+    let pgid = child.id().map_or(0, |pid| pid as i32);
+    if let Some(mut stdin) = child.stdin.take() {
+        let input = arguments.to_string();
+        // A tool that does not read stdin closes it early; that is not an error.
+        tokio::spawn(async move {
+            let _ = stdin.write_all(input.as_bytes()).await;
+        });
+    }
+    let stdout = child.stdout.take().map(|s| tokio::spawn(read_capped(s)));
+    let stderr = child.stderr.take().map(|s| tokio::spawn(read_capped(s)));
+    let mut timed_out = false;
+    let status = tokio::select! {
+        status = child.wait() => status,
+        () = tokio::time::sleep(tool.timeout) => {
+            timed_out = true;
+            terminate_group(&mut child, pgid).await
+        }
+        () = cancel.cancelled() => {
+            let _ = terminate_group(&mut child, pgid).await;
+            return Err(ToolAbort::Cancelled);
+        }
+    };
+    // Children that escaped may still hold the pipes; do not wait on them forever.
+    let collect = |handle: Option<tokio::task::JoinHandle<(Vec<u8>, bool)>>| async move {
+        match handle {
+            Some(handle) => tokio::time::timeout(KILL_GRACE, handle)
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .unwrap_or_default(),
+            None => Default::default(),
+        }
+    };
+    let (stdout, stdout_truncated) = collect(stdout).await;
+    let (stderr, stderr_truncated) = collect(stderr).await;
+    let (exit_status, signal, error) = match status {
+        Ok(status) => {
+            use std::os::unix::process::ExitStatusExt;
+            (status.code(), status.signal(), None)
+        }
+        Err(err) => (None, None, Some(format!("waiting for the tool failed: {err}"))),
+    };
+    Ok(ToolOutcome {
+        exit_status,
+        signal,
+        stdout: marked(stdout, stdout_truncated),
+        stderr: marked(stderr, stderr_truncated),
+        stdout_truncated,
+        stderr_truncated,
+        timed_out,
+        error: error.or_else(|| {
+            timed_out.then(|| format!("killed after its timeout of {:?}", tool.timeout))
+        }),
+    })
+}
+
+/// SIGTERM to the group, SIGKILL after the grace period; returns the leader's exit status.
+async fn terminate_group(
+    child: &mut tokio::process::Child,
+    pgid: i32,
+) -> std::io::Result<std::process::ExitStatus> {
+    if pgid > 0 {
+        signal_group(pgid, libc::SIGTERM);
+    }
+    match tokio::time::timeout(KILL_GRACE, child.wait()).await {
+        Ok(status) => {
+            // The leader is gone; make sure no member of its group outlives it.
+            if pgid > 0 {
+                signal_group(pgid, libc::SIGKILL);
+            }
+            status
+        }
+        Err(_) => {
+            if pgid > 0 {
+                signal_group(pgid, libc::SIGKILL);
+            }
+            child.wait().await
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tool(command: &[&str], timeout: Duration) -> ToolSettings {
+        ToolSettings {
+            name: "t".into(),
+            description: String::new(),
+            command: command.iter().map(|s| s.to_string()).collect(),
+            parameters: serde_json::json!({"type": "object"}),
+            timeout,
+            idempotent: false,
+            background: false,
+        }
+    }
+
+    #[tokio::test]
+    async fn arguments_arrive_on_stdin_and_status_is_recorded() {
+        let cat = tool(&["/bin/sh", "-c", "cat; exit 3"], Duration::from_secs(5));
+        let outcome = run(&cat, &serde_json::json!({"x": 1}), &CancellationToken::new())
+            .await
+            .expect("runs");
+        assert_eq!(outcome.stdout, r#"{"x":1}"#);
+        assert_eq!(outcome.exit_status, Some(3));
+    }
+
+    #[tokio::test]
+    async fn output_is_capped_and_marked() {
+        let flood = tool(
+            &["/bin/sh", "-c", "head -c 10000000 /dev/zero | tr '\\0' a"],
+            Duration::from_secs(20),
+        );
+        let outcome = run(&flood, &serde_json::json!({}), &CancellationToken::new())
+            .await
+            .expect("runs");
+        assert!(outcome.stdout_truncated);
+        assert!(outcome.stdout.len() < OUTPUT_CAP + 100);
+        assert!(outcome.stdout.ends_with("bytes]"));
+        assert_eq!(outcome.exit_status, Some(0));
+    }
+
+    #[tokio::test]
+    async fn a_hung_tool_and_its_children_are_killed_at_the_timeout() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pid_file = dir.path().join("child.pid");
+        let script = format!("sleep 300 & echo $! > {}; wait", pid_file.display());
+        let hang = tool(&["/bin/sh", "-c", &script], Duration::from_millis(300));
+        let outcome = run(&hang, &serde_json::json!({}), &CancellationToken::new())
+            .await
+            .expect("runs");
+        assert!(outcome.timed_out);
+        let child: i32 = std::fs::read_to_string(&pid_file)
+            .expect("pid file")
+            .trim()
+            .parse()
+            .expect("pid");
+        // Dead means gone or a zombie waiting for its new parent to reap it.
+        let alive = || {
+            std::fs::read_to_string(format!("/proc/{child}/stat"))
+                .map(|stat| {
+                    stat.rsplit(')')
+                        .next()
+                        .and_then(|rest| rest.split_whitespace().next())
+                        != Some("Z")
+                })
+                .unwrap_or(false)
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(3);
+        while alive() && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(!alive(), "the tool's child survived the timeout");
+    }
+
+    #[tokio::test]
+    async fn cancellation_kills_the_tool() {
+        let hang = tool(&["/bin/sleep", "300"], Duration::from_secs(300));
+        let cancel = CancellationToken::new();
+        let trigger = cancel.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            trigger.cancel();
+        });
+        let started = std::time::Instant::now();
+        assert_eq!(
+            run(&hang, &serde_json::json!({}), &cancel).await,
+            Err(ToolAbort::Cancelled)
+        );
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
+
+    #[tokio::test]
+    async fn a_missing_program_is_an_error_outcome() {
+        let missing = tool(&["/nonexistent/tool"], Duration::from_secs(1));
+        let outcome = run(&missing, &serde_json::json!({}), &CancellationToken::new())
+            .await
+            .expect("outcome");
+        assert!(outcome.error.is_some_and(|e| e.contains("cannot start")));
+    }
+}

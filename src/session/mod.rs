@@ -1,0 +1,110 @@
+//! Sessions: which events run as turns, when, and how many at once.
+//!
+//! Queued events wait in SQLite, not in memory, so a burst of webhooks costs disk, not RAM. The
+//! scheduler claims the oldest queued event of each idle session (one turn per session at a time,
+//! FIFO within a session, oldest first across sessions so no session starves), up to
+//! `max_concurrent_turns`, and hands each to the runner.
+
+mod prompt;
+mod runner;
+pub(crate) mod turn;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub(crate) use runner::TurnContext;
+
+/// How often the scheduler looks for work even without a wake-up (a safety net, not the trigger).
+const IDLE_POLL: Duration = Duration::from_secs(1);
+/// Pause after a failed claim (e.g. the disk is full) before trying again.
+const CLAIM_RETRY: Duration = Duration::from_secs(1);
+
+/// Shared between the listener (which reports new events) and the scheduler.
+#[derive(Default)]
+pub(crate) struct Sessions {
+    wake: Notify,
+    /// Running turns by session key: the turn id and the token that interrupts it.
+    running: Mutex<HashMap<String, (String, CancellationToken)>>,
+}
+
+impl Sessions {
+    /// A new event for `session_key` is durable. With `interrupt`, a running turn of that session
+    /// is cancelled in its favour (`on_busy = "interrupt"`).
+    pub(crate) fn event_accepted(&self, session_key: &str, interrupt: bool) {
+        if interrupt
+            && let Some((_, token)) = self.lock().get(session_key)
+        {
+            token.cancel();
+        }
+        self.wake.notify_one();
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (String, CancellationToken)>> {
+        match self.running.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    pub(crate) fn running_count(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// The turn ended. The session may already run its next turn, so only this turn is removed.
+    fn finished(&self, session_key: &str, turn_id: &str) {
+        let mut running = self.lock();
+        if running.get(session_key).is_some_and(|(id, _)| id == turn_id) {
+            running.remove(session_key);
+        }
+        drop(running);
+        self.wake.notify_one();
+    }
+}
+
+/// Claims and starts turns until `stop_claiming` fires. Turns run on `tracker`.
+pub(crate) async fn schedule(
+    context: Arc<TurnContext>,
+    max_concurrent_turns: usize,
+    stop_claiming: CancellationToken,
+    tracker: TaskTracker,
+) {
+    let sessions = context.sessions.clone();
+    while !stop_claiming.is_cancelled() {
+        let free = max_concurrent_turns.saturating_sub(sessions.running_count());
+        if free > 0 {
+            match context.store.claim_turns(free).await {
+                Ok(claimed) => {
+                    for turn in claimed {
+                        let interrupt = CancellationToken::new();
+                        sessions.lock().insert(
+                            turn.event.session_key.clone(),
+                            (turn.turn_id.clone(), interrupt.clone()),
+                        );
+                        let context = context.clone();
+                        let sessions = sessions.clone();
+                        tracker.spawn(async move {
+                            let session_key = turn.event.session_key.clone();
+                            let turn_id = turn.turn_id.clone();
+                            context.run(turn, interrupt).await;
+                            sessions.finished(&session_key, &turn_id);
+                        });
+                    }
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, "cannot claim queued events; retrying");
+                    tokio::time::sleep(CLAIM_RETRY).await;
+                }
+            }
+        }
+        tokio::select! {
+            () = sessions.wake.notified() => {}
+            () = tokio::time::sleep(IDLE_POLL) => {}
+            () = stop_claiming.cancelled() => {}
+        }
+    }
+}

@@ -1,0 +1,335 @@
+//! Executes a turn's actions: model calls, tool runs and commits, in the order the state machine
+//! gives them, committing every transcript entry before the next action starts.
+//!
+//! A turn ends one of three ways: finished (completed or failed, with its delivery queued in the
+//! same commit), interrupted by a newer event (`on_busy = "interrupt"`: failed, delivered), or
+//! cancelled by the drain (left `resume_pending` for the next start).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use super::Sessions;
+use super::prompt;
+use super::turn::{Action, Entry, Input, Outcome, TurnMachine};
+use crate::agent::message::Message;
+use crate::agent::model::{Model, ModelError};
+use crate::agent::tools::{self, ToolAbort};
+use crate::config::{Config, RouteSettings, ToolSettings};
+use crate::store::{ClaimedTurn, Store, StoreError, TurnEnd};
+use crate::template::{EventContext, RouteTemplates};
+
+/// Pause between attempts to commit a step while the store cannot write.
+const COMMIT_RETRY: Duration = Duration::from_secs(1);
+
+/// What every turn needs; shared by all of them.
+pub(crate) struct TurnContext {
+    pub store: Store,
+    pub config: Arc<Config>,
+    pub templates: Arc<RouteTemplates>,
+    pub model: Arc<Model>,
+    pub sessions: Arc<Sessions>,
+    /// Wakes the deliverer when a result is queued.
+    pub deliveries: Arc<Notify>,
+    /// Fired when the drain's time is up: running turns stop and are left for resume.
+    pub cancel_turns: CancellationToken,
+}
+
+/// Why a turn stopped before its state machine finished it.
+enum Stop {
+    Interrupted,
+    Shutdown,
+    Idle,
+}
+
+struct Running<'a> {
+    context: &'a TurnContext,
+    turn: &'a ClaimedTurn,
+    route: &'a RouteSettings,
+    interrupt: &'a CancellationToken,
+}
+
+impl TurnContext {
+    /// Runs one claimed turn to its end.
+    pub(crate) async fn run(&self, turn: ClaimedTurn, interrupt: CancellationToken) {
+        let event = &turn.event;
+        let Some(route) = self.config.routes.iter().find(|r| r.name == event.route) else {
+            self.finish(&turn, Outcome::Failed {
+                error: format!("route {} is no longer configured", event.route),
+            }, None, 0)
+            .await;
+            return;
+        };
+        tracing::info!(event_id = %event.id, session_key = %event.session_key, route = %route.name,
+            turn_id = %turn.turn_id, "turn started");
+        let running = Running {
+            context: self,
+            turn: &turn,
+            route,
+            interrupt: &interrupt,
+        };
+        running.drive().await;
+    }
+
+    async fn finish(&self, turn: &ClaimedTurn, outcome: Outcome, stop: Option<&'static str>, steps: u32) {
+        let event = &turn.event;
+        let (output, error, turn_status, event_status) = match outcome {
+            Outcome::Completed { output } => (Some(output), None, "completed", "completed"),
+            Outcome::Failed { error } => (
+                None,
+                Some(error),
+                if stop.is_some() { "interrupted" } else { "failed" },
+                "failed",
+            ),
+        };
+        let end = TurnEnd {
+            turn_id: turn.turn_id.clone(),
+            event_id: event.id.clone(),
+            session_key: event.session_key.clone(),
+            route: event.route.clone(),
+            turn_status,
+            event_status,
+            reason: stop.map(str::to_string),
+            output,
+            error: error.clone(),
+            steps,
+        };
+        self.commit(|store| {
+            let end = end.clone();
+            async move { store.finish_turn(end).await }
+        })
+        .await;
+        self.deliveries.notify_one();
+        match error {
+            None => tracing::info!(event_id = %event.id, session_key = %event.session_key,
+                route = %event.route, turn_id = %turn.turn_id, steps, "turn completed"),
+            Some(error) => tracing::warn!(event_id = %event.id, session_key = %event.session_key,
+                route = %event.route, turn_id = %turn.turn_id, steps, error = %error, "turn failed"),
+        }
+    }
+
+    /// Retries a commit until it succeeds or the turns are being cancelled: a step that is not
+    /// durable must not be followed by the next one.
+    async fn commit<F, Fut>(&self, attempt: F) -> bool
+    where
+        F: Fn(Store) -> Fut,
+        Fut: std::future::Future<Output = Result<(), StoreError>>,
+    {
+        loop {
+            match attempt(self.store.clone()).await {
+                Ok(()) => return true,
+                Err(err) => {
+                    tracing::error!(error = %err, "cannot commit a turn step; retrying");
+                    tokio::select! {
+                        () = tokio::time::sleep(COMMIT_RETRY) => {}
+                        () = self.cancel_turns.cancelled() => return false,
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Running<'_> {
+    fn tools(&self) -> Vec<&ToolSettings> {
+        self.route
+            .tools
+            .iter()
+            .filter_map(|name| self.context.config.tools.get(name))
+            .collect()
+    }
+
+    /// Builds the conversation, commits the new event's message, then runs the machine.
+    async fn drive(&self) {
+        let event = &self.turn.event;
+        let payload: serde_json::Value =
+            serde_json::from_slice(&event.payload).unwrap_or(serde_json::Value::Null);
+        let headers: BTreeMap<String, String> =
+            serde_json::from_str(&event.headers).unwrap_or_default();
+        let template_context = EventContext {
+            payload: &payload,
+            headers: &headers,
+            event_type: &event.event_type,
+            route: &event.route,
+            event_id: &event.id,
+            delivery_id: event.delivery_id.as_deref(),
+        };
+        let rendered = self
+            .context
+            .templates
+            .text("system", &template_context)
+            .and_then(|system| {
+                self.context
+                    .templates
+                    .text("prompt", &template_context)
+                    .map(|prompt| (system, prompt))
+            });
+        let (system, prompt_text) = match rendered {
+            Ok(pair) => pair,
+            Err(error) => {
+                self.context
+                    .finish(self.turn, Outcome::Failed { error }, None, 0)
+                    .await;
+                return;
+            }
+        };
+        let history = match self.context.store.transcript(&event.session_key).await {
+            Ok(rows) => rows
+                .into_iter()
+                .filter_map(|row| match serde_json::from_value::<Entry>(row.body) {
+                    Ok(Entry::Message { message }) => Some(message),
+                    _ => None,
+                })
+                .collect::<Vec<_>>(),
+            Err(err) => {
+                let error = format!("cannot read the session's transcript: {err}");
+                self.context
+                    .finish(self.turn, Outcome::Failed { error }, None, 0)
+                    .await;
+                return;
+            }
+        };
+        let mut messages = vec![prompt::system_message(self.route, &system)];
+        messages.extend(history);
+        let new_event = prompt::event_message(&event.route, &event.event_type, &event.id, &prompt_text);
+        if !self.record(&Entry::Message { message: new_event.clone() }, 0).await {
+            return;
+        }
+        messages.push(new_event);
+        let schemas = self
+            .tools()
+            .into_iter()
+            .map(|tool| (tool.name.clone(), tool.parameters.clone()))
+            .collect();
+        let mut machine = TurnMachine::new(self.context.config.runtime.max_turn_steps, messages, schemas);
+        let mut actions: VecDeque<Action> = machine.start().into();
+        while let Some(action) = actions.pop_front() {
+            let input = match action {
+                Action::Record(entry) => {
+                    if !self.record(&entry, machine.steps()).await {
+                        return;
+                    }
+                    continue;
+                }
+                Action::Finish(outcome) => {
+                    self.context
+                        .finish(self.turn, outcome, None, machine.steps())
+                        .await;
+                    return;
+                }
+                Action::CallModel => self.call_model(machine.messages()).await,
+                Action::RunTool {
+                    call_id,
+                    name,
+                    arguments,
+                } => self.run_tool(call_id, &name, &arguments).await,
+            };
+            match input {
+                Ok(input) => actions.extend(machine.on(input)),
+                Err(stop) => {
+                    self.stopped(stop, machine.steps()).await;
+                    return;
+                }
+            }
+        }
+    }
+
+    async fn record(&self, entry: &Entry, steps: u32) -> bool {
+        let Ok(body) = serde_json::to_string(entry) else {
+            return false;
+        };
+        let turn = self.turn;
+        self.context
+            .commit(|store| {
+                let body = body.clone();
+                async move {
+                    store
+                        .append_transcript(&turn.event.session_key, &turn.turn_id, entry.kind(), body, steps)
+                        .await
+                }
+            })
+            .await
+    }
+
+    /// Waits for `work` unless the turn is interrupted, cancelled, or makes no progress in time.
+    async fn guarded<T>(&self, work: impl std::future::Future<Output = T>) -> Result<T, Stop> {
+        let idle = self.context.config.runtime.turn_idle_timeout;
+        tokio::select! {
+            result = work => Ok(result),
+            () = self.interrupt.cancelled() => Err(Stop::Interrupted),
+            () = self.context.cancel_turns.cancelled() => Err(Stop::Shutdown),
+            () = tokio::time::sleep(idle) => Err(Stop::Idle),
+        }
+    }
+
+    async fn call_model(&self, messages: &[Message]) -> Result<Input, Stop> {
+        let tools = self.tools();
+        let reply = self
+            .guarded(self.context.model.complete(messages, &tools))
+            .await?;
+        Ok(match reply {
+            Ok(message) => Input::ModelReplied(message),
+            Err(ModelError::Malformed(reason)) => Input::ModelMalformed(reason),
+            Err(err @ ModelError::Unavailable(_)) => Input::ModelUnavailable(err.to_string()),
+        })
+    }
+
+    async fn run_tool(&self, call_id: String, name: &str, arguments: &serde_json::Value) -> Result<Input, Stop> {
+        let Some(tool) = self.context.config.tools.get(name) else {
+            return Ok(Input::ToolFinished {
+                call_id,
+                result: format!("error: tool {name:?} is not configured"),
+            });
+        };
+        // The tool process is killed when the turn is interrupted or cancelled.
+        let kill = CancellationToken::new();
+        let _kill_on_exit = kill.clone().drop_guard();
+        let outcome = self.guarded(tools::run(tool, arguments, &kill)).await?;
+        let result = match outcome {
+            Ok(outcome) => serde_json::to_string(&outcome).unwrap_or_default(),
+            Err(ToolAbort::Cancelled) => "error: the tool was cancelled".to_string(),
+        };
+        Ok(Input::ToolFinished { call_id, result })
+    }
+
+    async fn stopped(&self, stop: Stop, steps: u32) {
+        match stop {
+            Stop::Interrupted => {
+                let error = "interrupted by a newer event for this session (on_busy = \"interrupt\")".to_string();
+                self.context
+                    .finish(self.turn, Outcome::Failed { error }, Some("interrupted"), steps)
+                    .await;
+            }
+            Stop::Idle => {
+                let error = format!(
+                    "no progress for turn_idle_timeout ({:?}): no model reply and no tool output",
+                    self.context.config.runtime.turn_idle_timeout
+                );
+                self.context
+                    .finish(self.turn, Outcome::Failed { error }, Some("idle_timeout"), steps)
+                    .await;
+            }
+            Stop::Shutdown => {
+                let turn = self.turn;
+                let committed = self
+                    .context
+                    .store
+                    .interrupt_for_resume(&turn.turn_id, &turn.event.session_key, "shutdown_timeout", steps)
+                    .await;
+                match committed {
+                    Ok(()) => tracing::warn!(
+                        message_id = crate::lifecycle::journal::MESSAGE_DRAIN_TIMEOUT,
+                        event_id = %turn.event.id, session_key = %turn.event.session_key,
+                        route = %turn.event.route, turn_id = %turn.turn_id,
+                        "turn did not finish within drain_timeout; marked resume_pending"),
+                    Err(err) => tracing::error!(event_id = %turn.event.id,
+                        session_key = %turn.event.session_key, turn_id = %turn.turn_id, error = %err,
+                        "cannot mark the turn resume_pending; it is found running at the next start and resumed as crashed"),
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,324 @@
+//! The turn state machine: what happens next in a turn, with no I/O.
+//!
+//! The machine takes inputs (a model reply, a tool result) and returns actions (record this entry,
+//! call the model, run this tool, finish). The runner executes the actions in order and commits
+//! every `Record` before it executes the next action, which is what makes "every step committed"
+//! hold. Keeping the decisions here makes every edge case (unknown tool, bad arguments, empty
+//! reply, step limit) a plain unit test.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::agent::message::{Message, Role};
+use crate::agent::schema;
+
+/// A transcript entry. Messages are what the model sees; a tool start marks a call as begun, so
+/// a crash between start and result is visible afterwards.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub(crate) enum Entry {
+    Message { message: Message },
+    ToolStart { call_id: String, name: String, arguments: Value },
+}
+
+impl Entry {
+    pub(crate) fn kind(&self) -> &'static str {
+        match self {
+            Entry::Message { .. } => "message",
+            Entry::ToolStart { .. } => "tool_start",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Outcome {
+    Completed { output: String },
+    Failed { error: String },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Action {
+    /// Commit this entry before going on.
+    Record(Entry),
+    /// Ask the model, with the conversation so far.
+    CallModel,
+    RunTool {
+        call_id: String,
+        name: String,
+        arguments: Value,
+    },
+    Finish(Outcome),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Input {
+    ModelReplied(Message),
+    /// The reply could not be used (not JSON, no message); the model gets to try again.
+    ModelMalformed(String),
+    /// The model is unavailable after its retries; the turn fails.
+    ModelUnavailable(String),
+    ToolFinished { call_id: String, result: String },
+}
+
+struct PendingCall {
+    call_id: String,
+    name: String,
+    arguments: Value,
+}
+
+/// One turn's state.
+pub(crate) struct TurnMachine {
+    max_steps: u32,
+    steps: u32,
+    messages: Vec<Message>,
+    tools: BTreeMap<String, Value>,
+    pending: VecDeque<PendingCall>,
+}
+
+impl TurnMachine {
+    /// `messages` is the conversation the turn starts from (history, then the new input).
+    /// `tools` maps the route's tool names to their parameter schemas.
+    pub(crate) fn new(max_steps: u32, messages: Vec<Message>, tools: BTreeMap<String, Value>) -> TurnMachine {
+        TurnMachine {
+            max_steps,
+            steps: 0,
+            messages,
+            tools,
+            pending: VecDeque::new(),
+        }
+    }
+
+    /// The conversation to send to the model.
+    pub(crate) fn messages(&self) -> &[Message] {
+        &self.messages
+    }
+
+    /// Model calls made so far.
+    pub(crate) fn steps(&self) -> u32 {
+        self.steps
+    }
+
+    pub(crate) fn start(&mut self) -> Vec<Action> {
+        vec![Action::CallModel]
+    }
+
+    pub(crate) fn on(&mut self, input: Input) -> Vec<Action> {
+        match input {
+            Input::ModelReplied(reply) => {
+                self.steps += 1;
+                self.on_reply(reply)
+            }
+            Input::ModelMalformed(reason) => {
+                self.steps += 1;
+                let note = Message::text(
+                    Role::User,
+                    format!("Your previous reply could not be used ({reason}). Reply again with a tool call or a final answer."),
+                );
+                let mut actions = vec![self.record(note)];
+                actions.extend(self.next_model_call(&reason));
+                actions
+            }
+            Input::ModelUnavailable(error) => vec![Action::Finish(Outcome::Failed { error })],
+            Input::ToolFinished { call_id, result } => {
+                let mut actions = vec![self.record(Message::tool_result(&call_id, result))];
+                actions.extend(self.after_tools());
+                actions
+            }
+        }
+    }
+
+    fn record(&mut self, message: Message) -> Action {
+        self.messages.push(message.clone());
+        Action::Record(Entry::Message { message })
+    }
+
+    fn on_reply(&mut self, reply: Message) -> Vec<Action> {
+        if reply.tool_calls.is_empty() {
+            return match reply.visible_text().map(str::to_string) {
+                Some(output) => vec![
+                    self.record(reply),
+                    Action::Finish(Outcome::Completed { output }),
+                ],
+                None => {
+                    let note = Message::text(
+                        Role::User,
+                        "Your reply was empty. Call a tool or give your final answer.",
+                    );
+                    let mut actions = vec![self.record(reply), self.record(note)];
+                    actions.extend(self.next_model_call("the model kept replying with nothing"));
+                    actions
+                }
+            };
+        }
+        let calls = reply.tool_calls.clone();
+        let mut actions = vec![self.record(reply)];
+        for call in calls {
+            let name = call.function.name.clone();
+            match self.check_call(&name, &call.function.arguments) {
+                Ok(arguments) => self.pending.push_back(PendingCall {
+                    call_id: call.id,
+                    name,
+                    arguments,
+                }),
+                Err(problem) => {
+                    actions.push(self.record(Message::tool_result(&call.id, format!("error: {problem}"))));
+                }
+            }
+        }
+        actions.extend(self.after_tools());
+        actions
+    }
+
+    fn check_call(&self, name: &str, arguments: &str) -> Result<Value, String> {
+        let Some(parameters) = self.tools.get(name) else {
+            let known: Vec<&str> = self.tools.keys().map(String::as_str).collect();
+            return Err(format!(
+                "tool {name:?} is not available on this route (available: {})",
+                if known.is_empty() { "none".to_string() } else { known.join(", ") }
+            ));
+        };
+        let arguments: Value = if arguments.trim().is_empty() {
+            Value::Object(Default::default())
+        } else {
+            serde_json::from_str(arguments)
+                .map_err(|err| format!("the arguments are not valid JSON: {err}"))?
+        };
+        schema::validate(parameters, &arguments)
+            .map_err(|err| format!("the arguments do not match the tool's parameters: {err}"))?;
+        Ok(arguments)
+    }
+
+    /// Runs the next pending tool call, or asks the model again when all are done.
+    fn after_tools(&mut self) -> Vec<Action> {
+        match self.pending.pop_front() {
+            Some(call) => vec![
+                Action::Record(Entry::ToolStart {
+                    call_id: call.call_id.clone(),
+                    name: call.name.clone(),
+                    arguments: call.arguments.clone(),
+                }),
+                Action::RunTool {
+                    call_id: call.call_id,
+                    name: call.name,
+                    arguments: call.arguments,
+                },
+            ],
+            None => self.next_model_call("the model was still calling tools"),
+        }
+    }
+
+    fn next_model_call(&self, why: &str) -> Vec<Action> {
+        if self.steps >= self.max_steps {
+            vec![Action::Finish(Outcome::Failed {
+                error: format!("max_turn_steps ({}) reached: {why}", self.max_steps),
+            })]
+        } else {
+            vec![Action::CallModel]
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::message::{FunctionCall, ToolCall};
+    use serde_json::json;
+
+    fn machine(max_steps: u32) -> TurnMachine {
+        let tools = BTreeMap::from([(
+            "df".to_string(),
+            json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}),
+        )]);
+        TurnMachine::new(max_steps, vec![Message::text(Role::User, "go")], tools)
+    }
+
+    fn call(id: &str, name: &str, arguments: &str) -> Message {
+        Message {
+            role: Role::Assistant,
+            content: None,
+            tool_calls: vec![ToolCall {
+                id: id.into(),
+                kind: "function".into(),
+                function: FunctionCall {
+                    name: name.into(),
+                    arguments: arguments.into(),
+                },
+            }],
+            tool_call_id: None,
+        }
+    }
+
+    fn kinds(actions: &[Action]) -> Vec<&'static str> {
+        actions
+            .iter()
+            .map(|a| match a {
+                Action::Record(e) => e.kind(),
+                Action::CallModel => "call_model",
+                Action::RunTool { .. } => "run_tool",
+                Action::Finish(Outcome::Completed { .. }) => "completed",
+                Action::Finish(Outcome::Failed { .. }) => "failed",
+            })
+            .collect()
+    }
+
+    #[test]
+    fn tool_call_then_answer() {
+        let mut m = machine(5);
+        assert_eq!(m.start(), vec![Action::CallModel]);
+        let actions = m.on(Input::ModelReplied(call("c1", "df", r#"{"path":"/"}"#)));
+        assert_eq!(kinds(&actions), ["message", "tool_start", "run_tool"]);
+        let actions = m.on(Input::ToolFinished {
+            call_id: "c1".into(),
+            result: "ok".into(),
+        });
+        assert_eq!(kinds(&actions), ["message", "call_model"]);
+        let actions = m.on(Input::ModelReplied(Message::text(Role::Assistant, "done")));
+        assert_eq!(kinds(&actions), ["message", "completed"]);
+        assert_eq!(m.steps(), 2);
+        assert_eq!(m.messages().len(), 4);
+    }
+
+    #[test]
+    fn unknown_tool_and_bad_arguments_become_tool_errors_the_model_sees() {
+        let mut m = machine(5);
+        let actions = m.on(Input::ModelReplied(call("c1", "rm_rf", "{}")));
+        assert_eq!(kinds(&actions), ["message", "message", "call_model"]);
+        assert!(m.messages()[2].content.as_deref().is_some_and(|c| c.contains("not available")));
+        let actions = m.on(Input::ModelReplied(call("c2", "df", "{not json")));
+        assert_eq!(kinds(&actions), ["message", "message", "call_model"]);
+        let actions = m.on(Input::ModelReplied(call("c3", "df", r#"{"path": 3}"#)));
+        assert_eq!(kinds(&actions), ["message", "message", "call_model"]);
+        assert!(m.messages().last().and_then(|x| x.content.clone()).is_some_and(|c| c.contains("must be of type string")));
+    }
+
+    #[test]
+    fn empty_and_malformed_replies_are_recoverable_until_the_step_limit() {
+        let mut m = machine(3);
+        let actions = m.on(Input::ModelReplied(Message::text(Role::Assistant, "  ")));
+        assert_eq!(kinds(&actions), ["message", "message", "call_model"]);
+        let actions = m.on(Input::ModelMalformed("not JSON".into()));
+        assert_eq!(kinds(&actions), ["message", "call_model"]);
+        let actions = m.on(Input::ModelMalformed("not JSON".into()));
+        assert_eq!(kinds(&actions), ["message", "failed"]);
+    }
+
+    #[test]
+    fn step_limit_stops_a_model_that_only_calls_tools() {
+        let mut m = machine(1);
+        m.on(Input::ModelReplied(call("c1", "df", r#"{"path":"/"}"#)));
+        let actions = m.on(Input::ToolFinished {
+            call_id: "c1".into(),
+            result: "ok".into(),
+        });
+        assert!(matches!(actions.last(), Some(Action::Finish(Outcome::Failed { error })) if error.contains("max_turn_steps")));
+    }
+
+    #[test]
+    fn unavailable_model_fails_the_turn() {
+        let mut m = machine(3);
+        let actions = m.on(Input::ModelUnavailable("down".into()));
+        assert_eq!(actions, vec![Action::Finish(Outcome::Failed { error: "down".into() })]);
+    }
+}

@@ -1,0 +1,96 @@
+//! The outbox: terminal results waiting to be delivered, with their attempts and next due time.
+//! Rows are written in the same transaction that ends a turn, so a result is never lost between
+//! "turn finished" and "delivery queued", and retries survive restarts.
+
+use rusqlite::{Connection, params};
+
+use super::{Store, StoreError, now_millis};
+
+#[derive(Debug, Clone)]
+pub(crate) struct PendingDelivery {
+    pub event_id: String,
+    pub route: String,
+    pub session_key: String,
+    pub body: String,
+    pub attempts: u32,
+}
+
+/// Pending and permanently failed deliveries, for `status`.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub(crate) struct DeliveryCounts {
+    pub pending: i64,
+    pub failed: i64,
+}
+
+impl DeliveryCounts {
+    pub(crate) fn query(connection: &Connection) -> rusqlite::Result<DeliveryCounts> {
+        connection.query_row(
+            "SELECT COALESCE(SUM(status = 'pending'), 0), COALESCE(SUM(status = 'failed'), 0) FROM deliveries",
+            [],
+            |row| {
+                Ok(DeliveryCounts {
+                    pending: row.get(0)?,
+                    failed: row.get(1)?,
+                })
+            },
+        )
+    }
+}
+
+impl Store {
+    /// Deliveries due now, oldest first.
+    pub(crate) async fn due_deliveries(&self, limit: usize) -> Result<Vec<PendingDelivery>, StoreError> {
+        self.read(move |connection| {
+            connection
+                .prepare_cached(
+                    "SELECT event_id, route, session_key, body, attempts FROM deliveries
+                     WHERE status = 'pending' AND next_attempt_at <= ?1
+                     ORDER BY next_attempt_at LIMIT ?2",
+                )?
+                .query_map(params![now_millis(), limit as i64], |row| {
+                    Ok(PendingDelivery {
+                        event_id: row.get(0)?,
+                        route: row.get(1)?,
+                        session_key: row.get(2)?,
+                        body: row.get(3)?,
+                        attempts: row.get(4)?,
+                    })
+                })?
+                .collect()
+        })
+        .await
+    }
+
+    /// Records an attempt: delivered, retry at `retry_at` (unix ms), or failed for good.
+    pub(crate) async fn record_delivery_attempt(
+        &self,
+        event_id: &str,
+        outcome: DeliveryAttempt,
+    ) -> Result<(), StoreError> {
+        let event_id = event_id.to_string();
+        self.write(move |connection| {
+            let now = now_millis();
+            let (status, next, error) = match outcome {
+                DeliveryAttempt::Delivered => ("delivered", now, None),
+                DeliveryAttempt::Retry { at, error } => ("pending", at, Some(error)),
+                DeliveryAttempt::GaveUp { error } => ("failed", now, Some(error)),
+            };
+            connection
+                .prepare_cached(
+                    "UPDATE deliveries SET status = ?2, attempts = attempts + 1, next_attempt_at = ?3,
+                         last_error = ?4, updated_at = ?5
+                     WHERE event_id = ?1",
+                )?
+                .execute(params![event_id, status, next, error, now])?;
+            Ok(())
+        })
+        .await
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(crate) enum DeliveryAttempt {
+    Delivered,
+    Retry { at: i64, error: String },
+    GaveUp { error: String },
+}

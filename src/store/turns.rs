@@ -1,0 +1,301 @@
+//! Turns and their transcript: claiming the next event of an idle session, committing each step,
+//! and ending a turn together with its event's terminal status and its outbox row.
+
+use rusqlite::{Connection, OptionalExtension, params};
+use serde::Serialize;
+
+use super::{Store, StoreError, now_millis};
+
+/// A stored event, as a turn needs it.
+#[derive(Debug, Clone)]
+pub(crate) struct StoredEvent {
+    pub id: String,
+    pub route: String,
+    pub session_key: String,
+    pub event_type: String,
+    pub delivery_id: Option<String>,
+    pub headers: String,
+    pub payload: Vec<u8>,
+}
+
+/// An event claimed for a new turn.
+#[derive(Debug, Clone)]
+pub(crate) struct ClaimedTurn {
+    pub turn_id: String,
+    pub event: StoredEvent,
+}
+
+/// How a turn ended, for its rows.
+#[derive(Debug, Clone)]
+pub(crate) struct TurnEnd {
+    pub turn_id: String,
+    pub event_id: String,
+    pub session_key: String,
+    pub route: String,
+    /// `completed`, `failed` or `interrupted`.
+    pub turn_status: &'static str,
+    /// The event's terminal status: `completed`, `failed`, `abandoned` or `suspended`.
+    pub event_status: &'static str,
+    pub reason: Option<String>,
+    pub output: Option<String>,
+    pub error: Option<String>,
+    pub steps: u32,
+}
+
+/// The body of the outbound delivery (SPEC §3).
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct DeliveryBody<'a> {
+    pub event_id: &'a str,
+    pub route: &'a str,
+    pub session: &'a str,
+    pub status: &'a str,
+    pub output: Option<&'a str>,
+    pub error: Option<&'a str>,
+    pub turn_id: &'a str,
+    pub steps: u32,
+}
+
+const CLAIM_SQL: &str = "
+    SELECT e.id, e.route, e.session_key, e.event_type, e.delivery_id, e.headers, e.payload
+    FROM events e JOIN sessions s ON s.key = e.session_key
+    WHERE e.status = 'queued' AND s.state = 'idle'
+      AND e.seq = (SELECT MIN(q.seq) FROM events q
+                   WHERE q.status = 'queued' AND q.session_key = e.session_key)
+    ORDER BY e.seq
+    LIMIT ?1";
+
+fn claim_in(connection: &Connection, limit: usize) -> rusqlite::Result<Vec<ClaimedTurn>> {
+    let events: Vec<StoredEvent> = connection
+        .prepare_cached(CLAIM_SQL)?
+        .query_map(params![limit as i64], |row| {
+            Ok(StoredEvent {
+                id: row.get(0)?,
+                route: row.get(1)?,
+                session_key: row.get(2)?,
+                event_type: row.get(3)?,
+                delivery_id: row.get(4)?,
+                headers: row.get(5)?,
+                payload: row.get(6)?,
+            })
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    let now = now_millis();
+    let mut claimed = Vec::with_capacity(events.len());
+    for event in events {
+        let turn_id = uuid::Uuid::now_v7().to_string();
+        connection
+            .prepare_cached("UPDATE events SET status = 'running', updated_at = ?2 WHERE id = ?1")?
+            .execute(params![event.id, now])?;
+        connection
+            .prepare_cached(
+                "INSERT INTO turns (id, session_key, event_id, status, started_at)
+                 VALUES (?1, ?2, ?3, 'running', ?4)",
+            )?
+            .execute(params![turn_id, event.session_key, event.id, now])?;
+        connection
+            .prepare_cached(
+                "UPDATE sessions SET state = 'running', reason = NULL, last_turn_id = ?2, updated_at = ?3
+                 WHERE key = ?1",
+            )?
+            .execute(params![event.session_key, turn_id, now])?;
+        claimed.push(ClaimedTurn { turn_id, event });
+    }
+    Ok(claimed)
+}
+
+fn finish_in(connection: &Connection, end: &TurnEnd) -> rusqlite::Result<()> {
+    let now = now_millis();
+    connection
+        .prepare_cached(
+            "UPDATE turns SET status = ?2, reason = ?3, output = ?4, error = ?5, steps = ?6, finished_at = ?7
+             WHERE id = ?1",
+        )?
+        .execute(params![
+            end.turn_id,
+            end.turn_status,
+            end.reason,
+            end.output,
+            end.error,
+            end.steps,
+            now
+        ])?;
+    connection
+        .prepare_cached("UPDATE events SET status = ?2, updated_at = ?3 WHERE id = ?1")?
+        .execute(params![end.event_id, end.event_status, now])?;
+    let session_state = if end.event_status == "suspended" {
+        "suspended"
+    } else {
+        "idle"
+    };
+    connection
+        .prepare_cached("UPDATE sessions SET state = ?2, reason = ?3, updated_at = ?4 WHERE key = ?1")?
+        .execute(params![end.session_key, session_state, end.reason, now])?;
+    let body = DeliveryBody {
+        event_id: &end.event_id,
+        route: &end.route,
+        session: &end.session_key,
+        status: end.event_status,
+        output: end.output.as_deref(),
+        error: end.error.as_deref(),
+        turn_id: &end.turn_id,
+        steps: end.steps,
+    };
+    let body = serde_json::to_string(&body).map_err(|err| rusqlite::Error::ToSqlConversionFailure(Box::new(err)))?;
+    connection
+        .prepare_cached(
+            "INSERT OR REPLACE INTO deliveries
+                 (event_id, route, session_key, body, status, attempts, next_attempt_at, created_at, updated_at)
+             VALUES (?1, ?2, ?3, ?4, 'pending', 0, ?5, ?5, ?5)",
+        )?
+        .execute(params![end.event_id, end.route, end.session_key, body, now])?;
+    Ok(())
+}
+
+/// One transcript row.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct TranscriptRow {
+    pub seq: i64,
+    pub turn_id: String,
+    pub kind: String,
+    pub body: serde_json::Value,
+    pub created_at: i64,
+}
+
+pub(crate) fn transcript_of(connection: &Connection, session_key: &str) -> rusqlite::Result<Vec<TranscriptRow>> {
+    connection
+        .prepare_cached(
+            "SELECT seq, turn_id, kind, body, created_at FROM transcript WHERE session_key = ?1 ORDER BY seq",
+        )?
+        .query_map(params![session_key], |row| {
+            let body: String = row.get(3)?;
+            Ok(TranscriptRow {
+                seq: row.get(0)?,
+                turn_id: row.get(1)?,
+                kind: row.get(2)?,
+                body: serde_json::from_str(&body).unwrap_or(serde_json::Value::String(body)),
+                created_at: row.get(4)?,
+            })
+        })?
+        .collect()
+}
+
+/// A session as `sessions list` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct SessionRow {
+    pub key: String,
+    pub route: String,
+    pub state: String,
+    pub reason: Option<String>,
+    pub last_turn_id: Option<String>,
+    pub last_turn_status: Option<String>,
+    pub turns: i64,
+    pub queued: i64,
+    pub updated_at: i64,
+}
+
+const SESSION_SQL: &str = "
+    SELECT s.key, s.route, s.state, s.reason, s.last_turn_id,
+           (SELECT t.status FROM turns t WHERE t.id = s.last_turn_id),
+           (SELECT count(*) FROM turns t WHERE t.session_key = s.key),
+           (SELECT count(*) FROM events e WHERE e.session_key = s.key AND e.status = 'queued'),
+           s.updated_at
+    FROM sessions s";
+
+fn session_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<SessionRow> {
+    Ok(SessionRow {
+        key: row.get(0)?,
+        route: row.get(1)?,
+        state: row.get(2)?,
+        reason: row.get(3)?,
+        last_turn_id: row.get(4)?,
+        last_turn_status: row.get(5)?,
+        turns: row.get(6)?,
+        queued: row.get(7)?,
+        updated_at: row.get(8)?,
+    })
+}
+
+pub(crate) fn sessions(connection: &Connection) -> rusqlite::Result<Vec<SessionRow>> {
+    connection
+        .prepare(&format!("{SESSION_SQL} ORDER BY s.updated_at DESC"))?
+        .query_map([], session_from_row)?
+        .collect()
+}
+
+pub(crate) fn session(connection: &Connection, key: &str) -> rusqlite::Result<Option<SessionRow>> {
+    connection
+        .prepare(&format!("{SESSION_SQL} WHERE s.key = ?1"))?
+        .query_row(params![key], session_from_row)
+        .optional()
+}
+
+impl Store {
+    /// Claims up to `limit` events, the oldest queued one of each idle session, oldest first.
+    pub(crate) async fn claim_turns(&self, limit: usize) -> Result<Vec<ClaimedTurn>, StoreError> {
+        self.write(move |connection| claim_in(connection, limit)).await
+    }
+
+    /// Commits one transcript entry of a running turn.
+    pub(crate) async fn append_transcript(
+        &self,
+        session_key: &str,
+        turn_id: &str,
+        kind: &'static str,
+        body: String,
+        steps: u32,
+    ) -> Result<(), StoreError> {
+        let session_key = session_key.to_string();
+        let turn_id = turn_id.to_string();
+        self.write(move |connection| {
+            connection
+                .prepare_cached(
+                    "INSERT INTO transcript (session_key, seq, turn_id, kind, body, created_at)
+                     VALUES (?1, COALESCE((SELECT MAX(seq) FROM transcript WHERE session_key = ?1), 0) + 1,
+                             ?2, ?3, ?4, ?5)",
+                )?
+                .execute(params![session_key, turn_id, kind, body, now_millis()])?;
+            connection
+                .prepare_cached("UPDATE turns SET steps = ?2 WHERE id = ?1")?
+                .execute(params![turn_id, steps])?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Ends a turn: its row, its event's terminal status, its session's state and its delivery.
+    pub(crate) async fn finish_turn(&self, end: TurnEnd) -> Result<(), StoreError> {
+        self.write(move |connection| finish_in(connection, &end)).await
+    }
+
+    /// Leaves a running turn for the next start to resume: the turn is interrupted, its session
+    /// `resume_pending` with `reason`, and its event stays open.
+    pub(crate) async fn interrupt_for_resume(
+        &self,
+        turn_id: &str,
+        session_key: &str,
+        reason: &'static str,
+        steps: u32,
+    ) -> Result<(), StoreError> {
+        let turn_id = turn_id.to_string();
+        let session_key = session_key.to_string();
+        self.write(move |connection| {
+            let now = now_millis();
+            connection.execute(
+                "UPDATE turns SET status = 'interrupted', reason = ?2, steps = ?3, finished_at = ?4 WHERE id = ?1",
+                params![turn_id, reason, steps, now],
+            )?;
+            connection.execute(
+                "UPDATE sessions SET state = 'resume_pending', reason = ?2, updated_at = ?3 WHERE key = ?1",
+                params![session_key, reason, now],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// The whole transcript of a session.
+    pub(crate) async fn transcript(&self, session_key: &str) -> Result<Vec<TranscriptRow>, StoreError> {
+        let key = session_key.to_string();
+        self.read(move |connection| transcript_of(connection, &key)).await
+    }
+}
