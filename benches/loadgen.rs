@@ -216,7 +216,10 @@ fn main() -> Result<(), String> {
         tallies
     });
     let elapsed = started.elapsed().as_secs_f64();
-    let mut latencies: Vec<u64> = tallies.iter().flat_map(|t| t.latencies_us.clone()).collect();
+    let mut latencies: Vec<u64> = tallies
+        .iter()
+        .flat_map(|t| t.latencies_us.clone())
+        .collect();
     latencies.sort_unstable();
     let mut statuses: BTreeMap<u16, u64> = BTreeMap::new();
     for tally in &tallies {
@@ -225,7 +228,10 @@ fn main() -> Result<(), String> {
         }
     }
     let errors: u64 = tallies.iter().map(|t| t.errors).sum();
-    let statuses_json: Vec<String> = statuses.iter().map(|(s, c)| format!("\"{s}\":{c}")).collect();
+    let statuses_json: Vec<String> = statuses
+        .iter()
+        .map(|(s, c)| format!("\"{s}\":{c}"))
+        .collect();
     println!(
         "{{\"requests\":{},\"per_second\":{:.0},\"p50_ms\":{:.3},\"p99_ms\":{:.3},\"p999_ms\":{:.3},\"max_ms\":{:.3},\"statuses\":{{{}}},\"errors\":{}}}",
         latencies.len(),

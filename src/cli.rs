@@ -188,7 +188,9 @@ fn run(command: Command) -> Result<(), Failure> {
             },
         ),
         Command::Reconcile { .. } => not_yet("reconcile"),
-        Command::Sessions(SessionsCommand::List { config, json }) => sessions_list(&config.source(), json),
+        Command::Sessions(SessionsCommand::List { config, json }) => {
+            sessions_list(&config.source(), json)
+        }
         Command::Sessions(SessionsCommand::Show { config, key, json }) => {
             sessions_show(&config.source(), &key, json)
         }
@@ -258,7 +260,10 @@ fn query_state<T>(
 
 fn status(source: &ConfigSource, json: bool) -> Result<(), Failure> {
     let (state_dir, found) = query_state(source, |connection| {
-        Ok((StatusSummary::query(connection)?, DeliveryCounts::query(connection)?))
+        Ok((
+            StatusSummary::query(connection)?,
+            DeliveryCounts::query(connection)?,
+        ))
     })?;
     let (summary, deliveries) = found.unwrap_or_default();
     let running = DaemonLock::is_held(&state_dir);
@@ -272,7 +277,10 @@ fn status(source: &ConfigSource, json: bool) -> Result<(), Failure> {
         });
         println!("{document:#}");
     } else {
-        print!("{}", render_status(&state_dir, running, &summary, deliveries));
+        print!(
+            "{}",
+            render_status(&state_dir, running, &summary, deliveries)
+        );
     }
     Ok(())
 }
@@ -310,7 +318,10 @@ fn sessions_list(source: &ConfigSource, json: bool) -> Result<(), Failure> {
         println!("{:#}", serde_json::json!(sessions));
         return Ok(());
     }
-    println!("{:<40} {:<16} {:<15} {:>5} {:>6}  LAST TURN", "SESSION", "ROUTE", "STATE", "TURNS", "QUEUED");
+    println!(
+        "{:<40} {:<16} {:<15} {:>5} {:>6}  LAST TURN",
+        "SESSION", "ROUTE", "STATE", "TURNS", "QUEUED"
+    );
     for s in sessions {
         println!(
             "{:<40} {:<16} {:<15} {:>5} {:>6}  {}",
@@ -327,13 +338,19 @@ fn sessions_list(source: &ConfigSource, json: bool) -> Result<(), Failure> {
 
 fn sessions_show(source: &ConfigSource, key: &str, json: bool) -> Result<(), Failure> {
     let (_, found) = query_state(source, |connection| {
-        Ok((store::session(connection, key)?, store::transcript_of(connection, key)?))
+        Ok((
+            store::session(connection, key)?,
+            store::transcript_of(connection, key)?,
+        ))
     })?;
     let Some((Some(session), transcript)) = found else {
         return Err(Failure::runtime(format!("no session {key:?}")));
     };
     if json {
-        println!("{:#}", serde_json::json!({"session": session, "transcript": transcript}));
+        println!(
+            "{:#}",
+            serde_json::json!({"session": session, "transcript": transcript})
+        );
         return Ok(());
     }
     println!(
@@ -341,7 +358,11 @@ fn sessions_show(source: &ConfigSource, key: &str, json: bool) -> Result<(), Fai
         session.key,
         session.route,
         session.state,
-        session.reason.as_deref().map(|r| format!(" ({r})")).unwrap_or_default(),
+        session
+            .reason
+            .as_deref()
+            .map(|r| format!(" ({r})"))
+            .unwrap_or_default(),
         session.turns
     );
     for row in transcript {
@@ -364,7 +385,11 @@ fn render_entry(body: &serde_json::Value) -> String {
             let message = &body["message"];
             let role = text(&message["role"]);
             let mut block = match role.as_str() {
-                "tool" => format!("  <- tool result [{}]: {}", text(&message["tool_call_id"]), text(&message["content"])),
+                "tool" => format!(
+                    "  <- tool result [{}]: {}",
+                    text(&message["tool_call_id"]),
+                    text(&message["content"])
+                ),
                 _ => format!("{role}: {}", text(&message["content"])),
             };
             for call in message["tool_calls"].as_array().into_iter().flatten() {
@@ -433,10 +458,9 @@ fn send(source: &ConfigSource, request: &SendRequest) -> Result<(), Failure> {
         .event_type
         .clone()
         .or_else(|| route.events.as_ref().and_then(|e| e.first().cloned()));
-    if let (Some(header), Some(event_type)) = (
-        verify::event_type_header(route.verify.scheme),
-        event_type,
-    ) {
+    if let (Some(header), Some(event_type)) =
+        (verify::event_type_header(route.verify.scheme), event_type)
+    {
         builder = builder.header(header, event_type);
     }
     let http_request = builder

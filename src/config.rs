@@ -403,7 +403,10 @@ pub(crate) fn state_dir(source: &ConfigSource) -> Result<PathBuf, ConfigError> {
         findings: vec![syntax_finding(&err, &Locator::new(&text))],
     })?;
     let state_directory = std::env::var_os("STATE_DIRECTORY").map(PathBuf::from);
-    Ok(resolve_state_dir(parsed.state_dir, state_directory.as_deref()))
+    Ok(resolve_state_dir(
+        parsed.state_dir,
+        state_directory.as_deref(),
+    ))
 }
 
 /// `state_dir`, else the first of `$STATE_DIRECTORY`, else /var/lib/agentgate.
@@ -606,9 +609,7 @@ impl Checker<'_> {
                 }
             },
         };
-        let max_body = self.value("server.max_body", raw.max_body, 1 << 20, |t| {
-            parse_size(&t)
-        });
+        let max_body = self.value("server.max_body", raw.max_body, 1 << 20, |t| parse_size(&t));
         Some(ServerSettings {
             listen,
             control_socket: raw
@@ -777,7 +778,10 @@ impl Checker<'_> {
         if !raw.path.starts_with('/') || raw.path.contains(char::is_whitespace) {
             self.error(
                 &format!("{prefix}.path"),
-                format!("{:?} must be an absolute URL path such as /hooks/github", raw.path),
+                format!(
+                    "{:?} must be an absolute URL path such as /hooks/github",
+                    raw.path
+                ),
             );
         } else if matches!(raw.path.as_str(), "/healthz" | "/readyz") {
             self.error(
@@ -1102,7 +1106,8 @@ mod tests {
 
     #[test]
     fn standard_secret_must_be_whsec_base64() {
-        let text = "[routes.a]\npath = \"/a\"\nverify = { scheme = \"standard\", secret = \"nope\" }\n";
+        let text =
+            "[routes.a]\npath = \"/a\"\nverify = { scheme = \"standard\", secret = \"nope\" }\n";
         assert!(
             findings(text)
                 .iter()

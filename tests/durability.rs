@@ -52,8 +52,14 @@ impl LoopFs {
         let mount_point = dir.path().join("mnt");
         std::fs::create_dir(&mount_point).expect("mkdir");
         run("truncate", &["-s", "16M", path_str(&image)]);
-        run("mkfs.ext4", &["-q", "-F", "-m", "0", "-b", "4096", path_str(&image)]);
-        run("mount", &["-o", "loop", path_str(&image), path_str(&mount_point)]);
+        run(
+            "mkfs.ext4",
+            &["-q", "-F", "-m", "0", "-b", "4096", path_str(&image)],
+        );
+        run(
+            "mount",
+            &["-o", "loop", path_str(&image), path_str(&mount_point)],
+        );
         LoopFs {
             mount_point,
             _dir: dir,
@@ -74,7 +80,11 @@ fn path_str(path: &Path) -> &str {
 const ROUTE: &str = "[routes.hook]\npath = \"/hook\"\nverify = { scheme = \"none\" }\n";
 
 fn post(daemon: &Daemon, n: usize) -> HttpResponse {
-    daemon.post_json("/hook", &[], &format!("{{\"n\":{n},\"pad\":\"{}\"}}", "x".repeat(900)))
+    daemon.post_json(
+        "/hook",
+        &[],
+        &format!("{{\"n\":{n},\"pad\":\"{}\"}}", "x".repeat(900)),
+    )
 }
 
 /// Every event id answered 202 must be in the database (a refused one may be too: the sender
@@ -84,7 +94,9 @@ fn assert_all_stored(state_dir: &Path, accepted: &[String]) {
     let connection = rusqlite::Connection::open(&database).expect("open the database");
     for id in accepted {
         let count: i64 = connection
-            .query_row("SELECT count(*) FROM events WHERE id = ?1", [id], |row| row.get(0))
+            .query_row("SELECT count(*) FROM events WHERE id = ?1", [id], |row| {
+                row.get(0)
+            })
             .expect("query");
         assert_eq!(count, 1, "acknowledged event {id} is missing");
     }
@@ -108,7 +120,12 @@ fn full_disk_answers_503_never_2xx_and_recovers() {
     for n in 0..5 {
         let response = post(&daemon, n);
         assert_eq!(response.status, 202, "{response:?}");
-        accepted.push(response.json()["event_id"].as_str().expect("id").to_string());
+        accepted.push(
+            response.json()["event_id"]
+                .as_str()
+                .expect("id")
+                .to_string(),
+        );
     }
 
     // Fill the file system to the last block.
@@ -123,7 +140,12 @@ fn full_disk_answers_503_never_2xx_and_recovers() {
     for n in 5..400 {
         let response = post(&daemon, n);
         match response.status {
-            202 => accepted.push(response.json()["event_id"].as_str().expect("id").to_string()),
+            202 => accepted.push(
+                response.json()["event_id"]
+                    .as_str()
+                    .expect("id")
+                    .to_string(),
+            ),
             503 => {
                 assert_eq!(response.header("retry-after"), Some("1"));
                 assert_eq!(response.json()["error"], "unavailable");
@@ -145,7 +167,12 @@ fn full_disk_answers_503_never_2xx_and_recovers() {
     });
     let response = post(&daemon, 1000);
     assert_eq!(response.status, 202, "{response:?}");
-    accepted.push(response.json()["event_id"].as_str().expect("id").to_string());
+    accepted.push(
+        response.json()["event_id"]
+            .as_str()
+            .expect("id")
+            .to_string(),
+    );
     drop(daemon);
     assert_all_stored(&state_dir, &accepted);
 }
@@ -183,7 +210,14 @@ int fdatasync(int fd) {
     let library = dir.join("libfailsync.so");
     run(
         "cc",
-        &["-shared", "-fPIC", "-o", path_str(&library), path_str(&source), "-ldl"],
+        &[
+            "-shared",
+            "-fPIC",
+            "-o",
+            path_str(&library),
+            path_str(&source),
+            "-ldl",
+        ],
     );
     library
 }
@@ -201,7 +235,12 @@ fn failing_fsync_answers_503_and_recovers() {
     let mut accepted = Vec::new();
     let response = post(&daemon, 0);
     assert_eq!(response.status, 202);
-    accepted.push(response.json()["event_id"].as_str().expect("id").to_string());
+    accepted.push(
+        response.json()["event_id"]
+            .as_str()
+            .expect("id")
+            .to_string(),
+    );
 
     std::fs::write(&flag, b"").expect("raise the flag");
     for n in 1..4 {
@@ -217,7 +256,12 @@ fn failing_fsync_answers_503_and_recovers() {
     });
     let response = post(&daemon, 10);
     assert_eq!(response.status, 202);
-    accepted.push(response.json()["event_id"].as_str().expect("id").to_string());
+    accepted.push(
+        response.json()["event_id"]
+            .as_str()
+            .expect("id")
+            .to_string(),
+    );
     drop(daemon);
     assert_all_stored(&workspace.state_dir(), &accepted);
 }

@@ -44,7 +44,8 @@ fn github_post(daemon: &Daemon, body: &str, delivery: &str) -> HttpResponse {
     )
 }
 
-const ISSUE: &str = r#"{"action":"opened","repository":{"full_name":"acme/web"},"issue":{"number":7}}"#;
+const ISSUE: &str =
+    r#"{"action":"opened","repository":{"full_name":"acme/web"},"issue":{"number":7}}"#;
 
 #[test]
 fn verified_event_is_accepted_with_its_session_key_and_stored() {
@@ -75,7 +76,9 @@ fn bad_missing_and_stale_signatures_are_401_and_store_nothing() {
     assert_eq!(wrong.status, 401);
     assert_eq!(wrong.json()["error"], "unauthorized");
     assert!(
-        !wrong.body.contains(&hmac_sha256_hex(GITHUB_SECRET.as_bytes(), ISSUE.as_bytes())),
+        !wrong
+            .body
+            .contains(&hmac_sha256_hex(GITHUB_SECRET.as_bytes(), ISSUE.as_bytes())),
         "the expected signature must never be echoed"
     );
     let missing = daemon.post_json("/hooks/github", &[("x-github-event", "issues")], ISSUE);
@@ -108,7 +111,12 @@ fn bad_missing_and_stale_signatures_are_401_and_store_nothing() {
         body,
     );
     assert_eq!(stale.status, 401, "{stale:?}");
-    assert!(stale.json()["message"].as_str().unwrap_or("").contains("timestamp"));
+    assert!(
+        stale.json()["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("timestamp")
+    );
     assert_eq!(workspace.events_total(), 0);
 }
 
@@ -166,7 +174,10 @@ fn event_type_filter_and_session_template_errors() {
     );
     let ignored = daemon.post_json(
         "/hooks/github",
-        &[("x-hub-signature-256", &signature), ("x-github-event", "push")],
+        &[
+            ("x-hub-signature-256", &signature),
+            ("x-github-event", "push"),
+        ],
         body,
     );
     assert_eq!(ignored.status, 200);
@@ -175,11 +186,19 @@ fn event_type_filter_and_session_template_errors() {
     // `ping` passes the filter but has no issue number: the session key cannot be rendered.
     let no_key = daemon.post_json(
         "/hooks/github",
-        &[("x-hub-signature-256", &signature), ("x-github-event", "ping")],
+        &[
+            ("x-hub-signature-256", &signature),
+            ("x-github-event", "ping"),
+        ],
         body,
     );
     assert_eq!(no_key.status, 400, "{no_key:?}");
-    assert!(no_key.json()["message"].as_str().unwrap_or("").contains("routes.github.session"));
+    assert!(
+        no_key.json()["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("routes.github.session")
+    );
     assert_eq!(workspace.events_total(), 0);
 }
 
@@ -271,7 +290,10 @@ fn slow_header_clients_are_disconnected_after_header_timeout() {
             closed < Duration::from_secs(5),
             "a client that never finished its headers was kept {closed:?}"
         );
-        assert!(closed >= Duration::from_millis(500), "closed too early: {closed:?}");
+        assert!(
+            closed >= Duration::from_millis(500),
+            "closed too early: {closed:?}"
+        );
     }
     // The daemon still serves others.
     assert_eq!(github_post(&daemon, ISSUE, "after-slow").status, 202);
@@ -353,7 +375,10 @@ fn invalid_config_exits_78_with_one_line_per_problem() {
     std::fs::write(workspace.config_path(), "[server]\nlisten = \n").expect("write");
     let output = workspace.cli(&["check-config"]);
     assert_eq!(output.status.code(), Some(78));
-    assert!(String::from_utf8_lossy(&output.stdout).contains(":2: error"), "{output:?}");
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains(":2: error"),
+        "{output:?}"
+    );
 }
 
 #[test]
@@ -365,7 +390,10 @@ fn check_config_passes_a_valid_file_with_warnings() {
     let output = workspace.cli(&["check-config"]);
     assert_eq!(output.status.code(), Some(0), "{output:?}");
     let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(stdout.contains("warning: routes.a.verify.secret"), "{stdout}");
+    assert!(
+        stdout.contains("warning: routes.a.verify.secret"),
+        "{stdout}"
+    );
 }
 
 #[test]
@@ -375,9 +403,26 @@ fn send_signs_like_the_route_verifies() {
         "[routes.std]\npath = \"/hooks/std\"\nverify = { scheme = \"standard\", secret = \"whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD\" }\n",
     );
     let _daemon = workspace.start();
-    let output = workspace.cli(&["send", "std", "--data", "{\"type\":\"x\"}", "--delivery-id", "msg_1"]);
+    let output = workspace.cli(&[
+        "send",
+        "std",
+        "--data",
+        "{\"type\":\"x\"}",
+        "--delivery-id",
+        "msg_1",
+    ]);
     assert!(output.status.success(), "{output:?}");
     assert!(String::from_utf8_lossy(&output.stdout).starts_with("202 "));
-    let again = workspace.cli(&["send", "std", "--data", "{\"type\":\"x\"}", "--delivery-id", "msg_1"]);
-    assert!(String::from_utf8_lossy(&again.stdout).contains("duplicate"), "{again:?}");
+    let again = workspace.cli(&[
+        "send",
+        "std",
+        "--data",
+        "{\"type\":\"x\"}",
+        "--delivery-id",
+        "msg_1",
+    ]);
+    assert!(
+        String::from_utf8_lossy(&again.stdout).contains("duplicate"),
+        "{again:?}"
+    );
 }

@@ -77,8 +77,8 @@ pub(crate) fn parse_cassette(text: &str) -> Result<Vec<Message>, String> {
         .enumerate()
         .filter(|(_, line)| !line.trim().is_empty())
         .map(|(index, line)| {
-            let message: Message = serde_json::from_str(line)
-                .map_err(|err| format!("line {}: {err}", index + 1))?;
+            let message: Message =
+                serde_json::from_str(line).map_err(|err| format!("line {}: {err}", index + 1))?;
             if message.role != Role::Assistant {
                 return Err(format!("line {}: not an assistant message", index + 1));
             }
@@ -89,7 +89,10 @@ pub(crate) fn parse_cassette(text: &str) -> Result<Vec<Message>, String> {
 
 impl Model {
     /// Builds the backend. `record` (openai only) appends every reply to a cassette file.
-    pub(crate) fn new(settings: &ModelSettings, record: Option<&Path>) -> Result<Model, ModelSetupError> {
+    pub(crate) fn new(
+        settings: &ModelSettings,
+        record: Option<&Path>,
+    ) -> Result<Model, ModelSetupError> {
         let backend = match &settings.backend {
             ModelBackend::OpenAi {
                 base_url,
@@ -116,8 +119,11 @@ impl Model {
                     ),
                     None => (BUNDLED_CASSETTE.to_string(), "<bundled>".to_string()),
                 };
-                let replies = parse_cassette(&text)
-                    .map_err(|message| ModelSetupError::Cassette { path: name, message })?;
+                let replies =
+                    parse_cassette(&text).map_err(|message| ModelSetupError::Cassette {
+                        path: name,
+                        message,
+                    })?;
                 Backend::Replay { replies }
             }
         };
@@ -161,7 +167,8 @@ impl Model {
                 api_key,
             } => {
                 let body = request_body(model, messages, tools);
-                self.complete_http(client, url, api_key.as_ref(), &body).await
+                self.complete_http(client, url, api_key.as_ref(), &body)
+                    .await
             }
             Backend::Command { argv } => self.complete_command(argv, messages, tools).await,
             Backend::Replay { replies } => Ok(replay(replies, messages)),
@@ -256,7 +263,11 @@ impl Model {
         }
         let output = tokio::time::timeout(self.request_timeout, child.wait_with_output())
             .await
-            .map_err(|_| ModelError::Unavailable(format!("{program} did not answer within model.request_timeout")))?
+            .map_err(|_| {
+                ModelError::Unavailable(format!(
+                    "{program} did not answer within model.request_timeout"
+                ))
+            })?
             .map_err(|err| ModelError::Unavailable(format!("{program}: {err}")))?;
         if !output.status.success() {
             return Err(ModelError::Unavailable(format!(
@@ -377,11 +388,18 @@ mod tests {
 
     #[test]
     fn completion_parsing() {
-        let ok = parse_completion(br#"{"choices":[{"message":{"role":"assistant","content":"hi"}}]}"#)
-            .expect("valid");
+        let ok =
+            parse_completion(br#"{"choices":[{"message":{"role":"assistant","content":"hi"}}]}"#)
+                .expect("valid");
         assert_eq!(ok.visible_text(), Some("hi"));
-        assert!(matches!(parse_completion(b"<html>"), Err(ModelError::Malformed(_))));
-        assert!(matches!(parse_completion(b"{\"choices\":[]}"), Err(ModelError::Malformed(_))));
+        assert!(matches!(
+            parse_completion(b"<html>"),
+            Err(ModelError::Malformed(_))
+        ));
+        assert!(matches!(
+            parse_completion(b"{\"choices\":[]}"),
+            Err(ModelError::Malformed(_))
+        ));
     }
 
     #[test]

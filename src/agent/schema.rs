@@ -45,7 +45,10 @@ fn check(schema: &Value, value: &Value, path: &str) -> Result<(), String> {
     if let Some(Value::Array(allowed)) = schema.get("enum")
         && !allowed.contains(value)
     {
-        return Err(format!("{path} must be one of {}", Value::Array(allowed.clone())));
+        return Err(format!(
+            "{path} must be one of {}",
+            Value::Array(allowed.clone())
+        ));
     }
     if let Value::Object(object) = value {
         let properties = schema.get("properties").and_then(Value::as_object);
@@ -96,10 +99,22 @@ mod tests {
         let errors = [
             (json!({"depth": 2}), "arguments.path is required"),
             (json!({"path": 1}), "arguments.path must be of type string"),
-            (json!({"path": "/", "depth": 1.5}), "arguments.depth must be of type integer"),
-            (json!({"path": "/", "mode": "slow"}), "arguments.mode must be one of"),
-            (json!({"path": "/", "tags": ["a", 2]}), "arguments.tags[1] must be of type string"),
-            (json!({"path": "/", "x": 1}), "arguments.x is not an allowed property"),
+            (
+                json!({"path": "/", "depth": 1.5}),
+                "arguments.depth must be of type integer",
+            ),
+            (
+                json!({"path": "/", "mode": "slow"}),
+                "arguments.mode must be one of",
+            ),
+            (
+                json!({"path": "/", "tags": ["a", 2]}),
+                "arguments.tags[1] must be of type string",
+            ),
+            (
+                json!({"path": "/", "x": 1}),
+                "arguments.x is not an allowed property",
+            ),
             (json!([1]), "arguments must be of type object"),
         ];
         for (value, expected) in errors {

@@ -103,15 +103,19 @@ pub(crate) async fn run(
     cancel: &CancellationToken,
 ) -> Result<ToolOutcome, ToolAbort> {
     let Some((program, rest)) = tool.command.split_first() else {
-        return Ok(ToolOutcome::failed_to_start("the tool has no command".into()));
+        return Ok(ToolOutcome::failed_to_start(
+            "the tool has no command".into(),
+        ));
     };
     let mut command = Command::new(program);
     command
         .args(rest)
         .env_clear()
-        .envs(INHERITED_ENVIRONMENT.iter().filter_map(|name| {
-            std::env::var_os(name).map(|value| (*name, value))
-        }))
+        .envs(
+            INHERITED_ENVIRONMENT
+                .iter()
+                .filter_map(|name| std::env::var_os(name).map(|value| (*name, value))),
+        )
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -165,7 +169,11 @@ pub(crate) async fn run(
             use std::os::unix::process::ExitStatusExt;
             (status.code(), status.signal(), None)
         }
-        Err(err) => (None, None, Some(format!("waiting for the tool failed: {err}"))),
+        Err(err) => (
+            None,
+            None,
+            Some(format!("waiting for the tool failed: {err}")),
+        ),
     };
     Ok(ToolOutcome {
         exit_status,
@@ -225,9 +233,13 @@ mod tests {
     #[tokio::test]
     async fn arguments_arrive_on_stdin_and_status_is_recorded() {
         let cat = tool(&["/bin/sh", "-c", "cat; exit 3"], Duration::from_secs(5));
-        let outcome = run(&cat, &serde_json::json!({"x": 1}), &CancellationToken::new())
-            .await
-            .expect("runs");
+        let outcome = run(
+            &cat,
+            &serde_json::json!({"x": 1}),
+            &CancellationToken::new(),
+        )
+        .await
+        .expect("runs");
         assert_eq!(outcome.stdout, r#"{"x":1}"#);
         assert_eq!(outcome.exit_status, Some(3));
     }

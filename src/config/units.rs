@@ -5,8 +5,9 @@ use std::time::Duration;
 
 /// Parses a duration such as `"250ms"`, `"20s"`, `"5m"`, `"6h"` or `"7d"` (humantime syntax).
 pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
-    humantime::parse_duration(text.trim())
-        .map_err(|err| format!("invalid duration {text:?} ({err}); use e.g. \"20s\", \"5m\", \"7d\""))
+    humantime::parse_duration(text.trim()).map_err(|err| {
+        format!("invalid duration {text:?} ({err}); use e.g. \"20s\", \"5m\", \"7d\"")
+    })
 }
 
 /// Parses a byte size such as `"1MiB"`, `"512KiB"`, `"64kB"` or a plain number of bytes.
@@ -47,11 +48,14 @@ pub(crate) struct Rate {
 
 /// Parses a rate such as `"120/min"`, `"10/s"` or `"1000/hour"`.
 pub(crate) fn parse_rate(text: &str) -> Result<Rate, String> {
-    let invalid = || format!("invalid rate {text:?}; use e.g. \"120/min\", \"10/s\", \"1000/hour\"");
+    let invalid =
+        || format!("invalid rate {text:?}; use e.g. \"120/min\", \"10/s\", \"1000/hour\"");
     let (count, unit) = text.trim().split_once('/').ok_or_else(invalid)?;
     let count: u32 = count.trim().parse().map_err(|_| invalid())?;
     if count == 0 {
-        return Err(format!("rate {text:?} allows nothing; remove rate_limit instead"));
+        return Err(format!(
+            "rate {text:?} allows nothing; remove rate_limit instead"
+        ));
     }
     let period = match unit.trim() {
         "s" | "sec" | "second" => Duration::from_secs(1),

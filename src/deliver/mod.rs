@@ -32,7 +32,11 @@ pub(crate) struct Deliverer {
 }
 
 impl Deliverer {
-    pub(crate) fn new(store: Store, config: Arc<Config>, wake: Arc<Notify>) -> Result<Deliverer, String> {
+    pub(crate) fn new(
+        store: Store,
+        config: Arc<Config>,
+        wake: Arc<Notify>,
+    ) -> Result<Deliverer, String> {
         let client = reqwest::Client::builder()
             .timeout(ATTEMPT_TIMEOUT)
             .build()

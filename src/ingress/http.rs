@@ -71,7 +71,10 @@ impl Ingress {
     }
 
     /// Answers one request. Never fails: every problem is an HTTP status with a JSON body.
-    pub(crate) async fn handle<B>(self: Arc<Self>, request: Request<B>) -> Result<HttpResponse, Infallible>
+    pub(crate) async fn handle<B>(
+        self: Arc<Self>,
+        request: Request<B>,
+    ) -> Result<HttpResponse, Infallible>
     where
         B: hyper::body::Body<Data = Bytes> + Send,
         B::Error: std::error::Error + Send + Sync + 'static,
@@ -139,18 +142,23 @@ impl Ingress {
         }
         let (parts, body) = request.into_parts();
         let limit = usize::try_from(settings.max_body).unwrap_or(usize::MAX);
-        let collected = tokio::time::timeout(self.body_timeout, Limited::new(body, limit).collect())
-            .await
-            .map_err(|_| {
-                error(
-                    StatusCode::REQUEST_TIMEOUT,
-                    "request_timeout",
-                    "the body did not arrive in time",
-                )
-            })?;
+        let collected =
+            tokio::time::timeout(self.body_timeout, Limited::new(body, limit).collect())
+                .await
+                .map_err(|_| {
+                    error(
+                        StatusCode::REQUEST_TIMEOUT,
+                        "request_timeout",
+                        "the body did not arrive in time",
+                    )
+                })?;
         let body = match collected {
             Ok(collected) => collected.to_bytes(),
-            Err(err) if err.downcast_ref::<http_body_util::LengthLimitError>().is_some() => {
+            Err(err)
+                if err
+                    .downcast_ref::<http_body_util::LengthLimitError>()
+                    .is_some() =>
+            {
                 return Err(too_large());
             }
             Err(_) => {
@@ -206,8 +214,8 @@ impl Ingress {
             .session_key(&context)
             .map_err(|message| error(StatusCode::BAD_REQUEST, "bad_session_key", &message))?;
         let headers_json = serde_json::to_string(&headers).unwrap_or_else(|_| "{}".to_string());
-        let dedup_since =
-            crate::store::now_millis() - i64::try_from(self.dedup_window.as_millis()).unwrap_or(i64::MAX);
+        let dedup_since = crate::store::now_millis()
+            - i64::try_from(self.dedup_window.as_millis()).unwrap_or(i64::MAX);
         let event = NewEvent {
             id: event_id.clone(),
             route: settings.name.clone(),
@@ -305,7 +313,11 @@ fn parse_payload(
 }
 
 /// The scheme's event header, else `payload.type`, else "".
-fn event_type(settings: &RouteSettings, headers: &HeaderMap, payload: &serde_json::Value) -> String {
+fn event_type(
+    settings: &RouteSettings,
+    headers: &HeaderMap,
+    payload: &serde_json::Value,
+) -> String {
     verify::event_type_header(settings.verify.scheme)
         .and_then(|name| headers.get(name))
         .and_then(|v| v.to_str().ok())

@@ -53,7 +53,9 @@ mod tests {
         let start = Instant::now();
         assert!(bucket.take(start).is_ok());
         assert!(bucket.take(start).is_ok());
-        let wait = bucket.take(start).expect_err("third request is over the limit");
+        let wait = bucket
+            .take(start)
+            .expect_err("third request is over the limit");
         assert!(wait > Duration::from_secs(29) && wait <= Duration::from_secs(30));
         assert!(bucket.take(start + Duration::from_secs(31)).is_ok());
     }

@@ -223,7 +223,10 @@ pub(crate) fn sign(
     let pairs: Vec<(&str, String)> = match settings.scheme {
         VerifyScheme::None => Vec::new(),
         VerifyScheme::Github => vec![
-            ("x-hub-signature-256", format!("sha256={}", hex_mac(&[body]))),
+            (
+                "x-hub-signature-256",
+                format!("sha256={}", hex_mac(&[body])),
+            ),
             ("x-github-delivery", delivery_id.to_string()),
         ],
         VerifyScheme::HmacSha256 => vec![(
@@ -240,13 +243,19 @@ pub(crate) fn sign(
         ],
         VerifyScheme::Stripe => vec![(
             "stripe-signature",
-            format!("t={now},v1={}", hex_mac(&[timestamp.as_bytes(), b".", body])),
+            format!(
+                "t={now},v1={}",
+                hex_mac(&[timestamp.as_bytes(), b".", body])
+            ),
         )],
         VerifyScheme::Slack => vec![
             ("x-slack-request-timestamp", timestamp.clone()),
             (
                 "x-slack-signature",
-                format!("v0={}", hex_mac(&[b"v0:", timestamp.as_bytes(), b":", body])),
+                format!(
+                    "v0={}",
+                    hex_mac(&[b"v0:", timestamp.as_bytes(), b":", body])
+                ),
             ),
         ],
         VerifyScheme::Gitlab => vec![("x-gitlab-token", String::from_utf8_lossy(key).into_owned())],
@@ -323,7 +332,10 @@ mod tests {
         let mut map = HeaderMap::new();
         for (name, value) in pairs {
             let name = http::HeaderName::from_bytes(name.as_ref().as_bytes()).expect("header name");
-            map.append(name, HeaderValue::from_str(value.as_ref()).expect("header value"));
+            map.append(
+                name,
+                HeaderValue::from_str(value.as_ref()).expect("header value"),
+            );
         }
         map
     }
@@ -423,7 +435,10 @@ mod tests {
             "t=1700000000,v1=8042376f6ca064adbe037642a718227dfd59047137eb49497a54c49eb0cfb724",
         )]);
         assert_eq!(verify(&s, &h, body, now), Ok(()));
-        let s = settings(VerifyScheme::Stripe, b"whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD");
+        let s = settings(
+            VerifyScheme::Stripe,
+            b"whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD",
+        );
         let good = headers(&[(
             "stripe-signature",
             "t=1700000000,v0=00,v1=b79b54984a0cc0cb613be9caaff23976ef0bc1c0e3e01197cd4e9c51637d8b76",
@@ -471,7 +486,12 @@ mod tests {
         );
         let bearer = settings(VerifyScheme::Bearer, b"tok");
         assert_eq!(
-            verify(&bearer, &headers(&[("authorization", "Bearer tok")]), b"", 0),
+            verify(
+                &bearer,
+                &headers(&[("authorization", "Bearer tok")]),
+                b"",
+                0
+            ),
             Ok(())
         );
         assert!(verify(&bearer, &headers(&[("authorization", "Basic tok")]), b"", 0).is_err());
@@ -485,10 +505,7 @@ mod tests {
         let prefixed = headers(&[("x-signature", &format!("sha256={mac}"))]);
         assert_eq!(verify(&s, &plain, b"body", 0), Ok(()));
         assert_eq!(verify(&s, &prefixed, b"body", 0), Ok(()));
-        assert_eq!(
-            verify(&s, &plain, b"bodx", 0),
-            Err(VerifyError::Mismatch)
-        );
+        assert_eq!(verify(&s, &plain, b"bodx", 0), Err(VerifyError::Mismatch));
     }
 
     #[test]

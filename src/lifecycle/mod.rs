@@ -58,7 +58,10 @@ pub(crate) fn load_config(source: &ConfigSource) -> Result<config::Loaded, Failu
 
 /// `agentgate serve`: runs until SIGTERM or SIGINT. `record` appends every model reply to a
 /// cassette file.
-pub(crate) fn serve(source: &ConfigSource, record: Option<&std::path::Path>) -> Result<(), Failure> {
+pub(crate) fn serve(
+    source: &ConfigSource,
+    record: Option<&std::path::Path>,
+) -> Result<(), Failure> {
     let loaded = load_config(source)?;
     for finding in &loaded.warnings {
         tracing::warn!("{}", LocatedFinding { source, finding });
@@ -81,7 +84,9 @@ pub(crate) fn serve(source: &ConfigSource, record: Option<&std::path::Path>) -> 
     let templates = Arc::new(RouteTemplates::compile(&config.routes).map_err(Failure::config)?);
     let model = Arc::new(Model::new(&config.model, record).map_err(Failure::config)?);
     if model.is_replay() {
-        tracing::warn!("the model is a replay of recorded replies (backend = \"replay\"), not a live model");
+        tracing::warn!(
+            "the model is a replay of recorded replies (backend = \"replay\"), not a live model"
+        );
     }
     let config = Arc::new(config);
     let sessions = Arc::new(Sessions::default());
@@ -93,7 +98,8 @@ pub(crate) fn serve(source: &ConfigSource, record: Option<&std::path::Path>) -> 
     ));
     let deliveries = Arc::new(Notify::new());
     let deliverer = Arc::new(
-        Deliverer::new(store.clone(), config.clone(), deliveries.clone()).map_err(Failure::runtime)?,
+        Deliverer::new(store.clone(), config.clone(), deliveries.clone())
+            .map_err(Failure::runtime)?,
     );
     let cancel_turns = CancellationToken::new();
     let turn_context = Arc::new(TurnContext {

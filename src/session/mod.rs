@@ -36,9 +36,7 @@ impl Sessions {
     /// A new event for `session_key` is durable. With `interrupt`, a running turn of that session
     /// is cancelled in its favour (`on_busy = "interrupt"`).
     pub(crate) fn event_accepted(&self, session_key: &str, interrupt: bool) {
-        if interrupt
-            && let Some((_, token)) = self.lock().get(session_key)
-        {
+        if interrupt && let Some((_, token)) = self.lock().get(session_key) {
             token.cancel();
         }
         self.wake.notify_one();
@@ -58,7 +56,10 @@ impl Sessions {
     /// The turn ended. The session may already run its next turn, so only this turn is removed.
     fn finished(&self, session_key: &str, turn_id: &str) {
         let mut running = self.lock();
-        if running.get(session_key).is_some_and(|(id, _)| id == turn_id) {
+        if running
+            .get(session_key)
+            .is_some_and(|(id, _)| id == turn_id)
+        {
             running.remove(session_key);
         }
         drop(running);

@@ -32,7 +32,12 @@ pub(crate) fn system_message(route: &RouteSettings, route_system: &str) -> Messa
 }
 
 /// The user message for a new event: the rendered prompt between markers that it cannot close.
-pub(crate) fn event_message(route: &str, event_type: &str, event_id: &str, prompt: &str) -> Message {
+pub(crate) fn event_message(
+    route: &str,
+    event_type: &str,
+    event_id: &str,
+    prompt: &str,
+) -> Message {
     let escaped = prompt
         .replace(EVENT_CLOSE, "<\\/webhook-event>")
         .replace(EVENT_OPEN, "<\\webhook-event");

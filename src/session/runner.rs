@@ -57,9 +57,14 @@ impl TurnContext {
     pub(crate) async fn run(&self, turn: ClaimedTurn, interrupt: CancellationToken) {
         let event = &turn.event;
         let Some(route) = self.config.routes.iter().find(|r| r.name == event.route) else {
-            self.finish(&turn, Outcome::Failed {
-                error: format!("route {} is no longer configured", event.route),
-            }, None, 0)
+            self.finish(
+                &turn,
+                Outcome::Failed {
+                    error: format!("route {} is no longer configured", event.route),
+                },
+                None,
+                0,
+            )
             .await;
             return;
         };
@@ -74,14 +79,24 @@ impl TurnContext {
         running.drive().await;
     }
 
-    async fn finish(&self, turn: &ClaimedTurn, outcome: Outcome, stop: Option<&'static str>, steps: u32) {
+    async fn finish(
+        &self,
+        turn: &ClaimedTurn,
+        outcome: Outcome,
+        stop: Option<&'static str>,
+        steps: u32,
+    ) {
         let event = &turn.event;
         let (output, error, turn_status, event_status) = match outcome {
             Outcome::Completed { output } => (Some(output), None, "completed", "completed"),
             Outcome::Failed { error } => (
                 None,
                 Some(error),
-                if stop.is_some() { "interrupted" } else { "failed" },
+                if stop.is_some() {
+                    "interrupted"
+                } else {
+                    "failed"
+                },
                 "failed",
             ),
         };
@@ -194,8 +209,17 @@ impl Running<'_> {
         };
         let mut messages = vec![prompt::system_message(self.route, &system)];
         messages.extend(history);
-        let new_event = prompt::event_message(&event.route, &event.event_type, &event.id, &prompt_text);
-        if !self.record(&Entry::Message { message: new_event.clone() }, 0).await {
+        let new_event =
+            prompt::event_message(&event.route, &event.event_type, &event.id, &prompt_text);
+        if !self
+            .record(
+                &Entry::Message {
+                    message: new_event.clone(),
+                },
+                0,
+            )
+            .await
+        {
             return;
         }
         messages.push(new_event);
@@ -204,7 +228,11 @@ impl Running<'_> {
             .into_iter()
             .map(|tool| (tool.name.clone(), tool.parameters.clone()))
             .collect();
-        let mut machine = TurnMachine::new(self.context.config.runtime.max_turn_steps, messages, schemas);
+        let mut machine = TurnMachine::new(
+            self.context.config.runtime.max_turn_steps,
+            messages,
+            schemas,
+        );
         let mut actions: VecDeque<Action> = machine.start().into();
         while let Some(action) = actions.pop_front() {
             let input = match action {
@@ -247,7 +275,13 @@ impl Running<'_> {
                 let body = body.clone();
                 async move {
                     store
-                        .append_transcript(&turn.event.session_key, &turn.turn_id, entry.kind(), body, steps)
+                        .append_transcript(
+                            &turn.event.session_key,
+                            &turn.turn_id,
+                            entry.kind(),
+                            body,
+                            steps,
+                        )
                         .await
                 }
             })
@@ -277,7 +311,12 @@ impl Running<'_> {
         })
     }
 
-    async fn run_tool(&self, call_id: String, name: &str, arguments: &serde_json::Value) -> Result<Input, Stop> {
+    async fn run_tool(
+        &self,
+        call_id: String,
+        name: &str,
+        arguments: &serde_json::Value,
+    ) -> Result<Input, Stop> {
         let Some(tool) = self.context.config.tools.get(name) else {
             return Ok(Input::ToolFinished {
                 call_id,
@@ -298,9 +337,16 @@ impl Running<'_> {
     async fn stopped(&self, stop: Stop, steps: u32) {
         match stop {
             Stop::Interrupted => {
-                let error = "interrupted by a newer event for this session (on_busy = \"interrupt\")".to_string();
+                let error =
+                    "interrupted by a newer event for this session (on_busy = \"interrupt\")"
+                        .to_string();
                 self.context
-                    .finish(self.turn, Outcome::Failed { error }, Some("interrupted"), steps)
+                    .finish(
+                        self.turn,
+                        Outcome::Failed { error },
+                        Some("interrupted"),
+                        steps,
+                    )
                     .await;
             }
             Stop::Idle => {
@@ -309,7 +355,12 @@ impl Running<'_> {
                     self.context.config.runtime.turn_idle_timeout
                 );
                 self.context
-                    .finish(self.turn, Outcome::Failed { error }, Some("idle_timeout"), steps)
+                    .finish(
+                        self.turn,
+                        Outcome::Failed { error },
+                        Some("idle_timeout"),
+                        steps,
+                    )
                     .await;
             }
             Stop::Shutdown => {
@@ -317,7 +368,12 @@ impl Running<'_> {
                 let committed = self
                     .context
                     .store
-                    .interrupt_for_resume(&turn.turn_id, &turn.event.session_key, "shutdown_timeout", steps)
+                    .interrupt_for_resume(
+                        &turn.turn_id,
+                        &turn.event.session_key,
+                        "shutdown_timeout",
+                        steps,
+                    )
                     .await;
                 match committed {
                     Ok(()) => tracing::warn!(

@@ -19,8 +19,14 @@ use crate::agent::schema;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub(crate) enum Entry {
-    Message { message: Message },
-    ToolStart { call_id: String, name: String, arguments: Value },
+    Message {
+        message: Message,
+    },
+    ToolStart {
+        call_id: String,
+        name: String,
+        arguments: Value,
+    },
 }
 
 impl Entry {
@@ -59,7 +65,10 @@ pub(crate) enum Input {
     ModelMalformed(String),
     /// The model is unavailable after its retries; the turn fails.
     ModelUnavailable(String),
-    ToolFinished { call_id: String, result: String },
+    ToolFinished {
+        call_id: String,
+        result: String,
+    },
 }
 
 struct PendingCall {
@@ -80,7 +89,11 @@ pub(crate) struct TurnMachine {
 impl TurnMachine {
     /// `messages` is the conversation the turn starts from (history, then the new input).
     /// `tools` maps the route's tool names to their parameter schemas.
-    pub(crate) fn new(max_steps: u32, messages: Vec<Message>, tools: BTreeMap<String, Value>) -> TurnMachine {
+    pub(crate) fn new(
+        max_steps: u32,
+        messages: Vec<Message>,
+        tools: BTreeMap<String, Value>,
+    ) -> TurnMachine {
         TurnMachine {
             max_steps,
             steps: 0,
@@ -114,7 +127,9 @@ impl TurnMachine {
                 self.steps += 1;
                 let note = Message::text(
                     Role::User,
-                    format!("Your previous reply could not be used ({reason}). Reply again with a tool call or a final answer."),
+                    format!(
+                        "Your previous reply could not be used ({reason}). Reply again with a tool call or a final answer."
+                    ),
                 );
                 let mut actions = vec![self.record(note)];
                 actions.extend(self.next_model_call(&reason));
@@ -163,7 +178,9 @@ impl TurnMachine {
                     arguments,
                 }),
                 Err(problem) => {
-                    actions.push(self.record(Message::tool_result(&call.id, format!("error: {problem}"))));
+                    actions.push(
+                        self.record(Message::tool_result(&call.id, format!("error: {problem}"))),
+                    );
                 }
             }
         }
@@ -176,7 +193,11 @@ impl TurnMachine {
             let known: Vec<&str> = self.tools.keys().map(String::as_str).collect();
             return Err(format!(
                 "tool {name:?} is not available on this route (available: {})",
-                if known.is_empty() { "none".to_string() } else { known.join(", ") }
+                if known.is_empty() {
+                    "none".to_string()
+                } else {
+                    known.join(", ")
+                }
             ));
         };
         let arguments: Value = if arguments.trim().is_empty() {
@@ -285,12 +306,22 @@ mod tests {
         let mut m = machine(5);
         let actions = m.on(Input::ModelReplied(call("c1", "rm_rf", "{}")));
         assert_eq!(kinds(&actions), ["message", "message", "call_model"]);
-        assert!(m.messages()[2].content.as_deref().is_some_and(|c| c.contains("not available")));
+        assert!(
+            m.messages()[2]
+                .content
+                .as_deref()
+                .is_some_and(|c| c.contains("not available"))
+        );
         let actions = m.on(Input::ModelReplied(call("c2", "df", "{not json")));
         assert_eq!(kinds(&actions), ["message", "message", "call_model"]);
         let actions = m.on(Input::ModelReplied(call("c3", "df", r#"{"path": 3}"#)));
         assert_eq!(kinds(&actions), ["message", "message", "call_model"]);
-        assert!(m.messages().last().and_then(|x| x.content.clone()).is_some_and(|c| c.contains("must be of type string")));
+        assert!(
+            m.messages()
+                .last()
+                .and_then(|x| x.content.clone())
+                .is_some_and(|c| c.contains("must be of type string"))
+        );
     }
 
     #[test]
@@ -312,13 +343,20 @@ mod tests {
             call_id: "c1".into(),
             result: "ok".into(),
         });
-        assert!(matches!(actions.last(), Some(Action::Finish(Outcome::Failed { error })) if error.contains("max_turn_steps")));
+        assert!(
+            matches!(actions.last(), Some(Action::Finish(Outcome::Failed { error })) if error.contains("max_turn_steps"))
+        );
     }
 
     #[test]
     fn unavailable_model_fails_the_turn() {
         let mut m = machine(3);
         let actions = m.on(Input::ModelUnavailable("down".into()));
-        assert_eq!(actions, vec![Action::Finish(Outcome::Failed { error: "down".into() })]);
+        assert_eq!(
+            actions,
+            vec![Action::Finish(Outcome::Failed {
+                error: "down".into()
+            })]
+        );
     }
 }

@@ -39,7 +39,10 @@ impl DeliveryCounts {
 
 impl Store {
     /// Deliveries due now, oldest first.
-    pub(crate) async fn due_deliveries(&self, limit: usize) -> Result<Vec<PendingDelivery>, StoreError> {
+    pub(crate) async fn due_deliveries(
+        &self,
+        limit: usize,
+    ) -> Result<Vec<PendingDelivery>, StoreError> {
         self.read(move |connection| {
             connection
                 .prepare_cached(

@@ -22,8 +22,8 @@ use tokio::sync::oneshot;
 
 pub(crate) use deliveries::{DeliveryAttempt, DeliveryCounts, PendingDelivery};
 pub(crate) use events::{AcceptOutcome, NewEvent, StatusSummary};
-pub(crate) use turns::{ClaimedTurn, TurnEnd, session, sessions, transcript_of};
 pub(crate) use lock::DaemonLock;
+pub(crate) use turns::{ClaimedTurn, TurnEnd, session, sessions, transcript_of};
 
 pub(crate) const DATABASE_FILE: &str = "agentgate.db";
 

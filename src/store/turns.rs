@@ -128,7 +128,9 @@ fn finish_in(connection: &Connection, end: &TurnEnd) -> rusqlite::Result<()> {
         "idle"
     };
     connection
-        .prepare_cached("UPDATE sessions SET state = ?2, reason = ?3, updated_at = ?4 WHERE key = ?1")?
+        .prepare_cached(
+            "UPDATE sessions SET state = ?2, reason = ?3, updated_at = ?4 WHERE key = ?1",
+        )?
         .execute(params![end.session_key, session_state, end.reason, now])?;
     let body = DeliveryBody {
         event_id: &end.event_id,
@@ -140,7 +142,8 @@ fn finish_in(connection: &Connection, end: &TurnEnd) -> rusqlite::Result<()> {
         turn_id: &end.turn_id,
         steps: end.steps,
     };
-    let body = serde_json::to_string(&body).map_err(|err| rusqlite::Error::ToSqlConversionFailure(Box::new(err)))?;
+    let body = serde_json::to_string(&body)
+        .map_err(|err| rusqlite::Error::ToSqlConversionFailure(Box::new(err)))?;
     connection
         .prepare_cached(
             "INSERT OR REPLACE INTO deliveries
@@ -161,7 +164,10 @@ pub(crate) struct TranscriptRow {
     pub created_at: i64,
 }
 
-pub(crate) fn transcript_of(connection: &Connection, session_key: &str) -> rusqlite::Result<Vec<TranscriptRow>> {
+pub(crate) fn transcript_of(
+    connection: &Connection,
+    session_key: &str,
+) -> rusqlite::Result<Vec<TranscriptRow>> {
     connection
         .prepare_cached(
             "SELECT seq, turn_id, kind, body, created_at FROM transcript WHERE session_key = ?1 ORDER BY seq",
@@ -232,7 +238,8 @@ pub(crate) fn session(connection: &Connection, key: &str) -> rusqlite::Result<Op
 impl Store {
     /// Claims up to `limit` events, the oldest queued one of each idle session, oldest first.
     pub(crate) async fn claim_turns(&self, limit: usize) -> Result<Vec<ClaimedTurn>, StoreError> {
-        self.write(move |connection| claim_in(connection, limit)).await
+        self.write(move |connection| claim_in(connection, limit))
+            .await
     }
 
     /// Commits one transcript entry of a running turn.
@@ -264,7 +271,8 @@ impl Store {
 
     /// Ends a turn: its row, its event's terminal status, its session's state and its delivery.
     pub(crate) async fn finish_turn(&self, end: TurnEnd) -> Result<(), StoreError> {
-        self.write(move |connection| finish_in(connection, &end)).await
+        self.write(move |connection| finish_in(connection, &end))
+            .await
     }
 
     /// Leaves a running turn for the next start to resume: the turn is interrupted, its session
@@ -294,8 +302,12 @@ impl Store {
     }
 
     /// The whole transcript of a session.
-    pub(crate) async fn transcript(&self, session_key: &str) -> Result<Vec<TranscriptRow>, StoreError> {
+    pub(crate) async fn transcript(
+        &self,
+        session_key: &str,
+    ) -> Result<Vec<TranscriptRow>, StoreError> {
         let key = session_key.to_string();
-        self.read(move |connection| transcript_of(connection, &key)).await
+        self.read(move |connection| transcript_of(connection, &key))
+            .await
     }
 }

@@ -2,6 +2,8 @@
 //! talks to it over raw HTTP/1.1 so that tests control every byte (slow clients, chunked bodies).
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
+pub mod stub;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -94,6 +96,58 @@ impl Workspace {
         serde_json::from_slice(&output.stdout).expect("status --json is JSON")
     }
 
+    /// Runs a query on the state database (read-only, while the daemon may run).
+    pub fn query<T>(
+        &self,
+        sql: &str,
+        map: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+    ) -> Vec<T> {
+        let connection = rusqlite::Connection::open_with_flags(
+            self.state_dir().join("agentgate.db"),
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+        )
+        .expect("open the state database");
+        connection
+            .busy_timeout(Duration::from_secs(5))
+            .expect("busy timeout");
+        let mut statement = connection.prepare(sql).expect("prepare");
+        statement
+            .query_map([], map)
+            .expect("query")
+            .collect::<rusqlite::Result<Vec<T>>>()
+            .expect("rows")
+    }
+
+    /// The status of event `id`.
+    pub fn event_status(&self, id: &str) -> String {
+        self.query(
+            &format!("SELECT status FROM events WHERE id = '{id}'"),
+            |row| row.get(0),
+        )
+        .pop()
+        .unwrap_or_default()
+    }
+
+    /// Waits until event `id` has one of the terminal statuses and returns it.
+    pub fn wait_terminal(&self, id: &str, limit: Duration) -> String {
+        let mut status = String::new();
+        wait_until(&format!("event {id} to end"), limit, || {
+            status = self.event_status(id);
+            matches!(
+                status.as_str(),
+                "completed" | "failed" | "abandoned" | "suspended"
+            )
+        });
+        status
+    }
+
+    /// `sessions show KEY --json`.
+    pub fn session_json(&self, key: &str) -> serde_json::Value {
+        let output = self.cli(&["sessions", "show", key, "--json"]);
+        assert!(output.status.success(), "sessions show failed: {output:?}");
+        serde_json::from_slice(&output.stdout).expect("sessions show --json is JSON")
+    }
+
     pub fn events_total(&self) -> i64 {
         self.status()["events"]["total"]
             .as_i64()
@@ -147,7 +201,10 @@ impl Workspace {
                 }
             }
             if let Ok(Some(status)) = daemon.child.try_wait() {
-                panic!("agentgate exited with {status} before serving:\n{}", daemon.log());
+                panic!(
+                    "agentgate exited with {status} before serving:\n{}",
+                    daemon.log()
+                );
             }
             assert!(
                 Instant::now() < deadline,
@@ -182,7 +239,13 @@ impl Daemon {
         status
     }
 
-    pub fn request(&self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> HttpResponse {
+    pub fn request(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> HttpResponse {
         try_request(self.addr, method, path, headers, body).expect("HTTP request")
     }
 

@@ -1,0 +1,434 @@
+//! Agent turns against the real binary: a scripted OpenAI-compatible stub model, real tool
+//! processes, and a local receiver for signed deliveries.
+
+mod common;
+
+use std::time::Duration;
+
+use common::stub::{Received, Reply, Stub};
+use common::*;
+use serde_json::json;
+
+const DELIVER_SECRET: &str = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
+const TURN_LIMIT: Duration = Duration::from_secs(30);
+
+struct Setup {
+    workspace: Workspace,
+    model: Stub,
+    receiver: Stub,
+}
+
+fn config(model: &Stub, receiver: &Stub, route_extra: &str, runtime_extra: &str) -> String {
+    format!(
+        r#"[runtime]
+max_turn_steps = 6
+{runtime_extra}
+
+[model]
+backend = "openai"
+base_url = "{model}/v1"
+model = "stub-model"
+api_key = {{ env = "TEST_MODEL_KEY" }}
+request_timeout = "5s"
+max_retries = 2
+
+[tools.echo]
+description = "Echo the arguments"
+command = ["/bin/cat"]
+parameters = {{ type = "object", properties = {{ text = {{ type = "string" }} }}, required = ["text"] }}
+timeout = "5s"
+
+[tools.hang]
+description = "Never returns"
+command = ["/bin/sh", "-c", "sleep 300"]
+timeout = "1s"
+
+[tools.flood]
+description = "Writes 100 MB"
+command = ["/bin/sh", "-c", "head -c 100000000 /dev/zero"]
+timeout = "30s"
+
+[tools.fail]
+description = "Exits 7"
+command = ["/bin/sh", "-c", "echo broken >&2; exit 7"]
+
+[routes.alerts]
+path = "/hooks/alerts"
+verify = {{ scheme = "none" }}
+session = "{{{{ payload.session }}}}"
+system = "You investigate alerts."
+tools = ["echo", "hang", "flood", "fail"]
+deliver = {{ kind = "http", url = "{receiver}/results", secret = "{DELIVER_SECRET}" }}
+{route_extra}
+"#,
+        model = model.url(),
+        receiver = receiver.url(),
+    )
+}
+
+fn start(model: Stub, receiver: Stub, route_extra: &str, runtime_extra: &str) -> (Setup, Daemon) {
+    let workspace = Workspace::new();
+    workspace.write_config(&config(&model, &receiver, route_extra, runtime_extra));
+    let daemon = workspace.start_with_env(&[("TEST_MODEL_KEY", "sk-test-123")]);
+    (
+        Setup {
+            workspace,
+            model,
+            receiver,
+        },
+        daemon,
+    )
+}
+
+fn receiver() -> Stub {
+    Stub::start(|_, _| Reply::raw(204, ""))
+}
+
+fn post(daemon: &Daemon, session: &str) -> String {
+    let response = daemon.post_json(
+        "/hooks/alerts",
+        &[],
+        &json!({"session": session, "alert": "disk full on db-1"}).to_string(),
+    );
+    assert_eq!(response.status, 202, "{response:?}");
+    response.json()["event_id"]
+        .as_str()
+        .expect("event id")
+        .to_string()
+}
+
+fn delivery_for(receiver: &Stub, event_id: &str) -> Option<Received> {
+    receiver
+        .requests()
+        .into_iter()
+        .find(|r| r.header("webhook-id") == Some(event_id))
+}
+
+fn wait_delivery(receiver: &Stub, event_id: &str) -> Received {
+    let mut found = None;
+    wait_until("the delivery", TURN_LIMIT, || {
+        found = delivery_for(receiver, event_id);
+        found.is_some()
+    });
+    found.expect("delivery")
+}
+
+fn transcript_roles(setup: &Setup, session: &str) -> Vec<String> {
+    let shown = setup.workspace.session_json(session);
+    shown["transcript"]
+        .as_array()
+        .expect("transcript")
+        .iter()
+        .map(|row| match row["body"]["kind"].as_str() {
+            Some("tool_start") => {
+                format!("tool_start:{}", row["body"]["name"].as_str().unwrap_or(""))
+            }
+            _ => row["body"]["message"]["role"]
+                .as_str()
+                .unwrap_or("?")
+                .to_string(),
+        })
+        .collect()
+}
+
+fn tool_results(requests: &[Received]) -> Vec<String> {
+    requests
+        .last()
+        .map(|r| r.json())
+        .and_then(|body| body["messages"].as_array().cloned())
+        .unwrap_or_default()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| m["content"].as_str().unwrap_or("").to_string())
+        .collect()
+}
+
+#[test]
+fn multi_step_tool_turn_is_committed_and_delivered_signed() {
+    let model = Stub::scripted(vec![
+        Reply::tool_call("call_1", "echo", json!({"text": "checked /var"})),
+        Reply::answer("db-1 is full because of old WAL segments."),
+    ]);
+    let (setup, daemon) = start(model, receiver(), "", "");
+    let event_id = post(&daemon, "db-1");
+    assert_eq!(
+        setup.workspace.wait_terminal(&event_id, TURN_LIMIT),
+        "completed"
+    );
+
+    let delivery = wait_delivery(&setup.receiver, &event_id);
+    let body = delivery.json();
+    assert_eq!(body["status"], "completed");
+    assert_eq!(body["output"], "db-1 is full because of old WAL segments.");
+    assert_eq!(body["session"], "db-1");
+    assert_eq!(body["route"], "alerts");
+    assert_eq!(body["steps"], 2);
+    assert!(body["error"].is_null());
+    // Standard Webhooks signature over id.timestamp.body with the decoded key.
+    let timestamp = delivery.header("webhook-timestamp").expect("timestamp");
+    let key = base64_decode(DELIVER_SECRET.trim_start_matches("whsec_"));
+    let signed = format!(
+        "{event_id}.{timestamp}.{}",
+        String::from_utf8_lossy(&delivery.body)
+    );
+    let expected = format!(
+        "v1,{}",
+        base64_encode(&hmac_sha256(&key, signed.as_bytes()))
+    );
+    assert_eq!(
+        delivery.header("webhook-signature"),
+        Some(expected.as_str())
+    );
+
+    // The model saw the tool's output and got the bearer key; the prompt marks the payload.
+    let requests = setup.model.requests();
+    assert_eq!(requests.len(), 2);
+    assert_eq!(
+        requests[0].header("authorization"),
+        Some("Bearer sk-test-123")
+    );
+    let first = requests[0].json();
+    assert_eq!(first["model"], "stub-model");
+    assert_eq!(first["tools"][0]["function"]["name"], "echo");
+    let system = first["messages"][0]["content"].as_str().unwrap_or("");
+    assert!(
+        system.contains("untrusted") && system.contains("You investigate alerts."),
+        "{system}"
+    );
+    let user = first["messages"][1]["content"].as_str().unwrap_or("");
+    assert!(
+        user.starts_with("<webhook-event") && user.contains("disk full on db-1"),
+        "{user}"
+    );
+    assert!(tool_results(&requests)[0].contains("checked /var"));
+
+    // Every step is in the transcript, in order.
+    assert_eq!(
+        transcript_roles(&setup, "db-1"),
+        ["user", "assistant", "tool_start:echo", "tool", "assistant"]
+    );
+    // The secret never reaches the transcript or the log.
+    let shown = setup.workspace.session_json("db-1").to_string();
+    assert!(!shown.contains("sk-test-123"));
+    assert!(!daemon.log().contains("sk-test-123"));
+}
+
+#[test]
+fn bad_model_output_is_recorded_and_recoverable() {
+    let model = Stub::scripted(vec![
+        Reply::raw(200, "this is not json"),
+        Reply::tool_call("c1", "rm_everything", json!({})),
+        Reply::tool_call("c2", "echo", json!({"text": 5})),
+        Reply::answer(""),
+        Reply::answer("recovered"),
+    ]);
+    let (setup, daemon) = start(model, receiver(), "", "");
+    let event_id = post(&daemon, "s1");
+    assert_eq!(
+        setup.workspace.wait_terminal(&event_id, TURN_LIMIT),
+        "completed"
+    );
+    let body = wait_delivery(&setup.receiver, &event_id).json();
+    assert_eq!(body["output"], "recovered");
+    let transcript = setup.workspace.session_json("s1")["transcript"].to_string();
+    assert!(transcript.contains("could not be used"), "{transcript}");
+    assert!(transcript.contains("not available on this route"));
+    assert!(transcript.contains("must be of type string"));
+    assert!(transcript.contains("Your reply was empty"));
+}
+
+#[test]
+fn a_model_that_never_answers_fails_at_the_step_limit_and_the_failure_is_delivered() {
+    let model = Stub::scripted(vec![Reply::tool_call(
+        "c",
+        "echo",
+        json!({"text": "again"}),
+    )]);
+    let (setup, daemon) = start(model, receiver(), "", "");
+    let event_id = post(&daemon, "loop");
+    assert_eq!(
+        setup.workspace.wait_terminal(&event_id, TURN_LIMIT),
+        "failed"
+    );
+    let body = wait_delivery(&setup.receiver, &event_id).json();
+    assert_eq!(body["status"], "failed");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("max_turn_steps")
+    );
+    assert_eq!(setup.model.requests().len(), 6);
+}
+
+#[test]
+fn model_errors_are_retried_then_succeed_or_fail_clearly() {
+    let model = Stub::scripted(vec![
+        Reply::raw(500, "{\"error\":\"overloaded\"}"),
+        Reply::raw(429, "{}").with_header("retry-after", "1"),
+        Reply::answer("after retries"),
+    ]);
+    let (setup, daemon) = start(model, receiver(), "", "");
+    let event_id = post(&daemon, "retry");
+    assert_eq!(
+        setup.workspace.wait_terminal(&event_id, TURN_LIMIT),
+        "completed"
+    );
+    assert_eq!(setup.model.requests().len(), 3);
+    drop(daemon);
+
+    // A model server that is down: retried, then the turn fails with a clear error.
+    let down = Stub::scripted(vec![Reply::raw(503, "{}")]);
+    let (setup, daemon) = start(down, receiver(), "", "");
+    let event_id = post(&daemon, "down");
+    assert_eq!(
+        setup.workspace.wait_terminal(&event_id, TURN_LIMIT),
+        "failed"
+    );
+    let body = wait_delivery(&setup.receiver, &event_id).json();
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("answered 503"),
+        "{body}"
+    );
+    assert_eq!(
+        setup.model.requests().len(),
+        3,
+        "one try and max_retries = 2"
+    );
+}
+
+#[test]
+fn tools_that_hang_flood_or_fail_are_contained() {
+    let model = Stub::scripted(vec![
+        Reply::tool_call("h", "hang", json!({})),
+        Reply::tool_call("f", "flood", json!({})),
+        Reply::tool_call("x", "fail", json!({})),
+        Reply::answer("done"),
+    ]);
+    let (setup, daemon) = start(model, receiver(), "", "");
+    let event_id = post(&daemon, "tools");
+    assert_eq!(
+        setup.workspace.wait_terminal(&event_id, TURN_LIMIT),
+        "completed"
+    );
+    let results = tool_results(&setup.model.requests());
+    assert_eq!(results.len(), 3, "{results:?}");
+    let hang: serde_json::Value = serde_json::from_str(&results[0]).expect("json");
+    assert_eq!(hang["timed_out"], true);
+    let flood: serde_json::Value = serde_json::from_str(&results[1]).expect("json");
+    assert_eq!(flood["stdout_truncated"], true);
+    assert!(flood["stdout"].as_str().unwrap_or("").len() < 70 * 1024);
+    let fail: serde_json::Value = serde_json::from_str(&results[2]).expect("json");
+    assert_eq!(fail["exit_status"], 7);
+    assert!(fail["stderr"].as_str().unwrap_or("").contains("broken"));
+    assert!(
+        daemon.peak_rss_kib() < 100 * 1024,
+        "100 MB of tool output was buffered"
+    );
+}
+
+#[test]
+fn events_of_one_session_run_one_at_a_time_in_order() {
+    let model = Stub::start(|_, _| Reply::answer("ok").after(Duration::from_millis(300)));
+    let (setup, daemon) = start(model, receiver(), "", "");
+    let first = post(&daemon, "same");
+    let second = post(&daemon, "same");
+    let other = post(&daemon, "other");
+    for id in [&first, &second, &other] {
+        assert_eq!(setup.workspace.wait_terminal(id, TURN_LIMIT), "completed");
+    }
+    let turns: Vec<(String, i64, i64)> = setup.workspace.query(
+        "SELECT event_id, started_at, finished_at FROM turns WHERE session_key = 'same' ORDER BY started_at",
+        |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
+    );
+    assert_eq!(turns.len(), 2);
+    assert_eq!(turns[0].0, first, "FIFO within the session");
+    assert!(
+        turns[1].1 >= turns[0].2,
+        "turns of one session overlapped: {turns:?}"
+    );
+}
+
+#[test]
+fn on_busy_interrupt_cancels_the_running_turn() {
+    let model = Stub::start(|request, _| {
+        let body = request.json();
+        let last = body["messages"].as_array().and_then(|m| m.last()).cloned();
+        if last.is_some_and(|m| m.to_string().contains("first")) {
+            Reply::answer("slow").after(Duration::from_secs(20))
+        } else {
+            Reply::answer("second handled")
+        }
+    });
+    let (setup, daemon) = start(model, receiver(), "on_busy = \"interrupt\"", "");
+    let first = daemon.post_json("/hooks/alerts", &[], r#"{"session":"busy","note":"first"}"#);
+    let first = first.json()["event_id"].as_str().expect("id").to_string();
+    wait_until("the first turn to call the model", TURN_LIMIT, || {
+        !setup.model.requests().is_empty()
+    });
+    let second = post(&daemon, "busy");
+    assert_eq!(setup.workspace.wait_terminal(&first, TURN_LIMIT), "failed");
+    assert_eq!(
+        setup.workspace.wait_terminal(&second, TURN_LIMIT),
+        "completed"
+    );
+    let body = wait_delivery(&setup.receiver, &first).json();
+    assert!(
+        body["error"].as_str().unwrap_or("").contains("interrupted"),
+        "{body}"
+    );
+}
+
+#[test]
+fn failed_deliveries_are_retried_across_a_restart() {
+    let model = Stub::scripted(vec![Reply::answer("result")]);
+    let down = Stub::start(|_, _| Reply::raw(503, ""));
+    let (setup, daemon) = start(model, down, "", "");
+    let event_id = post(&daemon, "d");
+    assert_eq!(
+        setup.workspace.wait_terminal(&event_id, TURN_LIMIT),
+        "completed"
+    );
+    wait_until("a failed attempt", TURN_LIMIT, || {
+        !setup.receiver.requests().is_empty()
+    });
+    assert_eq!(setup.workspace.status()["deliveries"]["pending"], 1);
+    assert!(daemon.terminate().success());
+
+    // The same target now works; a new daemon picks the pending delivery up.
+    let attempts_before = setup.receiver.requests().len();
+    let working = receiver();
+    let text = config(&setup.model, &working, "", "");
+    setup
+        .workspace
+        .write_config(&text.replace(&setup.receiver.url(), &working.url()));
+    let _daemon = setup
+        .workspace
+        .start_with_env(&[("TEST_MODEL_KEY", "sk-test-123")]);
+    let delivery = wait_delivery(&working, &event_id);
+    assert_eq!(delivery.json()["output"], "result");
+    assert!(attempts_before >= 1);
+    wait_until("the outbox to drain", TURN_LIMIT, || {
+        setup.workspace.status()["deliveries"]["pending"] == 0
+    });
+}
+
+// Small helpers for checking the delivery signature independently of the daemon's code.
+fn hmac_sha256(key: &[u8], message: &[u8]) -> Vec<u8> {
+    hex::decode(hmac_sha256_hex(key, message)).expect("hex")
+}
+
+fn base64_decode(text: &str) -> Vec<u8> {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD
+        .decode(text)
+        .expect("base64")
+}
+
+fn base64_encode(bytes: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
