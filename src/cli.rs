@@ -16,6 +16,7 @@ use crate::config::{self, ConfigError, ConfigSource, LocatedFinding, Severity};
 use crate::exit::Failure;
 use crate::ingress::verify;
 use crate::lifecycle::{self, journal};
+use crate::store::ledger::LedgerFile;
 use crate::store::{self, DaemonLock, DeliveryCounts, StatusSummary};
 
 #[derive(Debug, Parser)]
@@ -194,8 +195,15 @@ fn run(command: Command) -> Result<(), Failure> {
         Command::Sessions(SessionsCommand::Show { config, key, json }) => {
             sessions_show(&config.source(), &key, json)
         }
-        Command::Sessions(_) => not_yet("sessions resume|suspend"),
-        Command::Ledger(_) => not_yet("ledger"),
+        Command::Sessions(SessionsCommand::Resume { config, key }) => {
+            operator_override(&config.source(), &key, Override::Resume)
+        }
+        Command::Sessions(SessionsCommand::Suspend { config, key }) => {
+            operator_override(&config.source(), &key, Override::Suspend)
+        }
+        Command::Ledger(LedgerCommand::Show { config, json }) => {
+            ledger_show(&config.source(), json)
+        }
     }
 }
 
@@ -203,6 +211,58 @@ fn not_yet(command: &str) -> Result<(), Failure> {
     Err(Failure::unavailable(format!(
         "`agentgate {command}` is not implemented in this version"
     )))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Override {
+    Resume,
+    Suspend,
+}
+
+fn operator_override(source: &ConfigSource, key: &str, what: Override) -> Result<(), Failure> {
+    let state_dir = config::state_dir(source).map_err(Failure::config)?;
+    let database = state_dir.join(store::DATABASE_FILE);
+    if !database.exists() {
+        return Err(Failure::runtime(format!(
+            "no session {key:?}: {} has no database",
+            state_dir.display()
+        )));
+    }
+    if what == Override::Resume {
+        LedgerFile::new(&state_dir)
+            .clear(key)
+            .map_err(|err| Failure::runtime(format!("session {key:?}: {err}")))?;
+    }
+    let change = match what {
+        Override::Resume => store::operator_resume,
+        Override::Suspend => store::operator_suspend,
+    };
+    let before = store::change_database(&database, |connection| change(connection, key))
+        .map_err(Failure::state)?
+        .ok_or_else(|| Failure::runtime(format!("no session {key:?}")))?;
+    match what {
+        Override::Resume => {
+            println!("session {key}: resumed (was {before}); its ledger entry is cleared")
+        }
+        Override::Suspend => println!("session {key}: suspended (was {before})"),
+    }
+    Ok(())
+}
+
+fn ledger_show(source: &ConfigSource, json: bool) -> Result<(), Failure> {
+    let state_dir = config::state_dir(source).map_err(Failure::config)?;
+    let ledger = LedgerFile::new(&state_dir)
+        .load()
+        .map_err(|err| Failure::runtime(err))?;
+    if json {
+        print!("{}", String::from_utf8_lossy(&ledger.to_json()));
+        return Ok(());
+    }
+    println!("{:<48} {:>8}  LAST ATTEMPT", "SESSION", "ATTEMPTS");
+    for (key, entry) in &ledger.sessions {
+        println!("{key:<48} {:>8}  {}", entry.attempts, entry.last_attempt);
+    }
+    Ok(())
 }
 
 fn check_config(source: &ConfigSource) -> Result<(), Failure> {

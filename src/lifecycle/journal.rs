@@ -14,6 +14,12 @@ use tracing_subscriber::util::SubscriberInitExt;
 /// An event was made durable and acknowledged.
 pub(crate) const MESSAGE_ACCEPTED: &str = "b7f154d7dfdf46c28b5b7998d4708050";
 
+/// An interrupted session was admitted for resume.
+pub(crate) const MESSAGE_RESUMED: &str = "5df92f03ee62438e85af6662fff2217f";
+/// A session was suspended after `resume_max_attempts` resumes.
+pub(crate) const MESSAGE_SUSPENDED: &str = "8d3eabf1daca478eac1e887be8e77a46";
+/// An interrupted session older than `resume_window` was abandoned.
+pub(crate) const MESSAGE_ABANDONED: &str = "6a213c63dcba4a4084d8903d2692e40c";
 /// A turn did not finish within `drain_timeout` and was left for resume.
 pub(crate) const MESSAGE_DRAIN_TIMEOUT: &str = "227513bade8c4853a9b43df1e4e36359";
 

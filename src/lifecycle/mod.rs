@@ -5,6 +5,7 @@
 //! line that says what is wrong, before anything is accepted.
 
 pub(crate) mod journal;
+mod resume;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,6 +21,7 @@ use crate::deliver::Deliverer;
 use crate::exit::Failure;
 use crate::ingress::{self, Ingress, ListenError};
 use crate::session::{self, Sessions, TurnContext};
+use crate::store::ledger::LedgerFile;
 use crate::store::{self, DaemonLock, Store};
 use crate::template::RouteTemplates;
 
@@ -102,7 +104,9 @@ pub(crate) fn serve(
             .map_err(Failure::runtime)?,
     );
     let cancel_turns = CancellationToken::new();
+    let ledger = Arc::new(LedgerFile::new(&config.state_dir));
     let turn_context = Arc::new(TurnContext {
+        ledger: ledger.clone(),
         store: store.clone(),
         config: config.clone(),
         templates,
@@ -129,6 +133,19 @@ pub(crate) fn serve(
             config.server.header_timeout,
             shutdown.clone(),
             REQUEST_FINISH_TIMEOUT,
+        ));
+        // Turns found running were cut off by a crash; mark them before any new turn starts.
+        match store.mark_crashed_turns().await {
+            Ok(0) => {}
+            Ok(count) => tracing::warn!(count, "turns were running when agentgate last stopped; they are resumed as crashed"),
+            Err(err) => return Err(Failure::state(format!("cannot mark crashed turns: {err}"))),
+        }
+        tokio::spawn(resume::resume_interrupted(
+            store.clone(),
+            ledger,
+            config.runtime.clone(),
+            turn_context.sessions.clone(),
+            turn_context.deliveries.clone(),
         ));
         tokio::spawn(prune_dedup(store, config.runtime.dedup_window));
         let stop_claiming = CancellationToken::new();

@@ -49,6 +49,11 @@ impl Sessions {
         }
     }
 
+    /// Asks the scheduler to look for work now (an event became claimable).
+    pub(crate) fn wake(&self) {
+        self.wake.notify_one();
+    }
+
     pub(crate) fn running_count(&self) -> usize {
         self.lock().len()
     }

@@ -53,6 +53,32 @@ pub(crate) fn event_message(
     )
 }
 
+/// The note a resumed turn carries after the transcript. Non-interactive routes finish the task
+/// silently; interactive routes tell the user the session was restored and ask what next.
+pub(crate) fn resume_note(route: &RouteSettings, reason: &str) -> Message {
+    let why = match reason {
+        "shutdown_timeout" => "agentgate was stopped before the turn finished",
+        _ => "agentgate stopped unexpectedly while the turn ran",
+    };
+    let text = if route.interactive {
+        format!(
+            "[agentgate] This session was interrupted ({why}) and has been restored from its \
+             saved transcript. Tell the user that the session was restored, say briefly where the \
+             work stopped, and ask what they want to do next. Tool calls that have results above \
+             already ran; do not repeat them."
+        )
+    } else {
+        format!(
+            "[agentgate] The previous run of this task was interrupted ({why}) and is now resumed. \
+             Continue the interrupted task from where it stopped and complete it. Do not mention \
+             the interruption or a restart, and do not ask questions: nobody will answer. Tool \
+             calls that have results above already ran: do not repeat them. Any restart or \
+             shutdown commands in the history already ran and must not be run again."
+        )
+    };
+    Message::text(Role::User, text)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -14,11 +14,12 @@ use tokio_util::sync::CancellationToken;
 
 use super::Sessions;
 use super::prompt;
-use super::turn::{Action, Entry, Input, Outcome, TurnMachine};
+use super::turn::{Action, Entry, Input, Outcome, TurnMachine, unfinished_calls};
 use crate::agent::message::Message;
 use crate::agent::model::{Model, ModelError};
 use crate::agent::tools::{self, ToolAbort};
 use crate::config::{Config, RouteSettings, ToolSettings};
+use crate::store::ledger::LedgerFile;
 use crate::store::{ClaimedTurn, Store, StoreError, TurnEnd};
 use crate::template::{EventContext, RouteTemplates};
 
@@ -36,6 +37,8 @@ pub(crate) struct TurnContext {
     pub deliveries: Arc<Notify>,
     /// Fired when the drain's time is up: running turns stop and are left for resume.
     pub cancel_turns: CancellationToken,
+    /// The retry ledger: a completed resume clears its session's entry.
+    pub ledger: Arc<LedgerFile>,
 }
 
 /// Why a turn stopped before its state machine finished it.
@@ -87,6 +90,8 @@ impl TurnContext {
         steps: u32,
     ) {
         let event = &turn.event;
+        let completed_resume =
+            matches!(outcome, Outcome::Completed { .. }) && event.resume_reason.is_some();
         let (output, error, turn_status, event_status) = match outcome {
             Outcome::Completed { output } => (Some(output), None, "completed", "completed"),
             Outcome::Failed { error } => (
@@ -112,12 +117,26 @@ impl TurnContext {
             error: error.clone(),
             steps,
         };
-        self.commit(|store| {
-            let end = end.clone();
-            async move { store.finish_turn(end).await }
-        })
-        .await;
+        if !self
+            .commit(|store| {
+                let end = end.clone();
+                async move { store.finish_turn(end).await }
+            })
+            .await
+        {
+            return;
+        }
         self.deliveries.notify_one();
+        if completed_resume {
+            // Only after the completion is committed: the entry is the crash-loop evidence.
+            let ledger = self.ledger.clone();
+            let key = event.session_key.clone();
+            let cleared = tokio::task::spawn_blocking(move || ledger.clear(&key)).await;
+            if let Ok(Err(err)) = cleared {
+                tracing::warn!(session_key = %event.session_key, error = %err,
+                    "cannot clear the session's retry ledger entry");
+            }
+        }
         match error {
             None => tracing::info!(event_id = %event.id, session_key = %event.session_key,
                 route = %event.route, turn_id = %turn.turn_id, steps, "turn completed"),
@@ -191,13 +210,10 @@ impl Running<'_> {
                 return;
             }
         };
-        let history = match self.context.store.transcript(&event.session_key).await {
+        let entries = match self.context.store.transcript(&event.session_key).await {
             Ok(rows) => rows
                 .into_iter()
-                .filter_map(|row| match serde_json::from_value::<Entry>(row.body) {
-                    Ok(Entry::Message { message }) => Some(message),
-                    _ => None,
-                })
+                .filter_map(|row| serde_json::from_value::<Entry>(row.body).ok())
                 .collect::<Vec<_>>(),
             Err(err) => {
                 let error = format!("cannot read the session's transcript: {err}");
@@ -208,32 +224,43 @@ impl Running<'_> {
             }
         };
         let mut messages = vec![prompt::system_message(self.route, &system)];
-        messages.extend(history);
-        let new_event =
-            prompt::event_message(&event.route, &event.event_type, &event.id, &prompt_text);
-        if !self
-            .record(
-                &Entry::Message {
-                    message: new_event.clone(),
-                },
-                0,
-            )
-            .await
-        {
-            return;
-        }
-        messages.push(new_event);
+        messages.extend(entries.iter().filter_map(|entry| match entry {
+            Entry::Message { message } => Some(message.clone()),
+            Entry::ToolStart { .. } => None,
+        }));
         let schemas = self
             .tools()
             .into_iter()
             .map(|tool| (tool.name.clone(), tool.parameters.clone()))
             .collect();
-        let mut machine = TurnMachine::new(
-            self.context.config.runtime.max_turn_steps,
-            messages,
-            schemas,
-        );
-        let mut actions: VecDeque<Action> = machine.start().into();
+        let max_steps = self.context.config.runtime.max_turn_steps;
+        let (mut machine, first) = match &event.resume_reason {
+            None => {
+                let new_event =
+                    prompt::event_message(&event.route, &event.event_type, &event.id, &prompt_text);
+                let entry = Entry::Message {
+                    message: new_event.clone(),
+                };
+                if !self.record(&entry, 0).await {
+                    return;
+                }
+                messages.push(new_event);
+                let mut machine = TurnMachine::new(max_steps, messages, schemas);
+                let first = machine.start();
+                (machine, first)
+            }
+            Some(reason) => {
+                let tools = &self.context.config.tools;
+                let mut machine = TurnMachine::new(max_steps, messages, schemas);
+                let first = machine.start_resumed(
+                    unfinished_calls(&entries),
+                    |name| tools.get(name).is_some_and(|tool| tool.idempotent),
+                    prompt::resume_note(self.route, reason),
+                );
+                (machine, first)
+            }
+        };
+        let mut actions: VecDeque<Action> = first.into();
         while let Some(action) = actions.pop_front() {
             let input = match action {
                 Action::Record(entry) => {

@@ -77,6 +77,52 @@ struct PendingCall {
     arguments: Value,
 }
 
+/// A tool call the interrupted run asked for but has no recorded result.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct UnfinishedCall {
+    pub call_id: String,
+    pub name: String,
+    pub arguments: String,
+    /// Its start was recorded: it may have run, in part or in full.
+    pub started: bool,
+}
+
+/// The calls in `transcript` (in order) that have no recorded result.
+pub(crate) fn unfinished_calls(transcript: &[Entry]) -> Vec<UnfinishedCall> {
+    let mut calls: Vec<UnfinishedCall> = Vec::new();
+    for entry in transcript {
+        match entry {
+            Entry::Message { message } if message.role == Role::Assistant => {
+                calls.extend(message.tool_calls.iter().map(|call| UnfinishedCall {
+                    call_id: call.id.clone(),
+                    name: call.function.name.clone(),
+                    arguments: call.function.arguments.clone(),
+                    started: false,
+                }));
+            }
+            Entry::Message { message } if message.role == Role::Tool => {
+                calls.retain(|call| Some(&call.call_id) != message.tool_call_id.as_ref());
+            }
+            Entry::ToolStart { call_id, .. } => {
+                for call in calls.iter_mut().filter(|call| &call.call_id == call_id) {
+                    call.started = true;
+                }
+            }
+            Entry::Message { .. } => {}
+        }
+    }
+    calls
+}
+
+/// The result recorded for a non-idempotent call that was cut off while it ran.
+pub(crate) fn interrupted_result(name: &str) -> String {
+    format!(
+        "interrupted: agentgate stopped while the tool {name:?} was running, so its outcome is unknown \
+         (it may have completed, in part or in full). It was not run again because it is not marked \
+         idempotent. Check its effect before you repeat it."
+    )
+}
+
 /// One turn's state.
 pub(crate) struct TurnMachine {
     max_steps: u32,
@@ -84,6 +130,8 @@ pub(crate) struct TurnMachine {
     messages: Vec<Message>,
     tools: BTreeMap<String, Value>,
     pending: VecDeque<PendingCall>,
+    /// A resume's note, recorded right before the next model call.
+    note: Option<Message>,
 }
 
 impl TurnMachine {
@@ -100,6 +148,7 @@ impl TurnMachine {
             messages,
             tools,
             pending: VecDeque::new(),
+            note: None,
         }
     }
 
@@ -115,6 +164,40 @@ impl TurnMachine {
 
     pub(crate) fn start(&mut self) -> Vec<Action> {
         vec![Action::CallModel]
+    }
+
+    /// Starts a resumed turn. Unfinished calls are settled first: a started call of a tool that
+    /// is not idempotent gets an "interrupted, outcome unknown" result and is never re-run; an
+    /// idempotent one, or one that never started, runs. Then `note` is recorded and the model
+    /// is asked to go on.
+    pub(crate) fn start_resumed(
+        &mut self,
+        unfinished: Vec<UnfinishedCall>,
+        is_idempotent: impl Fn(&str) -> bool,
+        note: Message,
+    ) -> Vec<Action> {
+        let mut actions = Vec::new();
+        for call in unfinished {
+            if call.started && !is_idempotent(&call.name) {
+                let result = interrupted_result(&call.name);
+                actions.push(self.record(Message::tool_result(&call.call_id, result)));
+                continue;
+            }
+            match self.check_call(&call.name, &call.arguments) {
+                Ok(arguments) => self.pending.push_back(PendingCall {
+                    call_id: call.call_id,
+                    name: call.name,
+                    arguments,
+                }),
+                Err(problem) => actions.push(self.record(Message::tool_result(
+                    &call.call_id,
+                    format!("error: {problem}"),
+                ))),
+            }
+        }
+        self.note = Some(note);
+        actions.extend(self.after_tools());
+        actions
     }
 
     pub(crate) fn on(&mut self, input: Input) -> Vec<Action> {
@@ -230,14 +313,18 @@ impl TurnMachine {
         }
     }
 
-    fn next_model_call(&self, why: &str) -> Vec<Action> {
+    fn next_model_call(&mut self, why: &str) -> Vec<Action> {
         if self.steps >= self.max_steps {
-            vec![Action::Finish(Outcome::Failed {
+            return vec![Action::Finish(Outcome::Failed {
                 error: format!("max_turn_steps ({}) reached: {why}", self.max_steps),
-            })]
-        } else {
-            vec![Action::CallModel]
+            })];
         }
+        let mut actions = Vec::new();
+        if let Some(note) = self.note.take() {
+            actions.push(self.record(note));
+        }
+        actions.push(Action::CallModel);
+        actions
     }
 }
 
@@ -346,6 +433,84 @@ mod tests {
         assert!(
             matches!(actions.last(), Some(Action::Finish(Outcome::Failed { error })) if error.contains("max_turn_steps"))
         );
+    }
+
+    #[test]
+    fn resume_settles_unfinished_calls_without_rerunning_side_effects() {
+        let transcript = vec![
+            Entry::Message {
+                message: Message::text(Role::User, "go"),
+            },
+            Entry::Message {
+                message: Message {
+                    tool_calls: [
+                        call("a", "df", r#"{"path":"/"}"#),
+                        call("b", "restart", "{}"),
+                        call("c", "df", r#"{"path":"/x"}"#),
+                    ]
+                    .into_iter()
+                    .flat_map(|m| m.tool_calls)
+                    .collect(),
+                    ..call("x", "df", "{}")
+                },
+            },
+            Entry::ToolStart {
+                call_id: "a".into(),
+                name: "df".into(),
+                arguments: json!({"path": "/"}),
+            },
+            Entry::Message {
+                message: Message::tool_result("a", "ok"),
+            },
+            Entry::ToolStart {
+                call_id: "b".into(),
+                name: "restart".into(),
+                arguments: json!({}),
+            },
+        ];
+        let unfinished = unfinished_calls(&transcript);
+        let names: Vec<_> = unfinished
+            .iter()
+            .map(|c| (c.call_id.as_str(), c.started))
+            .collect();
+        assert_eq!(names, [("b", true), ("c", false)]);
+
+        let mut m = machine(5);
+        m.tools.insert("restart".into(), json!({"type": "object"}));
+        let note = Message::text(Role::User, "continue");
+        let actions = m.start_resumed(unfinished, |name| name == "df", note);
+        // b (started, not idempotent): recorded as interrupted; c (never started): runs.
+        assert_eq!(kinds(&actions), ["message", "tool_start", "run_tool"]);
+        assert!(
+            matches!(&actions[0], Action::Record(Entry::Message { message })
+            if message.content.as_deref().is_some_and(|c| c.contains("interrupted") && c.contains("unknown")))
+        );
+        let actions = m.on(Input::ToolFinished {
+            call_id: "c".into(),
+            result: "ok".into(),
+        });
+        // The note comes after every tool result, right before the model is asked again.
+        assert_eq!(kinds(&actions), ["message", "message", "call_model"]);
+        assert_eq!(
+            m.messages()
+                .last()
+                .and_then(|x| x.content.clone())
+                .as_deref(),
+            Some("continue")
+        );
+    }
+
+    #[test]
+    fn resume_reruns_a_started_idempotent_call() {
+        let unfinished = vec![UnfinishedCall {
+            call_id: "a".into(),
+            name: "df".into(),
+            arguments: r#"{"path":"/"}"#.into(),
+            started: true,
+        }];
+        let mut m = machine(5);
+        let actions = m.start_resumed(unfinished, |_| true, Message::text(Role::User, "go on"));
+        assert_eq!(kinds(&actions), ["tool_start", "run_tool"]);
     }
 
     #[test]

@@ -5,8 +5,10 @@
 //! fdatasync covers many events, and a caller's future resolves only after the commit that holds
 //! its write has returned. That is what lets the listener answer 202 only for durable events.
 
+mod atomic;
 mod deliveries;
 mod events;
+pub(crate) mod ledger;
 mod lock;
 mod schema;
 mod turns;
@@ -23,7 +25,10 @@ use tokio::sync::oneshot;
 pub(crate) use deliveries::{DeliveryAttempt, DeliveryCounts, PendingDelivery};
 pub(crate) use events::{AcceptOutcome, NewEvent, StatusSummary};
 pub(crate) use lock::DaemonLock;
-pub(crate) use turns::{ClaimedTurn, TurnEnd, session, sessions, transcript_of};
+pub(crate) use turns::{
+    ClaimedTurn, InterruptedSession, TurnEnd, operator_resume, operator_suspend, session, sessions,
+    transcript_of,
+};
 
 pub(crate) const DATABASE_FILE: &str = "agentgate.db";
 
@@ -240,6 +245,25 @@ pub(crate) fn read_database<T>(
     })?;
     connection.busy_timeout(Duration::from_secs(5))?;
     Ok(query(&connection)?)
+}
+
+/// Opens the database read-write and runs `change` in one transaction (for operator commands;
+/// SQLite serializes them with the daemon's writer).
+pub(crate) fn change_database<T>(
+    database: &Path,
+    change: impl FnOnce(&Connection) -> rusqlite::Result<T>,
+) -> Result<T, StoreError> {
+    let mut connection =
+        open_connection(database, OpenFlags::SQLITE_OPEN_READ_WRITE).map_err(|source| {
+            StoreError::Open {
+                path: database.to_path_buf(),
+                source,
+            }
+        })?;
+    let tx = connection.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    let value = change(&tx)?;
+    tx.commit()?;
+    Ok(value)
 }
 
 struct Writer {

@@ -78,6 +78,8 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX deliveries_due ON deliveries(status, next_attempt_at);
     ALTER TABLE sessions ADD COLUMN last_turn_id TEXT;
     CREATE INDEX events_queued_by_session ON events(status, session_key, seq);",
+    // 3: resumes re-queue the interrupted event itself, marked with why it was interrupted.
+    "ALTER TABLE events ADD COLUMN resume_reason TEXT;",
 ];
 
 /// The schema version this build writes.

@@ -16,6 +16,8 @@ pub(crate) struct StoredEvent {
     pub delivery_id: Option<String>,
     pub headers: String,
     pub payload: Vec<u8>,
+    /// Set when this run resumes an interrupted one: `crashed` or `shutdown_timeout`.
+    pub resume_reason: Option<String>,
 }
 
 /// An event claimed for a new turn.
@@ -23,6 +25,19 @@ pub(crate) struct StoredEvent {
 pub(crate) struct ClaimedTurn {
     pub turn_id: String,
     pub event: StoredEvent,
+}
+
+/// A session left `resume_pending` by a drain or a crash.
+#[derive(Debug, Clone)]
+pub(crate) struct InterruptedSession {
+    pub session_key: String,
+    pub route: String,
+    pub reason: String,
+    pub turn_id: String,
+    pub event_id: String,
+    pub steps: u32,
+    /// When the interrupted turn started (unix ms).
+    pub started_at: i64,
 }
 
 /// How a turn ended, for its rows.
@@ -56,7 +71,8 @@ pub(crate) struct DeliveryBody<'a> {
 }
 
 const CLAIM_SQL: &str = "
-    SELECT e.id, e.route, e.session_key, e.event_type, e.delivery_id, e.headers, e.payload
+    SELECT e.id, e.route, e.session_key, e.event_type, e.delivery_id, e.headers, e.payload,
+           e.resume_reason
     FROM events e JOIN sessions s ON s.key = e.session_key
     WHERE e.status = 'queued' AND s.state = 'idle'
       AND e.seq = (SELECT MIN(q.seq) FROM events q
@@ -76,6 +92,7 @@ fn claim_in(connection: &Connection, limit: usize) -> rusqlite::Result<Vec<Claim
                 delivery_id: row.get(4)?,
                 headers: row.get(5)?,
                 payload: row.get(6)?,
+                resume_reason: row.get(7)?,
             })
         })?
         .collect::<rusqlite::Result<_>>()?;
@@ -84,7 +101,9 @@ fn claim_in(connection: &Connection, limit: usize) -> rusqlite::Result<Vec<Claim
     for event in events {
         let turn_id = uuid::Uuid::now_v7().to_string();
         connection
-            .prepare_cached("UPDATE events SET status = 'running', updated_at = ?2 WHERE id = ?1")?
+            .prepare_cached(
+                "UPDATE events SET status = 'running', resume_reason = NULL, updated_at = ?2 WHERE id = ?1",
+            )?
             .execute(params![event.id, now])?;
         connection
             .prepare_cached(
@@ -183,6 +202,60 @@ pub(crate) fn transcript_of(
             })
         })?
         .collect()
+}
+
+/// `sessions resume KEY`: a suspended session becomes idle again (its queued events run); an
+/// interrupted one (`resume_pending`) has its event queued again as a resume. Returns the state
+/// the session was in, or `None` if there is no such session.
+pub(crate) fn operator_resume(
+    connection: &Connection,
+    key: &str,
+) -> rusqlite::Result<Option<String>> {
+    let Some(state) = session_state(connection, key)? else {
+        return Ok(None);
+    };
+    let now = now_millis();
+    if state == "resume_pending" {
+        connection.execute(
+            "UPDATE events SET status = 'queued', resume_reason = COALESCE(
+                 (SELECT reason FROM sessions WHERE key = ?1), 'crashed'), updated_at = ?2
+             WHERE id = (SELECT t.event_id FROM sessions s JOIN turns t ON t.id = s.last_turn_id
+                         WHERE s.key = ?1)",
+            params![key, now],
+        )?;
+    }
+    if state != "running" {
+        connection.execute(
+            "UPDATE sessions SET state = 'idle', reason = NULL, updated_at = ?2 WHERE key = ?1",
+            params![key, now],
+        )?;
+    }
+    Ok(Some(state))
+}
+
+/// `sessions suspend KEY`: no further turn of the session starts until it is resumed.
+pub(crate) fn operator_suspend(
+    connection: &Connection,
+    key: &str,
+) -> rusqlite::Result<Option<String>> {
+    let Some(state) = session_state(connection, key)? else {
+        return Ok(None);
+    };
+    connection.execute(
+        "UPDATE sessions SET state = 'suspended', reason = 'operator', updated_at = ?2 WHERE key = ?1",
+        params![key, now_millis()],
+    )?;
+    Ok(Some(state))
+}
+
+fn session_state(connection: &Connection, key: &str) -> rusqlite::Result<Option<String>> {
+    connection
+        .query_row(
+            "SELECT state FROM sessions WHERE key = ?1",
+            params![key],
+            |row| row.get(0),
+        )
+        .optional()
 }
 
 /// A session as `sessions list` shows it.
@@ -295,6 +368,74 @@ impl Store {
             connection.execute(
                 "UPDATE sessions SET state = 'resume_pending', reason = ?2, updated_at = ?3 WHERE key = ?1",
                 params![session_key, reason, now],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// At start: turns still `running` were cut off by a crash. Marks them interrupted
+    /// (`crashed`) and their sessions `resume_pending`. Returns how many there were.
+    pub(crate) async fn mark_crashed_turns(&self) -> Result<usize, StoreError> {
+        self.write(|connection| {
+            let now = now_millis();
+            connection.execute(
+                "UPDATE sessions SET state = 'resume_pending', reason = 'crashed', updated_at = ?1
+                 WHERE key IN (SELECT session_key FROM turns WHERE status = 'running')",
+                params![now],
+            )?;
+            connection.execute(
+                "UPDATE turns SET status = 'interrupted', reason = 'crashed', finished_at = ?1
+                 WHERE status = 'running'",
+                params![now],
+            )
+        })
+        .await
+    }
+
+    /// Sessions waiting for a resume, with their interrupted turn.
+    pub(crate) async fn interrupted_sessions(&self) -> Result<Vec<InterruptedSession>, StoreError> {
+        self.read(|connection| {
+            connection
+                .prepare(
+                    "SELECT s.key, s.route, COALESCE(s.reason, 'crashed'), t.id, t.event_id, t.steps, t.started_at
+                     FROM sessions s JOIN turns t ON t.id = s.last_turn_id
+                     WHERE s.state = 'resume_pending'
+                     ORDER BY t.started_at",
+                )?
+                .query_map([], |row| {
+                    Ok(InterruptedSession {
+                        session_key: row.get(0)?,
+                        route: row.get(1)?,
+                        reason: row.get(2)?,
+                        turn_id: row.get(3)?,
+                        event_id: row.get(4)?,
+                        steps: row.get(5)?,
+                        started_at: row.get(6)?,
+                    })
+                })?
+                .collect()
+        })
+        .await
+    }
+
+    /// Puts an interrupted session's event back at the head of its queue, marked as a resume.
+    pub(crate) async fn requeue_for_resume(
+        &self,
+        interrupted: &InterruptedSession,
+    ) -> Result<(), StoreError> {
+        let session_key = interrupted.session_key.clone();
+        let event_id = interrupted.event_id.clone();
+        let reason = interrupted.reason.clone();
+        self.write(move |connection| {
+            let now = now_millis();
+            connection.execute(
+                "UPDATE events SET status = 'queued', resume_reason = ?2, updated_at = ?3 WHERE id = ?1",
+                params![event_id, reason, now],
+            )?;
+            connection.execute(
+                "UPDATE sessions SET state = 'idle', updated_at = ?2 WHERE key = ?1",
+                params![session_key, now],
             )?;
             Ok(())
         })

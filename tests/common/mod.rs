@@ -239,6 +239,12 @@ impl Daemon {
         status
     }
 
+    /// SIGKILL, as a crash would.
+    pub fn kill9(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     pub fn request(
         &self,
         method: &str,

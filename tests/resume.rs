@@ -1,0 +1,462 @@
+//! Durable resume against the real binary: drain and crash interrupt turns, the next start
+//! resumes them through the retry ledger, side effects are never re-run blindly, and a session
+//! that keeps killing the process is suspended.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::stub::{Received, Reply, Stub};
+use common::*;
+use serde_json::{Value, json};
+
+const LIMIT: Duration = Duration::from_secs(30);
+
+fn messages(request: &Received) -> Vec<Value> {
+    request.json()["messages"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+fn last_text(request: &Received) -> String {
+    messages(request)
+        .last()
+        .and_then(|m| m["content"].as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+/// The model: calls `tool` once, then answers once it sees a tool result or the resume note.
+fn tool_then_answer(tool: &'static str) -> Stub {
+    Stub::start(move |request, _| {
+        let last = last_text(request);
+        if request.json().to_string().contains("bystander") {
+            Reply::answer("fine")
+        } else if last.starts_with("[agentgate]") {
+            if last.contains("restored") {
+                Reply::answer(
+                    "The session was restored after an interruption. What should I do next?",
+                )
+            } else {
+                Reply::answer("task finished")
+            }
+        } else if messages(request).iter().any(|m| m["role"] == "tool") {
+            Reply::answer("task finished")
+        } else {
+            Reply::tool_call("call_1", tool, json!({}))
+        }
+    })
+}
+
+fn config(
+    workspace: &Workspace,
+    model: &Stub,
+    receiver: &Stub,
+    extra_route: &str,
+    runtime: &str,
+) -> String {
+    let marks = workspace.path().display();
+    format!(
+        r#"[runtime]
+drain_timeout = "1s"
+max_turn_steps = 8
+{runtime}
+
+[model]
+backend = "openai"
+base_url = "{model}/v1"
+model = "stub"
+request_timeout = "60s"
+max_retries = 0
+
+[tools.slow_side_effect]
+description = "Changes something, slowly"
+command = ["/bin/sh", "-c", "echo ran >> {marks}/side_effect.runs; sleep 30"]
+timeout = "60s"
+
+[tools.slow_lookup]
+description = "Reads something, slowly"
+command = ["/bin/sh", "-c", "echo ran >> {marks}/lookup.runs; sleep 30"]
+timeout = "60s"
+idempotent = true
+
+[routes.hook]
+path = "/hook"
+verify = {{ scheme = "none" }}
+session = "{{{{ payload.session }}}}"
+tools = ["slow_side_effect", "slow_lookup"]
+deliver = {{ kind = "http", url = "{receiver}/results" }}
+{extra_route}
+"#,
+        model = model.url(),
+        receiver = receiver.url(),
+    )
+}
+
+fn receiver() -> Stub {
+    Stub::start(|_, _| Reply::raw(204, ""))
+}
+
+fn post(daemon: &Daemon, session: &str) -> String {
+    let response = daemon.post_json("/hook", &[], &json!({"session": session}).to_string());
+    assert_eq!(response.status, 202, "{response:?}");
+    response.json()["event_id"]
+        .as_str()
+        .expect("id")
+        .to_string()
+}
+
+fn delivered(receiver: &Stub, event_id: &str) -> Value {
+    let mut found = Value::Null;
+    wait_until("the delivery", LIMIT, || {
+        if let Some(request) = receiver
+            .requests()
+            .into_iter()
+            .find(|r| r.header("webhook-id") == Some(event_id))
+        {
+            found = request.json();
+        }
+        !found.is_null()
+    });
+    found
+}
+
+fn runs(workspace: &Workspace, name: &str) -> usize {
+    std::fs::read_to_string(workspace.path().join(name))
+        .map(|t| t.lines().count())
+        .unwrap_or(0)
+}
+
+fn wait_for_runs(workspace: &Workspace, name: &str, count: usize) {
+    wait_until(&format!("{name} to run {count} time(s)"), LIMIT, || {
+        runs(workspace, name) >= count
+    });
+}
+
+fn ledger(workspace: &Workspace) -> Value {
+    std::fs::read(workspace.state_dir().join("ledger.json"))
+        .ok()
+        .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+        .unwrap_or(Value::Null)
+}
+
+#[test]
+fn sigterm_mid_turn_resumes_and_completes_without_rerunning_the_side_effect() {
+    let workspace = Workspace::new();
+    let (model, receiver) = (tool_then_answer("slow_side_effect"), receiver());
+    workspace.write_config(&config(&workspace, &model, &receiver, "", ""));
+    let daemon = workspace.start();
+    let event_id = post(&daemon, "term");
+    wait_for_runs(&workspace, "side_effect.runs", 1);
+    let status = daemon.terminate();
+    assert!(status.success(), "drain must exit 0, got {status}");
+    let session: Vec<(String, Option<String>)> = workspace.query(
+        "SELECT state, reason FROM sessions WHERE key = 'term'",
+        |row| Ok((row.get(0)?, row.get(1)?)),
+    );
+    assert_eq!(
+        session,
+        [(
+            "resume_pending".to_string(),
+            Some("shutdown_timeout".to_string())
+        )]
+    );
+
+    let daemon = workspace.start();
+    assert_eq!(workspace.wait_terminal(&event_id, LIMIT), "completed");
+    assert_eq!(delivered(&receiver, &event_id)["output"], "task finished");
+    assert_eq!(
+        runs(&workspace, "side_effect.runs"),
+        1,
+        "a non-idempotent tool ran again"
+    );
+    let resumed = model
+        .requests()
+        .last()
+        .cloned()
+        .expect("a request after the restart");
+    let conversation = messages(&resumed);
+    let tool_result = conversation
+        .iter()
+        .find(|m| m["role"] == "tool")
+        .expect("tool result");
+    assert!(
+        tool_result["content"]
+            .as_str()
+            .unwrap_or("")
+            .contains("interrupted")
+    );
+    let note = last_text(&resumed);
+    assert!(
+        note.contains("Continue the interrupted task") && !note.contains("restored"),
+        "{note}"
+    );
+    assert!(daemon.log().contains("interrupted session resumed"));
+    // A completed resume clears the session's ledger entry.
+    assert!(
+        ledger(&workspace)["sessions"].get("term").is_none(),
+        "{}",
+        ledger(&workspace)
+    );
+}
+
+#[test]
+fn interactive_route_reports_the_restoration() {
+    let workspace = Workspace::new();
+    let (model, receiver) = (tool_then_answer("slow_side_effect"), receiver());
+    workspace.write_config(&config(
+        &workspace,
+        &model,
+        &receiver,
+        "interactive = true",
+        "",
+    ));
+    let daemon = workspace.start();
+    let event_id = post(&daemon, "chat");
+    wait_for_runs(&workspace, "side_effect.runs", 1);
+    assert!(daemon.terminate().success());
+    let _daemon = workspace.start();
+    assert_eq!(workspace.wait_terminal(&event_id, LIMIT), "completed");
+    let output = delivered(&receiver, &event_id)["output"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(output.contains("restored"), "{output}");
+    assert!(last_text(&model.requests().last().cloned().expect("request")).contains("restored"));
+}
+
+#[test]
+fn sigkill_mid_turn_resumes_as_crashed_and_reruns_an_idempotent_tool() {
+    let workspace = Workspace::new();
+    let (model, receiver) = (tool_then_answer("slow_lookup"), receiver());
+    workspace.write_config(&config(&workspace, &model, &receiver, "", ""));
+    let daemon = workspace.start();
+    let event_id = post(&daemon, "crash");
+    wait_for_runs(&workspace, "lookup.runs", 1);
+    daemon.kill9();
+    let daemon = workspace.start();
+    // The idempotent lookup runs again (and is then killed by the test's stop of this daemon).
+    wait_for_runs(&workspace, "lookup.runs", 2);
+    let turns: Vec<(String, Option<String>)> = workspace.query(
+        "SELECT status, reason FROM turns WHERE session_key = 'crash' ORDER BY started_at",
+        |row| Ok((row.get(0)?, row.get(1)?)),
+    );
+    assert_eq!(
+        turns[0],
+        ("interrupted".to_string(), Some("crashed".to_string()))
+    );
+    assert_eq!(ledger(&workspace)["sessions"]["crash"]["attempts"], 1);
+    assert!(workspace.event_status(&event_id) == "running");
+    drop(daemon);
+}
+
+#[test]
+fn a_session_that_kills_the_process_every_time_is_suspended_and_others_keep_working() {
+    let workspace = Workspace::new();
+    // The poison session's model call never returns; every other session is answered at once.
+    let model = Stub::start(|request, _| {
+        if request.json().to_string().contains("poison") {
+            Reply::answer("never seen").after(Duration::from_secs(120))
+        } else {
+            Reply::answer("fine")
+        }
+    });
+    let receiver = receiver();
+    workspace.write_config(&config(&workspace, &model, &receiver, "", ""));
+    let poison_calls = |model: &Stub| {
+        model
+            .requests()
+            .iter()
+            .filter(|r| r.json().to_string().contains("poison"))
+            .count()
+    };
+    let mut daemon = workspace.start();
+    let poison = post(&daemon, "poison");
+    // The first run and three resumes each get as far as the model, and each is killed there.
+    for run in 1..=4 {
+        wait_until(
+            &format!("poison run {run} to reach the model"),
+            LIMIT,
+            || poison_calls(&model) >= run,
+        );
+        let healthy = post(&daemon, &format!("healthy-{run}"));
+        assert_eq!(workspace.wait_terminal(&healthy, LIMIT), "completed");
+        daemon.kill9();
+        daemon = workspace.start();
+    }
+    assert_eq!(workspace.wait_terminal(&poison, LIMIT), "suspended");
+    let body = delivered(&receiver, &poison);
+    assert_eq!(body["status"], "suspended");
+    assert_eq!(
+        poison_calls(&model),
+        4,
+        "dispatched more than resume_max_attempts resumes"
+    );
+    assert!(daemon.log().contains("session suspended"));
+    let state: Vec<String> = workspace
+        .query("SELECT state FROM sessions WHERE key = 'poison'", |r| {
+            r.get(0)
+        });
+    assert_eq!(state, ["suspended"]);
+    // Its ledger entry went with the committed suspension; other sessions still work.
+    assert!(ledger(&workspace)["sessions"].get("poison").is_none());
+    let after = post(&daemon, "healthy-after");
+    assert_eq!(workspace.wait_terminal(&after, LIMIT), "completed");
+    // The operator can resume it.
+    let output = workspace.cli(&["sessions", "resume", "poison"]);
+    assert!(output.status.success(), "{output:?}");
+    let state: Vec<String> = workspace
+        .query("SELECT state FROM sessions WHERE key = 'poison'", |r| {
+            r.get(0)
+        });
+    assert_eq!(state, ["idle"]);
+}
+
+fn crash_one_turn(workspace: &Workspace, model: &Stub, receiver: &Stub, runtime: &str) -> String {
+    workspace.write_config(&config(workspace, model, receiver, "", runtime));
+    let daemon = workspace.start();
+    let event_id = post(&daemon, "victim");
+    wait_for_runs(workspace, "side_effect.runs", 1);
+    daemon.kill9();
+    event_id
+}
+
+#[test]
+fn a_malformed_ledger_dispatches_nothing_and_is_left_as_it_was() {
+    let workspace = Workspace::new();
+    let (model, receiver) = (tool_then_answer("slow_side_effect"), receiver());
+    let event_id = crash_one_turn(&workspace, &model, &receiver, "");
+    let ledger_path = workspace.state_dir().join("ledger.json");
+    std::fs::write(&ledger_path, b"{\"version\": 1, \"sessions\": [oops").expect("corrupt");
+    let requests_before = model.requests().len();
+    let daemon = workspace.start();
+    let other = post(&daemon, "bystander");
+    assert_eq!(workspace.wait_terminal(&other, LIMIT), "completed");
+    wait_until("the refusal in the log", LIMIT, || {
+        daemon.log().contains("resume refused")
+    });
+    assert!(daemon.log().contains("ledger.json is malformed"));
+    assert_eq!(workspace.event_status(&event_id), "running");
+    assert_eq!(
+        std::fs::read(&ledger_path).expect("ledger"),
+        b"{\"version\": 1, \"sessions\": [oops"
+    );
+    let victim_requests = model.requests()[requests_before..]
+        .iter()
+        .filter(|r| r.json().to_string().contains("victim"))
+        .count();
+    assert_eq!(
+        victim_requests, 0,
+        "a resume was dispatched past a malformed ledger"
+    );
+}
+
+fn fsync_shim(dir: &Path) -> std::path::PathBuf {
+    let source = dir.join("failsync.c");
+    std::fs::write(
+        &source,
+        r#"
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <dlfcn.h>
+static int matches(int fd) {
+    const char *pattern = getenv("FAILSYNC_MATCH");
+    char link[64], target[4096];
+    if (!pattern) return 0;
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(link, target, sizeof target - 1);
+    if (n < 0) return 0;
+    target[n] = 0;
+    return strstr(target, pattern) != NULL;
+}
+int fsync(int fd) {
+    static int (*real)(int);
+    if (!real) real = dlsym(RTLD_NEXT, "fsync");
+    if (matches(fd)) { errno = EIO; return -1; }
+    return real(fd);
+}
+int fdatasync(int fd) {
+    static int (*real)(int);
+    if (!real) real = dlsym(RTLD_NEXT, "fdatasync");
+    if (matches(fd)) { errno = EIO; return -1; }
+    return real(fd);
+}
+"#,
+    )
+    .expect("shim source");
+    let library = dir.join("libfailsync.so");
+    let status = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&library)
+        .arg(&source)
+        .arg("-ldl")
+        .status()
+        .expect("cc");
+    assert!(status.success());
+    library
+}
+
+#[test]
+fn an_unwritable_ledger_dispatches_nothing_and_keeps_the_old_count() {
+    let workspace = Workspace::new();
+    let (model, receiver) = (tool_then_answer("slow_side_effect"), receiver());
+    let event_id = crash_one_turn(&workspace, &model, &receiver, "");
+    let ledger_path = workspace.state_dir().join("ledger.json");
+    let existing = b"{\"version\": 1, \"sessions\": {\"victim\": {\"attempts\": 1, \"last_attempt\": \"2026-01-01T00:00:00Z\"}}}";
+    std::fs::write(&ledger_path, existing).expect("ledger");
+    let shim = fsync_shim(workspace.path());
+    // Every fsync of the ledger's temporary file fails: the new count can never be made durable.
+    let daemon = workspace.start_with_env(&[
+        ("LD_PRELOAD", shim.to_str().expect("path")),
+        ("FAILSYNC_MATCH", ".agentgate-ledger"),
+    ]);
+    wait_until("the refusal in the log", LIMIT, || {
+        daemon.log().contains("resume refused")
+    });
+    assert_eq!(workspace.event_status(&event_id), "running");
+    assert_eq!(std::fs::read(&ledger_path).expect("ledger"), existing);
+    let other = post(&daemon, "bystander");
+    assert_eq!(workspace.wait_terminal(&other, LIMIT), "completed");
+}
+
+#[test]
+fn an_interruption_older_than_resume_window_is_abandoned_and_delivered() {
+    let workspace = Workspace::new();
+    let (model, receiver) = (tool_then_answer("slow_side_effect"), receiver());
+    let event_id = crash_one_turn(&workspace, &model, &receiver, "resume_window = \"1s\"");
+    std::thread::sleep(Duration::from_millis(1100));
+    let daemon = workspace.start();
+    assert_eq!(workspace.wait_terminal(&event_id, LIMIT), "abandoned");
+    assert_eq!(delivered(&receiver, &event_id)["status"], "abandoned");
+    assert!(daemon.log().contains("abandoned"));
+}
+
+#[test]
+fn a_model_that_stops_replying_fails_at_turn_idle_timeout() {
+    let workspace = Workspace::new();
+    let model = Stub::start(|_, _| Reply::answer("too late").after(Duration::from_secs(60)));
+    let receiver = receiver();
+    workspace.write_config(&config(
+        &workspace,
+        &model,
+        &receiver,
+        "",
+        "turn_idle_timeout = \"1s\"",
+    ));
+    let daemon = workspace.start();
+    let event_id = post(&daemon, "idle");
+    assert_eq!(workspace.wait_terminal(&event_id, LIMIT), "failed");
+    let body = delivered(&receiver, &event_id);
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("turn_idle_timeout"),
+        "{body}"
+    );
+}
