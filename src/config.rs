@@ -359,6 +359,47 @@ pub(crate) const DEFAULT_SYSTEM: &str = "You are an operations agent run by agen
 /// The prompt when a route sets none.
 pub(crate) const DEFAULT_PROMPT: &str = "A {{ event_type or \"webhook\" }} event arrived on route {{ route }}:\n{{ payload | tojson(indent=2) }}";
 
+/// A config with its compiled route templates: what a reload swaps as one unit.
+pub(crate) struct Settings {
+    pub config: Config,
+    pub templates: crate::template::RouteTemplates,
+}
+
+impl Settings {
+    pub(crate) fn new(config: Config) -> Result<Settings, String> {
+        let templates = crate::template::RouteTemplates::compile(&config.routes)?;
+        Ok(Settings { config, templates })
+    }
+
+    pub(crate) fn route(&self, name: &str) -> Option<&RouteSettings> {
+        self.config.routes.iter().find(|route| route.name == name)
+    }
+}
+
+/// A value that a reload replaces while readers keep the snapshot they took.
+pub(crate) struct Shared<T>(std::sync::RwLock<std::sync::Arc<T>>);
+
+impl<T> Shared<T> {
+    pub(crate) fn new(value: T) -> Shared<T> {
+        Shared(std::sync::RwLock::new(std::sync::Arc::new(value)))
+    }
+
+    pub(crate) fn get(&self) -> std::sync::Arc<T> {
+        match self.0.read() {
+            Ok(guard) => guard.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    pub(crate) fn replace(&self, value: T) {
+        let value = std::sync::Arc::new(value);
+        match self.0.write() {
+            Ok(mut guard) => *guard = value,
+            Err(poisoned) => *poisoned.into_inner() = value,
+        }
+    }
+}
+
 /// A successfully loaded config plus the warnings found on the way.
 #[derive(Debug)]
 pub(crate) struct Loaded {

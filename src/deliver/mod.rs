@@ -13,7 +13,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Config, DeliverSettings};
+use crate::config::{DeliverSettings, Settings, Shared};
 use crate::ingress::verify::standard_signature;
 use crate::store::{DeliveryAttempt, PendingDelivery, Store};
 
@@ -26,7 +26,7 @@ const POLL_INTERVAL: Duration = Duration::from_secs(1);
 
 pub(crate) struct Deliverer {
     store: Store,
-    config: Arc<Config>,
+    settings: Arc<Shared<Settings>>,
     client: reqwest::Client,
     wake: Arc<Notify>,
 }
@@ -34,7 +34,7 @@ pub(crate) struct Deliverer {
 impl Deliverer {
     pub(crate) fn new(
         store: Store,
-        config: Arc<Config>,
+        settings: Arc<Shared<Settings>>,
         wake: Arc<Notify>,
     ) -> Result<Deliverer, String> {
         let client = reqwest::Client::builder()
@@ -43,7 +43,7 @@ impl Deliverer {
             .map_err(|err| format!("cannot build the delivery HTTP client: {err}"))?;
         Ok(Deliverer {
             store,
-            config,
+            settings,
             client,
             wake,
         })
@@ -79,11 +79,10 @@ impl Deliverer {
 
     async fn deliver(&self, delivery: PendingDelivery) {
         let settings = self
-            .config
-            .routes
-            .iter()
-            .find(|r| r.name == delivery.route)
-            .map_or(DeliverSettings::Log, |r| r.deliver.clone());
+            .settings
+            .get()
+            .route(&delivery.route)
+            .map_or(DeliverSettings::Log, |route| route.deliver.clone());
         let result = match &settings {
             DeliverSettings::Log => {
                 tracing::info!(

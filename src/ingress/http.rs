@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 use http::header::{ALLOW, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
@@ -17,10 +17,10 @@ use serde_json::json;
 
 use super::ratelimit::TokenBucket;
 use super::verify;
-use crate::config::{Config, OnBusy, RouteSettings};
+use crate::config::{OnBusy, RouteSettings, Settings, Shared};
 use crate::session::Sessions;
 use crate::store::{AcceptOutcome, NewEvent, Store};
-use crate::template::{EventContext, RouteTemplates};
+use crate::template::EventContext;
 
 /// How long a client may take to send a body once its headers arrived, per `header_timeout`.
 const BODY_TIMEOUT_FACTOR: u32 = 4;
@@ -32,42 +32,49 @@ struct Route {
     limiter: Option<TokenBucket>,
 }
 
+/// The routes of one config, by path, with that config's templates.
+struct Routing {
+    settings: Arc<Settings>,
+    routes: HashMap<String, Route>,
+}
+
+impl Routing {
+    fn new(settings: Arc<Settings>) -> Routing {
+        let routes = settings
+            .config
+            .routes
+            .iter()
+            .map(|route| {
+                let runtime = Route {
+                    limiter: route.rate_limit.map(TokenBucket::new),
+                    settings: route.clone(),
+                };
+                (route.path.clone(), runtime)
+            })
+            .collect();
+        Routing { settings, routes }
+    }
+}
+
 /// Everything the listener needs to answer webhooks: routes by path, templates and the store.
 pub(crate) struct Ingress {
-    routes: HashMap<String, Route>,
-    templates: Arc<RouteTemplates>,
+    routing: Shared<Routing>,
     store: Store,
     sessions: Arc<Sessions>,
-    dedup_window: Duration,
-    body_timeout: Duration,
 }
 
 impl Ingress {
-    pub(crate) fn new(
-        config: &Config,
-        store: Store,
-        templates: Arc<RouteTemplates>,
-        sessions: Arc<Sessions>,
-    ) -> Ingress {
-        let routes = config
-            .routes
-            .iter()
-            .map(|settings| {
-                let route = Route {
-                    limiter: settings.rate_limit.map(TokenBucket::new),
-                    settings: settings.clone(),
-                };
-                (settings.path.clone(), route)
-            })
-            .collect();
+    pub(crate) fn new(settings: Arc<Settings>, store: Store, sessions: Arc<Sessions>) -> Ingress {
         Ingress {
-            routes,
-            templates,
+            routing: Shared::new(Routing::new(settings)),
             store,
             sessions,
-            dedup_window: config.runtime.dedup_window,
-            body_timeout: config.server.header_timeout * BODY_TIMEOUT_FACTOR,
         }
+    }
+
+    /// Switches to a reloaded config; requests in flight finish on the one they started with.
+    pub(crate) fn reload(&self, settings: Arc<Settings>) {
+        self.routing.replace(Routing::new(settings));
     }
 
     /// Answers one request. Never fails: every problem is an HTTP status with a JSON body.
@@ -103,7 +110,8 @@ impl Ingress {
             }
             _ => {}
         }
-        let route = self.routes.get(path).ok_or_else(|| {
+        let routing = self.routing.get();
+        let route = routing.routes.get(path).ok_or_else(|| {
             error(
                 StatusCode::NOT_FOUND,
                 "not_found",
@@ -142,16 +150,16 @@ impl Ingress {
         }
         let (parts, body) = request.into_parts();
         let limit = usize::try_from(settings.max_body).unwrap_or(usize::MAX);
-        let collected =
-            tokio::time::timeout(self.body_timeout, Limited::new(body, limit).collect())
-                .await
-                .map_err(|_| {
-                    error(
-                        StatusCode::REQUEST_TIMEOUT,
-                        "request_timeout",
-                        "the body did not arrive in time",
-                    )
-                })?;
+        let body_timeout = routing.settings.config.server.header_timeout * BODY_TIMEOUT_FACTOR;
+        let collected = tokio::time::timeout(body_timeout, Limited::new(body, limit).collect())
+            .await
+            .map_err(|_| {
+                error(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "request_timeout",
+                    "the body did not arrive in time",
+                )
+            })?;
         let body = match collected {
             Ok(collected) => collected.to_bytes(),
             Err(err)
@@ -209,13 +217,15 @@ impl Ingress {
             event_id: &event_id,
             delivery_id: delivery_id.as_deref(),
         };
-        let session_key = self
+        let session_key = routing
+            .settings
             .templates
             .session_key(&context)
             .map_err(|message| error(StatusCode::BAD_REQUEST, "bad_session_key", &message))?;
         let headers_json = serde_json::to_string(&headers).unwrap_or_else(|_| "{}".to_string());
         let dedup_since = crate::store::now_millis()
-            - i64::try_from(self.dedup_window.as_millis()).unwrap_or(i64::MAX);
+            - i64::try_from(routing.settings.config.runtime.dedup_window.as_millis())
+                .unwrap_or(i64::MAX);
         let event = NewEvent {
             id: event_id.clone(),
             route: settings.name.clone(),

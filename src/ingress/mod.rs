@@ -4,12 +4,14 @@
 //! bound from the config. They are taken in `main` before the async runtime starts, because the
 //! activation protocol is process-global state that must be read before any thread exists.
 
+pub(crate) mod control;
 mod http;
 mod ratelimit;
 pub(crate) mod verify;
 
 use std::net::SocketAddr;
 use std::os::fd::{FromRawFd, RawFd};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -43,17 +45,25 @@ pub(crate) enum ListenError {
     UnsignedOffLoopback { route: String, addr: SocketAddr },
 }
 
-/// The webhook listener, inherited or bound.
+/// The listeners, inherited or bound.
 pub(crate) struct Listeners {
     pub webhook: std::net::TcpListener,
+    /// `None` when it was neither passed nor could be bound (logged; the daemon runs without it).
+    pub control: Option<std::os::unix::net::UnixListener>,
     pub activated: bool,
+}
+
+struct Inherited {
+    webhook: std::net::TcpListener,
+    control: Option<std::os::unix::net::UnixListener>,
 }
 
 /// Takes the sockets systemd passed by name, or binds `server.listen`. Call before any thread exists.
 pub(crate) fn take_listeners(config: &Config) -> Result<Listeners, ListenError> {
-    let listeners = match inherited_webhook_socket()? {
-        Some(webhook) => Listeners {
-            webhook,
+    let listeners = match inherited_sockets()? {
+        Some(inherited) => Listeners {
+            webhook: inherited.webhook,
+            control: inherited.control,
             activated: true,
         },
         None => {
@@ -62,6 +72,7 @@ pub(crate) fn take_listeners(config: &Config) -> Result<Listeners, ListenError> 
                 .map_err(|source| ListenError::Bind { addr, source })?;
             Listeners {
                 webhook,
+                control: bind_control_socket(&config.server.control_socket),
                 activated: false,
             }
         }
@@ -84,8 +95,38 @@ pub(crate) fn take_listeners(config: &Config) -> Result<Listeners, ListenError> 
     Ok(listeners)
 }
 
-/// Reads `LISTEN_PID`/`LISTEN_FDS`/`LISTEN_FDNAMES` and returns the socket named `webhook`.
-fn inherited_webhook_socket() -> Result<Option<std::net::TcpListener>, ListenError> {
+/// Binds the control socket at `path` (mode 0660), replacing a stale socket file. Failure is not
+/// fatal: webhooks matter more than the control socket, so it is logged and skipped.
+fn bind_control_socket(path: &Path) -> Option<std::os::unix::net::UnixListener> {
+    use std::os::unix::fs::PermissionsExt;
+    let bind = || -> std::io::Result<std::os::unix::net::UnixListener> {
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AddrInUse,
+                "another process answers on it",
+            ));
+        }
+        let _ = std::fs::remove_file(path);
+        let listener = std::os::unix::net::UnixListener::bind(path)?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
+        Ok(listener)
+    };
+    match bind() {
+        Ok(listener) => Some(listener),
+        Err(err) => {
+            tracing::warn!(path = %path.display(), error = %err,
+                "control socket unavailable (server.control_socket); continuing without it");
+            None
+        }
+    }
+}
+
+/// Reads `LISTEN_PID`/`LISTEN_FDS`/`LISTEN_FDNAMES` and takes the sockets named `webhook` and
+/// `control`.
+fn inherited_sockets() -> Result<Option<Inherited>, ListenError> {
     let Some(count) = std::env::var("LISTEN_FDS").ok() else {
         return Ok(None);
     };
@@ -102,6 +143,7 @@ fn inherited_webhook_socket() -> Result<Option<std::net::TcpListener>, ListenErr
     let names_text = std::env::var("LISTEN_FDNAMES").unwrap_or_default();
     let names: Vec<&str> = names_text.split(':').collect();
     let mut webhook = None;
+    let mut control = None;
     for index in 0..count {
         let fd = LISTEN_FDS_START + index;
         let name = names.get(index as usize).copied().unwrap_or("");
@@ -119,7 +161,16 @@ fn inherited_webhook_socket() -> Result<Option<std::net::TcpListener>, ListenErr
                 })?;
                 webhook = Some(listener);
             }
-            "control" => {}
+            "control" => {
+                // SAFETY: as above; ownership of the fd moves into the listener.
+                let listener = unsafe { std::os::unix::net::UnixListener::from_raw_fd(fd) };
+                listener.local_addr().map_err(|err| {
+                    ListenError::Activation(format!(
+                        "fd {fd} named control is not a Unix listening socket: {err}"
+                    ))
+                })?;
+                control = Some(listener);
+            }
             other => {
                 return Err(ListenError::Activation(format!(
                     "fd {fd} has the unknown name {other:?} (LISTEN_FDNAMES={names_text:?}); expected webhook or control"
@@ -127,11 +178,12 @@ fn inherited_webhook_socket() -> Result<Option<std::net::TcpListener>, ListenErr
             }
         }
     }
-    webhook.map(Some).ok_or_else(|| {
+    let webhook = webhook.ok_or_else(|| {
         ListenError::Activation(format!(
             "no socket named webhook among LISTEN_FDNAMES={names_text:?}; set FileDescriptorName=webhook"
         ))
-    })
+    })?;
+    Ok(Some(Inherited { webhook, control }))
 }
 
 /// Serves webhooks until `shutdown` fires, then stops accepting and lets in-flight requests finish

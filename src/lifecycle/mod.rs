@@ -1,14 +1,18 @@
-//! The daemon's life: bootstrap, serving, and an orderly stop.
+//! The daemon's life: bootstrap, serving, reload, and an orderly stop.
 //!
 //! Bootstrap happens on the main thread before the async runtime exists (config, state directory
 //! lock, inherited sockets), so every startup problem exits with its own sysexits status and one
-//! line that says what is wrong, before anything is accepted.
+//! line that says what is wrong, before anything is accepted. The stop drains: no new
+//! connections (systemd keeps the socket, so clients wait for the next instance), in-flight
+//! requests finish, running turns get `drain_timeout`, and what is still running then is left
+//! `resume_pending` for the next start.
 
 pub(crate) mod journal;
+mod notify;
 mod resume;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::Notify;
@@ -16,14 +20,15 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::agent::model::Model;
-use crate::config::{self, ConfigError, ConfigSource, LocatedFinding};
+use crate::config::{self, ConfigError, ConfigSource, LocatedFinding, Settings, Shared};
 use crate::deliver::Deliverer;
 use crate::exit::Failure;
+use crate::ingress::control::{self, Control};
 use crate::ingress::{self, Ingress, ListenError};
 use crate::session::{self, Sessions, TurnContext};
 use crate::store::ledger::LedgerFile;
-use crate::store::{self, DaemonLock, Store};
-use crate::template::RouteTemplates;
+use crate::store::{self, DaemonLock, StatusSummary, Store};
+use notify::Notifier;
 
 /// How often delivery ids older than `dedup_window` are forgotten.
 const DEDUP_PRUNE_INTERVAL: Duration = Duration::from_secs(3600);
@@ -31,6 +36,11 @@ const DEDUP_PRUNE_INTERVAL: Duration = Duration::from_secs(3600);
 const REQUEST_FINISH_TIMEOUT: Duration = Duration::from_secs(10);
 /// After the drain timeout, how long cancelled turns get to commit their `resume_pending` state.
 const CANCEL_COMMIT_TIMEOUT: Duration = Duration::from_secs(10);
+/// While draining, systemd's stop timeout is pushed out by this much at every heartbeat.
+const DRAIN_EXTENSION: Duration = Duration::from_secs(10);
+const DRAIN_HEARTBEAT: Duration = Duration::from_secs(2);
+/// `STATUS=` is refreshed this often when there is no watchdog to piggyback on.
+const STATUS_INTERVAL: Duration = Duration::from_secs(5);
 
 /// Prints each finding on its own line and turns an invalid config into exit status 78.
 pub(crate) fn load_config(source: &ConfigSource) -> Result<config::Loaded, Failure> {
@@ -58,6 +68,16 @@ pub(crate) fn load_config(source: &ConfigSource) -> Result<config::Loaded, Failu
     }
 }
 
+/// Everything the running daemon shares between its tasks.
+struct Daemon {
+    source: ConfigSource,
+    settings: Arc<Shared<Settings>>,
+    store: Store,
+    ingress: Arc<Ingress>,
+    sessions: Arc<Sessions>,
+    notifier: Notifier,
+}
+
 /// `agentgate serve`: runs until SIGTERM or SIGINT. `record` appends every model reply to a
 /// cassette file.
 pub(crate) fn serve(
@@ -83,37 +103,45 @@ pub(crate) fn serve(
         _ => Failure::config(err),
     })?;
     let store = Store::open(&config.state_dir).map_err(Failure::state)?;
-    let templates = Arc::new(RouteTemplates::compile(&config.routes).map_err(Failure::config)?);
     let model = Arc::new(Model::new(&config.model, record).map_err(Failure::config)?);
     if model.is_replay() {
         tracing::warn!(
             "the model is a replay of recorded replies (backend = \"replay\"), not a live model"
         );
     }
-    let config = Arc::new(config);
+    let runtime_settings = config.runtime.clone();
+    let header_timeout = config.server.header_timeout;
+    let state_dir = config.state_dir.clone();
+    let settings = Arc::new(Shared::new(Settings::new(config).map_err(Failure::config)?));
     let sessions = Arc::new(Sessions::default());
     let ingress = Arc::new(Ingress::new(
-        &config,
+        settings.get(),
         store.clone(),
-        templates.clone(),
         sessions.clone(),
     ));
     let deliveries = Arc::new(Notify::new());
     let deliverer = Arc::new(
-        Deliverer::new(store.clone(), config.clone(), deliveries.clone())
+        Deliverer::new(store.clone(), settings.clone(), deliveries.clone())
             .map_err(Failure::runtime)?,
     );
+    let ledger = Arc::new(LedgerFile::new(&state_dir));
     let cancel_turns = CancellationToken::new();
-    let ledger = Arc::new(LedgerFile::new(&config.state_dir));
     let turn_context = Arc::new(TurnContext {
-        ledger: ledger.clone(),
         store: store.clone(),
-        config: config.clone(),
-        templates,
+        settings: settings.clone(),
         model,
-        sessions,
-        deliveries,
+        sessions: sessions.clone(),
+        deliveries: deliveries.clone(),
         cancel_turns: cancel_turns.clone(),
+        ledger: ledger.clone(),
+    });
+    let daemon = Arc::new(Daemon {
+        source: source.clone(),
+        settings,
+        store: store.clone(),
+        ingress: ingress.clone(),
+        sessions: sessions.clone(),
+        notifier: Notifier::from_environment(),
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -121,66 +149,98 @@ pub(crate) fn serve(
         .build()
         .map_err(|err| Failure::runtime(format!("cannot start the async runtime: {err}")))?;
     runtime.block_on(async move {
-        let shutdown = CancellationToken::new();
+        let stop_signals = StopSignals::install()?;
         let address = listeners
             .webhook
             .local_addr()
             .map(|a| a.to_string())
             .unwrap_or_default();
-        let server = tokio::spawn(ingress::serve(
-            listeners.webhook,
-            ingress,
-            config.server.header_timeout,
-            shutdown.clone(),
-            REQUEST_FINISH_TIMEOUT,
-        ));
         // Turns found running were cut off by a crash; mark them before any new turn starts.
         match store.mark_crashed_turns().await {
             Ok(0) => {}
-            Ok(count) => tracing::warn!(count, "turns were running when agentgate last stopped; they are resumed as crashed"),
+            Ok(count) => tracing::warn!(
+                count,
+                "turns were running when agentgate last stopped; they are resumed as crashed"
+            ),
             Err(err) => return Err(Failure::state(format!("cannot mark crashed turns: {err}"))),
+        }
+        let shutdown = CancellationToken::new();
+        let server = tokio::spawn(ingress::serve(
+            listeners.webhook,
+            ingress,
+            header_timeout,
+            shutdown.clone(),
+            REQUEST_FINISH_TIMEOUT,
+        ));
+        if let Some(listener) = listeners.control {
+            let control = Arc::new(Control {
+                store: store.clone(),
+                sessions: sessions.clone(),
+                ledger: ledger.clone(),
+            });
+            tokio::spawn(control::serve(listener, control, shutdown.clone()));
         }
         tokio::spawn(resume::resume_interrupted(
             store.clone(),
             ledger,
-            config.runtime.clone(),
-            turn_context.sessions.clone(),
-            turn_context.deliveries.clone(),
+            runtime_settings.clone(),
+            sessions.clone(),
+            deliveries,
         ));
-        tokio::spawn(prune_dedup(store, config.runtime.dedup_window));
+        tokio::spawn(prune_dedup(store.clone(), runtime_settings.dedup_window));
         let stop_claiming = CancellationToken::new();
         let turns = TaskTracker::new();
         let scheduler = tokio::spawn(session::schedule(
             turn_context,
-            config.runtime.max_concurrent_turns,
+            runtime_settings.max_concurrent_turns,
             stop_claiming.clone(),
             turns.clone(),
         ));
         let stop_delivering = CancellationToken::new();
         let delivery = tokio::spawn(deliverer.run(stop_delivering.clone()));
+        let stop_health = CancellationToken::new();
+        tokio::spawn(health(daemon.clone(), stop_health.clone()));
         tracing::info!(
             listen = %address,
             socket_activated = listeners.activated,
-            state_dir = %config.state_dir.display(),
-            routes = config.routes.len(),
+            state_dir = %state_dir.display(),
             "agentgate is accepting webhooks"
         );
-        wait_for_stop_signal().await?;
+        daemon.notifier.ready(&daemon.status_line().await);
+
+        stop_signals.wait(&daemon).await;
+
+        daemon.notifier.stopping();
+        let extend = tokio::spawn(extend_stop_timeout(daemon.clone()));
         tracing::info!("stopping: no new connections; finishing in-flight requests and running turns");
         shutdown.cancel();
         stop_claiming.cancel();
         let _ = scheduler.await;
         turns.close();
-        if tokio::time::timeout(config.runtime.drain_timeout, turns.wait()).await.is_err() {
-            tracing::warn!(running = turns.len(), "drain_timeout reached; cancelling the turns still running");
+        if tokio::time::timeout(runtime_settings.drain_timeout, turns.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                running = turns.len(),
+                "drain_timeout reached; cancelling the turns still running"
+            );
             cancel_turns.cancel();
-            if tokio::time::timeout(CANCEL_COMMIT_TIMEOUT, turns.wait()).await.is_err() {
-                tracing::error!("cancelled turns did not commit in time; they resume as crashed at the next start");
+            if tokio::time::timeout(CANCEL_COMMIT_TIMEOUT, turns.wait())
+                .await
+                .is_err()
+            {
+                tracing::error!(
+                    "cancelled turns did not commit in time; they resume as crashed at the next start"
+                );
             }
         }
         stop_delivering.cancel();
         let _ = delivery.await;
-        match server.await {
+        let served = server.await;
+        stop_health.cancel();
+        extend.abort();
+        match served {
             Ok(Ok(())) => Ok(()),
             Ok(Err(err)) => Err(Failure::runtime(format!("webhook listener failed: {err}"))),
             Err(err) => Err(Failure::runtime(format!("webhook listener task failed: {err}"))),
@@ -188,17 +248,150 @@ pub(crate) fn serve(
     })
 }
 
-async fn wait_for_stop_signal() -> Result<(), Failure> {
-    let install = |kind| {
-        signal(kind).map_err(|err| Failure::runtime(format!("cannot handle signals: {err}")))
-    };
-    let mut terminate = install(SignalKind::terminate())?;
-    let mut interrupt = install(SignalKind::interrupt())?;
-    tokio::select! {
-        _ = terminate.recv() => {}
-        _ = interrupt.recv() => {}
+impl Daemon {
+    /// One line for `STATUS=`: what is running, queued, waiting to resume, suspended.
+    async fn status_line(&self) -> String {
+        let running = self.sessions.running_count();
+        let summary = self
+            .store
+            .read(StatusSummary::query)
+            .await
+            .unwrap_or_default();
+        let count = |map: &std::collections::BTreeMap<String, i64>, key: &str| {
+            map.get(key).copied().unwrap_or(0)
+        };
+        let mut line = format!(
+            "{running} running, {} queued, {} resume-pending, {} suspended",
+            count(&summary.events.by_status, "queued"),
+            count(&summary.sessions.by_state, "resume_pending"),
+            count(&summary.sessions.by_state, "suspended"),
+        );
+        if !self.store.is_writable() {
+            line.push_str("; state NOT writable: answering 503");
+        }
+        line
     }
-    Ok(())
+
+    /// SIGHUP: re-reads the config. A config with errors is refused and the old one stays.
+    fn reload(&self) {
+        self.notifier.reloading();
+        let outcome = config::load(&self.source)
+            .map_err(|err| match err {
+                ConfigError::Invalid {
+                    source_name,
+                    findings,
+                } => {
+                    for finding in &findings {
+                        tracing::error!(
+                            "{}",
+                            LocatedFinding {
+                                source: &source_name,
+                                finding
+                            }
+                        );
+                    }
+                    format!("{source_name} has errors")
+                }
+                other => other.to_string(),
+            })
+            .and_then(|loaded| Settings::new(loaded.config));
+        match outcome {
+            Ok(settings) => {
+                let current = self.settings.get();
+                if settings.config.state_dir != current.config.state_dir
+                    || settings.config.server.listen != current.config.server.listen
+                    || settings.config.runtime.max_concurrent_turns
+                        != current.config.runtime.max_concurrent_turns
+                {
+                    tracing::warn!(
+                        "state_dir, server.* and runtime.max_concurrent_turns take effect at the next restart"
+                    );
+                }
+                self.settings.replace(settings);
+                self.ingress.reload(self.settings.get());
+                tracing::info!(
+                    routes = self.settings.get().config.routes.len(),
+                    "config reloaded"
+                );
+            }
+            Err(reason) => {
+                tracing::error!(reason = %reason, "config reload refused; still serving on the previous config");
+            }
+        }
+        self.notifier.ready("reloaded");
+    }
+}
+
+/// SIGTERM and SIGINT stop the daemon; SIGHUP reloads. Installed before READY, so a signal that
+/// arrives early is never lost; after the first stop signal, further ones change nothing (the
+/// drain's commits always happen).
+struct StopSignals {
+    terminate: tokio::signal::unix::Signal,
+    interrupt: tokio::signal::unix::Signal,
+    hangup: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    fn install() -> Result<StopSignals, Failure> {
+        let install = |kind| {
+            signal(kind).map_err(|err| Failure::runtime(format!("cannot handle signals: {err}")))
+        };
+        Ok(StopSignals {
+            terminate: install(SignalKind::terminate())?,
+            interrupt: install(SignalKind::interrupt())?,
+            hangup: install(SignalKind::hangup())?,
+        })
+    }
+
+    async fn wait(mut self, daemon: &Daemon) {
+        loop {
+            tokio::select! {
+                _ = self.terminate.recv() => return,
+                _ = self.interrupt.recv() => return,
+                _ = self.hangup.recv() => daemon.reload(),
+            }
+        }
+    }
+}
+
+/// Watchdog pings and `STATUS=` updates. A ping is sent only when this task ran on time and the
+/// store's writer thread answered: a wedged event loop or writer stops the pings, and systemd
+/// restarts the daemon.
+async fn health(daemon: Arc<Daemon>, stop: CancellationToken) {
+    let watchdog = notify::watchdog_interval();
+    let interval = watchdog.map_or(STATUS_INTERVAL, |w| w / 3);
+    let mut last = Instant::now();
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(interval) => {}
+        }
+        let late = last.elapsed() > interval * 2;
+        last = Instant::now();
+        let writer_alive = tokio::time::timeout(interval, daemon.store.write(|_| Ok(())))
+            .await
+            .is_ok();
+        let mut status = daemon.status_line().await;
+        if late {
+            status = format!("event loop ran late; {status}");
+        }
+        if !writer_alive {
+            status = format!("WEDGED: the state writer does not answer; {status}");
+        }
+        daemon.notifier.status(&status);
+        if watchdog.is_some() && writer_alive && !late {
+            daemon.notifier.watchdog();
+        }
+    }
+}
+
+/// While draining, keeps pushing systemd's stop timeout out so a drain within `drain_timeout`
+/// is never SIGKILLed, whatever `TimeoutStopSec` says.
+async fn extend_stop_timeout(daemon: Arc<Daemon>) {
+    loop {
+        daemon.notifier.extend_timeout(DRAIN_EXTENSION);
+        tokio::time::sleep(DRAIN_HEARTBEAT).await;
+    }
 }
 
 async fn prune_dedup(store: Store, window: Duration) {

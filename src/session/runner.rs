@@ -18,10 +18,10 @@ use super::turn::{Action, Entry, Input, Outcome, TurnMachine, unfinished_calls};
 use crate::agent::message::Message;
 use crate::agent::model::{Model, ModelError};
 use crate::agent::tools::{self, ToolAbort};
-use crate::config::{Config, RouteSettings, ToolSettings};
+use crate::config::{RouteSettings, Settings, Shared, ToolSettings};
 use crate::store::ledger::LedgerFile;
 use crate::store::{ClaimedTurn, Store, StoreError, TurnEnd};
-use crate::template::{EventContext, RouteTemplates};
+use crate::template::EventContext;
 
 /// Pause between attempts to commit a step while the store cannot write.
 const COMMIT_RETRY: Duration = Duration::from_secs(1);
@@ -29,8 +29,8 @@ const COMMIT_RETRY: Duration = Duration::from_secs(1);
 /// What every turn needs; shared by all of them.
 pub(crate) struct TurnContext {
     pub store: Store,
-    pub config: Arc<Config>,
-    pub templates: Arc<RouteTemplates>,
+    /// The config and templates; a reload swaps them, a running turn keeps its snapshot.
+    pub settings: Arc<Shared<Settings>>,
     pub model: Arc<Model>,
     pub sessions: Arc<Sessions>,
     /// Wakes the deliverer when a result is queued.
@@ -50,6 +50,7 @@ enum Stop {
 
 struct Running<'a> {
     context: &'a TurnContext,
+    settings: &'a Settings,
     turn: &'a ClaimedTurn,
     route: &'a RouteSettings,
     interrupt: &'a CancellationToken,
@@ -59,7 +60,8 @@ impl TurnContext {
     /// Runs one claimed turn to its end.
     pub(crate) async fn run(&self, turn: ClaimedTurn, interrupt: CancellationToken) {
         let event = &turn.event;
-        let Some(route) = self.config.routes.iter().find(|r| r.name == event.route) else {
+        let settings = self.settings.get();
+        let Some(route) = settings.route(&event.route) else {
             self.finish(
                 &turn,
                 Outcome::Failed {
@@ -75,6 +77,7 @@ impl TurnContext {
             turn_id = %turn.turn_id, "turn started");
         let running = Running {
             context: self,
+            settings: &settings,
             turn: &turn,
             route,
             interrupt: &interrupt,
@@ -172,7 +175,7 @@ impl Running<'_> {
         self.route
             .tools
             .iter()
-            .filter_map(|name| self.context.config.tools.get(name))
+            .filter_map(|name| self.settings.config.tools.get(name))
             .collect()
     }
 
@@ -192,11 +195,11 @@ impl Running<'_> {
             delivery_id: event.delivery_id.as_deref(),
         };
         let rendered = self
-            .context
+            .settings
             .templates
             .text("system", &template_context)
             .and_then(|system| {
-                self.context
+                self.settings
                     .templates
                     .text("prompt", &template_context)
                     .map(|prompt| (system, prompt))
@@ -233,7 +236,7 @@ impl Running<'_> {
             .into_iter()
             .map(|tool| (tool.name.clone(), tool.parameters.clone()))
             .collect();
-        let max_steps = self.context.config.runtime.max_turn_steps;
+        let max_steps = self.settings.config.runtime.max_turn_steps;
         let (mut machine, first) = match &event.resume_reason {
             None => {
                 let new_event =
@@ -250,7 +253,7 @@ impl Running<'_> {
                 (machine, first)
             }
             Some(reason) => {
-                let tools = &self.context.config.tools;
+                let tools = &self.settings.config.tools;
                 let mut machine = TurnMachine::new(max_steps, messages, schemas);
                 let first = machine.start_resumed(
                     unfinished_calls(&entries),
@@ -317,7 +320,7 @@ impl Running<'_> {
 
     /// Waits for `work` unless the turn is interrupted, cancelled, or makes no progress in time.
     async fn guarded<T>(&self, work: impl std::future::Future<Output = T>) -> Result<T, Stop> {
-        let idle = self.context.config.runtime.turn_idle_timeout;
+        let idle = self.settings.config.runtime.turn_idle_timeout;
         tokio::select! {
             result = work => Ok(result),
             () = self.interrupt.cancelled() => Err(Stop::Interrupted),
@@ -344,7 +347,7 @@ impl Running<'_> {
         name: &str,
         arguments: &serde_json::Value,
     ) -> Result<Input, Stop> {
-        let Some(tool) = self.context.config.tools.get(name) else {
+        let Some(tool) = self.settings.config.tools.get(name) else {
             return Ok(Input::ToolFinished {
                 call_id,
                 result: format!("error: tool {name:?} is not configured"),
@@ -379,7 +382,7 @@ impl Running<'_> {
             Stop::Idle => {
                 let error = format!(
                     "no progress for turn_idle_timeout ({:?}): no model reply and no tool output",
-                    self.context.config.runtime.turn_idle_timeout
+                    self.settings.config.runtime.turn_idle_timeout
                 );
                 self.context
                     .finish(
