@@ -147,8 +147,11 @@ fn finish_in(connection: &Connection, end: &TurnEnd) -> rusqlite::Result<()> {
         "idle"
     };
     connection
+        // An operator's suspension made while the turn ran stays in force.
         .prepare_cached(
-            "UPDATE sessions SET state = ?2, reason = ?3, updated_at = ?4 WHERE key = ?1",
+            "UPDATE sessions SET state = CASE WHEN state = 'suspended' THEN 'suspended' ELSE ?2 END,
+                 reason = CASE WHEN state = 'suspended' THEN reason ELSE ?3 END, updated_at = ?4
+             WHERE key = ?1",
         )?
         .execute(params![end.session_key, session_state, end.reason, now])?;
     let body = DeliveryBody {

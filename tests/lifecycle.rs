@@ -1,0 +1,204 @@
+//! The daemon's life outside a full systemd: socket activation (systemd-socket-activate), the
+//! sd_notify protocol (a fake NOTIFY_SOCKET), SIGHUP reload, and the control socket.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::os::unix::net::{UnixDatagram, UnixStream};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const ROUTE: &str = "[routes.hook]\npath = \"/hook\"\nverify = { scheme = \"none\" }\n";
+
+/// Collects sd_notify datagrams sent to a socket in the workspace.
+struct NotifySocket {
+    socket: UnixDatagram,
+    path: std::path::PathBuf,
+    seen: Vec<String>,
+}
+
+impl NotifySocket {
+    fn new(workspace: &Workspace) -> NotifySocket {
+        let path = workspace.path().join("notify.sock");
+        let socket = UnixDatagram::bind(&path).expect("bind notify socket");
+        socket
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .expect("timeout");
+        NotifySocket {
+            socket,
+            path,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits for a message containing `needle`; returns it.
+    fn expect(&mut self, needle: &str, limit: Duration) -> String {
+        let deadline = Instant::now() + limit;
+        if let Some(found) = self.seen.iter().find(|m| m.contains(needle)) {
+            return found.clone();
+        }
+        let mut buffer = [0u8; 4096];
+        while Instant::now() < deadline {
+            if let Ok(n) = self.socket.recv(&mut buffer) {
+                let message = String::from_utf8_lossy(&buffer[..n]).into_owned();
+                self.seen.push(message.clone());
+                if message.contains(needle) {
+                    return message;
+                }
+            }
+        }
+        panic!("no sd_notify message with {needle:?}; saw {:?}", self.seen);
+    }
+}
+
+#[test]
+fn notify_protocol_ready_status_watchdog_reload_stopping_and_extend() {
+    let workspace = Workspace::new();
+    workspace.write_config(ROUTE);
+    let mut notify = NotifySocket::new(&workspace);
+    let daemon = workspace.start_with_env(&[
+        ("NOTIFY_SOCKET", notify.path.to_str().expect("path")),
+        ("WATCHDOG_USEC", "600000"),
+    ]);
+    let ready = notify.expect("READY=1", Duration::from_secs(10));
+    assert!(ready.contains("STATUS=0 running, 0 queued, 0 resume-pending, 0 suspended"), "{ready}");
+    notify.expect("WATCHDOG=1", Duration::from_secs(5));
+
+    signal(daemon.pid(), "HUP");
+    notify.expect("RELOADING=1", Duration::from_secs(5));
+    let after_reload = notify.expect("STATUS=reloaded", Duration::from_secs(5));
+    assert!(after_reload.contains("READY=1"));
+
+    // A daemon frozen in place stops pinging; systemd's watchdog would then kill it.
+    signal(daemon.pid(), "STOP");
+    notify.seen.clear();
+    std::thread::sleep(Duration::from_millis(800));
+    let mut buffer = [0u8; 512];
+    let mut pinged = false;
+    while let Ok(n) = notify.socket.recv(&mut buffer) {
+        pinged |= String::from_utf8_lossy(&buffer[..n]).contains("WATCHDOG=1");
+    }
+    assert!(!pinged, "a stopped daemon cannot ping");
+    signal(daemon.pid(), "CONT");
+
+    let pid = daemon.pid();
+    signal(pid, "TERM");
+    notify.expect("STOPPING=1", Duration::from_secs(5));
+    notify.expect("EXTEND_TIMEOUT_USEC=", Duration::from_secs(5));
+    drop(daemon);
+}
+
+#[test]
+fn reload_with_a_broken_config_keeps_serving_the_old_one() {
+    let workspace = Workspace::new();
+    workspace.write_config(ROUTE);
+    let daemon = workspace.start();
+    assert_eq!(daemon.post_json("/hook", &[], "{}").status, 202);
+
+    std::fs::write(workspace.config_path(), "[routes.hook]\npath = 7\n").expect("break the config");
+    signal(daemon.pid(), "HUP");
+    wait_until("the refusal", Duration::from_secs(10), || daemon.log().contains("reload refused"));
+    assert_eq!(daemon.post_json("/hook", &[], "{}").status, 202, "old route gone after a bad reload");
+
+    workspace.write_config(&format!(
+        "{ROUTE}\n[routes.second]\npath = \"/second\"\nverify = {{ scheme = \"none\" }}\n"
+    ));
+    signal(daemon.pid(), "HUP");
+    wait_until("the reload", Duration::from_secs(10), || daemon.log().contains("config reloaded"));
+    assert_eq!(daemon.post_json("/second", &[], "{}").status, 202);
+}
+
+fn control_request(path: &std::path::Path, method: &str, target: &str) -> HttpResponse {
+    let mut stream = UnixStream::connect(path).expect("connect control socket");
+    stream
+        .write_all(format!("{method} {target} HTTP/1.1\r\nhost: control\r\nconnection: close\r\ncontent-length: 0\r\n\r\n").as_bytes())
+        .expect("write");
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).expect("read");
+    parse_response(&raw).expect("response")
+}
+
+#[test]
+fn control_socket_serves_status_metrics_and_overrides() {
+    use std::os::unix::fs::PermissionsExt;
+    let workspace = Workspace::new();
+    let socket = workspace.path().join("control.sock");
+    let text = format!(
+        "state_dir = {:?}\n[server]\nlisten = \"127.0.0.1:{}\"\ncontrol_socket = {:?}\n[model]\nbackend = \"replay\"\n{ROUTE}session = \"{{{{ payload.s }}}}\"\n",
+        workspace.state_dir().display(),
+        workspace.port,
+        socket.display()
+    );
+    std::fs::write(workspace.config_path(), text).expect("config");
+    let daemon = workspace.start();
+    assert_eq!(daemon.post_json("/hook", &[], r#"{"s":"acme/web#7"}"#).status, 202);
+    let mode = std::fs::metadata(&socket).expect("socket").permissions().mode() & 0o777;
+    assert_eq!(mode, 0o660);
+
+    let status = control_request(&socket, "GET", "/v1/status");
+    assert_eq!(status.status, 200);
+    assert_eq!(status.json()["events"]["total"], 1);
+    assert_eq!(status.json()["daemon"]["running"], true);
+    let metrics = control_request(&socket, "GET", "/metrics");
+    assert!(metrics.body.contains("agentgate_store_writable 1"), "{}", metrics.body);
+    let sessions = control_request(&socket, "GET", "/v1/sessions");
+    assert_eq!(sessions.json()[0]["key"], "acme/web#7");
+
+    let suspended = control_request(&socket, "POST", "/v1/sessions/acme%2Fweb%237/suspend");
+    assert_eq!(suspended.status, 200, "{suspended:?}");
+    let state: Vec<String> = workspace.query("SELECT state FROM sessions", |r| r.get(0));
+    assert_eq!(state, ["suspended"]);
+    let resumed = control_request(&socket, "POST", "/v1/sessions/acme%2Fweb%237/resume");
+    assert_eq!(resumed.json()["previous_state"], "suspended");
+    assert_eq!(control_request(&socket, "POST", "/v1/sessions/nope/resume").status, 404);
+}
+
+#[test]
+fn socket_activation_takes_the_named_socket_and_refuses_unknown_names() {
+    let workspace = Workspace::new();
+    workspace.write_config(ROUTE);
+    let address = format!("127.0.0.1:{}", workspace.port);
+    let mut activator = Command::new("systemd-socket-activate")
+        .args(["-l", &address, "--fdname=webhook", "-E", "AGENTGATE_LOG=info"])
+        .arg(BIN)
+        .args(["serve", "--config"])
+        .arg(workspace.config_path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("systemd-socket-activate (package systemd)");
+    // The socket is bound by the activator before the daemon exists: the first POST starts it.
+    wait_until("the activator to listen", Duration::from_secs(10), || {
+        std::net::TcpStream::connect(&address).is_ok()
+    });
+    let response = try_request(workspace.addr(), "POST", "/hook", &[("content-type", "application/json")], b"{}")
+        .expect("first request");
+    assert_eq!(response.status, 202, "{response:?}");
+    let _ = activator.kill();
+    let _ = activator.wait();
+
+    let workspace = Workspace::new();
+    workspace.write_config(ROUTE);
+    let address = format!("127.0.0.1:{}", workspace.port);
+    let mut wrong = Command::new("systemd-socket-activate")
+        .args(["-l", &address, "--fdname=http"])
+        .arg(BIN)
+        .args(["serve", "--config"])
+        .arg(workspace.config_path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("systemd-socket-activate");
+    wait_until("the activator to listen", Duration::from_secs(10), || {
+        std::net::TcpStream::connect(&address).is_ok()
+    });
+    let status = wrong.wait().expect("daemon exit");
+    assert_eq!(status.code(), Some(78));
+    let mut stderr = String::new();
+    if let Some(mut pipe) = wrong.stderr.take() {
+        let _ = pipe.read_to_string(&mut stderr);
+    }
+    assert!(stderr.contains("unknown name \"http\""), "{stderr}");
+}
