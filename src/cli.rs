@@ -12,7 +12,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-use crate::config::{self, ConfigError, ConfigSource, LocatedFinding, Severity};
+use crate::config::{self, ConfigError, ConfigSource, LocatedFinding, SecretCheck, Severity};
 use crate::exit::Failure;
 use crate::ingress::verify;
 use crate::lifecycle::{self, journal};
@@ -153,7 +153,9 @@ pub(crate) fn main() -> ExitCode {
         }
     };
     let target = match cli.command {
-        Command::Serve { .. } => journal::LogTarget::Daemon,
+        Command::Serve { .. } | Command::Reconcile { dry_run: false, .. } => {
+            journal::LogTarget::Daemon
+        }
         _ => journal::LogTarget::Terminal,
     };
     journal::init(target);
@@ -188,7 +190,7 @@ fn run(command: Command) -> Result<(), Failure> {
                 event_type,
             },
         ),
-        Command::Reconcile { .. } => not_yet("reconcile"),
+        Command::Reconcile { config, dry_run } => crate::reconcile::run(&config.source(), dry_run),
         Command::Sessions(SessionsCommand::List { config, json }) => {
             sessions_list(&config.source(), json)
         }
@@ -205,12 +207,6 @@ fn run(command: Command) -> Result<(), Failure> {
             ledger_show(&config.source(), json)
         }
     }
-}
-
-fn not_yet(command: &str) -> Result<(), Failure> {
-    Err(Failure::unavailable(format!(
-        "`agentgate {command}` is not implemented in this version"
-    )))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -266,7 +262,7 @@ fn ledger_show(source: &ConfigSource, json: bool) -> Result<(), Failure> {
 }
 
 fn check_config(source: &ConfigSource) -> Result<(), Failure> {
-    match config::load(source) {
+    match config::load(source, SecretCheck::CredentialsOptional) {
         Ok(loaded) => {
             for finding in &loaded.warnings {
                 println!("{}", LocatedFinding { source, finding });
@@ -475,7 +471,7 @@ struct SendRequest {
 }
 
 fn send(source: &ConfigSource, request: &SendRequest) -> Result<(), Failure> {
-    let config = lifecycle::load_config(source)?.config;
+    let config = lifecycle::load_config(source, SecretCheck::Required)?.config;
     let route = config
         .routes
         .iter()

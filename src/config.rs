@@ -419,14 +419,25 @@ fn read_source(source: &ConfigSource) -> Result<String, ConfigError> {
     }
 }
 
+/// Whether every secret must load, or credentials may be left for the service to load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SecretCheck {
+    /// `serve`, `send`: a secret that cannot be loaded is an error.
+    Required,
+    /// `check-config`, `reconcile`: outside the service there may be no `$CREDENTIALS_DIRECTORY`;
+    /// credentials are then checked when the service starts, and said so in a warning.
+    CredentialsOptional,
+}
+
 /// Reads and checks the config from `source`.
-pub(crate) fn load(source: &ConfigSource) -> Result<Loaded, ConfigError> {
+pub(crate) fn load(source: &ConfigSource, secrets: SecretCheck) -> Result<Loaded, ConfigError> {
     let text = read_source(source)?;
     let credentials = std::env::var_os("CREDENTIALS_DIRECTORY").map(PathBuf::from);
     let state_directory = std::env::var_os("STATE_DIRECTORY").map(PathBuf::from);
     let environment = Environment {
         credentials_dir: credentials.as_deref(),
         state_directory: state_directory.as_deref(),
+        secrets,
     };
     check(source.clone(), &text, &environment)
 }
@@ -468,6 +479,7 @@ pub(crate) struct Environment<'a> {
     pub credentials_dir: Option<&'a Path>,
     /// `$STATE_DIRECTORY`, colon-separated when several.
     pub state_directory: Option<&'a Path>,
+    pub secrets: SecretCheck,
 }
 
 /// Parses and validates config text. Errors make the whole config unusable; warnings do not.
@@ -581,6 +593,16 @@ impl Checker<'_> {
                 key,
                 "a literal secret in the config file; prefer { credential = \"NAME\" }",
             );
+        }
+        if self.environment.secrets == SecretCheck::CredentialsOptional
+            && self.environment.credentials_dir.is_none()
+            && let Some(unloaded) = source.unloaded_credential()
+        {
+            self.warn(
+                key,
+                "not checked here ($CREDENTIALS_DIRECTORY is not set); the service loads it at start",
+            );
+            return Some(unloaded);
         }
         match source.load(self.environment.credentials_dir) {
             Ok(secret) => Some(secret),
@@ -973,6 +995,9 @@ impl Checker<'_> {
 
     /// Standard Webhooks secrets are `whsec_<base64>`; the decoded bytes are the HMAC key.
     fn standard_key(&mut self, key: &str, secret: Secret) -> Option<Secret> {
+        if secret.expose().is_empty() {
+            return Some(secret); // a credential left for the service to load
+        }
         match crate::ingress::verify::decode_standard_secret(&secret) {
             Ok(decoded) => Some(decoded),
             Err(message) => {
@@ -1078,6 +1103,7 @@ mod tests {
         let environment = Environment {
             credentials_dir: None,
             state_directory: None,
+            secrets: SecretCheck::Required,
         };
         check(ConfigSource::File("test.toml".into()), text, &environment)
     }
@@ -1098,6 +1124,7 @@ mod tests {
             &Environment {
                 credentials_dir: None,
                 state_directory: None,
+                secrets: SecretCheck::Required,
             },
         )
         .expect("embedded defaults must load");

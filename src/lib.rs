@@ -13,6 +13,7 @@ mod deliver;
 mod exit;
 mod ingress;
 mod lifecycle;
+mod reconcile;
 mod session;
 mod store;
 mod template;

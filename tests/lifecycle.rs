@@ -63,7 +63,10 @@ fn notify_protocol_ready_status_watchdog_reload_stopping_and_extend() {
         ("WATCHDOG_USEC", "600000"),
     ]);
     let ready = notify.expect("READY=1", Duration::from_secs(10));
-    assert!(ready.contains("STATUS=0 running, 0 queued, 0 resume-pending, 0 suspended"), "{ready}");
+    assert!(
+        ready.contains("STATUS=0 running, 0 queued, 0 resume-pending, 0 suspended"),
+        "{ready}"
+    );
     notify.expect("WATCHDOG=1", Duration::from_secs(5));
 
     signal(daemon.pid(), "HUP");
@@ -99,14 +102,22 @@ fn reload_with_a_broken_config_keeps_serving_the_old_one() {
 
     std::fs::write(workspace.config_path(), "[routes.hook]\npath = 7\n").expect("break the config");
     signal(daemon.pid(), "HUP");
-    wait_until("the refusal", Duration::from_secs(10), || daemon.log().contains("reload refused"));
-    assert_eq!(daemon.post_json("/hook", &[], "{}").status, 202, "old route gone after a bad reload");
+    wait_until("the refusal", Duration::from_secs(10), || {
+        daemon.log().contains("reload refused")
+    });
+    assert_eq!(
+        daemon.post_json("/hook", &[], "{}").status,
+        202,
+        "old route gone after a bad reload"
+    );
 
     workspace.write_config(&format!(
         "{ROUTE}\n[routes.second]\npath = \"/second\"\nverify = {{ scheme = \"none\" }}\n"
     ));
     signal(daemon.pid(), "HUP");
-    wait_until("the reload", Duration::from_secs(10), || daemon.log().contains("config reloaded"));
+    wait_until("the reload", Duration::from_secs(10), || {
+        daemon.log().contains("config reloaded")
+    });
     assert_eq!(daemon.post_json("/second", &[], "{}").status, 202);
 }
 
@@ -133,8 +144,17 @@ fn control_socket_serves_status_metrics_and_overrides() {
     );
     std::fs::write(workspace.config_path(), text).expect("config");
     let daemon = workspace.start();
-    assert_eq!(daemon.post_json("/hook", &[], r#"{"s":"acme/web#7"}"#).status, 202);
-    let mode = std::fs::metadata(&socket).expect("socket").permissions().mode() & 0o777;
+    assert_eq!(
+        daemon
+            .post_json("/hook", &[], r#"{"s":"acme/web#7"}"#)
+            .status,
+        202
+    );
+    let mode = std::fs::metadata(&socket)
+        .expect("socket")
+        .permissions()
+        .mode()
+        & 0o777;
     assert_eq!(mode, 0o660);
 
     let status = control_request(&socket, "GET", "/v1/status");
@@ -142,7 +162,11 @@ fn control_socket_serves_status_metrics_and_overrides() {
     assert_eq!(status.json()["events"]["total"], 1);
     assert_eq!(status.json()["daemon"]["running"], true);
     let metrics = control_request(&socket, "GET", "/metrics");
-    assert!(metrics.body.contains("agentgate_store_writable 1"), "{}", metrics.body);
+    assert!(
+        metrics.body.contains("agentgate_store_writable 1"),
+        "{}",
+        metrics.body
+    );
     let sessions = control_request(&socket, "GET", "/v1/sessions");
     assert_eq!(sessions.json()[0]["key"], "acme/web#7");
 
@@ -152,7 +176,10 @@ fn control_socket_serves_status_metrics_and_overrides() {
     assert_eq!(state, ["suspended"]);
     let resumed = control_request(&socket, "POST", "/v1/sessions/acme%2Fweb%237/resume");
     assert_eq!(resumed.json()["previous_state"], "suspended");
-    assert_eq!(control_request(&socket, "POST", "/v1/sessions/nope/resume").status, 404);
+    assert_eq!(
+        control_request(&socket, "POST", "/v1/sessions/nope/resume").status,
+        404
+    );
 }
 
 #[test]
@@ -161,7 +188,13 @@ fn socket_activation_takes_the_named_socket_and_refuses_unknown_names() {
     workspace.write_config(ROUTE);
     let address = format!("127.0.0.1:{}", workspace.port);
     let mut activator = Command::new("systemd-socket-activate")
-        .args(["-l", &address, "--fdname=webhook", "-E", "AGENTGATE_LOG=info"])
+        .args([
+            "-l",
+            &address,
+            "--fdname=webhook",
+            "-E",
+            "AGENTGATE_LOG=info",
+        ])
         .arg(BIN)
         .args(["serve", "--config"])
         .arg(workspace.config_path())
@@ -173,8 +206,14 @@ fn socket_activation_takes_the_named_socket_and_refuses_unknown_names() {
     wait_until("the activator to listen", Duration::from_secs(10), || {
         std::net::TcpStream::connect(&address).is_ok()
     });
-    let response = try_request(workspace.addr(), "POST", "/hook", &[("content-type", "application/json")], b"{}")
-        .expect("first request");
+    let response = try_request(
+        workspace.addr(),
+        "POST",
+        "/hook",
+        &[("content-type", "application/json")],
+        b"{}",
+    )
+    .expect("first request");
     assert_eq!(response.status, 202, "{response:?}");
     let _ = activator.kill();
     let _ = activator.wait();

@@ -72,6 +72,17 @@ impl SecretSource {
         matches!(self, SecretSource::Literal(_))
     }
 
+    /// For a credential reference: an empty placeholder, for checks made outside the service.
+    pub(crate) fn unloaded_credential(&self) -> Option<Secret> {
+        match self {
+            SecretSource::Reference(SecretReference::Credential(name)) => Some(Secret {
+                bytes: Vec::new(),
+                origin: format!("credential {name} (not loaded)"),
+            }),
+            _ => None,
+        }
+    }
+
     /// Reads the secret. The error says where it looked, never what it found.
     pub(crate) fn load(&self, credentials_dir: Option<&Path>) -> Result<Secret, String> {
         let (bytes, origin) = match self {

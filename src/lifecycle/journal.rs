@@ -20,6 +20,10 @@ pub(crate) const MESSAGE_RESUMED: &str = "5df92f03ee62438e85af6662fff2217f";
 pub(crate) const MESSAGE_SUSPENDED: &str = "8d3eabf1daca478eac1e887be8e77a46";
 /// An interrupted session older than `resume_window` was abandoned.
 pub(crate) const MESSAGE_ABANDONED: &str = "6a213c63dcba4a4084d8903d2692e40c";
+/// `reconcile` moved a malformed retry ledger to quarantine and wrote a repaired one.
+pub(crate) const MESSAGE_LEDGER_QUARANTINED: &str = "7e28c6dc83aa474ea8de22650fa5aed3";
+/// `reconcile` moved a damaged database to quarantine; the daemon starts a new one.
+pub(crate) const MESSAGE_DATABASE_QUARANTINED: &str = "8785c08fc9764396ba145ce7a0c9615f";
 /// A turn did not finish within `drain_timeout` and was left for resume.
 pub(crate) const MESSAGE_DRAIN_TIMEOUT: &str = "227513bade8c4853a9b43df1e4e36359";
 

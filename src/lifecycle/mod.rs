@@ -20,7 +20,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::agent::model::Model;
-use crate::config::{self, ConfigError, ConfigSource, LocatedFinding, Settings, Shared};
+use crate::config::{
+    self, ConfigError, ConfigSource, LocatedFinding, SecretCheck, Settings, Shared,
+};
 use crate::deliver::Deliverer;
 use crate::exit::Failure;
 use crate::ingress::control::{self, Control};
@@ -43,8 +45,11 @@ const DRAIN_HEARTBEAT: Duration = Duration::from_secs(2);
 const STATUS_INTERVAL: Duration = Duration::from_secs(5);
 
 /// Prints each finding on its own line and turns an invalid config into exit status 78.
-pub(crate) fn load_config(source: &ConfigSource) -> Result<config::Loaded, Failure> {
-    match config::load(source) {
+pub(crate) fn load_config(
+    source: &ConfigSource,
+    secrets: SecretCheck,
+) -> Result<config::Loaded, Failure> {
+    match config::load(source, secrets) {
         Ok(loaded) => Ok(loaded),
         Err(ConfigError::Invalid {
             source_name,
@@ -84,7 +89,7 @@ pub(crate) fn serve(
     source: &ConfigSource,
     record: Option<&std::path::Path>,
 ) -> Result<(), Failure> {
-    let loaded = load_config(source)?;
+    let loaded = load_config(source, SecretCheck::Required)?;
     for finding in &loaded.warnings {
         tracing::warn!("{}", LocatedFinding { source, finding });
     }
@@ -275,7 +280,7 @@ impl Daemon {
     /// SIGHUP: re-reads the config. A config with errors is refused and the old one stays.
     fn reload(&self) {
         self.notifier.reloading();
-        let outcome = config::load(&self.source)
+        let outcome = config::load(&self.source, SecretCheck::Required)
             .map_err(|err| match err {
                 ConfigError::Invalid {
                     source_name,

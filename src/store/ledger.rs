@@ -231,6 +231,12 @@ impl LedgerFile {
         Ok(value)
     }
 
+    /// Replaces the ledger with `ledger`, under the lock, whatever the file held (reconcile).
+    pub(crate) fn replace(&self, ledger: &Ledger) -> std::io::Result<()> {
+        let _lock = self.lock().map_err(std::io::Error::other)?;
+        atomic::replace(&self.dir, LEDGER_FILE, &ledger.to_json())
+    }
+
     /// Counts one more resume of `session`, durably, and returns the new count.
     pub(crate) fn count_resume(&self, session: &str) -> Result<u64, LedgerError> {
         self.update(|ledger| {

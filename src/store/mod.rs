@@ -22,9 +22,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use rusqlite::{Connection, OpenFlags};
 use tokio::sync::oneshot;
 
+pub(crate) use atomic::is_stale_temp;
 pub(crate) use deliveries::{DeliveryAttempt, DeliveryCounts, PendingDelivery};
 pub(crate) use events::{AcceptOutcome, NewEvent, StatusSummary};
-pub(crate) use lock::DaemonLock;
+pub(crate) use lock::{DAEMON_LOCK_FILE, DaemonLock, LockError};
 pub(crate) use turns::{
     ClaimedTurn, InterruptedSession, TurnEnd, operator_resume, operator_suspend, session, sessions,
     transcript_of,

@@ -1,0 +1,269 @@
+//! `agentgate reconcile`: the pre-start repair that runs before every start of the daemon.
+//!
+//! A non-zero exit here takes the socket-activated endpoint offline until someone runs
+//! `reset-failed`, so reconcile repairs what it can, keeps evidence of everything (malformed files
+//! are moved to `quarantine/`, never deleted), and fails only when the daemon truly cannot run:
+//! an invalid config (78) or an unusable state directory (73).
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use crate::config::{ConfigSource, SecretCheck};
+use crate::exit::Failure;
+use crate::lifecycle::{self, journal};
+use crate::store::ledger::{self, LEDGER_FILE, Ledger, LedgerFile};
+use crate::store::{self, DaemonLock};
+
+pub(crate) const QUARANTINE_DIR: &str = "quarantine";
+
+/// What reconcile does, step by step; with `--dry-run` it is printed instead of done.
+struct Repair {
+    state_dir: PathBuf,
+    dry_run: bool,
+    resume_max_attempts: u32,
+}
+
+/// `agentgate reconcile [--dry-run]`.
+pub(crate) fn run(source: &ConfigSource, dry_run: bool) -> Result<(), Failure> {
+    let config = lifecycle::load_config(source, SecretCheck::CredentialsOptional)?.config;
+    let repair = Repair {
+        state_dir: config.state_dir.clone(),
+        dry_run,
+        resume_max_attempts: config.runtime.resume_max_attempts,
+    };
+    repair.state_directory()?;
+    if !repair.state_dir.exists() {
+        return Ok(()); // dry run on a state directory that does not exist yet
+    }
+    let _lock = match DaemonLock::acquire(&repair.state_dir) {
+        Ok(lock) => lock,
+        Err(store::LockError::Held { holder, .. }) => {
+            tracing::warn!(
+                "a daemon (pid {holder}) holds {}; reconcile changes nothing",
+                repair.state_dir.join(store::DAEMON_LOCK_FILE).display()
+            );
+            return Ok(());
+        }
+        Err(err) => return Err(Failure::state(err)),
+    };
+    repair.database();
+    repair.stale_temporary_files();
+    repair.ledger().map_err(Failure::state)?;
+    tracing::info!(state_dir = %repair.state_dir.display(), dry_run, "reconcile finished");
+    Ok(())
+}
+
+impl Repair {
+    fn act(
+        &self,
+        description: &str,
+        action: impl FnOnce() -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
+        if self.dry_run {
+            println!("would {description}");
+            Ok(())
+        } else {
+            action()
+        }
+    }
+
+    /// The state directory must exist (created 0750 if missing) and be a writable directory.
+    fn state_directory(&self) -> Result<(), Failure> {
+        let dir = &self.state_dir;
+        if dir.exists() && !dir.is_dir() {
+            return Err(Failure::state(format!(
+                "state directory {} is not a directory",
+                dir.display()
+            )));
+        }
+        if !dir.exists() {
+            self.act(
+                &format!("create the state directory {}", dir.display()),
+                || store::ensure_state_dir(dir).map_err(std::io::Error::other),
+            )
+            .map_err(Failure::state)?;
+            return Ok(());
+        }
+        if self.dry_run {
+            return Ok(());
+        }
+        let probe = dir.join(".agentgate-write-probe");
+        std::fs::write(&probe, b"")
+            .and_then(|()| std::fs::remove_file(&probe))
+            .map_err(|err| {
+                Failure::state(format!(
+                    "state directory {} is not writable: {err}",
+                    dir.display()
+                ))
+            })
+    }
+
+    /// Moves `path` to `quarantine/<UTC timestamp>-<name>`; returns the new path.
+    fn quarantine(&self, path: &Path) -> std::io::Result<PathBuf> {
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let dir = self.state_dir.join(QUARANTINE_DIR);
+        let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now())
+            .to_string()
+            .replace([':', '-'], "");
+        let mut target = dir.join(format!("{stamp}-{name}"));
+        let mut counter = 1;
+        while target.exists() {
+            target = dir.join(format!("{stamp}-{counter}-{name}"));
+            counter += 1;
+        }
+        if self.dry_run {
+            println!("would move {} to {}", path.display(), target.display());
+            return Ok(target);
+        }
+        std::fs::create_dir_all(&dir)?;
+        std::fs::rename(path, &target)?;
+        std::fs::File::open(&dir)?.sync_all()?;
+        std::fs::File::open(&self.state_dir)?.sync_all()?;
+        Ok(target)
+    }
+
+    /// `PRAGMA quick_check`; a damaged database (and its WAL and SHM) goes to quarantine and the
+    /// daemon starts a new one.
+    fn database(&self) {
+        let database = self.state_dir.join(store::DATABASE_FILE);
+        if !database.exists() {
+            return;
+        }
+        let verdict = store::read_database(&database, |connection| {
+            connection.query_row("PRAGMA quick_check", [], |row| row.get::<_, String>(0))
+        });
+        let problem = match verdict {
+            Ok(answer) if answer == "ok" => return,
+            Ok(answer) => answer,
+            Err(err) => err.to_string(),
+        };
+        for suffix in ["", "-wal", "-shm"] {
+            let path = PathBuf::from(format!("{}{suffix}", database.display()));
+            if path.exists() {
+                match self.quarantine(&path) {
+                    Ok(target) => tracing::error!(
+                        message_id = journal::MESSAGE_DATABASE_QUARANTINED,
+                        file = %path.display(), moved_to = %target.display(), problem = %problem,
+                        "the database is damaged and was quarantined; a new, empty one is started and the events in it are LOST to the daemon (the file is kept)"
+                    ),
+                    Err(err) => tracing::error!(file = %path.display(), error = %err,
+                        "cannot quarantine the damaged database"),
+                }
+            }
+        }
+    }
+
+    fn stale_temporary_files(&self) {
+        let Ok(entries) = std::fs::read_dir(&self.state_dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !store::is_stale_temp(&name) {
+                continue;
+            }
+            let path = entry.path();
+            match self.act(
+                &format!("remove the stale temporary file {}", path.display()),
+                || std::fs::remove_file(&path),
+            ) {
+                Ok(()) if !self.dry_run => tracing::warn!(file = %path.display(),
+                    "removed a temporary file of an interrupted atomic write"),
+                Ok(()) => {}
+                Err(err) => {
+                    tracing::warn!(file = %path.display(), error = %err, "cannot remove a stale temporary file")
+                }
+            }
+        }
+    }
+
+    /// Sessions that were interrupted (resume pending, or a turn left running) and all known ones.
+    fn sessions(&self) -> (BTreeSet<String>, BTreeSet<String>) {
+        let database = self.state_dir.join(store::DATABASE_FILE);
+        if !database.exists() {
+            return Default::default();
+        }
+        let keys = |sql: &str| {
+            store::read_database(&database, |connection| {
+                connection
+                    .prepare(sql)?
+                    .query_map([], |row| row.get::<_, String>(0))?
+                    .collect::<rusqlite::Result<BTreeSet<String>>>()
+            })
+            .unwrap_or_default()
+        };
+        (
+            keys(
+                "SELECT key FROM sessions WHERE state = 'resume_pending'
+                 UNION SELECT session_key FROM turns WHERE status = 'running'",
+            ),
+            keys("SELECT key FROM sessions"),
+        )
+    }
+
+    /// A missing ledger is created empty; a malformed one is quarantined, salvaged and replaced.
+    fn ledger(&self) -> Result<(), String> {
+        let file = LedgerFile::new(&self.state_dir);
+        let path = file.path();
+        let bytes = if path.is_dir() {
+            None
+        } else {
+            match std::fs::read(&path) {
+                Ok(bytes) => Some(bytes),
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+                    self.act(&format!("create an empty {}", path.display()), || {
+                        file.replace(&Ledger::default())
+                    })
+                    .map_err(|err| format!("cannot create {}: {err}", path.display()))?;
+                    return Ok(());
+                }
+                Err(err) => return Err(format!("cannot read {}: {err}", path.display())),
+            }
+        };
+        let problem = match &bytes {
+            None => "a directory stands where the file should be".to_string(),
+            Some(bytes) => match ledger::parse(bytes) {
+                Ok(_) => return Ok(()),
+                Err(reason) => reason,
+            },
+        };
+        let salvaged = bytes.as_deref().map(ledger::salvage).unwrap_or_default();
+        let (interrupted, known) = self.sessions();
+        let mut repaired = Ledger::default();
+        for (key, entry) in &salvaged.sessions {
+            if interrupted.contains(key) || known.contains(key) {
+                repaired.set(key, entry.attempts);
+            }
+        }
+        let lost_count = u64::from(self.resume_max_attempts.saturating_sub(1));
+        for key in &interrupted {
+            if !repaired.sessions.contains_key(key) {
+                repaired.set(key, lost_count);
+            }
+        }
+        let moved_to = self
+            .quarantine(&path)
+            .map_err(|err| format!("cannot quarantine {}: {err}", path.display()))?;
+        if !self.dry_run {
+            tracing::warn!(
+                message_id = journal::MESSAGE_LEDGER_QUARANTINED,
+                file = %path.display(), moved_to = %moved_to.display(), problem = %problem,
+                salvaged = salvaged.sessions.len(), kept = repaired.sessions.len(),
+                "the retry ledger was malformed: quarantined, salvaged, and replaced"
+            );
+        }
+        self.act(
+            &format!(
+                "write a new {} with {} session(s) ({} salvaged; interrupted sessions whose count was lost get {lost_count})",
+                LEDGER_FILE,
+                repaired.sessions.len(),
+                salvaged.sessions.len()
+            ),
+            || file.replace(&repaired),
+        )
+        .map_err(|err| format!("cannot write {}: {err}", path.display()))
+    }
+}

@@ -1,0 +1,180 @@
+//! `agentgate reconcile` over every malformed state it must survive: the bad file is quarantined
+//! byte for byte, what parses is salvaged, reconcile exits 0, and the daemon starts and serves.
+
+mod common;
+
+use std::path::Path;
+
+use common::*;
+use serde_json::Value;
+
+const ROUTE: &str = "[routes.hook]\npath = \"/hook\"\nverify = { scheme = \"none\" }\n";
+
+/// A state directory with a database that knows two sessions: `victim` was interrupted,
+/// `known` is idle.
+fn prepared_workspace() -> Workspace {
+    let workspace = Workspace::new();
+    workspace.write_config(ROUTE);
+    let daemon = workspace.start();
+    drop(daemon);
+    let connection =
+        rusqlite::Connection::open(workspace.state_dir().join("agentgate.db")).expect("open");
+    connection
+        .execute_batch(
+            "INSERT INTO sessions (key, route, state, reason, created_at, updated_at)
+                 VALUES ('victim', 'hook', 'resume_pending', 'crashed', 0, 0),
+                        ('known', 'hook', 'idle', NULL, 0, 0);",
+        )
+        .expect("sessions");
+    workspace
+}
+
+fn quarantined(state_dir: &Path) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(state_dir.join("quarantine"))
+        .map(|entries| entries.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default()
+}
+
+fn reconcile(workspace: &Workspace, extra: &[&str]) -> std::process::Output {
+    let mut args = vec!["reconcile"];
+    args.extend_from_slice(extra);
+    workspace.cli(&args)
+}
+
+#[test]
+fn every_malformed_ledger_is_quarantined_salvaged_and_the_daemon_starts() {
+    let cases: [(&str, &[u8]); 6] = [
+        ("garbage", b"\x00\x13garbage{{{"),
+        (
+            "wrong version",
+            br#"{"version":2,"sessions":{"known":{"attempts":2}}}"#,
+        ),
+        (
+            "negative count",
+            br#"{"version":1,"sessions":{"known":{"attempts":2},"ghost":{"attempts":-1}}}"#,
+        ),
+        (
+            "truncated",
+            br#"{"version":1,"sessions":{"known":{"attempts":2},"gho"#,
+        ),
+        ("empty", b""),
+        ("directory", b""),
+    ];
+    for (name, content) in cases {
+        let workspace = prepared_workspace();
+        let ledger = workspace.state_dir().join("ledger.json");
+        if name == "directory" {
+            std::fs::create_dir(&ledger).expect("mkdir");
+            std::fs::write(ledger.join("inside"), b"x").expect("file in dir");
+        } else {
+            std::fs::write(&ledger, content).expect("write ledger");
+        }
+        let output = reconcile(&workspace, &[]);
+        assert_eq!(output.status.code(), Some(0), "{name}: {output:?}");
+        let moved = quarantined(&workspace.state_dir());
+        assert_eq!(moved.len(), 1, "{name}: {moved:?}");
+        let moved_name = moved[0]
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        assert!(moved_name.ends_with("-ledger.json"), "{name}: {moved_name}");
+        if name != "directory" {
+            assert_eq!(
+                std::fs::read(&moved[0]).expect("quarantined file"),
+                content,
+                "{name}: not byte-identical"
+            );
+        }
+        let repaired: Value = serde_json::from_slice(&std::fs::read(&ledger).expect("new ledger"))
+            .expect("valid JSON");
+        assert_eq!(repaired["version"], 1, "{name}");
+        // The interrupted session whose count was lost gets resume_max_attempts - 1 (one more try).
+        assert_eq!(
+            repaired["sessions"]["victim"]["attempts"], 2,
+            "{name}: {repaired}"
+        );
+        assert!(
+            repaired["sessions"].get("ghost").is_none(),
+            "{name}: unknown sessions are dropped"
+        );
+        if name == "negative count" || name == "wrong version" {
+            assert_eq!(
+                repaired["sessions"]["known"]["attempts"], 2,
+                "{name}: salvage lost an entry"
+            );
+        }
+        let daemon = workspace.start();
+        assert_eq!(daemon.post_json("/hook", &[], "{}").status, 202, "{name}");
+    }
+}
+
+#[test]
+fn dry_run_changes_nothing() {
+    let workspace = prepared_workspace();
+    let ledger = workspace.state_dir().join("ledger.json");
+    std::fs::write(&ledger, b"nonsense").expect("write");
+    let stale = workspace.state_dir().join(".agentgate-ledger.json.x1.tmp");
+    std::fs::write(&stale, b"half").expect("stale");
+    let output = reconcile(&workspace, &["--dry-run"]);
+    assert_eq!(output.status.code(), Some(0));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("would move"), "{stdout}");
+    assert!(
+        stdout.contains("would remove the stale temporary file"),
+        "{stdout}"
+    );
+    assert_eq!(std::fs::read(&ledger).expect("ledger"), b"nonsense");
+    assert!(stale.exists());
+    assert!(quarantined(&workspace.state_dir()).is_empty());
+
+    // Without --dry-run the stale file goes.
+    assert_eq!(reconcile(&workspace, &[]).status.code(), Some(0));
+    assert!(!stale.exists());
+}
+
+#[test]
+fn a_running_daemon_is_left_alone() {
+    let workspace = prepared_workspace();
+    let ledger = workspace.state_dir().join("ledger.json");
+    let _daemon = workspace.start();
+    std::fs::write(&ledger, b"nonsense").expect("write");
+    let output = reconcile(&workspace, &[]);
+    assert_eq!(output.status.code(), Some(0));
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("changes nothing"),
+        "{output:?}"
+    );
+    assert_eq!(std::fs::read(&ledger).expect("ledger"), b"nonsense");
+}
+
+#[test]
+fn a_missing_ledger_is_created_and_a_damaged_database_quarantined() {
+    let workspace = prepared_workspace();
+    let database = workspace.state_dir().join("agentgate.db");
+    std::fs::write(&database, vec![0x5a; 8192]).expect("damage the database");
+    let output = reconcile(&workspace, &[]);
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    assert!(
+        quarantined(&workspace.state_dir())
+            .iter()
+            .any(|p| p.to_string_lossy().ends_with("-agentgate.db"))
+    );
+    let ledger: Value = serde_json::from_slice(
+        &std::fs::read(workspace.state_dir().join("ledger.json")).expect("ledger created"),
+    )
+    .expect("json");
+    assert_eq!(ledger["version"], 1);
+    let daemon = workspace.start();
+    assert_eq!(daemon.post_json("/hook", &[], "{}").status, 202);
+}
+
+#[test]
+fn unusable_state_or_config_are_the_only_failures() {
+    let workspace = Workspace::new();
+    let not_a_dir = workspace.path().join("file");
+    std::fs::write(&not_a_dir, b"x").expect("file");
+    workspace.write_config_with_state(ROUTE, &not_a_dir);
+    assert_eq!(reconcile(&workspace, &[]).status.code(), Some(73));
+    std::fs::write(workspace.config_path(), "[runtime]\nunknown = 1\n").expect("config");
+    assert_eq!(reconcile(&workspace, &[]).status.code(), Some(78));
+}
