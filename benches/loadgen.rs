@@ -112,9 +112,9 @@ async fn worker(addr: String, shared: Arc<Shared>) -> Tally {
     let mut stream: Option<TcpStream> = None;
     let mut buffer = Vec::with_capacity(8192);
     loop {
-        let due = if shared.rate > 0 {
+        let due = if let Some(nanos_apart) = 1_000_000_000u64.checked_div(shared.rate) {
             let index = shared.next.fetch_add(1, Ordering::Relaxed);
-            let due = shared.start + Duration::from_nanos(index * 1_000_000_000 / shared.rate);
+            let due = shared.start + Duration::from_nanos(index * nanos_apart);
             if due >= shared.end {
                 break;
             }

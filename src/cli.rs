@@ -249,7 +249,7 @@ fn ledger_show(source: &ConfigSource, json: bool) -> Result<(), Failure> {
     let state_dir = config::state_dir(source).map_err(Failure::config)?;
     let ledger = LedgerFile::new(&state_dir)
         .load()
-        .map_err(|err| Failure::runtime(err))?;
+        .map_err(Failure::runtime)?;
     if json {
         print!("{}", String::from_utf8_lossy(&ledger.to_json()));
         return Ok(());

@@ -81,11 +81,16 @@ command = ["/bin/sh", "-c", "echo ran >> {marks}/lookup.runs; sleep 30"]
 timeout = "60s"
 idempotent = true
 
+[tools.report]
+description = "Builds a report in the background"
+command = ["/bin/sh", "-c", "sleep 1; echo report-ready"]
+background = true
+
 [routes.hook]
 path = "/hook"
 verify = {{ scheme = "none" }}
 session = "{{{{ payload.session }}}}"
-tools = ["slow_side_effect", "slow_lookup"]
+tools = ["slow_side_effect", "slow_lookup", "report"]
 deliver = {{ kind = "http", url = "{receiver}/results" }}
 {extra_route}
 "#,
@@ -459,4 +464,58 @@ fn a_model_that_stops_replying_fails_at_turn_idle_timeout() {
             .contains("turn_idle_timeout"),
         "{body}"
     );
+}
+
+#[test]
+fn a_background_job_completion_waits_for_the_running_turn_and_runs_next() {
+    let workspace = Workspace::new();
+    // Turn 1 starts the job, then its next model call is slow (the job finishes meanwhile);
+    // the completion must not interrupt it, even with on_busy = "interrupt".
+    let model = Stub::start(|request, _| {
+        let body = request.json().to_string();
+        if body.contains("report-ready") {
+            Reply::answer("the report is ready")
+        } else if body.contains("job_id") {
+            Reply::answer("started the report").after(Duration::from_secs(3))
+        } else {
+            Reply::tool_call("bg_1", "report", json!({}))
+        }
+    });
+    let receiver = receiver();
+    workspace.write_config(&config(
+        &workspace,
+        &model,
+        &receiver,
+        "on_busy = \"interrupt\"",
+        "",
+    ));
+    let daemon = workspace.start();
+    let event_id = post(&daemon, "bg");
+    assert_eq!(workspace.wait_terminal(&event_id, LIMIT), "completed");
+    assert_eq!(
+        delivered(&receiver, &event_id)["output"],
+        "started the report"
+    );
+    let mut turns: Vec<(String, String, i64, i64)> = Vec::new();
+    wait_until("the completion's turn", LIMIT, || {
+        turns = workspace.query(
+            "SELECT event_id, status, started_at, COALESCE(finished_at, 0) FROM turns
+             WHERE session_key = 'bg' ORDER BY started_at",
+            |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?)),
+        );
+        turns.len() == 2 && turns[1].1 == "completed"
+    });
+    assert_eq!(turns[0].1, "completed", "the running turn was interrupted");
+    assert!(
+        turns[1].2 >= turns[0].3,
+        "the completion ran before the turn ended: {turns:?}"
+    );
+    let completion = &turns[1].0;
+    assert_eq!(
+        delivered(&receiver, completion)["output"],
+        "the report is ready"
+    );
+    // Internal events are not accepted webhooks.
+    assert_eq!(workspace.events_total(), 1);
+    drop(daemon);
 }

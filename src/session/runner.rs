@@ -353,6 +353,12 @@ impl Running<'_> {
                 result: format!("error: tool {name:?} is not configured"),
             });
         };
+        if tool.background {
+            return Ok(Input::ToolFinished {
+                call_id,
+                result: self.start_background_job(tool, arguments),
+            });
+        }
         // The tool process is killed when the turn is interrupted or cancelled.
         let kill = CancellationToken::new();
         let _kill_on_exit = kill.clone().drop_guard();
@@ -362,6 +368,49 @@ impl Running<'_> {
             Err(ToolAbort::Cancelled) => "error: the tool was cancelled".to_string(),
         };
         Ok(Input::ToolFinished { call_id, result })
+    }
+
+    /// Starts a `background = true` tool detached from the turn. Its completion comes back to the
+    /// session as an internal event; the turn gets the job id at once.
+    fn start_background_job(&self, tool: &ToolSettings, arguments: &serde_json::Value) -> String {
+        let job_id = uuid::Uuid::now_v7().to_string();
+        let event = &self.turn.event;
+        let (store, sessions) = (self.context.store.clone(), self.context.sessions.clone());
+        // Jobs end with the daemon's drain, like turns.
+        let kill = self.context.cancel_turns.child_token();
+        let (tool, arguments) = (tool.clone(), arguments.clone());
+        let (session_key, route, job) = (
+            event.session_key.clone(),
+            event.route.clone(),
+            job_id.clone(),
+        );
+        tokio::spawn(async move {
+            let Ok(outcome) = tools::run(&tool, &arguments, &kill).await else {
+                tracing::warn!(session_key = %session_key, job_id = %job, tool = %tool.name,
+                    "background job cancelled by the shutdown");
+                return;
+            };
+            let payload = serde_json::json!({"job_id": job, "tool": tool.name, "outcome": outcome});
+            match store
+                .enqueue_internal(&session_key, &route, "background_job", payload)
+                .await
+            {
+                Ok(event_id) => {
+                    tracing::info!(session_key = %session_key, event_id = %event_id, job_id = %job,
+                        "background job finished; its result is queued for the session");
+                    sessions.wake();
+                }
+                Err(err) => {
+                    tracing::error!(session_key = %session_key, job_id = %job, error = %err,
+                    "cannot queue the background job's result")
+                }
+            }
+        });
+        serde_json::json!({
+            "job_id": job_id,
+            "status": "started in the background; its result arrives later as a new event in this session",
+        })
+        .to_string()
     }
 
     async fn stopped(&self, stop: Stop, steps: u32) {

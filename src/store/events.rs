@@ -102,7 +102,7 @@ impl StatusSummary {
     pub(crate) fn query(connection: &Connection) -> rusqlite::Result<StatusSummary> {
         let by_status = grouped(
             connection,
-            "SELECT status, count(*) FROM events GROUP BY status",
+            "SELECT status, count(*) FROM events WHERE origin = 'webhook' GROUP BY status",
         )?;
         let by_state = grouped(
             connection,
@@ -128,6 +128,36 @@ impl Store {
     pub(crate) async fn accept(&self, event: NewEvent) -> Result<AcceptOutcome, StoreError> {
         self.write(move |connection| accept_in(connection, &event))
             .await
+    }
+
+    /// Queues an internal event for a session (a background job's completion). It runs as the
+    /// session's next turn and never interrupts a running one. Returns its event id.
+    pub(crate) async fn enqueue_internal(
+        &self,
+        session_key: &str,
+        route: &str,
+        event_type: &str,
+        payload: serde_json::Value,
+    ) -> Result<String, StoreError> {
+        let id = uuid::Uuid::now_v7().to_string();
+        let (session_key, route, event_type) = (
+            session_key.to_string(),
+            route.to_string(),
+            event_type.to_string(),
+        );
+        let event_id = id.clone();
+        self.write(move |connection| {
+            let now = now_millis();
+            connection.execute(
+                "INSERT INTO events (id, route, session_key, event_type, delivery_id, headers, payload,
+                                     received_at, status, updated_at, origin)
+                 VALUES (?1, ?2, ?3, ?4, NULL, '{}', ?5, ?6, 'queued', ?6, 'background')",
+                params![event_id, route, session_key, event_type, payload.to_string().into_bytes(), now],
+            )?;
+            Ok(())
+        })
+        .await?;
+        Ok(id)
     }
 
     /// Forgets delivery ids last seen before `before` (unix ms). Returns how many were dropped.

@@ -80,6 +80,8 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX events_queued_by_session ON events(status, session_key, seq);",
     // 3: resumes re-queue the interrupted event itself, marked with why it was interrupted.
     "ALTER TABLE events ADD COLUMN resume_reason TEXT;",
+    // 4: internal events (background job completions) are events too, but not accepted webhooks.
+    "ALTER TABLE events ADD COLUMN origin TEXT NOT NULL DEFAULT 'webhook';",
 ];
 
 /// The schema version this build writes.

@@ -195,10 +195,10 @@ impl Workspace {
         let addr = self.addr();
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            if let Ok(response) = try_request(addr, "GET", "/healthz", &[], b"") {
-                if response.status == 200 {
-                    return daemon;
-                }
+            if let Ok(response) = try_request(addr, "GET", "/healthz", &[], b"")
+                && response.status == 200
+            {
+                return daemon;
             }
             if let Ok(Some(status)) = daemon.child.try_wait() {
                 panic!(
@@ -235,8 +235,7 @@ impl Daemon {
     /// Sends SIGTERM and waits for the exit status.
     pub fn terminate(mut self) -> std::process::ExitStatus {
         signal(self.child.id(), "TERM");
-        let status = self.child.wait().expect("wait for agentgate");
-        status
+        self.child.wait().expect("wait for agentgate")
     }
 
     /// SIGKILL, as a crash would.
