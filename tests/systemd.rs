@@ -1,0 +1,470 @@
+//! agentgate's units under a real systemd: PID 1 of a private namespace booted by the harness in
+//! `tests/systemd/` (root only; CI runs as root). Socket activation, restarts under load,
+//! watchdog, drain past TimeoutStopSec, reload, crash restarts, journal fields and catalog.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const HARNESS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/systemd");
+const REPO: &str = env!("CARGO_MANIFEST_DIR");
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+/// A booted systemd with agentgate's units installed; powered off on drop.
+struct Machine {
+    name: String,
+    state: tempfile::TempDir,
+    /// Bind-mounted at the same path inside (the namespace's /tmp is its own).
+    share: tempfile::TempDir,
+    port: u16,
+}
+
+impl Machine {
+    /// Boots a namespace, or says why not (only outside CI, where root may be missing).
+    fn boot(test: &str) -> Option<Machine> {
+        if !is_root() {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "{test} needs root, and CI runs as root"
+            );
+            eprintln!("{test}: not run (needs root to boot systemd in a namespace)");
+            return None;
+        }
+        let name = format!(
+            "ag-{}-{}",
+            test.chars().take(20).collect::<String>(),
+            std::process::id()
+        );
+        let name = name.replace('_', "-");
+        let state = tempfile::tempdir().expect("state dir");
+        let share = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("share dir");
+        let output = Command::new(format!("{HARNESS}/boot.sh"))
+            .arg(&name)
+            .env("AGTEST_STATE", state.path())
+            .env("AGTEST_SHARE", share.path())
+            .output()
+            .expect("boot.sh");
+        assert!(
+            output.status.success(),
+            "boot failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        Some(Machine {
+            name,
+            state,
+            share,
+            port: free_port(),
+        })
+    }
+
+    /// Runs a shell script inside the namespace.
+    fn sh(&self, script: &str) -> Output {
+        Command::new(format!("{HARNESS}/ns.sh"))
+            .arg(&self.name)
+            .args(["sh", "-c", script])
+            .env("AGTEST_STATE", self.state.path())
+            .output()
+            .expect("ns.sh")
+    }
+
+    /// Runs a script that must succeed; returns its stdout.
+    fn ok(&self, script: &str) -> String {
+        let output = self.sh(script);
+        assert!(
+            output.status.success(),
+            "`{script}` failed: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).trim().to_string()
+    }
+
+    fn show(&self, unit: &str, property: &str) -> String {
+        self.ok(&format!("systemctl show -P {property} {unit}"))
+    }
+
+    /// Installs the binary, the system user, the units (webhook socket on 127.0.0.1:port), the
+    /// catalog, `config`, and any drop-in for agentgate.service, then enables the sockets.
+    fn install(&self, config: &str, service_dropin: &str) {
+        let share = self.share.path();
+        let config_file = write(share, "agentgate.toml", config);
+        let dropin = write(
+            share,
+            "service.conf",
+            &format!("[Service]\n{service_dropin}\n"),
+        );
+        let script = format!(
+            r#"set -e
+install -m 0755 {bin} /usr/bin/agentgate
+install -m 0644 {repo}/packaging/agentgate.sysusers /usr/lib/sysusers.d/agentgate.conf
+systemd-sysusers agentgate.conf
+install -m 0644 {repo}/systemd/*.socket {repo}/systemd/*.service /etc/systemd/system/
+mkdir -p /etc/systemd/system/agentgate.socket.d /etc/systemd/system/agentgate.service.d /etc/agentgate
+printf '[Socket]\nListenStream=\nListenStream=127.0.0.1:{port}\n' > /etc/systemd/system/agentgate.socket.d/test.conf
+install -m 0644 {dropin} /etc/systemd/system/agentgate.service.d/test.conf
+install -m 0644 {config_file} /etc/agentgate/agentgate.toml
+install -D -m 0644 {repo}/packaging/agentgate.catalog /usr/lib/systemd/catalog/agentgate.catalog
+journalctl --update-catalog
+systemctl daemon-reload
+systemctl enable --now agentgate.socket agentgate-control.socket
+"#,
+            bin = BIN,
+            repo = REPO,
+            port = self.port,
+            dropin = dropin.display(),
+            config_file = config_file.display(),
+        );
+        self.ok(&script);
+    }
+
+    fn addr(&self) -> std::net::SocketAddr {
+        std::net::SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    fn post(&self, body: &str) -> std::io::Result<HttpResponse> {
+        try_request(
+            self.addr(),
+            "POST",
+            "/hook",
+            &[("content-type", "application/json")],
+            body.as_bytes(),
+        )
+    }
+
+    fn status_json(&self) -> serde_json::Value {
+        let text = self.ok("agentgate status --json --config /etc/agentgate/agentgate.toml");
+        serde_json::from_str(&text).expect("status json")
+    }
+
+    fn journal(&self, args: &str) -> String {
+        self.ok(&format!("journalctl --no-pager -o cat {args}"))
+    }
+}
+
+impl Drop for Machine {
+    fn drop(&mut self) {
+        let _ = Command::new(format!("{HARNESS}/stop.sh"))
+            .arg(&self.name)
+            .env("AGTEST_STATE", self.state.path())
+            .status();
+    }
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, text).expect("write");
+    path
+}
+
+fn config(extra: &str) -> String {
+    format!(
+        r#"[runtime]
+drain_timeout = "5s"
+{extra}
+
+[routes.hook]
+path = "/hook"
+verify = {{ scheme = "none" }}
+session = "{{{{ payload.session }}}}"
+"#
+    )
+}
+
+fn wait_for(what: &str, limit: Duration, mut condition: impl FnMut() -> bool) {
+    wait_until(what, limit, &mut condition);
+}
+
+#[test]
+fn cold_start_by_socket_activation_with_journal_fields_and_catalog() {
+    let Some(machine) = Machine::boot("cold_start") else {
+        return;
+    };
+    machine.install(&config(""), "");
+    assert_eq!(machine.show("agentgate.service", "ActiveState"), "inactive");
+    let response = machine
+        .post(r#"{"session":"acme/web#7"}"#)
+        .expect("first POST");
+    assert_eq!(response.status, 202, "{response:?}");
+    assert_eq!(machine.show("agentgate.service", "ActiveState"), "active");
+    assert!(
+        machine
+            .journal("-u agentgate-reconcile.service")
+            .contains("reconcile finished")
+    );
+    let lines = machine.journal("-u agentgate.service SESSION_KEY=acme/web#7");
+    assert!(lines.contains("event accepted"), "{lines}");
+    assert!(
+        !machine
+            .journal("-u agentgate.service SESSION_KEY=other")
+            .contains("event accepted")
+    );
+    let explained = machine.ok("journalctl --no-pager -x -u agentgate.service");
+    assert!(
+        explained.contains("was verified and committed to the state"),
+        "{explained}"
+    );
+    let security = machine.ok("systemd-analyze security agentgate.service --no-pager | tail -n 1");
+    let score: f64 = security
+        .split("agentgate.service: ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(99.0);
+    assert!(score <= 2.0, "{security}");
+    let pid = machine.show("agentgate.service", "MainPID");
+    let environment = machine.ok(&format!("tr '\\0' '\\n' < /proc/{pid}/environ"));
+    assert!(!environment.contains("LISTEN_FDS=") || environment.contains("LISTEN_FDNAMES"));
+}
+
+#[test]
+fn ten_restarts_under_load_lose_no_request_and_no_event() {
+    let Some(machine) = Machine::boot("restarts") else {
+        return;
+    };
+    machine.install(&config(""), "");
+    assert_eq!(
+        machine
+            .post(r#"{"session":"warmup"}"#)
+            .expect("warm up")
+            .status,
+        202
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let accepted = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(Mutex::new(Vec::new()));
+    let worst = Arc::new(Mutex::new(Duration::ZERO));
+    let mut clients = Vec::new();
+    for client in 0..4 {
+        let (stop, accepted, failed, worst, addr) = (
+            stop.clone(),
+            accepted.clone(),
+            failed.clone(),
+            worst.clone(),
+            machine.addr(),
+        );
+        clients.push(std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let started = Instant::now();
+                let body = format!(r#"{{"session":"load-{client}-{n}"}}"#);
+                match try_request(
+                    addr,
+                    "POST",
+                    "/hook",
+                    &[("content-type", "application/json")],
+                    body.as_bytes(),
+                ) {
+                    Ok(response) if response.status == 202 => {
+                        accepted.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(response) => failed
+                        .lock()
+                        .expect("lock")
+                        .push(format!("status {}", response.status)),
+                    Err(err) => failed.lock().expect("lock").push(err.to_string()),
+                }
+                let took = started.elapsed();
+                let mut worst = worst.lock().expect("lock");
+                *worst = (*worst).max(took);
+                n += 1;
+            }
+        }));
+    }
+    let pids: Vec<String> = (0..10)
+        .map(|_| {
+            std::thread::sleep(Duration::from_millis(300));
+            machine.ok("systemctl restart agentgate.service");
+            machine.show("agentgate.service", "MainPID")
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    for client in clients {
+        client.join().expect("client");
+    }
+    let failed = failed.lock().expect("lock").clone();
+    assert!(
+        failed.is_empty(),
+        "{} failed requests: {:?}",
+        failed.len(),
+        &failed[..failed.len().min(5)]
+    );
+    let mut distinct = pids.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(
+        distinct.len(),
+        10,
+        "every restart gets a new process: {pids:?}"
+    );
+    let total = machine.status_json()["events"]["total"]
+        .as_u64()
+        .expect("total");
+    assert_eq!(
+        total,
+        accepted.load(Ordering::Relaxed) + 1,
+        "accepted events lost"
+    );
+    let reconciles = machine
+        .journal("-u agentgate-reconcile.service")
+        .matches("reconcile finished")
+        .count();
+    assert!(
+        reconciles >= 11,
+        "reconcile ran {reconciles} times for 11 starts"
+    );
+    eprintln!(
+        "restarts: 10, accepted {}, worst request latency {:?}",
+        accepted.load(Ordering::Relaxed),
+        worst.lock().expect("lock")
+    );
+}
+
+use std::sync::Mutex;
+
+#[test]
+fn the_watchdog_restarts_a_frozen_daemon() {
+    let Some(machine) = Machine::boot("watchdog") else {
+        return;
+    };
+    machine.install(&config(""), "WatchdogSec=2");
+    assert_eq!(
+        machine.post(r#"{"session":"w"}"#).expect("POST").status,
+        202
+    );
+    let frozen = machine.show("agentgate.service", "MainPID");
+    machine.ok(&format!("kill -STOP {frozen}"));
+    let started = Instant::now();
+    wait_for(
+        "a restart after the watchdog fired",
+        Duration::from_secs(20),
+        || {
+            let pid = machine.show("agentgate.service", "MainPID");
+            pid != frozen
+                && pid != "0"
+                && machine.show("agentgate.service", "ActiveState") == "active"
+        },
+    );
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(2 + 8), "restart took {took:?}");
+    assert!(
+        machine
+            .journal("-u agentgate.service")
+            .contains("Watchdog timeout")
+    );
+    assert_eq!(
+        machine.post(r#"{"session":"w2"}"#).expect("POST").status,
+        202
+    );
+}
+
+#[test]
+fn a_drain_longer_than_timeout_stop_sec_is_not_killed() {
+    let Some(machine) = Machine::boot("drain") else {
+        return;
+    };
+    let model = "[model]\nbackend = \"command\"\ncommand = [\"/bin/sleep\", \"60\"]\nrequest_timeout = \"90s\"\n";
+    let text = config("").replace("[routes.hook]", &format!("{model}\n[routes.hook]"));
+    machine.install(&text, "TimeoutStopSec=2");
+    assert_eq!(
+        machine.post(r#"{"session":"long"}"#).expect("POST").status,
+        202
+    );
+    wait_for("the turn to start", Duration::from_secs(10), || {
+        machine
+            .journal("-u agentgate.service")
+            .contains("turn started")
+    });
+    let started = Instant::now();
+    machine.ok("systemctl stop agentgate.service");
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_secs(4),
+        "the drain was cut short after {took:?}"
+    );
+    assert_eq!(machine.show("agentgate.service", "Result"), "success");
+    let sessions =
+        machine.ok("agentgate sessions list --json --config /etc/agentgate/agentgate.toml");
+    assert!(sessions.contains("resume_pending"), "{sessions}");
+    assert!(
+        machine
+            .journal("-u agentgate.service")
+            .contains("marked resume_pending")
+    );
+}
+
+#[test]
+fn reload_with_a_broken_config_keeps_serving() {
+    let Some(machine) = Machine::boot("reload") else {
+        return;
+    };
+    machine.install(&config(""), "");
+    assert_eq!(
+        machine.post(r#"{"session":"r"}"#).expect("POST").status,
+        202
+    );
+    machine.ok("printf '[routes.hook]\\npath = 5\\n' > /etc/agentgate/agentgate.toml && systemctl reload agentgate.service");
+    wait_for("the refusal", Duration::from_secs(10), || {
+        machine
+            .journal("-u agentgate.service")
+            .contains("reload refused")
+    });
+    assert_eq!(
+        machine.post(r#"{"session":"r2"}"#).expect("POST").status,
+        202
+    );
+    assert_eq!(machine.show("agentgate.service", "ActiveState"), "active");
+}
+
+#[test]
+fn a_crash_restart_reconciles_a_ledger_planted_before_it() {
+    let Some(machine) = Machine::boot("crash") else {
+        return;
+    };
+    machine.install(&config(""), "");
+    assert_eq!(
+        machine.post(r#"{"session":"c"}"#).expect("POST").status,
+        202
+    );
+    let before = machine
+        .journal("-u agentgate-reconcile.service")
+        .matches("reconcile finished")
+        .count();
+    let pid = machine.show("agentgate.service", "MainPID");
+    machine.ok(&format!(
+        "printf 'garbage' > /var/lib/agentgate/ledger.json && kill -9 {pid}"
+    ));
+    wait_for("the crash restart", Duration::from_secs(20), || {
+        let now = machine.show("agentgate.service", "MainPID");
+        now != pid && now != "0" && machine.show("agentgate.service", "ActiveState") == "active"
+    });
+    let after = machine
+        .journal("-u agentgate-reconcile.service")
+        .matches("reconcile finished")
+        .count();
+    assert!(
+        after > before,
+        "reconcile did not run before the crash restart"
+    );
+    let quarantine = machine.ok("ls /var/lib/agentgate/quarantine");
+    assert!(quarantine.contains("-ledger.json"), "{quarantine}");
+    let ledger = machine.ok("cat /var/lib/agentgate/ledger.json");
+    assert!(ledger.contains("\"version\": 1"), "{ledger}");
+    assert_eq!(
+        machine.post(r#"{"session":"c2"}"#).expect("POST").status,
+        202
+    );
+}
