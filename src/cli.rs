@@ -80,6 +80,9 @@ enum Command {
     /// Inspect the retry ledger
     #[command(subcommand)]
     Ledger(LedgerCommand),
+    /// Generate the man page or shell completions (used by the package build)
+    #[command(subcommand, hide = true)]
+    Generate(GenerateCommand),
     /// Sign a payload the way ROUTE verifies it and POST it
     Send {
         #[command(flatten)]
@@ -98,6 +101,18 @@ enum Command {
         /// Event type header for schemes that carry one [default: the route's first `events` entry]
         #[arg(long, value_name = "TYPE")]
         event_type: Option<String>,
+    },
+}
+
+/// Files generated from this command-line definition, for packaging.
+#[derive(Debug, Subcommand)]
+enum GenerateCommand {
+    /// agentgate(1) and a page per subcommand (agentgate-serve(1), ...), written into DIR
+    Manpages { dir: PathBuf },
+    /// Shell completions on stdout
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
     },
 }
 
@@ -205,6 +220,21 @@ fn run(command: Command) -> Result<(), Failure> {
         }
         Command::Ledger(LedgerCommand::Show { config, json }) => {
             ledger_show(&config.source(), json)
+        }
+        Command::Generate(what) => generate(what),
+    }
+}
+
+fn generate(what: GenerateCommand) -> Result<(), Failure> {
+    use clap::CommandFactory;
+    let mut command = Cli::command();
+    let mut stdout = std::io::stdout();
+    match what {
+        GenerateCommand::Manpages { dir } => clap_mangen::generate_to(command, &dir)
+            .map_err(|err| Failure::runtime(format!("cannot write man pages into {}: {err}", dir.display()))),
+        GenerateCommand::Completions { shell } => {
+            clap_complete::generate(shell, &mut command, "agentgate", &mut stdout);
+            Ok(())
         }
     }
 }
