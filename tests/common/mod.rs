@@ -2,6 +2,7 @@
 //! talks to it over raw HTTP/1.1 so that tests control every byte (slow clients, chunked bodies).
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
+pub mod machine;
 pub mod stub;
 
 use std::io::{BufRead, BufReader, Read, Write};

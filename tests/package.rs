@@ -1,0 +1,264 @@
+//! The Debian package under a real systemd: install, first request, journal and man page,
+//! upgrade under load, restarts as installed, remove and purge. Builds the package from this
+//! checkout with `packaging/build-deb.sh` (root only; CI runs as root).
+
+mod common;
+
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::machine::{Machine, REPO};
+use common::*;
+
+fn build_package() -> std::path::PathBuf {
+    let output = Command::new("bash")
+        .arg(format!("{REPO}/packaging/build-deb.sh"))
+        .output()
+        .expect("packaging/build-deb.sh");
+    assert!(
+        output.status.success(),
+        "package build failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let path = String::from_utf8_lossy(&output.stdout)
+        .trim()
+        .lines()
+        .last()
+        .unwrap_or("")
+        .to_string();
+    std::path::Path::new(REPO).join(path)
+}
+
+/// The same package with a higher version: what an upgrade installs.
+fn bumped(deb: &std::path::Path, into: &std::path::Path) -> std::path::PathBuf {
+    let tree = into.join("tree");
+    let run = |args: &[&str]| {
+        let status = Command::new(args[0])
+            .args(&args[1..])
+            .status()
+            .expect("command");
+        assert!(status.success(), "{args:?}");
+    };
+    run(&[
+        "dpkg-deb",
+        "-R",
+        deb.to_str().expect("path"),
+        tree.to_str().expect("path"),
+    ]);
+    let control = tree.join("DEBIAN/control");
+    let text = std::fs::read_to_string(&control).expect("control");
+    let text = text.replace("Version: 0.1.0", "Version: 0.1.0+upgrade1");
+    std::fs::write(&control, text).expect("control");
+    let out = into.join("agentgate_upgrade.deb");
+    run(&[
+        "dpkg-deb",
+        "--root-owner-group",
+        "-b",
+        tree.to_str().expect("path"),
+        out.to_str().expect("path"),
+    ]);
+    out
+}
+
+/// Clients that POST continuously until stopped; counts successes and collects failures.
+struct Load {
+    stop: Arc<AtomicBool>,
+    accepted: Arc<AtomicU64>,
+    failures: Arc<Mutex<Vec<String>>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Load {
+    fn start(addr: std::net::SocketAddr, clients: usize) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let accepted = Arc::new(AtomicU64::new(0));
+        let failures = Arc::new(Mutex::new(Vec::new()));
+        let threads = (0..clients)
+            .map(|client| {
+                let (stop, accepted, failures) = (stop.clone(), accepted.clone(), failures.clone());
+                std::thread::spawn(move || {
+                    let mut n = 0;
+                    while !stop.load(Ordering::Relaxed) {
+                        let body = format!(r#"{{"session":"load-{client}-{n}"}}"#);
+                        match try_request(
+                            addr,
+                            "POST",
+                            "/hook",
+                            &[("content-type", "application/json")],
+                            body.as_bytes(),
+                        ) {
+                            Ok(r) if r.status == 202 => {
+                                accepted.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Ok(r) => failures
+                                .lock()
+                                .expect("lock")
+                                .push(format!("status {}", r.status)),
+                            Err(err) => failures.lock().expect("lock").push(err.to_string()),
+                        }
+                        n += 1;
+                    }
+                })
+            })
+            .collect();
+        Load {
+            stop,
+            accepted,
+            failures,
+            threads,
+        }
+    }
+
+    /// Stops the clients; returns (accepted, failures).
+    fn finish(self) -> (u64, Vec<String>) {
+        self.stop.store(true, Ordering::Relaxed);
+        for thread in self.threads {
+            let _ = thread.join();
+        }
+        let failures = self.failures.lock().expect("lock").clone();
+        (self.accepted.load(Ordering::Relaxed), failures)
+    }
+}
+
+const ROUTE_CONFIG: &str = r#"
+[routes.hook]
+path = "/hook"
+verify = { scheme = "none" }
+session = "{{ payload.session }}"
+tools = ["disk_usage"]
+
+[tools.disk_usage]
+description = "Show disk usage of a mount point"
+command = ["/usr/bin/df", "-h"]
+parameters = { type = "object", properties = { path = { type = "string" } } }
+idempotent = true
+"#;
+
+#[test]
+fn install_serve_upgrade_restart_remove_purge() {
+    let Some(machine) = Machine::boot("package") else {
+        return;
+    };
+    let deb = build_package();
+    let staged = machine.share.path().join("agentgate.deb");
+    std::fs::copy(&deb, &staged).expect("stage the package");
+    let upgrade = bumped(&staged, machine.share.path());
+
+    // The test's port, set before the package exists (drop-ins for units yet to come apply).
+    machine.ok(&format!(
+        "mkdir -p /etc/systemd/system/agentgate.socket.d && printf '[Socket]\\nListenStream=\\nListenStream=127.0.0.1:{}\\n' > /etc/systemd/system/agentgate.socket.d/port.conf",
+        machine.port
+    ));
+    machine.ok(&format!("dpkg -i {}", staged.display()));
+    assert!(
+        machine
+            .ok("getent passwd _agentgate")
+            .contains("/var/lib/agentgate")
+    );
+    assert_eq!(machine.show("agentgate.socket", "ActiveState"), "active");
+    assert_eq!(
+        machine.show("agentgate-control.socket", "ActiveState"),
+        "active"
+    );
+    assert_eq!(machine.show("agentgate.service", "ActiveState"), "inactive");
+    assert!(
+        machine
+            .ok("agentgate check-config")
+            .contains("ok (0 route(s)")
+    );
+    assert!(
+        machine
+            .ok("MANPAGER=cat man agentgate 2>/dev/null | head -n 20")
+            .contains("agentgate")
+    );
+    let verify = machine.sh("systemd-analyze verify agentgate.socket agentgate-control.socket agentgate.service agentgate-reconcile.service");
+    let complaints = format!(
+        "{}{}",
+        String::from_utf8_lossy(&verify.stdout),
+        String::from_utf8_lossy(&verify.stderr)
+    );
+    assert!(
+        verify.status.success() && complaints.trim().is_empty(),
+        "systemd-analyze verify: {complaints}"
+    );
+    let security = machine.ok("systemd-analyze security agentgate.service --no-pager | tail -n 1");
+    let score: f64 = security
+        .split("agentgate.service: ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(99.0);
+    assert!(score <= 2.0, "{security}");
+
+    // The operator adds a route (the conffile is theirs to edit) and sends the first webhook.
+    machine.ok(&format!(
+        "cat >> /etc/agentgate/agentgate.toml <<'EOF'\n{ROUTE_CONFIG}\nEOF"
+    ));
+    let first = machine.post(r#"{"session":"first"}"#).expect("first POST");
+    assert_eq!(first.status, 202, "{first:?}");
+    assert_eq!(machine.show("agentgate.service", "ActiveState"), "active");
+    wait_until(
+        "the turn to complete via the replay model",
+        Duration::from_secs(30),
+        || machine.status_json()["events"]["by_status"]["completed"] == 1,
+    );
+    let json_lines = machine.journal("-u agentgate.service -o json SESSION_KEY=first");
+    assert!(
+        json_lines.contains("\"EVENT_ID\"") && json_lines.contains("\"ROUTE\":\"hook\""),
+        "{json_lines}"
+    );
+
+    // Upgrade under continuous load: the socket stays, the service is restarted, nothing fails.
+    let socket_invocation = machine.show("agentgate.socket", "InvocationID");
+    let service_pid = machine.show("agentgate.service", "MainPID");
+    let load = Load::start(machine.addr(), 3);
+    std::thread::sleep(Duration::from_millis(500));
+    machine.ok(&format!("dpkg -i {}", upgrade.display()));
+    std::thread::sleep(Duration::from_millis(500));
+    let (accepted, failures) = load.finish();
+    assert!(
+        failures.is_empty(),
+        "{} failed during the upgrade: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(5)]
+    );
+    assert!(accepted > 0);
+    assert_eq!(
+        machine.show("agentgate.socket", "InvocationID"),
+        socket_invocation,
+        "the socket was restarted"
+    );
+    assert_ne!(
+        machine.show("agentgate.service", "MainPID"),
+        service_pid,
+        "the service was not restarted"
+    );
+    assert!(
+        machine
+            .ok("dpkg-query -W -f='${Version}' agentgate")
+            .contains("upgrade1")
+    );
+
+    // Restart cycles as installed.
+    let load = Load::start(machine.addr(), 3);
+    for _ in 0..3 {
+        std::thread::sleep(Duration::from_millis(300));
+        machine.ok("systemctl restart agentgate.service");
+    }
+    let (_, failures) = load.finish();
+    assert!(failures.is_empty(), "{failures:?}");
+
+    // Remove: units stop, config and state stay. Purge: the config goes, the state stays.
+    machine.ok("dpkg -r agentgate");
+    assert_ne!(machine.show("agentgate.socket", "ActiveState"), "active");
+    assert!(
+        machine.post("{}").is_err(),
+        "the port still answers after remove"
+    );
+    machine.ok("test -f /etc/agentgate/agentgate.toml && test -f /var/lib/agentgate/agentgate.db");
+    machine.ok("dpkg -P agentgate");
+    machine
+        .ok("test ! -e /etc/agentgate/agentgate.toml && test -f /var/lib/agentgate/agentgate.db");
+}
