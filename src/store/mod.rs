@@ -37,8 +37,6 @@ pub(crate) const DATABASE_FILE: &str = "agentgate.db";
 const MAX_BATCH: usize = 1024;
 /// Batches take the write lock up front, so a concurrent reader never turns a batch into a retry.
 const BEGIN_BATCH: &str = "BEGIN IMMEDIATE;";
-/// How often the WAL is checkpointed into the database file, off the commit path.
-const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(500);
 /// How often an unhealthy store probes whether writes work again.
 const PROBE_INTERVAL: Duration = Duration::from_millis(500);
 
@@ -123,8 +121,6 @@ pub(crate) struct Store {
     writer: mpsc::Sender<Box<dyn WriteJob>>,
     writable: Arc<AtomicBool>,
     database: PathBuf,
-    /// The checkpoint thread runs while any handle exists.
-    _alive: Arc<()>,
 }
 
 fn open_connection(path: &Path, flags: OpenFlags) -> rusqlite::Result<Connection> {
@@ -176,23 +172,6 @@ impl Store {
                 path: state_dir.to_path_buf(),
                 source,
             })?;
-        // Checkpoints copy the WAL into the database file and fsync it; done by a thread of their
-        // own, they never stall a commit (and so never an accept).
-        connection
-            .execute_batch("PRAGMA wal_autocheckpoint = 0; PRAGMA journal_size_limit = 67108864;")
-            .map_err(open_error)?;
-        let alive = Arc::new(());
-        let checkpointer = Checkpointer {
-            database: database.clone(),
-            alive: Arc::downgrade(&alive),
-        };
-        std::thread::Builder::new()
-            .name("agentgate-checkpoint".into())
-            .spawn(move || checkpointer.run())
-            .map_err(|source| StoreError::StateDir {
-                path: state_dir.to_path_buf(),
-                source,
-            })?;
         let (sender, receiver) = mpsc::channel::<Box<dyn WriteJob>>();
         let writable = Arc::new(AtomicBool::new(true));
         let writer = Writer {
@@ -211,7 +190,6 @@ impl Store {
             writer: sender,
             writable,
             database,
-            _alive: alive,
         })
     }
 
@@ -287,29 +265,6 @@ pub(crate) fn change_database<T>(
     let value = change(&tx)?;
     tx.commit()?;
     Ok(value)
-}
-
-struct Checkpointer {
-    database: PathBuf,
-    alive: std::sync::Weak<()>,
-}
-
-impl Checkpointer {
-    fn run(self) {
-        let mut connection = None;
-        while self.alive.upgrade().is_some() {
-            std::thread::sleep(CHECKPOINT_INTERVAL);
-            if connection.is_none() {
-                connection = open_connection(&self.database, OpenFlags::SQLITE_OPEN_READ_WRITE).ok();
-            }
-            let Some(open) = &connection else { continue };
-            // PASSIVE: copies what it can without waiting for, or blocking, the writer.
-            if let Err(err) = open.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
-                tracing::debug!(error = %err, "checkpoint failed; retrying with a new connection");
-                connection = None;
-            }
-        }
-    }
 }
 
 struct Writer {
