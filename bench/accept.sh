@@ -57,7 +57,7 @@ rss_kib() { awk '/VmRSS/ {print $2}' "/proc/$1/status"; }
 count_events() { sqlite3 "$work/state/agentgate.db" "SELECT count(*) FROM events"; }
 
 printf 'run\tidle_rss_kib\taccepts_per_s\tfdatasync_per_event\tp50_ms\tp99_ms\tp999_ms\tpeer_nowrite_per_s\tpeer_durable_per_s\n'
-for run in $(seq 1 "$RUNS"); do
+start_agentgate() {
     rm -rf "$work/state"
     cat > "$work/agentgate.toml" <<TOML
 state_dir = "$work/state"
@@ -70,10 +70,19 @@ TOML
     ./target/release/agentgate serve --config "$work/agentgate.toml" 2>"$work/agentgate.log" &
     pid=$!
     until curl -fs "http://127.0.0.1:$PORT/healthz" >/dev/null; do sleep 0.05; done
+}
+stop_agentgate() { kill -TERM "$pid"; wait "$pid" || true; }
+
+for run in $(seq 1 "$RUNS"); do
+    # Each phase starts from an empty state directory. Every accepted event also runs as a turn
+    # (the default replay model), as it would in production.
+    start_agentgate
     sleep 1
     idle_rss=$(rss_kib "$pid")
     accepts=$(wrk_rate "$PHASE_SECONDS" "http://127.0.0.1:$PORT/hooks/bench")
+    stop_agentgate
 
+    start_agentgate
     before=$(count_events)
     strace -f -c -e trace=fdatasync,fsync -o "$work/strace.txt" -p "$pid" &
     tracer=$!
@@ -83,11 +92,13 @@ TOML
     after=$(count_events)
     syncs=$(awk '$NF ~ /^(fdatasync|fsync)$/ {s += $4} END {print s + 0}' "$work/strace.txt")
     per_event=$(python3 -c "print(f'{$syncs / max(1, $after - $before):.4f}')")
+    stop_agentgate
 
+    start_agentgate
     latency=$(loadgen --addr "127.0.0.1:$PORT" --path /hooks/bench --body "$work/body.json" \
         --header "x-signature: $(cat "$work/signature")" --rate 1000 --connections 64 --seconds "$PHASE_SECONDS")
     read -r p50 p99 p999 < <(python3 -c "import json,sys; d=json.loads(sys.argv[1]); print(d['p50_ms'], d['p99_ms'], d['p999_ms'])" "$latency")
-    kill -TERM "$pid"; wait "$pid" || true
+    stop_agentgate
 
     # A fresh peer process per phase: "nowrite" leaves its /bin/true spawns running after the
     # answers, which would otherwise slow the next phase.

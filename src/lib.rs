@@ -18,6 +18,9 @@ mod session;
 mod store;
 mod template;
 
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
+
 /// Runs the `agentgate` command line and returns its exit status.
 pub fn main() -> std::process::ExitCode {
     cli::main()

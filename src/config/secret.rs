@@ -46,7 +46,7 @@ impl Secret {
         }
     }
 
-    #[cfg(test)]
+    #[cfg(any(test, feature = "fuzzing"))]
     pub(crate) fn for_tests(bytes: &[u8]) -> Secret {
         Secret {
             bytes: bytes.to_vec(),

@@ -277,7 +277,7 @@ fn unix_seconds() -> u64 {
 
 /// Decodes the body as JSON: `application/json` (or `+json`, or no content type), or a form with a
 /// `payload` field holding JSON (GitHub's form-encoded deliveries). Returns the value and its bytes.
-fn parse_payload(
+pub(super) fn parse_payload(
     headers: &HeaderMap,
     body: Bytes,
 ) -> Result<(serde_json::Value, Bytes), HttpResponse> {

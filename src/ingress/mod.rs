@@ -24,6 +24,12 @@ use tokio_util::sync::CancellationToken;
 pub(crate) use self::http::Ingress;
 use crate::config::{Config, VerifyScheme};
 
+/// Body parsing, for the `request` fuzz target.
+#[cfg(feature = "fuzzing")]
+pub(crate) fn parse_for_fuzzing(headers: &::http::HeaderMap, body: bytes::Bytes) {
+    let _ = self::http::parse_payload(headers, body);
+}
+
 /// The first fd passed by systemd.
 const LISTEN_FDS_START: RawFd = 3;
 /// After "stop accepting", connections accepted just before may not have sent their request yet;

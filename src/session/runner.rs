@@ -237,7 +237,22 @@ impl Running<'_> {
             .map(|tool| (tool.name.clone(), tool.parameters.clone()))
             .collect();
         let max_steps = self.settings.config.runtime.max_turn_steps;
-        let (mut machine, first) = match &event.resume_reason {
+        // A run cut off before it committed anything left nothing to resume from: start afresh.
+        let resume_reason = match &event.resume_reason {
+            Some(reason) => match self.context.store.event_has_transcript(&event.id).await {
+                Ok(true) => Some(reason),
+                Ok(false) => None,
+                Err(err) => {
+                    let error = format!("cannot read the session's transcript: {err}");
+                    self.context
+                        .finish(self.turn, Outcome::Failed { error }, None, 0)
+                        .await;
+                    return;
+                }
+            },
+            None => None,
+        };
+        let (mut machine, first) = match resume_reason {
             None => {
                 let new_event =
                     prompt::event_message(&event.route, &event.event_type, &event.id, &prompt_text);

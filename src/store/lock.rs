@@ -72,6 +72,9 @@ impl DaemonLock {
         file.set_len(0).map_err(io_error)?;
         file.seek(SeekFrom::Start(0)).map_err(io_error)?;
         writeln!(file, "{}", std::process::id()).map_err(io_error)?;
+        // Not needed for the lock itself (flock is what excludes); synced so that no state file
+        // ever holds unsynced data while events are acknowledged.
+        file.sync_data().map_err(io_error)?;
         Ok(DaemonLock { _file: file })
     }
 

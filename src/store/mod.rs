@@ -121,7 +121,12 @@ pub(crate) struct Store {
     writer: mpsc::Sender<Box<dyn WriteJob>>,
     writable: Arc<AtomicBool>,
     database: PathBuf,
+    /// Idle read-only connections, reused by `read` (opening one costs more than most queries).
+    readers: Arc<std::sync::Mutex<Vec<Connection>>>,
 }
+
+/// Read connections kept open for reuse.
+const IDLE_READERS: usize = 4;
 
 fn open_connection(path: &Path, flags: OpenFlags) -> rusqlite::Result<Connection> {
     let connection = Connection::open_with_flags(path, flags)?;
@@ -134,17 +139,26 @@ fn open_connection(path: &Path, flags: OpenFlags) -> rusqlite::Result<Connection
     Ok(connection)
 }
 
-/// Creates the state directory (0750) if it is missing.
+/// Creates the state directory (0750) if it is missing, durably (its parent is synced).
 pub(crate) fn ensure_state_dir(state_dir: &Path) -> Result<(), StoreError> {
     use std::os::unix::fs::DirBuilderExt;
+    if state_dir.is_dir() {
+        return Ok(());
+    }
+    let failed = |source| StoreError::StateDir {
+        path: state_dir.to_path_buf(),
+        source,
+    };
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o750)
         .create(state_dir)
-        .map_err(|source| StoreError::StateDir {
-            path: state_dir.to_path_buf(),
-            source,
-        })
+        .map_err(failed)?;
+    match state_dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        Some(parent) => std::fs::File::open(parent).and_then(|dir| dir.sync_all()),
+        None => std::fs::File::open(".").and_then(|dir| dir.sync_all()),
+    }
+    .map_err(failed)
 }
 
 impl Store {
@@ -190,6 +204,7 @@ impl Store {
             writer: sender,
             writable,
             database,
+            readers: Arc::new(std::sync::Mutex::new(Vec::new())),
         })
     }
 
@@ -225,17 +240,27 @@ impl Store {
         F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
     {
         let database = self.database.clone();
-        tokio::task::spawn_blocking(move || read_database(&database, query))
-            .await
-            .map_err(|err| StoreError::Unavailable(format!("reader task failed: {err}")))?
+        let readers = self.readers.clone();
+        tokio::task::spawn_blocking(move || {
+            let pooled = readers.lock().ok().and_then(|mut idle| idle.pop());
+            let connection = match pooled {
+                Some(connection) => connection,
+                None => open_reader(&database)?,
+            };
+            let result = query(&connection).map_err(StoreError::from);
+            if let Ok(mut idle) = readers.lock()
+                && idle.len() < IDLE_READERS
+            {
+                idle.push(connection);
+            }
+            result
+        })
+        .await
+        .map_err(|err| StoreError::Unavailable(format!("reader task failed: {err}")))?
     }
 }
 
-/// Opens the database read-only and runs `query` (for the CLI, which must work with no daemon).
-pub(crate) fn read_database<T>(
-    database: &Path,
-    query: impl FnOnce(&Connection) -> rusqlite::Result<T>,
-) -> Result<T, StoreError> {
+fn open_reader(database: &Path) -> Result<Connection, StoreError> {
     let connection = Connection::open_with_flags(
         database,
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
@@ -245,7 +270,15 @@ pub(crate) fn read_database<T>(
         source,
     })?;
     connection.busy_timeout(Duration::from_secs(5))?;
-    Ok(query(&connection)?)
+    Ok(connection)
+}
+
+/// Opens the database read-only and runs `query` (for the CLI, which must work with no daemon).
+pub(crate) fn read_database<T>(
+    database: &Path,
+    query: impl FnOnce(&Connection) -> rusqlite::Result<T>,
+) -> Result<T, StoreError> {
+    Ok(query(&open_reader(database)?)?)
 }
 
 /// Opens the database read-write and runs `change` in one transaction (for operator commands;

@@ -70,35 +70,87 @@ pub(crate) struct DeliveryBody<'a> {
     pub steps: u32,
 }
 
-const CLAIM_SQL: &str = "
-    SELECT e.id, e.route, e.session_key, e.event_type, e.delivery_id, e.headers, e.payload,
-           e.resume_reason
+/// Candidates for the next turns: queued events in arrival order with their session's state.
+/// Read on a reader connection, so a long backlog costs the writer (and so accepts) nothing.
+const CANDIDATES_SQL: &str = "
+    SELECT e.id, e.seq, e.session_key, s.state
     FROM events e JOIN sessions s ON s.key = e.session_key
-    WHERE e.status = 'queued' AND s.state = 'idle'
-      AND e.seq = (SELECT MIN(q.seq) FROM events q
-                   WHERE q.status = 'queued' AND q.session_key = e.session_key)
+    WHERE e.status = 'queued'
     ORDER BY e.seq
     LIMIT ?1";
+/// How many queued events one scheduling pass looks at, at most.
+const CANDIDATE_WINDOW: i64 = 2048;
 
-fn claim_in(connection: &Connection, limit: usize) -> rusqlite::Result<Vec<ClaimedTurn>> {
-    let events: Vec<StoredEvent> = connection
-        .prepare_cached(CLAIM_SQL)?
-        .query_map(params![limit as i64], |row| {
-            Ok(StoredEvent {
-                id: row.get(0)?,
-                route: row.get(1)?,
-                session_key: row.get(2)?,
-                event_type: row.get(3)?,
-                delivery_id: row.get(4)?,
-                headers: row.get(5)?,
-                payload: row.get(6)?,
-                resume_reason: row.get(7)?,
-            })
-        })?
-        .collect::<rusqlite::Result<_>>()?;
+/// A queued event that may start a turn: the oldest queued event of an idle session.
+#[derive(Debug, Clone)]
+pub(crate) struct Candidate {
+    event_id: String,
+    seq: i64,
+    session_key: String,
+}
+
+fn candidates_in(connection: &Connection, limit: usize) -> rusqlite::Result<Vec<Candidate>> {
+    let mut seen = std::collections::HashSet::new();
+    let mut picked = Vec::new();
+    let mut statement = connection.prepare_cached(CANDIDATES_SQL)?;
+    let mut rows = statement.query(params![CANDIDATE_WINDOW])?;
+    while let Some(row) = rows.next()? {
+        let session_key: String = row.get(2)?;
+        // The first queued event seen for a session is its oldest: only that one may run.
+        if !seen.insert(session_key.clone()) {
+            continue;
+        }
+        let state: String = row.get(3)?;
+        if state == "idle" {
+            picked.push(Candidate {
+                event_id: row.get(0)?,
+                seq: row.get(1)?,
+                session_key,
+            });
+            if picked.len() == limit {
+                break;
+            }
+        }
+    }
+    Ok(picked)
+}
+
+/// Claims the candidates that are still claimable now (the writer's view is the truth: a
+/// candidate may have been claimed, or a resume queued ahead of it, since it was read).
+fn claim_in(
+    connection: &Connection,
+    candidates: &[Candidate],
+) -> rusqlite::Result<Vec<ClaimedTurn>> {
     let now = now_millis();
-    let mut claimed = Vec::with_capacity(events.len());
-    for event in events {
+    let mut claimed = Vec::with_capacity(candidates.len());
+    for candidate in candidates {
+        let still_first: bool = connection
+            .prepare_cached(
+                "SELECT NOT EXISTS (SELECT 1 FROM events WHERE status = 'queued' AND session_key = ?1 AND seq < ?2)
+                    AND EXISTS (SELECT 1 FROM events WHERE id = ?3 AND status = 'queued')
+                    AND EXISTS (SELECT 1 FROM sessions WHERE key = ?1 AND state = 'idle')",
+            )?
+            .query_row(params![candidate.session_key, candidate.seq, candidate.event_id], |row| row.get(0))?;
+        if !still_first {
+            continue;
+        }
+        let event = connection
+            .prepare_cached(
+                "SELECT id, route, session_key, event_type, delivery_id, headers, payload, resume_reason
+                 FROM events WHERE id = ?1",
+            )?
+            .query_row(params![candidate.event_id], |row| {
+                Ok(StoredEvent {
+                    id: row.get(0)?,
+                    route: row.get(1)?,
+                    session_key: row.get(2)?,
+                    event_type: row.get(3)?,
+                    delivery_id: row.get(4)?,
+                    headers: row.get(5)?,
+                    payload: row.get(6)?,
+                    resume_reason: row.get(7)?,
+                })
+            })?;
         let turn_id = uuid::Uuid::now_v7().to_string();
         connection
             .prepare_cached(
@@ -314,7 +366,13 @@ pub(crate) fn session(connection: &Connection, key: &str) -> rusqlite::Result<Op
 impl Store {
     /// Claims up to `limit` events, the oldest queued one of each idle session, oldest first.
     pub(crate) async fn claim_turns(&self, limit: usize) -> Result<Vec<ClaimedTurn>, StoreError> {
-        self.write(move |connection| claim_in(connection, limit))
+        let candidates = self
+            .read(move |connection| candidates_in(connection, limit))
+            .await?;
+        if candidates.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.write(move |connection| claim_in(connection, &candidates))
             .await
     }
 
@@ -441,6 +499,21 @@ impl Store {
                 params![session_key, now],
             )?;
             Ok(())
+        })
+        .await
+    }
+
+    /// Whether any run of `event_id` recorded a transcript entry (a run cut off between its claim
+    /// and its first commit did not: its resume must start from the event itself).
+    pub(crate) async fn event_has_transcript(&self, event_id: &str) -> Result<bool, StoreError> {
+        let event_id = event_id.to_string();
+        self.read(move |connection| {
+            connection.query_row(
+                "SELECT EXISTS (SELECT 1 FROM transcript t JOIN turns u ON u.id = t.turn_id
+                                WHERE u.event_id = ?1)",
+                params![event_id],
+                |row| row.get(0),
+            )
         })
         .await
     }

@@ -2,6 +2,7 @@
 //! talks to it over raw HTTP/1.1 so that tests control every byte (slow clients, chunked bodies).
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
+pub mod fsync_lint;
 pub mod machine;
 pub mod stub;
 
@@ -67,9 +68,10 @@ impl Workspace {
 
     pub fn write_config_with_state(&self, body: &str, state_dir: &Path) {
         let text = format!(
-            "state_dir = {:?}\n\n[server]\nlisten = \"127.0.0.1:{}\"\nheader_timeout = \"1s\"\nmax_body = \"64KiB\"\n\n{body}",
+            "state_dir = {:?}\n\n[server]\nlisten = \"127.0.0.1:{}\"\ncontrol_socket = {:?}\nheader_timeout = \"1s\"\nmax_body = \"64KiB\"\n\n{body}",
             state_dir.display(),
-            self.port
+            self.port,
+            self.path().join("control.sock").display(),
         );
         std::fs::write(self.config_path(), text).expect("write config");
     }

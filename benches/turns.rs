@@ -1,0 +1,306 @@
+//! Turn benchmarks against the release binary and an in-process stub model:
+//!
+//! 1. per-step time: turns of 20 model calls each (the stub answers at once, asking for a tool the
+//!    route does not have, so every step is a model round trip plus two commits and no tool
+//!    process), median of (turn duration / steps) over many turns;
+//! 2. 1,000 concurrent turns waiting on a slow model: peak RSS of the daemon while all of them
+//!    wait, and whether every one of them completed (no starvation);
+//! 3. time from start to READY=1 with N stored events (N from AGENTGATE_BENCH_EVENTS, default
+//!    100,000).
+//!
+//! Run: cargo bench --bench turns
+
+#[path = "../tests/common/stub.rs"]
+#[allow(dead_code)]
+mod stub;
+
+use std::os::unix::net::UnixDatagram;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use stub::{Reply, Stub};
+
+const BIN: &str = env!("CARGO_BIN_EXE_agentgate");
+
+struct Daemon {
+    child: Child,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or(18900)
+}
+
+fn config(dir: &std::path::Path, port: u16, model: &str, concurrency: usize) -> std::path::PathBuf {
+    let path = dir.join("agentgate.toml");
+    let text = format!(
+        r#"state_dir = "{state}"
+[server]
+listen = "127.0.0.1:{port}"
+[runtime]
+max_concurrent_turns = {concurrency}
+max_turn_steps = 40
+turn_idle_timeout = "10m"
+[model]
+backend = "openai"
+base_url = "{model}/v1"
+model = "bench"
+request_timeout = "120s"
+[routes.bench]
+path = "/bench"
+verify = {{ scheme = "none" }}
+session = "{{{{ payload.session }}}}"
+"#,
+        state = dir.join("state").display()
+    );
+    std::fs::write(&path, text).expect("config");
+    path
+}
+
+fn start(config: &std::path::Path, notify: Option<&std::path::Path>) -> Daemon {
+    let mut command = Command::new(BIN);
+    command
+        .args(["serve", "--config"])
+        .arg(config)
+        .env("AGENTGATE_LOG", "warn")
+        .env_remove("JOURNAL_STREAM")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    if let Some(socket) = notify {
+        command.env("NOTIFY_SOCKET", socket);
+    }
+    Daemon {
+        child: command.spawn().expect("spawn agentgate"),
+    }
+}
+
+fn post(port: u16, body: &str) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let request = format!(
+        "POST /bench HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    if stream.write_all(request.as_bytes()).is_err() {
+        return false;
+    }
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    answer.starts_with("HTTP/1.1 202")
+}
+
+fn wait_ready(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("agentgate did not listen");
+}
+
+fn query(dir: &std::path::Path, sql: &str) -> Vec<(i64, i64, i64)> {
+    let connection = rusqlite::Connection::open(dir.join("state/agentgate.db")).expect("db");
+    let mut statement = connection.prepare(sql).expect("sql");
+    statement
+        .query_map([], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))
+        .expect("query")
+        .collect::<rusqlite::Result<Vec<_>>>()
+        .expect("rows")
+}
+
+fn rss_kib(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+fn per_step() {
+    const TURNS: usize = 200;
+    const STEPS: usize = 20;
+    let model = Stub::start(|request, _| {
+        let calls = request.json()["messages"]
+            .as_array()
+            .map_or(0, |m| m.iter().filter(|m| m["role"] == "assistant").count());
+        if calls + 1 >= STEPS {
+            Reply::answer("done")
+        } else {
+            Reply::tool_call(&format!("c{calls}"), "absent_tool", serde_json::json!({}))
+        }
+    });
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = free_port();
+    let daemon = start(&config(dir.path(), port, &model.url(), 16), None);
+    wait_ready(port);
+    for n in 0..TURNS {
+        assert!(post(port, &format!(r#"{{"session":"s{n}"}}"#)));
+    }
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let done = query(
+            dir.path(),
+            "SELECT count(*), 0, 0 FROM turns WHERE status = 'completed'",
+        );
+        if done[0].0 as usize == TURNS || Instant::now() > deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(daemon);
+    let mut per_step_us: Vec<f64> = query(
+        dir.path(),
+        "SELECT started_at, finished_at, steps FROM turns WHERE status = 'completed'",
+    )
+    .into_iter()
+    .map(|(start, end, steps)| (end - start) as f64 * 1000.0 / steps.max(1) as f64)
+    .collect();
+    per_step_us.sort_by(f64::total_cmp);
+    let median = per_step_us
+        .get(per_step_us.len() / 2)
+        .copied()
+        .unwrap_or(0.0);
+    let p90 = per_step_us
+        .get(per_step_us.len() * 9 / 10)
+        .copied()
+        .unwrap_or(0.0);
+    println!(
+        "per_step: turns={} steps_per_turn={STEPS} concurrency=16 median_us={median:.0} p90_us={p90:.0} (includes the loopback model round trip)",
+        per_step_us.len()
+    );
+}
+
+fn concurrent_turns() {
+    const TURNS: usize = 1000;
+    let delay = Duration::from_secs(8);
+    let model = Stub::start(move |_, _| Reply::answer("ok").after(delay));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = free_port();
+    let daemon = start(&config(dir.path(), port, &model.url(), TURNS), None);
+    wait_ready(port);
+    let idle_rss = rss_kib(daemon.child.id(), "VmRSS:");
+    let started = Instant::now();
+    for n in 0..TURNS {
+        assert!(post(port, &format!(r#"{{"session":"c{n}"}}"#)));
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while model.requests().len() < TURNS && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let waiting = model.requests().len();
+    let rss_waiting = rss_kib(daemon.child.id(), "VmRSS:");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut completed = 0;
+    while Instant::now() < deadline {
+        completed = query(
+            dir.path(),
+            "SELECT count(*), 0, 0 FROM turns WHERE status = 'completed'",
+        )[0]
+        .0;
+        if completed as usize == TURNS {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let peak = rss_kib(daemon.child.id(), "VmHWM:");
+    println!(
+        "concurrent_turns: turns={TURNS} waiting_at_once={waiting} idle_rss_kib={idle_rss} rss_while_waiting_kib={rss_waiting} peak_rss_kib={peak} completed={completed} all_done_after_s={:.1} (model delay {}s)",
+        started.elapsed().as_secs_f64(),
+        delay.as_secs()
+    );
+    drop(daemon);
+}
+
+fn time_to_ready() {
+    let events: usize = std::env::var("AGENTGATE_BENCH_EVENTS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(100_000);
+    let model = Stub::start(|_, _| Reply::answer("ok").after(Duration::from_secs(3600)));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = free_port();
+    let config = config(dir.path(), port, &model.url(), 16);
+    // Create the schema, then fill it directly: the figure is about start-up, not accepting.
+    drop({
+        let daemon = start(&config, None);
+        wait_ready(port);
+        daemon
+    });
+    {
+        let mut connection =
+            rusqlite::Connection::open(dir.path().join("state/agentgate.db")).expect("db");
+        let tx = connection.transaction().expect("tx");
+        {
+            let mut insert = tx
+                .prepare(
+                    "INSERT INTO events (id, route, session_key, event_type, delivery_id, headers, payload,
+                                         received_at, status, updated_at)
+                     VALUES (?1, 'bench', ?2, '', NULL, '{}', ?3, 0, 'completed', 0)",
+                )
+                .expect("prepare");
+            let payload = vec![b'x'; 1024];
+            for n in 0..events {
+                insert
+                    .execute(rusqlite::params![
+                        format!("evt-{n}"),
+                        format!("s{}", n % 10_000),
+                        payload
+                    ])
+                    .expect("insert");
+            }
+        }
+        tx.commit().expect("commit");
+    }
+    let socket_path = dir.path().join("notify.sock");
+    let socket = UnixDatagram::bind(&socket_path).expect("notify socket");
+    socket
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    let started = Instant::now();
+    let daemon = start(&config, Some(&socket_path));
+    let mut buffer = [0u8; 1024];
+    let mut ready = None;
+    while let Ok(n) = socket.recv(&mut buffer) {
+        if String::from_utf8_lossy(&buffer[..n]).contains("READY=1") {
+            ready = Some(started.elapsed());
+            break;
+        }
+    }
+    drop(daemon);
+    println!(
+        "time_to_ready: stored_events={events} ready_after_ms={}",
+        ready.map_or("none".to_string(), |d| format!(
+            "{:.1}",
+            d.as_secs_f64() * 1000.0
+        ))
+    );
+}
+
+fn main() {
+    let which = std::env::args().nth(1).filter(|a| !a.starts_with("--"));
+    match which.as_deref() {
+        Some("per_step") => per_step(),
+        Some("concurrent_turns") => concurrent_turns(),
+        Some("time_to_ready") => time_to_ready(),
+        _ => {
+            per_step();
+            concurrent_turns();
+            time_to_ready();
+        }
+    }
+}
