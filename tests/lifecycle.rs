@@ -62,10 +62,10 @@ fn notify_protocol_ready_status_watchdog_reload_stopping_and_extend() {
         ("NOTIFY_SOCKET", notify.path.to_str().expect("path")),
         ("WATCHDOG_USEC", "600000"),
     ]);
-    let ready = notify.expect("READY=1", Duration::from_secs(10));
-    assert!(
-        ready.contains("STATUS=0 running, 0 queued, 0 resume-pending, 0 suspended"),
-        "{ready}"
+    notify.expect("READY=1", Duration::from_secs(10));
+    notify.expect(
+        "STATUS=0 running, 0 queued, 0 resume-pending, 0 suspended",
+        Duration::from_secs(10),
     );
     notify.expect("WATCHDOG=1", Duration::from_secs(5));
 

@@ -211,7 +211,8 @@ pub(crate) fn serve(
             state_dir = %state_dir.display(),
             "agentgate is accepting webhooks"
         );
-        daemon.notifier.ready(&daemon.status_line().await);
+        // READY first: the live counts (a scan of the events table) follow from the health task.
+        daemon.notifier.ready("accepting webhooks");
 
         stop_signals.wait(&daemon).await;
 
@@ -366,6 +367,7 @@ async fn health(daemon: Arc<Daemon>, stop: CancellationToken) {
     let watchdog = notify::watchdog_interval();
     let interval = watchdog.map_or(STATUS_INTERVAL, |w| w / 3);
     let mut last = Instant::now();
+    daemon.notifier.status(&daemon.status_line().await);
     loop {
         tokio::select! {
             () = stop.cancelled() => return,

@@ -259,7 +259,7 @@ impl Running<'_> {
                 let entry = Entry::Message {
                     message: new_event.clone(),
                 };
-                if !self.record(&entry, 0).await {
+                if !self.record(&[entry], 0).await {
                     return;
                 }
                 messages.push(new_event);
@@ -282,7 +282,15 @@ impl Running<'_> {
         while let Some(action) = actions.pop_front() {
             let input = match action {
                 Action::Record(entry) => {
-                    if !self.record(&entry, machine.steps()).await {
+                    // Entries with no action between them share one commit; the next action still
+                    // starts only after all of them are durable.
+                    let mut entries = vec![entry];
+                    while let Some(Action::Record(_)) = actions.front() {
+                        if let Some(Action::Record(next)) = actions.pop_front() {
+                            entries.push(next);
+                        }
+                    }
+                    if !self.record(&entries, machine.steps()).await {
                         return;
                     }
                     continue;
@@ -310,23 +318,21 @@ impl Running<'_> {
         }
     }
 
-    async fn record(&self, entry: &Entry, steps: u32) -> bool {
-        let Ok(body) = serde_json::to_string(entry) else {
+    async fn record(&self, entries: &[Entry], steps: u32) -> bool {
+        let Ok(rows) = entries
+            .iter()
+            .map(|entry| serde_json::to_string(entry).map(|body| (entry.kind(), body)))
+            .collect::<Result<Vec<_>, _>>()
+        else {
             return false;
         };
         let turn = self.turn;
         self.context
             .commit(|store| {
-                let body = body.clone();
+                let rows = rows.clone();
                 async move {
                     store
-                        .append_transcript(
-                            &turn.event.session_key,
-                            &turn.turn_id,
-                            entry.kind(),
-                            body,
-                            steps,
-                        )
+                        .append_transcript(&turn.event.session_key, &turn.turn_id, rows, steps)
                         .await
                 }
             })

@@ -376,25 +376,28 @@ impl Store {
             .await
     }
 
-    /// Commits one transcript entry of a running turn.
+    /// Commits transcript entries of a running turn, in order, in one transaction. Each entry is
+    /// its kind and its JSON body.
     pub(crate) async fn append_transcript(
         &self,
         session_key: &str,
         turn_id: &str,
-        kind: &'static str,
-        body: String,
+        entries: Vec<(&'static str, String)>,
         steps: u32,
     ) -> Result<(), StoreError> {
         let session_key = session_key.to_string();
         let turn_id = turn_id.to_string();
         self.write(move |connection| {
-            connection
-                .prepare_cached(
-                    "INSERT INTO transcript (session_key, seq, turn_id, kind, body, created_at)
-                     VALUES (?1, COALESCE((SELECT MAX(seq) FROM transcript WHERE session_key = ?1), 0) + 1,
-                             ?2, ?3, ?4, ?5)",
-                )?
-                .execute(params![session_key, turn_id, kind, body, now_millis()])?;
+            let now = now_millis();
+            for (kind, body) in &entries {
+                connection
+                    .prepare_cached(
+                        "INSERT INTO transcript (session_key, seq, turn_id, kind, body, created_at)
+                         VALUES (?1, COALESCE((SELECT MAX(seq) FROM transcript WHERE session_key = ?1), 0) + 1,
+                                 ?2, ?3, ?4, ?5)",
+                    )?
+                    .execute(params![session_key, turn_id, kind, body, now])?;
+            }
             connection
                 .prepare_cached("UPDATE turns SET steps = ?2 WHERE id = ?1")?
                 .execute(params![turn_id, steps])?;
