@@ -10,27 +10,6 @@ use std::time::Duration;
 
 use common::*;
 
-fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-        .unwrap_or(false)
-}
-
-/// Tests that need root (loop mounts). Under CI they must run; elsewhere they say why they did not.
-fn root_or_skip(test: &str) -> bool {
-    if is_root() {
-        return true;
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "{test} needs root, and CI runs as root"
-    );
-    eprintln!("{test}: not run (needs root for a loop-mounted file system)");
-    false
-}
-
 fn run(command: &str, args: &[&str]) {
     let status = Command::new(command)
         .args(args)

@@ -28,6 +28,7 @@ session = "{{ payload.session }}"
 "#;
 
 fn traced(workspace: &Workspace, trace: &std::path::Path) -> Child {
+    let log = std::fs::File::create(trace.with_extension("log")).expect("daemon log");
     Command::new("strace")
         .args(["-f", "-yy", "-s", "64", "-e"])
         .arg(format!("trace={TRACED}"))
@@ -36,11 +37,12 @@ fn traced(workspace: &Workspace, trace: &std::path::Path) -> Child {
         .arg(BIN)
         .args(["serve", "--config"])
         .arg(workspace.config_path())
-        .env("AGENTGATE_LOG", "warn")
+        .env("AGENTGATE_LOG", "info")
         .env_remove("NOTIFY_SOCKET")
         .env_remove("LISTEN_FDS")
+        .env_remove("JOURNAL_STREAM")
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(log)
         .spawn()
         .expect("strace (package strace)")
 }
@@ -93,11 +95,11 @@ fn daemon_pid(workspace: &Workspace) -> String {
 #[test]
 fn the_checker_flags_an_ack_before_the_sync() {
     let bad = "1 pwrite64(7</s/agentgate.db-wal>, \"x\", 1, 0) = 1\n2 write(9<TCP:[1->2]>, \"HTTP/1.1 202 Accepted\", 21) = 21\n1 fdatasync(7</s/agentgate.db-wal>) = 0\n";
-    assert_eq!(fsync_lint::check(bad).findings.len(), 1);
+    assert_eq!(fsync_lint::check(bad, "/s").findings.len(), 1);
     let renamed = "1 openat(AT_FDCWD</s>, \"/s/.t.tmp\", O_RDWR|O_CREAT|O_EXCL, 0600) = 3</s/.t.tmp>\n1 write(3</s/.t.tmp>, \"{}\", 2) = 2\n1 rename(\"/s/.t.tmp\", \"/s/ledger.json\") = 0\n";
-    assert!(fsync_lint::check(renamed).findings[0].contains("RENAME-UNSYNCED-SRC"));
+    assert!(fsync_lint::check(renamed, "/s").findings[0].contains("RENAME-UNSYNCED-SRC"));
     let good = "1 pwrite64(7</s/agentgate.db-wal>, \"x\", 1, 0) = 1\n1 fdatasync(7</s/agentgate.db-wal> <unfinished ...>\n2 futex() = 0\n1 <... fdatasync resumed>) = 0\n2 write(9<TCP:[1->2]>, \"HTTP/1.1 202 Accepted\", 21) = 21\n";
-    let report = fsync_lint::check(good);
+    let report = fsync_lint::check(good, "/s");
     assert!(report.findings.is_empty(), "{:?}", report.findings);
     assert_eq!((report.acks, report.syncs), (1, 1));
 }
@@ -125,15 +127,29 @@ fn no_acknowledgement_precedes_its_fdatasync() {
     let _ = Command::new("pkill").args(["-KILL", "-P", &pid]).status();
     signal(pid.parse().expect("pid"), "KILL");
     let _ = strace.wait();
+    assert!(
+        !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+        "the first daemon survived its kill"
+    );
 
     // The next start resumes the crashed turn through the ledger, then accepts again.
     let second_trace = workspace.path().join("second.trace");
     let mut strace = traced(&workspace, &second_trace);
     wait_healthy(&workspace);
-    wait_until("the resume to be counted", Duration::from_secs(10), || {
+    let second_log = workspace.path().join("second.log");
+    let counted = || {
         std::fs::read_to_string(workspace.state_dir().join("ledger.json"))
             .is_ok_and(|t| t.contains("\"busy\""))
-    });
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !counted() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        counted(),
+        "the resume was not counted; the daemon said:\n{}",
+        std::fs::read_to_string(&second_log).unwrap_or_default()
+    );
     std::thread::sleep(Duration::from_millis(300));
     for n in 20..30 {
         assert_eq!(post(&workspace, &format!("s{n}")), 202);
@@ -143,7 +159,7 @@ fn no_acknowledgement_precedes_its_fdatasync() {
 
     for (trace, acks) in [(first_trace, 21), (second_trace, 10)] {
         let text = std::fs::read_to_string(&trace).expect("trace");
-        let report = fsync_lint::check(&text);
+        let report = fsync_lint::check(&text, &workspace.state_dir().display().to_string());
         let namespace_changes: Vec<&str> = text
             .lines()
             .filter(|l| {

@@ -5,10 +5,9 @@
 mod common;
 
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::load::Load;
 use common::machine::{Machine, REPO};
 use common::*;
 
@@ -60,66 +59,6 @@ fn bumped(deb: &std::path::Path, into: &std::path::Path) -> std::path::PathBuf {
         out.to_str().expect("path"),
     ]);
     out
-}
-
-/// Clients that POST continuously until stopped; counts successes and collects failures.
-struct Load {
-    stop: Arc<AtomicBool>,
-    accepted: Arc<AtomicU64>,
-    failures: Arc<Mutex<Vec<String>>>,
-    threads: Vec<std::thread::JoinHandle<()>>,
-}
-
-impl Load {
-    fn start(addr: std::net::SocketAddr, clients: usize) -> Load {
-        let stop = Arc::new(AtomicBool::new(false));
-        let accepted = Arc::new(AtomicU64::new(0));
-        let failures = Arc::new(Mutex::new(Vec::new()));
-        let threads = (0..clients)
-            .map(|client| {
-                let (stop, accepted, failures) = (stop.clone(), accepted.clone(), failures.clone());
-                std::thread::spawn(move || {
-                    let mut n = 0;
-                    while !stop.load(Ordering::Relaxed) {
-                        let body = format!(r#"{{"session":"load-{client}-{n}"}}"#);
-                        match try_request(
-                            addr,
-                            "POST",
-                            "/hook",
-                            &[("content-type", "application/json")],
-                            body.as_bytes(),
-                        ) {
-                            Ok(r) if r.status == 202 => {
-                                accepted.fetch_add(1, Ordering::Relaxed);
-                            }
-                            Ok(r) => failures
-                                .lock()
-                                .expect("lock")
-                                .push(format!("status {}", r.status)),
-                            Err(err) => failures.lock().expect("lock").push(err.to_string()),
-                        }
-                        n += 1;
-                    }
-                })
-            })
-            .collect();
-        Load {
-            stop,
-            accepted,
-            failures,
-            threads,
-        }
-    }
-
-    /// Stops the clients; returns (accepted, failures).
-    fn finish(self) -> (u64, Vec<String>) {
-        self.stop.store(true, Ordering::Relaxed);
-        for thread in self.threads {
-            let _ = thread.join();
-        }
-        let failures = self.failures.lock().expect("lock").clone();
-        (self.accepted.load(Ordering::Relaxed), failures)
-    }
 }
 
 const ROUTE_CONFIG: &str = r#"
@@ -217,14 +156,15 @@ fn install_serve_upgrade_restart_remove_purge() {
     std::thread::sleep(Duration::from_millis(500));
     machine.ok(&format!("dpkg -i {}", upgrade.display()));
     std::thread::sleep(Duration::from_millis(500));
-    let (accepted, failures) = load.finish();
+    let result = load.finish();
+    let failures = result.failures;
     assert!(
         failures.is_empty(),
         "{} failed during the upgrade: {:?}",
         failures.len(),
         &failures[..failures.len().min(5)]
     );
-    assert!(accepted > 0);
+    assert!(result.accepted > 0);
     assert_eq!(
         machine.show("agentgate.socket", "InvocationID"),
         socket_invocation,
@@ -247,7 +187,7 @@ fn install_serve_upgrade_restart_remove_purge() {
         std::thread::sleep(Duration::from_millis(300));
         machine.ok("systemctl restart agentgate.service");
     }
-    let (_, failures) = load.finish();
+    let failures = load.finish().failures;
     assert!(failures.is_empty(), "{failures:?}");
 
     // Remove: units stop, config and state stay. Purge: the config goes, the state stays.

@@ -4,10 +4,9 @@
 
 mod common;
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use common::load::Load;
 use common::machine::Machine;
 use common::*;
 
@@ -84,47 +83,7 @@ fn ten_restarts_under_load_lose_no_request_and_no_event() {
             .status,
         202
     );
-    let stop = Arc::new(AtomicBool::new(false));
-    let accepted = Arc::new(AtomicU64::new(0));
-    let failed = Arc::new(Mutex::new(Vec::new()));
-    let worst = Arc::new(Mutex::new(Duration::ZERO));
-    let mut clients = Vec::new();
-    for client in 0..4 {
-        let (stop, accepted, failed, worst, addr) = (
-            stop.clone(),
-            accepted.clone(),
-            failed.clone(),
-            worst.clone(),
-            machine.addr(),
-        );
-        clients.push(std::thread::spawn(move || {
-            let mut n = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                let started = Instant::now();
-                let body = format!(r#"{{"session":"load-{client}-{n}"}}"#);
-                match try_request(
-                    addr,
-                    "POST",
-                    "/hook",
-                    &[("content-type", "application/json")],
-                    body.as_bytes(),
-                ) {
-                    Ok(response) if response.status == 202 => {
-                        accepted.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Ok(response) => failed
-                        .lock()
-                        .expect("lock")
-                        .push(format!("status {}", response.status)),
-                    Err(err) => failed.lock().expect("lock").push(err.to_string()),
-                }
-                let took = started.elapsed();
-                let mut worst = worst.lock().expect("lock");
-                *worst = (*worst).max(took);
-                n += 1;
-            }
-        }));
-    }
+    let load = Load::start(machine.addr(), 4);
     let pids: Vec<String> = (0..10)
         .map(|_| {
             std::thread::sleep(Duration::from_millis(300));
@@ -133,11 +92,8 @@ fn ten_restarts_under_load_lose_no_request_and_no_event() {
         })
         .collect();
     std::thread::sleep(Duration::from_millis(300));
-    stop.store(true, Ordering::Relaxed);
-    for client in clients {
-        client.join().expect("client");
-    }
-    let failed = failed.lock().expect("lock").clone();
+    let result = load.finish();
+    let failed = result.failures;
     assert!(
         failed.is_empty(),
         "{} failed requests: {:?}",
@@ -155,11 +111,7 @@ fn ten_restarts_under_load_lose_no_request_and_no_event() {
     let total = machine.status_json()["events"]["total"]
         .as_u64()
         .expect("total");
-    assert_eq!(
-        total,
-        accepted.load(Ordering::Relaxed) + 1,
-        "accepted events lost"
-    );
+    assert_eq!(total, result.accepted + 1, "accepted events lost");
     let reconciles = machine
         .journal("-u agentgate-reconcile.service")
         .matches("reconcile finished")
@@ -170,12 +122,9 @@ fn ten_restarts_under_load_lose_no_request_and_no_event() {
     );
     eprintln!(
         "restarts: 10, accepted {}, worst request latency {:?}",
-        accepted.load(Ordering::Relaxed),
-        worst.lock().expect("lock")
+        result.accepted, result.worst
     );
 }
-
-use std::sync::Mutex;
 
 #[test]
 fn the_watchdog_restarts_a_frozen_daemon() {

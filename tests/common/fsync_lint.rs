@@ -2,8 +2,10 @@
 //! made while some file still had unsynced writes or some directory an unsynced entry, and
 //! renames of files whose data was never synced.
 //!
-//! The check is global: any dirty file blocks any ack. Drive the traced daemon with one request at
-//! a time and keep background writes quiet, and every finding is real.
+//! Only the state directory is watched (its files, itself, and its entry in its parent): logs and
+//! other files are not state. The check is global within it: any dirty file blocks any ack. Drive
+//! the traced daemon with one request at a time and keep background writes quiet, and every
+//! finding is real.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -28,12 +30,8 @@ fn fd_target(argument: &str) -> Option<&str> {
 }
 
 fn ignored(path: &str) -> bool {
-    // /run is tmpfs: runtime files (sockets) there are never meant to survive a reboot.
-    ["/proc/", "/dev/", "/sys/", "/usr/", "/lib/", "/etc/", "/run/"]
-        .iter()
-        .any(|prefix| path.starts_with(prefix))
-        // SQLite's shared-memory index is mmap'd and rebuilt from the WAL; it carries no durability.
-        || path.ends_with("-shm")
+    // SQLite's shared-memory index is mmap'd and rebuilt from the WAL; it carries no durability.
+    path.ends_with("-shm")
         // Unix sockets are runtime objects, bound anew at every start.
         || path.ends_with(".sock")
 }
@@ -52,7 +50,13 @@ fn split_call(line: &str) -> Option<(&str, &str)> {
     Some((line[..open].trim(), &line[open + 1..]))
 }
 
-pub fn check(trace: &str) -> Report {
+/// Checks `trace` for the state directory `state_dir`.
+pub fn check(trace: &str, state_dir: &str) -> Report {
+    let state_parent = parent(state_dir);
+    let watched = |path: &str| {
+        (path == state_dir || path == state_parent || path.starts_with(&format!("{state_dir}/")))
+            && !ignored(path)
+    };
     let mut report = Report::default();
     let mut dirty_files: BTreeSet<String> = BTreeSet::new();
     let mut dirty_dirs: BTreeSet<String> = BTreeSet::new();
@@ -105,7 +109,7 @@ pub fn check(trace: &str) -> Report {
                             ));
                         }
                     }
-                } else if target.starts_with('/') && !ignored(target) {
+                } else if watched(target) {
                     dirty_files.insert(target.to_string());
                 }
             }
@@ -123,8 +127,7 @@ pub fn check(trace: &str) -> Report {
             }
             "openat" | "creat" if arguments.contains("O_CREAT") => {
                 if let Some(path) = arguments.split('"').nth(1)
-                    && path.starts_with('/')
-                    && !ignored(path)
+                    && watched(path)
                     && created.insert(path.to_string())
                 {
                     dirty_dirs.insert(parent(path));
@@ -141,7 +144,7 @@ pub fn check(trace: &str) -> Report {
                     ));
                     dirty_files.insert(target.to_string());
                 }
-                for path in paths.iter().filter(|p| p.starts_with('/') && !ignored(p)) {
+                for path in paths.iter().filter(|p| watched(p)) {
                     dirty_dirs.insert(parent(path));
                 }
             }

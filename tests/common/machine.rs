@@ -9,14 +9,6 @@ use super::{BIN, HttpResponse, free_port, try_request};
 pub const HARNESS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/systemd");
 pub const REPO: &str = env!("CARGO_MANIFEST_DIR");
 
-fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-        .unwrap_or(false)
-}
-
 /// A booted systemd with agentgate's units installed; powered off on drop.
 pub struct Machine {
     name: String,
@@ -29,12 +21,7 @@ pub struct Machine {
 impl Machine {
     /// Boots a namespace, or says why not (only outside CI, where root may be missing).
     pub fn boot(test: &str) -> Option<Machine> {
-        if !is_root() {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "{test} needs root, and CI runs as root"
-            );
-            eprintln!("{test}: not run (needs root to boot systemd in a namespace)");
+        if !super::root_or_skip(test) {
             return None;
         }
         let name = format!(

@@ -3,6 +3,7 @@
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
 pub mod fsync_lint;
+pub mod load;
 pub mod machine;
 pub mod stub;
 
@@ -14,6 +15,28 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_agentgate");
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+/// Whether a test that needs root can run. CI runs as root, so there it must; elsewhere the test
+/// says why it did not run.
+pub fn root_or_skip(test: &str) -> bool {
+    if is_root() {
+        return true;
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{test} needs root, and CI runs as root"
+    );
+    eprintln!("{test}: not run (needs root)");
+    false
+}
 
 /// A free loopback port (bound and released; the daemon binds it again right after).
 pub fn free_port() -> u16 {
