@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Reproduces every figure in docs/benchmarks.md, in one go (about 25 minutes on 2 cores):
+#
+#   bench/all.sh                 # RUNS=3 by default
+#
+# 1. durable accept vs Debian's webhook (bench/accept.sh, RUNS runs);
+# 2. turns: per-step overhead at 1 and 16 concurrent turns, 1,000 concurrent turns on a slow
+#    model, time to READY with 100,000 and 1,000,000 stored events (benches/turns.rs, RUNS runs);
+# 3. restarts under load under a real systemd (root only);
+# 4. the crash soak with 200 kills.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUNS=${RUNS:-3}
+
+echo "== durable accept"
+RUNS=$RUNS bench/accept.sh
+
+echo "== turns"
+for run in $(seq 1 "$RUNS"); do
+    AGENTGATE_BENCH_CONCURRENCY=1 cargo bench --locked -q --bench turns -- per_step 2>/dev/null | grep '^per_step'
+    AGENTGATE_BENCH_CONCURRENCY=16 cargo bench --locked -q --bench turns -- per_step 2>/dev/null | grep '^per_step'
+    cargo bench --locked -q --bench turns -- concurrent_turns 2>/dev/null | grep '^concurrent_turns'
+    for events in 100000 1000000; do
+        AGENTGATE_BENCH_EVENTS=$events cargo bench --locked -q --bench turns -- time_to_ready 2>/dev/null | grep '^time_to_ready'
+    done
+done
+
+echo "== restarts under load (real systemd)"
+cargo test --locked -q --test systemd ten_restarts -- --nocapture 2>&1 | grep -E '^restarts:|not run'
+
+echo "== crash soak"
+cargo test --locked -q --test soak -- --nocapture 2>&1 | grep -E '^soak:'
