@@ -35,7 +35,8 @@ impl Machine {
         let output = Command::new(format!("{HARNESS}/boot.sh"))
             .arg(&name)
             .env("AGTEST_STATE", state.path())
-            .env("AGTEST_SHARE", share.path())
+            // The checkout too: the namespace has its own /tmp, where a checkout may live.
+            .env("AGTEST_SHARE", format!("{}:{REPO}", share.path().display()))
             .output()
             .expect("boot.sh");
         assert!(
