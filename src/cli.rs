@@ -272,6 +272,12 @@ fn operator_override(source: &ConfigSource, key: &str, what: Override) -> Result
     let before = store::change_database(&database, |connection| change(connection, key))
         .map_err(Failure::state)?
         .ok_or_else(|| Failure::runtime(format!("no session {key:?}")))?;
+    store::restore_ownership(&state_dir).map_err(|err| {
+        Failure::state(format!(
+            "{}: cannot restore ownership: {err}",
+            state_dir.display()
+        ))
+    })?;
     match what {
         Override::Resume => {
             println!("session {key}: resumed (was {before}); its ledger entry is cleared")
@@ -359,6 +365,11 @@ fn status(source: &ConfigSource, json: bool) -> Result<(), Failure> {
     })?;
     let (summary, deliveries) = found.unwrap_or_default();
     let running = DaemonLock::is_held(&state_dir);
+    // The ledger as the next start will see it: a malformed one blocks every resume.
+    let ledger = match LedgerFile::new(&state_dir).load() {
+        Ok(ledger) => serde_json::json!({"sessions": ledger.sessions.len(), "valid": true}),
+        Err(err) => serde_json::json!({"valid": false, "error": err.to_string()}),
+    };
     if json {
         let document = serde_json::json!({
             "daemon": {"running": running},
@@ -366,6 +377,7 @@ fn status(source: &ConfigSource, json: bool) -> Result<(), Failure> {
             "events": summary.events,
             "sessions": summary.sessions,
             "deliveries": deliveries,
+            "ledger": ledger,
         });
         println!("{document:#}");
     } else {
@@ -373,6 +385,16 @@ fn status(source: &ConfigSource, json: bool) -> Result<(), Failure> {
             "{}",
             render_status(&state_dir, running, &summary, deliveries)
         );
+        match ledger["valid"].as_bool() {
+            Some(true) => println!(
+                "ledger:     {} session(s) with resume counts",
+                ledger["sessions"]
+            ),
+            _ => println!(
+                "ledger:     UNUSABLE, no resume is dispatched: {}",
+                ledger["error"].as_str().unwrap_or("")
+            ),
+        }
     }
     Ok(())
 }

@@ -524,3 +524,43 @@ fn a_background_job_completion_waits_for_the_running_turn_and_runs_next() {
     assert_eq!(workspace.events_total(), 1);
     drop(daemon);
 }
+
+#[test]
+fn operator_commands_run_as_root_leave_the_state_to_the_daemon_user() {
+    if !root_or_skip("operator_commands_run_as_root_leave_the_state_to_the_daemon_user") {
+        return;
+    }
+    let workspace = Workspace::new();
+    let (model, receiver) = (tool_then_answer("slow_side_effect"), receiver());
+    let event_id = crash_one_turn(&workspace, &model, &receiver, "");
+    assert_eq!(workspace.event_status(&event_id), "running");
+    // The state belongs to an unprivileged user, as /var/lib/agentgate belongs to _agentgate.
+    let nobody = "65534:65534";
+    let status = std::process::Command::new("chown")
+        .args(["-R", nobody])
+        .arg(workspace.state_dir())
+        .status()
+        .expect("chown");
+    assert!(status.success());
+    let output = workspace.cli(&["sessions", "resume", "victim"]);
+    assert!(output.status.success(), "{output:?}");
+    let output = workspace.cli(&["status"]);
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains("ledger:"),
+        "{output:?}"
+    );
+    for entry in std::fs::read_dir(workspace.state_dir())
+        .expect("state dir")
+        .flatten()
+    {
+        use std::os::unix::fs::MetadataExt;
+        let metadata = entry.metadata().expect("metadata");
+        assert_eq!(
+            metadata.uid(),
+            65534,
+            "{} is owned by uid {} after an operator command",
+            entry.path().display(),
+            metadata.uid()
+        );
+    }
+}

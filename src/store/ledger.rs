@@ -209,9 +209,10 @@ impl LedgerFile {
         }
     }
 
-    /// Reads the ledger under the lock (for `ledger show`).
+    /// Reads the ledger without the lock, for `ledger show` and `status`: every replacement is an
+    /// atomic rename, so a reader sees one whole version, and a reader takes no lock file (one
+    /// created by root would lock the daemon's user out).
     pub(crate) fn load(&self) -> Result<Ledger, LedgerError> {
-        let _lock = self.lock()?;
         self.read()
     }
 

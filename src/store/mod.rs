@@ -300,6 +300,36 @@ pub(crate) fn change_database<T>(
     Ok(value)
 }
 
+/// After an operator command run as root wrote state, gives the files it may have created (the
+/// WAL, the ledger and its lock) back to the state directory's owner, the daemon's user: a
+/// root-owned ledger would otherwise fail every resume closed, and a root-owned WAL the daemon.
+pub(crate) fn restore_ownership(state_dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Ok(());
+    }
+    let owner = std::fs::metadata(state_dir)?;
+    if owner.uid() == 0 {
+        return Ok(());
+    }
+    for name in [
+        DATABASE_FILE,
+        "agentgate.db-wal",
+        "agentgate.db-shm",
+        ledger::LEDGER_FILE,
+        ledger::LEDGER_LOCK_FILE,
+    ] {
+        let path = state_dir.join(name);
+        if let Ok(metadata) = std::fs::symlink_metadata(&path)
+            && metadata.uid() != owner.uid()
+        {
+            std::os::unix::fs::chown(&path, Some(owner.uid()), Some(owner.gid()))?;
+        }
+    }
+    Ok(())
+}
+
 struct Writer {
     connection: Option<Connection>,
     database: PathBuf,
