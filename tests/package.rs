@@ -122,13 +122,7 @@ fn install_serve_upgrade_restart_remove_purge() {
         verify.status.success() && complaints.trim().is_empty(),
         "systemd-analyze verify: {complaints}"
     );
-    let security = machine.ok("systemd-analyze security agentgate.service --no-pager | tail -n 1");
-    let score: f64 = security
-        .split("agentgate.service: ")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(99.0);
+    let (score, security) = machine.security_score();
     assert!(score <= 2.0, "{security}");
 
     // The operator adds a route (the conffile is theirs to edit) and sends the first webhook.

@@ -57,13 +57,7 @@ fn cold_start_by_socket_activation_with_journal_fields_and_catalog() {
         explained.contains("was verified and committed to the state"),
         "{explained}"
     );
-    let security = machine.ok("systemd-analyze security agentgate.service --no-pager | tail -n 1");
-    let score: f64 = security
-        .split("agentgate.service: ")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(99.0);
+    let (score, security) = machine.security_score();
     assert!(score <= 2.0, "{security}");
     let pid = machine.show("agentgate.service", "MainPID");
     let environment = machine.ok(&format!("tr '\\0' '\\n' < /proc/{pid}/environ"));

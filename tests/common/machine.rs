@@ -131,6 +131,18 @@ systemctl enable --now agentgate.socket agentgate-control.socket
         serde_json::from_str(&text).expect("status json")
     }
 
+    /// `systemd-analyze security` of the loaded agentgate.service: the exposure score and the line.
+    pub fn security_score(&self) -> (f64, String) {
+        let line = self.ok("systemd-analyze security agentgate.service --no-pager | tail -n 1");
+        let score = line
+            .split("agentgate.service: ")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(99.0);
+        (score, line)
+    }
+
     pub fn journal(&self, args: &str) -> String {
         self.ok(&format!("journalctl --no-pager -o cat {args}"))
     }
