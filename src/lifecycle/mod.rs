@@ -29,7 +29,7 @@ use crate::ingress::control::{self, Control};
 use crate::ingress::{self, Ingress, ListenError};
 use crate::session::{self, Sessions, TurnContext};
 use crate::store::ledger::LedgerFile;
-use crate::store::{self, DaemonLock, StatusSummary, Store};
+use crate::store::{self, DaemonLock, LiveCounts, Store};
 use notify::Notifier;
 
 /// How often delivery ids older than `dedup_window` are forgotten.
@@ -211,7 +211,7 @@ pub(crate) fn serve(
             state_dir = %state_dir.display(),
             "agentgate is accepting webhooks"
         );
-        // READY first: the live counts (a scan of the events table) follow from the health task.
+        // READY first; the live counts follow from the health task.
         daemon.notifier.ready("accepting webhooks");
 
         stop_signals.wait(&daemon).await;
@@ -258,19 +258,10 @@ impl Daemon {
     /// One line for `STATUS=`: what is running, queued, waiting to resume, suspended.
     async fn status_line(&self) -> String {
         let running = self.sessions.running_count();
-        let summary = self
-            .store
-            .read(StatusSummary::query)
-            .await
-            .unwrap_or_default();
-        let count = |map: &std::collections::BTreeMap<String, i64>, key: &str| {
-            map.get(key).copied().unwrap_or(0)
-        };
+        let counts = self.store.read(LiveCounts::query).await.unwrap_or_default();
         let mut line = format!(
             "{running} running, {} queued, {} resume-pending, {} suspended",
-            count(&summary.events.by_status, "queued"),
-            count(&summary.sessions.by_state, "resume_pending"),
-            count(&summary.sessions.by_state, "suspended"),
+            counts.queued, counts.resume_pending, counts.suspended,
         );
         if !self.store.is_writable() {
             line.push_str("; state NOT writable: answering 503");

@@ -435,57 +435,48 @@ impl Running<'_> {
     }
 
     async fn stopped(&self, stop: Stop, steps: u32) {
-        match stop {
-            Stop::Interrupted => {
-                let error =
-                    "interrupted by a newer event for this session (on_busy = \"interrupt\")"
-                        .to_string();
-                self.context
-                    .finish(
-                        self.turn,
-                        Outcome::Failed { error },
-                        Some("interrupted"),
-                        steps,
-                    )
-                    .await;
-            }
-            Stop::Idle => {
-                let error = format!(
+        let (error, reason) = match stop {
+            Stop::Interrupted => (
+                "interrupted by a newer event for this session (on_busy = \"interrupt\")"
+                    .to_string(),
+                "interrupted",
+            ),
+            Stop::Idle => (
+                format!(
                     "no progress for turn_idle_timeout ({:?}): no model reply and no tool output",
                     self.settings.config.runtime.turn_idle_timeout
-                );
-                self.context
-                    .finish(
-                        self.turn,
-                        Outcome::Failed { error },
-                        Some("idle_timeout"),
-                        steps,
-                    )
-                    .await;
-            }
-            Stop::Shutdown => {
-                let turn = self.turn;
-                let committed = self
-                    .context
-                    .store
-                    .interrupt_for_resume(
-                        &turn.turn_id,
-                        &turn.event.session_key,
-                        "shutdown_timeout",
-                        steps,
-                    )
-                    .await;
-                match committed {
-                    Ok(()) => tracing::warn!(
-                        message_id = crate::lifecycle::journal::MESSAGE_DRAIN_TIMEOUT,
-                        event_id = %turn.event.id, session_key = %turn.event.session_key,
-                        route = %turn.event.route, turn_id = %turn.turn_id,
-                        "turn did not finish within drain_timeout; marked resume_pending"),
-                    Err(err) => tracing::error!(event_id = %turn.event.id,
-                        session_key = %turn.event.session_key, turn_id = %turn.turn_id, error = %err,
-                        "cannot mark the turn resume_pending; it is found running at the next start and resumed as crashed"),
-                }
-            }
+                ),
+                "idle_timeout",
+            ),
+            Stop::Shutdown => return self.leave_for_resume(steps).await,
+        };
+        self.context
+            .finish(self.turn, Outcome::Failed { error }, Some(reason), steps)
+            .await;
+    }
+
+    /// The drain ran out of time: the turn is left `resume_pending` for the next start.
+    async fn leave_for_resume(&self, steps: u32) {
+        let turn = self.turn;
+        let committed = self
+            .context
+            .store
+            .interrupt_for_resume(
+                &turn.turn_id,
+                &turn.event.session_key,
+                "shutdown_timeout",
+                steps,
+            )
+            .await;
+        match committed {
+            Ok(()) => tracing::warn!(
+                message_id = crate::lifecycle::journal::MESSAGE_DRAIN_TIMEOUT,
+                event_id = %turn.event.id, session_key = %turn.event.session_key,
+                route = %turn.event.route, turn_id = %turn.turn_id,
+                "turn did not finish within drain_timeout; marked resume_pending"),
+            Err(err) => tracing::error!(event_id = %turn.event.id,
+                session_key = %turn.event.session_key, turn_id = %turn.turn_id, error = %err,
+                "cannot mark the turn resume_pending; it is found running at the next start and resumed as crashed"),
         }
     }
 }

@@ -98,6 +98,33 @@ fn grouped(connection: &Connection, sql: &str) -> rusqlite::Result<BTreeMap<Stri
     rows.collect()
 }
 
+/// The few counts the daemon reports to systemd every few seconds. Each is an index range
+/// count, so they stay cheap however many events are stored (unlike [`StatusSummary`]).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct LiveCounts {
+    pub queued: i64,
+    pub resume_pending: i64,
+    pub suspended: i64,
+}
+
+impl LiveCounts {
+    pub(crate) fn query(connection: &Connection) -> rusqlite::Result<LiveCounts> {
+        connection.query_row(
+            "SELECT (SELECT count(*) FROM events WHERE status = 'queued'),
+                    (SELECT count(*) FROM sessions WHERE state = 'resume_pending'),
+                    (SELECT count(*) FROM sessions WHERE state = 'suspended')",
+            [],
+            |row| {
+                Ok(LiveCounts {
+                    queued: row.get(0)?,
+                    resume_pending: row.get(1)?,
+                    suspended: row.get(2)?,
+                })
+            },
+        )
+    }
+}
+
 impl StatusSummary {
     pub(crate) fn query(connection: &Connection) -> rusqlite::Result<StatusSummary> {
         let by_status = grouped(

@@ -24,7 +24,7 @@ use tokio::sync::oneshot;
 
 pub(crate) use atomic::is_stale_temp;
 pub(crate) use deliveries::{DeliveryAttempt, DeliveryCounts, PendingDelivery};
-pub(crate) use events::{AcceptOutcome, NewEvent, StatusSummary};
+pub(crate) use events::{AcceptOutcome, LiveCounts, NewEvent, StatusSummary};
 pub(crate) use lock::{DAEMON_LOCK_FILE, DaemonLock, LockError};
 pub(crate) use turns::{
     ClaimedTurn, InterruptedSession, TurnEnd, operator_resume, operator_suspend, session, sessions,

@@ -82,6 +82,8 @@ const MIGRATIONS: &[&str] = &[
     "ALTER TABLE events ADD COLUMN resume_reason TEXT;",
     // 4: internal events (background job completions) are events too, but not accepted webhooks.
     "ALTER TABLE events ADD COLUMN origin TEXT NOT NULL DEFAULT 'webhook';",
+    // 5: the live counts for STATUS= read indexes, never whole tables.
+    "CREATE INDEX sessions_by_state ON sessions(state);",
 ];
 
 /// The schema version this build writes.
