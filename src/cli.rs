@@ -17,7 +17,7 @@ use crate::exit::Failure;
 use crate::ingress::verify;
 use crate::lifecycle::{self, journal};
 use crate::store::ledger::LedgerFile;
-use crate::store::{self, DaemonLock, DeliveryCounts, StatusSummary};
+use crate::store::{self, DaemonLock, StatusSummary};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -357,13 +357,8 @@ fn query_state<T>(
 }
 
 fn status(source: &ConfigSource, json: bool) -> Result<(), Failure> {
-    let (state_dir, found) = query_state(source, |connection| {
-        Ok((
-            StatusSummary::query(connection)?,
-            DeliveryCounts::query(connection)?,
-        ))
-    })?;
-    let (summary, deliveries) = found.unwrap_or_default();
+    let (state_dir, found) = query_state(source, StatusSummary::query)?;
+    let summary = found.unwrap_or_default();
     let running = DaemonLock::is_held(&state_dir);
     // The ledger as the next start will see it: a malformed one blocks every resume.
     let ledger = match LedgerFile::new(&state_dir).load() {
@@ -376,15 +371,12 @@ fn status(source: &ConfigSource, json: bool) -> Result<(), Failure> {
             "state_dir": state_dir,
             "events": summary.events,
             "sessions": summary.sessions,
-            "deliveries": deliveries,
+            "deliveries": summary.deliveries,
             "ledger": ledger,
         });
         println!("{document:#}");
     } else {
-        print!(
-            "{}",
-            render_status(&state_dir, running, &summary, deliveries)
-        );
+        print!("{}", render_status(&state_dir, running, &summary));
         match ledger["valid"].as_bool() {
             Some(true) => println!(
                 "ledger:     {} session(s) with resume counts",
@@ -399,12 +391,7 @@ fn status(source: &ConfigSource, json: bool) -> Result<(), Failure> {
     Ok(())
 }
 
-fn render_status(
-    state_dir: &Path,
-    running: bool,
-    summary: &StatusSummary,
-    deliveries: DeliveryCounts,
-) -> String {
+fn render_status(state_dir: &Path, running: bool, summary: &StatusSummary) -> String {
     let breakdown = |counts: &std::collections::BTreeMap<String, i64>| {
         counts
             .iter()
@@ -420,8 +407,8 @@ fn render_status(
         breakdown(&summary.events.by_status),
         summary.sessions.total,
         breakdown(&summary.sessions.by_state),
-        deliveries.pending,
-        deliveries.failed,
+        summary.deliveries.pending,
+        summary.deliveries.failed,
     )
 }
 

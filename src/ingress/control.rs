@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use super::http::{HttpResponse, error, json_response};
 use crate::session::Sessions;
 use crate::store::ledger::LedgerFile;
-use crate::store::{self, DeliveryCounts, StatusSummary, Store};
+use crate::store::{self, StatusSummary, Store};
 
 pub(crate) struct Control {
     pub store: Store,
@@ -24,14 +24,9 @@ pub(crate) struct Control {
 }
 
 impl Control {
-    async fn summary(&self) -> Result<(StatusSummary, DeliveryCounts), String> {
+    async fn summary(&self) -> Result<StatusSummary, String> {
         self.store
-            .read(|connection| {
-                Ok((
-                    StatusSummary::query(connection)?,
-                    DeliveryCounts::query(connection)?,
-                ))
-            })
+            .read(StatusSummary::query)
             .await
             .map_err(|err| err.to_string())
     }
@@ -64,7 +59,7 @@ impl Control {
     }
 
     async fn status(&self) -> Result<HttpResponse, String> {
-        let (summary, deliveries) = self.summary().await?;
+        let summary = self.summary().await?;
         Ok(json_response(
             StatusCode::OK,
             &json!({
@@ -72,13 +67,13 @@ impl Control {
                 "events": summary.events,
                 "sessions": summary.sessions,
                 "turns": {"running": self.sessions.running_count()},
-                "deliveries": deliveries,
+                "deliveries": summary.deliveries,
             }),
         ))
     }
 
     async fn metrics(&self) -> Result<HttpResponse, String> {
-        let (summary, deliveries) = self.summary().await?;
+        let summary = self.summary().await?;
         let mut text = String::new();
         text.push_str(
             "# HELP agentgate_events Accepted events by status.\n# TYPE agentgate_events gauge\n",
@@ -102,7 +97,7 @@ impl Control {
         ));
         text.push_str(&format!(
             "# HELP agentgate_deliveries Outbox rows not yet delivered.\n# TYPE agentgate_deliveries gauge\nagentgate_deliveries{{status=\"pending\"}} {}\nagentgate_deliveries{{status=\"failed\"}} {}\n",
-            deliveries.pending, deliveries.failed
+            summary.deliveries.pending, summary.deliveries.failed
         ));
         text.push_str(&format!(
             "# HELP agentgate_store_writable 1 while events can be made durable.\n# TYPE agentgate_store_writable gauge\nagentgate_store_writable {}\n",

@@ -81,6 +81,7 @@ fn accept_in(connection: &Connection, event: &NewEvent) -> rusqlite::Result<Acce
 pub(crate) struct StatusSummary {
     pub events: Counts,
     pub sessions: Counts,
+    pub deliveries: super::DeliveryCounts,
 }
 
 #[derive(Debug, Default, Serialize)]
@@ -146,6 +147,7 @@ impl StatusSummary {
                 by_status: BTreeMap::new(),
                 by_state,
             },
+            deliveries: super::DeliveryCounts::query(connection)?,
         })
     }
 }
