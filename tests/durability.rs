@@ -156,55 +156,10 @@ fn full_disk_answers_503_never_2xx_and_recovers() {
     assert_all_stored(&state_dir, &accepted);
 }
 
-/// An LD_PRELOAD shim: while the flag file exists, fsync and fdatasync fail with EIO.
-fn build_fsync_shim(dir: &Path) -> PathBuf {
-    let source = dir.join("failsync.c");
-    std::fs::write(
-        &source,
-        r#"
-#define _GNU_SOURCE
-#include <errno.h>
-#include <stdlib.h>
-#include <unistd.h>
-#include <dlfcn.h>
-static int failing(void) {
-    const char *flag = getenv("FAILSYNC_FLAG");
-    return flag && access(flag, F_OK) == 0;
-}
-int fsync(int fd) {
-    static int (*real)(int);
-    if (!real) real = dlsym(RTLD_NEXT, "fsync");
-    if (failing()) { errno = EIO; return -1; }
-    return real(fd);
-}
-int fdatasync(int fd) {
-    static int (*real)(int);
-    if (!real) real = dlsym(RTLD_NEXT, "fdatasync");
-    if (failing()) { errno = EIO; return -1; }
-    return real(fd);
-}
-"#,
-    )
-    .expect("write shim");
-    let library = dir.join("libfailsync.so");
-    run(
-        "cc",
-        &[
-            "-shared",
-            "-fPIC",
-            "-o",
-            path_str(&library),
-            path_str(&source),
-            "-ldl",
-        ],
-    );
-    library
-}
-
 #[test]
 fn failing_fsync_answers_503_and_recovers() {
     let workspace = Workspace::new();
-    let shim = build_fsync_shim(workspace.path());
+    let shim = failsync_shim(workspace.path());
     let flag = workspace.path().join("fail-now");
     workspace.write_config(ROUTE);
     let daemon = workspace.start_with_env(&[

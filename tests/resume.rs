@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::path::Path;
 use std::time::Duration;
 
 use common::stub::{Received, Reply, Stub};
@@ -362,55 +361,6 @@ fn a_malformed_ledger_dispatches_nothing_and_is_left_as_it_was() {
     );
 }
 
-fn fsync_shim(dir: &Path) -> std::path::PathBuf {
-    let source = dir.join("failsync.c");
-    std::fs::write(
-        &source,
-        r#"
-#define _GNU_SOURCE
-#include <errno.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <unistd.h>
-#include <dlfcn.h>
-static int matches(int fd) {
-    const char *pattern = getenv("FAILSYNC_MATCH");
-    char link[64], target[4096];
-    if (!pattern) return 0;
-    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
-    ssize_t n = readlink(link, target, sizeof target - 1);
-    if (n < 0) return 0;
-    target[n] = 0;
-    return strstr(target, pattern) != NULL;
-}
-int fsync(int fd) {
-    static int (*real)(int);
-    if (!real) real = dlsym(RTLD_NEXT, "fsync");
-    if (matches(fd)) { errno = EIO; return -1; }
-    return real(fd);
-}
-int fdatasync(int fd) {
-    static int (*real)(int);
-    if (!real) real = dlsym(RTLD_NEXT, "fdatasync");
-    if (matches(fd)) { errno = EIO; return -1; }
-    return real(fd);
-}
-"#,
-    )
-    .expect("shim source");
-    let library = dir.join("libfailsync.so");
-    let status = std::process::Command::new("cc")
-        .args(["-shared", "-fPIC", "-o"])
-        .arg(&library)
-        .arg(&source)
-        .arg("-ldl")
-        .status()
-        .expect("cc");
-    assert!(status.success());
-    library
-}
-
 #[test]
 fn an_unwritable_ledger_dispatches_nothing_and_keeps_the_old_count() {
     let workspace = Workspace::new();
@@ -419,7 +369,7 @@ fn an_unwritable_ledger_dispatches_nothing_and_keeps_the_old_count() {
     let ledger_path = workspace.state_dir().join("ledger.json");
     let existing = b"{\"version\": 1, \"sessions\": {\"victim\": {\"attempts\": 1, \"last_attempt\": \"2026-01-01T00:00:00Z\"}}}";
     std::fs::write(&ledger_path, existing).expect("ledger");
-    let shim = fsync_shim(workspace.path());
+    let shim = failsync_shim(workspace.path());
     // Every fsync of the ledger's temporary file fails: the new count can never be made durable.
     let daemon = workspace.start_with_env(&[
         ("LD_PRELOAD", shim.to_str().expect("path")),

@@ -38,6 +38,59 @@ pub fn root_or_skip(test: &str) -> bool {
     false
 }
 
+/// Builds an LD_PRELOAD shim that makes fsync and fdatasync fail with EIO while the file named by
+/// `FAILSYNC_FLAG` exists, or for descriptors whose path contains `FAILSYNC_MATCH`.
+pub fn failsync_shim(dir: &Path) -> PathBuf {
+    let source = dir.join("failsync.c");
+    std::fs::write(
+        &source,
+        r#"
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <dlfcn.h>
+static int failing(int fd) {
+    const char *flag = getenv("FAILSYNC_FLAG");
+    if (flag && access(flag, F_OK) == 0) return 1;
+    const char *pattern = getenv("FAILSYNC_MATCH");
+    char link[64], target[4096];
+    if (!pattern) return 0;
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(link, target, sizeof target - 1);
+    if (n < 0) return 0;
+    target[n] = 0;
+    return strstr(target, pattern) != NULL;
+}
+int fsync(int fd) {
+    static int (*real)(int);
+    if (!real) real = dlsym(RTLD_NEXT, "fsync");
+    if (failing(fd)) { errno = EIO; return -1; }
+    return real(fd);
+}
+int fdatasync(int fd) {
+    static int (*real)(int);
+    if (!real) real = dlsym(RTLD_NEXT, "fdatasync");
+    if (failing(fd)) { errno = EIO; return -1; }
+    return real(fd);
+}
+"#,
+    )
+    .expect("shim source");
+    let library = dir.join("libfailsync.so");
+    let status = Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&library)
+        .arg(&source)
+        .arg("-ldl")
+        .status()
+        .expect("cc");
+    assert!(status.success(), "cannot build the fsync shim");
+    library
+}
+
 /// A free loopback port (bound and released; the daemon binds it again right after).
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
