@@ -12,12 +12,12 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
+use crate::config::StoreSettings;
 use crate::config::{self, ConfigError, ConfigSource, LocatedFinding, SecretCheck, Severity};
 use crate::exit::Failure;
 use crate::ingress::verify;
 use crate::lifecycle::{self, journal};
-use crate::store::ledger::LedgerFile;
-use crate::store::{self, DaemonLock, StatusSummary};
+use crate::store::{self, DaemonLock, StatusSummary, Store, StoreError};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -252,30 +252,18 @@ enum Override {
 }
 
 fn operator_override(source: &ConfigSource, key: &str, what: Override) -> Result<(), Failure> {
-    let state_dir = config::state_dir(source).map_err(Failure::config)?;
-    let database = state_dir.join(store::DATABASE_FILE);
-    if !database.exists() {
-        return Err(Failure::runtime(format!(
-            "no session {key:?}: {} has no database",
-            state_dir.display()
-        )));
-    }
-    if what == Override::Resume {
-        LedgerFile::new(&state_dir)
-            .clear(key)
-            .map_err(|err| Failure::runtime(format!("session {key:?}: {err}")))?;
-    }
-    let change = match what {
-        Override::Resume => store::operator_resume,
-        Override::Suspend => store::operator_suspend,
-    };
-    let before = store::change_database(&database, |connection| change(connection, key))
-        .map_err(Failure::state)?
+    let state = StateAccess::open(source)?;
+    let before = state
+        .query(async |store| match what {
+            Override::Resume => store.operator_resume(key).await,
+            Override::Suspend => store.operator_suspend(key).await,
+        })?
+        .flatten()
         .ok_or_else(|| Failure::runtime(format!("no session {key:?}")))?;
-    store::restore_ownership(&state_dir).map_err(|err| {
+    store::restore_ownership(&state.state_dir).map_err(|err| {
         Failure::state(format!(
             "{}: cannot restore ownership: {err}",
-            state_dir.display()
+            state.state_dir.display()
         ))
     })?;
     match what {
@@ -288,10 +276,9 @@ fn operator_override(source: &ConfigSource, key: &str, what: Override) -> Result
 }
 
 fn ledger_show(source: &ConfigSource, json: bool) -> Result<(), Failure> {
-    let state_dir = config::state_dir(source).map_err(Failure::config)?;
-    let ledger = LedgerFile::new(&state_dir)
-        .load()
-        .map_err(Failure::runtime)?;
+    let ledger = StateAccess::open(source)?
+        .query(async |store| store.resume_ledger().await)?
+        .unwrap_or_default();
     if json {
         print!("{}", String::from_utf8_lossy(&ledger.to_json()));
         return Ok(());
@@ -342,41 +329,81 @@ fn check_config(source: &ConfigSource) -> Result<(), Failure> {
     }
 }
 
-/// Runs a read-only query on the state database; `None` when there is no database yet.
-fn query_state<T>(
-    source: &ConfigSource,
-    query: impl FnOnce(&rusqlite::Connection) -> rusqlite::Result<T>,
-) -> Result<(PathBuf, Option<T>), Failure> {
-    let state_dir = config::state_dir(source).map_err(Failure::config)?;
-    let database = state_dir.join(store::DATABASE_FILE);
-    if !database.exists() {
-        return Ok((state_dir, None));
+/// Operator access to the configured store, opened as it is: a missing SQLite database is
+/// "nothing stored yet", never created by a command that only looks.
+struct StateAccess {
+    state_dir: PathBuf,
+    store: Option<Store>,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl StateAccess {
+    fn open(source: &ConfigSource) -> Result<StateAccess, Failure> {
+        let (state_dir, settings) = config::state_location(source).map_err(Failure::config)?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|err| Failure::runtime(format!("cannot start the async runtime: {err}")))?;
+        let store = runtime
+            .block_on(Store::attach(&settings, &state_dir))
+            .map_err(|err| match settings {
+                StoreSettings::Sqlite => Failure::state(err),
+                StoreSettings::Postgres(_) => Failure::unavailable(err),
+            })?;
+        Ok(StateAccess {
+            state_dir,
+            store,
+            runtime,
+        })
     }
-    let value = store::read_database(&database, query).map_err(Failure::state)?;
-    Ok((state_dir, Some(value)))
+
+    /// Runs `query` on the store; `None` when nothing is stored yet.
+    fn query<T>(
+        &self,
+        query: impl AsyncFnOnce(&Store) -> Result<T, StoreError>,
+    ) -> Result<Option<T>, Failure> {
+        let Some(store) = &self.store else {
+            return Ok(None);
+        };
+        self.runtime
+            .block_on(query(store))
+            .map(Some)
+            .map_err(Failure::state)
+    }
 }
 
 fn status(source: &ConfigSource, json: bool) -> Result<(), Failure> {
-    let (state_dir, found) = query_state(source, StatusSummary::query)?;
-    let summary = found.unwrap_or_default();
-    let running = DaemonLock::is_held(&state_dir);
-    // The ledger as the next start will see it: a malformed one blocks every resume.
-    let ledger = match LedgerFile::new(&state_dir).load() {
-        Ok(ledger) => serde_json::json!({"sessions": ledger.sessions.len(), "valid": true}),
+    let state = StateAccess::open(source)?;
+    let summary = state
+        .query(async |store| store.status_summary().await)?
+        .unwrap_or_default();
+    let running = DaemonLock::is_held(&state.state_dir)
+        || summary
+            .nodes
+            .iter()
+            .flatten()
+            .any(|node| node.state == "running");
+    // The ledger as the next resume will see it: a malformed one blocks every resume.
+    let ledger = match state.query(async |store| store.resume_ledger().await) {
+        Ok(ledger) => serde_json::json!({
+            "sessions": ledger.map_or(0, |ledger| ledger.sessions.len()),
+            "valid": true
+        }),
         Err(err) => serde_json::json!({"valid": false, "error": err.to_string()}),
     };
     if json {
         let document = serde_json::json!({
             "daemon": {"running": running},
-            "state_dir": state_dir,
+            "state_dir": state.state_dir,
             "events": summary.events,
             "sessions": summary.sessions,
             "deliveries": summary.deliveries,
             "ledger": ledger,
+            "nodes": summary.nodes,
         });
         println!("{document:#}");
     } else {
-        print!("{}", render_status(&state_dir, running, &summary));
+        print!("{}", render_status(&state.state_dir, running, &summary));
         match ledger["valid"].as_bool() {
             Some(true) => println!(
                 "ledger:     {} session(s) with resume counts",
@@ -386,6 +413,20 @@ fn status(source: &ConfigSource, json: bool) -> Result<(), Failure> {
                 "ledger:     UNUSABLE, no resume is dispatched: {}",
                 ledger["error"].as_str().unwrap_or("")
             ),
+        }
+        for node in summary.nodes.iter().flatten() {
+            println!(
+                "node:       {} ({}, pid {}, {}) leases: {}",
+                node.name,
+                node.id,
+                node.pid,
+                node.state,
+                if node.leases.is_empty() {
+                    "none".to_string()
+                } else {
+                    node.leases.join(", ")
+                }
+            );
         }
     }
     Ok(())
@@ -413,8 +454,9 @@ fn render_status(state_dir: &Path, running: bool, summary: &StatusSummary) -> St
 }
 
 fn sessions_list(source: &ConfigSource, json: bool) -> Result<(), Failure> {
-    let (_, found) = query_state(source, store::sessions)?;
-    let sessions = found.unwrap_or_default();
+    let sessions = StateAccess::open(source)?
+        .query(async |store| store.sessions().await)?
+        .unwrap_or_default();
     if json {
         println!("{:#}", serde_json::json!(sessions));
         return Ok(());
@@ -438,12 +480,8 @@ fn sessions_list(source: &ConfigSource, json: bool) -> Result<(), Failure> {
 }
 
 fn sessions_show(source: &ConfigSource, key: &str, json: bool) -> Result<(), Failure> {
-    let (_, found) = query_state(source, |connection| {
-        Ok((
-            store::session(connection, key)?,
-            store::transcript_of(connection, key)?,
-        ))
-    })?;
+    let found = StateAccess::open(source)?
+        .query(async |store| Ok((store.session(key).await?, store.transcript(key).await?)))?;
     let Some((Some(session), transcript)) = found else {
         return Err(Failure::runtime(format!("no session {key:?}")));
     };

@@ -135,6 +135,8 @@ struct RawConfig {
     #[serde(default)]
     model: RawModel,
     #[serde(default)]
+    store: RawStore,
+    #[serde(default)]
     tools: BTreeMap<String, RawTool>,
     #[serde(default)]
     routes: BTreeMap<String, RawRoute>,
@@ -172,6 +174,16 @@ struct RawModel {
     max_retries: Option<i64>,
     command: Option<Vec<String>>,
     cassette: Option<PathBuf>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawStore {
+    backend: Option<String>,
+    url: Option<SecretSource>,
+    node: Option<String>,
+    lease_ttl: Option<String>,
+    pool_size: Option<i64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -230,6 +242,7 @@ pub(crate) struct Config {
     pub server: ServerSettings,
     pub runtime: RuntimeSettings,
     pub model: ModelSettings,
+    pub store: StoreSettings,
     pub tools: BTreeMap<String, ToolSettings>,
     pub routes: Vec<RouteSettings>,
 }
@@ -251,6 +264,24 @@ pub(crate) struct RuntimeSettings {
     pub resume_max_attempts: u32,
     pub resume_window: Duration,
     pub dedup_window: Duration,
+}
+
+/// Where the state lives: SQLite in `state_dir` (one node), or PostgreSQL shared by many nodes.
+#[derive(Debug, Clone)]
+pub(crate) enum StoreSettings {
+    Sqlite,
+    Postgres(PostgresSettings),
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct PostgresSettings {
+    /// A libpq connection string or `postgres://` URL; it may hold a password.
+    pub url: Secret,
+    /// This node's name in `status` and the journal (default: the host name).
+    pub node: String,
+    /// How long a session or delivery stays owned by a node that stopped renewing it.
+    pub lease_ttl: Duration,
+    pub pool_size: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -444,21 +475,46 @@ pub(crate) fn load(source: &ConfigSource, secrets: SecretCheck) -> Result<Loaded
 
 /// Only the state directory of the config at `source`, for commands that inspect state: they
 /// must work where the route secrets (systemd credentials of the service) are not readable.
-pub(crate) fn state_dir(source: &ConfigSource) -> Result<PathBuf, ConfigError> {
+/// Where the state is, for the operator commands (`status`, `sessions`, `ledger`): only
+/// `state_dir` and `[store]` are read, so a config with errors elsewhere does not hide the state.
+pub(crate) fn state_location(
+    source: &ConfigSource,
+) -> Result<(PathBuf, StoreSettings), ConfigError> {
     #[derive(Deserialize)]
-    struct StateDirOnly {
+    struct StateOnly {
         state_dir: Option<PathBuf>,
+        #[serde(default)]
+        store: RawStore,
     }
     let text = read_source(source)?;
-    let parsed: StateDirOnly = toml::from_str(&text).map_err(|err| ConfigError::Invalid {
+    let locator = Locator::new(&text);
+    let parsed: StateOnly = toml::from_str(&text).map_err(|err| ConfigError::Invalid {
         source_name: source.clone(),
-        findings: vec![syntax_finding(&err, &Locator::new(&text))],
+        findings: vec![syntax_finding(&err, &locator)],
     })?;
+    let credentials = std::env::var_os("CREDENTIALS_DIRECTORY").map(PathBuf::from);
     let state_directory = std::env::var_os("STATE_DIRECTORY").map(PathBuf::from);
-    Ok(resolve_state_dir(
-        parsed.state_dir,
-        state_directory.as_deref(),
-    ))
+    let environment = Environment {
+        credentials_dir: credentials.as_deref(),
+        state_directory: state_directory.as_deref(),
+        secrets: SecretCheck::Required,
+    };
+    let mut checker = Checker {
+        locator: &locator,
+        findings: Vec::new(),
+        environment: &environment,
+    };
+    let store = checker.store(parsed.store, 16);
+    match store {
+        Some(store) if count_errors(&checker.findings) == 0 => Ok((
+            resolve_state_dir(parsed.state_dir, state_directory.as_deref()),
+            store,
+        )),
+        _ => Err(ConfigError::Invalid {
+            source_name: source.clone(),
+            findings: checker.findings,
+        }),
+    }
 }
 
 /// `state_dir`, else the first of `$STATE_DIRECTORY`, else /var/lib/agentgate.
@@ -629,6 +685,7 @@ impl Checker<'_> {
         let server = self.server(raw.server);
         let runtime = self.runtime(raw.runtime);
         let model = self.model(raw.model);
+        let store = self.store(raw.store, runtime.max_concurrent_turns);
         let tools = raw
             .tools
             .into_iter()
@@ -653,9 +710,65 @@ impl Checker<'_> {
             server: server?,
             runtime,
             model: model?,
+            store: store?,
             tools,
             routes,
         })
+    }
+
+    fn store(&mut self, raw: RawStore, max_concurrent_turns: usize) -> Option<StoreSettings> {
+        let backend = raw.backend.as_deref().unwrap_or("sqlite");
+        if backend == "sqlite" {
+            for (key, set) in [
+                ("store.url", raw.url.is_some()),
+                ("store.node", raw.node.is_some()),
+                ("store.lease_ttl", raw.lease_ttl.is_some()),
+                ("store.pool_size", raw.pool_size.is_some()),
+            ] {
+                if set {
+                    self.warn(key, "only used with backend = \"postgres\"");
+                }
+            }
+            return Some(StoreSettings::Sqlite);
+        }
+        if backend != "postgres" {
+            self.error(
+                "store.backend",
+                format!("{backend:?} is not a store backend; use \"sqlite\" or \"postgres\""),
+            );
+            return None;
+        }
+        let Some(source) = raw.url else {
+            self.error(
+                "store.url",
+                "backend = \"postgres\" needs url, e.g. { credential = \"pg-url\" }",
+            );
+            return None;
+        };
+        let url = self.secret("store.url", &source)?;
+        let node = match raw.node {
+            Some(node) if valid_name(&node) => node,
+            Some(node) => {
+                self.error(
+                    "store.node",
+                    format!("{node:?} is not a name (letters, digits, '-', '_')"),
+                );
+                return None;
+            }
+            None => host_name(),
+        };
+        let lease_ttl = self.duration("store.lease_ttl", raw.lease_ttl, Duration::from_secs(15));
+        if lease_ttl < Duration::from_secs(1) {
+            self.error("store.lease_ttl", "must be at least 1s");
+        }
+        let default_pool = u32::try_from(max_concurrent_turns + 8).unwrap_or(u32::MAX);
+        let pool_size = self.positive("store.pool_size", raw.pool_size, default_pool) as usize;
+        Some(StoreSettings::Postgres(PostgresSettings {
+            url,
+            node,
+            lease_ttl,
+            pool_size,
+        }))
     }
 
     fn server(&mut self, raw: RawServer) -> Option<ServerSettings> {
@@ -1044,6 +1157,15 @@ impl Checker<'_> {
             }
         }
     }
+}
+
+/// The kernel's host name, the default node name of a PostgreSQL-backed daemon.
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|name| name.trim().to_string())
+        .ok()
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| "agentgate".to_string())
 }
 
 fn valid_name(name: &str) -> bool {

@@ -14,19 +14,17 @@ use tokio_util::sync::CancellationToken;
 
 use super::http::{HttpResponse, error, json_response};
 use crate::session::Sessions;
-use crate::store::ledger::LedgerFile;
-use crate::store::{self, StatusSummary, Store};
+use crate::store::{StatusSummary, Store};
 
 pub(crate) struct Control {
     pub store: Store,
     pub sessions: Arc<Sessions>,
-    pub ledger: Arc<LedgerFile>,
 }
 
 impl Control {
     async fn summary(&self) -> Result<StatusSummary, String> {
         self.store
-            .read(StatusSummary::query)
+            .status_summary()
             .await
             .map_err(|err| err.to_string())
     }
@@ -40,7 +38,7 @@ impl Control {
             (&Method::GET, ["v1", "status"]) => self.status().await,
             (&Method::GET, ["v1", "sessions"]) => self
                 .store
-                .read(store::sessions)
+                .sessions()
                 .await
                 .map(|sessions| json_response(StatusCode::OK, &json!(sessions)))
                 .map_err(|err| err.to_string()),
@@ -68,6 +66,7 @@ impl Control {
                 "sessions": summary.sessions,
                 "turns": {"running": self.sessions.running_count()},
                 "deliveries": summary.deliveries,
+                "nodes": summary.nodes,
             }),
         ))
     }
@@ -112,27 +111,12 @@ impl Control {
     }
 
     async fn override_session(&self, key: &str, action: &str) -> Result<HttpResponse, String> {
-        if action == "resume" {
-            let ledger = self.ledger.clone();
-            let owned = key.to_string();
-            tokio::task::spawn_blocking(move || ledger.clear(&owned))
-                .await
-                .map_err(|err| err.to_string())?
-                .map_err(|err| err.to_string())?;
+        let before = if action == "resume" {
+            self.store.operator_resume(key).await
+        } else {
+            self.store.operator_suspend(key).await
         }
-        let owned = key.to_string();
-        let resume = action == "resume";
-        let before = self
-            .store
-            .write(move |connection| {
-                if resume {
-                    store::operator_resume(connection, &owned)
-                } else {
-                    store::operator_suspend(connection, &owned)
-                }
-            })
-            .await
-            .map_err(|err| err.to_string())?;
+        .map_err(|err| err.to_string())?;
         self.sessions.wake();
         Ok(match before {
             None => error(

@@ -28,8 +28,7 @@ use crate::exit::Failure;
 use crate::ingress::control::{self, Control};
 use crate::ingress::{self, Ingress, ListenError};
 use crate::session::{self, Sessions, TurnContext};
-use crate::store::ledger::LedgerFile;
-use crate::store::{self, DaemonLock, LiveCounts, Store};
+use crate::store::{self, DaemonLock, Store};
 use notify::Notifier;
 
 /// How often delivery ids older than `dedup_window` are forgotten.
@@ -107,7 +106,12 @@ pub(crate) fn serve(
         ListenError::Bind { .. } => Failure::unavailable(err),
         _ => Failure::config(err),
     })?;
-    let store = Store::open(&config.state_dir).map_err(Failure::state)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("agentgate")
+        .build()
+        .map_err(|err| Failure::runtime(format!("cannot start the async runtime: {err}")))?;
+    let store = runtime.block_on(open_store(&config))?;
     let model = Arc::new(Model::new(&config.model, record).map_err(Failure::config)?);
     if model.is_replay() {
         tracing::warn!(
@@ -129,7 +133,6 @@ pub(crate) fn serve(
         Deliverer::new(store.clone(), settings.clone(), deliveries.clone())
             .map_err(Failure::runtime)?,
     );
-    let ledger = Arc::new(LedgerFile::new(&state_dir));
     let cancel_turns = CancellationToken::new();
     let turn_context = Arc::new(TurnContext {
         store: store.clone(),
@@ -138,7 +141,6 @@ pub(crate) fn serve(
         sessions: sessions.clone(),
         deliveries: deliveries.clone(),
         cancel_turns: cancel_turns.clone(),
-        ledger: ledger.clone(),
     });
     let daemon = Arc::new(Daemon {
         source: source.clone(),
@@ -148,11 +150,6 @@ pub(crate) fn serve(
         sessions: sessions.clone(),
         notifier: Notifier::from_environment(),
     });
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("agentgate")
-        .build()
-        .map_err(|err| Failure::runtime(format!("cannot start the async runtime: {err}")))?;
     runtime.block_on(async move {
         let stop_signals = StopSignals::install()?;
         let address = listeners
@@ -181,19 +178,18 @@ pub(crate) fn serve(
             let control = Arc::new(Control {
                 store: store.clone(),
                 sessions: sessions.clone(),
-                ledger: ledger.clone(),
             });
             tokio::spawn(control::serve(listener, control, shutdown.clone()));
         }
-        tokio::spawn(resume::resume_interrupted(
+        let stop_claiming = CancellationToken::new();
+        tokio::spawn(resume::settle_interrupted_sessions(
             store.clone(),
-            ledger,
             runtime_settings.clone(),
             sessions.clone(),
             deliveries,
+            stop_claiming.clone(),
         ));
         tokio::spawn(prune_dedup(store.clone(), runtime_settings.dedup_window));
-        let stop_claiming = CancellationToken::new();
         let turns = TaskTracker::new();
         let scheduler = tokio::spawn(session::schedule(
             turn_context,
@@ -243,6 +239,7 @@ pub(crate) fn serve(
         }
         stop_delivering.cancel();
         let _ = delivery.await;
+        store.release().await;
         let served = server.await;
         stop_health.cancel();
         extend.abort();
@@ -258,7 +255,7 @@ impl Daemon {
     /// One line for `STATUS=`: what is running, queued, waiting to resume, suspended.
     async fn status_line(&self) -> String {
         let running = self.sessions.running_count();
-        let counts = self.store.read(LiveCounts::query).await.unwrap_or_default();
+        let counts = self.store.live_counts().await.unwrap_or_default();
         let mut line = format!(
             "{running} running, {} queued, {} resume-pending, {} suspended",
             counts.queued, counts.resume_pending, counts.suspended,
@@ -366,9 +363,9 @@ async fn health(daemon: Arc<Daemon>, stop: CancellationToken) {
         }
         let late = last.elapsed() > interval * 2;
         last = Instant::now();
-        let writer_alive = tokio::time::timeout(interval, daemon.store.write(|_| Ok(())))
+        let writer_alive = tokio::time::timeout(interval, daemon.store.answers())
             .await
-            .is_ok();
+            .unwrap_or(false);
         let mut status = daemon.status_line().await;
         if late {
             status = format!("event loop ran late; {status}");
@@ -389,6 +386,26 @@ async fn extend_stop_timeout(daemon: Arc<Daemon>) {
     loop {
         daemon.notifier.extend_timeout(DRAIN_EXTENSION);
         tokio::time::sleep(DRAIN_HEARTBEAT).await;
+    }
+}
+
+/// Opens the configured store. A PostgreSQL server that cannot be reached yet is waited for
+/// (the sockets stay with systemd meanwhile, so clients wait rather than being refused); a
+/// SQLite state directory that cannot be used is a failure at once.
+async fn open_store(config: &config::Config) -> Result<Store, Failure> {
+    let mut delay = Duration::from_millis(250);
+    loop {
+        match Store::open(&config.store, &config.state_dir).await {
+            Ok(store) => return Ok(store),
+            Err(err) if matches!(config.store, config::StoreSettings::Postgres(_)) => {
+                tracing::warn!(error = %err, retry_in = ?delay, "cannot open the PostgreSQL store yet");
+                notify::Notifier::from_environment()
+                    .status(&format!("waiting for PostgreSQL: {err}"));
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+            Err(err) => return Err(Failure::state(err)),
+        }
     }
 }
 

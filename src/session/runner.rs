@@ -19,7 +19,6 @@ use crate::agent::message::Message;
 use crate::agent::model::{Model, ModelError};
 use crate::agent::tools::{self, ToolAbort};
 use crate::config::{RouteSettings, Settings, Shared, ToolSettings};
-use crate::store::ledger::LedgerFile;
 use crate::store::{ClaimedTurn, Store, StoreError, TurnEnd};
 use crate::template::EventContext;
 
@@ -37,8 +36,6 @@ pub(crate) struct TurnContext {
     pub deliveries: Arc<Notify>,
     /// Fired when the drain's time is up: running turns stop and are left for resume.
     pub cancel_turns: CancellationToken,
-    /// The retry ledger: a completed resume clears its session's entry.
-    pub ledger: Arc<LedgerFile>,
 }
 
 /// Why a turn stopped before its state machine finished it.
@@ -132,10 +129,7 @@ impl TurnContext {
         self.deliveries.notify_one();
         if completed_resume {
             // Only after the completion is committed: the entry is the crash-loop evidence.
-            let ledger = self.ledger.clone();
-            let key = event.session_key.clone();
-            let cleared = tokio::task::spawn_blocking(move || ledger.clear(&key)).await;
-            if let Ok(Err(err)) = cleared {
+            if let Err(err) = self.store.clear_resume_count(&event.session_key).await {
                 tracing::warn!(session_key = %event.session_key, error = %err,
                     "cannot clear the session's retry ledger entry");
             }
@@ -149,7 +143,8 @@ impl TurnContext {
     }
 
     /// Retries a commit until it succeeds or the turns are being cancelled: a step that is not
-    /// durable must not be followed by the next one.
+    /// durable must not be followed by the next one. A lost lease ends the turn here at once:
+    /// another node has taken the session over and resumes it.
     async fn commit<F, Fut>(&self, attempt: F) -> bool
     where
         F: Fn(Store) -> Fut,
@@ -158,6 +153,10 @@ impl TurnContext {
         loop {
             match attempt(self.store.clone()).await {
                 Ok(()) => return true,
+                Err(err @ StoreError::LeaseLost { .. }) => {
+                    tracing::error!(error = %err, "turn stopped: its session was taken over");
+                    return false;
+                }
                 Err(err) => {
                     tracing::error!(error = %err, "cannot commit a turn step; retrying");
                     tokio::select! {

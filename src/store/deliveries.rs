@@ -4,7 +4,7 @@
 
 use rusqlite::{Connection, params};
 
-use super::{Store, StoreError, now_millis};
+use super::now_millis;
 
 #[derive(Debug, Clone)]
 pub(crate) struct PendingDelivery {
@@ -37,58 +37,43 @@ impl DeliveryCounts {
     }
 }
 
-impl Store {
-    /// Deliveries due now, oldest first.
-    pub(crate) async fn due_deliveries(
-        &self,
-        limit: usize,
-    ) -> Result<Vec<PendingDelivery>, StoreError> {
-        self.read(move |connection| {
-            connection
-                .prepare_cached(
-                    "SELECT event_id, route, session_key, body, attempts FROM deliveries
-                     WHERE status = 'pending' AND next_attempt_at <= ?1
-                     ORDER BY next_attempt_at LIMIT ?2",
-                )?
-                .query_map(params![now_millis(), limit as i64], |row| {
-                    Ok(PendingDelivery {
-                        event_id: row.get(0)?,
-                        route: row.get(1)?,
-                        session_key: row.get(2)?,
-                        body: row.get(3)?,
-                        attempts: row.get(4)?,
-                    })
-                })?
-                .collect()
-        })
-        .await
-    }
+pub(super) fn due_in(
+    connection: &Connection,
+    limit: usize,
+) -> rusqlite::Result<Vec<PendingDelivery>> {
+    connection
+        .prepare_cached(
+            "SELECT event_id, route, session_key, body, attempts FROM deliveries
+             WHERE status = 'pending' AND next_attempt_at <= ?1
+             ORDER BY next_attempt_at LIMIT ?2",
+        )?
+        .query_map(params![now_millis(), limit as i64], |row| {
+            Ok(PendingDelivery {
+                event_id: row.get(0)?,
+                route: row.get(1)?,
+                session_key: row.get(2)?,
+                body: row.get(3)?,
+                attempts: row.get(4)?,
+            })
+        })?
+        .collect()
+}
 
-    /// Records an attempt: delivered, retry at `retry_at` (unix ms), or failed for good.
-    pub(crate) async fn record_delivery_attempt(
-        &self,
-        event_id: &str,
-        outcome: DeliveryAttempt,
-    ) -> Result<(), StoreError> {
-        let event_id = event_id.to_string();
-        self.write(move |connection| {
-            let now = now_millis();
-            let (status, next, error) = match outcome {
-                DeliveryAttempt::Delivered => ("delivered", now, None),
-                DeliveryAttempt::Retry { at, error } => ("pending", at, Some(error)),
-                DeliveryAttempt::GaveUp { error } => ("failed", now, Some(error)),
-            };
-            connection
-                .prepare_cached(
-                    "UPDATE deliveries SET status = ?2, attempts = attempts + 1, next_attempt_at = ?3,
-                         last_error = ?4, updated_at = ?5
-                     WHERE event_id = ?1",
-                )?
-                .execute(params![event_id, status, next, error, now])?;
-            Ok(())
-        })
-        .await
-    }
+pub(super) fn record_attempt_in(
+    connection: &Connection,
+    event_id: &str,
+    outcome: &DeliveryAttempt,
+) -> rusqlite::Result<()> {
+    let now = now_millis();
+    let (status, next, error) = outcome.columns(now);
+    connection
+        .prepare_cached(
+            "UPDATE deliveries SET status = ?2, attempts = attempts + 1, next_attempt_at = ?3,
+                 last_error = ?4, updated_at = ?5
+             WHERE event_id = ?1",
+        )?
+        .execute(params![event_id, status, next, error, now])?;
+    Ok(())
 }
 
 #[derive(Debug, Clone)]
@@ -96,4 +81,15 @@ pub(crate) enum DeliveryAttempt {
     Delivered,
     Retry { at: i64, error: String },
     GaveUp { error: String },
+}
+
+impl DeliveryAttempt {
+    /// The row's new status, next attempt time and last error.
+    pub(super) fn columns(&self, now: i64) -> (&'static str, i64, Option<&str>) {
+        match self {
+            DeliveryAttempt::Delivered => ("delivered", now, None),
+            DeliveryAttempt::Retry { at, error } => ("pending", *at, Some(error)),
+            DeliveryAttempt::GaveUp { error } => ("failed", now, Some(error)),
+        }
+    }
 }

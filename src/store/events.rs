@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::Serialize;
 
-use super::{Store, StoreError, now_millis};
+use super::now_millis;
 
 /// An event verified by the listener, about to be made durable.
 #[derive(Debug, Clone)]
@@ -31,7 +31,10 @@ pub(crate) enum AcceptOutcome {
     },
 }
 
-fn accept_in(connection: &Connection, event: &NewEvent) -> rusqlite::Result<AcceptOutcome> {
+pub(super) fn accept_in(
+    connection: &Connection,
+    event: &NewEvent,
+) -> rusqlite::Result<AcceptOutcome> {
     let now = now_millis();
     if let Some(delivery_id) = &event.delivery_id {
         let original: Option<String> = connection
@@ -76,12 +79,54 @@ fn accept_in(connection: &Connection, event: &NewEvent) -> rusqlite::Result<Acce
     Ok(AcceptOutcome::Accepted)
 }
 
+pub(super) fn enqueue_internal_in(
+    connection: &Connection,
+    event_id: &str,
+    session_key: &str,
+    route: &str,
+    event_type: &str,
+    payload: &serde_json::Value,
+) -> rusqlite::Result<()> {
+    connection.execute(
+        "INSERT INTO events (id, route, session_key, event_type, delivery_id, headers, payload,
+                             received_at, status, updated_at, origin)
+         VALUES (?1, ?2, ?3, ?4, NULL, '{}', ?5, ?6, 'queued', ?6, 'background')",
+        params![
+            event_id,
+            route,
+            session_key,
+            event_type,
+            payload.to_string().into_bytes(),
+            now_millis()
+        ],
+    )?;
+    Ok(())
+}
+
 /// Counts for `agentgate status`.
 #[derive(Debug, Default, Serialize)]
 pub(crate) struct StatusSummary {
     pub events: Counts,
     pub sessions: Counts,
     pub deliveries: super::DeliveryCounts,
+    /// With the PostgreSQL backend: the nodes sharing the database, and their leases.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<Vec<NodeRow>>,
+}
+
+/// A node of a PostgreSQL-backed cluster, as `status` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct NodeRow {
+    pub name: String,
+    /// This run of the node (a restart is a new one): the owner named in leases.
+    pub id: String,
+    pub pid: i64,
+    pub started_at: i64,
+    pub heartbeat_at: i64,
+    /// `running`, `stopped` (drained and released its leases), or `lost` (stopped renewing).
+    pub state: String,
+    /// Sessions whose turn this node runs now.
+    pub leases: Vec<String>,
 }
 
 #[derive(Debug, Default, Serialize)]
@@ -127,16 +172,14 @@ impl LiveCounts {
 }
 
 impl StatusSummary {
-    pub(crate) fn query(connection: &Connection) -> rusqlite::Result<StatusSummary> {
-        let by_status = grouped(
-            connection,
-            "SELECT status, count(*) FROM events WHERE origin = 'webhook' GROUP BY status",
-        )?;
-        let by_state = grouped(
-            connection,
-            "SELECT state, count(*) FROM sessions GROUP BY state",
-        )?;
-        Ok(StatusSummary {
+    /// The summary out of events by status and sessions by state.
+    pub(crate) fn from_counts(
+        by_status: BTreeMap<String, i64>,
+        by_state: BTreeMap<String, i64>,
+        deliveries: super::DeliveryCounts,
+        nodes: Option<Vec<NodeRow>>,
+    ) -> StatusSummary {
+        StatusSummary {
             events: Counts {
                 total: by_status.values().sum(),
                 by_status,
@@ -147,53 +190,23 @@ impl StatusSummary {
                 by_status: BTreeMap::new(),
                 by_state,
             },
-            deliveries: super::DeliveryCounts::query(connection)?,
-        })
-    }
-}
-
-impl Store {
-    /// Makes `event` durable, or reports the original of a duplicate delivery id.
-    pub(crate) async fn accept(&self, event: NewEvent) -> Result<AcceptOutcome, StoreError> {
-        self.write(move |connection| accept_in(connection, &event))
-            .await
+            deliveries,
+            nodes,
+        }
     }
 
-    /// Queues an internal event for a session (a background job's completion). It runs as the
-    /// session's next turn and never interrupts a running one. Returns its event id.
-    pub(crate) async fn enqueue_internal(
-        &self,
-        session_key: &str,
-        route: &str,
-        event_type: &str,
-        payload: serde_json::Value,
-    ) -> Result<String, StoreError> {
-        let id = uuid::Uuid::now_v7().to_string();
-        let (session_key, route, event_type) = (
-            session_key.to_string(),
-            route.to_string(),
-            event_type.to_string(),
-        );
-        let event_id = id.clone();
-        self.write(move |connection| {
-            let now = now_millis();
-            connection.execute(
-                "INSERT INTO events (id, route, session_key, event_type, delivery_id, headers, payload,
-                                     received_at, status, updated_at, origin)
-                 VALUES (?1, ?2, ?3, ?4, NULL, '{}', ?5, ?6, 'queued', ?6, 'background')",
-                params![event_id, route, session_key, event_type, payload.to_string().into_bytes(), now],
-            )?;
-            Ok(())
-        })
-        .await?;
-        Ok(id)
-    }
-
-    /// Forgets delivery ids last seen before `before` (unix ms). Returns how many were dropped.
-    pub(crate) async fn prune_dedup(&self, before: i64) -> Result<usize, StoreError> {
-        self.write(move |connection| {
-            connection.execute("DELETE FROM dedup WHERE seen_at < ?1", params![before])
-        })
-        .await
+    pub(super) fn query(connection: &Connection) -> rusqlite::Result<StatusSummary> {
+        let by_status = grouped(
+            connection,
+            "SELECT status, count(*) FROM events WHERE origin = 'webhook' GROUP BY status",
+        )?;
+        let by_state = grouped(
+            connection,
+            "SELECT state, count(*) FROM sessions GROUP BY state",
+        )?;
+        let deliveries = super::DeliveryCounts::query(connection)?;
+        Ok(StatusSummary::from_counts(
+            by_status, by_state, deliveries, None,
+        ))
     }
 }

@@ -137,8 +137,11 @@ impl Ledger {
 
     /// Sets a session's count (creating its entry) with the current time.
     pub(crate) fn set(&mut self, session: &str, attempts: u64) {
-        let last_attempt =
-            humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+        self.insert(session, attempts, now_rfc3339());
+    }
+
+    /// Sets a session's count and time of its last attempt (creating its entry).
+    pub(crate) fn insert(&mut self, session: &str, attempts: u64, last_attempt: String) {
         let entry = self
             .sessions
             .entry(session.to_string())
@@ -150,6 +153,11 @@ impl Ledger {
         entry.attempts = attempts;
         entry.last_attempt = last_attempt;
     }
+}
+
+/// The time of an attempt as the ledger records it.
+pub(crate) fn now_rfc3339() -> String {
+    humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
 }
 
 /// The ledger files of one state directory.

@@ -1,44 +1,38 @@
-//! Durable state: the SQLite database, and (with it) the lock files of the state directory.
+//! Durable state, behind one contract with two backends.
 //!
-//! Only this module touches state files. Every write goes through one writer thread that takes all
-//! pending writes, applies them in one transaction and commits once (group commit): under load one
-//! fdatasync covers many events, and a caller's future resolves only after the commit that holds
-//! its write has returned. That is what lets the listener answer 202 only for durable events.
+//! Only this module touches state files or the database server. [`Backend`] is what the rest of
+//! agentgate may ask of durable state; [`Store`] dispatches it to the backend the config names:
+//! - SQLite (the default): one node, `state_dir/agentgate.db`, group commit through one writer
+//!   thread, and the file ledger (`ledger.json` under an fs4 lock, replaced by atomic renames);
+//! - PostgreSQL: any number of nodes share one database. Sessions and deliveries are owned by
+//!   leases, the retry ledger is a table counted in the transaction that claims the resume, and a
+//!   node that stops renewing its leases has its turns resumed elsewhere as `crashed`.
+//!
+//! Either way a write's future resolves only after its transaction committed, which is what lets
+//! the listener answer 202 only for durable events.
 
 mod atomic;
 mod deliveries;
 mod events;
 pub(crate) mod ledger;
 mod lock;
+mod postgres;
 mod schema;
+mod sqlite;
 mod turns;
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use rusqlite::{Connection, OpenFlags};
-use tokio::sync::oneshot;
+use crate::config::StoreSettings;
 
 pub(crate) use atomic::is_stale_temp;
 pub(crate) use deliveries::{DeliveryAttempt, DeliveryCounts, PendingDelivery};
-pub(crate) use events::{AcceptOutcome, LiveCounts, NewEvent, StatusSummary};
+pub(crate) use events::{AcceptOutcome, LiveCounts, NewEvent, NodeRow, StatusSummary};
+pub(crate) use ledger::Ledger;
 pub(crate) use lock::{DAEMON_LOCK_FILE, DaemonLock, LockError};
-pub(crate) use turns::{
-    ClaimedTurn, InterruptedSession, TurnEnd, operator_resume, operator_suspend, session, sessions,
-    transcript_of,
-};
-
-pub(crate) const DATABASE_FILE: &str = "agentgate.db";
-
-/// The most writes that share one transaction.
-const MAX_BATCH: usize = 1024;
-/// Batches take the write lock up front, so a concurrent reader never turns a batch into a retry.
-const BEGIN_BATCH: &str = "BEGIN IMMEDIATE;";
-/// How often an unhealthy store probes whether writes work again.
-const PROBE_INTERVAL: Duration = Duration::from_millis(500);
+pub(crate) use sqlite::{DATABASE_FILE, read_database};
+pub(crate) use turns::{ClaimedTurn, InterruptedSession, SessionRow, TranscriptRow, TurnEnd};
 
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum StoreError {
@@ -61,6 +55,13 @@ pub(crate) enum StoreError {
     Unavailable(String),
     #[error("database query failed: {0}")]
     Query(#[from] rusqlite::Error),
+    #[error("retry ledger: {0}")]
+    Ledger(String),
+    #[error("PostgreSQL: {0}")]
+    Postgres(String),
+    /// Another node took the session over (this node's lease expired): the turn must stop.
+    #[error("session {session_key}: the lease is held by another node now")]
+    LeaseLost { session_key: String },
 }
 
 /// Unix time in milliseconds.
@@ -70,73 +71,154 @@ pub(crate) fn now_millis() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
-/// One queued write: applied inside the batch transaction, then told whether the batch committed.
-trait WriteJob: Send {
-    fn apply(&mut self, connection: &Connection);
-    fn finish(self: Box<Self>, committed: Result<(), String>);
+/// What to do with an interrupted session.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Settlement {
+    /// Interrupted longer ago than `resume_window`: end its event `abandoned`.
+    Abandon,
+    /// Count the resume in the retry ledger; resume it, or suspend it past `max_attempts`.
+    Admit { max_attempts: u32 },
 }
 
-struct Job<T, F> {
-    work: Option<F>,
-    outcome: Option<rusqlite::Result<T>>,
-    reply: oneshot::Sender<Result<T, StoreError>>,
+/// What became of an interrupted session.
+#[derive(Debug, Clone)]
+pub(crate) enum Settled {
+    Abandoned,
+    /// Queued again as resume number `attempt`.
+    Resumed {
+        attempt: u64,
+    },
+    Suspended,
+    /// The retry ledger could not count the resume, so nothing was dispatched (fail closed).
+    Refused(String),
+    /// Another node settled it first, or an operator did.
+    NotInterrupted,
 }
 
-impl<T, F> WriteJob for Job<T, F>
-where
-    T: Send,
-    F: FnOnce(&Connection) -> rusqlite::Result<T> + Send,
-{
-    fn apply(&mut self, connection: &Connection) {
-        if let Some(work) = self.work.take() {
-            // A savepoint per job: one failing write does not undo the others in the batch.
-            let outcome = connection
-                .execute_batch("SAVEPOINT job")
-                .and_then(|()| work(connection));
-            let end = if outcome.is_ok() {
-                "RELEASE job"
-            } else {
-                "ROLLBACK TO job; RELEASE job"
-            };
-            let ended = connection.execute_batch(end);
-            self.outcome = Some(ended.and(outcome));
+/// Everything agentgate asks of durable state. Each method commits before it returns.
+macro_rules! backend_contract {
+    ($( $(#[$doc:meta])* async fn $name:ident(&self $(, $arg:ident : $ty:ty)*) -> $ret:ty; )*) => {
+        pub(crate) trait Backend {
+            $( $(#[$doc])* async fn $name(&self $(, $arg: $ty)*) -> $ret; )*
+            /// Whether the last write (or probe) succeeded: `/readyz` and the 503s follow it.
+            fn is_writable(&self) -> bool;
+            /// How often interrupted sessions are looked for again after start: `None` when only
+            /// a start can find them (one node), else the sweep that takes over other nodes' work.
+            fn failover_interval(&self) -> Option<Duration>;
+        }
+
+        impl Store {
+            $( $(#[$doc])* pub(crate) async fn $name(&self $(, $arg: $ty)*) -> $ret {
+                match self {
+                    Store::Sqlite(backend) => backend.$name($($arg),*).await,
+                    Store::Postgres(backend) => backend.$name($($arg),*).await,
+                }
+            } )*
+
+            pub(crate) fn is_writable(&self) -> bool {
+                match self {
+                    Store::Sqlite(backend) => backend.is_writable(),
+                    Store::Postgres(backend) => backend.is_writable(),
+                }
+            }
+
+            pub(crate) fn failover_interval(&self) -> Option<Duration> {
+                match self {
+                    Store::Sqlite(backend) => backend.failover_interval(),
+                    Store::Postgres(backend) => backend.failover_interval(),
+                }
+            }
+        }
+    };
+}
+
+backend_contract! {
+    /// Makes `event` durable, or reports the original of a duplicate delivery id.
+    async fn accept(&self, event: NewEvent) -> Result<AcceptOutcome, StoreError>;
+    /// Queues an internal event (a background job's completion) as the session's next turn.
+    async fn enqueue_internal(&self, session_key: &str, route: &str, event_type: &str, payload: serde_json::Value) -> Result<String, StoreError>;
+    /// Forgets delivery ids last seen before `before` (unix ms).
+    async fn prune_dedup(&self, before: i64) -> Result<usize, StoreError>;
+    /// Claims up to `limit` events, the oldest queued one of each idle session, oldest first.
+    async fn claim_turns(&self, limit: usize) -> Result<Vec<ClaimedTurn>, StoreError>;
+    /// Commits transcript entries of a running turn, in order, in one transaction.
+    async fn append_transcript(&self, session_key: &str, turn_id: &str, entries: Vec<(&'static str, String)>, steps: u32) -> Result<(), StoreError>;
+    /// Ends a turn: its row, its event's terminal status, its session's state and its delivery.
+    async fn finish_turn(&self, end: TurnEnd) -> Result<(), StoreError>;
+    /// Leaves a running turn to be resumed: interrupted, its session `resume_pending` with
+    /// `reason`, its event open.
+    async fn interrupt_for_resume(&self, turn_id: &str, session_key: &str, reason: &'static str, steps: u32) -> Result<(), StoreError>;
+    /// Turns whose process is gone (found at start; with leases, expired) become interrupted
+    /// `crashed`, their sessions `resume_pending`. Returns how many.
+    async fn mark_crashed_turns(&self) -> Result<usize, StoreError>;
+    /// Sessions waiting for a resume, with their interrupted turn.
+    async fn interrupted_sessions(&self) -> Result<Vec<InterruptedSession>, StoreError>;
+    /// Abandons, resumes or suspends an interrupted session; a resume is counted durably in the
+    /// retry ledger before its event is queued again.
+    async fn settle_interrupted(&self, session: &InterruptedSession, settlement: Settlement) -> Result<Settled, StoreError>;
+    /// A resumed session completed: its retry ledger entry goes.
+    async fn clear_resume_count(&self, session_key: &str) -> Result<(), StoreError>;
+    /// Whether any run of `event_id` recorded a transcript entry.
+    async fn event_has_transcript(&self, event_id: &str) -> Result<bool, StoreError>;
+    /// The whole transcript of a session.
+    async fn transcript(&self, session_key: &str) -> Result<Vec<TranscriptRow>, StoreError>;
+    /// Deliveries due now, oldest first, each to be sent by this node alone.
+    async fn due_deliveries(&self, limit: usize) -> Result<Vec<PendingDelivery>, StoreError>;
+    /// Records an attempt: delivered, retry later, or failed for good.
+    async fn record_delivery_attempt(&self, event_id: &str, outcome: DeliveryAttempt) -> Result<(), StoreError>;
+    /// The counts for `STATUS=`.
+    async fn live_counts(&self) -> Result<LiveCounts, StoreError>;
+    /// The counts for `agentgate status` (and, with leases, the nodes).
+    async fn status_summary(&self) -> Result<StatusSummary, StoreError>;
+    async fn sessions(&self) -> Result<Vec<SessionRow>, StoreError>;
+    async fn session(&self, key: &str) -> Result<Option<SessionRow>, StoreError>;
+    /// `sessions resume KEY`: clears the ledger entry; a suspended session becomes idle, an
+    /// interrupted one is queued again. Returns the state it was in, `None` if unknown.
+    async fn operator_resume(&self, key: &str) -> Result<Option<String>, StoreError>;
+    /// `sessions suspend KEY`: no further turn starts until it is resumed.
+    async fn operator_suspend(&self, key: &str) -> Result<Option<String>, StoreError>;
+    /// The retry ledger as the next admission will see it.
+    async fn resume_ledger(&self) -> Result<Ledger, StoreError>;
+    /// Whether the store answers a write now (the watchdog's check).
+    async fn answers(&self) -> bool;
+    /// The daemon is stopping: hands this node's remaining leases back.
+    async fn release(&self) -> ();
+}
+
+/// A handle to durable state. Cheap to clone.
+#[derive(Clone)]
+pub(crate) enum Store {
+    Sqlite(sqlite::SqliteStore),
+    Postgres(postgres::PostgresStore),
+}
+
+impl Store {
+    /// Opens the configured backend for the daemon (creating and migrating as needed).
+    pub(crate) async fn open(
+        settings: &StoreSettings,
+        state_dir: &Path,
+    ) -> Result<Store, StoreError> {
+        match settings {
+            StoreSettings::Sqlite => Ok(Store::Sqlite(sqlite::SqliteStore::open(state_dir)?)),
+            StoreSettings::Postgres(postgres) => Ok(Store::Postgres(
+                postgres::PostgresStore::open(postgres, true).await?,
+            )),
         }
     }
 
-    fn finish(self: Box<Self>, committed: Result<(), String>) {
-        let result = match (committed, self.outcome) {
-            (Err(message), _) => Err(StoreError::Unavailable(message)),
-            (Ok(()), Some(Ok(value))) => Ok(value),
-            (Ok(()), Some(Err(err))) => Err(StoreError::Query(err)),
-            (Ok(()), None) => Err(StoreError::Unavailable("write was not applied".into())),
-        };
-        // The caller may have gone away (client disconnected); its write is committed regardless.
-        let _ = self.reply.send(result);
+    /// Opens existing state for an operator command: never creates a database. `None` when the
+    /// SQLite state directory has no database yet.
+    pub(crate) async fn attach(
+        settings: &StoreSettings,
+        state_dir: &Path,
+    ) -> Result<Option<Store>, StoreError> {
+        match settings {
+            StoreSettings::Sqlite => Ok(sqlite::SqliteStore::attach(state_dir)?.map(Store::Sqlite)),
+            StoreSettings::Postgres(postgres) => Ok(Some(Store::Postgres(
+                postgres::PostgresStore::open(postgres, false).await?,
+            ))),
+        }
     }
-}
-
-/// A handle to the state database. Cheap to clone.
-#[derive(Clone)]
-pub(crate) struct Store {
-    writer: mpsc::Sender<Box<dyn WriteJob>>,
-    writable: Arc<AtomicBool>,
-    database: PathBuf,
-    /// Idle read-only connections, reused by `read` (opening one costs more than most queries).
-    readers: Arc<std::sync::Mutex<Vec<Connection>>>,
-}
-
-/// Read connections kept open for reuse.
-const IDLE_READERS: usize = 4;
-
-fn open_connection(path: &Path, flags: OpenFlags) -> rusqlite::Result<Connection> {
-    let connection = Connection::open_with_flags(path, flags)?;
-    connection.busy_timeout(Duration::from_secs(5))?;
-    connection.execute_batch(
-        "PRAGMA journal_mode = WAL;
-         PRAGMA synchronous = FULL;
-         PRAGMA cache_size = -2000;",
-    )?;
-    Ok(connection)
 }
 
 /// Creates the state directory (0750) if it is missing, durably (its parent is synced).
@@ -161,145 +243,6 @@ pub(crate) fn ensure_state_dir(state_dir: &Path) -> Result<(), StoreError> {
     .map_err(failed)
 }
 
-impl Store {
-    /// Opens (creating and migrating if needed) the database and starts the writer thread.
-    pub(crate) fn open(state_dir: &Path) -> Result<Store, StoreError> {
-        ensure_state_dir(state_dir)?;
-        let database = state_dir.join(DATABASE_FILE);
-        let open_error = |source| StoreError::Open {
-            path: database.clone(),
-            source,
-        };
-        let mut connection = open_connection(
-            &database,
-            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE,
-        )
-        .map_err(open_error)?;
-        schema::migrate(&mut connection).map_err(|source| StoreError::Migration {
-            path: database.clone(),
-            source,
-        })?;
-        // The database and its WAL now exist; make their directory entries durable.
-        std::fs::File::open(state_dir)
-            .and_then(|dir| dir.sync_all())
-            .map_err(|source| StoreError::StateDir {
-                path: state_dir.to_path_buf(),
-                source,
-            })?;
-        let (sender, receiver) = mpsc::channel::<Box<dyn WriteJob>>();
-        let writable = Arc::new(AtomicBool::new(true));
-        let writer = Writer {
-            connection: Some(connection),
-            database: database.clone(),
-            writable: writable.clone(),
-        };
-        std::thread::Builder::new()
-            .name("agentgate-writer".into())
-            .spawn(move || writer.run(receiver))
-            .map_err(|source| StoreError::StateDir {
-                path: state_dir.to_path_buf(),
-                source,
-            })?;
-        Ok(Store {
-            writer: sender,
-            writable,
-            database,
-            readers: Arc::new(std::sync::Mutex::new(Vec::new())),
-        })
-    }
-
-    /// Whether the last commit (or probe) succeeded.
-    pub(crate) fn is_writable(&self) -> bool {
-        self.writable.load(Ordering::Acquire)
-    }
-
-    /// Runs `work` in the next group-commit transaction; resolves after that transaction committed.
-    pub(crate) async fn write<T, F>(&self, work: F) -> Result<T, StoreError>
-    where
-        T: Send + 'static,
-        F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
-    {
-        let (reply, answer) = oneshot::channel();
-        let job = Job {
-            work: Some(work),
-            outcome: None,
-            reply,
-        };
-        self.writer
-            .send(Box::new(job))
-            .map_err(|_| StoreError::Unavailable("the writer thread has stopped".into()))?;
-        answer
-            .await
-            .map_err(|_| StoreError::Unavailable("the writer thread has stopped".into()))?
-    }
-
-    /// Runs a read-only query on a connection of its own, off the async threads.
-    pub(crate) async fn read<T, F>(&self, query: F) -> Result<T, StoreError>
-    where
-        T: Send + 'static,
-        F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
-    {
-        let database = self.database.clone();
-        let readers = self.readers.clone();
-        tokio::task::spawn_blocking(move || {
-            let pooled = readers.lock().ok().and_then(|mut idle| idle.pop());
-            let connection = match pooled {
-                Some(connection) => connection,
-                None => open_reader(&database)?,
-            };
-            let result = query(&connection).map_err(StoreError::from);
-            if let Ok(mut idle) = readers.lock()
-                && idle.len() < IDLE_READERS
-            {
-                idle.push(connection);
-            }
-            result
-        })
-        .await
-        .map_err(|err| StoreError::Unavailable(format!("reader task failed: {err}")))?
-    }
-}
-
-fn open_reader(database: &Path) -> Result<Connection, StoreError> {
-    let connection = Connection::open_with_flags(
-        database,
-        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )
-    .map_err(|source| StoreError::Open {
-        path: database.to_path_buf(),
-        source,
-    })?;
-    connection.busy_timeout(Duration::from_secs(5))?;
-    Ok(connection)
-}
-
-/// Opens the database read-only and runs `query` (for the CLI, which must work with no daemon).
-pub(crate) fn read_database<T>(
-    database: &Path,
-    query: impl FnOnce(&Connection) -> rusqlite::Result<T>,
-) -> Result<T, StoreError> {
-    Ok(query(&open_reader(database)?)?)
-}
-
-/// Opens the database read-write and runs `change` in one transaction (for operator commands;
-/// SQLite serializes them with the daemon's writer).
-pub(crate) fn change_database<T>(
-    database: &Path,
-    change: impl FnOnce(&Connection) -> rusqlite::Result<T>,
-) -> Result<T, StoreError> {
-    let mut connection =
-        open_connection(database, OpenFlags::SQLITE_OPEN_READ_WRITE).map_err(|source| {
-            StoreError::Open {
-                path: database.to_path_buf(),
-                source,
-            }
-        })?;
-    let tx = connection.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-    let value = change(&tx)?;
-    tx.commit()?;
-    Ok(value)
-}
-
 /// After an operator command run as root wrote state, gives the files it may have created (the
 /// WAL, the ledger and its lock) back to the state directory's owner, the daemon's user: a
 /// root-owned ledger would otherwise fail every resume closed, and a root-owned WAL the daemon.
@@ -314,7 +257,7 @@ pub(crate) fn restore_ownership(state_dir: &Path) -> std::io::Result<()> {
         return Ok(());
     }
     for name in [
-        DATABASE_FILE,
+        sqlite::DATABASE_FILE,
         "agentgate.db-wal",
         "agentgate.db-shm",
         ledger::LEDGER_FILE,
@@ -328,102 +271,4 @@ pub(crate) fn restore_ownership(state_dir: &Path) -> std::io::Result<()> {
         }
     }
     Ok(())
-}
-
-struct Writer {
-    connection: Option<Connection>,
-    database: PathBuf,
-    writable: Arc<AtomicBool>,
-}
-
-impl Writer {
-    fn run(mut self, receiver: mpsc::Receiver<Box<dyn WriteJob>>) {
-        let mut batch: Vec<Box<dyn WriteJob>> = Vec::with_capacity(MAX_BATCH);
-        loop {
-            let first = if self.writable.load(Ordering::Acquire) {
-                match receiver.recv() {
-                    Ok(job) => job,
-                    Err(_) => return,
-                }
-            } else {
-                match receiver.recv_timeout(PROBE_INTERVAL) {
-                    Ok(job) => job,
-                    Err(mpsc::RecvTimeoutError::Timeout) => {
-                        self.probe();
-                        continue;
-                    }
-                    Err(mpsc::RecvTimeoutError::Disconnected) => return,
-                }
-            };
-            batch.push(first);
-            while batch.len() < MAX_BATCH {
-                match receiver.try_recv() {
-                    Ok(job) => batch.push(job),
-                    Err(_) => break,
-                }
-            }
-            let committed = self.commit_batch(&mut batch);
-            self.writable.store(committed.is_ok(), Ordering::Release);
-            if let Err(message) = &committed {
-                tracing::error!(database = %self.database.display(), error = %message,
-                    "commit failed; answering 503 until writes succeed again");
-                // Start from a fresh connection: after an I/O error SQLite's state is suspect.
-                self.connection = None;
-            }
-            for job in batch.drain(..) {
-                job.finish(committed.clone());
-            }
-        }
-    }
-
-    fn connection(&mut self) -> Result<&Connection, String> {
-        if self.connection.is_none() {
-            let connection = open_connection(&self.database, OpenFlags::SQLITE_OPEN_READ_WRITE)
-                .map_err(|err| err.to_string())?;
-            self.connection = Some(connection);
-        }
-        self.connection
-            .as_ref()
-            .ok_or_else(|| "no database connection".to_string())
-    }
-
-    fn commit_batch(&mut self, batch: &mut [Box<dyn WriteJob>]) -> Result<(), String> {
-        let connection = self.connection()?;
-        connection
-            .execute_batch(BEGIN_BATCH)
-            .map_err(|err| err.to_string())?;
-        for job in batch.iter_mut() {
-            job.apply(connection);
-        }
-        match connection.execute_batch("COMMIT") {
-            Ok(()) => Ok(()),
-            Err(err) => {
-                let _ = connection.execute_batch("ROLLBACK");
-                Err(err.to_string())
-            }
-        }
-    }
-
-    /// Checks whether a durable write works again (after a full or read-only disk).
-    fn probe(&mut self) {
-        let result = self.connection().and_then(|connection| {
-            connection
-                .execute_batch(&format!(
-                    "{} CREATE TABLE IF NOT EXISTS probe (at INTEGER); DELETE FROM probe; INSERT INTO probe VALUES ({}); COMMIT;",
-                    BEGIN_BATCH,
-                    now_millis()
-                ))
-                .map_err(|err| {
-                    let _ = connection.execute_batch("ROLLBACK");
-                    err.to_string()
-                })
-        });
-        match result {
-            Ok(()) => {
-                tracing::info!(database = %self.database.display(), "writes succeed again; accepting events");
-                self.writable.store(true, Ordering::Release);
-            }
-            Err(_) => self.connection = None,
-        }
-    }
 }

@@ -4,7 +4,7 @@
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::Serialize;
 
-use super::{Store, StoreError, now_millis};
+use super::now_millis;
 
 /// A stored event, as a turn needs it.
 #[derive(Debug, Clone)]
@@ -40,6 +40,41 @@ pub(crate) struct InterruptedSession {
     pub started_at: i64,
 }
 
+impl InterruptedSession {
+    fn ended(&self, event_status: &'static str, error: String) -> TurnEnd {
+        TurnEnd {
+            turn_id: self.turn_id.clone(),
+            event_id: self.event_id.clone(),
+            session_key: self.session_key.clone(),
+            route: self.route.clone(),
+            turn_status: "interrupted",
+            event_status,
+            reason: Some(self.reason.clone()),
+            output: None,
+            error: Some(error),
+            steps: self.steps,
+        }
+    }
+
+    /// The end of a session interrupted longer ago than `resume_window`.
+    pub(crate) fn abandoned(&self) -> TurnEnd {
+        let error = format!(
+            "the turn was interrupted ({}) longer ago than resume_window; it is not resumed",
+            self.reason
+        );
+        self.ended("abandoned", error)
+    }
+
+    /// The end of a session that needed more than `max_attempts` resumes.
+    pub(crate) fn suspended(&self, max_attempts: u32) -> TurnEnd {
+        let error = format!(
+            "suspended after {max_attempts} resume(s): the session was interrupted ({}) every time",
+            self.reason
+        );
+        self.ended("suspended", error)
+    }
+}
+
 /// How a turn ended, for its rows.
 #[derive(Debug, Clone)]
 pub(crate) struct TurnEnd {
@@ -57,9 +92,34 @@ pub(crate) struct TurnEnd {
     pub steps: u32,
 }
 
+impl TurnEnd {
+    /// The body of this turn's outbound delivery (SPEC §3).
+    pub(crate) fn delivery_body(&self) -> serde_json::Result<String> {
+        serde_json::to_string(&DeliveryBody {
+            event_id: &self.event_id,
+            route: &self.route,
+            session: &self.session_key,
+            status: self.event_status,
+            output: self.output.as_deref(),
+            error: self.error.as_deref(),
+            turn_id: &self.turn_id,
+            steps: self.steps,
+        })
+    }
+
+    /// The state the session is left in.
+    pub(crate) fn session_state(&self) -> &'static str {
+        if self.event_status == "suspended" {
+            "suspended"
+        } else {
+            "idle"
+        }
+    }
+}
+
 /// The body of the outbound delivery (SPEC §3).
 #[derive(Debug, Clone, Serialize)]
-pub(crate) struct DeliveryBody<'a> {
+struct DeliveryBody<'a> {
     pub event_id: &'a str,
     pub route: &'a str,
     pub session: &'a str,
@@ -89,7 +149,10 @@ pub(crate) struct Candidate {
     session_key: String,
 }
 
-fn candidates_in(connection: &Connection, limit: usize) -> rusqlite::Result<Vec<Candidate>> {
+pub(super) fn candidates_in(
+    connection: &Connection,
+    limit: usize,
+) -> rusqlite::Result<Vec<Candidate>> {
     let mut seen = std::collections::HashSet::new();
     let mut picked = Vec::new();
     let mut statement = connection.prepare_cached(CANDIDATES_SQL)?;
@@ -117,7 +180,7 @@ fn candidates_in(connection: &Connection, limit: usize) -> rusqlite::Result<Vec<
 
 /// Claims the candidates that are still claimable now (the writer's view is the truth: a
 /// candidate may have been claimed, or a resume queued ahead of it, since it was read).
-fn claim_in(
+pub(super) fn claim_in(
     connection: &Connection,
     candidates: &[Candidate],
 ) -> rusqlite::Result<Vec<ClaimedTurn>> {
@@ -174,7 +237,7 @@ fn claim_in(
     Ok(claimed)
 }
 
-fn finish_in(connection: &Connection, end: &TurnEnd) -> rusqlite::Result<()> {
+pub(super) fn finish_in(connection: &Connection, end: &TurnEnd) -> rusqlite::Result<()> {
     let now = now_millis();
     connection
         .prepare_cached(
@@ -193,11 +256,7 @@ fn finish_in(connection: &Connection, end: &TurnEnd) -> rusqlite::Result<()> {
     connection
         .prepare_cached("UPDATE events SET status = ?2, updated_at = ?3 WHERE id = ?1")?
         .execute(params![end.event_id, end.event_status, now])?;
-    let session_state = if end.event_status == "suspended" {
-        "suspended"
-    } else {
-        "idle"
-    };
+    let session_state = end.session_state();
     connection
         // An operator's suspension made while the turn ran stays in force.
         .prepare_cached(
@@ -206,17 +265,8 @@ fn finish_in(connection: &Connection, end: &TurnEnd) -> rusqlite::Result<()> {
              WHERE key = ?1",
         )?
         .execute(params![end.session_key, session_state, end.reason, now])?;
-    let body = DeliveryBody {
-        event_id: &end.event_id,
-        route: &end.route,
-        session: &end.session_key,
-        status: end.event_status,
-        output: end.output.as_deref(),
-        error: end.error.as_deref(),
-        turn_id: &end.turn_id,
-        steps: end.steps,
-    };
-    let body = serde_json::to_string(&body)
+    let body = end
+        .delivery_body()
         .map_err(|err| rusqlite::Error::ToSqlConversionFailure(Box::new(err)))?;
     connection
         .prepare_cached(
@@ -238,7 +288,7 @@ pub(crate) struct TranscriptRow {
     pub created_at: i64,
 }
 
-pub(crate) fn transcript_of(
+pub(super) fn transcript_of(
     connection: &Connection,
     session_key: &str,
 ) -> rusqlite::Result<Vec<TranscriptRow>> {
@@ -262,7 +312,7 @@ pub(crate) fn transcript_of(
 /// `sessions resume KEY`: a suspended session becomes idle again (its queued events run); an
 /// interrupted one (`resume_pending`) has its event queued again as a resume. Returns the state
 /// the session was in, or `None` if there is no such session.
-pub(crate) fn operator_resume(
+pub(super) fn operator_resume_in(
     connection: &Connection,
     key: &str,
 ) -> rusqlite::Result<Option<String>> {
@@ -289,7 +339,7 @@ pub(crate) fn operator_resume(
 }
 
 /// `sessions suspend KEY`: no further turn of the session starts until it is resumed.
-pub(crate) fn operator_suspend(
+pub(super) fn operator_suspend_in(
     connection: &Connection,
     key: &str,
 ) -> rusqlite::Result<Option<String>> {
@@ -327,7 +377,7 @@ pub(crate) struct SessionRow {
     pub updated_at: i64,
 }
 
-const SESSION_SQL: &str = "
+pub(super) const SESSION_SQL: &str = "
     SELECT s.key, s.route, s.state, s.reason, s.last_turn_id,
            (SELECT t.status FROM turns t WHERE t.id = s.last_turn_id),
            (SELECT count(*) FROM turns t WHERE t.session_key = s.key),
@@ -349,185 +399,129 @@ fn session_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<SessionRow> {
     })
 }
 
-pub(crate) fn sessions(connection: &Connection) -> rusqlite::Result<Vec<SessionRow>> {
+pub(super) fn sessions_in(connection: &Connection) -> rusqlite::Result<Vec<SessionRow>> {
     connection
         .prepare(&format!("{SESSION_SQL} ORDER BY s.updated_at DESC"))?
         .query_map([], session_from_row)?
         .collect()
 }
 
-pub(crate) fn session(connection: &Connection, key: &str) -> rusqlite::Result<Option<SessionRow>> {
+pub(super) fn session_in(
+    connection: &Connection,
+    key: &str,
+) -> rusqlite::Result<Option<SessionRow>> {
     connection
         .prepare(&format!("{SESSION_SQL} WHERE s.key = ?1"))?
         .query_row(params![key], session_from_row)
         .optional()
 }
 
-impl Store {
-    /// Claims up to `limit` events, the oldest queued one of each idle session, oldest first.
-    pub(crate) async fn claim_turns(&self, limit: usize) -> Result<Vec<ClaimedTurn>, StoreError> {
-        let candidates = self
-            .read(move |connection| candidates_in(connection, limit))
-            .await?;
-        if candidates.is_empty() {
-            return Ok(Vec::new());
-        }
-        self.write(move |connection| claim_in(connection, &candidates))
-            .await
+pub(super) fn append_in(
+    connection: &Connection,
+    session_key: &str,
+    turn_id: &str,
+    entries: &[(&'static str, String)],
+    steps: u32,
+) -> rusqlite::Result<()> {
+    let now = now_millis();
+    for (kind, body) in entries {
+        connection
+            .prepare_cached(
+                "INSERT INTO transcript (session_key, seq, turn_id, kind, body, created_at)
+                 VALUES (?1, COALESCE((SELECT MAX(seq) FROM transcript WHERE session_key = ?1), 0) + 1,
+                         ?2, ?3, ?4, ?5)",
+            )?
+            .execute(params![session_key, turn_id, kind, body, now])?;
     }
+    connection
+        .prepare_cached("UPDATE turns SET steps = ?2 WHERE id = ?1")?
+        .execute(params![turn_id, steps])?;
+    Ok(())
+}
 
-    /// Commits transcript entries of a running turn, in order, in one transaction. Each entry is
-    /// its kind and its JSON body.
-    pub(crate) async fn append_transcript(
-        &self,
-        session_key: &str,
-        turn_id: &str,
-        entries: Vec<(&'static str, String)>,
-        steps: u32,
-    ) -> Result<(), StoreError> {
-        let session_key = session_key.to_string();
-        let turn_id = turn_id.to_string();
-        self.write(move |connection| {
-            let now = now_millis();
-            for (kind, body) in &entries {
-                connection
-                    .prepare_cached(
-                        "INSERT INTO transcript (session_key, seq, turn_id, kind, body, created_at)
-                         VALUES (?1, COALESCE((SELECT MAX(seq) FROM transcript WHERE session_key = ?1), 0) + 1,
-                                 ?2, ?3, ?4, ?5)",
-                    )?
-                    .execute(params![session_key, turn_id, kind, body, now])?;
-            }
-            connection
-                .prepare_cached("UPDATE turns SET steps = ?2 WHERE id = ?1")?
-                .execute(params![turn_id, steps])?;
-            Ok(())
-        })
-        .await
-    }
+pub(super) fn interrupt_in(
+    connection: &Connection,
+    turn_id: &str,
+    session_key: &str,
+    reason: &str,
+    steps: u32,
+) -> rusqlite::Result<()> {
+    let now = now_millis();
+    connection.execute(
+        "UPDATE turns SET status = 'interrupted', reason = ?2, steps = ?3, finished_at = ?4 WHERE id = ?1",
+        params![turn_id, reason, steps, now],
+    )?;
+    connection.execute(
+        "UPDATE sessions SET state = 'resume_pending', reason = ?2, updated_at = ?3 WHERE key = ?1",
+        params![session_key, reason, now],
+    )?;
+    Ok(())
+}
 
-    /// Ends a turn: its row, its event's terminal status, its session's state and its delivery.
-    pub(crate) async fn finish_turn(&self, end: TurnEnd) -> Result<(), StoreError> {
-        self.write(move |connection| finish_in(connection, &end))
-            .await
-    }
+/// At start, every turn still `running` was cut off by a crash.
+pub(super) fn crashed_in(connection: &Connection) -> rusqlite::Result<usize> {
+    let now = now_millis();
+    connection.execute(
+        "UPDATE sessions SET state = 'resume_pending', reason = 'crashed', updated_at = ?1
+         WHERE key IN (SELECT session_key FROM turns WHERE status = 'running')",
+        params![now],
+    )?;
+    connection.execute(
+        "UPDATE turns SET status = 'interrupted', reason = 'crashed', finished_at = ?1
+         WHERE status = 'running'",
+        params![now],
+    )
+}
 
-    /// Leaves a running turn for the next start to resume: the turn is interrupted, its session
-    /// `resume_pending` with `reason`, and its event stays open.
-    pub(crate) async fn interrupt_for_resume(
-        &self,
-        turn_id: &str,
-        session_key: &str,
-        reason: &'static str,
-        steps: u32,
-    ) -> Result<(), StoreError> {
-        let turn_id = turn_id.to_string();
-        let session_key = session_key.to_string();
-        self.write(move |connection| {
-            let now = now_millis();
-            connection.execute(
-                "UPDATE turns SET status = 'interrupted', reason = ?2, steps = ?3, finished_at = ?4 WHERE id = ?1",
-                params![turn_id, reason, steps, now],
-            )?;
-            connection.execute(
-                "UPDATE sessions SET state = 'resume_pending', reason = ?2, updated_at = ?3 WHERE key = ?1",
-                params![session_key, reason, now],
-            )?;
-            Ok(())
-        })
-        .await
-    }
+pub(super) fn interrupted_in(connection: &Connection) -> rusqlite::Result<Vec<InterruptedSession>> {
+    connection
+        .prepare(
+            "SELECT s.key, s.route, COALESCE(s.reason, 'crashed'), t.id, t.event_id, t.steps, t.started_at
+             FROM sessions s JOIN turns t ON t.id = s.last_turn_id
+             WHERE s.state = 'resume_pending'
+             ORDER BY t.started_at",
+        )?
+        .query_map([], |row| {
+            Ok(InterruptedSession {
+                session_key: row.get(0)?,
+                route: row.get(1)?,
+                reason: row.get(2)?,
+                turn_id: row.get(3)?,
+                event_id: row.get(4)?,
+                steps: row.get(5)?,
+                started_at: row.get(6)?,
+            })
+        })?
+        .collect()
+}
 
-    /// At start: turns still `running` were cut off by a crash. Marks them interrupted
-    /// (`crashed`) and their sessions `resume_pending`. Returns how many there were.
-    pub(crate) async fn mark_crashed_turns(&self) -> Result<usize, StoreError> {
-        self.write(|connection| {
-            let now = now_millis();
-            connection.execute(
-                "UPDATE sessions SET state = 'resume_pending', reason = 'crashed', updated_at = ?1
-                 WHERE key IN (SELECT session_key FROM turns WHERE status = 'running')",
-                params![now],
-            )?;
-            connection.execute(
-                "UPDATE turns SET status = 'interrupted', reason = 'crashed', finished_at = ?1
-                 WHERE status = 'running'",
-                params![now],
-            )
-        })
-        .await
-    }
+/// Puts an interrupted session's event back at the head of its queue, marked as a resume.
+pub(super) fn requeue_in(
+    connection: &Connection,
+    interrupted: &InterruptedSession,
+) -> rusqlite::Result<()> {
+    let now = now_millis();
+    connection.execute(
+        "UPDATE events SET status = 'queued', resume_reason = ?2, updated_at = ?3 WHERE id = ?1",
+        params![interrupted.event_id, interrupted.reason, now],
+    )?;
+    connection.execute(
+        "UPDATE sessions SET state = 'idle', updated_at = ?2 WHERE key = ?1",
+        params![interrupted.session_key, now],
+    )?;
+    Ok(())
+}
 
-    /// Sessions waiting for a resume, with their interrupted turn.
-    pub(crate) async fn interrupted_sessions(&self) -> Result<Vec<InterruptedSession>, StoreError> {
-        self.read(|connection| {
-            connection
-                .prepare(
-                    "SELECT s.key, s.route, COALESCE(s.reason, 'crashed'), t.id, t.event_id, t.steps, t.started_at
-                     FROM sessions s JOIN turns t ON t.id = s.last_turn_id
-                     WHERE s.state = 'resume_pending'
-                     ORDER BY t.started_at",
-                )?
-                .query_map([], |row| {
-                    Ok(InterruptedSession {
-                        session_key: row.get(0)?,
-                        route: row.get(1)?,
-                        reason: row.get(2)?,
-                        turn_id: row.get(3)?,
-                        event_id: row.get(4)?,
-                        steps: row.get(5)?,
-                        started_at: row.get(6)?,
-                    })
-                })?
-                .collect()
-        })
-        .await
-    }
-
-    /// Puts an interrupted session's event back at the head of its queue, marked as a resume.
-    pub(crate) async fn requeue_for_resume(
-        &self,
-        interrupted: &InterruptedSession,
-    ) -> Result<(), StoreError> {
-        let session_key = interrupted.session_key.clone();
-        let event_id = interrupted.event_id.clone();
-        let reason = interrupted.reason.clone();
-        self.write(move |connection| {
-            let now = now_millis();
-            connection.execute(
-                "UPDATE events SET status = 'queued', resume_reason = ?2, updated_at = ?3 WHERE id = ?1",
-                params![event_id, reason, now],
-            )?;
-            connection.execute(
-                "UPDATE sessions SET state = 'idle', updated_at = ?2 WHERE key = ?1",
-                params![session_key, now],
-            )?;
-            Ok(())
-        })
-        .await
-    }
-
-    /// Whether any run of `event_id` recorded a transcript entry (a run cut off between its claim
-    /// and its first commit did not: its resume must start from the event itself).
-    pub(crate) async fn event_has_transcript(&self, event_id: &str) -> Result<bool, StoreError> {
-        let event_id = event_id.to_string();
-        self.read(move |connection| {
-            connection.query_row(
-                "SELECT EXISTS (SELECT 1 FROM transcript t JOIN turns u ON u.id = t.turn_id
-                                WHERE u.event_id = ?1)",
-                params![event_id],
-                |row| row.get(0),
-            )
-        })
-        .await
-    }
-
-    /// The whole transcript of a session.
-    pub(crate) async fn transcript(
-        &self,
-        session_key: &str,
-    ) -> Result<Vec<TranscriptRow>, StoreError> {
-        let key = session_key.to_string();
-        self.read(move |connection| transcript_of(connection, &key))
-            .await
-    }
+/// Whether any run of `event_id` recorded a transcript entry (a run cut off between its claim
+/// and its first commit did not: its resume must start from the event itself).
+pub(super) fn event_has_transcript_in(
+    connection: &Connection,
+    event_id: &str,
+) -> rusqlite::Result<bool> {
+    connection.query_row(
+        "SELECT EXISTS (SELECT 1 FROM transcript t JOIN turns u ON u.id = t.turn_id
+                        WHERE u.event_id = ?1)",
+        params![event_id],
+        |row| row.get(0),
+    )
 }

@@ -5,6 +5,7 @@
 pub mod fsync_lint;
 pub mod load;
 pub mod machine;
+pub mod postgres;
 pub mod stub;
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -16,7 +17,7 @@ use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_agentgate");
 
-fn is_root() -> bool {
+pub fn is_root() -> bool {
     Command::new("id")
         .arg("-u")
         .output()

@@ -1,0 +1,1272 @@
+//! The PostgreSQL backend: any number of nodes share one database.
+//!
+//! Why it looks the way it does:
+//! - A session is owned by a lease (`sessions.lease_owner`, `lease_expires_at`, on the database's
+//!   clock). A node claims a session's next event under `FOR UPDATE SKIP LOCKED`, so two nodes never
+//!   run one session and turns spread over the nodes. Every commit of a turn renews its lease and
+//!   is fenced by it: a node whose lease was taken over gets [`StoreError::LeaseLost`] and stops.
+//! - A node that dies stops renewing. Once its leases expire, any node's sweep marks those turns
+//!   interrupted (`crashed`) and settles them through the same admission rule as a restart: the
+//!   retry ledger is a table whose row is counted under a row lock in the transaction that
+//!   re-queues the resume, so the count is durable before the resume can run, cluster-wide.
+//! - Accepts share transactions (group commit through a few writer tasks); a 2xx still means the
+//!   transaction committed on the primary, with the server's `synchronous_commit`.
+//! - Every operation is bounded in time: a database that does not answer makes the listener
+//!   answer 503, never hang and never 2xx.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use tokio::sync::{Mutex, mpsc, oneshot};
+use tokio_postgres::NoTls;
+use tokio_util::sync::CancellationToken;
+
+use super::turns::SESSION_SQL;
+use super::{
+    AcceptOutcome, Backend, ClaimedTurn, DeliveryAttempt, DeliveryCounts, InterruptedSession,
+    Ledger, LiveCounts, NewEvent, NodeRow, PendingDelivery, SessionRow, Settled, Settlement,
+    StatusSummary, StoreError, TranscriptRow, TurnEnd, ledger::now_rfc3339, now_millis,
+    turns::StoredEvent,
+};
+use crate::config::PostgresSettings;
+
+/// The longest any one database operation may take before it counts as unavailable.
+const OPERATION_TIMEOUT: Duration = Duration::from_secs(10);
+/// The most accepts that share one transaction, and how many such transactions run at once.
+const ACCEPT_BATCH: usize = 256;
+const ACCEPT_WRITERS: usize = 4;
+/// How many queued events one claim looks at, at most (as with SQLite).
+const CANDIDATE_WINDOW: i64 = 2048;
+/// A delivery attempt is bounded by its own timeout; its lease outlasts a whole batch of them.
+const DELIVERY_LEASE_MS: i64 = 5 * 60 * 1000;
+/// Node rows stay visible in `status` this long after their last heartbeat.
+const NODE_HISTORY_MS: i64 = 60 * 60 * 1000;
+/// Serializes migrations of concurrently starting nodes.
+const MIGRATION_LOCK: i64 = 0x6167_656e_7467_7465;
+
+/// Migration `i` brings the schema from version `i` to `i + 1`.
+const MIGRATIONS: &[&str] = &["
+    CREATE FUNCTION agentgate_now_ms() RETURNS BIGINT LANGUAGE sql VOLATILE
+        AS $$ SELECT (extract(epoch FROM clock_timestamp()) * 1000)::BIGINT $$;
+    CREATE TABLE events (
+        seq            BIGSERIAL PRIMARY KEY,
+        id             TEXT NOT NULL UNIQUE,
+        route          TEXT NOT NULL,
+        session_key    TEXT NOT NULL,
+        event_type     TEXT NOT NULL,
+        delivery_id    TEXT,
+        headers        TEXT NOT NULL,
+        payload        BYTEA NOT NULL,
+        received_at    BIGINT NOT NULL,
+        status         TEXT NOT NULL,
+        updated_at     BIGINT NOT NULL,
+        resume_reason  TEXT,
+        origin         TEXT NOT NULL DEFAULT 'webhook',
+        node           TEXT
+    );
+    CREATE INDEX events_queued ON events (session_key, seq) WHERE status = 'queued';
+    CREATE INDEX events_queued_in_order ON events (seq) WHERE status = 'queued';
+    CREATE INDEX events_by_status ON events (status);
+    CREATE TABLE dedup (
+        route        TEXT NOT NULL,
+        delivery_id  TEXT NOT NULL,
+        event_id     TEXT NOT NULL,
+        seen_at      BIGINT NOT NULL,
+        PRIMARY KEY (route, delivery_id)
+    );
+    CREATE INDEX dedup_by_age ON dedup (seen_at);
+    CREATE TABLE sessions (
+        key               TEXT PRIMARY KEY,
+        route             TEXT NOT NULL,
+        state             TEXT NOT NULL,
+        reason            TEXT,
+        last_turn_id      TEXT,
+        created_at        BIGINT NOT NULL,
+        updated_at        BIGINT NOT NULL,
+        lease_owner       TEXT,
+        lease_expires_at  BIGINT
+    );
+    CREATE INDEX sessions_by_state ON sessions (state);
+    CREATE INDEX sessions_by_lease ON sessions (lease_owner) WHERE lease_owner IS NOT NULL;
+    CREATE TABLE turns (
+        id           TEXT PRIMARY KEY,
+        session_key  TEXT NOT NULL,
+        event_id     TEXT NOT NULL,
+        status       TEXT NOT NULL,
+        reason       TEXT,
+        steps        BIGINT NOT NULL DEFAULT 0,
+        output       TEXT,
+        error        TEXT,
+        started_at   BIGINT NOT NULL,
+        finished_at  BIGINT,
+        node         TEXT NOT NULL
+    );
+    CREATE INDEX turns_by_session ON turns (session_key, started_at);
+    CREATE INDEX turns_by_event ON turns (event_id);
+    CREATE TABLE transcript (
+        session_key  TEXT NOT NULL,
+        seq          BIGINT NOT NULL,
+        turn_id      TEXT NOT NULL,
+        kind         TEXT NOT NULL,
+        body         TEXT NOT NULL,
+        created_at   BIGINT NOT NULL,
+        PRIMARY KEY (session_key, seq)
+    );
+    CREATE INDEX transcript_by_turn ON transcript (turn_id);
+    CREATE TABLE deliveries (
+        event_id          TEXT PRIMARY KEY,
+        route             TEXT NOT NULL,
+        session_key       TEXT NOT NULL,
+        body              TEXT NOT NULL,
+        status            TEXT NOT NULL,
+        attempts          BIGINT NOT NULL DEFAULT 0,
+        next_attempt_at   BIGINT NOT NULL,
+        last_error        TEXT,
+        created_at        BIGINT NOT NULL,
+        updated_at        BIGINT NOT NULL,
+        lease_owner       TEXT,
+        lease_expires_at  BIGINT
+    );
+    CREATE INDEX deliveries_due ON deliveries (next_attempt_at) WHERE status = 'pending';
+    CREATE INDEX deliveries_by_status ON deliveries (status);
+    CREATE TABLE resume_ledger (
+        session_key   TEXT PRIMARY KEY,
+        attempts      BIGINT NOT NULL,
+        last_attempt  TEXT NOT NULL
+    );
+    CREATE TABLE nodes (
+        id            TEXT PRIMARY KEY,
+        name          TEXT NOT NULL,
+        pid           BIGINT NOT NULL,
+        started_at    BIGINT NOT NULL,
+        heartbeat_at  BIGINT NOT NULL,
+        stopped_at    BIGINT
+    );"];
+
+impl From<tokio_postgres::Error> for StoreError {
+    fn from(err: tokio_postgres::Error) -> StoreError {
+        StoreError::Postgres(err.to_string())
+    }
+}
+
+impl From<deadpool_postgres::PoolError> for StoreError {
+    fn from(err: deadpool_postgres::PoolError) -> StoreError {
+        StoreError::Postgres(format!("no connection: {err}"))
+    }
+}
+
+/// Bounds an operation in time: a database that does not answer is unavailable.
+async fn bounded<T>(
+    operation: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    tokio::time::timeout(OPERATION_TIMEOUT, operation)
+        .await
+        .map_err(|_| {
+            StoreError::Unavailable(format!(
+                "PostgreSQL did not answer within {OPERATION_TIMEOUT:?}"
+            ))
+        })?
+}
+
+type AcceptJob = (NewEvent, oneshot::Sender<Result<AcceptOutcome, StoreError>>);
+
+/// A handle to the shared database. Cheap to clone.
+#[derive(Clone)]
+pub(crate) struct PostgresStore {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    pool: Pool,
+    /// This run of this node: the owner named in its leases.
+    node_id: String,
+    node_name: String,
+    lease_ttl_ms: i64,
+    writable: AtomicBool,
+    /// Accepts waiting for a group commit (daemon only).
+    accepts: Option<mpsc::UnboundedSender<AcceptJob>>,
+    /// Stops the heartbeat at release.
+    stop: CancellationToken,
+}
+
+impl PostgresStore {
+    /// Connects. As the daemon (`serve`), also migrates the schema, registers this node, and
+    /// starts the accept writers and the lease heartbeat.
+    pub(crate) async fn open(
+        settings: &PostgresSettings,
+        serve: bool,
+    ) -> Result<PostgresStore, StoreError> {
+        let url = std::str::from_utf8(settings.url.expose())
+            .ok()
+            .and_then(|text| text.trim().parse::<tokio_postgres::Config>().ok())
+            .ok_or_else(|| {
+                // The text may hold a password: say where it came from, never what it was.
+                StoreError::Postgres(format!(
+                    "store.url ({}) is not a PostgreSQL connection string or URL",
+                    settings.url
+                ))
+            })?;
+        let mut config = url;
+        config
+            .connect_timeout(Duration::from_secs(5))
+            .application_name(format!("agentgate {}", settings.node));
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(settings.pool_size)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(OPERATION_TIMEOUT))
+            .create_timeout(Some(Duration::from_secs(5)))
+            .build()
+            .map_err(|err| StoreError::Postgres(format!("connection pool: {err}")))?;
+        let (accepts, receiver) = if serve {
+            let (sender, receiver) = mpsc::unbounded_channel();
+            (Some(sender), Some(receiver))
+        } else {
+            (None, None)
+        };
+        let store = PostgresStore {
+            shared: Arc::new(Shared {
+                pool,
+                node_id: uuid::Uuid::now_v7().to_string(),
+                node_name: settings.node.clone(),
+                lease_ttl_ms: i64::try_from(settings.lease_ttl.as_millis()).unwrap_or(i64::MAX),
+                writable: AtomicBool::new(true),
+                accepts,
+                stop: CancellationToken::new(),
+            }),
+        };
+        if let Some(receiver) = receiver {
+            bounded(store.migrate()).await?;
+            bounded(store.register()).await?;
+            let receiver = Arc::new(Mutex::new(receiver));
+            for _ in 0..ACCEPT_WRITERS {
+                tokio::spawn(store.clone().accept_writer(receiver.clone()));
+            }
+            tokio::spawn(store.clone().heartbeat(settings.lease_ttl));
+        }
+        Ok(store)
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
+        Ok(self.shared.pool.get().await?)
+    }
+
+    async fn migrate(&self) -> Result<(), StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+            .await?;
+        tx.batch_execute("CREATE TABLE IF NOT EXISTS agentgate_schema (version INTEGER NOT NULL)")
+            .await?;
+        let found: i32 = tx
+            .query_one(
+                "SELECT COALESCE(max(version), 0) FROM agentgate_schema",
+                &[],
+            )
+            .await?
+            .get(0);
+        let current = MIGRATIONS.len() as i32;
+        if found > current {
+            return Err(StoreError::Postgres(format!(
+                "the database is at schema version {found}, newer than this agentgate ({current}); upgrade agentgate"
+            )));
+        }
+        for (index, sql) in MIGRATIONS.iter().enumerate().skip(found as usize) {
+            let version = index as i32 + 1;
+            tx.batch_execute(sql).await.map_err(|err| {
+                StoreError::Postgres(format!("migration to schema version {version}: {err}"))
+            })?;
+            tx.execute(
+                "INSERT INTO agentgate_schema (version) VALUES ($1)",
+                &[&version],
+            )
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Adds this run of the node to `nodes` (and forgets runs long gone).
+    async fn register(&self) -> Result<(), StoreError> {
+        let client = self.client().await?;
+        let now = now_millis();
+        client
+            .execute(
+                "INSERT INTO nodes (id, name, pid, started_at, heartbeat_at) VALUES ($1, $2, $3, $4, $4)",
+                &[
+                    &self.shared.node_id,
+                    &self.shared.node_name,
+                    &i64::from(std::process::id()),
+                    &now,
+                ],
+            )
+            .await?;
+        client
+            .execute(
+                "DELETE FROM nodes n WHERE n.heartbeat_at < $1
+                     AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.lease_owner = n.id)",
+                &[&(now - 24 * NODE_HISTORY_MS)],
+            )
+            .await?;
+        tracing::info!(node = %self.shared.node_name, node_id = %self.shared.node_id,
+            "joined the PostgreSQL store");
+        Ok(())
+    }
+
+    fn set_writable(&self, writable: bool) {
+        let was = self.shared.writable.swap(writable, Ordering::AcqRel);
+        match (was, writable) {
+            (true, false) => {
+                tracing::error!("PostgreSQL cannot be written; answering 503 until it can again")
+            }
+            (false, true) => tracing::info!("PostgreSQL writes succeed again; accepting events"),
+            _ => {}
+        }
+    }
+
+    /// Takes every pending accept (up to a batch), commits them in one transaction, answers each.
+    async fn accept_writer(self, receiver: Arc<Mutex<mpsc::UnboundedReceiver<AcceptJob>>>) {
+        let mut batch = Vec::with_capacity(ACCEPT_BATCH);
+        loop {
+            {
+                let mut receiver = receiver.lock().await;
+                match receiver.recv().await {
+                    Some(job) => batch.push(job),
+                    None => return,
+                }
+                while batch.len() < ACCEPT_BATCH {
+                    match receiver.try_recv() {
+                        Ok(job) => batch.push(job),
+                        Err(_) => break,
+                    }
+                }
+            }
+            let events: Vec<&NewEvent> = batch.iter().map(|(event, _)| event).collect();
+            let committed = bounded(self.commit_accepts(&events)).await;
+            self.set_writable(committed.is_ok());
+            match committed {
+                Ok(outcomes) => {
+                    for ((_, reply), outcome) in batch.drain(..).zip(outcomes) {
+                        let _ = reply.send(Ok(outcome));
+                    }
+                }
+                Err(err) => {
+                    let message = err.to_string();
+                    for (_, reply) in batch.drain(..) {
+                        let _ = reply.send(Err(StoreError::Unavailable(message.clone())));
+                    }
+                }
+            }
+        }
+    }
+
+    async fn commit_accepts(&self, events: &[&NewEvent]) -> Result<Vec<AcceptOutcome>, StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        let remember = tx
+            .prepare_cached(
+                "INSERT INTO dedup (route, delivery_id, event_id, seen_at) VALUES ($1, $2, $3, $4)
+                 ON CONFLICT (route, delivery_id) DO UPDATE
+                     SET event_id = EXCLUDED.event_id, seen_at = EXCLUDED.seen_at
+                     WHERE dedup.seen_at < $5
+                 RETURNING event_id",
+            )
+            .await?;
+        let original = tx
+            .prepare_cached("SELECT event_id FROM dedup WHERE route = $1 AND delivery_id = $2")
+            .await?;
+        let insert = tx
+            .prepare_cached(
+                "INSERT INTO events (id, route, session_key, event_type, delivery_id, headers,
+                                     payload, received_at, status, updated_at, node)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'queued', $8, $9)",
+            )
+            .await?;
+        let session = tx
+            .prepare_cached(
+                "INSERT INTO sessions (key, route, state, created_at, updated_at)
+                 VALUES ($1, $2, 'idle', $3, $3) ON CONFLICT (key) DO NOTHING",
+            )
+            .await?;
+        let mut outcomes = Vec::with_capacity(events.len());
+        for event in events {
+            let now = now_millis();
+            if let Some(delivery_id) = &event.delivery_id {
+                let fresh = tx
+                    .query_opt(
+                        &remember,
+                        &[
+                            &event.route,
+                            delivery_id,
+                            &event.id,
+                            &now,
+                            &event.dedup_since,
+                        ],
+                    )
+                    .await?;
+                if fresh.is_none() {
+                    let row = tx
+                        .query_one(&original, &[&event.route, delivery_id])
+                        .await?;
+                    outcomes.push(AcceptOutcome::Duplicate {
+                        original: row.get(0),
+                    });
+                    continue;
+                }
+            }
+            tx.execute(
+                &insert,
+                &[
+                    &event.id,
+                    &event.route,
+                    &event.session_key,
+                    &event.event_type,
+                    &event.delivery_id,
+                    &event.headers,
+                    &event.payload,
+                    &now,
+                    &self.shared.node_name,
+                ],
+            )
+            .await?;
+            tx.execute(&session, &[&event.session_key, &event.route, &now])
+                .await?;
+            outcomes.push(AcceptOutcome::Accepted);
+        }
+        tx.commit().await?;
+        Ok(outcomes)
+    }
+
+    /// Renews this node's leases and heartbeat; its outcome is the store's writability.
+    async fn heartbeat(self, lease_ttl: Duration) {
+        let interval = (lease_ttl / 3).min(Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                () = self.shared.stop.cancelled() => return,
+                () = tokio::time::sleep(interval) => {}
+            }
+            let renewed = bounded(self.renew()).await;
+            if let Err(err) = &renewed {
+                tracing::warn!(error = %err, "cannot renew this node's leases");
+            }
+            self.set_writable(renewed.is_ok());
+        }
+    }
+
+    async fn renew(&self) -> Result<(), StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        let me = &self.shared.node_id;
+        tx.execute(
+            "UPDATE nodes SET heartbeat_at = $2 WHERE id = $1",
+            &[me, &now_millis()],
+        )
+        .await?;
+        tx.execute(
+            "UPDATE sessions SET lease_expires_at = agentgate_now_ms() + $2
+             WHERE lease_owner = $1 AND state = 'running'",
+            &[me, &self.shared.lease_ttl_ms],
+        )
+        .await?;
+        tx.execute(
+            "UPDATE deliveries SET lease_expires_at = agentgate_now_ms() + $2 WHERE lease_owner = $1",
+            &[me, &DELIVERY_LEASE_MS],
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Renews the session's lease, or fails with `LeaseLost` when another node owns it now.
+    async fn hold_lease(
+        &self,
+        tx: &deadpool_postgres::Transaction<'_>,
+        session_key: &str,
+    ) -> Result<(), StoreError> {
+        let held = tx
+            .execute(
+                "UPDATE sessions SET lease_expires_at = agentgate_now_ms() + $3
+                 WHERE key = $1 AND lease_owner = $2",
+                &[
+                    &session_key,
+                    &self.shared.node_id,
+                    &self.shared.lease_ttl_ms,
+                ],
+            )
+            .await?;
+        if held == 0 {
+            return Err(StoreError::LeaseLost {
+                session_key: session_key.to_string(),
+            });
+        }
+        Ok(())
+    }
+
+    async fn nodes(&self, client: &tokio_postgres::Client) -> Result<Vec<NodeRow>, StoreError> {
+        let now = now_millis();
+        let rows = client
+            .query(
+                "SELECT n.name, n.id, n.pid, n.started_at, n.heartbeat_at, n.stopped_at,
+                        COALESCE(array_agg(s.key ORDER BY s.key) FILTER (WHERE s.key IS NOT NULL), '{}')
+                 FROM nodes n
+                 LEFT JOIN sessions s ON s.lease_owner = n.id AND s.state = 'running'
+                 WHERE n.heartbeat_at >= $1 OR s.key IS NOT NULL
+                 GROUP BY n.id ORDER BY n.name, n.started_at",
+                &[&(now - NODE_HISTORY_MS)],
+            )
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|row| {
+                let heartbeat_at: i64 = row.get(4);
+                let stopped_at: Option<i64> = row.get(5);
+                let state = if stopped_at.is_some() {
+                    "stopped"
+                } else if now - heartbeat_at > self.shared.lease_ttl_ms {
+                    "lost"
+                } else {
+                    "running"
+                };
+                NodeRow {
+                    name: row.get(0),
+                    id: row.get(1),
+                    pid: row.get(2),
+                    started_at: row.get(3),
+                    heartbeat_at,
+                    state: state.to_string(),
+                    leases: row.get(6),
+                }
+            })
+            .collect())
+    }
+}
+
+/// Ends a turn's rows: the turn, its event's terminal status, its session (lease released) and
+/// its delivery, as one part of the caller's transaction.
+async fn finish_rows(
+    tx: &deadpool_postgres::Transaction<'_>,
+    end: &TurnEnd,
+) -> Result<(), StoreError> {
+    let now = now_millis();
+    tx.execute(
+        "UPDATE turns SET status = $2, reason = $3, output = $4, error = $5, steps = $6, finished_at = $7
+         WHERE id = $1",
+        &[
+            &end.turn_id,
+            &end.turn_status,
+            &end.reason,
+            &end.output,
+            &end.error,
+            &i64::from(end.steps),
+            &now,
+        ],
+    )
+    .await?;
+    tx.execute(
+        "UPDATE events SET status = $2, updated_at = $3 WHERE id = $1",
+        &[&end.event_id, &end.event_status, &now],
+    )
+    .await?;
+    // An operator's suspension made while the turn ran stays in force.
+    tx.execute(
+        "UPDATE sessions SET state = CASE WHEN state = 'suspended' THEN 'suspended' ELSE $2 END,
+             reason = CASE WHEN state = 'suspended' THEN reason ELSE $3 END, updated_at = $4,
+             lease_owner = NULL, lease_expires_at = NULL
+         WHERE key = $1",
+        &[&end.session_key, &end.session_state(), &end.reason, &now],
+    )
+    .await?;
+    let body = end
+        .delivery_body()
+        .map_err(|err| StoreError::Postgres(format!("delivery body: {err}")))?;
+    tx.execute(
+        "INSERT INTO deliveries (event_id, route, session_key, body, status, attempts, next_attempt_at,
+                                 created_at, updated_at)
+         VALUES ($1, $2, $3, $4, 'pending', 0, $5, $5, $5)
+         ON CONFLICT (event_id) DO UPDATE SET body = EXCLUDED.body, status = 'pending', attempts = 0,
+             next_attempt_at = EXCLUDED.next_attempt_at, updated_at = EXCLUDED.updated_at,
+             lease_owner = NULL, lease_expires_at = NULL",
+        &[&end.event_id, &end.route, &end.session_key, &body, &now],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Puts an interrupted session's event back at the head of its queue, marked as a resume.
+async fn requeue_rows(
+    tx: &deadpool_postgres::Transaction<'_>,
+    event_id: &str,
+    session_key: &str,
+    reason: &str,
+) -> Result<(), StoreError> {
+    let now = now_millis();
+    tx.execute(
+        "UPDATE events SET status = 'queued', resume_reason = $2, updated_at = $3 WHERE id = $1",
+        &[&event_id, &reason, &now],
+    )
+    .await?;
+    tx.execute(
+        "UPDATE sessions SET state = 'idle', updated_at = $2 WHERE key = $1",
+        &[&session_key, &now],
+    )
+    .await?;
+    Ok(())
+}
+
+fn session_row(row: &tokio_postgres::Row) -> SessionRow {
+    SessionRow {
+        key: row.get(0),
+        route: row.get(1),
+        state: row.get(2),
+        reason: row.get(3),
+        last_turn_id: row.get(4),
+        last_turn_status: row.get(5),
+        turns: row.get(6),
+        queued: row.get(7),
+        updated_at: row.get(8),
+    }
+}
+
+async fn grouped(
+    client: &tokio_postgres::Client,
+    sql: &str,
+) -> Result<std::collections::BTreeMap<String, i64>, StoreError> {
+    Ok(client
+        .query(sql, &[])
+        .await?
+        .into_iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect())
+}
+
+impl Backend for PostgresStore {
+    async fn accept(&self, event: NewEvent) -> Result<AcceptOutcome, StoreError> {
+        let accepts = self.shared.accepts.as_ref().ok_or_else(|| {
+            StoreError::Unavailable("this store handle does not accept events".into())
+        })?;
+        let (reply, answer) = oneshot::channel();
+        accepts
+            .send((event, reply))
+            .map_err(|_| StoreError::Unavailable("the accept writers have stopped".into()))?;
+        answer
+            .await
+            .map_err(|_| StoreError::Unavailable("the accept writers have stopped".into()))?
+    }
+
+    async fn enqueue_internal(
+        &self,
+        session_key: &str,
+        route: &str,
+        event_type: &str,
+        payload: serde_json::Value,
+    ) -> Result<String, StoreError> {
+        let id = uuid::Uuid::now_v7().to_string();
+        bounded(async {
+            let client = self.client().await?;
+            client
+                .execute(
+                    "INSERT INTO events (id, route, session_key, event_type, delivery_id, headers, payload,
+                                         received_at, status, updated_at, origin, node)
+                     VALUES ($1, $2, $3, $4, NULL, '{}', $5, $6, 'queued', $6, 'background', $7)",
+                    &[
+                        &id,
+                        &route,
+                        &session_key,
+                        &event_type,
+                        &payload.to_string().into_bytes(),
+                        &now_millis(),
+                        &self.shared.node_name,
+                    ],
+                )
+                .await?;
+            Ok(())
+        })
+        .await?;
+        Ok(id)
+    }
+
+    async fn prune_dedup(&self, before: i64) -> Result<usize, StoreError> {
+        bounded(async {
+            let client = self.client().await?;
+            let pruned = client
+                .execute("DELETE FROM dedup WHERE seen_at < $1", &[&before])
+                .await?;
+            Ok(pruned as usize)
+        })
+        .await
+    }
+
+    async fn claim_turns(&self, limit: usize) -> Result<Vec<ClaimedTurn>, StoreError> {
+        bounded(async {
+            let mut client = self.client().await?;
+            let tx = client.transaction().await?;
+            // The oldest queued event of each idle session, oldest first; sessions another node
+            // is claiming right now are skipped, not waited for.
+            let sessions = tx
+                .query(
+                    "SELECT s.key FROM sessions s
+                     JOIN (SELECT session_key, min(seq) AS first_seq FROM events
+                           WHERE status = 'queued' GROUP BY session_key
+                           ORDER BY first_seq LIMIT $2) q ON q.session_key = s.key
+                     WHERE s.state = 'idle'
+                     ORDER BY q.first_seq LIMIT $1
+                     FOR UPDATE OF s SKIP LOCKED",
+                    &[&(limit as i64), &CANDIDATE_WINDOW],
+                )
+                .await?;
+            let mut claimed = Vec::with_capacity(sessions.len());
+            for session in sessions {
+                let session_key: String = session.get(0);
+                let Some(row) = tx
+                    .query_opt(
+                        "SELECT id, route, session_key, event_type, delivery_id, headers, payload, resume_reason
+                         FROM events WHERE session_key = $1 AND status = 'queued' ORDER BY seq LIMIT 1",
+                        &[&session_key],
+                    )
+                    .await?
+                else {
+                    continue;
+                };
+                let event = StoredEvent {
+                    id: row.get(0),
+                    route: row.get(1),
+                    session_key: row.get(2),
+                    event_type: row.get(3),
+                    delivery_id: row.get(4),
+                    headers: row.get(5),
+                    payload: row.get(6),
+                    resume_reason: row.get(7),
+                };
+                let turn_id = uuid::Uuid::now_v7().to_string();
+                let now = now_millis();
+                tx.execute(
+                    "UPDATE events SET status = 'running', resume_reason = NULL, updated_at = $2 WHERE id = $1",
+                    &[&event.id, &now],
+                )
+                .await?;
+                tx.execute(
+                    "INSERT INTO turns (id, session_key, event_id, status, started_at, node)
+                     VALUES ($1, $2, $3, 'running', $4, $5)",
+                    &[&turn_id, &event.session_key, &event.id, &now, &self.shared.node_name],
+                )
+                .await?;
+                tx.execute(
+                    "UPDATE sessions SET state = 'running', reason = NULL, last_turn_id = $2, updated_at = $3,
+                         lease_owner = $4, lease_expires_at = agentgate_now_ms() + $5
+                     WHERE key = $1",
+                    &[
+                        &event.session_key,
+                        &turn_id,
+                        &now,
+                        &self.shared.node_id,
+                        &self.shared.lease_ttl_ms,
+                    ],
+                )
+                .await?;
+                claimed.push(ClaimedTurn { turn_id, event });
+            }
+            tx.commit().await?;
+            Ok(claimed)
+        })
+        .await
+    }
+
+    async fn append_transcript(
+        &self,
+        session_key: &str,
+        turn_id: &str,
+        entries: Vec<(&'static str, String)>,
+        steps: u32,
+    ) -> Result<(), StoreError> {
+        bounded(async {
+            let mut client = self.client().await?;
+            let tx = client.transaction().await?;
+            self.hold_lease(&tx, session_key).await?;
+            let now = now_millis();
+            for (kind, body) in &entries {
+                tx.execute(
+                    "INSERT INTO transcript (session_key, seq, turn_id, kind, body, created_at)
+                     VALUES ($1, COALESCE((SELECT max(seq) FROM transcript WHERE session_key = $1), 0) + 1,
+                             $2, $3, $4, $5)",
+                    &[&session_key, &turn_id, kind, body, &now],
+                )
+                .await?;
+            }
+            tx.execute(
+                "UPDATE turns SET steps = $2 WHERE id = $1",
+                &[&turn_id, &i64::from(steps)],
+            )
+            .await?;
+            tx.commit().await?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn finish_turn(&self, end: TurnEnd) -> Result<(), StoreError> {
+        bounded(async {
+            let mut client = self.client().await?;
+            let tx = client.transaction().await?;
+            self.hold_lease(&tx, &end.session_key).await?;
+            finish_rows(&tx, &end).await?;
+            tx.commit().await?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn interrupt_for_resume(
+        &self,
+        turn_id: &str,
+        session_key: &str,
+        reason: &'static str,
+        steps: u32,
+    ) -> Result<(), StoreError> {
+        bounded(async {
+            let mut client = self.client().await?;
+            let tx = client.transaction().await?;
+            self.hold_lease(&tx, session_key).await?;
+            let now = now_millis();
+            tx.execute(
+                "UPDATE turns SET status = 'interrupted', reason = $2, steps = $3, finished_at = $4 WHERE id = $1",
+                &[&turn_id, &reason, &i64::from(steps), &now],
+            )
+            .await?;
+            // The lease goes with it: another node resumes the session at once.
+            tx.execute(
+                "UPDATE sessions SET state = 'resume_pending', reason = $2, updated_at = $3,
+                     lease_owner = NULL, lease_expires_at = NULL
+                 WHERE key = $1",
+                &[&session_key, &reason, &now],
+            )
+            .await?;
+            tx.commit().await?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn mark_crashed_turns(&self) -> Result<usize, StoreError> {
+        bounded(async {
+            let client = self.client().await?;
+            let now = now_millis();
+            let lost = client
+                .execute(
+                    "WITH lost AS (
+                         UPDATE sessions SET state = 'resume_pending', reason = 'crashed', updated_at = $1,
+                             lease_owner = NULL, lease_expires_at = NULL
+                         WHERE state = 'running' AND lease_expires_at < agentgate_now_ms()
+                         RETURNING last_turn_id)
+                     UPDATE turns SET status = 'interrupted', reason = 'crashed', finished_at = $1
+                     FROM lost WHERE turns.id = lost.last_turn_id AND turns.status = 'running'",
+                    &[&now],
+                )
+                .await?;
+            Ok(lost as usize)
+        })
+        .await
+    }
+
+    async fn interrupted_sessions(&self) -> Result<Vec<InterruptedSession>, StoreError> {
+        bounded(async {
+            let client = self.client().await?;
+            let rows = client
+                .query(
+                    "SELECT s.key, s.route, COALESCE(s.reason, 'crashed'), t.id, t.event_id, t.steps, t.started_at
+                     FROM sessions s JOIN turns t ON t.id = s.last_turn_id
+                     WHERE s.state = 'resume_pending' AND s.lease_owner IS NULL
+                     ORDER BY t.started_at",
+                    &[],
+                )
+                .await?;
+            Ok(rows
+                .into_iter()
+                .map(|row| InterruptedSession {
+                    session_key: row.get(0),
+                    route: row.get(1),
+                    reason: row.get(2),
+                    turn_id: row.get(3),
+                    event_id: row.get(4),
+                    steps: u32::try_from(row.get::<_, i64>(5)).unwrap_or(u32::MAX),
+                    started_at: row.get(6),
+                })
+                .collect())
+        })
+        .await
+    }
+
+    async fn settle_interrupted(
+        &self,
+        session: &InterruptedSession,
+        settlement: Settlement,
+    ) -> Result<Settled, StoreError> {
+        bounded(async {
+            let mut client = self.client().await?;
+            let tx = client.transaction().await?;
+            // Whoever locks the session settles it; the others skip it.
+            let still_interrupted = tx
+                .query_opt(
+                    "SELECT 1 FROM sessions
+                     WHERE key = $1 AND state = 'resume_pending' AND last_turn_id = $2
+                     FOR UPDATE SKIP LOCKED",
+                    &[&session.session_key, &session.turn_id],
+                )
+                .await?;
+            if still_interrupted.is_none() {
+                return Ok(Settled::NotInterrupted);
+            }
+            let max_attempts = match settlement {
+                Settlement::Abandon => {
+                    finish_rows(&tx, &session.abandoned()).await?;
+                    tx.commit().await?;
+                    return Ok(Settled::Abandoned);
+                }
+                Settlement::Admit { max_attempts } => max_attempts,
+            };
+            // The count, under the ledger row's lock, in the transaction that queues the resume.
+            let attempt: i64 = tx
+                .query_one(
+                    "INSERT INTO resume_ledger (session_key, attempts, last_attempt) VALUES ($1, 1, $2)
+                     ON CONFLICT (session_key) DO UPDATE
+                         SET attempts = resume_ledger.attempts + 1, last_attempt = EXCLUDED.last_attempt
+                     RETURNING attempts",
+                    &[&session.session_key, &now_rfc3339()],
+                )
+                .await?
+                .get(0);
+            let attempt = u64::try_from(attempt).unwrap_or(u64::MAX);
+            if attempt > u64::from(max_attempts) {
+                finish_rows(&tx, &session.suspended(max_attempts)).await?;
+                tx.execute(
+                    "DELETE FROM resume_ledger WHERE session_key = $1",
+                    &[&session.session_key],
+                )
+                .await?;
+                tx.commit().await?;
+                return Ok(Settled::Suspended);
+            }
+            requeue_rows(&tx, &session.event_id, &session.session_key, &session.reason).await?;
+            tx.commit().await?;
+            Ok(Settled::Resumed { attempt })
+        })
+        .await
+    }
+
+    async fn clear_resume_count(&self, session_key: &str) -> Result<(), StoreError> {
+        bounded(async {
+            let client = self.client().await?;
+            client
+                .execute(
+                    "DELETE FROM resume_ledger WHERE session_key = $1",
+                    &[&session_key],
+                )
+                .await?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn event_has_transcript(&self, event_id: &str) -> Result<bool, StoreError> {
+        bounded(async {
+            let client = self.client().await?;
+            Ok(client
+                .query_one(
+                    "SELECT EXISTS (SELECT 1 FROM transcript t JOIN turns u ON u.id = t.turn_id
+                                    WHERE u.event_id = $1)",
+                    &[&event_id],
+                )
+                .await?
+                .get(0))
+        })
+        .await
+    }
+
+    async fn transcript(&self, session_key: &str) -> Result<Vec<TranscriptRow>, StoreError> {
+        bounded(async {
+            let client = self.client().await?;
+            let rows = client
+                .query(
+                    "SELECT seq, turn_id, kind, body, created_at FROM transcript
+                     WHERE session_key = $1 ORDER BY seq",
+                    &[&session_key],
+                )
+                .await?;
+            Ok(rows
+                .into_iter()
+                .map(|row| {
+                    let body: String = row.get(3);
+                    TranscriptRow {
+                        seq: row.get(0),
+                        turn_id: row.get(1),
+                        kind: row.get(2),
+                        body: serde_json::from_str(&body)
+                            .unwrap_or(serde_json::Value::String(body)),
+                        created_at: row.get(4),
+                    }
+                })
+                .collect())
+        })
+        .await
+    }
+
+    async fn due_deliveries(&self, limit: usize) -> Result<Vec<PendingDelivery>, StoreError> {
+        bounded(async {
+            let client = self.client().await?;
+            let rows = client
+                .query(
+                    "UPDATE deliveries SET lease_owner = $1, lease_expires_at = agentgate_now_ms() + $2
+                     WHERE event_id IN (
+                         SELECT event_id FROM deliveries
+                         WHERE status = 'pending' AND next_attempt_at <= $3
+                           AND (lease_owner IS NULL OR lease_expires_at < agentgate_now_ms())
+                         ORDER BY next_attempt_at LIMIT $4
+                         FOR UPDATE SKIP LOCKED)
+                     RETURNING event_id, route, session_key, body, attempts, next_attempt_at",
+                    &[
+                        &self.shared.node_id,
+                        &DELIVERY_LEASE_MS,
+                        &now_millis(),
+                        &(limit as i64),
+                    ],
+                )
+                .await?;
+            let mut due: Vec<(i64, PendingDelivery)> = rows
+                .into_iter()
+                .map(|row| {
+                    (
+                        row.get(5),
+                        PendingDelivery {
+                            event_id: row.get(0),
+                            route: row.get(1),
+                            session_key: row.get(2),
+                            body: row.get(3),
+                            attempts: u32::try_from(row.get::<_, i64>(4)).unwrap_or(u32::MAX),
+                        },
+                    )
+                })
+                .collect();
+            due.sort_by_key(|(at, _)| *at);
+            Ok(due.into_iter().map(|(_, delivery)| delivery).collect())
+        })
+        .await
+    }
+
+    async fn record_delivery_attempt(
+        &self,
+        event_id: &str,
+        outcome: DeliveryAttempt,
+    ) -> Result<(), StoreError> {
+        bounded(async {
+            let client = self.client().await?;
+            let now = now_millis();
+            let (status, next, error) = outcome.columns(now);
+            client
+                .execute(
+                    "UPDATE deliveries SET status = $2, attempts = attempts + 1, next_attempt_at = $3,
+                         last_error = $4, updated_at = $5, lease_owner = NULL, lease_expires_at = NULL
+                     WHERE event_id = $1",
+                    &[&event_id, &status, &next, &error, &now],
+                )
+                .await?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn live_counts(&self) -> Result<LiveCounts, StoreError> {
+        bounded(async {
+            let client = self.client().await?;
+            let row = client
+                .query_one(
+                    "SELECT (SELECT count(*) FROM events WHERE status = 'queued'),
+                            (SELECT count(*) FROM sessions WHERE state = 'resume_pending'),
+                            (SELECT count(*) FROM sessions WHERE state = 'suspended')",
+                    &[],
+                )
+                .await?;
+            Ok(LiveCounts {
+                queued: row.get(0),
+                resume_pending: row.get(1),
+                suspended: row.get(2),
+            })
+        })
+        .await
+    }
+
+    async fn status_summary(&self) -> Result<StatusSummary, StoreError> {
+        bounded(async {
+            let client = self.client().await?;
+            let by_status = grouped(
+                &client,
+                "SELECT status, count(*) FROM events WHERE origin = 'webhook' GROUP BY status",
+            )
+            .await?;
+            let by_state = grouped(
+                &client,
+                "SELECT state, count(*) FROM sessions GROUP BY state",
+            )
+            .await?;
+            let deliveries = client
+                .query_one(
+                    "SELECT count(*) FILTER (WHERE status = 'pending'),
+                            count(*) FILTER (WHERE status = 'failed')
+                     FROM deliveries",
+                    &[],
+                )
+                .await?;
+            let deliveries = DeliveryCounts {
+                pending: deliveries.get(0),
+                failed: deliveries.get(1),
+            };
+            let nodes = self.nodes(&client).await?;
+            Ok(StatusSummary::from_counts(
+                by_status,
+                by_state,
+                deliveries,
+                Some(nodes),
+            ))
+        })
+        .await
+    }
+
+    async fn sessions(&self) -> Result<Vec<SessionRow>, StoreError> {
+        bounded(async {
+            let client = self.client().await?;
+            let rows = client
+                .query(&format!("{SESSION_SQL} ORDER BY s.updated_at DESC"), &[])
+                .await?;
+            Ok(rows.iter().map(session_row).collect())
+        })
+        .await
+    }
+
+    async fn session(&self, key: &str) -> Result<Option<SessionRow>, StoreError> {
+        bounded(async {
+            let client = self.client().await?;
+            let row = client
+                .query_opt(&format!("{SESSION_SQL} WHERE s.key = $1"), &[&key])
+                .await?;
+            Ok(row.as_ref().map(session_row))
+        })
+        .await
+    }
+
+    async fn operator_resume(&self, key: &str) -> Result<Option<String>, StoreError> {
+        bounded(async {
+            let mut client = self.client().await?;
+            let tx = client.transaction().await?;
+            let Some(row) = tx
+                .query_opt(
+                    "SELECT s.state, COALESCE(s.reason, 'crashed'), t.event_id
+                     FROM sessions s LEFT JOIN turns t ON t.id = s.last_turn_id
+                     WHERE s.key = $1 FOR UPDATE OF s",
+                    &[&key],
+                )
+                .await?
+            else {
+                return Ok(None);
+            };
+            let (state, reason, event_id): (String, String, Option<String>) =
+                (row.get(0), row.get(1), row.get(2));
+            tx.execute("DELETE FROM resume_ledger WHERE session_key = $1", &[&key])
+                .await?;
+            match (state.as_str(), &event_id) {
+                ("resume_pending", Some(event_id)) => {
+                    requeue_rows(&tx, event_id, key, &reason).await?;
+                }
+                ("running", _) => {}
+                _ => {
+                    tx.execute(
+                        "UPDATE sessions SET state = 'idle', reason = NULL, updated_at = $2 WHERE key = $1",
+                        &[&key, &now_millis()],
+                    )
+                    .await?;
+                }
+            }
+            tx.commit().await?;
+            Ok(Some(state))
+        })
+        .await
+    }
+
+    async fn operator_suspend(&self, key: &str) -> Result<Option<String>, StoreError> {
+        bounded(async {
+            let client = self.client().await?;
+            let row = client
+                .query_opt(
+                    "UPDATE sessions n SET state = 'suspended', reason = 'operator', updated_at = $2
+                     FROM sessions o WHERE n.key = $1 AND o.key = n.key
+                     RETURNING o.state",
+                    &[&key, &now_millis()],
+                )
+                .await?;
+            Ok(row.map(|row| row.get(0)))
+        })
+        .await
+    }
+
+    async fn resume_ledger(&self) -> Result<Ledger, StoreError> {
+        bounded(async {
+            let client = self.client().await?;
+            let mut ledger = Ledger::default();
+            for row in client
+                .query(
+                    "SELECT session_key, attempts, last_attempt FROM resume_ledger ORDER BY session_key",
+                    &[],
+                )
+                .await?
+            {
+                let key: String = row.get(0);
+                let attempts = u64::try_from(row.get::<_, i64>(1)).unwrap_or(0);
+                ledger.insert(&key, attempts, row.get(2));
+            }
+            Ok(ledger)
+        })
+        .await
+    }
+
+    async fn answers(&self) -> bool {
+        bounded(self.renew()).await.is_ok()
+    }
+
+    async fn release(&self) {
+        self.shared.stop.cancel();
+        let released = bounded(async {
+            let client = self.client().await?;
+            client
+                .execute(
+                    "UPDATE deliveries SET lease_owner = NULL, lease_expires_at = NULL WHERE lease_owner = $1",
+                    &[&self.shared.node_id],
+                )
+                .await?;
+            client
+                .execute(
+                    "UPDATE nodes SET stopped_at = $2, heartbeat_at = $2 WHERE id = $1",
+                    &[&self.shared.node_id, &now_millis()],
+                )
+                .await?;
+            Ok(())
+        })
+        .await;
+        if let Err(err) = released {
+            tracing::warn!(error = %err, "cannot hand this node's delivery leases back; they expire");
+        }
+    }
+
+    fn is_writable(&self) -> bool {
+        self.shared.writable.load(Ordering::Acquire)
+    }
+
+    fn failover_interval(&self) -> Option<Duration> {
+        let ttl = Duration::from_millis(u64::try_from(self.shared.lease_ttl_ms).unwrap_or(0));
+        Some((ttl / 4).clamp(Duration::from_millis(250), Duration::from_secs(5)))
+    }
+}

@@ -1,0 +1,560 @@
+//! The SQLite backend: one node, state in `state_dir/agentgate.db`.
+//!
+//! Every write goes through one writer thread that takes all
+//! pending writes, applies them in one transaction and commits once (group commit): under load one
+//! fdatasync covers many events, and a caller's future resolves only after the commit that holds
+//! its write has returned. That is what lets the listener answer 202 only for durable events.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use rusqlite::{Connection, OpenFlags};
+use tokio::sync::oneshot;
+
+use super::deliveries::{due_in, record_attempt_in};
+use super::events::{accept_in, enqueue_internal_in};
+use super::ledger::LedgerFile;
+use super::turns::{
+    append_in, candidates_in, claim_in, crashed_in, event_has_transcript_in, finish_in,
+    interrupt_in, interrupted_in, operator_resume_in, operator_suspend_in, requeue_in, session_in,
+    sessions_in, transcript_of,
+};
+use super::{
+    AcceptOutcome, Backend, ClaimedTurn, DeliveryAttempt, InterruptedSession, Ledger, LiveCounts,
+    NewEvent, PendingDelivery, SessionRow, Settled, Settlement, StatusSummary, StoreError,
+    TranscriptRow, TurnEnd, ensure_state_dir, now_millis, schema,
+};
+
+pub(crate) const DATABASE_FILE: &str = "agentgate.db";
+
+/// The most writes that share one transaction.
+const MAX_BATCH: usize = 1024;
+/// Batches take the write lock up front, so a concurrent reader never turns a batch into a retry.
+const BEGIN_BATCH: &str = "BEGIN IMMEDIATE;";
+/// How often an unhealthy store probes whether writes work again.
+const PROBE_INTERVAL: Duration = Duration::from_millis(500);
+
+/// One queued write: applied inside the batch transaction, then told whether the batch committed.
+trait WriteJob: Send {
+    fn apply(&mut self, connection: &Connection);
+    fn finish(self: Box<Self>, committed: Result<(), String>);
+}
+
+struct Job<T, F> {
+    work: Option<F>,
+    outcome: Option<rusqlite::Result<T>>,
+    reply: oneshot::Sender<Result<T, StoreError>>,
+}
+
+impl<T, F> WriteJob for Job<T, F>
+where
+    T: Send,
+    F: FnOnce(&Connection) -> rusqlite::Result<T> + Send,
+{
+    fn apply(&mut self, connection: &Connection) {
+        if let Some(work) = self.work.take() {
+            // A savepoint per job: one failing write does not undo the others in the batch.
+            let outcome = connection
+                .execute_batch("SAVEPOINT job")
+                .and_then(|()| work(connection));
+            let end = if outcome.is_ok() {
+                "RELEASE job"
+            } else {
+                "ROLLBACK TO job; RELEASE job"
+            };
+            let ended = connection.execute_batch(end);
+            self.outcome = Some(ended.and(outcome));
+        }
+    }
+
+    fn finish(self: Box<Self>, committed: Result<(), String>) {
+        let result = match (committed, self.outcome) {
+            (Err(message), _) => Err(StoreError::Unavailable(message)),
+            (Ok(()), Some(Ok(value))) => Ok(value),
+            (Ok(()), Some(Err(err))) => Err(StoreError::Query(err)),
+            (Ok(()), None) => Err(StoreError::Unavailable("write was not applied".into())),
+        };
+        // The caller may have gone away (client disconnected); its write is committed regardless.
+        let _ = self.reply.send(result);
+    }
+}
+
+/// A handle to the state database. Cheap to clone.
+#[derive(Clone)]
+pub(crate) struct SqliteStore {
+    writer: mpsc::Sender<Box<dyn WriteJob>>,
+    writable: Arc<AtomicBool>,
+    database: PathBuf,
+    /// Idle read-only connections, reused by `read` (opening one costs more than most queries).
+    readers: Arc<std::sync::Mutex<Vec<Connection>>>,
+    /// The retry ledger, `ledger.json` beside the database.
+    ledger: Arc<LedgerFile>,
+}
+
+/// Read connections kept open for reuse.
+const IDLE_READERS: usize = 4;
+
+fn open_connection(path: &Path, flags: OpenFlags) -> rusqlite::Result<Connection> {
+    let connection = Connection::open_with_flags(path, flags)?;
+    connection.busy_timeout(Duration::from_secs(5))?;
+    connection.execute_batch(
+        "PRAGMA journal_mode = WAL;
+         PRAGMA synchronous = FULL;
+         PRAGMA cache_size = -2000;",
+    )?;
+    Ok(connection)
+}
+
+impl SqliteStore {
+    /// Opens (creating and migrating if needed) the database and starts the writer thread.
+    pub(crate) fn open(state_dir: &Path) -> Result<SqliteStore, StoreError> {
+        ensure_state_dir(state_dir)?;
+        let database = state_dir.join(DATABASE_FILE);
+        let mut connection = open_connection(
+            &database,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE,
+        )
+        .map_err(|source| StoreError::Open {
+            path: database.clone(),
+            source,
+        })?;
+        schema::migrate(&mut connection).map_err(|source| StoreError::Migration {
+            path: database.clone(),
+            source,
+        })?;
+        // The database and its WAL now exist; make their directory entries durable.
+        std::fs::File::open(state_dir)
+            .and_then(|dir| dir.sync_all())
+            .map_err(|source| StoreError::StateDir {
+                path: state_dir.to_path_buf(),
+                source,
+            })?;
+        SqliteStore::start(state_dir, Some(connection))
+    }
+
+    /// For operator commands: the existing database, as it is (no migration; the writer
+    /// connection opens at the first write). `None` when there is no database yet.
+    pub(crate) fn attach(state_dir: &Path) -> Result<Option<SqliteStore>, StoreError> {
+        if !state_dir.join(DATABASE_FILE).exists() {
+            return Ok(None);
+        }
+        SqliteStore::start(state_dir, None).map(Some)
+    }
+
+    fn start(state_dir: &Path, connection: Option<Connection>) -> Result<SqliteStore, StoreError> {
+        let database = state_dir.join(DATABASE_FILE);
+        let (sender, receiver) = mpsc::channel::<Box<dyn WriteJob>>();
+        let writable = Arc::new(AtomicBool::new(true));
+        let writer = Writer {
+            connection,
+            database: database.clone(),
+            writable: writable.clone(),
+        };
+        std::thread::Builder::new()
+            .name("agentgate-writer".into())
+            .spawn(move || writer.run(receiver))
+            .map_err(|source| StoreError::StateDir {
+                path: state_dir.to_path_buf(),
+                source,
+            })?;
+        Ok(SqliteStore {
+            writer: sender,
+            writable,
+            database,
+            readers: Arc::new(std::sync::Mutex::new(Vec::new())),
+            ledger: Arc::new(LedgerFile::new(state_dir)),
+        })
+    }
+
+    /// Runs `work` in the next group-commit transaction; resolves after that transaction committed.
+    async fn write<T, F>(&self, work: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
+    {
+        let (reply, answer) = oneshot::channel();
+        let job = Job {
+            work: Some(work),
+            outcome: None,
+            reply,
+        };
+        self.writer
+            .send(Box::new(job))
+            .map_err(|_| StoreError::Unavailable("the writer thread has stopped".into()))?;
+        answer
+            .await
+            .map_err(|_| StoreError::Unavailable("the writer thread has stopped".into()))?
+    }
+
+    /// Runs a read-only query on a connection of its own, off the async threads.
+    async fn read<T, F>(&self, query: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
+    {
+        let database = self.database.clone();
+        let readers = self.readers.clone();
+        tokio::task::spawn_blocking(move || {
+            let pooled = readers.lock().ok().and_then(|mut idle| idle.pop());
+            let connection = match pooled {
+                Some(connection) => connection,
+                None => open_reader(&database)?,
+            };
+            let result = query(&connection).map_err(StoreError::from);
+            if let Ok(mut idle) = readers.lock()
+                && idle.len() < IDLE_READERS
+            {
+                idle.push(connection);
+            }
+            result
+        })
+        .await
+        .map_err(|err| StoreError::Unavailable(format!("reader task failed: {err}")))?
+    }
+}
+
+fn open_reader(database: &Path) -> Result<Connection, StoreError> {
+    let connection = Connection::open_with_flags(
+        database,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|source| StoreError::Open {
+        path: database.to_path_buf(),
+        source,
+    })?;
+    connection.busy_timeout(Duration::from_secs(5))?;
+    Ok(connection)
+}
+
+/// Opens the database read-only and runs `query` (for the CLI, which must work with no daemon).
+pub(crate) fn read_database<T>(
+    database: &Path,
+    query: impl FnOnce(&Connection) -> rusqlite::Result<T>,
+) -> Result<T, StoreError> {
+    Ok(query(&open_reader(database)?)?)
+}
+
+struct Writer {
+    connection: Option<Connection>,
+    database: PathBuf,
+    writable: Arc<AtomicBool>,
+}
+
+impl Writer {
+    fn run(mut self, receiver: mpsc::Receiver<Box<dyn WriteJob>>) {
+        let mut batch: Vec<Box<dyn WriteJob>> = Vec::with_capacity(MAX_BATCH);
+        loop {
+            let first = if self.writable.load(Ordering::Acquire) {
+                match receiver.recv() {
+                    Ok(job) => job,
+                    Err(_) => return,
+                }
+            } else {
+                match receiver.recv_timeout(PROBE_INTERVAL) {
+                    Ok(job) => job,
+                    Err(mpsc::RecvTimeoutError::Timeout) => {
+                        self.probe();
+                        continue;
+                    }
+                    Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                }
+            };
+            batch.push(first);
+            while batch.len() < MAX_BATCH {
+                match receiver.try_recv() {
+                    Ok(job) => batch.push(job),
+                    Err(_) => break,
+                }
+            }
+            let committed = self.commit_batch(&mut batch);
+            self.writable.store(committed.is_ok(), Ordering::Release);
+            if let Err(message) = &committed {
+                tracing::error!(database = %self.database.display(), error = %message,
+                    "commit failed; answering 503 until writes succeed again");
+                // Start from a fresh connection: after an I/O error SQLite's state is suspect.
+                self.connection = None;
+            }
+            for job in batch.drain(..) {
+                job.finish(committed.clone());
+            }
+        }
+    }
+
+    fn connection(&mut self) -> Result<&Connection, String> {
+        if self.connection.is_none() {
+            let connection = open_connection(&self.database, OpenFlags::SQLITE_OPEN_READ_WRITE)
+                .map_err(|err| err.to_string())?;
+            self.connection = Some(connection);
+        }
+        self.connection
+            .as_ref()
+            .ok_or_else(|| "no database connection".to_string())
+    }
+
+    fn commit_batch(&mut self, batch: &mut [Box<dyn WriteJob>]) -> Result<(), String> {
+        let connection = self.connection()?;
+        connection
+            .execute_batch(BEGIN_BATCH)
+            .map_err(|err| err.to_string())?;
+        for job in batch.iter_mut() {
+            job.apply(connection);
+        }
+        match connection.execute_batch("COMMIT") {
+            Ok(()) => Ok(()),
+            Err(err) => {
+                let _ = connection.execute_batch("ROLLBACK");
+                Err(err.to_string())
+            }
+        }
+    }
+
+    /// Checks whether a durable write works again (after a full or read-only disk).
+    fn probe(&mut self) {
+        let result = self.connection().and_then(|connection| {
+            connection
+                .execute_batch(&format!(
+                    "{} CREATE TABLE IF NOT EXISTS probe (at INTEGER); DELETE FROM probe; INSERT INTO probe VALUES ({}); COMMIT;",
+                    BEGIN_BATCH,
+                    now_millis()
+                ))
+                .map_err(|err| {
+                    let _ = connection.execute_batch("ROLLBACK");
+                    err.to_string()
+                })
+        });
+        match result {
+            Ok(()) => {
+                tracing::info!(database = %self.database.display(), "writes succeed again; accepting events");
+                self.writable.store(true, Ordering::Release);
+            }
+            Err(_) => self.connection = None,
+        }
+    }
+}
+
+/// Runs a ledger operation (file I/O under an fs4 lock) off the async threads.
+async fn with_ledger<T: Send + 'static>(
+    ledger: &Arc<LedgerFile>,
+    operation: impl FnOnce(&LedgerFile) -> Result<T, super::ledger::LedgerError> + Send + 'static,
+) -> Result<T, StoreError> {
+    let ledger = ledger.clone();
+    tokio::task::spawn_blocking(move || operation(&ledger))
+        .await
+        .map_err(|err| StoreError::Unavailable(format!("ledger task failed: {err}")))?
+        .map_err(|err| StoreError::Ledger(err.to_string()))
+}
+
+impl Backend for SqliteStore {
+    async fn accept(&self, event: NewEvent) -> Result<AcceptOutcome, StoreError> {
+        self.write(move |connection| accept_in(connection, &event))
+            .await
+    }
+
+    async fn enqueue_internal(
+        &self,
+        session_key: &str,
+        route: &str,
+        event_type: &str,
+        payload: serde_json::Value,
+    ) -> Result<String, StoreError> {
+        let id = uuid::Uuid::now_v7().to_string();
+        let (event_id, session_key, route, event_type) = (
+            id.clone(),
+            session_key.to_string(),
+            route.to_string(),
+            event_type.to_string(),
+        );
+        self.write(move |connection| {
+            enqueue_internal_in(
+                connection,
+                &event_id,
+                &session_key,
+                &route,
+                &event_type,
+                &payload,
+            )
+        })
+        .await?;
+        Ok(id)
+    }
+
+    async fn prune_dedup(&self, before: i64) -> Result<usize, StoreError> {
+        self.write(move |connection| {
+            connection.execute(
+                "DELETE FROM dedup WHERE seen_at < ?1",
+                rusqlite::params![before],
+            )
+        })
+        .await
+    }
+
+    async fn claim_turns(&self, limit: usize) -> Result<Vec<ClaimedTurn>, StoreError> {
+        let candidates = self
+            .read(move |connection| candidates_in(connection, limit))
+            .await?;
+        if candidates.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.write(move |connection| claim_in(connection, &candidates))
+            .await
+    }
+
+    async fn append_transcript(
+        &self,
+        session_key: &str,
+        turn_id: &str,
+        entries: Vec<(&'static str, String)>,
+        steps: u32,
+    ) -> Result<(), StoreError> {
+        let (session_key, turn_id) = (session_key.to_string(), turn_id.to_string());
+        self.write(move |connection| append_in(connection, &session_key, &turn_id, &entries, steps))
+            .await
+    }
+
+    async fn finish_turn(&self, end: TurnEnd) -> Result<(), StoreError> {
+        self.write(move |connection| finish_in(connection, &end))
+            .await
+    }
+
+    async fn interrupt_for_resume(
+        &self,
+        turn_id: &str,
+        session_key: &str,
+        reason: &'static str,
+        steps: u32,
+    ) -> Result<(), StoreError> {
+        let (turn_id, session_key) = (turn_id.to_string(), session_key.to_string());
+        self.write(move |connection| {
+            interrupt_in(connection, &turn_id, &session_key, reason, steps)
+        })
+        .await
+    }
+
+    async fn mark_crashed_turns(&self) -> Result<usize, StoreError> {
+        self.write(crashed_in).await
+    }
+
+    async fn interrupted_sessions(&self) -> Result<Vec<InterruptedSession>, StoreError> {
+        self.read(interrupted_in).await
+    }
+
+    async fn settle_interrupted(
+        &self,
+        session: &InterruptedSession,
+        settlement: Settlement,
+    ) -> Result<Settled, StoreError> {
+        let max_attempts = match settlement {
+            Settlement::Abandon => {
+                let end = session.abandoned();
+                self.write(move |connection| finish_in(connection, &end))
+                    .await?;
+                return Ok(Settled::Abandoned);
+            }
+            Settlement::Admit { max_attempts } => max_attempts,
+        };
+        let key = session.session_key.clone();
+        let attempt = match with_ledger(&self.ledger, move |ledger| ledger.count_resume(&key)).await
+        {
+            Ok(attempt) => attempt,
+            Err(err) => return Ok(Settled::Refused(err.to_string())),
+        };
+        if attempt > u64::from(max_attempts) {
+            let end = session.suspended(max_attempts);
+            self.write(move |connection| finish_in(connection, &end))
+                .await?;
+            // Only now that the suspension is committed does the entry go.
+            if let Err(err) = self.clear_resume_count(&session.session_key).await {
+                tracing::warn!(session_key = %session.session_key, error = %err,
+                    "cannot remove the suspended session's ledger entry");
+            }
+            return Ok(Settled::Suspended);
+        }
+        let interrupted = session.clone();
+        self.write(move |connection| requeue_in(connection, &interrupted))
+            .await?;
+        Ok(Settled::Resumed { attempt })
+    }
+
+    async fn clear_resume_count(&self, session_key: &str) -> Result<(), StoreError> {
+        let key = session_key.to_string();
+        with_ledger(&self.ledger, move |ledger| ledger.clear(&key)).await
+    }
+
+    async fn event_has_transcript(&self, event_id: &str) -> Result<bool, StoreError> {
+        let event_id = event_id.to_string();
+        self.read(move |connection| event_has_transcript_in(connection, &event_id))
+            .await
+    }
+
+    async fn transcript(&self, session_key: &str) -> Result<Vec<TranscriptRow>, StoreError> {
+        let key = session_key.to_string();
+        self.read(move |connection| transcript_of(connection, &key))
+            .await
+    }
+
+    async fn due_deliveries(&self, limit: usize) -> Result<Vec<PendingDelivery>, StoreError> {
+        self.read(move |connection| due_in(connection, limit)).await
+    }
+
+    async fn record_delivery_attempt(
+        &self,
+        event_id: &str,
+        outcome: DeliveryAttempt,
+    ) -> Result<(), StoreError> {
+        let event_id = event_id.to_string();
+        self.write(move |connection| record_attempt_in(connection, &event_id, &outcome))
+            .await
+    }
+
+    async fn live_counts(&self) -> Result<LiveCounts, StoreError> {
+        self.read(LiveCounts::query).await
+    }
+
+    async fn status_summary(&self) -> Result<StatusSummary, StoreError> {
+        self.read(StatusSummary::query).await
+    }
+
+    async fn sessions(&self) -> Result<Vec<SessionRow>, StoreError> {
+        self.read(sessions_in).await
+    }
+
+    async fn session(&self, key: &str) -> Result<Option<SessionRow>, StoreError> {
+        let key = key.to_string();
+        self.read(move |connection| session_in(connection, &key))
+            .await
+    }
+
+    async fn operator_resume(&self, key: &str) -> Result<Option<String>, StoreError> {
+        self.clear_resume_count(key).await?;
+        let key = key.to_string();
+        self.write(move |connection| operator_resume_in(connection, &key))
+            .await
+    }
+
+    async fn operator_suspend(&self, key: &str) -> Result<Option<String>, StoreError> {
+        let key = key.to_string();
+        self.write(move |connection| operator_suspend_in(connection, &key))
+            .await
+    }
+
+    async fn resume_ledger(&self) -> Result<Ledger, StoreError> {
+        with_ledger(&self.ledger, LedgerFile::load).await
+    }
+
+    async fn answers(&self) -> bool {
+        self.write(|_| Ok(())).await.is_ok()
+    }
+
+    async fn release(&self) {}
+
+    fn is_writable(&self) -> bool {
+        self.writable.load(Ordering::Acquire)
+    }
+
+    fn failover_interval(&self) -> Option<Duration> {
+        None
+    }
+}

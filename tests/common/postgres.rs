@@ -1,0 +1,183 @@
+//! A throwaway PostgreSQL server for a test: its own data directory, a free loopback port, trust
+//! authentication, stopped and removed on drop. Debian's server binaries are used (.ci/run
+//! installs them); as root the server runs as the `postgres` user, which refuses to run as root.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use super::{free_port, is_root, wait_until};
+
+pub struct Postgres {
+    dir: tempfile::TempDir,
+    bin: PathBuf,
+    pub port: u16,
+}
+
+/// The directory of Debian's PostgreSQL server binaries, newest version first.
+fn server_bin() -> Option<PathBuf> {
+    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .filter_map(|entry| entry.ok().map(|e| e.path().join("bin")))
+        .filter(|bin| bin.join("pg_ctl").exists())
+        .collect();
+    versions.sort();
+    versions.pop()
+}
+
+impl Postgres {
+    /// Starts a server, or says why it cannot (CI installs one, so there it must start).
+    pub fn start(test: &str) -> Option<Postgres> {
+        let Some(bin) = server_bin() else {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "{test}: PostgreSQL server binaries are missing; .ci/run installs postgresql"
+            );
+            eprintln!("{test}: not run (no PostgreSQL server installed)");
+            return None;
+        };
+        let dir = tempfile::tempdir().expect("tempdir");
+        let server = Postgres {
+            dir,
+            bin,
+            port: free_port(),
+        };
+        if is_root() {
+            // The server's user must reach its data directory through the temp dir.
+            std::fs::set_permissions(
+                server.dir.path(),
+                std::os::unix::fs::PermissionsExt::from_mode(0o755),
+            )
+            .expect("chmod");
+            let data = server.data();
+            std::fs::create_dir(&data).expect("data dir");
+            let status = Command::new("chown")
+                .arg("postgres:postgres")
+                .arg(&data)
+                .status()
+                .expect("chown");
+            assert!(status.success(), "chown postgres {}", data.display());
+        }
+        let output = server.as_server_user(
+            Command::new(server.bin.join("initdb"))
+                .arg("-D")
+                .arg(server.data())
+                .args(["-U", "agentgate", "--auth=trust", "-E", "UTF8", "--no-sync"]),
+        );
+        assert!(output.status.success(), "initdb failed: {output:?}");
+        server.start_again();
+        let created = server.psql("postgres", "CREATE DATABASE agentgate");
+        assert!(created.is_some(), "cannot create the test database");
+        Some(server)
+    }
+
+    fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    fn as_server_user(&self, command: &mut Command) -> Output {
+        let command = if is_root() {
+            let mut wrapped = Command::new("runuser");
+            wrapped
+                .args(["-u", "postgres", "--"])
+                .arg(command.get_program())
+                .args(command.get_args());
+            wrapped.output()
+        } else {
+            command.output()
+        };
+        command.expect("run a PostgreSQL command")
+    }
+
+    /// The URL agentgate connects with.
+    pub fn url(&self) -> String {
+        format!("postgres://agentgate@127.0.0.1:{}/agentgate", self.port)
+    }
+
+    /// Writes the URL into a file for `url = { file = ... }`.
+    pub fn url_file(&self, dir: &Path) -> PathBuf {
+        let path = dir.join("pg-url");
+        std::fs::write(&path, format!("{}\n", self.url())).expect("write url file");
+        path
+    }
+
+    /// Starts the (stopped) server and waits until it accepts connections.
+    pub fn start_again(&self) {
+        let output = self.as_server_user(
+            Command::new(self.bin.join("pg_ctl"))
+                .arg("-D")
+                .arg(self.data())
+                .arg("-l")
+                .arg(self.data().join("server.log"))
+                .arg("-o")
+                .arg(format!(
+                    "-c listen_addresses=127.0.0.1 -c port={} -c unix_socket_directories={} -c max_connections=300",
+                    self.port,
+                    self.data().display()
+                ))
+                .args(["-w", "start"]),
+        );
+        assert!(output.status.success(), "pg_ctl start failed: {output:?}");
+        wait_until("PostgreSQL to accept connections", Duration::from_secs(30), || {
+            self.psql("postgres", "SELECT 1").is_some()
+        });
+    }
+
+    /// Stops the server at once (`-m fast`: sessions are cut off, committed data stays).
+    pub fn stop(&self) {
+        let output = self.as_server_user(
+            Command::new(self.bin.join("pg_ctl"))
+                .arg("-D")
+                .arg(self.data())
+                .args(["-m", "fast", "-w", "stop"]),
+        );
+        assert!(output.status.success(), "pg_ctl stop failed: {output:?}");
+    }
+
+    /// Runs one statement with psql; its unaligned output, or `None` when it failed.
+    pub fn psql(&self, database: &str, sql: &str) -> Option<String> {
+        let output = Command::new(self.bin.join("psql"))
+            .args(["-h", "127.0.0.1", "-U", "agentgate", "-At", "-F", "|", "-v"])
+            .arg("ON_ERROR_STOP=1")
+            .arg("-p")
+            .arg(self.port.to_string())
+            .arg("-d")
+            .arg(database)
+            .arg("-c")
+            .arg(sql)
+            .output()
+            .ok()?;
+        output
+            .status
+            .success()
+            .then(|| String::from_utf8_lossy(&output.stdout).trim().to_string())
+    }
+
+    /// Rows of a query on the agentgate database, each split into its columns.
+    pub fn rows(&self, sql: &str) -> Vec<Vec<String>> {
+        let text = self
+            .psql("agentgate", sql)
+            .unwrap_or_else(|| panic!("query failed: {sql}"));
+        text.lines()
+            .filter(|line| !line.is_empty())
+            .map(|line| line.split('|').map(str::to_string).collect())
+            .collect()
+    }
+
+    /// A single value.
+    pub fn value(&self, sql: &str) -> String {
+        self.psql("agentgate", sql)
+            .unwrap_or_else(|| panic!("query failed: {sql}"))
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        let _ = self.as_server_user(
+            Command::new(self.bin.join("pg_ctl"))
+                .arg("-D")
+                .arg(self.data())
+                .args(["-m", "immediate", "-w", "stop"]),
+        );
+    }
+}
