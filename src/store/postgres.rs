@@ -1265,8 +1265,10 @@ impl Backend for PostgresStore {
         self.shared.writable.load(Ordering::Acquire)
     }
 
+    /// A quarter of the lease, at most a second: sessions handed back by a draining node are
+    /// picked up within about a second, expired leases within `lease_ttl` plus this.
     fn failover_interval(&self) -> Option<Duration> {
         let ttl = Duration::from_millis(u64::try_from(self.shared.lease_ttl_ms).unwrap_or(0));
-        Some((ttl / 4).clamp(Duration::from_millis(250), Duration::from_secs(5)))
+        Some((ttl / 4).clamp(Duration::from_millis(250), Duration::from_secs(1)))
     }
 }

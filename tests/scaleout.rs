@@ -1,0 +1,508 @@
+//! Several agentgate nodes on one PostgreSQL: every event processed once with sessions never
+//! overlapping, failover after kill -9 and after SIGTERM, 503 while the database is down, and a
+//! crash-looping session suspended after `resume_max_attempts` resumes cluster-wide.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::postgres::Postgres;
+use common::stub::{Received, Reply, Stub};
+use common::{Daemon, Workspace, wait_until};
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// One node: its own config and state directory, sharing the cluster's database.
+struct Node {
+    workspace: Workspace,
+    daemon: Option<Daemon>,
+    name: String,
+}
+
+impl Node {
+    fn daemon(&self) -> &Daemon {
+        self.daemon.as_ref().expect("the node runs")
+    }
+}
+
+struct Cluster {
+    pg: Postgres,
+    nodes: Vec<Node>,
+}
+
+/// Node settings beyond the store: `[runtime]` lines and extra tools.
+struct Shape<'a> {
+    nodes: usize,
+    lease_ttl: &'a str,
+    runtime: &'a str,
+    tools: &'a str,
+    route_tools: &'a str,
+}
+
+impl Cluster {
+    fn start(test: &str, model: &Stub, shape: &Shape<'_>) -> Option<Cluster> {
+        let pg = Postgres::start(test)?;
+        let mut nodes = Vec::new();
+        for index in 0..shape.nodes {
+            let workspace = Workspace::new();
+            let name = format!("node-{index}");
+            let url_file = pg.url_file(workspace.path());
+            workspace.write_config(&format!(
+                r#"[runtime]
+max_concurrent_turns = 4
+drain_timeout = "1s"
+{runtime}
+
+[store]
+backend = "postgres"
+url = {{ file = "{url_file}" }}
+node = "{name}"
+lease_ttl = "{ttl}"
+
+[model]
+backend = "openai"
+base_url = "{model}/v1"
+model = "stub"
+request_timeout = "60s"
+max_retries = 0
+
+{tools}
+
+[routes.hook]
+path = "/hook"
+verify = {{ scheme = "none" }}
+session = "{{{{ payload.session }}}}"
+prompt = "task {{{{ payload.task }}}} of {{{{ payload.session }}}}"
+tools = [{route_tools}]
+deliver = {{ kind = "log" }}
+"#,
+                runtime = shape.runtime,
+                url_file = url_file.display(),
+                ttl = shape.lease_ttl,
+                model = model.url(),
+                tools = shape.tools,
+                route_tools = shape.route_tools,
+            ));
+            let daemon = workspace.start();
+            nodes.push(Node {
+                workspace,
+                daemon: Some(daemon),
+                name,
+            });
+        }
+        Some(Cluster { pg, nodes })
+    }
+
+    fn post(&self, node: usize, session: &str, task: &str) -> String {
+        let body = serde_json::json!({"session": session, "task": task}).to_string();
+        let response = self.nodes[node].daemon().post_json("/hook", &[], &body);
+        assert_eq!(response.status, 202, "node {node}: {:?}", response.body);
+        response.json()["event_id"]
+            .as_str()
+            .expect("event_id")
+            .to_string()
+    }
+
+    fn count(&self, sql: &str) -> i64 {
+        self.pg.value(sql).parse().expect("a count")
+    }
+
+    fn wait_all_terminal(&self, expected: i64, limit: Duration) {
+        wait_until(&format!("{expected} events to end"), limit, || {
+            self.count(
+                "SELECT count(*) FROM events WHERE status IN ('completed', 'failed', 'abandoned', 'suspended')",
+            ) == expected
+        });
+    }
+
+    /// The node index running `session`'s turn now, once it runs.
+    fn wait_running_node(&self, session: &str) -> usize {
+        let mut owner = None;
+        wait_until(&format!("{session} to run"), LIMIT, || {
+            owner = self
+                .pg
+                .rows(&format!(
+                    "SELECT node FROM turns WHERE session_key = '{session}' AND status = 'running'"
+                ))
+                .pop()
+                .and_then(|row| row.first().cloned());
+            owner.is_some()
+        });
+        let owner = owner.unwrap_or_default();
+        self.nodes
+            .iter()
+            .position(|node| node.name == owner)
+            .expect("the owner is a node of the cluster")
+    }
+
+    /// (status, reason, node) of each turn of `session`, in order.
+    fn turns_of(&self, session: &str) -> Vec<(String, String, String)> {
+        self.pg
+            .rows(&format!(
+                "SELECT status, COALESCE(reason, '-'), node FROM turns
+                 WHERE session_key = '{session}' ORDER BY started_at"
+            ))
+            .into_iter()
+            .map(|row| (row[0].clone(), row[1].clone(), row[2].clone()))
+            .collect()
+    }
+}
+
+fn mentions(request: &Received, text: &str) -> bool {
+    String::from_utf8_lossy(&request.body).contains(text)
+}
+
+#[test]
+fn three_nodes_process_every_event_once_and_never_overlap_a_session() {
+    let model = Stub::start(|_, _| Reply::answer("done").after(Duration::from_millis(30)));
+    let shape = Shape {
+        nodes: 3,
+        lease_ttl: "5s",
+        runtime: "",
+        tools: "",
+        route_tools: "",
+    };
+    let Some(cluster) = Cluster::start("three_nodes", &model, &shape) else {
+        return;
+    };
+    let (sessions, per_session) = (15, 6);
+    for round in 0..per_session {
+        for session in 0..sessions {
+            let node = (round * sessions + session) % cluster.nodes.len();
+            cluster.post(node, &format!("s{session}"), &format!("t{round}"));
+        }
+    }
+    let total = (sessions * per_session) as i64;
+    cluster.wait_all_terminal(total, LIMIT);
+
+    assert_eq!(
+        cluster.count("SELECT count(*) FROM events WHERE status = 'completed'"),
+        total
+    );
+    assert_eq!(
+        cluster.count(
+            "SELECT count(*) FROM (SELECT e.id FROM events e LEFT JOIN turns t ON t.event_id = e.id
+             GROUP BY e.id HAVING count(t.id) <> 1) x"
+        ),
+        0,
+        "every event ran exactly one turn"
+    );
+    // Per session, turns follow the events' arrival order and never overlap.
+    let turns = cluster.pg.rows(
+        "SELECT t.session_key, t.started_at, t.finished_at, e.seq FROM turns t
+         JOIN events e ON e.id = t.event_id ORDER BY t.session_key, t.started_at",
+    );
+    for pair in turns.windows(2) {
+        let (previous, next) = (&pair[0], &pair[1]);
+        if previous[0] != next[0] {
+            continue;
+        }
+        let ended: i64 = previous[2].parse().expect("finished_at");
+        let started: i64 = next[1].parse().expect("started_at");
+        assert!(
+            started >= ended,
+            "session {} overlaps: a turn started at {started}, the previous ended at {ended}",
+            next[0]
+        );
+        let (earlier, later): (i64, i64) = (
+            previous[3].parse().expect("seq"),
+            next[3].parse().expect("seq"),
+        );
+        assert!(later > earlier, "session {} ran out of order", next[0]);
+    }
+    let spread = cluster.count("SELECT count(DISTINCT node) FROM turns");
+    assert!(spread >= 2, "turns ran on {spread} node(s)");
+    wait_until("every result to be delivered", LIMIT, || {
+        cluster.count("SELECT count(*) FROM deliveries WHERE status = 'delivered'") == total
+    });
+
+    // A delivery id accepted by one node is a duplicate on another.
+    let key = [("idempotency-key", "delivery-42")];
+    let body = r#"{"session": "dedup", "task": "once"}"#;
+    let first = cluster.nodes[0].daemon().post_json("/hook", &key, body);
+    assert_eq!(first.status, 202);
+    let again = cluster.nodes[1].daemon().post_json("/hook", &key, body);
+    assert_eq!(again.status, 200, "{}", again.body);
+    assert_eq!(again.json()["status"], "duplicate");
+    assert_eq!(again.json()["event_id"], first.json()["event_id"]);
+
+    // `status` on any node shows every node.
+    let status = cluster.nodes[2].workspace.status();
+    let nodes = status["nodes"].as_array().expect("nodes in status");
+    let running: Vec<&str> = nodes
+        .iter()
+        .filter(|node| node["state"] == "running")
+        .filter_map(|node| node["name"].as_str())
+        .collect();
+    assert_eq!(running, ["node-0", "node-1", "node-2"], "{status:#}");
+    assert_eq!(status["events"]["total"], total + 1);
+}
+
+/// A model whose first call for a `slow` task hangs (its node is killed or stopped meanwhile);
+/// every other call answers at once. Records when the second `slow` call arrived.
+fn hanging_once_model() -> (Stub, Arc<Mutex<Option<Instant>>>) {
+    let hung = Arc::new(AtomicBool::new(false));
+    let resumed_at = Arc::new(Mutex::new(None));
+    let seen = resumed_at.clone();
+    let model = Stub::start(move |request, _| {
+        if !mentions(request, "slow") {
+            return Reply::answer("done");
+        }
+        if !hung.swap(true, Ordering::SeqCst) {
+            return Reply::answer("too late").after(Duration::from_secs(40));
+        }
+        if let Ok(mut at) = seen.lock() {
+            at.get_or_insert_with(Instant::now);
+        }
+        Reply::answer("finished after the takeover")
+    });
+    (model, resumed_at)
+}
+
+#[test]
+fn a_killed_nodes_turn_is_resumed_by_another_within_the_lease() {
+    let (model, resumed_at) = hanging_once_model();
+    let shape = Shape {
+        nodes: 3,
+        lease_ttl: "2s",
+        runtime: "",
+        tools: "",
+        route_tools: "",
+    };
+    let Some(mut cluster) = Cluster::start("kill9_failover", &model, &shape) else {
+        return;
+    };
+    let victim = cluster.post(0, "victim", "slow");
+    let mut others = Vec::new();
+    for index in 0..12 {
+        others.push(cluster.post(index % 3, &format!("other-{index}"), "quick"));
+    }
+    let owner = cluster.wait_running_node("victim");
+    let killed_at = Instant::now();
+    if let Some(daemon) = cluster.nodes[owner].daemon.take() {
+        daemon.kill9();
+    }
+    cluster.wait_all_terminal(13, Duration::from_secs(30));
+    let failover = resumed_at
+        .lock()
+        .ok()
+        .and_then(|at| *at)
+        .map(|at| at.duration_since(killed_at))
+        .expect("the resumed turn called the model");
+    assert!(
+        failover <= Duration::from_secs(2) + Duration::from_secs(4),
+        "failover took {failover:?} with a 2s lease"
+    );
+    assert_eq!(
+        cluster.pg.value(&format!(
+            "SELECT status FROM events WHERE id = '{victim}'"
+        )),
+        "completed"
+    );
+    for id in &others {
+        assert_eq!(
+            cluster
+                .pg
+                .value(&format!("SELECT status FROM events WHERE id = '{id}'")),
+            "completed"
+        );
+    }
+    let turns = cluster.turns_of("victim");
+    assert_eq!(turns.len(), 2, "{turns:?}");
+    assert_eq!(
+        (turns[0].0.as_str(), turns[0].1.as_str()),
+        ("interrupted", "crashed")
+    );
+    assert_eq!(turns[0].2, cluster.nodes[owner].name);
+    assert_eq!(turns[1].0, "completed");
+    assert_ne!(turns[1].2, cluster.nodes[owner].name);
+    // The completed resume cleared its count.
+    assert_eq!(cluster.count("SELECT count(*) FROM resume_ledger"), 0);
+    eprintln!("failover after kill -9 with lease_ttl 2s: {failover:?}");
+}
+
+#[test]
+fn a_draining_node_hands_its_sessions_over_without_waiting_for_the_lease() {
+    let (model, resumed_at) = hanging_once_model();
+    let shape = Shape {
+        nodes: 2,
+        lease_ttl: "60s",
+        runtime: "",
+        tools: "",
+        route_tools: "",
+    };
+    let Some(mut cluster) = Cluster::start("sigterm_handover", &model, &shape) else {
+        return;
+    };
+    let victim = cluster.post(0, "victim", "slow");
+    let owner = cluster.wait_running_node("victim");
+    let stopped_at = Instant::now();
+    let status = cluster.nodes[owner]
+        .daemon
+        .take()
+        .map(Daemon::terminate)
+        .expect("the owner runs");
+    assert!(status.success(), "the drained node exits 0: {status}");
+    cluster.wait_all_terminal(1, Duration::from_secs(20));
+    let handover = resumed_at
+        .lock()
+        .ok()
+        .and_then(|at| *at)
+        .map(|at| at.duration_since(stopped_at))
+        .expect("the resumed turn called the model");
+    assert!(
+        handover < Duration::from_secs(10),
+        "handover took {handover:?}; the lease is 60s"
+    );
+    assert_eq!(
+        cluster.pg.value(&format!(
+            "SELECT status FROM events WHERE id = '{victim}'"
+        )),
+        "completed"
+    );
+    let turns = cluster.turns_of("victim");
+    assert_eq!(turns.len(), 2, "{turns:?}");
+    assert_eq!(
+        (turns[0].0.as_str(), turns[0].1.as_str()),
+        ("interrupted", "shutdown_timeout")
+    );
+    assert_eq!(turns[1].0, "completed");
+    assert_ne!(turns[1].2, cluster.nodes[owner].name);
+    eprintln!("handover after SIGTERM (drain_timeout 1s): {handover:?}");
+}
+
+#[test]
+fn with_postgres_down_every_node_answers_503_and_recovers() {
+    let model = Stub::start(|_, _| Reply::answer("done"));
+    let shape = Shape {
+        nodes: 2,
+        lease_ttl: "2s",
+        runtime: "",
+        tools: "",
+        route_tools: "",
+    };
+    let Some(cluster) = Cluster::start("postgres_down", &model, &shape) else {
+        return;
+    };
+    let mut acknowledged = Vec::new();
+    for index in 0..10 {
+        acknowledged.push(cluster.post(index % 2, &format!("before-{index}"), "quick"));
+    }
+    cluster.pg.stop();
+    for node in &cluster.nodes {
+        let daemon = node.daemon();
+        wait_until(&format!("{} /readyz to fail", node.name), LIMIT, || {
+            daemon.request("GET", "/readyz", &[], b"").status == 503
+        });
+        let refused = daemon.post_json("/hook", &[], r#"{"session": "down", "task": "t"}"#);
+        assert_eq!(refused.status, 503, "{}: {}", node.name, refused.body);
+        assert!(refused.header("retry-after").is_some());
+        assert_eq!(daemon.request("GET", "/healthz", &[], b"").status, 200);
+    }
+    cluster.pg.start_again();
+    for node in &cluster.nodes {
+        let daemon = node.daemon();
+        wait_until(&format!("{} /readyz to recover", node.name), LIMIT, || {
+            daemon.request("GET", "/readyz", &[], b"").status == 200
+        });
+    }
+    for index in 0..10 {
+        acknowledged.push(cluster.post(index % 2, &format!("after-{index}"), "quick"));
+    }
+    cluster.wait_all_terminal(20, LIMIT);
+    for id in &acknowledged {
+        assert_eq!(
+            cluster
+                .pg
+                .value(&format!("SELECT status FROM events WHERE id = '{id}'")),
+            "completed",
+            "acknowledged event {id}"
+        );
+    }
+    assert_eq!(cluster.count("SELECT count(*) FROM events"), 20);
+}
+
+#[test]
+fn a_session_that_kills_every_node_it_runs_on_is_suspended_cluster_wide() {
+    // Every run of the poison session calls a tool that SIGKILLs the agentgate running it.
+    let model = Stub::start(|request, _| {
+        if mentions(request, "poison") {
+            Reply::tool_call("call-crash", "crash", serde_json::json!({}))
+        } else {
+            Reply::answer("done")
+        }
+    });
+    let shape = Shape {
+        nodes: 3,
+        lease_ttl: "1s",
+        runtime: "resume_max_attempts = 2",
+        tools: r#"[tools.crash]
+description = "Takes the node down"
+command = ["/bin/sh", "-c", "kill -9 $PPID"]
+timeout = "10s""#,
+        route_tools: r#""crash""#,
+    };
+    let Some(mut cluster) = Cluster::start("poison_cluster", &model, &shape) else {
+        return;
+    };
+    let poison = cluster.post(0, "poison", "poison");
+    // A supervisor, as systemd's Restart= would be: nodes that die come back.
+    let deadline = Instant::now() + LIMIT;
+    let mut restarts = 0;
+    loop {
+        let status = cluster
+            .pg
+            .value(&format!("SELECT status FROM events WHERE id = '{poison}'"));
+        if status == "suspended" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the poison event is still {status}"
+        );
+        for node in &mut cluster.nodes {
+            let exited = node
+                .daemon
+                .as_mut()
+                .is_some_and(|daemon| matches!(daemon.child.try_wait(), Ok(Some(_))));
+            if exited {
+                node.daemon = Some(node.workspace.start());
+                restarts += 1;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let turns = cluster.turns_of("poison");
+    // The original run and two resumes, each one interrupted by its node's death.
+    assert_eq!(turns.len(), 3, "{turns:?}");
+    assert!(
+        turns
+            .iter()
+            .all(|(status, reason, _)| status == "interrupted" && reason == "crashed"),
+        "{turns:?}"
+    );
+    assert!(restarts >= 2, "{restarts} restarts");
+    assert_eq!(cluster.count("SELECT count(*) FROM resume_ledger"), 0);
+    wait_until("the suspension to be delivered", LIMIT, || {
+        cluster.count(&format!(
+            "SELECT count(*) FROM deliveries WHERE event_id = '{poison}' AND status = 'delivered'
+               AND body LIKE '%\"status\":\"suspended\"%'"
+        )) == 1
+    });
+    // The cluster still works for everyone else.
+    for node in &mut cluster.nodes {
+        if node.daemon.is_none() {
+            node.daemon = Some(node.workspace.start());
+        }
+    }
+    let healthy = cluster.post(1, "healthy", "quick");
+    cluster.wait_all_terminal(2, LIMIT);
+    assert_eq!(
+        cluster
+            .pg
+            .value(&format!("SELECT status FROM events WHERE id = '{healthy}'")),
+        "completed"
+    );
+}
