@@ -368,38 +368,35 @@ impl PostgresStore {
         }
     }
 
+    /// One transaction for the whole batch: the delivery ids first (each needs its own answer),
+    /// then every new event and session in one multi-row insert each. Rows are locked in key
+    /// order, so batches of different nodes that share keys wait for each other, never deadlock.
     async fn commit_accepts(&self, events: &[&NewEvent]) -> Result<Vec<AcceptOutcome>, StoreError> {
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
-        let remember = tx
-            .prepare_cached(
-                "INSERT INTO dedup (route, delivery_id, event_id, seen_at) VALUES ($1, $2, $3, $4)
-                 ON CONFLICT (route, delivery_id) DO UPDATE
-                     SET event_id = EXCLUDED.event_id, seen_at = EXCLUDED.seen_at
-                     WHERE dedup.seen_at < $5
-                 RETURNING event_id",
-            )
-            .await?;
-        let original = tx
-            .prepare_cached("SELECT event_id FROM dedup WHERE route = $1 AND delivery_id = $2")
-            .await?;
-        let insert = tx
-            .prepare_cached(
-                "INSERT INTO events (id, route, session_key, event_type, delivery_id, headers,
-                                     payload, received_at, status, updated_at, node)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'queued', $8, $9)",
-            )
-            .await?;
-        let session = tx
-            .prepare_cached(
-                "INSERT INTO sessions (key, route, state, created_at, updated_at)
-                 VALUES ($1, $2, 'idle', $3, $3) ON CONFLICT (key) DO NOTHING",
-            )
-            .await?;
-        let mut outcomes = Vec::with_capacity(events.len());
-        for event in events {
-            let now = now_millis();
-            if let Some(delivery_id) = &event.delivery_id {
+        let now = now_millis();
+        let mut outcomes = vec![AcceptOutcome::Accepted; events.len()];
+        let mut with_ids: Vec<(usize, &String)> = events
+            .iter()
+            .enumerate()
+            .filter_map(|(index, event)| event.delivery_id.as_ref().map(|id| (index, id)))
+            .collect();
+        with_ids.sort_by(|a, b| (&events[a.0].route, a.1).cmp(&(&events[b.0].route, b.1)));
+        if !with_ids.is_empty() {
+            let remember = tx
+                .prepare_cached(
+                    "INSERT INTO dedup (route, delivery_id, event_id, seen_at) VALUES ($1, $2, $3, $4)
+                     ON CONFLICT (route, delivery_id) DO UPDATE
+                         SET event_id = EXCLUDED.event_id, seen_at = EXCLUDED.seen_at
+                         WHERE dedup.seen_at < $5
+                     RETURNING event_id",
+                )
+                .await?;
+            let original = tx
+                .prepare_cached("SELECT event_id FROM dedup WHERE route = $1 AND delivery_id = $2")
+                .await?;
+            for (index, delivery_id) in with_ids {
+                let event = events[index];
                 let fresh = tx
                     .query_opt(
                         &remember,
@@ -416,30 +413,60 @@ impl PostgresStore {
                     let row = tx
                         .query_one(&original, &[&event.route, delivery_id])
                         .await?;
-                    outcomes.push(AcceptOutcome::Duplicate {
+                    outcomes[index] = AcceptOutcome::Duplicate {
                         original: row.get(0),
-                    });
-                    continue;
+                    };
                 }
             }
+        }
+        let accepted: Vec<&NewEvent> = events
+            .iter()
+            .zip(&outcomes)
+            .filter(|(_, outcome)| **outcome == AcceptOutcome::Accepted)
+            .map(|(event, _)| *event)
+            .collect();
+        if !accepted.is_empty() {
+            let column = |field: fn(&NewEvent) -> String| -> Vec<String> {
+                accepted.iter().map(|event| field(event)).collect()
+            };
+            let delivery_ids: Vec<Option<String>> = accepted
+                .iter()
+                .map(|event| event.delivery_id.clone())
+                .collect();
+            let payloads: Vec<&[u8]> = accepted.iter().map(|event| &event.payload[..]).collect();
             tx.execute(
-                &insert,
+                "INSERT INTO events (id, route, session_key, event_type, delivery_id, headers, payload,
+                                     received_at, status, updated_at, node)
+                 SELECT id, route, session_key, event_type, delivery_id, headers, payload, $8, 'queued', $8, $9
+                 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::bytea[])
+                     WITH ORDINALITY AS e(id, route, session_key, event_type, delivery_id, headers, payload, arrival)
+                 ORDER BY arrival",
                 &[
-                    &event.id,
-                    &event.route,
-                    &event.session_key,
-                    &event.event_type,
-                    &event.delivery_id,
-                    &event.headers,
-                    &event.payload,
+                    &column(|e| e.id.clone()),
+                    &column(|e| e.route.clone()),
+                    &column(|e| e.session_key.clone()),
+                    &column(|e| e.event_type.clone()),
+                    &delivery_ids,
+                    &column(|e| e.headers.clone()),
+                    &payloads,
                     &now,
                     &self.shared.node_name,
                 ],
             )
             .await?;
-            tx.execute(&session, &[&event.session_key, &event.route, &now])
-                .await?;
-            outcomes.push(AcceptOutcome::Accepted);
+            tx.execute(
+                "INSERT INTO sessions (key, route, state, created_at, updated_at)
+                 SELECT DISTINCT ON (key) key, route, 'idle', $3, $3
+                 FROM unnest($1::text[], $2::text[]) AS s(key, route)
+                 ORDER BY key
+                 ON CONFLICT (key) DO NOTHING",
+                &[
+                    &column(|e| e.session_key.clone()),
+                    &column(|e| e.route.clone()),
+                    &now,
+                ],
+            )
+            .await?;
         }
         tx.commit().await?;
         Ok(outcomes)

@@ -118,9 +118,11 @@ impl Postgres {
                 .args(["-w", "start"]),
         );
         assert!(output.status.success(), "pg_ctl start failed: {output:?}");
-        wait_until("PostgreSQL to accept connections", Duration::from_secs(30), || {
-            self.psql("postgres", "SELECT 1").is_some()
-        });
+        wait_until(
+            "PostgreSQL to accept connections",
+            Duration::from_secs(30),
+            || self.psql("postgres", "SELECT 1").is_some(),
+        );
     }
 
     /// Stops the server at once (`-m fast`: sessions are cut off, committed data stays).
