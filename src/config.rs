@@ -1304,4 +1304,46 @@ mod tests {
                 .any(|f| f.severity == Severity::Error && f.key == "routes.a.verify.secret")
         );
     }
+
+    #[test]
+    fn store_backend_is_checked_with_its_keys() {
+        let has = |text: &str, severity: Severity, key: &str| {
+            findings(text)
+                .iter()
+                .any(|f| f.severity == severity && f.key == key && f.line.is_some())
+        };
+        assert!(has(
+            "[store]\nbackend = \"postgres\"\n",
+            Severity::Error,
+            "store.url"
+        ));
+        assert!(has(
+            "[store]\nbackend = \"mysql\"\n",
+            Severity::Error,
+            "store.backend"
+        ));
+        assert!(has(
+            "[store]\nlease_ttl = \"5s\"\n",
+            Severity::Warning,
+            "store.lease_ttl"
+        ));
+        assert!(has(
+            "[store]\nbackend = \"postgres\"\nurl = \"postgres://x@db/a\"\nlease_ttl = \"100ms\"\n",
+            Severity::Error,
+            "store.lease_ttl"
+        ));
+        let loaded = check_text(
+            "[store]\nbackend = \"postgres\"\nurl = \"postgres://u:pw@db/agentgate\"\nnode = \"web-1\"\n",
+        )
+        .expect("valid");
+        match loaded.config.store {
+            StoreSettings::Postgres(postgres) => {
+                assert_eq!(postgres.node, "web-1");
+                assert_eq!(postgres.lease_ttl, Duration::from_secs(15));
+                assert_eq!(postgres.pool_size, 24);
+                assert!(!format!("{postgres:?}").contains("pw@"), "the URL is a secret");
+            }
+            StoreSettings::Sqlite => panic!("backend = postgres"),
+        }
+    }
 }

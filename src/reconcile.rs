@@ -8,6 +8,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
+use crate::config::StoreSettings;
 use crate::config::{ConfigSource, SecretCheck};
 use crate::exit::Failure;
 use crate::lifecycle::{self, journal};
@@ -46,9 +47,14 @@ pub(crate) fn run(source: &ConfigSource, dry_run: bool) -> Result<(), Failure> {
         }
         Err(err) => return Err(Failure::state(err)),
     };
-    repair.database();
     repair.stale_temporary_files();
-    repair.ledger().map_err(Failure::state)?;
+    if matches!(config.store, StoreSettings::Sqlite) {
+        repair.database();
+        repair.ledger().map_err(Failure::state)?;
+    } else {
+        // The database server keeps its own integrity, and the retry ledger is a table there.
+        tracing::info!("store backend is postgres: no local database or ledger to check");
+    }
     tracing::info!(state_dir = %repair.state_dir.display(), dry_run, "reconcile finished");
     Ok(())
 }
