@@ -30,3 +30,6 @@ cargo test --locked -q --test systemd ten_restarts -- --nocapture 2>&1 | grep -E
 
 echo "== crash soak"
 cargo test --locked -q --test soak -- --nocapture 2>&1 | grep -E '^soak:'
+
+echo "== scale-out on PostgreSQL"
+RUNS=$RUNS bench/scaleout.sh

@@ -1341,7 +1341,10 @@ mod tests {
                 assert_eq!(postgres.node, "web-1");
                 assert_eq!(postgres.lease_ttl, Duration::from_secs(15));
                 assert_eq!(postgres.pool_size, 24);
-                assert!(!format!("{postgres:?}").contains("pw@"), "the URL is a secret");
+                assert!(
+                    !format!("{postgres:?}").contains("pw@"),
+                    "the URL is a secret"
+                );
             }
             StoreSettings::Sqlite => panic!("backend = postgres"),
         }

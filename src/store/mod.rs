@@ -179,7 +179,8 @@ backend_contract! {
     async fn operator_suspend(&self, key: &str) -> Result<Option<String>, StoreError>;
     /// The retry ledger as the next admission will see it.
     async fn resume_ledger(&self) -> Result<Ledger, StoreError>;
-    /// Whether the store answers a write now (the watchdog's check).
+    /// Whether the store's own machinery responds (the watchdog's check): a wedged writer stops
+    /// the watchdog pings, an unreachable database server does not.
     async fn answers(&self) -> bool;
     /// The daemon is stopping: hands this node's remaining leases back.
     async fn release(&self) -> ();

@@ -15,7 +15,7 @@
 //!   answer 503, never hang and never 2xx.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
@@ -185,6 +185,8 @@ struct Shared {
     node_name: String,
     lease_ttl_ms: i64,
     writable: AtomicBool,
+    /// When the heartbeat last finished a round, whatever its outcome (unix ms).
+    heartbeat_round_at: AtomicI64,
     /// Accepts waiting for a group commit (daemon only).
     accepts: Option<mpsc::UnboundedSender<AcceptJob>>,
     /// Stops the heartbeat at release.
@@ -239,6 +241,7 @@ impl PostgresStore {
                 node_name: settings.node.clone(),
                 lease_ttl_ms: i64::try_from(settings.lease_ttl.as_millis()).unwrap_or(i64::MAX),
                 writable: AtomicBool::new(true),
+                heartbeat_round_at: AtomicI64::new(now_millis()),
                 accepts,
                 stop: CancellationToken::new(),
             }),
@@ -485,6 +488,9 @@ impl PostgresStore {
                 tracing::warn!(error = %err, "cannot renew this node's leases");
             }
             self.set_writable(renewed.is_ok());
+            self.shared
+                .heartbeat_round_at
+                .store(now_millis(), Ordering::Release);
         }
     }
 
@@ -1260,8 +1266,12 @@ impl Backend for PostgresStore {
         .await
     }
 
+    /// The heartbeat keeps running, whether or not the database answers it: a database that is
+    /// down is a 503 and a failing `/readyz`, not a wedged process for the watchdog to restart.
     async fn answers(&self) -> bool {
-        bounded(self.renew()).await.is_ok()
+        let silent_for = now_millis() - self.shared.heartbeat_round_at.load(Ordering::Acquire);
+        let round = OPERATION_TIMEOUT + Duration::from_secs(2);
+        silent_for < i64::try_from(round.as_millis()).unwrap_or(i64::MAX)
     }
 
     async fn release(&self) {
