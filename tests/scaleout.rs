@@ -39,6 +39,7 @@ struct Shape<'a> {
     runtime: &'a str,
     tools: &'a str,
     route_tools: &'a str,
+    on_busy: &'a str,
 }
 
 impl Cluster {
@@ -76,6 +77,7 @@ verify = {{ scheme = "none" }}
 session = "{{{{ payload.session }}}}"
 prompt = "task {{{{ payload.task }}}} of {{{{ payload.session }}}}"
 tools = [{route_tools}]
+on_busy = "{on_busy}"
 deliver = {{ kind = "log" }}
 "#,
                 runtime = shape.runtime,
@@ -84,6 +86,7 @@ deliver = {{ kind = "log" }}
                 model = model.url(),
                 tools = shape.tools,
                 route_tools = shape.route_tools,
+                on_busy = shape.on_busy,
             ));
             let daemon = workspace.start();
             nodes.push(Node {
@@ -163,6 +166,7 @@ fn three_nodes_process_every_event_once_and_never_overlap_a_session() {
         runtime: "",
         tools: "",
         route_tools: "",
+        on_busy: "queue",
     };
     let Some(cluster) = Cluster::start("three_nodes", &model, &shape) else {
         return;
@@ -273,6 +277,7 @@ fn a_killed_nodes_turn_is_resumed_by_another_within_the_lease() {
         runtime: "",
         tools: "",
         route_tools: "",
+        on_busy: "queue",
     };
     let Some(mut cluster) = Cluster::start("kill9_failover", &model, &shape) else {
         return;
@@ -337,6 +342,7 @@ fn a_draining_node_hands_its_sessions_over_without_waiting_for_the_lease() {
         runtime: "",
         tools: "",
         route_tools: "",
+        on_busy: "queue",
     };
     let Some(mut cluster) = Cluster::start("sigterm_handover", &model, &shape) else {
         return;
@@ -387,6 +393,7 @@ fn with_postgres_down_every_node_answers_503_and_recovers() {
         runtime: "",
         tools: "",
         route_tools: "",
+        on_busy: "queue",
     };
     let Some(cluster) = Cluster::start("postgres_down", &model, &shape) else {
         return;
@@ -448,6 +455,7 @@ description = "Takes the node down"
 command = ["/bin/sh", "-c", "kill -9 $PPID"]
 timeout = "10s""#,
         route_tools: r#""crash""#,
+        on_busy: "queue",
     };
     let Some(mut cluster) = Cluster::start("poison_cluster", &model, &shape) else {
         return;
@@ -509,5 +517,38 @@ timeout = "10s""#,
             .pg
             .value(&format!("SELECT status FROM events WHERE id = '{healthy}'")),
         "completed"
+    );
+}
+
+#[test]
+fn an_interrupting_event_accepted_by_another_node_interrupts_the_running_turn() {
+    let (model, _) = hanging_once_model();
+    let shape = Shape {
+        nodes: 2,
+        lease_ttl: "10s",
+        runtime: "",
+        tools: "",
+        route_tools: "",
+        on_busy: "interrupt",
+    };
+    let Some(cluster) = Cluster::start("cross_node_interrupt", &model, &shape) else {
+        return;
+    };
+    let first = cluster.post(0, "busy", "slow");
+    let owner = cluster.wait_running_node("busy");
+    let newer = cluster.post(1 - owner, "busy", "quick");
+    cluster.wait_all_terminal(2, Duration::from_secs(15));
+    let status = |id: &str| {
+        cluster
+            .pg
+            .value(&format!("SELECT status FROM events WHERE id = '{id}'"))
+    };
+    assert_eq!(status(&first), "failed");
+    assert_eq!(status(&newer), "completed");
+    let turns = cluster.turns_of("busy");
+    assert_eq!(
+        (turns[0].0.as_str(), turns[0].1.as_str()),
+        ("interrupted", "interrupted"),
+        "{turns:?}"
     );
 }

@@ -242,8 +242,14 @@ impl Ingress {
         };
         match self.store.accept(event).await {
             Ok(AcceptOutcome::Accepted) => {
-                self.sessions
-                    .event_accepted(&session_key, settings.on_busy == OnBusy::Interrupt);
+                let interrupt = settings.on_busy == OnBusy::Interrupt;
+                if !self.sessions.event_accepted(&session_key, interrupt)
+                    && let Err(err) = self.store.request_interrupt(&session_key).await
+                {
+                    // The event is durable and queued; only the interruption is lost.
+                    tracing::warn!(session_key = %session_key, error = %err,
+                        "cannot ask the node running this session to interrupt its turn");
+                }
                 tracing::info!(
                     message_id = crate::lifecycle::journal::MESSAGE_ACCEPTED,
                     event_id = %event_id,

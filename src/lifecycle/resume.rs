@@ -18,7 +18,8 @@ use crate::session::Sessions;
 use crate::store::{InterruptedSession, Settled, Settlement, Store, now_millis};
 
 /// Settles the interrupted sessions found at start; with leases, keeps taking over those of
-/// nodes that stopped renewing them (or handed them back) until `stop` fires.
+/// nodes that stopped renewing them (or handed them back), and carries out other nodes' requests
+/// to interrupt this node's turns (`on_busy = "interrupt"`), until `stop` fires.
 pub(crate) async fn settle_interrupted_sessions(
     store: Store,
     runtime: RuntimeSettings,
@@ -34,6 +35,14 @@ pub(crate) async fn settle_interrupted_sessions(
         tokio::select! {
             () = stop.cancelled() => return,
             () = tokio::time::sleep(interval) => {}
+        }
+        match store.interrupts_requested().await {
+            Ok(keys) => {
+                for key in keys {
+                    sessions.interrupt(&key);
+                }
+            }
+            Err(err) => tracing::warn!(error = %err, "cannot read interruption requests"),
         }
         match store.mark_crashed_turns().await {
             Ok(0) => {}

@@ -34,12 +34,23 @@ pub(crate) struct Sessions {
 
 impl Sessions {
     /// A new event for `session_key` is durable. With `interrupt`, a running turn of that session
-    /// is cancelled in its favour (`on_busy = "interrupt"`).
-    pub(crate) fn event_accepted(&self, session_key: &str, interrupt: bool) {
-        if interrupt && let Some((_, token)) = self.lock().get(session_key) {
-            token.cancel();
-        }
+    /// is cancelled in its favour (`on_busy = "interrupt"`). Returns false when the interruption
+    /// was asked for but no turn of the session runs here (it may run on another node).
+    pub(crate) fn event_accepted(&self, session_key: &str, interrupt: bool) -> bool {
+        let handled = !interrupt || self.interrupt(session_key);
         self.wake.notify_one();
+        handled
+    }
+
+    /// Cancels the running turn of `session_key` in favour of a newer event, if it runs here.
+    pub(crate) fn interrupt(&self, session_key: &str) -> bool {
+        match self.lock().get(session_key) {
+            Some((_, token)) => {
+                token.cancel();
+                true
+            }
+            None => false,
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (String, CancellationToken)>> {

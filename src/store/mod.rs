@@ -182,6 +182,12 @@ backend_contract! {
     /// Whether the store's own machinery responds (the watchdog's check): a wedged writer stops
     /// the watchdog pings, an unreachable database server does not.
     async fn answers(&self) -> bool;
+    /// `on_busy = "interrupt"` for a session whose turn may run on another node: asks its owner
+    /// to interrupt it. (One node interrupts its own turns directly.)
+    async fn request_interrupt(&self, session_key: &str) -> Result<(), StoreError>;
+    /// Sessions of this node's running turns that another node asked to interrupt; each request
+    /// is returned once.
+    async fn interrupts_requested(&self) -> Result<Vec<String>, StoreError>;
     /// The daemon is stopping: hands this node's remaining leases back.
     async fn release(&self) -> ();
 }

@@ -47,7 +47,8 @@ const NODE_HISTORY_MS: i64 = 60 * 60 * 1000;
 const MIGRATION_LOCK: i64 = 0x6167_656e_7467_7465;
 
 /// Migration `i` brings the schema from version `i` to `i + 1`.
-const MIGRATIONS: &[&str] = &["
+const MIGRATIONS: &[&str] = &[
+    "
     CREATE FUNCTION agentgate_now_ms() RETURNS BIGINT LANGUAGE sql VOLATILE
         AS $$ SELECT (extract(epoch FROM clock_timestamp()) * 1000)::BIGINT $$;
     CREATE TABLE events (
@@ -143,7 +144,11 @@ const MIGRATIONS: &[&str] = &["
         started_at    BIGINT NOT NULL,
         heartbeat_at  BIGINT NOT NULL,
         stopped_at    BIGINT
-    );"];
+    );",
+    // 2: on_busy = "interrupt" across nodes: the owner of the running turn is asked through
+    // its session row.
+    "ALTER TABLE sessions ADD COLUMN interrupt_requested BOOLEAN NOT NULL DEFAULT false;",
+];
 
 impl From<tokio_postgres::Error> for StoreError {
     fn from(err: tokio_postgres::Error) -> StoreError {
@@ -793,7 +798,8 @@ impl Backend for PostgresStore {
                 .await?;
                 tx.execute(
                     "UPDATE sessions SET state = 'running', reason = NULL, last_turn_id = $2, updated_at = $3,
-                         lease_owner = $4, lease_expires_at = agentgate_now_ms() + $5
+                         lease_owner = $4, lease_expires_at = agentgate_now_ms() + $5,
+                         interrupt_requested = false
                      WHERE key = $1",
                     &[
                         &event.session_key,
@@ -1272,6 +1278,37 @@ impl Backend for PostgresStore {
         let silent_for = now_millis() - self.shared.heartbeat_round_at.load(Ordering::Acquire);
         let round = OPERATION_TIMEOUT + Duration::from_secs(2);
         silent_for < i64::try_from(round.as_millis()).unwrap_or(i64::MAX)
+    }
+
+    async fn request_interrupt(&self, session_key: &str) -> Result<(), StoreError> {
+        bounded(async {
+            let client = self.client().await?;
+            client
+                .execute(
+                    "UPDATE sessions SET interrupt_requested = true
+                     WHERE key = $1 AND state = 'running' AND lease_owner <> $2",
+                    &[&session_key, &self.shared.node_id],
+                )
+                .await?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn interrupts_requested(&self) -> Result<Vec<String>, StoreError> {
+        bounded(async {
+            let client = self.client().await?;
+            let rows = client
+                .query(
+                    "UPDATE sessions SET interrupt_requested = false
+                     WHERE lease_owner = $1 AND interrupt_requested
+                     RETURNING key",
+                    &[&self.shared.node_id],
+                )
+                .await?;
+            Ok(rows.iter().map(|row| row.get(0)).collect())
+        })
+        .await
     }
 
     async fn release(&self) {

@@ -548,6 +548,14 @@ impl Backend for SqliteStore {
         self.write(|_| Ok(())).await.is_ok()
     }
 
+    async fn request_interrupt(&self, _session_key: &str) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    async fn interrupts_requested(&self) -> Result<Vec<String>, StoreError> {
+        Ok(Vec::new())
+    }
+
     async fn release(&self) {}
 
     fn is_writable(&self) -> bool {
