@@ -246,7 +246,7 @@ fn three_nodes_process_every_event_once_and_never_overlap_a_session() {
 
 /// A model whose first call for a `slow` task hangs (its node is killed or stopped meanwhile);
 /// every other call answers at once. Records when the second `slow` call arrived.
-fn hanging_once_model() -> (Stub, Arc<Mutex<Option<Instant>>>) {
+fn hanging_once_model(hang: Duration) -> (Stub, Arc<Mutex<Option<Instant>>>) {
     let hung = Arc::new(AtomicBool::new(false));
     let resumed_at = Arc::new(Mutex::new(None));
     let seen = resumed_at.clone();
@@ -255,7 +255,7 @@ fn hanging_once_model() -> (Stub, Arc<Mutex<Option<Instant>>>) {
             return Reply::answer("done");
         }
         if !hung.swap(true, Ordering::SeqCst) {
-            return Reply::answer("too late").after(Duration::from_secs(40));
+            return Reply::answer("too late").after(hang);
         }
         if let Ok(mut at) = seen.lock() {
             at.get_or_insert_with(Instant::now);
@@ -270,7 +270,7 @@ fn a_killed_nodes_turn_is_resumed_by_another_within_the_lease() {
     // bench/scaleout.sh varies the lease to measure failover times.
     let lease_text = std::env::var("SCALEOUT_LEASE_TTL").unwrap_or_else(|_| "2s".into());
     let lease = humantime::parse_duration(&lease_text).expect("SCALEOUT_LEASE_TTL is a duration");
-    let (model, resumed_at) = hanging_once_model();
+    let (model, resumed_at) = hanging_once_model(Duration::from_secs(40));
     let shape = Shape {
         nodes: 3,
         lease_ttl: &lease_text,
@@ -335,7 +335,7 @@ fn a_killed_nodes_turn_is_resumed_by_another_within_the_lease() {
 
 #[test]
 fn a_draining_node_hands_its_sessions_over_without_waiting_for_the_lease() {
-    let (model, resumed_at) = hanging_once_model();
+    let (model, resumed_at) = hanging_once_model(Duration::from_secs(40));
     let shape = Shape {
         nodes: 2,
         lease_ttl: "60s",
@@ -522,7 +522,7 @@ timeout = "10s""#,
 
 #[test]
 fn an_interrupting_event_accepted_by_another_node_interrupts_the_running_turn() {
-    let (model, _) = hanging_once_model();
+    let (model, _) = hanging_once_model(Duration::from_secs(40));
     let shape = Shape {
         nodes: 2,
         lease_ttl: "10s",
@@ -550,5 +550,55 @@ fn an_interrupting_event_accepted_by_another_node_interrupts_the_running_turn() 
         (turns[0].0.as_str(), turns[0].1.as_str()),
         ("interrupted", "interrupted"),
         "{turns:?}"
+    );
+}
+
+#[test]
+fn a_node_that_lost_its_lease_cannot_commit_the_turn_it_was_running() {
+    // The owner is frozen (SIGSTOP) past its lease; another node takes the session over and
+    // completes it. Thawed, the old owner gets its model reply but may not write it.
+    let (model, _) = hanging_once_model(Duration::from_secs(4));
+    let shape = Shape {
+        nodes: 2,
+        lease_ttl: "1s",
+        runtime: "",
+        tools: "",
+        route_tools: "",
+        on_busy: "queue",
+    };
+    let Some(cluster) = Cluster::start("fencing", &model, &shape) else {
+        return;
+    };
+    let event = cluster.post(0, "fenced", "slow");
+    let owner = cluster.wait_running_node("fenced");
+    let frozen = cluster.nodes[owner].daemon();
+    common::signal(frozen.pid(), "STOP");
+    cluster.wait_all_terminal(1, Duration::from_secs(20));
+    common::signal(frozen.pid(), "CONT");
+    wait_until("the thawed node to give the turn up", LIMIT, || {
+        frozen
+            .log()
+            .contains("turn stopped: its session was taken over")
+    });
+    assert_eq!(
+        cluster
+            .pg
+            .value(&format!("SELECT status FROM events WHERE id = '{event}'")),
+        "completed"
+    );
+    let turns = cluster.turns_of("fenced");
+    assert_eq!(turns.len(), 2, "{turns:?}");
+    assert_eq!(turns[0].2, cluster.nodes[owner].name);
+    assert_eq!(
+        (turns[0].0.as_str(), turns[0].1.as_str()),
+        ("interrupted", "crashed")
+    );
+    assert_eq!(turns[1].0, "completed");
+    // Nothing of the frozen node's late model reply reached the transcript.
+    assert_eq!(
+        cluster.count(
+            "SELECT count(*) FROM transcript WHERE session_key = 'fenced' AND body LIKE '%too late%'"
+        ),
+        0
     );
 }

@@ -1041,15 +1041,7 @@ impl Backend for PostgresStore {
             Ok(rows
                 .into_iter()
                 .map(|row| {
-                    let body: String = row.get(3);
-                    TranscriptRow {
-                        seq: row.get(0),
-                        turn_id: row.get(1),
-                        kind: row.get(2),
-                        body: serde_json::from_str(&body)
-                            .unwrap_or(serde_json::Value::String(body)),
-                        created_at: row.get(4),
-                    }
+                    TranscriptRow::new(row.get(0), row.get(1), row.get(2), row.get(3), row.get(4))
                 })
                 .collect())
         })

@@ -288,6 +288,25 @@ pub(crate) struct TranscriptRow {
     pub created_at: i64,
 }
 
+impl TranscriptRow {
+    /// A stored entry; its body is JSON as written (kept as text if it is not).
+    pub(super) fn new(
+        seq: i64,
+        turn_id: String,
+        kind: String,
+        body: String,
+        created_at: i64,
+    ) -> Self {
+        TranscriptRow {
+            seq,
+            turn_id,
+            kind,
+            body: serde_json::from_str(&body).unwrap_or(serde_json::Value::String(body)),
+            created_at,
+        }
+    }
+}
+
 pub(super) fn transcript_of(
     connection: &Connection,
     session_key: &str,
@@ -297,14 +316,13 @@ pub(super) fn transcript_of(
             "SELECT seq, turn_id, kind, body, created_at FROM transcript WHERE session_key = ?1 ORDER BY seq",
         )?
         .query_map(params![session_key], |row| {
-            let body: String = row.get(3)?;
-            Ok(TranscriptRow {
-                seq: row.get(0)?,
-                turn_id: row.get(1)?,
-                kind: row.get(2)?,
-                body: serde_json::from_str(&body).unwrap_or(serde_json::Value::String(body)),
-                created_at: row.get(4)?,
-            })
+            Ok(TranscriptRow::new(
+                row.get(0)?,
+                row.get(1)?,
+                row.get(2)?,
+                row.get(3)?,
+                row.get(4)?,
+            ))
         })?
         .collect()
 }
