@@ -40,6 +40,21 @@ struct Shape<'a> {
     tools: &'a str,
     route_tools: &'a str,
     on_busy: &'a str,
+    deliver: &'a str,
+}
+
+impl<'a> Shape<'a> {
+    fn new(nodes: usize, lease_ttl: &'a str) -> Shape<'a> {
+        Shape {
+            nodes,
+            lease_ttl,
+            runtime: "",
+            tools: "",
+            route_tools: "",
+            on_busy: "queue",
+            deliver: r#"{ kind = "log" }"#,
+        }
+    }
 }
 
 impl Cluster {
@@ -78,7 +93,7 @@ session = "{{{{ payload.session }}}}"
 prompt = "task {{{{ payload.task }}}} of {{{{ payload.session }}}}"
 tools = [{route_tools}]
 on_busy = "{on_busy}"
-deliver = {{ kind = "log" }}
+deliver = {deliver}
 "#,
                 runtime = shape.runtime,
                 url_file = url_file.display(),
@@ -87,6 +102,7 @@ deliver = {{ kind = "log" }}
                 tools = shape.tools,
                 route_tools = shape.route_tools,
                 on_busy = shape.on_busy,
+                deliver = shape.deliver,
             ));
             let daemon = workspace.start();
             nodes.push(Node {
@@ -160,14 +176,7 @@ fn mentions(request: &Received, text: &str) -> bool {
 #[test]
 fn three_nodes_process_every_event_once_and_never_overlap_a_session() {
     let model = Stub::start(|_, _| Reply::answer("done").after(Duration::from_millis(30)));
-    let shape = Shape {
-        nodes: 3,
-        lease_ttl: "5s",
-        runtime: "",
-        tools: "",
-        route_tools: "",
-        on_busy: "queue",
-    };
+    let shape = Shape::new(3, "5s");
     let Some(cluster) = Cluster::start("three_nodes", &model, &shape) else {
         return;
     };
@@ -271,14 +280,7 @@ fn a_killed_nodes_turn_is_resumed_by_another_within_the_lease() {
     let lease_text = std::env::var("SCALEOUT_LEASE_TTL").unwrap_or_else(|_| "2s".into());
     let lease = humantime::parse_duration(&lease_text).expect("SCALEOUT_LEASE_TTL is a duration");
     let (model, resumed_at) = hanging_once_model(Duration::from_secs(40));
-    let shape = Shape {
-        nodes: 3,
-        lease_ttl: &lease_text,
-        runtime: "",
-        tools: "",
-        route_tools: "",
-        on_busy: "queue",
-    };
+    let shape = Shape::new(3, &lease_text);
     let Some(mut cluster) = Cluster::start("kill9_failover", &model, &shape) else {
         return;
     };
@@ -336,14 +338,7 @@ fn a_killed_nodes_turn_is_resumed_by_another_within_the_lease() {
 #[test]
 fn a_draining_node_hands_its_sessions_over_without_waiting_for_the_lease() {
     let (model, resumed_at) = hanging_once_model(Duration::from_secs(40));
-    let shape = Shape {
-        nodes: 2,
-        lease_ttl: "60s",
-        runtime: "",
-        tools: "",
-        route_tools: "",
-        on_busy: "queue",
-    };
+    let shape = Shape::new(2, "60s");
     let Some(mut cluster) = Cluster::start("sigterm_handover", &model, &shape) else {
         return;
     };
@@ -387,14 +382,7 @@ fn a_draining_node_hands_its_sessions_over_without_waiting_for_the_lease() {
 #[test]
 fn with_postgres_down_every_node_answers_503_and_recovers() {
     let model = Stub::start(|_, _| Reply::answer("done"));
-    let shape = Shape {
-        nodes: 2,
-        lease_ttl: "2s",
-        runtime: "",
-        tools: "",
-        route_tools: "",
-        on_busy: "queue",
-    };
+    let shape = Shape::new(2, "2s");
     let Some(cluster) = Cluster::start("postgres_down", &model, &shape) else {
         return;
     };
@@ -447,15 +435,13 @@ fn a_session_that_kills_every_node_it_runs_on_is_suspended_cluster_wide() {
         }
     });
     let shape = Shape {
-        nodes: 3,
-        lease_ttl: "1s",
         runtime: "resume_max_attempts = 2",
         tools: r#"[tools.crash]
 description = "Takes the node down"
 command = ["/bin/sh", "-c", "kill -9 $PPID"]
 timeout = "10s""#,
         route_tools: r#""crash""#,
-        on_busy: "queue",
+        ..Shape::new(3, "1s")
     };
     let Some(mut cluster) = Cluster::start("poison_cluster", &model, &shape) else {
         return;
@@ -524,12 +510,8 @@ timeout = "10s""#,
 fn an_interrupting_event_accepted_by_another_node_interrupts_the_running_turn() {
     let (model, _) = hanging_once_model(Duration::from_secs(40));
     let shape = Shape {
-        nodes: 2,
-        lease_ttl: "10s",
-        runtime: "",
-        tools: "",
-        route_tools: "",
         on_busy: "interrupt",
+        ..Shape::new(2, "10s")
     };
     let Some(cluster) = Cluster::start("cross_node_interrupt", &model, &shape) else {
         return;
@@ -558,14 +540,7 @@ fn a_node_that_lost_its_lease_cannot_commit_the_turn_it_was_running() {
     // The owner is frozen (SIGSTOP) past its lease; another node takes the session over and
     // completes it. Thawed, the old owner gets its model reply but may not write it.
     let (model, _) = hanging_once_model(Duration::from_secs(4));
-    let shape = Shape {
-        nodes: 2,
-        lease_ttl: "1s",
-        runtime: "",
-        tools: "",
-        route_tools: "",
-        on_busy: "queue",
-    };
+    let shape = Shape::new(2, "1s");
     let Some(cluster) = Cluster::start("fencing", &model, &shape) else {
         return;
     };
@@ -601,4 +576,74 @@ fn a_node_that_lost_its_lease_cannot_commit_the_turn_it_was_running() {
         ),
         0
     );
+}
+
+#[test]
+fn a_delivery_is_sent_by_one_node_at_a_time_and_retried_elsewhere_when_it_dies() {
+    let model = Stub::start(|_, _| Reply::answer("done"));
+    // The first POST of the result hangs (its node is killed meanwhile); later ones succeed.
+    let first_seen = Arc::new(AtomicBool::new(false));
+    let seen = first_seen.clone();
+    let receiver = Stub::start(move |_, _| {
+        if seen.swap(true, Ordering::SeqCst) {
+            Reply::raw(204, "")
+        } else {
+            Reply::raw(204, "").after(Duration::from_secs(40))
+        }
+    });
+    let deliver = format!(r#"{{ kind = "http", url = "{}/results" }}"#, receiver.url());
+    let shape = Shape {
+        deliver: &deliver,
+        ..Shape::new(3, "2s")
+    };
+    let Some(mut cluster) = Cluster::start("delivery_failover", &model, &shape) else {
+        return;
+    };
+    let event = cluster.post(0, "delivered", "quick");
+    wait_until("the first delivery attempt", LIMIT, || {
+        first_seen.load(Ordering::SeqCst)
+    });
+    let owner_of = |cluster: &Cluster| {
+        cluster.pg.value(&format!(
+            "SELECT n.name || ' ' || d.lease_expires_at FROM deliveries d JOIN nodes n ON n.id = d.lease_owner
+             WHERE d.event_id = '{event}'"
+        ))
+    };
+    // While its node lives, the lease is renewed and nobody else sends the result.
+    let first_lease = owner_of(&cluster);
+    wait_until("the delivery lease to be renewed twice", LIMIT, || {
+        let now = owner_of(&cluster);
+        now.split(' ').nth(1).and_then(|t| t.parse::<i64>().ok())
+            > first_lease
+                .split(' ')
+                .nth(1)
+                .and_then(|t| t.parse::<i64>().ok())
+                .map(|t| t + 1500)
+    });
+    assert_eq!(receiver.requests().len(), 1, "one node at a time");
+    let owner_name = first_lease
+        .split(' ')
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    let owner = cluster
+        .nodes
+        .iter()
+        .position(|node| node.name == owner_name)
+        .expect("the delivering node");
+    if let Some(daemon) = cluster.nodes[owner].daemon.take() {
+        daemon.kill9();
+    }
+    wait_until("another node to deliver the result", LIMIT, || {
+        cluster.pg.value(&format!(
+            "SELECT status FROM deliveries WHERE event_id = '{event}'"
+        )) == "delivered"
+    });
+    let requests = receiver.requests();
+    assert_eq!(requests.len(), 2, "delivered again once, by another node");
+    assert_eq!(
+        requests[0].body, requests[1].body,
+        "the same result both times"
+    );
+    assert_eq!(requests[1].json()["event_id"], event.as_str());
 }

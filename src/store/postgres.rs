@@ -39,8 +39,6 @@ const ACCEPT_BATCH: usize = 256;
 const ACCEPT_WRITERS: usize = 4;
 /// How many queued events one claim looks at, at most (as with SQLite).
 const CANDIDATE_WINDOW: i64 = 2048;
-/// A delivery attempt is bounded by its own timeout; its lease outlasts a whole batch of them.
-const DELIVERY_LEASE_MS: i64 = 5 * 60 * 1000;
 /// Node rows stay visible in `status` this long after their last heartbeat.
 const NODE_HISTORY_MS: i64 = 60 * 60 * 1000;
 /// Serializes migrations of concurrently starting nodes.
@@ -516,7 +514,7 @@ impl PostgresStore {
         .await?;
         tx.execute(
             "UPDATE deliveries SET lease_expires_at = agentgate_now_ms() + $2 WHERE lease_owner = $1",
-            &[me, &DELIVERY_LEASE_MS],
+            &[me, &self.shared.lease_ttl_ms],
         )
         .await?;
         tx.commit().await?;
@@ -1063,7 +1061,7 @@ impl Backend for PostgresStore {
                      RETURNING event_id, route, session_key, body, attempts, next_attempt_at",
                     &[
                         &self.shared.node_id,
-                        &DELIVERY_LEASE_MS,
+                        &self.shared.lease_ttl_ms,
                         &now_millis(),
                         &(limit as i64),
                     ],
