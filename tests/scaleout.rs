@@ -290,6 +290,20 @@ fn a_killed_nodes_turn_is_resumed_by_another_within_the_lease() {
         others.push(cluster.post(index % 3, &format!("other-{index}"), "quick"));
     }
     let owner = cluster.wait_running_node("victim");
+    // `status` on another node names the owner's lease.
+    let status = cluster.nodes[(owner + 1) % 3].workspace.status();
+    let listed = status["nodes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|node| node["name"] == cluster.nodes[owner].name.as_str())
+        .expect("the owner is listed");
+    assert!(
+        listed["leases"]
+            .as_array()
+            .is_some_and(|leases| leases.iter().any(|key| key == "victim")),
+        "{status:#}"
+    );
     let killed_at = Instant::now();
     if let Some(daemon) = cluster.nodes[owner].daemon.take() {
         daemon.kill9();
