@@ -251,6 +251,32 @@ fn three_nodes_process_every_event_once_and_never_overlap_a_session() {
         .collect();
     assert_eq!(running, ["node-0", "node-1", "node-2"], "{status:#}");
     assert_eq!(status["events"]["total"], total + 1);
+
+    // Operator commands act on the shared database from any node.
+    let suspend = cluster.nodes[0]
+        .workspace
+        .cli(&["sessions", "suspend", "s0"]);
+    assert!(suspend.status.success(), "{suspend:?}");
+    let held = cluster.post(1, "s0", "held");
+    let shown = cluster.nodes[2].workspace.session_json("s0");
+    assert_eq!(shown["session"]["state"], "suspended", "{shown:#}");
+    assert_eq!(
+        cluster
+            .pg
+            .value(&format!("SELECT status FROM events WHERE id = '{held}'")),
+        "queued"
+    );
+    let resume = cluster.nodes[1]
+        .workspace
+        .cli(&["sessions", "resume", "s0"]);
+    assert!(resume.status.success(), "{resume:?}");
+    cluster.wait_all_terminal(total + 2, LIMIT);
+    let ledger = cluster.nodes[2]
+        .workspace
+        .cli(&["ledger", "show", "--json"]);
+    assert!(ledger.status.success(), "{ledger:?}");
+    let ledger: serde_json::Value = serde_json::from_slice(&ledger.stdout).expect("JSON");
+    assert_eq!(ledger["version"], 1);
 }
 
 /// A model whose first call for a `slow` task hangs (its node is killed or stopped meanwhile);
@@ -432,7 +458,10 @@ fn with_postgres_down_every_node_answers_503_and_recovers() {
                 .pg
                 .value(&format!("SELECT status FROM events WHERE id = '{id}'")),
             "completed",
-            "acknowledged event {id}"
+            "acknowledged event {id}: turns {:?}",
+            cluster.pg.rows(&format!(
+                "SELECT status, reason, error, node FROM turns WHERE event_id = '{id}'"
+            ))
         );
     }
     assert_eq!(cluster.count("SELECT count(*) FROM events"), 20);

@@ -142,30 +142,39 @@ impl TurnContext {
         }
     }
 
-    /// Retries a commit until it succeeds or the turns are being cancelled: a step that is not
-    /// durable must not be followed by the next one. A lost lease ends the turn here at once:
-    /// another node has taken the session over and resumes it.
+    /// Retries a store operation until it succeeds (`Some`) or the turns are being cancelled
+    /// (`None`): a step that is not durable must not be followed by the next one, and a store
+    /// that is briefly unavailable (a database failover) must not fail the turn. A lost lease
+    /// ends the turn here at once (`None`): another node has taken the session over.
+    async fn retrying<T, F, Fut>(&self, what: &str, attempt: F) -> Option<T>
+    where
+        F: Fn(Store) -> Fut,
+        Fut: std::future::Future<Output = Result<T, StoreError>>,
+    {
+        loop {
+            match attempt(self.store.clone()).await {
+                Ok(value) => return Some(value),
+                Err(err @ StoreError::LeaseLost { .. }) => {
+                    tracing::error!(error = %err, "turn stopped: its session was taken over");
+                    return None;
+                }
+                Err(err) => {
+                    tracing::error!(error = %err, "cannot {what}; retrying");
+                    tokio::select! {
+                        () = tokio::time::sleep(COMMIT_RETRY) => {}
+                        () = self.cancel_turns.cancelled() => return None,
+                    }
+                }
+            }
+        }
+    }
+
     async fn commit<F, Fut>(&self, attempt: F) -> bool
     where
         F: Fn(Store) -> Fut,
         Fut: std::future::Future<Output = Result<(), StoreError>>,
     {
-        loop {
-            match attempt(self.store.clone()).await {
-                Ok(()) => return true,
-                Err(err @ StoreError::LeaseLost { .. }) => {
-                    tracing::error!(error = %err, "turn stopped: its session was taken over");
-                    return false;
-                }
-                Err(err) => {
-                    tracing::error!(error = %err, "cannot commit a turn step; retrying");
-                    tokio::select! {
-                        () = tokio::time::sleep(COMMIT_RETRY) => {}
-                        () = self.cancel_turns.cancelled() => return false,
-                    }
-                }
-            }
-        }
+        self.retrying("commit a turn step", attempt).await.is_some()
     }
 }
 
@@ -212,19 +221,20 @@ impl Running<'_> {
                 return;
             }
         };
-        let entries = match self.context.store.transcript(&event.session_key).await {
-            Ok(rows) => rows
-                .into_iter()
-                .filter_map(|row| serde_json::from_value::<Entry>(row.body).ok())
-                .collect::<Vec<_>>(),
-            Err(err) => {
-                let error = format!("cannot read the session's transcript: {err}");
-                self.context
-                    .finish(self.turn, Outcome::Failed { error }, None, 0)
-                    .await;
-                return;
-            }
+        let reading = "read the session's transcript";
+        let Some(rows) = self
+            .context
+            .retrying(reading, |store| async move {
+                store.transcript(&event.session_key).await
+            })
+            .await
+        else {
+            return;
         };
+        let entries = rows
+            .into_iter()
+            .filter_map(|row| serde_json::from_value::<Entry>(row.body).ok())
+            .collect::<Vec<_>>();
         let mut messages = vec![prompt::system_message(self.route, &system)];
         messages.extend(entries.iter().filter_map(|entry| match entry {
             Entry::Message { message } => Some(message.clone()),
@@ -238,17 +248,18 @@ impl Running<'_> {
         let max_steps = self.settings.config.runtime.max_turn_steps;
         // A run cut off before it committed anything left nothing to resume from: start afresh.
         let resume_reason = match &event.resume_reason {
-            Some(reason) => match self.context.store.event_has_transcript(&event.id).await {
-                Ok(true) => Some(reason),
-                Ok(false) => None,
-                Err(err) => {
-                    let error = format!("cannot read the session's transcript: {err}");
-                    self.context
-                        .finish(self.turn, Outcome::Failed { error }, None, 0)
-                        .await;
+            Some(reason) => {
+                let Some(recorded) = self
+                    .context
+                    .retrying(reading, |store| async move {
+                        store.event_has_transcript(&event.id).await
+                    })
+                    .await
+                else {
                     return;
-                }
-            },
+                };
+                recorded.then_some(reason)
+            }
             None => None,
         };
         let (mut machine, first) = match resume_reason {

@@ -214,9 +214,21 @@ impl PostgresStore {
                 ))
             })?;
         let mut config = url;
+        // A node frozen inside a transaction (SIGSTOP, a stalled VM) would hold its row locks and
+        // block every other node's takeover: the server ends such a transaction once it has
+        // been idle for about a lease.
+        let idle_limit = settings
+            .lease_ttl
+            .clamp(Duration::from_secs(1), Duration::from_secs(10))
+            .as_millis();
+        let options = format!(
+            "{} -c idle_in_transaction_session_timeout={idle_limit}",
+            config.get_options().unwrap_or_default()
+        );
         config
             .connect_timeout(Duration::from_secs(5))
-            .application_name(format!("agentgate {}", settings.node));
+            .application_name(format!("agentgate {}", settings.node))
+            .options(options.trim());
         let manager = Manager::from_config(
             config,
             NoTls,
@@ -1207,18 +1219,15 @@ impl Backend for PostgresStore {
                 (row.get(0), row.get(1), row.get(2));
             tx.execute("DELETE FROM resume_ledger WHERE session_key = $1", &[&key])
                 .await?;
-            match (state.as_str(), &event_id) {
-                ("resume_pending", Some(event_id)) => {
-                    requeue_rows(&tx, event_id, key, &reason).await?;
-                }
-                ("running", _) => {}
-                _ => {
-                    tx.execute(
-                        "UPDATE sessions SET state = 'idle', reason = NULL, updated_at = $2 WHERE key = $1",
-                        &[&key, &now_millis()],
-                    )
-                    .await?;
-                }
+            if let ("resume_pending", Some(event_id)) = (state.as_str(), &event_id) {
+                requeue_rows(&tx, event_id, key, &reason).await?;
+            }
+            if state != "running" {
+                tx.execute(
+                    "UPDATE sessions SET state = 'idle', reason = NULL, updated_at = $2 WHERE key = $1",
+                    &[&key, &now_millis()],
+                )
+                .await?;
             }
             tx.commit().await?;
             Ok(Some(state))
