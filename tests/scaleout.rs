@@ -124,6 +124,11 @@ deliver = {deliver}
             .to_string()
     }
 
+    fn event_status(&self, id: &str) -> String {
+        self.pg
+            .value(&format!("SELECT status FROM events WHERE id = '{id}'"))
+    }
+
     fn count(&self, sql: &str) -> i64 {
         self.pg.value(sql).parse().expect("a count")
     }
@@ -260,12 +265,7 @@ fn three_nodes_process_every_event_once_and_never_overlap_a_session() {
     let held = cluster.post(1, "s0", "held");
     let shown = cluster.nodes[2].workspace.session_json("s0");
     assert_eq!(shown["session"]["state"], "suspended", "{shown:#}");
-    assert_eq!(
-        cluster
-            .pg
-            .value(&format!("SELECT status FROM events WHERE id = '{held}'")),
-        "queued"
-    );
+    assert_eq!(cluster.event_status(&held), "queued");
     let resume = cluster.nodes[1]
         .workspace
         .cli(&["sessions", "resume", "s0"]);
@@ -279,25 +279,56 @@ fn three_nodes_process_every_event_once_and_never_overlap_a_session() {
     assert_eq!(ledger["version"], 1);
 }
 
-/// A model whose first call for a `slow` task hangs (its node is killed or stopped meanwhile);
-/// every other call answers at once. Records when the second `slow` call arrived.
-fn hanging_once_model(hang: Duration) -> (Stub, Arc<Mutex<Option<Instant>>>) {
-    let hung = Arc::new(AtomicBool::new(false));
-    let resumed_at = Arc::new(Mutex::new(None));
-    let seen = resumed_at.clone();
-    let model = Stub::start(move |request, _| {
-        if !mentions(request, "slow") {
-            return Reply::answer("done");
+/// A model whose first call for a `slow` task hangs for `hang` (its node is killed, stopped or
+/// frozen meanwhile); every other call answers at once.
+struct HangingModel {
+    stub: Stub,
+    /// Set once the hanging call arrived: the turn is inside its model call.
+    hung: Arc<AtomicBool>,
+    /// When the second `slow` call (the resumed turn's) arrived.
+    resumed_at: Arc<Mutex<Option<Instant>>>,
+}
+
+impl HangingModel {
+    fn start(hang: Duration) -> HangingModel {
+        let hung = Arc::new(AtomicBool::new(false));
+        let resumed_at = Arc::new(Mutex::new(None));
+        let (first, seen) = (hung.clone(), resumed_at.clone());
+        let stub = Stub::start(move |request, _| {
+            if !mentions(request, "slow") {
+                return Reply::answer("done");
+            }
+            if !first.swap(true, Ordering::SeqCst) {
+                return Reply::answer("too late").after(hang);
+            }
+            if let Ok(mut at) = seen.lock() {
+                at.get_or_insert_with(Instant::now);
+            }
+            Reply::answer("finished after the takeover")
+        });
+        HangingModel {
+            stub,
+            hung,
+            resumed_at,
         }
-        if !hung.swap(true, Ordering::SeqCst) {
-            return Reply::answer("too late").after(hang);
-        }
-        if let Ok(mut at) = seen.lock() {
-            at.get_or_insert_with(Instant::now);
-        }
-        Reply::answer("finished after the takeover")
-    });
-    (model, resumed_at)
+    }
+
+    /// The node running `session`, once its turn is inside the hanging model call.
+    fn wait_hanging(&self, cluster: &Cluster, session: &str) -> usize {
+        wait_until("the model call to hang", LIMIT, || {
+            self.hung.load(Ordering::SeqCst)
+        });
+        cluster.wait_running_node(session)
+    }
+
+    fn resumed_since(&self, start: Instant) -> Duration {
+        self.resumed_at
+            .lock()
+            .ok()
+            .and_then(|at| *at)
+            .map(|at| at.duration_since(start))
+            .expect("the resumed turn called the model")
+    }
 }
 
 #[test]
@@ -305,9 +336,9 @@ fn a_killed_nodes_turn_is_resumed_by_another_within_the_lease() {
     // bench/scaleout.sh varies the lease to measure failover times.
     let lease_text = std::env::var("SCALEOUT_LEASE_TTL").unwrap_or_else(|_| "2s".into());
     let lease = humantime::parse_duration(&lease_text).expect("SCALEOUT_LEASE_TTL is a duration");
-    let (model, resumed_at) = hanging_once_model(Duration::from_secs(40));
+    let model = HangingModel::start(Duration::from_secs(40));
     let shape = Shape::new(3, &lease_text);
-    let Some(mut cluster) = Cluster::start("kill9_failover", &model, &shape) else {
+    let Some(mut cluster) = Cluster::start("kill9_failover", &model.stub, &shape) else {
         return;
     };
     let victim = cluster.post(0, "victim", "slow");
@@ -315,7 +346,7 @@ fn a_killed_nodes_turn_is_resumed_by_another_within_the_lease() {
     for index in 0..12 {
         others.push(cluster.post(index % 3, &format!("other-{index}"), "quick"));
     }
-    let owner = cluster.wait_running_node("victim");
+    let owner = model.wait_hanging(&cluster, "victim");
     // `status` on another node names the owner's lease.
     let status = cluster.nodes[(owner + 1) % 3].workspace.status();
     let listed = status["nodes"]
@@ -335,31 +366,16 @@ fn a_killed_nodes_turn_is_resumed_by_another_within_the_lease() {
         daemon.kill9();
     }
     cluster.wait_all_terminal(13, lease + Duration::from_secs(30));
-    let failover = resumed_at
-        .lock()
-        .ok()
-        .and_then(|at| *at)
-        .map(|at| at.duration_since(killed_at))
-        .expect("the resumed turn called the model");
+    let failover = model.resumed_since(killed_at);
     // The lease was last renewed up to 1 s before the kill; after its expiry come at most one
     // sweep interval (≤ 1 s) and the claim: a margin of 4 s.
     assert!(
         failover + Duration::from_secs(1) >= lease && failover <= lease + Duration::from_secs(4),
         "failover took {failover:?} with a {lease_text} lease"
     );
-    assert_eq!(
-        cluster
-            .pg
-            .value(&format!("SELECT status FROM events WHERE id = '{victim}'")),
-        "completed"
-    );
+    assert_eq!(cluster.event_status(&victim), "completed");
     for id in &others {
-        assert_eq!(
-            cluster
-                .pg
-                .value(&format!("SELECT status FROM events WHERE id = '{id}'")),
-            "completed"
-        );
+        assert_eq!(cluster.event_status(id), "completed");
     }
     let turns = cluster.turns_of("victim");
     assert_eq!(turns.len(), 2, "{turns:?}");
@@ -377,13 +393,13 @@ fn a_killed_nodes_turn_is_resumed_by_another_within_the_lease() {
 
 #[test]
 fn a_draining_node_hands_its_sessions_over_without_waiting_for_the_lease() {
-    let (model, resumed_at) = hanging_once_model(Duration::from_secs(40));
+    let model = HangingModel::start(Duration::from_secs(40));
     let shape = Shape::new(2, "60s");
-    let Some(mut cluster) = Cluster::start("sigterm_handover", &model, &shape) else {
+    let Some(mut cluster) = Cluster::start("sigterm_handover", &model.stub, &shape) else {
         return;
     };
     let victim = cluster.post(0, "victim", "slow");
-    let owner = cluster.wait_running_node("victim");
+    let owner = model.wait_hanging(&cluster, "victim");
     let stopped_at = Instant::now();
     let status = cluster.nodes[owner]
         .daemon
@@ -392,22 +408,12 @@ fn a_draining_node_hands_its_sessions_over_without_waiting_for_the_lease() {
         .expect("the owner runs");
     assert!(status.success(), "the drained node exits 0: {status}");
     cluster.wait_all_terminal(1, Duration::from_secs(20));
-    let handover = resumed_at
-        .lock()
-        .ok()
-        .and_then(|at| *at)
-        .map(|at| at.duration_since(stopped_at))
-        .expect("the resumed turn called the model");
+    let handover = model.resumed_since(stopped_at);
     assert!(
         handover < Duration::from_secs(10),
         "handover took {handover:?}; the lease is 60s"
     );
-    assert_eq!(
-        cluster
-            .pg
-            .value(&format!("SELECT status FROM events WHERE id = '{victim}'")),
-        "completed"
-    );
+    assert_eq!(cluster.event_status(&victim), "completed");
     let turns = cluster.turns_of("victim");
     assert_eq!(turns.len(), 2, "{turns:?}");
     assert_eq!(
@@ -454,9 +460,7 @@ fn with_postgres_down_every_node_answers_503_and_recovers() {
     cluster.wait_all_terminal(20, LIMIT);
     for id in &acknowledged {
         assert_eq!(
-            cluster
-                .pg
-                .value(&format!("SELECT status FROM events WHERE id = '{id}'")),
+            cluster.event_status(id),
             "completed",
             "acknowledged event {id}: turns {:?}",
             cluster.pg.rows(&format!(
@@ -494,9 +498,7 @@ timeout = "10s""#,
     let deadline = Instant::now() + LIMIT;
     let mut restarts = 0;
     loop {
-        let status = cluster
-            .pg
-            .value(&format!("SELECT status FROM events WHERE id = '{poison}'"));
+        let status = cluster.event_status(&poison);
         if status == "suspended" {
             break;
         }
@@ -541,35 +543,25 @@ timeout = "10s""#,
     }
     let healthy = cluster.post(1, "healthy", "quick");
     cluster.wait_all_terminal(2, LIMIT);
-    assert_eq!(
-        cluster
-            .pg
-            .value(&format!("SELECT status FROM events WHERE id = '{healthy}'")),
-        "completed"
-    );
+    assert_eq!(cluster.event_status(&healthy), "completed");
 }
 
 #[test]
 fn an_interrupting_event_accepted_by_another_node_interrupts_the_running_turn() {
-    let (model, _) = hanging_once_model(Duration::from_secs(40));
+    let model = HangingModel::start(Duration::from_secs(40));
     let shape = Shape {
         on_busy: "interrupt",
         ..Shape::new(2, "10s")
     };
-    let Some(cluster) = Cluster::start("cross_node_interrupt", &model, &shape) else {
+    let Some(cluster) = Cluster::start("cross_node_interrupt", &model.stub, &shape) else {
         return;
     };
     let first = cluster.post(0, "busy", "slow");
-    let owner = cluster.wait_running_node("busy");
+    let owner = model.wait_hanging(&cluster, "busy");
     let newer = cluster.post(1 - owner, "busy", "quick");
     cluster.wait_all_terminal(2, Duration::from_secs(15));
-    let status = |id: &str| {
-        cluster
-            .pg
-            .value(&format!("SELECT status FROM events WHERE id = '{id}'"))
-    };
-    assert_eq!(status(&first), "failed");
-    assert_eq!(status(&newer), "completed");
+    assert_eq!(cluster.event_status(&first), "failed");
+    assert_eq!(cluster.event_status(&newer), "completed");
     let turns = cluster.turns_of("busy");
     assert_eq!(
         (turns[0].0.as_str(), turns[0].1.as_str()),
@@ -582,13 +574,13 @@ fn an_interrupting_event_accepted_by_another_node_interrupts_the_running_turn() 
 fn a_node_that_lost_its_lease_cannot_commit_the_turn_it_was_running() {
     // The owner is frozen (SIGSTOP) past its lease; another node takes the session over and
     // completes it. Thawed, the old owner gets its model reply but may not write it.
-    let (model, _) = hanging_once_model(Duration::from_secs(4));
+    let model = HangingModel::start(Duration::from_secs(4));
     let shape = Shape::new(2, "1s");
-    let Some(cluster) = Cluster::start("fencing", &model, &shape) else {
+    let Some(cluster) = Cluster::start("fencing", &model.stub, &shape) else {
         return;
     };
     let event = cluster.post(0, "fenced", "slow");
-    let owner = cluster.wait_running_node("fenced");
+    let owner = model.wait_hanging(&cluster, "fenced");
     let frozen = cluster.nodes[owner].daemon();
     common::signal(frozen.pid(), "STOP");
     cluster.wait_all_terminal(1, Duration::from_secs(20));
@@ -598,12 +590,7 @@ fn a_node_that_lost_its_lease_cannot_commit_the_turn_it_was_running() {
             .log()
             .contains("turn stopped: its session was taken over")
     });
-    assert_eq!(
-        cluster
-            .pg
-            .value(&format!("SELECT status FROM events WHERE id = '{event}'")),
-        "completed"
-    );
+    assert_eq!(cluster.event_status(&event), "completed");
     let turns = cluster.turns_of("fenced");
     assert_eq!(turns.len(), 2, "{turns:?}");
     assert_eq!(turns[0].2, cluster.nodes[owner].name);
