@@ -756,14 +756,16 @@ impl Backend for PostgresStore {
         bounded(async {
             let mut client = self.client().await?;
             let tx = client.transaction().await?;
-            // The oldest queued event of each idle session, oldest first; sessions another node
-            // is claiming right now are skipped, not waited for.
+            // The oldest queued event of each idle session among the oldest queued events (a
+            // bounded window, so a deep backlog does not make every claim scan it), oldest
+            // first; sessions another node is claiming right now are skipped, not waited for.
             let sessions = tx
                 .query(
                     "SELECT s.key FROM sessions s
-                     JOIN (SELECT session_key, min(seq) AS first_seq FROM events
-                           WHERE status = 'queued' GROUP BY session_key
-                           ORDER BY first_seq LIMIT $2) q ON q.session_key = s.key
+                     JOIN (SELECT session_key, min(seq) AS first_seq
+                           FROM (SELECT session_key, seq FROM events WHERE status = 'queued'
+                                 ORDER BY seq LIMIT $2) oldest
+                           GROUP BY session_key) q ON q.session_key = s.key
                      WHERE s.state = 'idle'
                      ORDER BY q.first_seq LIMIT $1
                      FOR UPDATE OF s SKIP LOCKED",
