@@ -368,7 +368,10 @@ impl StateAccess {
         self.runtime
             .block_on(query(store))
             .map(Some)
-            .map_err(Failure::state)
+            .map_err(|err| match err {
+                StoreError::Postgres(_) | StoreError::Unavailable(_) => Failure::unavailable(err),
+                other => Failure::state(other),
+            })
     }
 }
 

@@ -184,6 +184,7 @@ struct RawStore {
     node: Option<String>,
     lease_ttl: Option<String>,
     pool_size: Option<i64>,
+    ca_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -282,6 +283,9 @@ pub(crate) struct PostgresSettings {
     /// How long a session or delivery stays owned by a node that stopped renewing it.
     pub lease_ttl: Duration,
     pub pool_size: usize,
+    /// PEM certificates that sign the server's certificate, for `sslmode=require`; without it
+    /// the public web roots are used.
+    pub ca_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone)]
@@ -724,6 +728,7 @@ impl Checker<'_> {
                 ("store.node", raw.node.is_some()),
                 ("store.lease_ttl", raw.lease_ttl.is_some()),
                 ("store.pool_size", raw.pool_size.is_some()),
+                ("store.ca_file", raw.ca_file.is_some()),
             ] {
                 if set {
                     self.warn(key, "only used with backend = \"postgres\"");
@@ -763,11 +768,17 @@ impl Checker<'_> {
         }
         let default_pool = u32::try_from(max_concurrent_turns + 8).unwrap_or(u32::MAX);
         let pool_size = self.positive("store.pool_size", raw.pool_size, default_pool) as usize;
+        if let Some(path) = &raw.ca_file
+            && let Err(err) = std::fs::metadata(path)
+        {
+            self.error("store.ca_file", format!("{}: {err}", path.display()));
+        }
         Some(StoreSettings::Postgres(PostgresSettings {
             url,
             node,
             lease_ttl,
             pool_size,
+            ca_file: raw.ca_file,
         }))
     }
 

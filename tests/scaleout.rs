@@ -41,6 +41,10 @@ struct Shape<'a> {
     route_tools: &'a str,
     on_busy: &'a str,
     deliver: &'a str,
+    /// Appended to the database URL (e.g. `?sslmode=require`).
+    url_suffix: &'a str,
+    /// More `[store]` lines.
+    store: &'a str,
 }
 
 impl<'a> Shape<'a> {
@@ -53,18 +57,25 @@ impl<'a> Shape<'a> {
             route_tools: "",
             on_busy: "queue",
             deliver: r#"{ kind = "log" }"#,
+            url_suffix: "",
+            store: "",
         }
     }
 }
 
 impl Cluster {
     fn start(test: &str, model: &Stub, shape: &Shape<'_>) -> Option<Cluster> {
-        let pg = Postgres::start(test)?;
+        Some(Cluster::start_on(Postgres::start(test)?, model, shape))
+    }
+
+    fn start_on(pg: Postgres, model: &Stub, shape: &Shape<'_>) -> Cluster {
         let mut nodes = Vec::new();
         for index in 0..shape.nodes {
             let workspace = Workspace::new();
             let name = format!("node-{index}");
-            let url_file = pg.url_file(workspace.path());
+            let url_file = workspace.path().join("pg-url");
+            std::fs::write(&url_file, format!("{}{}\n", pg.url(), shape.url_suffix))
+                .expect("write the URL");
             workspace.write_config(&format!(
                 r#"[runtime]
 max_concurrent_turns = 4
@@ -76,6 +87,7 @@ backend = "postgres"
 url = {{ file = "{url_file}" }}
 node = "{name}"
 lease_ttl = "{ttl}"
+{store}
 
 [model]
 backend = "openai"
@@ -98,6 +110,7 @@ deliver = {deliver}
                 runtime = shape.runtime,
                 url_file = url_file.display(),
                 ttl = shape.lease_ttl,
+                store = shape.store,
                 model = model.url(),
                 tools = shape.tools,
                 route_tools = shape.route_tools,
@@ -111,7 +124,7 @@ deliver = {deliver}
                 name,
             });
         }
-        Some(Cluster { pg, nodes })
+        Cluster { pg, nodes }
     }
 
     fn post(&self, node: usize, session: &str, task: &str) -> String {
@@ -676,4 +689,44 @@ fn a_delivery_is_sent_by_one_node_at_a_time_and_retried_elsewhere_when_it_dies()
         "the same result both times"
     );
     assert_eq!(requests[1].json()["event_id"], event.as_str());
+}
+
+#[test]
+fn with_sslmode_require_nodes_use_tls_and_verify_the_server() {
+    let Some((pg, ca)) = Postgres::start_with_tls("postgres_tls") else {
+        return;
+    };
+    let model = Stub::start(|_, _| Reply::answer("done"));
+    let trusted = format!("ca_file = {:?}", ca.display().to_string());
+    let shape = Shape {
+        url_suffix: "?sslmode=require",
+        store: &trusted,
+        ..Shape::new(1, "5s")
+    };
+    let cluster = Cluster::start_on(pg, &model, &shape);
+    let event = cluster.post(0, "tls", "quick");
+    cluster.wait_all_terminal(1, LIMIT);
+    assert_eq!(cluster.event_status(&event), "completed");
+    assert!(
+        cluster.count(
+            "SELECT count(*) FROM pg_stat_ssl JOIN pg_stat_activity USING (pid)
+             WHERE ssl AND application_name LIKE 'agentgate%'"
+        ) >= 1,
+        "the node's connections use TLS"
+    );
+    // Without the CA that signed the server's certificate, nothing is sent to that server.
+    let untrusting = Workspace::new();
+    std::fs::write(
+        untrusting.path().join("pg-url"),
+        format!("{}?sslmode=require", cluster.pg.url()),
+    )
+    .expect("write the URL");
+    untrusting.write_config(&format!(
+        "[store]\nbackend = \"postgres\"\nurl = {{ file = {:?} }}\n",
+        untrusting.path().join("pg-url").display().to_string()
+    ));
+    let refused = untrusting.cli(&["status"]);
+    assert_eq!(refused.status.code(), Some(69), "{refused:?}");
+    let message = String::from_utf8_lossy(&refused.stderr);
+    assert!(message.contains("certificate"), "{message}");
 }

@@ -148,15 +148,64 @@ const MIGRATIONS: &[&str] = &[
     "ALTER TABLE sessions ADD COLUMN interrupt_requested BOOLEAN NOT NULL DEFAULT false;",
 ];
 
+/// A rustls connector that verifies the server against `ca_file`, else the public web roots.
+fn tls_connector(
+    ca_file: Option<&std::path::Path>,
+) -> Result<tokio_postgres_rustls::MakeRustlsConnect, StoreError> {
+    let mut roots = rustls::RootCertStore::empty();
+    match ca_file {
+        Some(path) => {
+            use rustls_pki_types::pem::PemObject;
+            let failed = |err: &dyn std::fmt::Display| {
+                StoreError::Postgres(format!("store.ca_file {}: {err}", path.display()))
+            };
+            for certificate in
+                rustls_pki_types::CertificateDer::pem_file_iter(path).map_err(|err| failed(&err))?
+            {
+                roots
+                    .add(certificate.map_err(|err| failed(&err))?)
+                    .map_err(|err| failed(&err))?;
+            }
+            if roots.is_empty() {
+                return Err(failed(&"no certificate in the file"));
+            }
+        }
+        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|err| StoreError::Postgres(format!("TLS: {err}")))?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    Ok(tokio_postgres_rustls::MakeRustlsConnect::new(config))
+}
+
+/// An error with its causes, in one line ("error performing TLS handshake: invalid peer
+/// certificate: UnknownIssuer"), so the operator sees why and not only what.
+fn with_causes(err: &dyn std::error::Error) -> String {
+    let mut line = err.to_string();
+    let mut cause = err.source();
+    while let Some(source) = cause {
+        let text = source.to_string();
+        if !line.contains(&text) {
+            line = format!("{line}: {text}");
+        }
+        cause = source.source();
+    }
+    line
+}
+
 impl From<tokio_postgres::Error> for StoreError {
     fn from(err: tokio_postgres::Error) -> StoreError {
-        StoreError::Postgres(err.to_string())
+        StoreError::Postgres(with_causes(&err))
     }
 }
 
 impl From<deadpool_postgres::PoolError> for StoreError {
     fn from(err: deadpool_postgres::PoolError) -> StoreError {
-        StoreError::Postgres(format!("no connection: {err}"))
+        StoreError::Postgres(format!("no connection: {}", with_causes(&err)))
     }
 }
 
@@ -229,13 +278,17 @@ impl PostgresStore {
             .connect_timeout(Duration::from_secs(5))
             .application_name(format!("agentgate {}", settings.node))
             .options(options.trim());
-        let manager = Manager::from_config(
-            config,
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
+        let manager_config = ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        };
+        // TLS when the URL asks for it (`sslmode=require`), always with the server's
+        // certificate verified; otherwise plain connections, as libpq's `prefer` would fall back.
+        let manager = if config.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
+            let tls = tls_connector(settings.ca_file.as_deref())?;
+            Manager::from_config(config, tls, manager_config)
+        } else {
+            Manager::from_config(config, NoTls, manager_config)
+        };
         let pool = Pool::builder(manager)
             .max_size(settings.pool_size)
             .runtime(Runtime::Tokio1)

@@ -12,6 +12,8 @@ pub struct Postgres {
     dir: tempfile::TempDir,
     bin: PathBuf,
     pub port: u16,
+    /// Extra server settings (`-c name=value ...`).
+    settings: String,
 }
 
 /// The directory of Debian's PostgreSQL server binaries, newest version first.
@@ -28,6 +30,18 @@ fn server_bin() -> Option<PathBuf> {
 impl Postgres {
     /// Starts a server, or says why it cannot (CI installs one, so there it must start).
     pub fn start(test: &str) -> Option<Postgres> {
+        Postgres::start_configured(test, false)
+    }
+
+    /// A server that also accepts TLS, with a certificate for 127.0.0.1 signed by a test CA
+    /// (`ca.pem` in the returned directory).
+    pub fn start_with_tls(test: &str) -> Option<(Postgres, PathBuf)> {
+        let server = Postgres::start_configured(test, true)?;
+        let ca = server.dir.path().join("ca.pem");
+        Some((server, ca))
+    }
+
+    fn start_configured(test: &str, tls: bool) -> Option<Postgres> {
         let Some(bin) = server_bin() else {
             assert!(
                 std::env::var_os("CI").is_none(),
@@ -37,10 +51,11 @@ impl Postgres {
             return None;
         };
         let dir = tempfile::tempdir().expect("tempdir");
-        let server = Postgres {
+        let mut server = Postgres {
             dir,
             bin,
             port: free_port(),
+            settings: String::new(),
         };
         if is_root() {
             // The server's user must reach its data directory through the temp dir.
@@ -65,10 +80,87 @@ impl Postgres {
                 .args(["-U", "agentgate", "--auth=trust", "-E", "UTF8", "--no-sync"]),
         );
         assert!(output.status.success(), "initdb failed: {output:?}");
+        if tls {
+            server.make_certificates();
+            server.settings =
+                "-c ssl=on -c ssl_cert_file=server.pem -c ssl_key_file=server.key".into();
+        }
         server.start_again();
         let created = server.psql("postgres", "CREATE DATABASE agentgate");
         assert!(created.is_some(), "cannot create the test database");
         Some(server)
+    }
+
+    /// A CA, and a server certificate for 127.0.0.1 in the data directory (owned by the server).
+    fn make_certificates(&self) {
+        let dir = self.dir.path();
+        let openssl = |args: &[&str]| {
+            let output = Command::new("openssl")
+                .args(args)
+                .current_dir(dir)
+                .output()
+                .expect("run openssl");
+            assert!(output.status.success(), "openssl {args:?}: {output:?}");
+        };
+        openssl(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=agentgate test CA",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+        ]);
+        openssl(&[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+        ]);
+        std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1\n").expect("san");
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            "san.ext",
+            "-out",
+            "server.pem",
+        ]);
+        for name in ["server.pem", "server.key"] {
+            let target = self.data().join(name);
+            std::fs::copy(dir.join(name), &target).expect("copy certificate");
+            std::fs::set_permissions(&target, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+                .expect("chmod");
+            if is_root() {
+                let status = Command::new("chown")
+                    .arg("postgres:postgres")
+                    .arg(&target)
+                    .status()
+                    .expect("chown");
+                assert!(status.success());
+            }
+        }
     }
 
     fn data(&self) -> PathBuf {
@@ -111,9 +203,10 @@ impl Postgres {
                 .arg(self.data().join("server.log"))
                 .arg("-o")
                 .arg(format!(
-                    "-c listen_addresses=127.0.0.1 -c port={} -c unix_socket_directories={} -c max_connections=300",
+                    "-c listen_addresses=127.0.0.1 -c port={} -c unix_socket_directories={} -c max_connections=300 {}",
                     self.port,
-                    self.data().display()
+                    self.data().display(),
+                    self.settings
                 ))
                 .args(["-w", "start"]),
         );
