@@ -346,9 +346,10 @@ impl StateAccess {
             .map_err(|err| Failure::runtime(format!("cannot start the async runtime: {err}")))?;
         let store = runtime
             .block_on(Store::attach(&settings, &state_dir))
-            .map_err(|err| match settings {
-                StoreSettings::Sqlite => Failure::state(err),
-                StoreSettings::Postgres(_) => Failure::unavailable(err),
+            .map_err(|err| match (&settings, err) {
+                (_, err @ StoreError::Setup(_)) => Failure::config(err),
+                (StoreSettings::Sqlite, err) => Failure::state(err),
+                (StoreSettings::Postgres(_), err) => Failure::unavailable(err),
             })?;
         Ok(StateAccess {
             state_dir,

@@ -730,3 +730,32 @@ fn with_sslmode_require_nodes_use_tls_and_verify_the_server() {
     let message = String::from_utf8_lossy(&refused.stderr);
     assert!(message.contains("certificate"), "{message}");
 }
+
+#[test]
+fn an_unusable_database_url_is_a_configuration_error_that_keeps_the_url_secret() {
+    let workspace = Workspace::new();
+    let url_file = workspace.path().join("pg-url");
+    std::fs::write(
+        &url_file,
+        "postgres://agentgate:hunter2@[not-a-host:5432/db\n",
+    )
+    .expect("url");
+    workspace.write_config(&format!(
+        "[store]\nbackend = \"postgres\"\nurl = {{ file = {:?} }}\n",
+        url_file.display().to_string()
+    ));
+    let output = std::process::Command::new(common::BIN)
+        .args(["serve", "--config"])
+        .arg(workspace.config_path())
+        .env_remove("NOTIFY_SOCKET")
+        .env_remove("LISTEN_FDS")
+        .output()
+        .expect("run agentgate serve");
+    assert_eq!(output.status.code(), Some(78), "{output:?}");
+    let message = String::from_utf8_lossy(&output.stderr);
+    assert!(message.contains("store.url"), "{message}");
+    assert!(
+        !message.contains("hunter2"),
+        "the URL's password leaked: {message}"
+    );
+}

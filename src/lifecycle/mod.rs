@@ -397,6 +397,7 @@ async fn open_store(config: &config::Config) -> Result<Store, Failure> {
     loop {
         match Store::open(&config.store, &config.state_dir).await {
             Ok(store) => return Ok(store),
+            Err(err @ store::StoreError::Setup(_)) => return Err(Failure::config(err)),
             Err(err) if matches!(config.store, config::StoreSettings::Postgres(_)) => {
                 tracing::warn!(error = %err, retry_in = ?delay, "cannot open the PostgreSQL store yet");
                 notify::Notifier::from_environment()

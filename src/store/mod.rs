@@ -59,6 +59,10 @@ pub(crate) enum StoreError {
     Ledger(String),
     #[error("PostgreSQL: {0}")]
     Postgres(String),
+    /// The store cannot be used as configured (bad URL or CA file, a schema newer than this
+    /// agentgate): retrying will not help.
+    #[error("PostgreSQL store: {0}")]
+    Setup(String),
     /// Another node took the session over (this node's lease expired): the turn must stop.
     #[error("session {session_key}: the lease is held by another node now")]
     LeaseLost { session_key: String },

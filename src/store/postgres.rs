@@ -157,7 +157,7 @@ fn tls_connector(
         Some(path) => {
             use rustls_pki_types::pem::PemObject;
             let failed = |err: &dyn std::fmt::Display| {
-                StoreError::Postgres(format!("store.ca_file {}: {err}", path.display()))
+                StoreError::Setup(format!("store.ca_file {}: {err}", path.display()))
             };
             for certificate in
                 rustls_pki_types::CertificateDer::pem_file_iter(path).map_err(|err| failed(&err))?
@@ -176,7 +176,7 @@ fn tls_connector(
         rustls::crypto::ring::default_provider(),
     ))
     .with_safe_default_protocol_versions()
-    .map_err(|err| StoreError::Postgres(format!("TLS: {err}")))?
+    .map_err(|err| StoreError::Setup(format!("TLS: {err}")))?
     .with_root_certificates(roots)
     .with_no_client_auth();
     Ok(tokio_postgres_rustls::MakeRustlsConnect::new(config))
@@ -257,7 +257,7 @@ impl PostgresStore {
             .and_then(|text| text.trim().parse::<tokio_postgres::Config>().ok())
             .ok_or_else(|| {
                 // The text may hold a password: say where it came from, never what it was.
-                StoreError::Postgres(format!(
+                StoreError::Setup(format!(
                     "store.url ({}) is not a PostgreSQL connection string or URL",
                     settings.url
                 ))
@@ -295,7 +295,7 @@ impl PostgresStore {
             .wait_timeout(Some(OPERATION_TIMEOUT))
             .create_timeout(Some(Duration::from_secs(5)))
             .build()
-            .map_err(|err| StoreError::Postgres(format!("connection pool: {err}")))?;
+            .map_err(|err| StoreError::Setup(format!("connection pool: {err}")))?;
         let (accepts, receiver) = if serve {
             let (sender, receiver) = mpsc::unbounded_channel();
             (Some(sender), Some(receiver))
@@ -346,7 +346,7 @@ impl PostgresStore {
             .get(0);
         let current = MIGRATIONS.len() as i32;
         if found > current {
-            return Err(StoreError::Postgres(format!(
+            return Err(StoreError::Setup(format!(
                 "the database is at schema version {found}, newer than this agentgate ({current}); upgrade agentgate"
             )));
         }
