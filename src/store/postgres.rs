@@ -18,9 +18,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio::sync::{Mutex, mpsc, oneshot};
-use tokio_postgres::NoTls;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{NoTls, Row};
 use tokio_util::sync::CancellationToken;
 
 use super::turns::SESSION_SQL;
@@ -182,6 +183,40 @@ fn tls_connector(
     Ok(tokio_postgres_rustls::MakeRustlsConnect::new(config))
 }
 
+/// Statements through the connection's statement cache: each SQL text is parsed once per
+/// connection, then only bound and executed.
+trait Cached: GenericClient {
+    async fn run(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64, StoreError> {
+        let statement = self.prepare_cached(sql).await?;
+        Ok(self.execute(&statement, params).await?)
+    }
+
+    async fn rows(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, StoreError> {
+        let statement = self.prepare_cached(sql).await?;
+        Ok(self.query(&statement, params).await?)
+    }
+
+    async fn row(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Row, StoreError> {
+        let statement = self.prepare_cached(sql).await?;
+        Ok(self.query_one(&statement, params).await?)
+    }
+
+    async fn maybe_row(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Option<Row>, StoreError> {
+        let statement = self.prepare_cached(sql).await?;
+        Ok(self.query_opt(&statement, params).await?)
+    }
+}
+
+impl<C: GenericClient> Cached for C {}
+
 /// An error with its causes, in one line ("error performing TLS handshake: invalid peer
 /// certificate: UnknownIssuer"), so the operator sees why and not only what.
 fn with_causes(err: &dyn std::error::Error) -> String {
@@ -330,15 +365,49 @@ impl PostgresStore {
         Ok(self.shared.pool.get().await?)
     }
 
+    /// One statement on a pooled connection, bounded in time; the number of rows it changed.
+    async fn execute_one(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, StoreError> {
+        bounded(async { self.client().await?.run(sql, params).await }).await
+    }
+
+    /// One query on a pooled connection, bounded in time.
+    async fn select(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, StoreError> {
+        bounded(async { self.client().await?.rows(sql, params).await }).await
+    }
+
+    async fn select_one(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Row, StoreError> {
+        bounded(async { self.client().await?.row(sql, params).await }).await
+    }
+
+    async fn select_optional(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Option<Row>, StoreError> {
+        bounded(async { self.client().await?.maybe_row(sql, params).await }).await
+    }
+
     async fn migrate(&self) -> Result<(), StoreError> {
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        tx.run("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
             .await?;
         tx.batch_execute("CREATE TABLE IF NOT EXISTS agentgate_schema (version INTEGER NOT NULL)")
             .await?;
         let found: i32 = tx
-            .query_one(
+            .row(
                 "SELECT COALESCE(max(version), 0) FROM agentgate_schema",
                 &[],
             )
@@ -355,7 +424,7 @@ impl PostgresStore {
             tx.batch_execute(sql).await.map_err(|err| {
                 StoreError::Postgres(format!("migration to schema version {version}: {err}"))
             })?;
-            tx.execute(
+            tx.run(
                 "INSERT INTO agentgate_schema (version) VALUES ($1)",
                 &[&version],
             )
@@ -370,7 +439,7 @@ impl PostgresStore {
         let client = self.client().await?;
         let now = now_millis();
         client
-            .execute(
+            .run(
                 "INSERT INTO nodes (id, name, pid, started_at, heartbeat_at) VALUES ($1, $2, $3, $4, $4)",
                 &[
                     &self.shared.node_id,
@@ -381,7 +450,7 @@ impl PostgresStore {
             )
             .await?;
         client
-            .execute(
+            .run(
                 "DELETE FROM nodes n WHERE n.heartbeat_at < $1
                      AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.lease_owner = n.id)",
                 &[&(now - 24 * NODE_HISTORY_MS)],
@@ -453,41 +522,28 @@ impl PostgresStore {
             .filter_map(|(index, event)| event.delivery_id.as_ref().map(|id| (index, id)))
             .collect();
         with_ids.sort_by(|a, b| (&events[a.0].route, a.1).cmp(&(&events[b.0].route, b.1)));
-        if !with_ids.is_empty() {
-            let remember = tx
-                .prepare_cached(
+        for (index, delivery_id) in with_ids {
+            let event = events[index];
+            let fresh = tx
+                .maybe_row(
                     "INSERT INTO dedup (route, delivery_id, event_id, seen_at) VALUES ($1, $2, $3, $4)
                      ON CONFLICT (route, delivery_id) DO UPDATE
                          SET event_id = EXCLUDED.event_id, seen_at = EXCLUDED.seen_at
                          WHERE dedup.seen_at < $5
                      RETURNING event_id",
+                    &[&event.route, delivery_id, &event.id, &now, &event.dedup_since],
                 )
                 .await?;
-            let original = tx
-                .prepare_cached("SELECT event_id FROM dedup WHERE route = $1 AND delivery_id = $2")
-                .await?;
-            for (index, delivery_id) in with_ids {
-                let event = events[index];
-                let fresh = tx
-                    .query_opt(
-                        &remember,
-                        &[
-                            &event.route,
-                            delivery_id,
-                            &event.id,
-                            &now,
-                            &event.dedup_since,
-                        ],
+            if fresh.is_none() {
+                let row = tx
+                    .row(
+                        "SELECT event_id FROM dedup WHERE route = $1 AND delivery_id = $2",
+                        &[&event.route, delivery_id],
                     )
                     .await?;
-                if fresh.is_none() {
-                    let row = tx
-                        .query_one(&original, &[&event.route, delivery_id])
-                        .await?;
-                    outcomes[index] = AcceptOutcome::Duplicate {
-                        original: row.get(0),
-                    };
-                }
+                outcomes[index] = AcceptOutcome::Duplicate {
+                    original: row.get(0),
+                };
             }
         }
         let accepted: Vec<&NewEvent> = events
@@ -497,15 +553,16 @@ impl PostgresStore {
             .map(|(event, _)| *event)
             .collect();
         if !accepted.is_empty() {
-            let column = |field: fn(&NewEvent) -> String| -> Vec<String> {
+            let column = |field: fn(&NewEvent) -> &str| -> Vec<&str> {
                 accepted.iter().map(|event| field(event)).collect()
             };
-            let delivery_ids: Vec<Option<String>> = accepted
+            let (routes, session_keys) = (column(|e| &e.route), column(|e| &e.session_key));
+            let delivery_ids: Vec<Option<&str>> = accepted
                 .iter()
-                .map(|event| event.delivery_id.clone())
+                .map(|event| event.delivery_id.as_deref())
                 .collect();
             let payloads: Vec<&[u8]> = accepted.iter().map(|event| &event.payload[..]).collect();
-            tx.execute(
+            tx.run(
                 "INSERT INTO events (id, route, session_key, event_type, delivery_id, headers, payload,
                                      received_at, status, updated_at, node)
                  SELECT id, route, session_key, event_type, delivery_id, headers, payload, $8, 'queued', $8, $9
@@ -513,29 +570,25 @@ impl PostgresStore {
                      WITH ORDINALITY AS e(id, route, session_key, event_type, delivery_id, headers, payload, arrival)
                  ORDER BY arrival",
                 &[
-                    &column(|e| e.id.clone()),
-                    &column(|e| e.route.clone()),
-                    &column(|e| e.session_key.clone()),
-                    &column(|e| e.event_type.clone()),
+                    &column(|e| &e.id),
+                    &routes,
+                    &session_keys,
+                    &column(|e| &e.event_type),
                     &delivery_ids,
-                    &column(|e| e.headers.clone()),
+                    &column(|e| &e.headers),
                     &payloads,
                     &now,
                     &self.shared.node_name,
                 ],
             )
             .await?;
-            tx.execute(
+            tx.run(
                 "INSERT INTO sessions (key, route, state, created_at, updated_at)
                  SELECT DISTINCT ON (key) key, route, 'idle', $3, $3
                  FROM unnest($1::text[], $2::text[]) AS s(key, route)
                  ORDER BY key
                  ON CONFLICT (key) DO NOTHING",
-                &[
-                    &column(|e| e.session_key.clone()),
-                    &column(|e| e.route.clone()),
-                    &now,
-                ],
+                &[&session_keys, &routes, &now],
             )
             .await?;
         }
@@ -566,18 +619,18 @@ impl PostgresStore {
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
         let me = &self.shared.node_id;
-        tx.execute(
+        tx.run(
             "UPDATE nodes SET heartbeat_at = $2 WHERE id = $1",
             &[me, &now_millis()],
         )
         .await?;
-        tx.execute(
+        tx.run(
             "UPDATE sessions SET lease_expires_at = agentgate_now_ms() + $2
              WHERE lease_owner = $1 AND state = 'running'",
             &[me, &self.shared.lease_ttl_ms],
         )
         .await?;
-        tx.execute(
+        tx.run(
             "UPDATE deliveries SET lease_expires_at = agentgate_now_ms() + $2 WHERE lease_owner = $1",
             &[me, &self.shared.lease_ttl_ms],
         )
@@ -593,7 +646,7 @@ impl PostgresStore {
         session_key: &str,
     ) -> Result<(), StoreError> {
         let held = tx
-            .execute(
+            .run(
                 "UPDATE sessions SET lease_expires_at = agentgate_now_ms() + $3
                  WHERE key = $1 AND lease_owner = $2",
                 &[
@@ -611,10 +664,10 @@ impl PostgresStore {
         Ok(())
     }
 
-    async fn nodes(&self, client: &tokio_postgres::Client) -> Result<Vec<NodeRow>, StoreError> {
+    async fn nodes(&self, client: &deadpool_postgres::Client) -> Result<Vec<NodeRow>, StoreError> {
         let now = now_millis();
         let rows = client
-            .query(
+            .rows(
                 "SELECT n.name, n.id, n.pid, n.started_at, n.heartbeat_at, n.stopped_at,
                         COALESCE(array_agg(s.key ORDER BY s.key) FILTER (WHERE s.key IS NOT NULL), '{}')
                  FROM nodes n
@@ -657,7 +710,7 @@ async fn finish_rows(
     end: &TurnEnd,
 ) -> Result<(), StoreError> {
     let now = now_millis();
-    tx.execute(
+    tx.run(
         "UPDATE turns SET status = $2, reason = $3, output = $4, error = $5, steps = $6, finished_at = $7
          WHERE id = $1",
         &[
@@ -671,13 +724,13 @@ async fn finish_rows(
         ],
     )
     .await?;
-    tx.execute(
+    tx.run(
         "UPDATE events SET status = $2, updated_at = $3 WHERE id = $1",
         &[&end.event_id, &end.event_status, &now],
     )
     .await?;
     // An operator's suspension made while the turn ran stays in force.
-    tx.execute(
+    tx.run(
         "UPDATE sessions SET state = CASE WHEN state = 'suspended' THEN 'suspended' ELSE $2 END,
              reason = CASE WHEN state = 'suspended' THEN reason ELSE $3 END, updated_at = $4,
              lease_owner = NULL, lease_expires_at = NULL
@@ -688,7 +741,7 @@ async fn finish_rows(
     let body = end
         .delivery_body()
         .map_err(|err| StoreError::Postgres(format!("delivery body: {err}")))?;
-    tx.execute(
+    tx.run(
         "INSERT INTO deliveries (event_id, route, session_key, body, status, attempts, next_attempt_at,
                                  created_at, updated_at)
          VALUES ($1, $2, $3, $4, 'pending', 0, $5, $5, $5)
@@ -709,12 +762,12 @@ async fn requeue_rows(
     reason: &str,
 ) -> Result<(), StoreError> {
     let now = now_millis();
-    tx.execute(
+    tx.run(
         "UPDATE events SET status = 'queued', resume_reason = $2, updated_at = $3 WHERE id = $1",
         &[&event_id, &reason, &now],
     )
     .await?;
-    tx.execute(
+    tx.run(
         "UPDATE sessions SET state = 'idle', updated_at = $2 WHERE key = $1",
         &[&session_key, &now],
     )
@@ -737,11 +790,11 @@ fn session_row(row: &tokio_postgres::Row) -> SessionRow {
 }
 
 async fn grouped(
-    client: &tokio_postgres::Client,
+    client: &deadpool_postgres::Client,
     sql: &str,
 ) -> Result<std::collections::BTreeMap<String, i64>, StoreError> {
     Ok(client
-        .query(sql, &[])
+        .rows(sql, &[])
         .await?
         .into_iter()
         .map(|row| (row.get(0), row.get(1)))
@@ -770,39 +823,29 @@ impl Backend for PostgresStore {
         payload: serde_json::Value,
     ) -> Result<String, StoreError> {
         let id = uuid::Uuid::now_v7().to_string();
-        bounded(async {
-            let client = self.client().await?;
-            client
-                .execute(
-                    "INSERT INTO events (id, route, session_key, event_type, delivery_id, headers, payload,
-                                         received_at, status, updated_at, origin, node)
-                     VALUES ($1, $2, $3, $4, NULL, '{}', $5, $6, 'queued', $6, 'background', $7)",
-                    &[
-                        &id,
-                        &route,
-                        &session_key,
-                        &event_type,
-                        &payload.to_string().into_bytes(),
-                        &now_millis(),
-                        &self.shared.node_name,
-                    ],
-                )
-                .await?;
-            Ok(())
-        })
+        self.execute_one(
+            "INSERT INTO events (id, route, session_key, event_type, delivery_id, headers, payload,
+                                     received_at, status, updated_at, origin, node)
+                 VALUES ($1, $2, $3, $4, NULL, '{}', $5, $6, 'queued', $6, 'background', $7)",
+            &[
+                &id,
+                &route,
+                &session_key,
+                &event_type,
+                &payload.to_string().into_bytes(),
+                &now_millis(),
+                &self.shared.node_name,
+            ],
+        )
         .await?;
         Ok(id)
     }
 
     async fn prune_dedup(&self, before: i64) -> Result<usize, StoreError> {
-        bounded(async {
-            let client = self.client().await?;
-            let pruned = client
-                .execute("DELETE FROM dedup WHERE seen_at < $1", &[&before])
-                .await?;
-            Ok(pruned as usize)
-        })
-        .await
+        let pruned = self
+            .execute_one("DELETE FROM dedup WHERE seen_at < $1", &[&before])
+            .await?;
+        Ok(pruned as usize)
     }
 
     async fn claim_turns(&self, limit: usize) -> Result<Vec<ClaimedTurn>, StoreError> {
@@ -813,7 +856,7 @@ impl Backend for PostgresStore {
             // bounded window, so a deep backlog does not make every claim scan it), oldest
             // first; sessions another node is claiming right now are skipped, not waited for.
             let sessions = tx
-                .query(
+                .rows(
                     "SELECT s.key FROM sessions s
                      JOIN (SELECT session_key, min(seq) AS first_seq
                            FROM (SELECT session_key, seq FROM events WHERE status = 'queued'
@@ -829,7 +872,7 @@ impl Backend for PostgresStore {
             for session in sessions {
                 let session_key: String = session.get(0);
                 let Some(row) = tx
-                    .query_opt(
+                    .maybe_row(
                         "SELECT id, route, session_key, event_type, delivery_id, headers, payload, resume_reason
                          FROM events WHERE session_key = $1 AND status = 'queued' ORDER BY seq LIMIT 1",
                         &[&session_key],
@@ -850,18 +893,18 @@ impl Backend for PostgresStore {
                 };
                 let turn_id = uuid::Uuid::now_v7().to_string();
                 let now = now_millis();
-                tx.execute(
+                tx.run(
                     "UPDATE events SET status = 'running', resume_reason = NULL, updated_at = $2 WHERE id = $1",
                     &[&event.id, &now],
                 )
                 .await?;
-                tx.execute(
+                tx.run(
                     "INSERT INTO turns (id, session_key, event_id, status, started_at, node)
                      VALUES ($1, $2, $3, 'running', $4, $5)",
                     &[&turn_id, &event.session_key, &event.id, &now, &self.shared.node_name],
                 )
                 .await?;
-                tx.execute(
+                tx.run(
                     "UPDATE sessions SET state = 'running', reason = NULL, last_turn_id = $2, updated_at = $3,
                          lease_owner = $4, lease_expires_at = agentgate_now_ms() + $5,
                          interrupt_requested = false
@@ -896,7 +939,7 @@ impl Backend for PostgresStore {
             self.hold_lease(&tx, session_key).await?;
             let now = now_millis();
             for (kind, body) in &entries {
-                tx.execute(
+                tx.run(
                     "INSERT INTO transcript (session_key, seq, turn_id, kind, body, created_at)
                      VALUES ($1, COALESCE((SELECT max(seq) FROM transcript WHERE session_key = $1), 0) + 1,
                              $2, $3, $4, $5)",
@@ -904,7 +947,7 @@ impl Backend for PostgresStore {
                 )
                 .await?;
             }
-            tx.execute(
+            tx.run(
                 "UPDATE turns SET steps = $2 WHERE id = $1",
                 &[&turn_id, &i64::from(steps)],
             )
@@ -939,13 +982,13 @@ impl Backend for PostgresStore {
             let tx = client.transaction().await?;
             self.hold_lease(&tx, session_key).await?;
             let now = now_millis();
-            tx.execute(
+            tx.run(
                 "UPDATE turns SET status = 'interrupted', reason = $2, steps = $3, finished_at = $4 WHERE id = $1",
                 &[&turn_id, &reason, &i64::from(steps), &now],
             )
             .await?;
             // The lease goes with it: another node resumes the session at once.
-            tx.execute(
+            tx.run(
                 "UPDATE sessions SET state = 'resume_pending', reason = $2, updated_at = $3,
                      lease_owner = NULL, lease_expires_at = NULL
                  WHERE key = $1",
@@ -959,52 +1002,44 @@ impl Backend for PostgresStore {
     }
 
     async fn mark_crashed_turns(&self) -> Result<usize, StoreError> {
-        bounded(async {
-            let client = self.client().await?;
-            let now = now_millis();
-            let lost = client
-                .execute(
-                    "WITH lost AS (
-                         UPDATE sessions SET state = 'resume_pending', reason = 'crashed', updated_at = $1,
-                             lease_owner = NULL, lease_expires_at = NULL
-                         WHERE state = 'running' AND lease_expires_at < agentgate_now_ms()
-                         RETURNING last_turn_id)
-                     UPDATE turns SET status = 'interrupted', reason = 'crashed', finished_at = $1
-                     FROM lost WHERE turns.id = lost.last_turn_id AND turns.status = 'running'",
-                    &[&now],
-                )
-                .await?;
-            Ok(lost as usize)
-        })
-        .await
+        let now = now_millis();
+        let lost = self
+            .execute_one(
+                "WITH lost AS (
+                     UPDATE sessions SET state = 'resume_pending', reason = 'crashed', updated_at = $1,
+                         lease_owner = NULL, lease_expires_at = NULL
+                     WHERE state = 'running' AND lease_expires_at < agentgate_now_ms()
+                     RETURNING last_turn_id)
+                 UPDATE turns SET status = 'interrupted', reason = 'crashed', finished_at = $1
+                 FROM lost WHERE turns.id = lost.last_turn_id AND turns.status = 'running'",
+                &[&now],
+            )
+            .await?;
+        Ok(lost as usize)
     }
 
     async fn interrupted_sessions(&self) -> Result<Vec<InterruptedSession>, StoreError> {
-        bounded(async {
-            let client = self.client().await?;
-            let rows = client
-                .query(
-                    "SELECT s.key, s.route, COALESCE(s.reason, 'crashed'), t.id, t.event_id, t.steps, t.started_at
-                     FROM sessions s JOIN turns t ON t.id = s.last_turn_id
-                     WHERE s.state = 'resume_pending' AND s.lease_owner IS NULL
-                     ORDER BY t.started_at",
-                    &[],
-                )
-                .await?;
-            Ok(rows
-                .into_iter()
-                .map(|row| InterruptedSession {
-                    session_key: row.get(0),
-                    route: row.get(1),
-                    reason: row.get(2),
-                    turn_id: row.get(3),
-                    event_id: row.get(4),
-                    steps: u32::try_from(row.get::<_, i64>(5)).unwrap_or(u32::MAX),
-                    started_at: row.get(6),
-                })
-                .collect())
-        })
-        .await
+        let rows = self
+            .select(
+                "SELECT s.key, s.route, COALESCE(s.reason, 'crashed'), t.id, t.event_id, t.steps, t.started_at
+                 FROM sessions s JOIN turns t ON t.id = s.last_turn_id
+                 WHERE s.state = 'resume_pending' AND s.lease_owner IS NULL
+                 ORDER BY t.started_at",
+                &[],
+            )
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|row| InterruptedSession {
+                session_key: row.get(0),
+                route: row.get(1),
+                reason: row.get(2),
+                turn_id: row.get(3),
+                event_id: row.get(4),
+                steps: u32::try_from(row.get::<_, i64>(5)).unwrap_or(u32::MAX),
+                started_at: row.get(6),
+            })
+            .collect())
     }
 
     async fn settle_interrupted(
@@ -1017,7 +1052,7 @@ impl Backend for PostgresStore {
             let tx = client.transaction().await?;
             // Whoever locks the session settles it; the others skip it.
             let still_interrupted = tx
-                .query_opt(
+                .maybe_row(
                     "SELECT 1 FROM sessions
                      WHERE key = $1 AND state = 'resume_pending' AND last_turn_id = $2
                      FOR UPDATE SKIP LOCKED",
@@ -1037,7 +1072,7 @@ impl Backend for PostgresStore {
             };
             // The count, under the ledger row's lock, in the transaction that queues the resume.
             let attempt: i64 = tx
-                .query_one(
+                .row(
                     "INSERT INTO resume_ledger (session_key, attempts, last_attempt) VALUES ($1, 1, $2)
                      ON CONFLICT (session_key) DO UPDATE
                          SET attempts = resume_ledger.attempts + 1, last_attempt = EXCLUDED.last_attempt
@@ -1049,7 +1084,7 @@ impl Backend for PostgresStore {
             let attempt = u64::try_from(attempt).unwrap_or(u64::MAX);
             if attempt > u64::from(max_attempts) {
                 finish_rows(&tx, &session.suspended(max_attempts)).await?;
-                tx.execute(
+                tx.run(
                     "DELETE FROM resume_ledger WHERE session_key = $1",
                     &[&session.session_key],
                 )
@@ -1065,94 +1100,77 @@ impl Backend for PostgresStore {
     }
 
     async fn clear_resume_count(&self, session_key: &str) -> Result<(), StoreError> {
-        bounded(async {
-            let client = self.client().await?;
-            client
-                .execute(
-                    "DELETE FROM resume_ledger WHERE session_key = $1",
-                    &[&session_key],
-                )
-                .await?;
-            Ok(())
-        })
-        .await
+        self.execute_one(
+            "DELETE FROM resume_ledger WHERE session_key = $1",
+            &[&session_key],
+        )
+        .await?;
+        Ok(())
     }
 
     async fn event_has_transcript(&self, event_id: &str) -> Result<bool, StoreError> {
-        bounded(async {
-            let client = self.client().await?;
-            Ok(client
-                .query_one(
-                    "SELECT EXISTS (SELECT 1 FROM transcript t JOIN turns u ON u.id = t.turn_id
-                                    WHERE u.event_id = $1)",
-                    &[&event_id],
-                )
-                .await?
-                .get(0))
-        })
-        .await
+        Ok(self
+            .select_one(
+                "SELECT EXISTS (SELECT 1 FROM transcript t JOIN turns u ON u.id = t.turn_id
+                                WHERE u.event_id = $1)",
+                &[&event_id],
+            )
+            .await?
+            .get(0))
     }
 
     async fn transcript(&self, session_key: &str) -> Result<Vec<TranscriptRow>, StoreError> {
-        bounded(async {
-            let client = self.client().await?;
-            let rows = client
-                .query(
-                    "SELECT seq, turn_id, kind, body, created_at FROM transcript
-                     WHERE session_key = $1 ORDER BY seq",
-                    &[&session_key],
-                )
-                .await?;
-            Ok(rows
-                .into_iter()
-                .map(|row| {
-                    TranscriptRow::new(row.get(0), row.get(1), row.get(2), row.get(3), row.get(4))
-                })
-                .collect())
-        })
-        .await
+        let rows = self
+            .select(
+                "SELECT seq, turn_id, kind, body, created_at FROM transcript
+                 WHERE session_key = $1 ORDER BY seq",
+                &[&session_key],
+            )
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|row| {
+                TranscriptRow::new(row.get(0), row.get(1), row.get(2), row.get(3), row.get(4))
+            })
+            .collect())
     }
 
     async fn due_deliveries(&self, limit: usize) -> Result<Vec<PendingDelivery>, StoreError> {
-        bounded(async {
-            let client = self.client().await?;
-            let rows = client
-                .query(
-                    "UPDATE deliveries SET lease_owner = $1, lease_expires_at = agentgate_now_ms() + $2
-                     WHERE event_id IN (
-                         SELECT event_id FROM deliveries
-                         WHERE status = 'pending' AND next_attempt_at <= $3
-                           AND (lease_owner IS NULL OR lease_expires_at < agentgate_now_ms())
-                         ORDER BY next_attempt_at LIMIT $4
-                         FOR UPDATE SKIP LOCKED)
-                     RETURNING event_id, route, session_key, body, attempts, next_attempt_at",
-                    &[
-                        &self.shared.node_id,
-                        &self.shared.lease_ttl_ms,
-                        &now_millis(),
-                        &(limit as i64),
-                    ],
+        let rows = self
+            .select(
+                "UPDATE deliveries SET lease_owner = $1, lease_expires_at = agentgate_now_ms() + $2
+                 WHERE event_id IN (
+                     SELECT event_id FROM deliveries
+                     WHERE status = 'pending' AND next_attempt_at <= $3
+                       AND (lease_owner IS NULL OR lease_expires_at < agentgate_now_ms())
+                     ORDER BY next_attempt_at LIMIT $4
+                     FOR UPDATE SKIP LOCKED)
+                 RETURNING event_id, route, session_key, body, attempts, next_attempt_at",
+                &[
+                    &self.shared.node_id,
+                    &self.shared.lease_ttl_ms,
+                    &now_millis(),
+                    &(limit as i64),
+                ],
+            )
+            .await?;
+        let mut due: Vec<(i64, PendingDelivery)> = rows
+            .into_iter()
+            .map(|row| {
+                (
+                    row.get(5),
+                    PendingDelivery {
+                        event_id: row.get(0),
+                        route: row.get(1),
+                        session_key: row.get(2),
+                        body: row.get(3),
+                        attempts: u32::try_from(row.get::<_, i64>(4)).unwrap_or(u32::MAX),
+                    },
                 )
-                .await?;
-            let mut due: Vec<(i64, PendingDelivery)> = rows
-                .into_iter()
-                .map(|row| {
-                    (
-                        row.get(5),
-                        PendingDelivery {
-                            event_id: row.get(0),
-                            route: row.get(1),
-                            session_key: row.get(2),
-                            body: row.get(3),
-                            attempts: u32::try_from(row.get::<_, i64>(4)).unwrap_or(u32::MAX),
-                        },
-                    )
-                })
-                .collect();
-            due.sort_by_key(|(at, _)| *at);
-            Ok(due.into_iter().map(|(_, delivery)| delivery).collect())
-        })
-        .await
+            })
+            .collect();
+        due.sort_by_key(|(at, _)| *at);
+        Ok(due.into_iter().map(|(_, delivery)| delivery).collect())
     }
 
     async fn record_delivery_attempt(
@@ -1160,41 +1178,32 @@ impl Backend for PostgresStore {
         event_id: &str,
         outcome: DeliveryAttempt,
     ) -> Result<(), StoreError> {
-        bounded(async {
-            let client = self.client().await?;
-            let now = now_millis();
-            let (status, next, error) = outcome.columns(now);
-            client
-                .execute(
-                    "UPDATE deliveries SET status = $2, attempts = attempts + 1, next_attempt_at = $3,
-                         last_error = $4, updated_at = $5, lease_owner = NULL, lease_expires_at = NULL
-                     WHERE event_id = $1",
-                    &[&event_id, &status, &next, &error, &now],
-                )
-                .await?;
-            Ok(())
-        })
-        .await
+        let now = now_millis();
+        let (status, next, error) = outcome.columns(now);
+        self.execute_one(
+            "UPDATE deliveries SET status = $2, attempts = attempts + 1, next_attempt_at = $3,
+                     last_error = $4, updated_at = $5, lease_owner = NULL, lease_expires_at = NULL
+                 WHERE event_id = $1",
+            &[&event_id, &status, &next, &error, &now],
+        )
+        .await?;
+        Ok(())
     }
 
     async fn live_counts(&self) -> Result<LiveCounts, StoreError> {
-        bounded(async {
-            let client = self.client().await?;
-            let row = client
-                .query_one(
-                    "SELECT (SELECT count(*) FROM events WHERE status = 'queued'),
-                            (SELECT count(*) FROM sessions WHERE state = 'resume_pending'),
-                            (SELECT count(*) FROM sessions WHERE state = 'suspended')",
-                    &[],
-                )
-                .await?;
-            Ok(LiveCounts {
-                queued: row.get(0),
-                resume_pending: row.get(1),
-                suspended: row.get(2),
-            })
+        let row = self
+            .select_one(
+                "SELECT (SELECT count(*) FROM events WHERE status = 'queued'),
+                        (SELECT count(*) FROM sessions WHERE state = 'resume_pending'),
+                        (SELECT count(*) FROM sessions WHERE state = 'suspended')",
+                &[],
+            )
+            .await?;
+        Ok(LiveCounts {
+            queued: row.get(0),
+            resume_pending: row.get(1),
+            suspended: row.get(2),
         })
-        .await
     }
 
     async fn status_summary(&self) -> Result<StatusSummary, StoreError> {
@@ -1211,7 +1220,7 @@ impl Backend for PostgresStore {
             )
             .await?;
             let deliveries = client
-                .query_one(
+                .row(
                     "SELECT count(*) FILTER (WHERE status = 'pending'),
                             count(*) FILTER (WHERE status = 'failed')
                      FROM deliveries",
@@ -1234,25 +1243,17 @@ impl Backend for PostgresStore {
     }
 
     async fn sessions(&self) -> Result<Vec<SessionRow>, StoreError> {
-        bounded(async {
-            let client = self.client().await?;
-            let rows = client
-                .query(&format!("{SESSION_SQL} ORDER BY s.updated_at DESC"), &[])
-                .await?;
-            Ok(rows.iter().map(session_row).collect())
-        })
-        .await
+        let rows = self
+            .select(&format!("{SESSION_SQL} ORDER BY s.updated_at DESC"), &[])
+            .await?;
+        Ok(rows.iter().map(session_row).collect())
     }
 
     async fn session(&self, key: &str) -> Result<Option<SessionRow>, StoreError> {
-        bounded(async {
-            let client = self.client().await?;
-            let row = client
-                .query_opt(&format!("{SESSION_SQL} WHERE s.key = $1"), &[&key])
-                .await?;
-            Ok(row.as_ref().map(session_row))
-        })
-        .await
+        let row = self
+            .select_optional(&format!("{SESSION_SQL} WHERE s.key = $1"), &[&key])
+            .await?;
+        Ok(row.as_ref().map(session_row))
     }
 
     async fn operator_resume(&self, key: &str) -> Result<Option<String>, StoreError> {
@@ -1260,7 +1261,7 @@ impl Backend for PostgresStore {
             let mut client = self.client().await?;
             let tx = client.transaction().await?;
             let Some(row) = tx
-                .query_opt(
+                .maybe_row(
                     "SELECT s.state, COALESCE(s.reason, 'crashed'), t.event_id
                      FROM sessions s LEFT JOIN turns t ON t.id = s.last_turn_id
                      WHERE s.key = $1 FOR UPDATE OF s",
@@ -1272,13 +1273,13 @@ impl Backend for PostgresStore {
             };
             let (state, reason, event_id): (String, String, Option<String>) =
                 (row.get(0), row.get(1), row.get(2));
-            tx.execute("DELETE FROM resume_ledger WHERE session_key = $1", &[&key])
+            tx.run("DELETE FROM resume_ledger WHERE session_key = $1", &[&key])
                 .await?;
             if let ("resume_pending", Some(event_id)) = (state.as_str(), &event_id) {
                 requeue_rows(&tx, event_id, key, &reason).await?;
             }
             if state != "running" {
-                tx.execute(
+                tx.run(
                     "UPDATE sessions SET state = 'idle', reason = NULL, updated_at = $2 WHERE key = $1",
                     &[&key, &now_millis()],
                 )
@@ -1291,39 +1292,31 @@ impl Backend for PostgresStore {
     }
 
     async fn operator_suspend(&self, key: &str) -> Result<Option<String>, StoreError> {
-        bounded(async {
-            let client = self.client().await?;
-            let row = client
-                .query_opt(
-                    "UPDATE sessions n SET state = 'suspended', reason = 'operator', updated_at = $2
-                     FROM sessions o WHERE n.key = $1 AND o.key = n.key
-                     RETURNING o.state",
-                    &[&key, &now_millis()],
-                )
-                .await?;
-            Ok(row.map(|row| row.get(0)))
-        })
-        .await
+        let row = self
+            .select_optional(
+                "UPDATE sessions n SET state = 'suspended', reason = 'operator', updated_at = $2
+                 FROM sessions o WHERE n.key = $1 AND o.key = n.key
+                 RETURNING o.state",
+                &[&key, &now_millis()],
+            )
+            .await?;
+        Ok(row.map(|row| row.get(0)))
     }
 
     async fn resume_ledger(&self) -> Result<Ledger, StoreError> {
-        bounded(async {
-            let client = self.client().await?;
-            let mut ledger = Ledger::default();
-            for row in client
-                .query(
-                    "SELECT session_key, attempts, last_attempt FROM resume_ledger ORDER BY session_key",
-                    &[],
-                )
-                .await?
-            {
-                let key: String = row.get(0);
-                let attempts = u64::try_from(row.get::<_, i64>(1)).unwrap_or(0);
-                ledger.insert(&key, attempts, row.get(2));
-            }
-            Ok(ledger)
-        })
-        .await
+        let mut ledger = Ledger::default();
+        for row in self
+            .select(
+                "SELECT session_key, attempts, last_attempt FROM resume_ledger ORDER BY session_key",
+                &[],
+            )
+            .await?
+        {
+            let key: String = row.get(0);
+            let attempts = u64::try_from(row.get::<_, i64>(1)).unwrap_or(0);
+            ledger.insert(&key, attempts, row.get(2));
+        }
+        Ok(ledger)
     }
 
     /// The heartbeat keeps running, whether or not the database answers it: a database that is
@@ -1335,34 +1328,25 @@ impl Backend for PostgresStore {
     }
 
     async fn request_interrupt(&self, session_key: &str) -> Result<(), StoreError> {
-        bounded(async {
-            let client = self.client().await?;
-            client
-                .execute(
-                    "UPDATE sessions SET interrupt_requested = true
-                     WHERE key = $1 AND state = 'running' AND lease_owner <> $2",
-                    &[&session_key, &self.shared.node_id],
-                )
-                .await?;
-            Ok(())
-        })
-        .await
+        self.execute_one(
+            "UPDATE sessions SET interrupt_requested = true
+                 WHERE key = $1 AND state = 'running' AND lease_owner <> $2",
+            &[&session_key, &self.shared.node_id],
+        )
+        .await?;
+        Ok(())
     }
 
     async fn interrupts_requested(&self) -> Result<Vec<String>, StoreError> {
-        bounded(async {
-            let client = self.client().await?;
-            let rows = client
-                .query(
-                    "UPDATE sessions SET interrupt_requested = false
-                     WHERE lease_owner = $1 AND interrupt_requested
-                     RETURNING key",
-                    &[&self.shared.node_id],
-                )
-                .await?;
-            Ok(rows.iter().map(|row| row.get(0)).collect())
-        })
-        .await
+        let rows = self
+            .select(
+                "UPDATE sessions SET interrupt_requested = false
+                 WHERE lease_owner = $1 AND interrupt_requested
+                 RETURNING key",
+                &[&self.shared.node_id],
+            )
+            .await?;
+        Ok(rows.iter().map(|row| row.get(0)).collect())
     }
 
     async fn release(&self) {
@@ -1370,13 +1354,13 @@ impl Backend for PostgresStore {
         let released = bounded(async {
             let client = self.client().await?;
             client
-                .execute(
+                .run(
                     "UPDATE deliveries SET lease_owner = NULL, lease_expires_at = NULL WHERE lease_owner = $1",
                     &[&self.shared.node_id],
                 )
                 .await?;
             client
-                .execute(
+                .run(
                     "UPDATE nodes SET stopped_at = $2, heartbeat_at = $2 WHERE id = $1",
                     &[&self.shared.node_id, &now_millis()],
                 )
