@@ -12,7 +12,6 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-use crate::config::StoreSettings;
 use crate::config::{self, ConfigError, ConfigSource, LocatedFinding, SecretCheck, Severity};
 use crate::exit::Failure;
 use crate::ingress::verify;
@@ -346,11 +345,7 @@ impl StateAccess {
             .map_err(|err| Failure::runtime(format!("cannot start the async runtime: {err}")))?;
         let store = runtime
             .block_on(Store::attach(&settings, &state_dir))
-            .map_err(|err| match (&settings, err) {
-                (_, err @ StoreError::Setup(_)) => Failure::config(err),
-                (StoreSettings::Sqlite, err) => Failure::state(err),
-                (StoreSettings::Postgres(_), err) => Failure::unavailable(err),
-            })?;
+            .map_err(Failure::from)?;
         Ok(StateAccess {
             state_dir,
             store,
@@ -369,10 +364,7 @@ impl StateAccess {
         self.runtime
             .block_on(query(store))
             .map(Some)
-            .map_err(|err| match err {
-                StoreError::Postgres(_) | StoreError::Unavailable(_) => Failure::unavailable(err),
-                other => Failure::state(other),
-            })
+            .map_err(Failure::from)
     }
 }
 

@@ -467,14 +467,24 @@ pub(crate) enum SecretCheck {
 /// Reads and checks the config from `source`.
 pub(crate) fn load(source: &ConfigSource, secrets: SecretCheck) -> Result<Loaded, ConfigError> {
     let text = read_source(source)?;
+    with_process_environment(secrets, |environment| {
+        check(source.clone(), &text, environment)
+    })
+}
+
+/// Runs `use_it` with the environment systemd gives the process ($CREDENTIALS_DIRECTORY,
+/// $STATE_DIRECTORY).
+fn with_process_environment<T>(
+    secrets: SecretCheck,
+    use_it: impl FnOnce(&Environment<'_>) -> T,
+) -> T {
     let credentials = std::env::var_os("CREDENTIALS_DIRECTORY").map(PathBuf::from);
     let state_directory = std::env::var_os("STATE_DIRECTORY").map(PathBuf::from);
-    let environment = Environment {
+    use_it(&Environment {
         credentials_dir: credentials.as_deref(),
         state_directory: state_directory.as_deref(),
         secrets,
-    };
-    check(source.clone(), &text, &environment)
+    })
 }
 
 /// Only the state directory of the config at `source`, for commands that inspect state: they
@@ -496,29 +506,25 @@ pub(crate) fn state_location(
         source_name: source.clone(),
         findings: vec![syntax_finding(&err, &locator)],
     })?;
-    let credentials = std::env::var_os("CREDENTIALS_DIRECTORY").map(PathBuf::from);
-    let state_directory = std::env::var_os("STATE_DIRECTORY").map(PathBuf::from);
-    let environment = Environment {
-        credentials_dir: credentials.as_deref(),
-        state_directory: state_directory.as_deref(),
-        secrets: SecretCheck::Required,
-    };
-    let mut checker = Checker {
-        locator: &locator,
-        findings: Vec::new(),
-        environment: &environment,
-    };
-    let store = checker.store(parsed.store, 16);
-    match store {
-        Some(store) if count_errors(&checker.findings) == 0 => Ok((
-            resolve_state_dir(parsed.state_dir, state_directory.as_deref()),
-            store,
-        )),
-        _ => Err(ConfigError::Invalid {
-            source_name: source.clone(),
-            findings: checker.findings,
-        }),
-    }
+    with_process_environment(SecretCheck::Required, |environment| {
+        let mut checker = Checker {
+            locator: &locator,
+            findings: Vec::new(),
+            environment,
+        };
+        // An operator command runs no turns: the default pool for max_concurrent_turns = 16
+        // is plenty.
+        match checker.store(parsed.store, 16) {
+            Some(store) if count_errors(&checker.findings) == 0 => Ok((
+                resolve_state_dir(parsed.state_dir, environment.state_directory),
+                store,
+            )),
+            _ => Err(ConfigError::Invalid {
+                source_name: source.clone(),
+                findings: checker.findings,
+            }),
+        }
+    })
 }
 
 /// `state_dir`, else the first of `$STATE_DIRECTORY`, else /var/lib/agentgate.

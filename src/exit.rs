@@ -43,3 +43,15 @@ impl fmt::Display for Failure {
         f.write_str(&self.message)
     }
 }
+
+/// A store failure's status: 78 when the store cannot work as configured, 69 when the database
+/// server cannot be reached (it may come back), 73 when the state itself cannot be used.
+impl From<crate::store::StoreError> for Failure {
+    fn from(err: crate::store::StoreError) -> Failure {
+        match err {
+            crate::store::StoreError::Setup(_) => Failure::config(err),
+            _ if err.is_transient() => Failure::unavailable(err),
+            _ => Failure::state(err),
+        }
+    }
+}

@@ -389,23 +389,22 @@ async fn extend_stop_timeout(daemon: Arc<Daemon>) {
     }
 }
 
-/// Opens the configured store. A PostgreSQL server that cannot be reached yet is waited for
+/// Opens the configured store. A database server that cannot be reached yet is waited for
 /// (the sockets stay with systemd meanwhile, so clients wait rather than being refused); a
-/// SQLite state directory that cannot be used is a failure at once.
+/// store that cannot work (bad settings, unusable state directory) is a failure at once.
 async fn open_store(config: &config::Config) -> Result<Store, Failure> {
     let mut delay = Duration::from_millis(250);
     loop {
         match Store::open(&config.store, &config.state_dir).await {
             Ok(store) => return Ok(store),
-            Err(err @ store::StoreError::Setup(_)) => return Err(Failure::config(err)),
-            Err(err) if matches!(config.store, config::StoreSettings::Postgres(_)) => {
+            Err(err) if err.is_transient() => {
                 tracing::warn!(error = %err, retry_in = ?delay, "cannot open the PostgreSQL store yet");
                 notify::Notifier::from_environment()
                     .status(&format!("waiting for PostgreSQL: {err}"));
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(5));
             }
-            Err(err) => return Err(Failure::state(err)),
+            Err(err) => return Err(Failure::from(err)),
         }
     }
 }

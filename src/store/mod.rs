@@ -68,6 +68,14 @@ pub(crate) enum StoreError {
     LeaseLost { session_key: String },
 }
 
+impl StoreError {
+    /// The database server could not be reached or did not answer: the same request may work
+    /// later, so it is waited for (at start) or answered 503/69, never taken as broken state.
+    pub(crate) fn is_transient(&self) -> bool {
+        matches!(self, StoreError::Postgres(_))
+    }
+}
+
 /// Unix time in milliseconds.
 pub(crate) fn now_millis() -> i64 {
     SystemTime::now()

@@ -250,11 +250,7 @@ async fn bounded<T>(
 ) -> Result<T, StoreError> {
     tokio::time::timeout(OPERATION_TIMEOUT, operation)
         .await
-        .map_err(|_| {
-            StoreError::Unavailable(format!(
-                "PostgreSQL did not answer within {OPERATION_TIMEOUT:?}"
-            ))
-        })?
+        .map_err(|_| StoreError::Postgres(format!("no answer within {OPERATION_TIMEOUT:?}")))?
 }
 
 type AcceptJob = (NewEvent, oneshot::Sender<Result<AcceptOutcome, StoreError>>);
