@@ -62,13 +62,7 @@ drain_timeout = "1s"
 max_turn_steps = 8
 {runtime}
 
-[model]
-backend = "openai"
-base_url = "{model}/v1"
-model = "stub"
-request_timeout = "60s"
-max_retries = 0
-
+{model}
 [tools.slow_side_effect]
 description = "Changes something, slowly"
 command = ["/bin/sh", "-c", "echo ran >> {marks}/side_effect.runs; sleep 30"]
@@ -93,7 +87,7 @@ tools = ["slow_side_effect", "slow_lookup", "report"]
 deliver = {{ kind = "http", url = "{receiver}/results" }}
 {extra_route}
 "#,
-        model = model.url(),
+        model = model.model_section(),
         receiver = receiver.url(),
     )
 }

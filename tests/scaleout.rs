@@ -89,13 +89,7 @@ node = "{name}"
 lease_ttl = "{ttl}"
 {store}
 
-[model]
-backend = "openai"
-base_url = "{model}/v1"
-model = "stub"
-request_timeout = "60s"
-max_retries = 0
-
+{model}
 {tools}
 
 [routes.hook]
@@ -111,7 +105,7 @@ deliver = {deliver}
                 url_file = url_file.display(),
                 ttl = shape.lease_ttl,
                 store = shape.store,
-                model = model.url(),
+                model = model.model_section(),
                 tools = shape.tools,
                 route_tools = shape.route_tools,
                 on_busy = shape.on_busy,

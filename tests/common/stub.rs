@@ -117,6 +117,15 @@ impl Stub {
         Stub::start(move |_, index| replies[index.min(replies.len() - 1)].clone())
     }
 
+    /// The `[model]` section that points agentgate at this stub, with no retries: every model
+    /// call the test scripts is made exactly once.
+    pub fn model_section(&self) -> String {
+        format!(
+            "[model]\nbackend = \"openai\"\nbase_url = \"{}/v1\"\nmodel = \"stub\"\nrequest_timeout = \"60s\"\nmax_retries = 0\n",
+            self.url()
+        )
+    }
+
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
