@@ -49,7 +49,7 @@ fn parse_options() -> Result<Options, String> {
             "--header" => options.headers.push(value()?),
             "--rate" => options.rate = value()?.parse().map_err(|_| "--rate: a number")?,
             "--connections" => {
-                options.connections = value()?.parse().map_err(|_| "--connections: a number")?
+                options.connections = value()?.parse().map_err(|_| "--connections: a number")?;
             }
             "--seconds" => options.seconds = value()?.parse().map_err(|_| "--seconds: a number")?,
             "--bench" => {} // cargo bench passes this
@@ -134,16 +134,13 @@ async fn worker(addr: String, shared: Arc<Shared>) -> Tally {
             now
         };
         if stream.is_none() {
-            match TcpStream::connect(&addr).await {
-                Ok(s) => {
-                    let _ = s.set_nodelay(true);
-                    stream = Some(s);
-                }
-                Err(_) => {
-                    tally.errors += 1;
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                    continue;
-                }
+            if let Ok(s) = TcpStream::connect(&addr).await {
+                let _ = s.set_nodelay(true);
+                stream = Some(s);
+            } else {
+                tally.errors += 1;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
             }
         }
         let Some(connection) = stream.as_mut() else {
@@ -153,15 +150,12 @@ async fn worker(addr: String, shared: Arc<Shared>) -> Tally {
             Ok(()) => read_response(connection, &mut buffer).await,
             Err(err) => Err(err),
         };
-        match outcome {
-            Ok(status) => {
-                tally.latencies_us.push(due.elapsed().as_micros() as u64);
-                *tally.statuses.entry(status).or_default() += 1;
-            }
-            Err(_) => {
-                tally.errors += 1;
-                stream = None;
-            }
+        if let Ok(status) = outcome {
+            tally.latencies_us.push(due.elapsed().as_micros() as u64);
+            *tally.statuses.entry(status).or_default() += 1;
+        } else {
+            tally.errors += 1;
+            stream = None;
         }
     }
     tally

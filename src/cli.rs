@@ -267,7 +267,7 @@ fn operator_override(source: &ConfigSource, key: &str, what: Override) -> Result
     })?;
     match what {
         Override::Resume => {
-            println!("session {key}: resumed (was {before}); its ledger entry is cleared")
+            println!("session {key}: resumed (was {before}); its ledger entry is cleared");
         }
         Override::Suspend => println!("session {key}: suspended (was {before})"),
     }

@@ -791,16 +791,17 @@ impl Checker<'_> {
     fn server(&mut self, raw: RawServer) -> Option<ServerSettings> {
         let listen = match raw.listen {
             None => SocketAddr::from(([127, 0, 0, 1], 8787)),
-            Some(text) => match text.parse::<SocketAddr>() {
-                Ok(addr) => addr,
-                Err(_) => {
+            Some(text) => {
+                if let Ok(addr) = text.parse::<SocketAddr>() {
+                    addr
+                } else {
                     self.error(
                         "server.listen",
                         format!("{text:?} is not an address:port such as \"127.0.0.1:8787\""),
                     );
                     return None;
                 }
-            },
+            }
         };
         let max_body = self.value("server.max_body", raw.max_body, 1 << 20, |t| parse_size(&t));
         Some(ServerSettings {

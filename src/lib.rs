@@ -6,6 +6,8 @@
 //! commit every step to `store`, and end with a result that `deliver` sends from the outbox.
 //! `lifecycle` owns the daemon's bootstrap and orderly stop; `cli` is the command line.
 
+#![forbid(unsafe_code)]
+
 mod agent;
 mod cli;
 mod config;

@@ -180,7 +180,7 @@ impl Repair {
                     "removed a temporary file of an interrupted atomic write"),
                 Ok(()) => {}
                 Err(err) => {
-                    tracing::warn!(file = %path.display(), error = %err, "cannot remove a stale temporary file")
+                    tracing::warn!(file = %path.display(), error = %err, "cannot remove a stale temporary file");
                 }
             }
         }

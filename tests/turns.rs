@@ -134,7 +134,7 @@ fn transcript_roles(setup: &Setup, session: &str) -> Vec<String> {
 fn tool_results(requests: &[Received]) -> Vec<String> {
     requests
         .last()
-        .map(|r| r.json())
+        .map(common::stub::Received::json)
         .and_then(|body| body["messages"].as_array().cloned())
         .unwrap_or_default()
         .iter()

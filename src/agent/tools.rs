@@ -8,6 +8,8 @@
 use std::process::Stdio;
 use std::time::Duration;
 
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
 use serde::Serialize;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
@@ -80,11 +82,9 @@ async fn read_capped<R: AsyncRead + Unpin>(mut reader: R) -> (Vec<u8>, bool) {
     (kept, truncated)
 }
 
-fn signal_group(pgid: i32, signal: i32) {
-    // SAFETY: killpg has no memory-safety preconditions; a stale group id yields ESRCH.
-    unsafe {
-        libc::killpg(pgid, signal);
-    }
+fn signal_group(pgid: i32, signal: Signal) {
+    // A group that is already gone (ESRCH) is what we wanted.
+    let _ = killpg(Pid::from_raw(pgid), signal);
 }
 
 fn marked(bytes: Vec<u8>, truncated: bool) -> String {
@@ -195,22 +195,19 @@ async fn terminate_group(
     pgid: i32,
 ) -> std::io::Result<std::process::ExitStatus> {
     if pgid > 0 {
-        signal_group(pgid, libc::SIGTERM);
+        signal_group(pgid, Signal::SIGTERM);
     }
-    match tokio::time::timeout(KILL_GRACE, child.wait()).await {
-        Ok(status) => {
-            // The leader is gone; make sure no member of its group outlives it.
-            if pgid > 0 {
-                signal_group(pgid, libc::SIGKILL);
-            }
-            status
+    if let Ok(status) = tokio::time::timeout(KILL_GRACE, child.wait()).await {
+        // The leader is gone; make sure no member of its group outlives it.
+        if pgid > 0 {
+            signal_group(pgid, Signal::SIGKILL);
         }
-        Err(_) => {
-            if pgid > 0 {
-                signal_group(pgid, libc::SIGKILL);
-            }
-            child.wait().await
+        status
+    } else {
+        if pgid > 0 {
+            signal_group(pgid, Signal::SIGKILL);
         }
+        child.wait().await
     }
 }
 
@@ -222,7 +219,10 @@ mod tests {
         ToolSettings {
             name: "t".into(),
             description: String::new(),
-            command: command.iter().map(|s| s.to_string()).collect(),
+            command: command
+                .iter()
+                .map(std::string::ToString::to_string)
+                .collect(),
             parameters: serde_json::json!({"type": "object"}),
             timeout,
             idempotent: false,

@@ -10,7 +10,7 @@ mod ratelimit;
 pub(crate) mod verify;
 
 use std::net::SocketAddr;
-use std::os::fd::{FromRawFd, RawFd};
+use std::os::fd::RawFd;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,8 +30,6 @@ pub(crate) fn parse_for_fuzzing(headers: &::http::HeaderMap, body: bytes::Bytes)
     let _ = self::http::parse_payload(headers, body);
 }
 
-/// The first fd passed by systemd.
-const LISTEN_FDS_START: RawFd = 3;
 /// After "stop accepting", connections accepted just before may not have sent their request yet;
 /// hyper would treat them as idle and close them. Give them this long to start.
 const FIRST_REQUEST_GRACE: Duration = Duration::from_millis(500);
@@ -66,21 +64,20 @@ struct Inherited {
 
 /// Takes the sockets systemd passed by name, or binds `server.listen`. Call before any thread exists.
 pub(crate) fn take_listeners(config: &Config) -> Result<Listeners, ListenError> {
-    let listeners = match inherited_sockets()? {
-        Some(inherited) => Listeners {
+    let listeners = if let Some(inherited) = inherited_sockets()? {
+        Listeners {
             webhook: inherited.webhook,
             control: inherited.control,
             activated: true,
-        },
-        None => {
-            let addr = config.server.listen;
-            let webhook = std::net::TcpListener::bind(addr)
-                .map_err(|source| ListenError::Bind { addr, source })?;
-            Listeners {
-                webhook,
-                control: bind_control_socket(&config.server.control_socket),
-                activated: false,
-            }
+        }
+    } else {
+        let addr = config.server.listen;
+        let webhook = std::net::TcpListener::bind(addr)
+            .map_err(|source| ListenError::Bind { addr, source })?;
+        Listeners {
+            webhook,
+            control: bind_control_socket(&config.server.control_socket),
+            activated: false,
         }
     };
     let addr = listeners
@@ -131,50 +128,44 @@ fn bind_control_socket(path: &Path) -> Option<std::os::unix::net::UnixListener> 
 }
 
 /// Reads `LISTEN_PID`/`LISTEN_FDS`/`LISTEN_FDNAMES` and takes the sockets named `webhook` and
-/// `control`.
+/// `control`. The names come from `sd-notify`; `listenfd` checks each fd's socket type and takes
+/// ownership of it. Both read (and `listenfd` clears) process-global environment, which is why
+/// this runs before any thread exists.
 fn inherited_sockets() -> Result<Option<Inherited>, ListenError> {
-    let Some(count) = std::env::var("LISTEN_FDS").ok() else {
-        return Ok(None);
-    };
-    let for_us = std::env::var("LISTEN_PID")
-        .ok()
-        .and_then(|pid| pid.parse::<u32>().ok())
-        == Some(std::process::id());
-    if !for_us {
+    let named: Vec<(RawFd, String)> = sd_notify::listen_fds_with_names()
+        .map_err(|err| ListenError::Activation(format!("LISTEN_FDS/LISTEN_FDNAMES: {err}")))?
+        .collect();
+    if named.is_empty() {
         return Ok(None);
     }
-    let count: RawFd = count
-        .parse()
-        .map_err(|_| ListenError::Activation(format!("LISTEN_FDS={count:?} is not a number")))?;
-    let names_text = std::env::var("LISTEN_FDNAMES").unwrap_or_default();
-    let names: Vec<&str> = names_text.split(':').collect();
+    let names_text = named
+        .iter()
+        .map(|(_, name)| name.as_str())
+        .collect::<Vec<_>>()
+        .join(":");
+    let mut passed = listenfd::ListenFd::from_env();
     let mut webhook = None;
     let mut control = None;
-    for index in 0..count {
-        let fd = LISTEN_FDS_START + index;
-        let name = names.get(index as usize).copied().unwrap_or("");
-        // SAFETY: systemd passes these fds to this process (LISTEN_PID matched); each is wrapped
-        // exactly once here and owned from now on.
-        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
-        match name {
+    for (index, (fd, name)) in named.iter().enumerate() {
+        let wrong_kind = |kind: &str, err: std::io::Error| {
+            ListenError::Activation(format!(
+                "fd {fd} named {name} is not a {kind} listening socket: {err}"
+            ))
+        };
+        let missing = || ListenError::Activation(format!("fd {fd} ({name}) was not passed"));
+        match name.as_str() {
             "webhook" => {
-                // SAFETY: as above; ownership of the fd moves into the listener.
-                let listener = unsafe { std::net::TcpListener::from_raw_fd(fd) };
-                listener.local_addr().map_err(|err| {
-                    ListenError::Activation(format!(
-                        "fd {fd} named webhook is not a TCP listening socket: {err}"
-                    ))
-                })?;
+                let listener = passed
+                    .take_tcp_listener(index)
+                    .map_err(|err| wrong_kind("TCP", err))?
+                    .ok_or_else(missing)?;
                 webhook = Some(listener);
             }
             "control" => {
-                // SAFETY: as above; ownership of the fd moves into the listener.
-                let listener = unsafe { std::os::unix::net::UnixListener::from_raw_fd(fd) };
-                listener.local_addr().map_err(|err| {
-                    ListenError::Activation(format!(
-                        "fd {fd} named control is not a Unix listening socket: {err}"
-                    ))
-                })?;
+                let listener = passed
+                    .take_unix_listener(index)
+                    .map_err(|err| wrong_kind("Unix", err))?
+                    .ok_or_else(missing)?;
                 control = Some(listener);
             }
             other => {

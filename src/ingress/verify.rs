@@ -34,9 +34,8 @@ type HmacSha256 = Hmac<Sha256>;
 
 fn hmac_sha256(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
     // HMAC accepts keys of any length; new_from_slice cannot fail for it.
-    let mut mac = match HmacSha256::new_from_slice(key) {
-        Ok(mac) => mac,
-        Err(_) => unreachable!("HMAC takes keys of any length"),
+    let Ok(mut mac) = HmacSha256::new_from_slice(key) else {
+        unreachable!("HMAC takes keys of any length")
     };
     for part in parts {
         mac.update(part);

@@ -286,7 +286,7 @@ impl Daemon {
                     }
                     format!("{source_name} has errors")
                 }
-                other => other.to_string(),
+                unreadable @ ConfigError::Unreadable { .. } => unreadable.to_string(),
             })
             .and_then(|loaded| Settings::new(loaded.config));
         match outcome {

@@ -433,7 +433,7 @@ impl Running<'_> {
                 }
                 Err(err) => {
                     tracing::error!(session_key = %session_key, job_id = %job, error = %err,
-                    "cannot queue the background job's result")
+                    "cannot queue the background job's result");
                 }
             }
         });

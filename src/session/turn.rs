@@ -234,20 +234,19 @@ impl TurnMachine {
 
     fn on_reply(&mut self, reply: Message) -> Vec<Action> {
         if reply.tool_calls.is_empty() {
-            return match reply.visible_text().map(str::to_string) {
-                Some(output) => vec![
+            return if let Some(output) = reply.visible_text().map(str::to_string) {
+                vec![
                     self.record(reply),
                     Action::Finish(Outcome::Completed { output }),
-                ],
-                None => {
-                    let note = Message::text(
-                        Role::User,
-                        "Your reply was empty. Call a tool or give your final answer.",
-                    );
-                    let mut actions = vec![self.record(reply), self.record(note)];
-                    actions.extend(self.next_model_call("the model kept replying with nothing"));
-                    actions
-                }
+                ]
+            } else {
+                let note = Message::text(
+                    Role::User,
+                    "Your reply was empty. Call a tool or give your final answer.",
+                );
+                let mut actions = vec![self.record(reply), self.record(note)];
+                actions.extend(self.next_model_call("the model kept replying with nothing"));
+                actions
             };
         }
         let calls = reply.tool_calls.clone();

@@ -40,7 +40,7 @@ mod tests {
         );
         let names: Vec<_> = std::fs::read_dir(dir.path())
             .expect("list")
-            .filter_map(|e| e.ok())
+            .filter_map(std::result::Result::ok)
             .map(|e| e.file_name().to_string_lossy().into_owned())
             .collect();
         assert_eq!(names, ["ledger.json"]);

@@ -101,7 +101,7 @@ mod tests {
         assert!(DaemonLock::is_held(dir.path()));
         match DaemonLock::acquire(dir.path()) {
             Err(LockError::Held { holder, .. }) => {
-                assert_eq!(holder, std::process::id().to_string())
+                assert_eq!(holder, std::process::id().to_string());
             }
             other => panic!("expected Held, got {other:?}"),
         }

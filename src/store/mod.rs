@@ -267,8 +267,7 @@ pub(crate) fn ensure_state_dir(state_dir: &Path) -> Result<(), StoreError> {
 /// root-owned ledger would otherwise fail every resume closed, and a root-owned WAL the daemon.
 pub(crate) fn restore_ownership(state_dir: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::MetadataExt;
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+    if !nix::unistd::geteuid().is_root() {
         return Ok(());
     }
     let owner = std::fs::metadata(state_dir)?;

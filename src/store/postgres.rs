@@ -461,7 +461,7 @@ impl PostgresStore {
         let was = self.shared.writable.swap(writable, Ordering::AcqRel);
         match (was, writable) {
             (true, false) => {
-                tracing::error!("PostgreSQL cannot be written; answering 503 until it can again")
+                tracing::error!("PostgreSQL cannot be written; answering 503 until it can again");
             }
             (false, true) => tracing::info!("PostgreSQL writes succeed again; accepting events"),
             _ => {}
