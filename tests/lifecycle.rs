@@ -241,3 +241,62 @@ fn socket_activation_takes_the_named_socket_and_refuses_unknown_names() {
     }
     assert!(stderr.contains("unknown name \"http\""), "{stderr}");
 }
+
+/// Out of file descriptors, `accept` fails at once for as long as a connection waits in the
+/// backlog. Both listeners back off and log a summary line at most once a second instead of
+/// spinning (which wrote a million journal lines in five seconds).
+#[test]
+fn accept_failures_back_off_instead_of_spinning() {
+    let workspace = Workspace::new();
+    let socket = workspace.path().join("control.sock");
+    let text = format!(
+        "state_dir = {:?}\n[server]\nlisten = \"127.0.0.1:{}\"\ncontrol_socket = {:?}\n[model]\nbackend = \"replay\"\n{ROUTE}",
+        workspace.state_dir().display(),
+        workspace.port,
+        socket.display()
+    );
+    std::fs::write(workspace.config_path(), text).expect("config");
+    let daemon = workspace.start();
+    let open_fds = std::fs::read_dir(format!("/proc/{}/fd", daemon.pid()))
+        .expect("the daemon's fds")
+        .count();
+    let limit = open_fds + 2;
+    let status = Command::new("prlimit")
+        .arg(format!("--pid={}", daemon.pid()))
+        .arg(format!("--nofile={limit}:{limit}"))
+        .status()
+        .expect("prlimit (util-linux)");
+    assert!(status.success());
+
+    // Use up the daemon's last descriptors, then leave one connection waiting on each listener.
+    let mut held: Vec<std::net::TcpStream> = Vec::new();
+    for _ in 0..4 {
+        held.extend(std::net::TcpStream::connect(daemon.addr).ok());
+    }
+    let _waiting_control = UnixStream::connect(&socket).expect("queued in the control backlog");
+    wait_until("an accept failure", Duration::from_secs(10), || {
+        daemon.log().contains("accept failed")
+    });
+    let failures_at = |log: &str| log.matches("accept failed").count();
+    let before = failures_at(&daemon.log());
+    std::thread::sleep(Duration::from_secs(3));
+    let during = failures_at(&daemon.log()) - before;
+    assert!(
+        during <= 10,
+        "{during} accept-failure lines in 3 s: the listeners spin"
+    );
+    assert!(daemon.log().contains("backing off"), "{}", daemon.log());
+
+    // Once descriptors are free again, the daemon serves as before.
+    drop(held);
+    Command::new("prlimit")
+        .arg(format!("--pid={}", daemon.pid()))
+        .arg("--nofile=4096:4096")
+        .status()
+        .expect("prlimit");
+    wait_until(
+        "the webhook listener to recover",
+        Duration::from_secs(10),
+        || try_request(daemon.addr, "GET", "/healthz", &[], b"").is_ok_and(|r| r.status == 200),
+    );
+}

@@ -432,3 +432,77 @@ fn base64_encode(bytes: &[u8]) -> String {
     use base64::Engine as _;
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
+
+/// A delivery target that hangs must not hold the stop: the drain gives deliveries a bounded
+/// flush, and what it cuts off stays in the outbox for the next start.
+#[test]
+fn a_delivery_in_flight_at_sigterm_is_cut_off_and_sent_after_the_restart() {
+    let model = Stub::scripted(vec![Reply::answer("result")]);
+    let hanging = Stub::start(|_, _| Reply::raw(204, "").after(Duration::from_secs(60)));
+    let (setup, daemon) = start(model, hanging, "", "");
+    let event_id = post(&daemon, "slow-receiver");
+    wait_until("the delivery attempt", TURN_LIMIT, || {
+        delivery_for(&setup.receiver, &event_id).is_some()
+    });
+    let stopping = std::time::Instant::now();
+    assert!(daemon.terminate().success());
+    // The attempt itself would take 30 s (its timeout) and the receiver 60 s.
+    assert!(
+        stopping.elapsed() < Duration::from_secs(20),
+        "the drain waited {:?} for a hanging delivery",
+        stopping.elapsed()
+    );
+    assert_eq!(setup.workspace.status()["deliveries"]["pending"], 1);
+
+    let working = receiver();
+    let text = config(&setup.model, &working, "", "");
+    setup.workspace.write_config(&text);
+    let _daemon = setup
+        .workspace
+        .start_with_env(&[("TEST_MODEL_KEY", "sk-test-123")]);
+    let delivery = wait_delivery(&working, &event_id);
+    assert_eq!(delivery.json()["status"], "completed");
+}
+
+/// A background job still running when the daemon stops is killed by the drain, and its session
+/// is told (an internal event that runs at the next start) instead of waiting for a result that
+/// never comes.
+#[test]
+fn a_background_job_cut_off_by_the_drain_is_reported_to_its_session() {
+    let model = Stub::scripted(vec![
+        Reply::tool_call("call-1", "slow_job", json!({})),
+        Reply::answer("started the job"),
+        Reply::answer("noted: the job did not finish"),
+    ]);
+    let tool = "[tools.slow_job]\ndescription = \"Runs for a long time\"\ncommand = [\"/bin/sleep\", \"300\"]\nbackground = true\n";
+    let workspace = Workspace::new();
+    let receiver = receiver();
+    let text = config(&model, &receiver, "", "")
+        .replace("[routes.alerts]", &format!("{tool}\n[routes.alerts]"))
+        .replace(
+            "tools = [\"echo\", \"hang\", \"flood\", \"fail\"]",
+            "tools = [\"slow_job\"]",
+        );
+    workspace.write_config(&text);
+    let env = [("TEST_MODEL_KEY", "sk-test-123")];
+    let daemon = workspace.start_with_env(&env);
+    let event_id = post(&daemon, "jobs");
+    assert_eq!(workspace.wait_terminal(&event_id, TURN_LIMIT), "completed");
+    let stopping = std::time::Instant::now();
+    assert!(daemon.terminate().success());
+    assert!(
+        stopping.elapsed() < Duration::from_secs(30),
+        "the drain waited {:?} for a 300 s background job",
+        stopping.elapsed()
+    );
+
+    let _daemon = workspace.start_with_env(&env);
+    wait_until("the session to hear of its job", TURN_LIMIT, || {
+        model.requests().len() >= 3
+    });
+    let told = String::from_utf8_lossy(&model.requests()[2].body).into_owned();
+    assert!(
+        told.contains("interrupted") && told.contains("outcome is unknown"),
+        "{told}"
+    );
+}

@@ -49,9 +49,11 @@ impl Deliverer {
         })
     }
 
-    /// Delivers due results until `shutdown`.
+    /// Delivers due results until `shutdown`, then makes one last pass over what is due (the
+    /// drain bounds how long that may take; whatever it cuts off stays in the outbox).
     pub(crate) async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         loop {
+            let stopping = shutdown.is_cancelled();
             let due = match self.store.due_deliveries(BATCH).await {
                 Ok(due) => due,
                 Err(err) => {
@@ -66,11 +68,14 @@ impl Deliverer {
                 attempts.spawn(async move { deliverer.deliver(delivery).await });
             }
             while attempts.join_next().await.is_some() {}
+            if stopping {
+                return;
+            }
             if full_batch {
                 continue;
             }
             tokio::select! {
-                () = shutdown.cancelled() => return,
+                () = shutdown.cancelled() => {}
                 () = self.wake.notified() => {}
                 () = tokio::time::sleep(POLL_INTERVAL) => {}
             }
@@ -95,7 +100,17 @@ impl Deliverer {
                 Ok(())
             }
             DeliverSettings::Http { url, key } => self.post(url, key.as_ref(), &delivery).await,
-            DeliverSettings::Command { argv } => run_command(argv, &delivery).await,
+            DeliverSettings::Command { argv } => {
+                // The whole attempt is bounded: a command that never reads its stdin must not
+                // hold the write forever.
+                tokio::time::timeout(ATTEMPT_TIMEOUT, run_command(argv, &delivery))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(format!(
+                            "the deliver command did not finish within {ATTEMPT_TIMEOUT:?}"
+                        ))
+                    })
+            }
         };
         let attempt = delivery.attempts + 1;
         let outcome = match result {
@@ -196,9 +211,9 @@ async fn run_command(argv: &[String], delivery: &PendingDelivery) -> Result<(), 
     if let Some(mut stdin) = child.stdin.take() {
         let _ = stdin.write_all(delivery.body.as_bytes()).await;
     }
-    let output = tokio::time::timeout(ATTEMPT_TIMEOUT, child.wait_with_output())
+    let output = child
+        .wait_with_output()
         .await
-        .map_err(|_| format!("{program} did not finish within {ATTEMPT_TIMEOUT:?}"))?
         .map_err(|err| format!("{program}: {err}"))?;
     if output.status.success() {
         Ok(())

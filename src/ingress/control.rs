@@ -12,6 +12,7 @@ use hyper_util::rt::TokioIo;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+use super::AcceptBackoff;
 use super::http::{HttpResponse, error, json_response};
 use crate::session::Sessions;
 use crate::store::{StatusSummary, Store};
@@ -162,17 +163,19 @@ pub(crate) async fn serve(
 ) -> std::io::Result<()> {
     listener.set_nonblocking(true)?;
     let listener = tokio::net::UnixListener::from_std(listener)?;
+    let mut backoff = AcceptBackoff::default();
     loop {
         let stream = tokio::select! {
             () = shutdown.cancelled() => return Ok(()),
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => stream,
                 Err(err) => {
-                    tracing::warn!(error = %err, "control socket accept failed");
+                    backoff.failed("control", &err).await;
                     continue;
                 }
             },
         };
+        backoff.succeeded();
         let control = control.clone();
         let service = service_fn(move |request| {
             let control = control.clone();

@@ -183,6 +183,50 @@ fn inherited_sockets() -> Result<Option<Inherited>, ListenError> {
     Ok(Some(Inherited { webhook, control }))
 }
 
+/// What a listener does when `accept` fails (EMFILE, ENFILE, ENOBUFS): such errors repeat at once
+/// until something frees resources, so retrying immediately spins a core and floods the journal.
+/// Each failure waits longer (up to a second), and a failure is logged at most once a second with
+/// the number of failures since the last line.
+pub(crate) struct AcceptBackoff {
+    delay: Duration,
+    failures: u64,
+    last_logged: Option<std::time::Instant>,
+}
+
+impl Default for AcceptBackoff {
+    fn default() -> AcceptBackoff {
+        AcceptBackoff {
+            delay: ACCEPT_BACKOFF_FIRST,
+            failures: 0,
+            last_logged: None,
+        }
+    }
+}
+
+const ACCEPT_BACKOFF_FIRST: Duration = Duration::from_millis(10);
+const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+impl AcceptBackoff {
+    pub(crate) async fn failed(&mut self, listener: &str, err: &std::io::Error) {
+        self.failures += 1;
+        let due = self
+            .last_logged
+            .is_none_or(|at| at.elapsed() >= ACCEPT_BACKOFF_MAX);
+        if due {
+            tracing::warn!(listener, error = %err, failures = self.failures,
+                retry_in = ?self.delay, "accept failed; backing off");
+            self.last_logged = Some(std::time::Instant::now());
+            self.failures = 0;
+        }
+        tokio::time::sleep(self.delay).await;
+        self.delay = (self.delay * 2).min(ACCEPT_BACKOFF_MAX);
+    }
+
+    pub(crate) fn succeeded(&mut self) {
+        self.delay = ACCEPT_BACKOFF_FIRST;
+    }
+}
+
 /// Serves webhooks until `shutdown` fires, then stops accepting and lets in-flight requests finish
 /// (for at most `finish_within`).
 pub(crate) async fn serve(
@@ -195,6 +239,7 @@ pub(crate) async fn serve(
     listener.set_nonblocking(true)?;
     let listener = tokio::net::TcpListener::from_std(listener)?;
     let graceful = GracefulShutdown::new();
+    let mut backoff = AcceptBackoff::default();
     let mut builder = http1::Builder::new();
     builder
         .timer(TokioTimer::new())
@@ -206,13 +251,12 @@ pub(crate) async fn serve(
             accepted = listener.accept() => match accepted {
                 Ok(pair) => pair,
                 Err(err) => {
-                    // EMFILE and friends: back off instead of spinning.
-                    tracing::warn!(error = %err, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    backoff.failed("webhook", &err).await;
                     continue;
                 }
             },
         };
+        backoff.succeeded();
         let _ = stream.set_nodelay(true);
         let ingress = ingress.clone();
         let service = service_fn(move |request| ingress.clone().handle(request));

@@ -7,6 +7,7 @@
 //! requests finish, running turns get `drain_timeout`, and what is still running then is left
 //! `resume_pending` for the next start.
 
+mod drain;
 pub(crate) mod journal;
 mod notify;
 mod resume;
@@ -29,17 +30,11 @@ use crate::ingress::control::{self, Control};
 use crate::ingress::{self, Ingress, ListenError};
 use crate::session::{self, Sessions, TurnContext};
 use crate::store::{self, DaemonLock, Store};
+pub(crate) use drain::Drain;
 use notify::Notifier;
 
 /// How often delivery ids older than `dedup_window` are forgotten.
 const DEDUP_PRUNE_INTERVAL: Duration = Duration::from_secs(3600);
-/// How long in-flight HTTP requests may take to finish at shutdown.
-const REQUEST_FINISH_TIMEOUT: Duration = Duration::from_secs(10);
-/// After the drain timeout, how long cancelled turns get to commit their `resume_pending` state.
-const CANCEL_COMMIT_TIMEOUT: Duration = Duration::from_secs(10);
-/// While draining, systemd's stop timeout is pushed out by this much at every heartbeat.
-const DRAIN_EXTENSION: Duration = Duration::from_secs(10);
-const DRAIN_HEARTBEAT: Duration = Duration::from_secs(2);
 /// `STATUS=` is refreshed this often when there is no watchdog to piggyback on.
 const STATUS_INTERVAL: Duration = Duration::from_secs(5);
 
@@ -133,14 +128,16 @@ pub(crate) fn serve(
         Deliverer::new(store.clone(), settings.clone(), deliveries.clone())
             .map_err(Failure::runtime)?,
     );
-    let cancel_turns = CancellationToken::new();
+    let drain = Drain::new();
     let turn_context = Arc::new(TurnContext {
         store: store.clone(),
         settings: settings.clone(),
         model,
         sessions: sessions.clone(),
         deliveries: deliveries.clone(),
-        cancel_turns: cancel_turns.clone(),
+        cancel_turns: drain.cancel_turns(),
+        background_jobs: drain.tracker(),
+        stop_background_jobs: drain.stop_background(),
     });
     let daemon = Arc::new(Daemon {
         source: source.clone(),
@@ -150,6 +147,7 @@ pub(crate) fn serve(
         sessions: sessions.clone(),
         notifier: Notifier::from_environment(),
     });
+    let budgets = drain::Budgets::new(runtime_settings.drain_timeout);
     runtime.block_on(async move {
         let stop_signals = StopSignals::install()?;
         let address = listeners
@@ -166,41 +164,41 @@ pub(crate) fn serve(
             ),
             Err(err) => return Err(Failure::state(format!("cannot mark crashed turns: {err}"))),
         }
-        let shutdown = CancellationToken::new();
-        let server = tokio::spawn(ingress::serve(
+        let listener = tokio::spawn(ingress::serve(
             listeners.webhook,
             ingress,
             header_timeout,
-            shutdown.clone(),
-            REQUEST_FINISH_TIMEOUT,
+            drain.stop_accepting(),
+            budgets.requests,
         ));
         if let Some(listener) = listeners.control {
             let control = Arc::new(Control {
                 store: store.clone(),
                 sessions: sessions.clone(),
             });
-            tokio::spawn(control::serve(listener, control, shutdown.clone()));
+            drain.spawn(control::serve(listener, control, drain.stop_accepting()));
         }
-        let stop_claiming = CancellationToken::new();
-        tokio::spawn(resume::settle_interrupted_sessions(
+        drain.spawn(resume::settle_interrupted_sessions(
             store.clone(),
             runtime_settings.clone(),
             sessions.clone(),
             deliveries,
-            stop_claiming.clone(),
+            drain.stop_accepting(),
         ));
-        tokio::spawn(prune_dedup(store.clone(), runtime_settings.dedup_window));
+        drain.spawn(prune_dedup(
+            store.clone(),
+            runtime_settings.dedup_window,
+            drain.stop_background(),
+        ));
         let turns = TaskTracker::new();
         let scheduler = tokio::spawn(session::schedule(
             turn_context,
             runtime_settings.max_concurrent_turns,
-            stop_claiming.clone(),
+            drain.stop_accepting(),
             turns.clone(),
         ));
-        let stop_delivering = CancellationToken::new();
-        let delivery = tokio::spawn(deliverer.run(stop_delivering.clone()));
-        let stop_health = CancellationToken::new();
-        tokio::spawn(health(daemon.clone(), stop_health.clone()));
+        let deliverer = tokio::spawn(deliverer.run(drain.stop_delivering()));
+        drain.spawn(health(daemon.clone(), drain.stop_background()));
         tracing::info!(
             listen = %address,
             socket_activated = listeners.activated,
@@ -212,42 +210,15 @@ pub(crate) fn serve(
 
         stop_signals.wait(&daemon).await;
 
-        daemon.notifier.stopping();
-        let extend = tokio::spawn(extend_stop_timeout(daemon.clone()));
-        tracing::info!("stopping: no new connections; finishing in-flight requests and running turns");
-        shutdown.cancel();
-        stop_claiming.cancel();
-        let _ = scheduler.await;
-        turns.close();
-        if tokio::time::timeout(runtime_settings.drain_timeout, turns.wait())
-            .await
-            .is_err()
-        {
-            tracing::warn!(
-                running = turns.len(),
-                "drain_timeout reached; cancelling the turns still running"
-            );
-            cancel_turns.cancel();
-            if tokio::time::timeout(CANCEL_COMMIT_TIMEOUT, turns.wait())
-                .await
-                .is_err()
-            {
-                tracing::error!(
-                    "cancelled turns did not commit in time; they resume as crashed at the next start"
-                );
-            }
-        }
-        stop_delivering.cancel();
-        let _ = delivery.await;
+        let stages = drain::Stages {
+            listener,
+            scheduler,
+            turns,
+            deliverer,
+        };
+        let drained = drain.run(budgets, &daemon.notifier, stages).await;
         store.release().await;
-        let served = server.await;
-        stop_health.cancel();
-        extend.abort();
-        match served {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(err)) => Err(Failure::runtime(format!("webhook listener failed: {err}"))),
-            Err(err) => Err(Failure::runtime(format!("webhook listener task failed: {err}"))),
-        }
+        drained.map_err(Failure::runtime)
     })
 }
 
@@ -380,15 +351,6 @@ async fn health(daemon: Arc<Daemon>, stop: CancellationToken) {
     }
 }
 
-/// While draining, keeps pushing systemd's stop timeout out so a drain within `drain_timeout`
-/// is never SIGKILLed, whatever `TimeoutStopSec` says.
-async fn extend_stop_timeout(daemon: Arc<Daemon>) {
-    loop {
-        daemon.notifier.extend_timeout(DRAIN_EXTENSION);
-        tokio::time::sleep(DRAIN_HEARTBEAT).await;
-    }
-}
-
 /// Opens the configured store. A database server that cannot be reached yet is waited for
 /// (the sockets stay with systemd meanwhile, so clients wait rather than being refused); a
 /// store that cannot work (bad settings, unusable state directory) is a failure at once.
@@ -409,14 +371,17 @@ async fn open_store(config: &config::Config) -> Result<Store, Failure> {
     }
 }
 
-async fn prune_dedup(store: Store, window: Duration) {
+async fn prune_dedup(store: Store, window: Duration, stop: CancellationToken) {
     let window_ms = i64::try_from(window.as_millis()).unwrap_or(i64::MAX);
-    loop {
+    while !stop.is_cancelled() {
         match store.prune_dedup(store::now_millis() - window_ms).await {
             Ok(0) => {}
             Ok(count) => tracing::info!(count, "forgot delivery ids older than dedup_window"),
             Err(err) => tracing::warn!(error = %err, "could not prune delivery ids"),
         }
-        tokio::time::sleep(DEDUP_PRUNE_INTERVAL).await;
+        tokio::select! {
+            () = stop.cancelled() => {}
+            () = tokio::time::sleep(DEDUP_PRUNE_INTERVAL) => {}
+        }
     }
 }

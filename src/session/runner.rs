@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::Sessions;
 use super::prompt;
@@ -21,6 +22,10 @@ use crate::agent::tools::{self, ToolAbort};
 use crate::config::{RouteSettings, Settings, Shared, ToolSettings};
 use crate::store::{ClaimedTurn, Store, StoreError, TurnEnd};
 use crate::template::EventContext;
+
+/// What a session is told of a background job that the daemon's stop cut off.
+const BACKGROUND_JOB_INTERRUPTED: &str =
+    "interrupted: agentgate stopped while the job ran; it was killed and its outcome is unknown";
 
 /// Pause between attempts to commit a step while the store cannot write.
 const COMMIT_RETRY: Duration = Duration::from_secs(1);
@@ -36,6 +41,10 @@ pub(crate) struct TurnContext {
     pub deliveries: Arc<Notify>,
     /// Fired when the drain's time is up: running turns stop and are left for resume.
     pub cancel_turns: CancellationToken,
+    /// Background tool jobs run here, so that the drain waits for them to record their end.
+    pub background_jobs: TaskTracker,
+    /// Fired when the drain stops background jobs (after turns and deliveries).
+    pub stop_background_jobs: CancellationToken,
 }
 
 /// Why a turn stopped before its state machine finished it.
@@ -407,28 +416,35 @@ impl Running<'_> {
         let job_id = uuid::Uuid::now_v7().to_string();
         let event = &self.turn.event;
         let (store, sessions) = (self.context.store.clone(), self.context.sessions.clone());
-        // Jobs end with the daemon's drain, like turns.
-        let kill = self.context.cancel_turns.child_token();
+        // Jobs end with the daemon's drain, after turns and deliveries.
+        let kill = self.context.stop_background_jobs.child_token();
         let (tool, arguments) = (tool.clone(), arguments.clone());
         let (session_key, route, job) = (
             event.session_key.clone(),
             event.route.clone(),
             job_id.clone(),
         );
-        tokio::spawn(async move {
-            let Ok(outcome) = tools::run(&tool, &arguments, &kill).await else {
-                tracing::warn!(session_key = %session_key, job_id = %job, tool = %tool.name,
-                    "background job cancelled by the shutdown");
-                return;
+        self.context.background_jobs.spawn(async move {
+            // A job cut off by the drain is still reported to its session, so the agent learns
+            // that it did not finish rather than waiting for a result that never comes.
+            let payload = match tools::run(&tool, &arguments, &kill).await {
+                Ok(outcome) => {
+                    serde_json::json!({"job_id": job, "tool": tool.name, "outcome": outcome})
+                }
+                Err(ToolAbort::Cancelled) => {
+                    tracing::warn!(session_key = %session_key, job_id = %job, tool = %tool.name,
+                        "background job interrupted by the shutdown; its session is told");
+                    serde_json::json!({"job_id": job, "tool": tool.name, "outcome": null,
+                        "error": BACKGROUND_JOB_INTERRUPTED})
+                }
             };
-            let payload = serde_json::json!({"job_id": job, "tool": tool.name, "outcome": outcome});
             match store
                 .enqueue_internal(&session_key, &route, "background_job", payload)
                 .await
             {
                 Ok(event_id) => {
                     tracing::info!(session_key = %session_key, event_id = %event_id, job_id = %job,
-                        "background job finished; its result is queued for the session");
+                        "background job ended; its result is queued for the session");
                     sessions.wake();
                 }
                 Err(err) => {

@@ -1,0 +1,228 @@
+//! The stop sequence, in one place.
+//!
+//! A SIGTERM must never lose acknowledged work and must never hang: systemd waits for us only as
+//! long as we keep extending the stop timeout, and an operator waits for `systemctl stop`. So the
+//! drain runs fixed stages in order, each with a written budget, and what a stage cannot finish in
+//! its budget is left in durable state for the next start:
+//!
+//! 1. stop accepting: listeners close (systemd keeps the sockets, clients wait) and the scheduler
+//!    claims no new turn;
+//! 2. in-flight HTTP requests finish (`REQUEST_FINISH`);
+//! 3. running turns finish (`drain_timeout`);
+//! 4. turns still running are cancelled and commit `resume_pending` (`CANCEL_COMMIT`);
+//! 5. the outbox flushes what is due (`DELIVERY_FLUSH`); undelivered results stay in the outbox;
+//! 6. background tool jobs are stopped, each recorded for its session, and the periodic tasks end
+//!    (`BACKGROUND_STOP`).
+//!
+//! Every long-lived task is spawned on the drain's one [`TaskTracker`] and watches one stage's
+//! token, a child of the drain's root token.
+
+use std::time::{Duration, Instant};
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::notify::Notifier;
+
+/// Stage 2: how long in-flight HTTP requests may take to finish.
+const REQUEST_FINISH: Duration = Duration::from_secs(10);
+/// Stage 4: how long cancelled turns get to commit their `resume_pending` state.
+const CANCEL_COMMIT: Duration = Duration::from_secs(10);
+/// Stage 5: how long due deliveries may take; an attempt cut off is repeated at the next start.
+const DELIVERY_FLUSH: Duration = Duration::from_secs(5);
+/// Stage 6: how long background jobs get to record that they were cut off.
+const BACKGROUND_STOP: Duration = Duration::from_secs(5);
+/// While draining, systemd's stop timeout is pushed out by this much at every heartbeat.
+const EXTENSION: Duration = Duration::from_secs(10);
+const HEARTBEAT: Duration = Duration::from_secs(2);
+
+/// The budgets of the stages, and their sum.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Budgets {
+    pub requests: Duration,
+    pub turns: Duration,
+    pub cancel_commit: Duration,
+    pub deliveries: Duration,
+    pub background: Duration,
+}
+
+impl Budgets {
+    pub(crate) fn new(drain_timeout: Duration) -> Budgets {
+        Budgets {
+            requests: REQUEST_FINISH,
+            turns: drain_timeout,
+            cancel_commit: CANCEL_COMMIT,
+            deliveries: DELIVERY_FLUSH,
+            background: BACKGROUND_STOP,
+        }
+    }
+
+    /// The longest the drain can take; the stop-timeout extension never reaches past it.
+    pub(crate) fn total(&self) -> Duration {
+        self.requests + self.turns + self.cancel_commit + self.deliveries + self.background
+    }
+}
+
+/// The daemon's shutdown: one root token with a child per stage, and one tracker for every
+/// long-lived task. Cheap to clone; every clone sees the same stages.
+#[derive(Clone)]
+pub(crate) struct Drain {
+    root: CancellationToken,
+    accepting: CancellationToken,
+    turns: CancellationToken,
+    delivering: CancellationToken,
+    background: CancellationToken,
+    tracker: TaskTracker,
+}
+
+impl Drain {
+    pub(crate) fn new() -> Drain {
+        let root = CancellationToken::new();
+        Drain {
+            accepting: root.child_token(),
+            turns: root.child_token(),
+            delivering: root.child_token(),
+            background: root.child_token(),
+            root,
+            tracker: TaskTracker::new(),
+        }
+    }
+
+    /// Fires at stage 1: listeners stop accepting and the scheduler stops claiming.
+    pub(crate) fn stop_accepting(&self) -> CancellationToken {
+        self.accepting.clone()
+    }
+
+    /// Fires at stage 4: running turns stop and are left for resume.
+    pub(crate) fn cancel_turns(&self) -> CancellationToken {
+        self.turns.clone()
+    }
+
+    /// Fires at stage 5: the deliverer sends what is in hand and stops.
+    pub(crate) fn stop_delivering(&self) -> CancellationToken {
+        self.delivering.clone()
+    }
+
+    /// Fires at stage 6: background jobs and periodic tasks end.
+    pub(crate) fn stop_background(&self) -> CancellationToken {
+        self.background.clone()
+    }
+
+    /// Spawns a long-lived task that the drain waits for at stage 6.
+    pub(crate) fn spawn<F>(&self, task: F) -> JoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.tracker.spawn(task)
+    }
+
+    /// The tracker background tool jobs are spawned on, so that stage 6 waits for them.
+    pub(crate) fn tracker(&self) -> TaskTracker {
+        self.tracker.clone()
+    }
+
+    /// Runs the stages in order. `listener`, `scheduler` and `deliverer` are the tasks of stages
+    /// 1–2, 3 and 5; `turns` tracks the running turns.
+    pub(crate) async fn run(
+        &self,
+        budgets: Budgets,
+        notifier: &Notifier,
+        stages: Stages,
+    ) -> Result<(), String> {
+        let started = Instant::now();
+        let deadline = started + budgets.total();
+        let extend = tokio::spawn(async move {
+            // Never past the sum of the budgets: a drain that overruns it is stuck, and systemd's
+            // own timeout should then end it.
+            loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return;
+                }
+                Notifier::from_environment().extend_timeout(EXTENSION.min(left + HEARTBEAT));
+                tokio::time::sleep(HEARTBEAT).await;
+            }
+        });
+        notifier.stopping();
+        tracing::info!(
+            budget = ?budgets.total(),
+            "stopping: no new connections; finishing in-flight requests and running turns"
+        );
+
+        // 1. Stop accepting.
+        self.accepting.cancel();
+        let _ = stages.scheduler.await;
+
+        // 2 and 3 overlap: requests finish while turns run on.
+        stages.turns.close();
+        if tokio::time::timeout(budgets.turns, stages.turns.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                running = stages.turns.len(),
+                "drain_timeout reached; cancelling the turns still running"
+            );
+            // 4. Cancel and commit resume_pending.
+            self.turns.cancel();
+            if tokio::time::timeout(budgets.cancel_commit, stages.turns.wait())
+                .await
+                .is_err()
+            {
+                tracing::error!(
+                    "cancelled turns did not commit in time; they resume as crashed at the next start"
+                );
+            }
+        }
+        let served = stages.listener.await;
+
+        // 5. A bounded flush of the outbox.
+        self.delivering.cancel();
+        let mut deliverer = stages.deliverer;
+        if tokio::time::timeout(budgets.deliveries, &mut deliverer)
+            .await
+            .is_err()
+        {
+            deliverer.abort();
+            tracing::warn!(
+                budget = ?budgets.deliveries,
+                "deliveries still in progress at the end of the flush; they stay in the outbox and are sent at the next start"
+            );
+        }
+
+        // 6. Background jobs record that they were cut off; periodic tasks end.
+        self.background.cancel();
+        self.tracker.close();
+        if tokio::time::timeout(budgets.background, self.tracker.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                remaining = self.tracker.len(),
+                "background tasks did not stop in time"
+            );
+        }
+        self.root.cancel();
+        extend.abort();
+        tracing::info!(took = ?started.elapsed(), "drain finished");
+        match served {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(err)) => Err(format!("webhook listener failed: {err}")),
+            Err(err) => Err(format!("webhook listener task failed: {err}")),
+        }
+    }
+}
+
+/// The tasks the drain stops in order.
+pub(crate) struct Stages {
+    /// The webhook listener; resolves once in-flight requests finished (stage 2).
+    pub listener: JoinHandle<std::io::Result<()>>,
+    /// The scheduler; resolves once it stopped claiming (stage 1).
+    pub scheduler: JoinHandle<()>,
+    /// The running turns (stages 3 and 4).
+    pub turns: TaskTracker,
+    /// The deliverer (stage 5).
+    pub deliverer: JoinHandle<()>,
+}
