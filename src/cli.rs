@@ -259,12 +259,14 @@ fn operator_override(source: &ConfigSource, key: &str, what: Override) -> Result
         })?
         .flatten()
         .ok_or_else(|| Failure::runtime(format!("no session {key:?}")))?;
-    store::restore_ownership(&state.state_dir).map_err(|err| {
-        Failure::state(format!(
-            "{}: cannot restore ownership: {err}",
-            state.state_dir.display()
-        ))
-    })?;
+    store::StateDir::new(&state.state_dir)
+        .restore_ownership()
+        .map_err(|err| {
+            Failure::state(format!(
+                "{}: cannot restore ownership: {err}",
+                state.state_dir.display()
+            ))
+        })?;
     match what {
         Override::Resume => {
             println!("session {key}: resumed (was {before}); its ledger entry is cleared");

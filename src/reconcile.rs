@@ -12,14 +12,13 @@ use crate::config::StoreSettings;
 use crate::config::{ConfigSource, SecretCheck};
 use crate::exit::Failure;
 use crate::lifecycle::{self, journal};
-use crate::store::ledger::{self, LEDGER_FILE, Ledger, LedgerFile};
-use crate::store::{self, DaemonLock};
-
-pub(crate) const QUARANTINE_DIR: &str = "quarantine";
+use crate::store::ledger::{self, Ledger, LedgerFile};
+use crate::store::{self, DaemonLock, LEDGER_FILE, StateDir};
 
 /// What reconcile does, step by step; with `--dry-run` it is printed instead of done.
 struct Repair {
     state_dir: PathBuf,
+    files: StateDir,
     dry_run: bool,
     resume_max_attempts: u32,
 }
@@ -29,6 +28,7 @@ pub(crate) fn run(source: &ConfigSource, dry_run: bool) -> Result<(), Failure> {
     let config = lifecycle::load_config(source, SecretCheck::CredentialsOptional)?.config;
     let repair = Repair {
         state_dir: config.state_dir.clone(),
+        files: StateDir::new(&config.state_dir),
         dry_run,
         resume_max_attempts: config.runtime.resume_max_attempts,
     };
@@ -41,7 +41,7 @@ pub(crate) fn run(source: &ConfigSource, dry_run: bool) -> Result<(), Failure> {
         Err(store::LockError::Held { holder, .. }) => {
             tracing::warn!(
                 "a daemon (pid {holder}) holds {}; reconcile changes nothing",
-                repair.state_dir.join(store::DAEMON_LOCK_FILE).display()
+                repair.files.daemon_lock().display()
             );
             return Ok(());
         }
@@ -54,6 +54,16 @@ pub(crate) fn run(source: &ConfigSource, dry_run: bool) -> Result<(), Failure> {
     } else {
         // The database server keeps its own integrity, and the retry ledger is a table there.
         tracing::info!("store backend is postgres: no local database or ledger to check");
+    }
+    if !dry_run {
+        // Run as root (as ExecStartPre or by hand), what reconcile created must still be the
+        // daemon's, or the daemon cannot take its own lock.
+        repair.files.restore_ownership().map_err(|err| {
+            Failure::state(format!(
+                "{}: cannot give state files back to the directory's owner: {err}",
+                repair.state_dir.display()
+            ))
+        })?;
     }
     tracing::info!(state_dir = %repair.state_dir.display(), dry_run, "reconcile finished");
     Ok(())
@@ -93,15 +103,12 @@ impl Repair {
         if self.dry_run {
             return Ok(());
         }
-        let probe = dir.join(".agentgate-write-probe");
-        std::fs::write(&probe, b"")
-            .and_then(|()| std::fs::remove_file(&probe))
-            .map_err(|err| {
-                Failure::state(format!(
-                    "state directory {} is not writable: {err}",
-                    dir.display()
-                ))
-            })
+        self.files.probe_writable().map_err(|err| {
+            Failure::state(format!(
+                "state directory {} is not writable: {err}",
+                dir.display()
+            ))
+        })
     }
 
     /// Moves `path` to `quarantine/<UTC timestamp>-<name>`; returns the new path.
@@ -110,7 +117,7 @@ impl Repair {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let dir = self.state_dir.join(QUARANTINE_DIR);
+        let dir = self.state_dir.join(store::QUARANTINE_DIR);
         let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now())
             .to_string()
             .replace([':', '-'], "");
@@ -124,17 +131,18 @@ impl Repair {
             println!("would move {} to {}", path.display(), target.display());
             return Ok(target);
         }
-        std::fs::create_dir_all(&dir)?;
+        let dir = self.files.quarantine()?;
+        let target = dir.join(target.file_name().unwrap_or_default());
         std::fs::rename(path, &target)?;
         std::fs::File::open(&dir)?.sync_all()?;
-        std::fs::File::open(&self.state_dir)?.sync_all()?;
+        self.files.sync()?;
         Ok(target)
     }
 
     /// `PRAGMA quick_check`; a damaged database (and its WAL and SHM) goes to quarantine and the
     /// daemon starts a new one.
     fn database(&self) {
-        let database = self.state_dir.join(store::DATABASE_FILE);
+        let database = self.files.database();
         if !database.exists() {
             return;
         }
@@ -188,7 +196,7 @@ impl Repair {
 
     /// Sessions that were interrupted (resume pending, or a turn left running) and all known ones.
     fn sessions(&self) -> (BTreeSet<String>, BTreeSet<String>) {
-        let database = self.state_dir.join(store::DATABASE_FILE);
+        let database = self.files.database();
         if !database.exists() {
             return Default::default();
         }
@@ -217,9 +225,9 @@ impl Repair {
         let bytes = if path.is_dir() {
             None
         } else {
-            match std::fs::read(&path) {
-                Ok(bytes) => Some(bytes),
-                Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            match self.files.read(&path) {
+                Ok(Some(bytes)) => Some(bytes),
+                Ok(None) => {
                     self.act(&format!("create an empty {}", path.display()), || {
                         file.replace(&Ledger::default())
                     })

@@ -178,3 +178,164 @@ fn unusable_state_or_config_are_the_only_failures() {
     std::fs::write(workspace.config_path(), "[runtime]\nunknown = 1\n").expect("config");
     assert_eq!(reconcile(&workspace, &[]).status.code(), Some(78));
 }
+
+/// Whoever can write the state directory could plant a symbolic link named like a state file, so
+/// that a command run as root truncates, overwrites or creates the link's target. Every case
+/// leaves the target as it was and says why.
+#[test]
+fn planted_symbolic_links_are_never_followed() {
+    struct Case {
+        name: &'static str,
+        /// Prepares the state so that the command touches `name`.
+        prepare: fn(&Path),
+    }
+    let cases = [
+        Case {
+            name: ".agentgate-write-probe",
+            prepare: |_| {},
+        },
+        Case {
+            name: "agentgate.lock",
+            prepare: |_| {},
+        },
+        Case {
+            // A missing ledger is created, under its lock.
+            name: "ledger.lock",
+            prepare: |state| std::fs::remove_file(state.join("ledger.json")).expect("no ledger"),
+        },
+        Case {
+            // A malformed ledger is moved to quarantine/.
+            name: "quarantine",
+            prepare: |state| std::fs::write(state.join("ledger.json"), b"{oops").expect("ledger"),
+        },
+    ];
+    for case in cases {
+        let workspace = prepared_workspace();
+        assert!(reconcile(&workspace, &[]).status.success());
+        let state = workspace.state_dir();
+        (case.prepare)(&state);
+        // The target: an existing file, a path that does not exist yet, and an empty directory.
+        let precious = workspace.path().join("precious");
+        std::fs::write(&precious, b"keep me").expect("precious");
+        let absent = workspace.path().join("absent");
+        let elsewhere = workspace.path().join("elsewhere");
+        std::fs::create_dir(&elsewhere).expect("elsewhere");
+        let target = match case.name {
+            "quarantine" => elsewhere.clone(),
+            "ledger.lock" => absent.clone(),
+            _ => precious.clone(),
+        };
+        let link = state.join(case.name);
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&target, &link).expect("plant the link");
+
+        let output = reconcile(&workspace, &[]);
+        let said = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(73), "{}: {said}", case.name);
+        assert!(said.contains("symbolic link"), "{}: {said}", case.name);
+        assert_eq!(
+            std::fs::read(&precious).expect("precious"),
+            b"keep me",
+            "{}",
+            case.name
+        );
+        assert!(!absent.exists(), "{}: created through the link", case.name);
+        assert_eq!(
+            std::fs::read_dir(&elsewhere).expect("elsewhere").count(),
+            0,
+            "{}: quarantined through the link",
+            case.name
+        );
+        if case.name == "agentgate.lock" {
+            // The daemon refuses it too, rather than truncating the target to write its pid.
+            let serve = workspace.cli(&["serve"]);
+            assert_eq!(serve.status.code(), Some(73));
+            assert!(String::from_utf8_lossy(&serve.stderr).contains("symbolic link"));
+            assert_eq!(std::fs::read(&precious).expect("precious"), b"keep me");
+        }
+    }
+}
+
+/// Run as root (as the unit's pre-start step, or by an operator), reconcile must leave every file
+/// it created to the state directory's owner, or the daemon's user cannot take its own lock and
+/// the daemon exits 73.
+#[test]
+fn reconcile_as_root_gives_created_files_to_the_directory_owner() {
+    use std::os::unix::fs::MetadataExt;
+    if !root_or_skip("reconcile_as_root_gives_created_files_to_the_directory_owner") {
+        return;
+    }
+    let workspace = prepared_workspace();
+    let state = workspace.state_dir();
+    let _ = std::fs::remove_file(state.join("ledger.lock"));
+    std::fs::remove_file(state.join("agentgate.lock")).expect("no lock");
+    // A malformed ledger the daemon wrote: reconcile quarantines it and writes a new one.
+    std::fs::write(state.join("ledger.json"), b"{oops").expect("malformed ledger");
+    let nobody = 65534;
+    for entry in std::fs::read_dir(&state).expect("state").flatten() {
+        std::os::unix::fs::chown(entry.path(), Some(nobody), Some(nobody)).expect("chown");
+    }
+    std::os::unix::fs::chown(&state, Some(nobody), Some(nobody)).expect("chown state");
+
+    let output = reconcile(&workspace, &[]);
+    assert!(output.status.success(), "{output:?}");
+    let mut checked = Vec::new();
+    for entry in walk(&state) {
+        let metadata = std::fs::symlink_metadata(&entry).expect("metadata");
+        assert_eq!(
+            metadata.uid(),
+            nobody,
+            "{} is not the owner's",
+            entry.display()
+        );
+        checked.push(
+            entry
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned(),
+        );
+    }
+    for name in ["agentgate.lock", "ledger.json", "ledger.lock", "quarantine"] {
+        assert!(
+            checked.iter().any(|c| c == name),
+            "{name} not created: {checked:?}"
+        );
+    }
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("list").flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            found.extend(walk(&path));
+        }
+        found.push(path);
+    }
+    found
+}
+
+/// State files are 0600 whatever the umask of whoever created them.
+#[test]
+fn state_files_are_private_whatever_the_umask() {
+    use std::os::unix::fs::PermissionsExt;
+    let workspace = Workspace::new();
+    workspace.write_config(ROUTE);
+    let status = std::process::Command::new("/bin/sh")
+        .arg("-c")
+        .arg("umask 000; exec \"$0\" reconcile --config \"$1\"")
+        .arg(BIN)
+        .arg(workspace.config_path())
+        .status()
+        .expect("reconcile under umask 000");
+    assert!(status.success());
+    for name in ["agentgate.lock", "ledger.json", "ledger.lock"] {
+        let mode = std::fs::metadata(workspace.state_dir().join(name))
+            .expect(name)
+            .permissions()
+            .mode()
+            & 0o777;
+        assert_eq!(mode, 0o600, "{name}");
+    }
+}

@@ -6,7 +6,7 @@
 //! malformed ledger is left untouched and admits nothing, and a failed write admits nothing.
 
 use std::collections::BTreeMap;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -14,9 +14,7 @@ use fs4::{FileExt, TryLockError};
 use serde_json::{Map, Value, json};
 
 use super::atomic;
-
-pub(crate) const LEDGER_FILE: &str = "ledger.json";
-pub(crate) const LEDGER_LOCK_FILE: &str = "ledger.lock";
+use super::state_dir::{LEDGER_FILE, StateDir};
 const LOCK_WAIT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
@@ -162,7 +160,7 @@ pub(crate) fn now_rfc3339() -> String {
 
 /// The ledger files of one state directory.
 pub(crate) struct LedgerFile {
-    dir: PathBuf,
+    dir: StateDir,
 }
 
 /// The held `ledger.lock`; released on drop.
@@ -173,12 +171,12 @@ struct LedgerLock {
 impl LedgerFile {
     pub(crate) fn new(state_dir: &Path) -> LedgerFile {
         LedgerFile {
-            dir: state_dir.to_path_buf(),
+            dir: StateDir::new(state_dir),
         }
     }
 
     pub(crate) fn path(&self) -> PathBuf {
-        self.dir.join(LEDGER_FILE)
+        self.dir.ledger()
     }
 
     fn io(&self, path: PathBuf) -> impl FnOnce(std::io::Error) -> LedgerError {
@@ -186,13 +184,10 @@ impl LedgerFile {
     }
 
     fn lock(&self) -> Result<LedgerLock, LedgerError> {
-        let path = self.dir.join(LEDGER_LOCK_FILE);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
+        let path = self.dir.ledger_lock();
+        let file = self
+            .dir
+            .open_lock_file(&path)
             .map_err(self.io(path.clone()))?;
         let deadline = Instant::now() + LOCK_WAIT;
         loop {
@@ -210,9 +205,11 @@ impl LedgerFile {
     /// Reads the ledger; a missing file is an empty ledger.
     fn read(&self) -> Result<Ledger, LedgerError> {
         let path = self.path();
-        match std::fs::read(&path) {
-            Ok(bytes) => parse(&bytes).map_err(|reason| LedgerError::Malformed { path, reason }),
-            Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(Ledger::default()),
+        match self.dir.read(&path) {
+            Ok(Some(bytes)) => {
+                parse(&bytes).map_err(|reason| LedgerError::Malformed { path, reason })
+            }
+            Ok(None) => Ok(Ledger::default()),
             Err(source) => Err(LedgerError::Io { path, source }),
         }
     }
@@ -234,7 +231,7 @@ impl LedgerFile {
         let mut ledger = self.read()?;
         let (changed, value) = change(&mut ledger);
         if changed {
-            atomic::replace(&self.dir, LEDGER_FILE, &ledger.to_json())
+            atomic::replace(self.dir.path(), LEDGER_FILE, &ledger.to_json())
                 .map_err(self.io(self.path()))?;
         }
         Ok(value)
@@ -243,7 +240,7 @@ impl LedgerFile {
     /// Replaces the ledger with `ledger`, under the lock, whatever the file held (reconcile).
     pub(crate) fn replace(&self, ledger: &Ledger) -> std::io::Result<()> {
         let _lock = self.lock().map_err(std::io::Error::other)?;
-        atomic::replace(&self.dir, LEDGER_FILE, &ledger.to_json())
+        atomic::replace(self.dir.path(), LEDGER_FILE, &ledger.to_json())
     }
 
     /// Counts one more resume of `session`, durably, and returns the new count.

@@ -4,13 +4,13 @@
 //! with the process, so a killed daemon leaves no stale lock behind. The holder writes its pid into
 //! the file so that a second daemon can name it.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use fs4::{FileExt, TryLockError};
 
-pub(crate) const DAEMON_LOCK_FILE: &str = "agentgate.lock";
+use super::state_dir::StateDir;
 
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum LockError {
@@ -29,19 +29,6 @@ pub(crate) struct DaemonLock {
     _file: File,
 }
 
-fn open(path: &Path) -> Result<File, LockError> {
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(path)
-        .map_err(|source| LockError::Io {
-            path: path.to_path_buf(),
-            source,
-        })
-}
-
 fn holder_pid(file: &mut File) -> String {
     let mut text = String::new();
     match file.read_to_string(&mut text) {
@@ -53,8 +40,14 @@ fn holder_pid(file: &mut File) -> String {
 impl DaemonLock {
     /// Takes the lock without waiting and records this process's pid in it.
     pub(crate) fn acquire(state_dir: &Path) -> Result<DaemonLock, LockError> {
-        let path = state_dir.join(DAEMON_LOCK_FILE);
-        let mut file = open(&path)?;
+        let state_dir = StateDir::new(state_dir);
+        let path = state_dir.daemon_lock();
+        let mut file = state_dir
+            .open_lock_file(&path)
+            .map_err(|source| LockError::Io {
+                path: path.clone(),
+                source,
+            })?;
         let io_error = |source| LockError::Io {
             path: path.clone(),
             source,
@@ -80,7 +73,8 @@ impl DaemonLock {
 
     /// Whether a daemon holds the lock now (checked with a shared try-lock that is released at once).
     pub(crate) fn is_held(state_dir: &Path) -> bool {
-        let Ok(file) = File::open(state_dir.join(DAEMON_LOCK_FILE)) else {
+        let state_dir = StateDir::new(state_dir);
+        let Ok(Some(file)) = state_dir.open_for_reading(&state_dir.daemon_lock()) else {
             return false;
         };
         matches!(

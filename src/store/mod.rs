@@ -19,6 +19,7 @@ mod lock;
 mod postgres;
 mod schema;
 mod sqlite;
+mod state_dir;
 mod turns;
 
 use std::path::{Path, PathBuf};
@@ -30,8 +31,9 @@ pub(crate) use atomic::is_stale_temp;
 pub(crate) use deliveries::{DeliveryAttempt, DeliveryCounts, PendingDelivery};
 pub(crate) use events::{AcceptOutcome, LiveCounts, NewEvent, NodeRow, StatusSummary};
 pub(crate) use ledger::Ledger;
-pub(crate) use lock::{DAEMON_LOCK_FILE, DaemonLock, LockError};
-pub(crate) use sqlite::{DATABASE_FILE, read_database};
+pub(crate) use lock::{DaemonLock, LockError};
+pub(crate) use sqlite::read_database;
+pub(crate) use state_dir::{LEDGER_FILE, QUARANTINE_DIR, StateDir};
 pub(crate) use turns::{ClaimedTurn, InterruptedSession, SessionRow, TranscriptRow, TurnEnd};
 
 #[derive(Debug, thiserror::Error)]
@@ -240,53 +242,12 @@ impl Store {
     }
 }
 
-/// Creates the state directory (0750) if it is missing, durably (its parent is synced).
+/// Creates the state directory (0750) if it is missing, durably.
 pub(crate) fn ensure_state_dir(state_dir: &Path) -> Result<(), StoreError> {
-    use std::os::unix::fs::DirBuilderExt;
-    if state_dir.is_dir() {
-        return Ok(());
-    }
-    let failed = |source| StoreError::StateDir {
-        path: state_dir.to_path_buf(),
-        source,
-    };
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o750)
-        .create(state_dir)
-        .map_err(failed)?;
-    match state_dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-        Some(parent) => std::fs::File::open(parent).and_then(|dir| dir.sync_all()),
-        None => std::fs::File::open(".").and_then(|dir| dir.sync_all()),
-    }
-    .map_err(failed)
-}
-
-/// After an operator command run as root wrote state, gives the files it may have created (the
-/// WAL, the ledger and its lock) back to the state directory's owner, the daemon's user: a
-/// root-owned ledger would otherwise fail every resume closed, and a root-owned WAL the daemon.
-pub(crate) fn restore_ownership(state_dir: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::MetadataExt;
-    if !nix::unistd::geteuid().is_root() {
-        return Ok(());
-    }
-    let owner = std::fs::metadata(state_dir)?;
-    if owner.uid() == 0 {
-        return Ok(());
-    }
-    for name in [
-        sqlite::DATABASE_FILE,
-        "agentgate.db-wal",
-        "agentgate.db-shm",
-        ledger::LEDGER_FILE,
-        ledger::LEDGER_LOCK_FILE,
-    ] {
-        let path = state_dir.join(name);
-        if let Ok(metadata) = std::fs::symlink_metadata(&path)
-            && metadata.uid() != owner.uid()
-        {
-            std::os::unix::fs::chown(&path, Some(owner.uid()), Some(owner.gid()))?;
-        }
-    }
-    Ok(())
+    StateDir::new(state_dir)
+        .ensure()
+        .map_err(|source| StoreError::StateDir {
+            path: state_dir.to_path_buf(),
+            source,
+        })
 }

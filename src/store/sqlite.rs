@@ -24,11 +24,9 @@ use super::turns::{
 };
 use super::{
     AcceptOutcome, Backend, ClaimedTurn, DeliveryAttempt, InterruptedSession, Ledger, LiveCounts,
-    NewEvent, PendingDelivery, SessionRow, Settled, Settlement, StatusSummary, StoreError,
-    TranscriptRow, TurnEnd, ensure_state_dir, now_millis, schema,
+    NewEvent, PendingDelivery, SessionRow, Settled, Settlement, StateDir, StatusSummary,
+    StoreError, TranscriptRow, TurnEnd, ensure_state_dir, now_millis, schema,
 };
-
-pub(crate) const DATABASE_FILE: &str = "agentgate.db";
 
 /// The most writes that share one transaction.
 const MAX_BATCH: usize = 1024;
@@ -97,8 +95,9 @@ pub(crate) struct SqliteStore {
 /// Read connections kept open for reuse.
 const IDLE_READERS: usize = 4;
 
+/// Every connection refuses a database path that is a symbolic link (see `StateDir`).
 fn open_connection(path: &Path, flags: OpenFlags) -> rusqlite::Result<Connection> {
-    let connection = Connection::open_with_flags(path, flags)?;
+    let connection = Connection::open_with_flags(path, flags | OpenFlags::SQLITE_OPEN_NOFOLLOW)?;
     connection.busy_timeout(Duration::from_secs(5))?;
     connection.execute_batch(
         "PRAGMA journal_mode = WAL;
@@ -112,7 +111,14 @@ impl SqliteStore {
     /// Opens (creating and migrating if needed) the database and starts the writer thread.
     pub(crate) fn open(state_dir: &Path) -> Result<SqliteStore, StoreError> {
         ensure_state_dir(state_dir)?;
-        let database = state_dir.join(DATABASE_FILE);
+        let files = StateDir::new(state_dir);
+        files
+            .prepare_database()
+            .map_err(|source| StoreError::StateDir {
+                path: state_dir.to_path_buf(),
+                source,
+            })?;
+        let database = files.database();
         let mut connection = open_connection(
             &database,
             OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE,
@@ -126,26 +132,24 @@ impl SqliteStore {
             source,
         })?;
         // The database and its WAL now exist; make their directory entries durable.
-        std::fs::File::open(state_dir)
-            .and_then(|dir| dir.sync_all())
-            .map_err(|source| StoreError::StateDir {
-                path: state_dir.to_path_buf(),
-                source,
-            })?;
+        files.sync().map_err(|source| StoreError::StateDir {
+            path: state_dir.to_path_buf(),
+            source,
+        })?;
         SqliteStore::start(state_dir, Some(connection))
     }
 
     /// For operator commands: the existing database, as it is (no migration; the writer
     /// connection opens at the first write). `None` when there is no database yet.
     pub(crate) fn attach(state_dir: &Path) -> Result<Option<SqliteStore>, StoreError> {
-        if !state_dir.join(DATABASE_FILE).exists() {
+        if !StateDir::new(state_dir).database().exists() {
             return Ok(None);
         }
         SqliteStore::start(state_dir, None).map(Some)
     }
 
     fn start(state_dir: &Path, connection: Option<Connection>) -> Result<SqliteStore, StoreError> {
-        let database = state_dir.join(DATABASE_FILE);
+        let database = StateDir::new(state_dir).database();
         let (sender, receiver) = mpsc::channel::<Box<dyn WriteJob>>();
         let writable = Arc::new(AtomicBool::new(true));
         let writer = Writer {
@@ -219,7 +223,9 @@ impl SqliteStore {
 fn open_reader(database: &Path) -> Result<Connection, StoreError> {
     let connection = Connection::open_with_flags(
         database,
-        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        OpenFlags::SQLITE_OPEN_READ_ONLY
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX
+            | OpenFlags::SQLITE_OPEN_NOFOLLOW,
     )
     .map_err(|source| StoreError::Open {
         path: database.to_path_buf(),
