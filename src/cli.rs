@@ -16,6 +16,7 @@ use crate::config::{self, ConfigError, ConfigSource, LocatedFinding, SecretCheck
 use crate::exit::Failure;
 use crate::ingress::verify;
 use crate::lifecycle::{self, journal};
+use crate::store::NodeState;
 use crate::store::{self, DaemonLock, StatusSummary, Store, StoreError};
 
 #[derive(Debug, Parser)]
@@ -380,7 +381,7 @@ fn status(source: &ConfigSource, json: bool) -> Result<(), Failure> {
             .nodes
             .iter()
             .flatten()
-            .any(|node| node.state == "running");
+            .any(|node| node.state == NodeState::Running);
     // The ledger as the next resume will see it: a malformed one blocks every resume.
     let ledger = match state.query(async |store| store.resume_ledger().await) {
         Ok(ledger) => serde_json::json!({

@@ -146,13 +146,9 @@ impl Repair {
         if !database.exists() {
             return;
         }
-        let verdict = store::read_database(&database, |connection| {
-            connection.query_row("PRAGMA quick_check", [], |row| row.get::<_, String>(0))
-        });
-        let problem = match verdict {
-            Ok(answer) if answer == "ok" => return,
-            Ok(answer) => answer,
-            Err(err) => err.to_string(),
+        let problem = match store::check_database(&database) {
+            Ok(()) => return,
+            Err(problem) => problem,
         };
         for suffix in ["", "-wal", "-shm"] {
             let path = PathBuf::from(format!("{}{suffix}", database.display()));
@@ -200,22 +196,7 @@ impl Repair {
         if !database.exists() {
             return Default::default();
         }
-        let keys = |sql: &str| {
-            store::read_database(&database, |connection| {
-                connection
-                    .prepare(sql)?
-                    .query_map([], |row| row.get::<_, String>(0))?
-                    .collect::<rusqlite::Result<BTreeSet<String>>>()
-            })
-            .unwrap_or_default()
-        };
-        (
-            keys(
-                "SELECT key FROM sessions WHERE state = 'resume_pending'
-                 UNION SELECT session_key FROM turns WHERE status = 'running'",
-            ),
-            keys("SELECT key FROM sessions"),
-        )
+        store::session_keys(&database).unwrap_or_default()
     }
 
     /// A missing ledger is created empty; a malformed one is quarantined, salvaged and replaced.

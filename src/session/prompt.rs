@@ -5,6 +5,7 @@
 
 use crate::agent::message::{Message, Role};
 use crate::config::{DEFAULT_SYSTEM, RouteSettings};
+use crate::store::ResumeReason;
 
 const EVENT_OPEN: &str = "<webhook-event";
 const EVENT_CLOSE: &str = "</webhook-event>";
@@ -55,10 +56,10 @@ pub(crate) fn event_message(
 
 /// The note a resumed turn carries after the transcript. Non-interactive routes finish the task
 /// silently; interactive routes tell the user the session was restored and ask what next.
-pub(crate) fn resume_note(route: &RouteSettings, reason: &str) -> Message {
+pub(crate) fn resume_note(route: &RouteSettings, reason: ResumeReason) -> Message {
     let why = match reason {
-        "shutdown_timeout" => "agentgate was stopped before the turn finished",
-        _ => "agentgate stopped unexpectedly while the turn ran",
+        ResumeReason::ShutdownTimeout => "agentgate was stopped before the turn finished",
+        ResumeReason::Crashed => "agentgate stopped unexpectedly while the turn ran",
     };
     let text = if route.interactive {
         format!(

@@ -20,7 +20,7 @@ use crate::agent::message::Message;
 use crate::agent::model::{Model, ModelError};
 use crate::agent::tools::{self, ToolAbort};
 use crate::config::{RouteSettings, Settings, Shared, ToolSettings};
-use crate::store::{ClaimedTurn, Store, StoreError, TurnEnd};
+use crate::store::{ClaimedTurn, ResumeReason, StopReason, Store, StoreError, TurnEnd};
 use crate::template::EventContext;
 
 /// What a session is told of a background job that the daemon's stop cut off.
@@ -95,24 +95,16 @@ impl TurnContext {
         &self,
         turn: &ClaimedTurn,
         outcome: Outcome,
-        stop: Option<&'static str>,
+        stop: Option<StopReason>,
         steps: u32,
     ) {
         let event = &turn.event;
         let completed_resume =
             matches!(outcome, Outcome::Completed { .. }) && event.resume_reason.is_some();
-        let (output, error, turn_status, event_status) = match outcome {
-            Outcome::Completed { output } => (Some(output), None, "completed", "completed"),
-            Outcome::Failed { error } => (
-                None,
-                Some(error),
-                if stop.is_some() {
-                    "interrupted"
-                } else {
-                    "failed"
-                },
-                "failed",
-            ),
+        let (turn_status, event_status) = outcome.statuses(stop);
+        let (output, error) = match outcome {
+            Outcome::Completed { output } => (Some(output), None),
+            Outcome::Failed { error } => (None, Some(error)),
         };
         let end = TurnEnd {
             turn_id: turn.turn_id.clone(),
@@ -121,7 +113,7 @@ impl TurnContext {
             route: event.route.clone(),
             turn_status,
             event_status,
-            reason: stop.map(str::to_string),
+            reason: stop,
             output,
             error: error.clone(),
             steps,
@@ -258,6 +250,7 @@ impl Running<'_> {
         // A run cut off before it committed anything left nothing to resume from: start afresh.
         let resume_reason = match &event.resume_reason {
             Some(reason) => {
+                let reason = *reason;
                 let Some(recorded) = self
                     .context
                     .retrying(reading, |store| async move {
@@ -465,14 +458,14 @@ impl Running<'_> {
             Stop::Interrupted => (
                 "interrupted by a newer event for this session (on_busy = \"interrupt\")"
                     .to_string(),
-                "interrupted",
+                StopReason::Interrupted,
             ),
             Stop::Idle => (
                 format!(
                     "no progress for turn_idle_timeout ({:?}): no model reply and no tool output",
                     self.settings.config.runtime.turn_idle_timeout
                 ),
-                "idle_timeout",
+                StopReason::IdleTimeout,
             ),
             Stop::Shutdown => return self.leave_for_resume(steps).await,
         };
@@ -490,7 +483,7 @@ impl Running<'_> {
             .interrupt_for_resume(
                 &turn.turn_id,
                 &turn.event.session_key,
-                "shutdown_timeout",
+                ResumeReason::ShutdownTimeout,
                 steps,
             )
             .await;

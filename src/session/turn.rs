@@ -13,6 +13,7 @@ use serde_json::Value;
 
 use crate::agent::message::{Message, Role};
 use crate::agent::schema;
+use crate::store::{EventStatus, StopReason, TurnStatus};
 
 /// A transcript entry. Messages are what the model sees; a tool start marks a call as begun, so
 /// a crash between start and result is visible afterwards.
@@ -42,6 +43,18 @@ impl Entry {
 pub(crate) enum Outcome {
     Completed { output: String },
     Failed { error: String },
+}
+
+impl Outcome {
+    /// The statuses a turn that ended with this outcome leaves: its own and its event's. A turn
+    /// stopped early (`stop`) is `interrupted`; its event still ends `failed`, which is delivered.
+    pub(crate) fn statuses(&self, stop: Option<StopReason>) -> (TurnStatus, EventStatus) {
+        match (self, stop) {
+            (Outcome::Completed { .. }, _) => (TurnStatus::Completed, EventStatus::Completed),
+            (Outcome::Failed { .. }, None) => (TurnStatus::Failed, EventStatus::Failed),
+            (Outcome::Failed { .. }, Some(_)) => (TurnStatus::Interrupted, EventStatus::Failed),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -2,6 +2,8 @@
 //! Rows are written in the same transaction that ends a turn, so a result is never lost between
 //! "turn finished" and "delivery queued", and retries survive restarts.
 
+use super::states::{DELIVERY_FAILED, DeliveryState, PENDING};
+use const_format::concatcp;
 use rusqlite::{Connection, params};
 
 use super::now_millis;
@@ -25,7 +27,13 @@ pub(crate) struct DeliveryCounts {
 impl DeliveryCounts {
     pub(crate) fn query(connection: &Connection) -> rusqlite::Result<DeliveryCounts> {
         connection.query_row(
-            "SELECT COALESCE(SUM(status = 'pending'), 0), COALESCE(SUM(status = 'failed'), 0) FROM deliveries",
+            concatcp!(
+                "SELECT COALESCE(SUM(status = ",
+                PENDING,
+                "), 0), COALESCE(SUM(status = ",
+                DELIVERY_FAILED,
+                "), 0) FROM deliveries"
+            ),
             [],
             |row| {
                 Ok(DeliveryCounts {
@@ -42,11 +50,13 @@ pub(super) fn due_in(
     limit: usize,
 ) -> rusqlite::Result<Vec<PendingDelivery>> {
     connection
-        .prepare_cached(
+        .prepare_cached(concatcp!(
             "SELECT event_id, route, session_key, body, attempts FROM deliveries
-             WHERE status = 'pending' AND next_attempt_at <= ?1
-             ORDER BY next_attempt_at LIMIT ?2",
-        )?
+             WHERE status = ",
+            PENDING,
+            " AND next_attempt_at <= ?1
+             ORDER BY next_attempt_at LIMIT ?2"
+        ))?
         .query_map(params![now_millis(), limit as i64], |row| {
             Ok(PendingDelivery {
                 event_id: row.get(0)?,
@@ -72,7 +82,7 @@ pub(super) fn record_attempt_in(
                  last_error = ?4, updated_at = ?5
              WHERE event_id = ?1",
         )?
-        .execute(params![event_id, status, next, error, now])?;
+        .execute(params![event_id, status.sql(), next, error, now])?;
     Ok(())
 }
 
@@ -85,11 +95,11 @@ pub(crate) enum DeliveryAttempt {
 
 impl DeliveryAttempt {
     /// The row's new status, next attempt time and last error.
-    pub(super) fn columns(&self, now: i64) -> (&'static str, i64, Option<&str>) {
+    pub(super) fn columns(&self, now: i64) -> (DeliveryState, i64, Option<&str>) {
         match self {
-            DeliveryAttempt::Delivered => ("delivered", now, None),
-            DeliveryAttempt::Retry { at, error } => ("pending", *at, Some(error)),
-            DeliveryAttempt::GaveUp { error } => ("failed", now, Some(error)),
+            DeliveryAttempt::Delivered => (DeliveryState::Delivered, now, None),
+            DeliveryAttempt::Retry { at, error } => (DeliveryState::Pending, *at, Some(error)),
+            DeliveryAttempt::GaveUp { error } => (DeliveryState::Failed, now, Some(error)),
         }
     }
 }

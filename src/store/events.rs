@@ -1,5 +1,7 @@
 //! Events: the durable accept with delivery-id dedup, and the summaries that `status` reads.
 
+use super::states::{IDLE, NodeState, QUEUED, RESUME_PENDING, SUSPENDED};
+use const_format::concatcp;
 use std::collections::BTreeMap;
 
 use rusqlite::{Connection, OptionalExtension, params};
@@ -55,11 +57,13 @@ pub(super) fn accept_in(
             .execute(params![event.route, delivery_id, event.id, now])?;
     }
     connection
-        .prepare_cached(
+        .prepare_cached(concatcp!(
             "INSERT INTO events (id, route, session_key, event_type, delivery_id, headers, payload,
                                  received_at, status, updated_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'queued', ?8)",
-        )?
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ",
+            QUEUED,
+            ", ?8)"
+        ))?
         .execute(params![
             event.id,
             event.route,
@@ -71,10 +75,12 @@ pub(super) fn accept_in(
             now
         ])?;
     connection
-        .prepare_cached(
+        .prepare_cached(concatcp!(
             "INSERT OR IGNORE INTO sessions (key, route, state, created_at, updated_at)
-             VALUES (?1, ?2, 'idle', ?3, ?3)",
-        )?
+             VALUES (?1, ?2, ",
+            IDLE,
+            ", ?3, ?3)"
+        ))?
         .execute(params![event.session_key, event.route, now])?;
     Ok(AcceptOutcome::Accepted)
 }
@@ -88,9 +94,13 @@ pub(super) fn enqueue_internal_in(
     payload: &serde_json::Value,
 ) -> rusqlite::Result<()> {
     connection.execute(
-        "INSERT INTO events (id, route, session_key, event_type, delivery_id, headers, payload,
+        concatcp!(
+            "INSERT INTO events (id, route, session_key, event_type, delivery_id, headers, payload,
                              received_at, status, updated_at, origin)
-         VALUES (?1, ?2, ?3, ?4, NULL, '{}', ?5, ?6, 'queued', ?6, 'background')",
+         VALUES (?1, ?2, ?3, ?4, NULL, '{}', ?5, ?6, ",
+            QUEUED,
+            ", ?6, 'background')"
+        ),
         params![
             event_id,
             route,
@@ -123,8 +133,7 @@ pub(crate) struct NodeRow {
     pub pid: i64,
     pub started_at: i64,
     pub heartbeat_at: i64,
-    /// `running`, `stopped` (drained and released its leases), or `lost` (stopped renewing).
-    pub state: String,
+    pub state: NodeState,
     /// Sessions whose turn this node runs now.
     pub leases: Vec<String>,
 }
@@ -156,9 +165,17 @@ pub(crate) struct LiveCounts {
 impl LiveCounts {
     pub(crate) fn query(connection: &Connection) -> rusqlite::Result<LiveCounts> {
         connection.query_row(
-            "SELECT (SELECT count(*) FROM events WHERE status = 'queued'),
-                    (SELECT count(*) FROM sessions WHERE state = 'resume_pending'),
-                    (SELECT count(*) FROM sessions WHERE state = 'suspended')",
+            concatcp!(
+                "SELECT (SELECT count(*) FROM events WHERE status = ",
+                QUEUED,
+                "),
+                    (SELECT count(*) FROM sessions WHERE state = ",
+                RESUME_PENDING,
+                "),
+                    (SELECT count(*) FROM sessions WHERE state = ",
+                SUSPENDED,
+                ")"
+            ),
             [],
             |row| {
                 Ok(LiveCounts {

@@ -20,19 +20,23 @@ mod postgres;
 mod schema;
 mod sqlite;
 mod state_dir;
+pub(crate) mod states;
 mod turns;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::config::StoreSettings;
+pub(crate) use states::{
+    EventStatus, NodeState, ResumeReason, SessionState, StopReason, TurnStatus,
+};
 
 pub(crate) use atomic::is_stale_temp;
 pub(crate) use deliveries::{DeliveryAttempt, DeliveryCounts, PendingDelivery};
 pub(crate) use events::{AcceptOutcome, LiveCounts, NewEvent, NodeRow, StatusSummary};
 pub(crate) use ledger::Ledger;
 pub(crate) use lock::{DaemonLock, LockError};
-pub(crate) use sqlite::read_database;
+pub(crate) use sqlite::{check_database, session_keys};
 pub(crate) use state_dir::{LEDGER_FILE, QUARANTINE_DIR, StateDir};
 pub(crate) use turns::{ClaimedTurn, InterruptedSession, SessionRow, TranscriptRow, TurnEnd};
 
@@ -161,7 +165,7 @@ backend_contract! {
     async fn finish_turn(&self, end: TurnEnd) -> Result<(), StoreError>;
     /// Leaves a running turn to be resumed: interrupted, its session `resume_pending` with
     /// `reason`, its event open.
-    async fn interrupt_for_resume(&self, turn_id: &str, session_key: &str, reason: &'static str, steps: u32) -> Result<(), StoreError>;
+    async fn interrupt_for_resume(&self, turn_id: &str, session_key: &str, reason: ResumeReason, steps: u32) -> Result<(), StoreError>;
     /// Turns whose process is gone (found at start; with leases, expired) become interrupted
     /// `crashed`, their sessions `resume_pending`. Returns how many.
     async fn mark_crashed_turns(&self) -> Result<usize, StoreError>;
@@ -188,9 +192,9 @@ backend_contract! {
     async fn session(&self, key: &str) -> Result<Option<SessionRow>, StoreError>;
     /// `sessions resume KEY`: clears the ledger entry; a suspended session becomes idle, an
     /// interrupted one is queued again. Returns the state it was in, `None` if unknown.
-    async fn operator_resume(&self, key: &str) -> Result<Option<String>, StoreError>;
+    async fn operator_resume(&self, key: &str) -> Result<Option<SessionState>, StoreError>;
     /// `sessions suspend KEY`: no further turn starts until it is resumed.
-    async fn operator_suspend(&self, key: &str) -> Result<Option<String>, StoreError>;
+    async fn operator_suspend(&self, key: &str) -> Result<Option<SessionState>, StoreError>;
     /// The retry ledger as the next admission will see it.
     async fn resume_ledger(&self) -> Result<Ledger, StoreError>;
     /// Whether the store's own machinery responds (the watchdog's check): a wedged writer stops

@@ -14,6 +14,12 @@
 //! - Every operation is bounded in time: a database that does not answer makes the listener
 //!   answer 503, never hang and never 2xx.
 
+use super::states::{
+    CRASHED, DELIVERY_FAILED, EVENT_RUNNING, IDLE, NodeState, OPERATOR, PENDING, QUEUED,
+    RESUME_PENDING, ResumeReason, SESSION_RUNNING, SUSPENDED, SessionState, StopReason,
+    TURN_INTERRUPTED, TURN_RUNNING,
+};
+use const_format::concatcp;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
@@ -559,12 +565,12 @@ impl PostgresStore {
                 .collect();
             let payloads: Vec<&[u8]> = accepted.iter().map(|event| &event.payload[..]).collect();
             tx.run(
-                "INSERT INTO events (id, route, session_key, event_type, delivery_id, headers, payload,
+                concatcp!("INSERT INTO events (id, route, session_key, event_type, delivery_id, headers, payload,
                                      received_at, status, updated_at, node)
-                 SELECT id, route, session_key, event_type, delivery_id, headers, payload, $8, 'queued', $8, $9
+                 SELECT id, route, session_key, event_type, delivery_id, headers, payload, $8, ", QUEUED, ", $8, $9
                  FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::bytea[])
                      WITH ORDINALITY AS e(id, route, session_key, event_type, delivery_id, headers, payload, arrival)
-                 ORDER BY arrival",
+                 ORDER BY arrival"),
                 &[
                     &column(|e| &e.id),
                     &routes,
@@ -579,11 +585,15 @@ impl PostgresStore {
             )
             .await?;
             tx.run(
-                "INSERT INTO sessions (key, route, state, created_at, updated_at)
-                 SELECT DISTINCT ON (key) key, route, 'idle', $3, $3
+                concatcp!(
+                    "INSERT INTO sessions (key, route, state, created_at, updated_at)
+                 SELECT DISTINCT ON (key) key, route, ",
+                    IDLE,
+                    ", $3, $3
                  FROM unnest($1::text[], $2::text[]) AS s(key, route)
                  ORDER BY key
-                 ON CONFLICT (key) DO NOTHING",
+                 ON CONFLICT (key) DO NOTHING"
+                ),
                 &[&session_keys, &routes, &now],
             )
             .await?;
@@ -621,8 +631,11 @@ impl PostgresStore {
         )
         .await?;
         tx.run(
-            "UPDATE sessions SET lease_expires_at = agentgate_now_ms() + $2
-             WHERE lease_owner = $1 AND state = 'running'",
+            concatcp!(
+                "UPDATE sessions SET lease_expires_at = agentgate_now_ms() + $2
+             WHERE lease_owner = $1 AND state = ",
+                SESSION_RUNNING
+            ),
             &[me, &self.shared.lease_ttl_ms],
         )
         .await?;
@@ -664,12 +677,12 @@ impl PostgresStore {
         let now = now_millis();
         let rows = client
             .rows(
-                "SELECT n.name, n.id, n.pid, n.started_at, n.heartbeat_at, n.stopped_at,
+                concatcp!("SELECT n.name, n.id, n.pid, n.started_at, n.heartbeat_at, n.stopped_at,
                         COALESCE(array_agg(s.key ORDER BY s.key) FILTER (WHERE s.key IS NOT NULL), '{}')
                  FROM nodes n
-                 LEFT JOIN sessions s ON s.lease_owner = n.id AND s.state = 'running'
+                 LEFT JOIN sessions s ON s.lease_owner = n.id AND s.state = ", SESSION_RUNNING, "
                  WHERE n.heartbeat_at >= $1 OR s.key IS NOT NULL
-                 GROUP BY n.id ORDER BY n.name, n.started_at",
+                 GROUP BY n.id ORDER BY n.name, n.started_at"),
                 &[&(now - NODE_HISTORY_MS)],
             )
             .await?;
@@ -679,11 +692,11 @@ impl PostgresStore {
                 let heartbeat_at: i64 = row.get(4);
                 let stopped_at: Option<i64> = row.get(5);
                 let state = if stopped_at.is_some() {
-                    "stopped"
+                    NodeState::Stopped
                 } else if now - heartbeat_at > self.shared.lease_ttl_ms {
-                    "lost"
+                    NodeState::Lost
                 } else {
-                    "running"
+                    NodeState::Running
                 };
                 NodeRow {
                     name: row.get(0),
@@ -691,7 +704,7 @@ impl PostgresStore {
                     pid: row.get(2),
                     started_at: row.get(3),
                     heartbeat_at,
-                    state: state.to_string(),
+                    state,
                     leases: row.get(6),
                 }
             })
@@ -711,8 +724,8 @@ async fn finish_rows(
          WHERE id = $1",
         &[
             &end.turn_id,
-            &end.turn_status,
-            &end.reason,
+            &end.turn_status.sql(),
+            &end.reason.map(StopReason::sql),
             &end.output,
             &end.error,
             &i64::from(end.steps),
@@ -722,28 +735,41 @@ async fn finish_rows(
     .await?;
     tx.run(
         "UPDATE events SET status = $2, updated_at = $3 WHERE id = $1",
-        &[&end.event_id, &end.event_status, &now],
+        &[&end.event_id, &end.event_status.sql(), &now],
     )
     .await?;
     // An operator's suspension made while the turn ran stays in force.
     tx.run(
-        "UPDATE sessions SET state = CASE WHEN state = 'suspended' THEN 'suspended' ELSE $2 END,
-             reason = CASE WHEN state = 'suspended' THEN reason ELSE $3 END, updated_at = $4,
+        concatcp!(
+            "UPDATE sessions SET state = CASE WHEN state = ",
+            SUSPENDED,
+            " THEN ",
+            SUSPENDED,
+            " ELSE $2 END,
+             reason = CASE WHEN state = ",
+            SUSPENDED,
+            " THEN reason ELSE $3 END, updated_at = $4,
              lease_owner = NULL, lease_expires_at = NULL
-         WHERE key = $1",
-        &[&end.session_key, &end.session_state(), &end.reason, &now],
+         WHERE key = $1"
+        ),
+        &[
+            &end.session_key,
+            &end.session_state().sql(),
+            &end.reason.map(StopReason::sql),
+            &now,
+        ],
     )
     .await?;
     let body = end
         .delivery_body()
         .map_err(|err| StoreError::Postgres(format!("delivery body: {err}")))?;
     tx.run(
-        "INSERT INTO deliveries (event_id, route, session_key, body, status, attempts, next_attempt_at,
+        concatcp!("INSERT INTO deliveries (event_id, route, session_key, body, status, attempts, next_attempt_at,
                                  created_at, updated_at)
-         VALUES ($1, $2, $3, $4, 'pending', 0, $5, $5, $5)
-         ON CONFLICT (event_id) DO UPDATE SET body = EXCLUDED.body, status = 'pending', attempts = 0,
+         VALUES ($1, $2, $3, $4, ", PENDING, ", 0, $5, $5, $5)
+         ON CONFLICT (event_id) DO UPDATE SET body = EXCLUDED.body, status = ", PENDING, ", attempts = 0,
              next_attempt_at = EXCLUDED.next_attempt_at, updated_at = EXCLUDED.updated_at,
-             lease_owner = NULL, lease_expires_at = NULL",
+             lease_owner = NULL, lease_expires_at = NULL"),
         &[&end.event_id, &end.route, &end.session_key, &body, &now],
     )
     .await?;
@@ -755,16 +781,24 @@ async fn requeue_rows(
     tx: &deadpool_postgres::Transaction<'_>,
     event_id: &str,
     session_key: &str,
-    reason: &str,
+    reason: ResumeReason,
 ) -> Result<(), StoreError> {
     let now = now_millis();
     tx.run(
-        "UPDATE events SET status = 'queued', resume_reason = $2, updated_at = $3 WHERE id = $1",
-        &[&event_id, &reason, &now],
+        concatcp!(
+            "UPDATE events SET status = ",
+            QUEUED,
+            ", resume_reason = $2, updated_at = $3 WHERE id = $1"
+        ),
+        &[&event_id, &reason.sql(), &now],
     )
     .await?;
     tx.run(
-        "UPDATE sessions SET state = 'idle', updated_at = $2 WHERE key = $1",
+        concatcp!(
+            "UPDATE sessions SET state = ",
+            IDLE,
+            ", updated_at = $2 WHERE key = $1"
+        ),
         &[&session_key, &now],
     )
     .await?;
@@ -820,9 +854,9 @@ impl Backend for PostgresStore {
     ) -> Result<String, StoreError> {
         let id = uuid::Uuid::now_v7().to_string();
         self.execute_one(
-            "INSERT INTO events (id, route, session_key, event_type, delivery_id, headers, payload,
+            concatcp!("INSERT INTO events (id, route, session_key, event_type, delivery_id, headers, payload,
                                      received_at, status, updated_at, origin, node)
-                 VALUES ($1, $2, $3, $4, NULL, '{}', $5, $6, 'queued', $6, 'background', $7)",
+                 VALUES ($1, $2, $3, $4, NULL, '{}', $5, $6, ", QUEUED, ", $6, 'background', $7)"),
             &[
                 &id,
                 &route,
@@ -853,14 +887,14 @@ impl Backend for PostgresStore {
             // first; sessions another node is claiming right now are skipped, not waited for.
             let sessions = tx
                 .rows(
-                    "SELECT s.key FROM sessions s
+                    concatcp!("SELECT s.key FROM sessions s
                      JOIN (SELECT session_key, min(seq) AS first_seq
-                           FROM (SELECT session_key, seq FROM events WHERE status = 'queued'
+                           FROM (SELECT session_key, seq FROM events WHERE status = ", QUEUED, "
                                  ORDER BY seq LIMIT $2) oldest
                            GROUP BY session_key) q ON q.session_key = s.key
-                     WHERE s.state = 'idle'
+                     WHERE s.state = ", IDLE, "
                      ORDER BY q.first_seq LIMIT $1
-                     FOR UPDATE OF s SKIP LOCKED",
+                     FOR UPDATE OF s SKIP LOCKED"),
                     &[&(limit as i64), &CANDIDATE_WINDOW],
                 )
                 .await?;
@@ -869,8 +903,8 @@ impl Backend for PostgresStore {
                 let session_key: String = session.get(0);
                 let Some(row) = tx
                     .maybe_row(
-                        "SELECT id, route, session_key, event_type, delivery_id, headers, payload, resume_reason
-                         FROM events WHERE session_key = $1 AND status = 'queued' ORDER BY seq LIMIT 1",
+                        concatcp!("SELECT id, route, session_key, event_type, delivery_id, headers, payload, resume_reason
+                         FROM events WHERE session_key = $1 AND status = ", QUEUED, " ORDER BY seq LIMIT 1"),
                         &[&session_key],
                     )
                     .await?
@@ -885,26 +919,26 @@ impl Backend for PostgresStore {
                     delivery_id: row.get(4),
                     headers: row.get(5),
                     payload: row.get(6),
-                    resume_reason: row.get(7),
+                    resume_reason: row.get::<_, Option<&str>>(7).map(ResumeReason::from_sql),
                 };
                 let turn_id = uuid::Uuid::now_v7().to_string();
                 let now = now_millis();
                 tx.run(
-                    "UPDATE events SET status = 'running', resume_reason = NULL, updated_at = $2 WHERE id = $1",
+                    concatcp!("UPDATE events SET status = ", EVENT_RUNNING, ", resume_reason = NULL, updated_at = $2 WHERE id = $1"),
                     &[&event.id, &now],
                 )
                 .await?;
                 tx.run(
-                    "INSERT INTO turns (id, session_key, event_id, status, started_at, node)
-                     VALUES ($1, $2, $3, 'running', $4, $5)",
+                    concatcp!("INSERT INTO turns (id, session_key, event_id, status, started_at, node)
+                     VALUES ($1, $2, $3, ", TURN_RUNNING, ", $4, $5)"),
                     &[&turn_id, &event.session_key, &event.id, &now, &self.shared.node_name],
                 )
                 .await?;
                 tx.run(
-                    "UPDATE sessions SET state = 'running', reason = NULL, last_turn_id = $2, updated_at = $3,
+                    concatcp!("UPDATE sessions SET state = ", SESSION_RUNNING, ", reason = NULL, last_turn_id = $2, updated_at = $3,
                          lease_owner = $4, lease_expires_at = agentgate_now_ms() + $5,
                          interrupt_requested = false
-                     WHERE key = $1",
+                     WHERE key = $1"),
                     &[
                         &event.session_key,
                         &turn_id,
@@ -970,24 +1004,33 @@ impl Backend for PostgresStore {
         &self,
         turn_id: &str,
         session_key: &str,
-        reason: &'static str,
+        reason: ResumeReason,
         steps: u32,
     ) -> Result<(), StoreError> {
+        let reason = StopReason::Resume(reason).sql();
         bounded(async {
             let mut client = self.client().await?;
             let tx = client.transaction().await?;
             self.hold_lease(&tx, session_key).await?;
             let now = now_millis();
             tx.run(
-                "UPDATE turns SET status = 'interrupted', reason = $2, steps = $3, finished_at = $4 WHERE id = $1",
+                concatcp!(
+                    "UPDATE turns SET status = ",
+                    TURN_INTERRUPTED,
+                    ", reason = $2, steps = $3, finished_at = $4 WHERE id = $1"
+                ),
                 &[&turn_id, &reason, &i64::from(steps), &now],
             )
             .await?;
             // The lease goes with it: another node resumes the session at once.
             tx.run(
-                "UPDATE sessions SET state = 'resume_pending', reason = $2, updated_at = $3,
+                concatcp!(
+                    "UPDATE sessions SET state = ",
+                    RESUME_PENDING,
+                    ", reason = $2, updated_at = $3,
                      lease_owner = NULL, lease_expires_at = NULL
-                 WHERE key = $1",
+                 WHERE key = $1"
+                ),
                 &[&session_key, &reason, &now],
             )
             .await?;
@@ -1001,13 +1044,26 @@ impl Backend for PostgresStore {
         let now = now_millis();
         let lost = self
             .execute_one(
-                "WITH lost AS (
-                     UPDATE sessions SET state = 'resume_pending', reason = 'crashed', updated_at = $1,
+                concatcp!(
+                    "WITH lost AS (
+                     UPDATE sessions SET state = ",
+                    RESUME_PENDING,
+                    ", reason = ",
+                    CRASHED,
+                    ", updated_at = $1,
                          lease_owner = NULL, lease_expires_at = NULL
-                     WHERE state = 'running' AND lease_expires_at < agentgate_now_ms()
+                     WHERE state = ",
+                    SESSION_RUNNING,
+                    " AND lease_expires_at < agentgate_now_ms()
                      RETURNING last_turn_id)
-                 UPDATE turns SET status = 'interrupted', reason = 'crashed', finished_at = $1
-                 FROM lost WHERE turns.id = lost.last_turn_id AND turns.status = 'running'",
+                 UPDATE turns SET status = ",
+                    TURN_INTERRUPTED,
+                    ", reason = ",
+                    CRASHED,
+                    ", finished_at = $1
+                 FROM lost WHERE turns.id = lost.last_turn_id AND turns.status = ",
+                    TURN_RUNNING
+                ),
                 &[&now],
             )
             .await?;
@@ -1017,10 +1073,16 @@ impl Backend for PostgresStore {
     async fn interrupted_sessions(&self) -> Result<Vec<InterruptedSession>, StoreError> {
         let rows = self
             .select(
-                "SELECT s.key, s.route, COALESCE(s.reason, 'crashed'), t.id, t.event_id, t.steps, t.started_at
+                concatcp!(
+                    "SELECT s.key, s.route, COALESCE(s.reason, ",
+                    CRASHED,
+                    "), t.id, t.event_id, t.steps, t.started_at
                  FROM sessions s JOIN turns t ON t.id = s.last_turn_id
-                 WHERE s.state = 'resume_pending' AND s.lease_owner IS NULL
-                 ORDER BY t.started_at",
+                 WHERE s.state = ",
+                    RESUME_PENDING,
+                    " AND s.lease_owner IS NULL
+                 ORDER BY t.started_at"
+                ),
                 &[],
             )
             .await?;
@@ -1029,7 +1091,7 @@ impl Backend for PostgresStore {
             .map(|row| InterruptedSession {
                 session_key: row.get(0),
                 route: row.get(1),
-                reason: row.get(2),
+                reason: ResumeReason::from_sql(row.get(2)),
                 turn_id: row.get(3),
                 event_id: row.get(4),
                 steps: u32::try_from(row.get::<_, i64>(5)).unwrap_or(u32::MAX),
@@ -1049,9 +1111,9 @@ impl Backend for PostgresStore {
             // Whoever locks the session settles it; the others skip it.
             let still_interrupted = tx
                 .maybe_row(
-                    "SELECT 1 FROM sessions
-                     WHERE key = $1 AND state = 'resume_pending' AND last_turn_id = $2
-                     FOR UPDATE SKIP LOCKED",
+                    concatcp!("SELECT 1 FROM sessions
+                     WHERE key = $1 AND state = ", RESUME_PENDING, " AND last_turn_id = $2
+                     FOR UPDATE SKIP LOCKED"),
                     &[&session.session_key, &session.turn_id],
                 )
                 .await?;
@@ -1088,7 +1150,7 @@ impl Backend for PostgresStore {
                 tx.commit().await?;
                 return Ok(Settled::Suspended);
             }
-            requeue_rows(&tx, &session.event_id, &session.session_key, &session.reason).await?;
+            requeue_rows(&tx, &session.event_id, &session.session_key, session.reason).await?;
             tx.commit().await?;
             Ok(Settled::Resumed { attempt })
         })
@@ -1134,14 +1196,14 @@ impl Backend for PostgresStore {
     async fn due_deliveries(&self, limit: usize) -> Result<Vec<PendingDelivery>, StoreError> {
         let rows = self
             .select(
-                "UPDATE deliveries SET lease_owner = $1, lease_expires_at = agentgate_now_ms() + $2
+                concatcp!("UPDATE deliveries SET lease_owner = $1, lease_expires_at = agentgate_now_ms() + $2
                  WHERE event_id IN (
                      SELECT event_id FROM deliveries
-                     WHERE status = 'pending' AND next_attempt_at <= $3
+                     WHERE status = ", PENDING, " AND next_attempt_at <= $3
                        AND (lease_owner IS NULL OR lease_expires_at < agentgate_now_ms())
                      ORDER BY next_attempt_at LIMIT $4
                      FOR UPDATE SKIP LOCKED)
-                 RETURNING event_id, route, session_key, body, attempts, next_attempt_at",
+                 RETURNING event_id, route, session_key, body, attempts, next_attempt_at"),
                 &[
                     &self.shared.node_id,
                     &self.shared.lease_ttl_ms,
@@ -1180,7 +1242,7 @@ impl Backend for PostgresStore {
             "UPDATE deliveries SET status = $2, attempts = attempts + 1, next_attempt_at = $3,
                      last_error = $4, updated_at = $5, lease_owner = NULL, lease_expires_at = NULL
                  WHERE event_id = $1",
-            &[&event_id, &status, &next, &error, &now],
+            &[&event_id, &status.sql(), &next, &error, &now],
         )
         .await?;
         Ok(())
@@ -1189,9 +1251,17 @@ impl Backend for PostgresStore {
     async fn live_counts(&self) -> Result<LiveCounts, StoreError> {
         let row = self
             .select_one(
-                "SELECT (SELECT count(*) FROM events WHERE status = 'queued'),
-                        (SELECT count(*) FROM sessions WHERE state = 'resume_pending'),
-                        (SELECT count(*) FROM sessions WHERE state = 'suspended')",
+                concatcp!(
+                    "SELECT (SELECT count(*) FROM events WHERE status = ",
+                    QUEUED,
+                    "),
+                        (SELECT count(*) FROM sessions WHERE state = ",
+                    RESUME_PENDING,
+                    "),
+                        (SELECT count(*) FROM sessions WHERE state = ",
+                    SUSPENDED,
+                    ")"
+                ),
                 &[],
             )
             .await?;
@@ -1217,9 +1287,15 @@ impl Backend for PostgresStore {
             .await?;
             let deliveries = client
                 .row(
-                    "SELECT count(*) FILTER (WHERE status = 'pending'),
-                            count(*) FILTER (WHERE status = 'failed')
-                     FROM deliveries",
+                    concatcp!(
+                        "SELECT count(*) FILTER (WHERE status = ",
+                        PENDING,
+                        "),
+                            count(*) FILTER (WHERE status = ",
+                        DELIVERY_FAILED,
+                        ")
+                     FROM deliveries"
+                    ),
                     &[],
                 )
                 .await?;
@@ -1252,31 +1328,40 @@ impl Backend for PostgresStore {
         Ok(row.as_ref().map(session_row))
     }
 
-    async fn operator_resume(&self, key: &str) -> Result<Option<String>, StoreError> {
+    async fn operator_resume(&self, key: &str) -> Result<Option<SessionState>, StoreError> {
         bounded(async {
             let mut client = self.client().await?;
             let tx = client.transaction().await?;
             let Some(row) = tx
                 .maybe_row(
-                    "SELECT s.state, COALESCE(s.reason, 'crashed'), t.event_id
+                    concatcp!(
+                        "SELECT s.state, COALESCE(s.reason, ",
+                        CRASHED,
+                        "), t.event_id
                      FROM sessions s LEFT JOIN turns t ON t.id = s.last_turn_id
-                     WHERE s.key = $1 FOR UPDATE OF s",
+                     WHERE s.key = $1 FOR UPDATE OF s"
+                    ),
                     &[&key],
                 )
                 .await?
             else {
                 return Ok(None);
             };
-            let (state, reason, event_id): (String, String, Option<String>) =
-                (row.get(0), row.get(1), row.get(2));
+            let state = session_state_of(row.get(0))?;
+            let reason = ResumeReason::from_sql(row.get(1));
+            let event_id: Option<String> = row.get(2);
             tx.run("DELETE FROM resume_ledger WHERE session_key = $1", &[&key])
                 .await?;
-            if let ("resume_pending", Some(event_id)) = (state.as_str(), &event_id) {
-                requeue_rows(&tx, event_id, key, &reason).await?;
+            if let (SessionState::ResumePending, Some(event_id)) = (state, &event_id) {
+                requeue_rows(&tx, event_id, key, reason).await?;
             }
-            if state != "running" {
+            if state != SessionState::Running {
                 tx.run(
-                    "UPDATE sessions SET state = 'idle', reason = NULL, updated_at = $2 WHERE key = $1",
+                    concatcp!(
+                        "UPDATE sessions SET state = ",
+                        IDLE,
+                        ", reason = NULL, updated_at = $2 WHERE key = $1"
+                    ),
                     &[&key, &now_millis()],
                 )
                 .await?;
@@ -1287,16 +1372,22 @@ impl Backend for PostgresStore {
         .await
     }
 
-    async fn operator_suspend(&self, key: &str) -> Result<Option<String>, StoreError> {
+    async fn operator_suspend(&self, key: &str) -> Result<Option<SessionState>, StoreError> {
         let row = self
             .select_optional(
-                "UPDATE sessions n SET state = 'suspended', reason = 'operator', updated_at = $2
+                concatcp!(
+                    "UPDATE sessions n SET state = ",
+                    SUSPENDED,
+                    ", reason = ",
+                    OPERATOR,
+                    ", updated_at = $2
                  FROM sessions o WHERE n.key = $1 AND o.key = n.key
-                 RETURNING o.state",
+                 RETURNING o.state"
+                ),
                 &[&key, &now_millis()],
             )
             .await?;
-        Ok(row.map(|row| row.get(0)))
+        row.map(|row| session_state_of(row.get(0))).transpose()
     }
 
     async fn resume_ledger(&self) -> Result<Ledger, StoreError> {
@@ -1325,8 +1416,12 @@ impl Backend for PostgresStore {
 
     async fn request_interrupt(&self, session_key: &str) -> Result<(), StoreError> {
         self.execute_one(
-            "UPDATE sessions SET interrupt_requested = true
-                 WHERE key = $1 AND state = 'running' AND lease_owner <> $2",
+            concatcp!(
+                "UPDATE sessions SET interrupt_requested = true
+                 WHERE key = $1 AND state = ",
+                SESSION_RUNNING,
+                " AND lease_owner <> $2"
+            ),
             &[&session_key, &self.shared.node_id],
         )
         .await?;
@@ -1379,4 +1474,11 @@ impl Backend for PostgresStore {
         let ttl = Duration::from_millis(u64::try_from(self.shared.lease_ttl_ms).unwrap_or(0));
         Some((ttl / 4).clamp(Duration::from_millis(250), Duration::from_secs(1)))
     }
+}
+
+/// A session state read from the database; text this agentgate does not know means the schema is
+/// newer than it, which the migration check should have refused.
+fn session_state_of(text: &str) -> Result<SessionState, StoreError> {
+    SessionState::from_sql(text)
+        .ok_or_else(|| StoreError::Setup(format!("unknown session state {text:?} in the database")))
 }

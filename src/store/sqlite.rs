@@ -5,6 +5,7 @@
 //! fdatasync covers many events, and a caller's future resolves only after the commit that holds
 //! its write has returned. That is what lets the listener answer 202 only for durable events.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,6 +18,9 @@ use tokio::sync::oneshot;
 use super::deliveries::{due_in, record_attempt_in};
 use super::events::{accept_in, enqueue_internal_in};
 use super::ledger::LedgerFile;
+use const_format::concatcp;
+
+use super::states::{RESUME_PENDING, TURN_RUNNING};
 use super::turns::{
     append_in, candidates_in, claim_in, crashed_in, event_has_transcript_in, finish_in,
     interrupt_in, interrupted_in, operator_resume_in, operator_suspend_in, requeue_in, session_in,
@@ -24,8 +28,9 @@ use super::turns::{
 };
 use super::{
     AcceptOutcome, Backend, ClaimedTurn, DeliveryAttempt, InterruptedSession, Ledger, LiveCounts,
-    NewEvent, PendingDelivery, SessionRow, Settled, Settlement, StateDir, StatusSummary,
-    StoreError, TranscriptRow, TurnEnd, ensure_state_dir, now_millis, schema,
+    NewEvent, PendingDelivery, ResumeReason, SessionRow, SessionState, Settled, Settlement,
+    StateDir, StatusSummary, StoreError, TranscriptRow, TurnEnd, ensure_state_dir, now_millis,
+    schema,
 };
 
 /// The most writes that share one transaction.
@@ -236,11 +241,37 @@ fn open_reader(database: &Path) -> Result<Connection, StoreError> {
 }
 
 /// Opens the database read-only and runs `query` (for the CLI, which must work with no daemon).
-pub(crate) fn read_database<T>(
+/// `PRAGMA quick_check` of a database no daemon uses (reconcile): `Err` says what is wrong.
+pub(crate) fn check_database(database: &Path) -> Result<(), String> {
+    let answer = open_reader(database)
+        .and_then(|connection| {
+            Ok(connection.query_row("PRAGMA quick_check", [], |row| row.get::<_, String>(0))?)
+        })
+        .map_err(|err| err.to_string())?;
+    if answer == "ok" { Ok(()) } else { Err(answer) }
+}
+
+/// For reconcile's ledger repair: the sessions that were interrupted (waiting to resume, or with
+/// a turn left running) and every known session.
+pub(crate) fn session_keys(
     database: &Path,
-    query: impl FnOnce(&Connection) -> rusqlite::Result<T>,
-) -> Result<T, StoreError> {
-    Ok(query(&open_reader(database)?)?)
+) -> Result<(BTreeSet<String>, BTreeSet<String>), StoreError> {
+    let connection = open_reader(database)?;
+    let keys = |sql: &str| -> Result<BTreeSet<String>, StoreError> {
+        Ok(connection
+            .prepare(sql)?
+            .query_map([], |row| row.get::<_, String>(0))?
+            .collect::<rusqlite::Result<BTreeSet<String>>>()?)
+    };
+    Ok((
+        keys(concatcp!(
+            "SELECT key FROM sessions WHERE state = ",
+            RESUME_PENDING,
+            " UNION SELECT session_key FROM turns WHERE status = ",
+            TURN_RUNNING
+        ))?,
+        keys("SELECT key FROM sessions")?,
+    ))
 }
 
 struct Writer {
@@ -429,7 +460,7 @@ impl Backend for SqliteStore {
         &self,
         turn_id: &str,
         session_key: &str,
-        reason: &'static str,
+        reason: ResumeReason,
         steps: u32,
     ) -> Result<(), StoreError> {
         let (turn_id, session_key) = (turn_id.to_string(), session_key.to_string());
@@ -533,14 +564,14 @@ impl Backend for SqliteStore {
             .await
     }
 
-    async fn operator_resume(&self, key: &str) -> Result<Option<String>, StoreError> {
+    async fn operator_resume(&self, key: &str) -> Result<Option<SessionState>, StoreError> {
         self.clear_resume_count(key).await?;
         let key = key.to_string();
         self.write(move |connection| operator_resume_in(connection, &key))
             .await
     }
 
-    async fn operator_suspend(&self, key: &str) -> Result<Option<String>, StoreError> {
+    async fn operator_suspend(&self, key: &str) -> Result<Option<SessionState>, StoreError> {
         let key = key.to_string();
         self.write(move |connection| operator_suspend_in(connection, &key))
             .await

@@ -1,6 +1,12 @@
 //! Turns and their transcript: claiming the next event of an idle session, committing each step,
 //! and ending a turn together with its event's terminal status and its outbox row.
 
+use super::states::{
+    CRASHED, EVENT_RUNNING, EventStatus, IDLE, OPERATOR, PENDING, QUEUED, RESUME_PENDING,
+    ResumeReason, SESSION_RUNNING, SUSPENDED, SessionState, StopReason, TURN_INTERRUPTED,
+    TURN_RUNNING, TurnStatus,
+};
+use const_format::concatcp;
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::Serialize;
 
@@ -16,8 +22,8 @@ pub(crate) struct StoredEvent {
     pub delivery_id: Option<String>,
     pub headers: String,
     pub payload: Vec<u8>,
-    /// Set when this run resumes an interrupted one: `crashed` or `shutdown_timeout`.
-    pub resume_reason: Option<String>,
+    /// Set when this run resumes an interrupted one.
+    pub resume_reason: Option<ResumeReason>,
 }
 
 /// An event claimed for a new turn.
@@ -32,7 +38,7 @@ pub(crate) struct ClaimedTurn {
 pub(crate) struct InterruptedSession {
     pub session_key: String,
     pub route: String,
-    pub reason: String,
+    pub reason: ResumeReason,
     pub turn_id: String,
     pub event_id: String,
     pub steps: u32,
@@ -41,15 +47,15 @@ pub(crate) struct InterruptedSession {
 }
 
 impl InterruptedSession {
-    fn ended(&self, event_status: &'static str, error: String) -> TurnEnd {
+    fn ended(&self, event_status: EventStatus, error: String) -> TurnEnd {
         TurnEnd {
             turn_id: self.turn_id.clone(),
             event_id: self.event_id.clone(),
             session_key: self.session_key.clone(),
             route: self.route.clone(),
-            turn_status: "interrupted",
+            turn_status: TurnStatus::Interrupted,
             event_status,
-            reason: Some(self.reason.clone()),
+            reason: Some(StopReason::Resume(self.reason)),
             output: None,
             error: Some(error),
             steps: self.steps,
@@ -62,7 +68,7 @@ impl InterruptedSession {
             "the turn was interrupted ({}) longer ago than resume_window; it is not resumed",
             self.reason
         );
-        self.ended("abandoned", error)
+        self.ended(EventStatus::Abandoned, error)
     }
 
     /// The end of a session that needed more than `max_attempts` resumes.
@@ -71,7 +77,7 @@ impl InterruptedSession {
             "suspended after {max_attempts} resume(s): the session was interrupted ({}) every time",
             self.reason
         );
-        self.ended("suspended", error)
+        self.ended(EventStatus::Suspended, error)
     }
 }
 
@@ -82,11 +88,10 @@ pub(crate) struct TurnEnd {
     pub event_id: String,
     pub session_key: String,
     pub route: String,
-    /// `completed`, `failed` or `interrupted`.
-    pub turn_status: &'static str,
+    pub turn_status: TurnStatus,
     /// The event's terminal status: `completed`, `failed`, `abandoned` or `suspended`.
-    pub event_status: &'static str,
-    pub reason: Option<String>,
+    pub event_status: EventStatus,
+    pub reason: Option<StopReason>,
     pub output: Option<String>,
     pub error: Option<String>,
     pub steps: u32,
@@ -108,11 +113,11 @@ impl TurnEnd {
     }
 
     /// The state the session is left in.
-    pub(crate) fn session_state(&self) -> &'static str {
-        if self.event_status == "suspended" {
-            "suspended"
+    pub(crate) fn session_state(&self) -> SessionState {
+        if self.event_status == EventStatus::Suspended {
+            SessionState::Suspended
         } else {
-            "idle"
+            SessionState::Idle
         }
     }
 }
@@ -123,7 +128,7 @@ struct DeliveryBody<'a> {
     pub event_id: &'a str,
     pub route: &'a str,
     pub session: &'a str,
-    pub status: &'a str,
+    pub status: EventStatus,
     pub output: Option<&'a str>,
     pub error: Option<&'a str>,
     pub turn_id: &'a str,
@@ -132,12 +137,16 @@ struct DeliveryBody<'a> {
 
 /// Candidates for the next turns: queued events in arrival order with their session's state.
 /// Read on a reader connection, so a long backlog costs the writer (and so accepts) nothing.
-const CANDIDATES_SQL: &str = "
+const CANDIDATES_SQL: &str = concatcp!(
+    "
     SELECT e.id, e.seq, e.session_key, s.state
     FROM events e JOIN sessions s ON s.key = e.session_key
-    WHERE e.status = 'queued'
+    WHERE e.status = ",
+    QUEUED,
+    "
     ORDER BY e.seq
-    LIMIT ?1";
+    LIMIT ?1"
+);
 /// How many queued events one scheduling pass looks at, at most.
 const CANDIDATE_WINDOW: i64 = 2048;
 
@@ -164,7 +173,7 @@ pub(super) fn candidates_in(
             continue;
         }
         let state: String = row.get(3)?;
-        if state == "idle" {
+        if SessionState::from_sql(&state) == Some(SessionState::Idle) {
             picked.push(Candidate {
                 event_id: row.get(0)?,
                 seq: row.get(1)?,
@@ -188,12 +197,21 @@ pub(super) fn claim_in(
     let mut claimed = Vec::with_capacity(candidates.len());
     for candidate in candidates {
         let still_first: bool = connection
-            .prepare_cached(
-                "SELECT NOT EXISTS (SELECT 1 FROM events WHERE status = 'queued' AND session_key = ?1 AND seq < ?2)
-                    AND EXISTS (SELECT 1 FROM events WHERE id = ?3 AND status = 'queued')
-                    AND EXISTS (SELECT 1 FROM sessions WHERE key = ?1 AND state = 'idle')",
-            )?
-            .query_row(params![candidate.session_key, candidate.seq, candidate.event_id], |row| row.get(0))?;
+            .prepare_cached(concatcp!(
+                "SELECT NOT EXISTS (SELECT 1 FROM events WHERE status = ",
+                QUEUED,
+                " AND session_key = ?1 AND seq < ?2)
+                    AND EXISTS (SELECT 1 FROM events WHERE id = ?3 AND status = ",
+                QUEUED,
+                ")
+                    AND EXISTS (SELECT 1 FROM sessions WHERE key = ?1 AND state = ",
+                IDLE,
+                ")"
+            ))?
+            .query_row(
+                params![candidate.session_key, candidate.seq, candidate.event_id],
+                |row| row.get(0),
+            )?;
         if !still_first {
             continue;
         }
@@ -211,26 +229,35 @@ pub(super) fn claim_in(
                     delivery_id: row.get(4)?,
                     headers: row.get(5)?,
                     payload: row.get(6)?,
-                    resume_reason: row.get(7)?,
+                    resume_reason: row
+                        .get::<_, Option<String>>(7)?
+                        .as_deref()
+                        .map(ResumeReason::from_sql),
                 })
             })?;
         let turn_id = uuid::Uuid::now_v7().to_string();
         connection
-            .prepare_cached(
-                "UPDATE events SET status = 'running', resume_reason = NULL, updated_at = ?2 WHERE id = ?1",
-            )?
+            .prepare_cached(concatcp!(
+                "UPDATE events SET status = ",
+                EVENT_RUNNING,
+                ", resume_reason = NULL, updated_at = ?2 WHERE id = ?1"
+            ))?
             .execute(params![event.id, now])?;
         connection
-            .prepare_cached(
+            .prepare_cached(concatcp!(
                 "INSERT INTO turns (id, session_key, event_id, status, started_at)
-                 VALUES (?1, ?2, ?3, 'running', ?4)",
-            )?
+                 VALUES (?1, ?2, ?3, ",
+                TURN_RUNNING,
+                ", ?4)"
+            ))?
             .execute(params![turn_id, event.session_key, event.id, now])?;
         connection
-            .prepare_cached(
-                "UPDATE sessions SET state = 'running', reason = NULL, last_turn_id = ?2, updated_at = ?3
-                 WHERE key = ?1",
-            )?
+            .prepare_cached(concatcp!(
+                "UPDATE sessions SET state = ",
+                SESSION_RUNNING,
+                ", reason = NULL, last_turn_id = ?2, updated_at = ?3
+                 WHERE key = ?1"
+            ))?
             .execute(params![event.session_key, turn_id, now])?;
         claimed.push(ClaimedTurn { turn_id, event });
     }
@@ -246,8 +273,8 @@ pub(super) fn finish_in(connection: &Connection, end: &TurnEnd) -> rusqlite::Res
         )?
         .execute(params![
             end.turn_id,
-            end.turn_status,
-            end.reason,
+            end.turn_status.sql(),
+            end.reason.map(StopReason::sql),
             end.output,
             end.error,
             end.steps,
@@ -255,24 +282,35 @@ pub(super) fn finish_in(connection: &Connection, end: &TurnEnd) -> rusqlite::Res
         ])?;
     connection
         .prepare_cached("UPDATE events SET status = ?2, updated_at = ?3 WHERE id = ?1")?
-        .execute(params![end.event_id, end.event_status, now])?;
+        .execute(params![end.event_id, end.event_status.sql(), now])?;
     let session_state = end.session_state();
     connection
         // An operator's suspension made while the turn ran stays in force.
-        .prepare_cached(
-            "UPDATE sessions SET state = CASE WHEN state = 'suspended' THEN 'suspended' ELSE ?2 END,
-                 reason = CASE WHEN state = 'suspended' THEN reason ELSE ?3 END, updated_at = ?4
-             WHERE key = ?1",
-        )?
-        .execute(params![end.session_key, session_state, end.reason, now])?;
+        .prepare_cached(concatcp!(
+            "UPDATE sessions SET state = CASE WHEN state = ",
+            SUSPENDED,
+            " THEN ",
+            SUSPENDED,
+            " ELSE ?2 END,
+                 reason = CASE WHEN state = ",
+            SUSPENDED,
+            " THEN reason ELSE ?3 END, updated_at = ?4
+             WHERE key = ?1"
+        ))?
+        .execute(params![
+            end.session_key,
+            session_state.sql(),
+            end.reason.map(StopReason::sql),
+            now
+        ])?;
     let body = end
         .delivery_body()
         .map_err(|err| rusqlite::Error::ToSqlConversionFailure(Box::new(err)))?;
     connection
         .prepare_cached(
-            "INSERT OR REPLACE INTO deliveries
+            concatcp!("INSERT OR REPLACE INTO deliveries
                  (event_id, route, session_key, body, status, attempts, next_attempt_at, created_at, updated_at)
-             VALUES (?1, ?2, ?3, ?4, 'pending', 0, ?5, ?5, ?5)",
+             VALUES (?1, ?2, ?3, ?4, ", PENDING, ", 0, ?5, ?5, ?5)"),
         )?
         .execute(params![end.event_id, end.route, end.session_key, body, now])?;
     Ok(())
@@ -333,23 +371,33 @@ pub(super) fn transcript_of(
 pub(super) fn operator_resume_in(
     connection: &Connection,
     key: &str,
-) -> rusqlite::Result<Option<String>> {
+) -> rusqlite::Result<Option<SessionState>> {
     let Some(state) = session_state(connection, key)? else {
         return Ok(None);
     };
     let now = now_millis();
-    if state == "resume_pending" {
+    if state == SessionState::ResumePending {
         connection.execute(
-            "UPDATE events SET status = 'queued', resume_reason = COALESCE(
-                 (SELECT reason FROM sessions WHERE key = ?1), 'crashed'), updated_at = ?2
+            concatcp!(
+                "UPDATE events SET status = ",
+                QUEUED,
+                ", resume_reason = COALESCE(
+                 (SELECT reason FROM sessions WHERE key = ?1), ",
+                CRASHED,
+                "), updated_at = ?2
              WHERE id = (SELECT t.event_id FROM sessions s JOIN turns t ON t.id = s.last_turn_id
-                         WHERE s.key = ?1)",
+                         WHERE s.key = ?1)"
+            ),
             params![key, now],
         )?;
     }
-    if state != "running" {
+    if state != SessionState::Running {
         connection.execute(
-            "UPDATE sessions SET state = 'idle', reason = NULL, updated_at = ?2 WHERE key = ?1",
+            concatcp!(
+                "UPDATE sessions SET state = ",
+                IDLE,
+                ", reason = NULL, updated_at = ?2 WHERE key = ?1"
+            ),
             params![key, now],
         )?;
     }
@@ -360,23 +408,38 @@ pub(super) fn operator_resume_in(
 pub(super) fn operator_suspend_in(
     connection: &Connection,
     key: &str,
-) -> rusqlite::Result<Option<String>> {
+) -> rusqlite::Result<Option<SessionState>> {
     let Some(state) = session_state(connection, key)? else {
         return Ok(None);
     };
     connection.execute(
-        "UPDATE sessions SET state = 'suspended', reason = 'operator', updated_at = ?2 WHERE key = ?1",
+        concatcp!(
+            "UPDATE sessions SET state = ",
+            SUSPENDED,
+            ", reason = ",
+            OPERATOR,
+            ", updated_at = ?2 WHERE key = ?1"
+        ),
         params![key, now_millis()],
     )?;
     Ok(Some(state))
 }
 
-fn session_state(connection: &Connection, key: &str) -> rusqlite::Result<Option<String>> {
+fn session_state(connection: &Connection, key: &str) -> rusqlite::Result<Option<SessionState>> {
     connection
         .query_row(
             "SELECT state FROM sessions WHERE key = ?1",
             params![key],
-            |row| row.get(0),
+            |row| {
+                let text: String = row.get(0)?;
+                SessionState::from_sql(&text).ok_or_else(|| {
+                    rusqlite::Error::FromSqlConversionFailure(
+                        0,
+                        rusqlite::types::Type::Text,
+                        format!("unknown session state {text:?}").into(),
+                    )
+                })
+            },
         )
         .optional()
 }
@@ -395,13 +458,17 @@ pub(crate) struct SessionRow {
     pub updated_at: i64,
 }
 
-pub(super) const SESSION_SQL: &str = "
+pub(super) const SESSION_SQL: &str = concatcp!(
+    "
     SELECT s.key, s.route, s.state, s.reason, s.last_turn_id,
            (SELECT t.status FROM turns t WHERE t.id = s.last_turn_id),
            (SELECT count(*) FROM turns t WHERE t.session_key = s.key),
-           (SELECT count(*) FROM events e WHERE e.session_key = s.key AND e.status = 'queued'),
+           (SELECT count(*) FROM events e WHERE e.session_key = s.key AND e.status = ",
+    QUEUED,
+    "),
            s.updated_at
-    FROM sessions s";
+    FROM sessions s"
+);
 
 fn session_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<SessionRow> {
     Ok(SessionRow {
@@ -461,16 +528,25 @@ pub(super) fn interrupt_in(
     connection: &Connection,
     turn_id: &str,
     session_key: &str,
-    reason: &str,
+    reason: ResumeReason,
     steps: u32,
 ) -> rusqlite::Result<()> {
     let now = now_millis();
+    let reason = StopReason::Resume(reason).sql();
     connection.execute(
-        "UPDATE turns SET status = 'interrupted', reason = ?2, steps = ?3, finished_at = ?4 WHERE id = ?1",
+        concatcp!(
+            "UPDATE turns SET status = ",
+            TURN_INTERRUPTED,
+            ", reason = ?2, steps = ?3, finished_at = ?4 WHERE id = ?1"
+        ),
         params![turn_id, reason, steps, now],
     )?;
     connection.execute(
-        "UPDATE sessions SET state = 'resume_pending', reason = ?2, updated_at = ?3 WHERE key = ?1",
+        concatcp!(
+            "UPDATE sessions SET state = ",
+            RESUME_PENDING,
+            ", reason = ?2, updated_at = ?3 WHERE key = ?1"
+        ),
         params![session_key, reason, now],
     )?;
     Ok(())
@@ -480,30 +556,49 @@ pub(super) fn interrupt_in(
 pub(super) fn crashed_in(connection: &Connection) -> rusqlite::Result<usize> {
     let now = now_millis();
     connection.execute(
-        "UPDATE sessions SET state = 'resume_pending', reason = 'crashed', updated_at = ?1
-         WHERE key IN (SELECT session_key FROM turns WHERE status = 'running')",
+        concatcp!(
+            "UPDATE sessions SET state = ",
+            RESUME_PENDING,
+            ", reason = ",
+            CRASHED,
+            ", updated_at = ?1
+         WHERE key IN (SELECT session_key FROM turns WHERE status = ",
+            TURN_RUNNING,
+            ")"
+        ),
         params![now],
     )?;
     connection.execute(
-        "UPDATE turns SET status = 'interrupted', reason = 'crashed', finished_at = ?1
-         WHERE status = 'running'",
+        concatcp!(
+            "UPDATE turns SET status = ",
+            TURN_INTERRUPTED,
+            ", reason = ",
+            CRASHED,
+            ", finished_at = ?1
+         WHERE status = ",
+            TURN_RUNNING
+        ),
         params![now],
     )
 }
 
 pub(super) fn interrupted_in(connection: &Connection) -> rusqlite::Result<Vec<InterruptedSession>> {
     connection
-        .prepare(
-            "SELECT s.key, s.route, COALESCE(s.reason, 'crashed'), t.id, t.event_id, t.steps, t.started_at
+        .prepare(concatcp!(
+            "SELECT s.key, s.route, COALESCE(s.reason, ",
+            CRASHED,
+            "), t.id, t.event_id, t.steps, t.started_at
              FROM sessions s JOIN turns t ON t.id = s.last_turn_id
-             WHERE s.state = 'resume_pending'
-             ORDER BY t.started_at",
-        )?
+             WHERE s.state = ",
+            RESUME_PENDING,
+            "
+             ORDER BY t.started_at"
+        ))?
         .query_map([], |row| {
             Ok(InterruptedSession {
                 session_key: row.get(0)?,
                 route: row.get(1)?,
-                reason: row.get(2)?,
+                reason: ResumeReason::from_sql(&row.get::<_, String>(2)?),
                 turn_id: row.get(3)?,
                 event_id: row.get(4)?,
                 steps: row.get(5)?,
@@ -520,11 +615,19 @@ pub(super) fn requeue_in(
 ) -> rusqlite::Result<()> {
     let now = now_millis();
     connection.execute(
-        "UPDATE events SET status = 'queued', resume_reason = ?2, updated_at = ?3 WHERE id = ?1",
-        params![interrupted.event_id, interrupted.reason, now],
+        concatcp!(
+            "UPDATE events SET status = ",
+            QUEUED,
+            ", resume_reason = ?2, updated_at = ?3 WHERE id = ?1"
+        ),
+        params![interrupted.event_id, interrupted.reason.sql(), now],
     )?;
     connection.execute(
-        "UPDATE sessions SET state = 'idle', updated_at = ?2 WHERE key = ?1",
+        concatcp!(
+            "UPDATE sessions SET state = ",
+            IDLE,
+            ", updated_at = ?2 WHERE key = ?1"
+        ),
         params![interrupted.session_key, now],
     )?;
     Ok(())
