@@ -45,7 +45,7 @@ pub(crate) struct Ledger {
     extra: Map<String, Value>,
 }
 
-/// Parses `text`; any deviation from SPEC §4 is `Err(reason)`.
+/// Parses `text`; any deviation from the format in docs/reference.md ("Retry ledger") is `Err(reason)`.
 pub(crate) fn parse(text: &[u8]) -> Result<Ledger, String> {
     let value: Value = serde_json::from_slice(text).map_err(|err| format!("not JSON ({err})"))?;
     let Value::Object(mut top) = value else {

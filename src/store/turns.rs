@@ -98,7 +98,7 @@ pub(crate) struct TurnEnd {
 }
 
 impl TurnEnd {
-    /// The body of this turn's outbound delivery (SPEC §3).
+    /// The body of this turn's outbound delivery (docs/reference.md, "Outbound deliveries").
     pub(crate) fn delivery_body(&self) -> serde_json::Result<String> {
         serde_json::to_string(&DeliveryBody {
             event_id: &self.event_id,
@@ -122,7 +122,7 @@ impl TurnEnd {
     }
 }
 
-/// The body of the outbound delivery (SPEC §3).
+/// The body of the outbound delivery (docs/reference.md, "Outbound deliveries").
 #[derive(Debug, Clone, Serialize)]
 struct DeliveryBody<'a> {
     pub event_id: &'a str,
