@@ -3,7 +3,7 @@
 //! no panic, and round trips that agree with themselves.
 
 use crate::config::{ConfigSource, Environment, Secret, SecretCheck, VerifyScheme, VerifySettings};
-use crate::ingress::verify;
+use crate::signature;
 use crate::store::ledger;
 
 /// The ledger parser and the salvage step: whatever parses survives a rewrite unchanged, and
@@ -50,9 +50,9 @@ pub fn verify(data: &[u8]) {
             key: Some(Secret::for_tests(b"fuzz-key")),
             header: "X-Signature".into(),
         };
-        let _ = verify::verify(&settings, &headers, body, now);
+        let _ = signature::verify(&settings, &headers, body, now);
         let mut signed = http::HeaderMap::new();
-        for (name, value) in verify::sign(&settings, body, now, "delivery-1") {
+        for (name, value) in signature::sign(&settings, body, now, "delivery-1") {
             if let (Ok(name), Ok(value)) = (
                 http::HeaderName::from_bytes(name.as_bytes()),
                 http::HeaderValue::from_str(&value),
@@ -61,7 +61,7 @@ pub fn verify(data: &[u8]) {
             }
         }
         assert_eq!(
-            verify::verify(&settings, &signed, body, now),
+            signature::verify(&settings, &signed, body, now),
             Ok(()),
             "{scheme:?}"
         );

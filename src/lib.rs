@@ -1,10 +1,12 @@
 //! agentgate: a systemd-native gateway that turns webhooks into durable AI-agent work.
 //!
-//! Data flows through the modules in this order: `ingress` (sockets, HTTP, signatures) hands a
-//! verified event to `store` (SQLite with group commit), which makes it durable before the listener
-//! answers; `session` schedules durable events as turns, which call the model and tools of `agent`,
-//! commit every step to `store`, and end with a result that `deliver` sends from the outbox.
-//! `lifecycle` owns the daemon's bootstrap and orderly stop; `cli` is the command line.
+//! Data flows through the modules in this order: `ingress` (sockets, HTTP) hands an event that
+//! `signature` verified to `store` (SQLite with group commit, or PostgreSQL), which makes it
+//! durable before the listener answers; `session` schedules durable events as turns, which call
+//! the model and tools of `agent`, commit every step to `store`, and end with a result that
+//! `deliver` sends from the outbox. `lifecycle` owns the daemon's bootstrap and its stop
+//! (`lifecycle::drain`); `reconcile` repairs state before a start; `cli` is the command line.
+//! `config`, `secret`, `template` and `logging` serve every layer and import none of them.
 
 #![forbid(unsafe_code)]
 
@@ -15,8 +17,11 @@ mod deliver;
 mod exit;
 mod ingress;
 mod lifecycle;
+mod logging;
 mod reconcile;
+mod secret;
 mod session;
+mod signature;
 mod store;
 mod template;
 

@@ -8,10 +8,10 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
+use crate::config::Config;
 use crate::config::StoreSettings;
-use crate::config::{ConfigSource, SecretCheck};
 use crate::exit::Failure;
-use crate::lifecycle::{self, journal};
+use crate::logging;
 use crate::store::ledger::{self, Ledger, LedgerFile};
 use crate::store::{self, DaemonLock, LEDGER_FILE, StateDir};
 
@@ -24,8 +24,7 @@ struct Repair {
 }
 
 /// `agentgate reconcile [--dry-run]`.
-pub(crate) fn run(source: &ConfigSource, dry_run: bool) -> Result<(), Failure> {
-    let config = lifecycle::load_config(source, SecretCheck::CredentialsOptional)?.config;
+pub(crate) fn run(config: &Config, dry_run: bool) -> Result<(), Failure> {
     let repair = Repair {
         state_dir: config.state_dir.clone(),
         files: StateDir::new(&config.state_dir),
@@ -155,7 +154,7 @@ impl Repair {
             if path.exists() {
                 match self.quarantine(&path) {
                     Ok(target) => tracing::error!(
-                        message_id = journal::MESSAGE_DATABASE_QUARANTINED,
+                        message_id = logging::MESSAGE_DATABASE_QUARANTINED,
                         file = %path.display(), moved_to = %target.display(), problem = %problem,
                         "the database is damaged and was quarantined; a new, empty one is started and the events in it are LOST to the daemon (the file is kept)"
                     ),
@@ -244,7 +243,7 @@ impl Repair {
             .map_err(|err| format!("cannot quarantine {}: {err}", path.display()))?;
         if !self.dry_run {
             tracing::warn!(
-                message_id = journal::MESSAGE_LEDGER_QUARANTINED,
+                message_id = logging::MESSAGE_LEDGER_QUARANTINED,
                 file = %path.display(), moved_to = %moved_to.display(), problem = %problem,
                 salvaged = salvaged.sessions.len(), kept = repaired.sessions.len(),
                 "the retry ledger was malformed: quarantined, salvaged, and replaced"

@@ -10,8 +10,6 @@ use std::collections::BTreeMap;
 use minijinja::{Environment, UndefinedBehavior};
 use serde::Serialize;
 
-use crate::config::RouteSettings;
-
 /// What a template can refer to.
 #[derive(Debug, Serialize)]
 pub(crate) struct EventContext<'a> {
@@ -39,6 +37,14 @@ fn one_line(err: &minijinja::Error) -> String {
     message.replace('\n', " ")
 }
 
+/// One route's template texts, as its config gives them.
+pub(crate) struct TemplateSources<'a> {
+    pub route: &'a str,
+    pub session: Option<&'a str>,
+    pub system: &'a str,
+    pub prompt: &'a str,
+}
+
 /// Compiled templates of every route.
 pub(crate) struct RouteTemplates {
     strict: Environment<'static>,
@@ -48,21 +54,23 @@ pub(crate) struct RouteTemplates {
 impl RouteTemplates {
     /// Compiles every route's templates. The config was validated, so errors are not expected;
     /// if one occurs anyway it is returned with the route and key named.
-    pub(crate) fn compile(routes: &[RouteSettings]) -> Result<RouteTemplates, String> {
+    pub(crate) fn compile<'a>(
+        routes: impl IntoIterator<Item = TemplateSources<'a>>,
+    ) -> Result<RouteTemplates, String> {
         let mut strict = Environment::new();
         strict.set_undefined_behavior(UndefinedBehavior::Strict);
         let mut lenient = Environment::new();
         lenient.set_undefined_behavior(UndefinedBehavior::Lenient);
         for route in routes {
-            let name = &route.name;
-            if let Some(session) = &route.session {
+            let name = route.route;
+            if let Some(session) = route.session {
                 strict
-                    .add_template_owned(format!("{name}.session"), session.clone())
+                    .add_template_owned(format!("{name}.session"), session.to_string())
                     .map_err(|e| format!("routes.{name}.session: {}", one_line(&e)))?;
             }
-            for (key, source) in [("system", &route.system), ("prompt", &route.prompt)] {
+            for (key, source) in [("system", route.system), ("prompt", route.prompt)] {
                 lenient
-                    .add_template_owned(format!("{name}.{key}"), source.clone())
+                    .add_template_owned(format!("{name}.{key}"), source.to_string())
                     .map_err(|e| format!("routes.{name}.{key}: {}", one_line(&e)))?;
             }
         }

@@ -339,3 +339,28 @@ fn state_files_are_private_whatever_the_umask() {
         assert_eq!(mode, 0o600, "{name}");
     }
 }
+
+/// The state directory itself may be reached through a symbolic link (state on another disk);
+/// only links that stand for state files are refused, the database's among them.
+#[test]
+fn a_linked_state_directory_works_but_a_linked_database_is_refused() {
+    let workspace = Workspace::new();
+    let real = workspace.path().join("elsewhere");
+    std::fs::create_dir(&real).expect("real state directory");
+    std::os::unix::fs::symlink(&real, workspace.state_dir()).expect("link the state directory");
+    workspace.write_config(ROUTE);
+    assert!(reconcile(&workspace, &[]).status.success());
+    let daemon = workspace.start();
+    assert_eq!(daemon.post_json("/hook", &[], "{}").status, 202);
+    assert!(daemon.terminate().success());
+    assert!(real.join("agentgate.db").is_file());
+
+    let precious = workspace.path().join("precious.db");
+    std::fs::write(&precious, b"keep me").expect("precious");
+    std::fs::remove_file(real.join("agentgate.db")).expect("remove the database");
+    std::os::unix::fs::symlink(&precious, real.join("agentgate.db")).expect("plant the link");
+    let serve = workspace.cli(&["serve"]);
+    assert_eq!(serve.status.code(), Some(73));
+    assert!(String::from_utf8_lossy(&serve.stderr).contains("symbolic link"));
+    assert_eq!(std::fs::read(&precious).expect("precious"), b"keep me");
+}

@@ -14,7 +14,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{DeliverSettings, Settings, Shared};
-use crate::ingress::verify::standard_signature;
+use crate::signature::standard_signature;
 use crate::store::{DeliveryAttempt, PendingDelivery, Store};
 
 /// Attempts before a delivery is marked failed (about 1.5 hours of retries).

@@ -20,9 +20,9 @@ use http_body_util::{BodyExt, Full, Limited};
 use serde_json::json;
 
 use super::ratelimit::TokenBucket;
-use super::verify;
 use crate::config::{OnBusy, RouteSettings, Settings, Shared};
 use crate::session::Sessions;
+use crate::signature;
 use crate::store::{AcceptOutcome, NewEvent, Store};
 use crate::template::EventContext;
 
@@ -182,7 +182,7 @@ impl Ingress {
             }
         };
         let now = unix_seconds();
-        verify::verify(&settings.verify, &parts.headers, &body, now).map_err(|err| {
+        signature::verify(&settings.verify, &parts.headers, &body, now).map_err(|err| {
             tracing::warn!(route = %settings.name, reason = %err, "webhook refused: verification failed");
             error(StatusCode::UNAUTHORIZED, "unauthorized", &err.to_string())
         })?;
@@ -210,7 +210,7 @@ impl Ingress {
             }
             return Err(response);
         }
-        let delivery_id = verify::delivery_id(settings.verify.scheme, &parts.headers, &payload);
+        let delivery_id = signature::delivery_id(settings.verify.scheme, &parts.headers, &payload);
         let headers = visible_headers(&parts.headers);
         let event_id = uuid::Uuid::now_v7().to_string();
         let context = EventContext {
@@ -251,7 +251,7 @@ impl Ingress {
                         "cannot ask the node running this session to interrupt its turn");
                 }
                 tracing::info!(
-                    message_id = crate::lifecycle::journal::MESSAGE_ACCEPTED,
+                    message_id = crate::logging::MESSAGE_ACCEPTED,
                     event_id = %event_id,
                     session_key = %session_key,
                     route = %settings.name,
@@ -338,7 +338,7 @@ fn event_type(
     headers: &HeaderMap,
     payload: &serde_json::Value,
 ) -> String {
-    verify::event_type_header(settings.verify.scheme)
+    signature::event_type_header(settings.verify.scheme)
         .and_then(|name| headers.get(name))
         .and_then(|v| v.to_str().ok())
         .map(str::to_string)
@@ -355,7 +355,7 @@ fn event_type(
 fn visible_headers(headers: &HeaderMap) -> BTreeMap<String, String> {
     headers
         .iter()
-        .filter(|(name, _)| !verify::is_credential_header(name.as_str()))
+        .filter(|(name, _)| !signature::is_credential_header(name.as_str()))
         .map(|(name, value)| {
             (
                 name.as_str().to_string(),

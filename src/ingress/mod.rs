@@ -7,7 +7,6 @@
 pub(crate) mod control;
 mod http;
 mod ratelimit;
-pub(crate) mod verify;
 
 use std::net::SocketAddr;
 use std::os::fd::RawFd;

@@ -8,7 +8,6 @@
 //! `resume_pending` for the next start.
 
 mod drain;
-pub(crate) mod journal;
 mod notify;
 mod resume;
 
@@ -38,35 +37,6 @@ const DEDUP_PRUNE_INTERVAL: Duration = Duration::from_secs(3600);
 /// `STATUS=` is refreshed this often when there is no watchdog to piggyback on.
 const STATUS_INTERVAL: Duration = Duration::from_secs(5);
 
-/// Prints each finding on its own line and turns an invalid config into exit status 78.
-pub(crate) fn load_config(
-    source: &ConfigSource,
-    secrets: SecretCheck,
-) -> Result<config::Loaded, Failure> {
-    match config::load(source, secrets) {
-        Ok(loaded) => Ok(loaded),
-        Err(ConfigError::Invalid {
-            source_name,
-            findings,
-        }) => {
-            for finding in &findings {
-                eprintln!(
-                    "{}",
-                    LocatedFinding {
-                        source: &source_name,
-                        finding
-                    }
-                );
-            }
-            Err(Failure::config(ConfigError::Invalid {
-                source_name,
-                findings,
-            }))
-        }
-        Err(err) => Err(Failure::config(err)),
-    }
-}
-
 /// Everything the running daemon shares between its tasks.
 struct Daemon {
     source: ConfigSource,
@@ -77,13 +47,14 @@ struct Daemon {
     notifier: Notifier,
 }
 
-/// `agentgate serve`: runs until SIGTERM or SIGINT. `record` appends every model reply to a
+/// `agentgate serve` with the config loaded from `source` (which a reload reads again): runs
+/// until SIGTERM or SIGINT. `record` appends every model reply to a
 /// cassette file.
 pub(crate) fn serve(
     source: &ConfigSource,
+    loaded: config::Loaded,
     record: Option<&std::path::Path>,
 ) -> Result<(), Failure> {
-    let loaded = load_config(source, SecretCheck::Required)?;
     for finding in &loaded.warnings {
         tracing::warn!("{}", LocatedFinding { source, finding });
     }

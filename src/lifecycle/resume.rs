@@ -13,7 +13,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::RuntimeSettings;
-use crate::lifecycle::journal;
+use crate::logging;
 use crate::session::Sessions;
 use crate::store::{InterruptedSession, Settled, Settlement, Store, now_millis};
 
@@ -100,17 +100,17 @@ fn report(session: &InterruptedSession, settled: &Settled, max_attempts: u32) {
         ..
     } = session;
     match settled {
-        Settled::Abandoned => tracing::warn!(message_id = journal::MESSAGE_ABANDONED,
+        Settled::Abandoned => tracing::warn!(message_id = logging::MESSAGE_ABANDONED,
             session_key = %session_key, event_id = %event_id, route = %route, turn_id = %turn_id,
             reason = %reason, "interrupted session abandoned: older than resume_window"),
-        Settled::Suspended => tracing::error!(message_id = journal::MESSAGE_SUSPENDED,
+        Settled::Suspended => tracing::error!(message_id = logging::MESSAGE_SUSPENDED,
             session_key = %session_key, event_id = %event_id, route = %route, turn_id = %turn_id,
             attempts = max_attempts, "session suspended: it keeps being interrupted"),
         // Fail closed: without a durable count there is no resume.
         Settled::Refused(error) => tracing::error!(session_key = %session_key,
             event_id = %event_id, route = %route, error = %error,
             "resume refused: the retry ledger could not count it"),
-        Settled::Resumed { attempt } => tracing::info!(message_id = journal::MESSAGE_RESUMED,
+        Settled::Resumed { attempt } => tracing::info!(message_id = logging::MESSAGE_RESUMED,
             session_key = %session_key, event_id = %event_id, route = %route, turn_id = %turn_id,
             reason = %reason, attempt, max_attempts, "interrupted session resumed"),
         Settled::NotInterrupted => tracing::debug!(session_key = %session_key,

@@ -489,7 +489,7 @@ impl Running<'_> {
             .await;
         match committed {
             Ok(()) => tracing::warn!(
-                message_id = crate::lifecycle::journal::MESSAGE_DRAIN_TIMEOUT,
+                message_id = crate::logging::MESSAGE_DRAIN_TIMEOUT,
                 event_id = %turn.event.id, session_key = %turn.event.session_key,
                 route = %turn.event.route, turn_id = %turn.turn_id,
                 "turn did not finish within drain_timeout; marked resume_pending"),

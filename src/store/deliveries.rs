@@ -2,27 +2,12 @@
 //! Rows are written in the same transaction that ends a turn, so a result is never lost between
 //! "turn finished" and "delivery queued", and retries survive restarts.
 
-use super::states::{DELIVERY_FAILED, DeliveryState, PENDING};
+use super::model::{DeliveryAttempt, DeliveryCounts, PendingDelivery};
+use super::states::{DELIVERY_FAILED, PENDING};
 use const_format::concatcp;
 use rusqlite::{Connection, params};
 
 use super::now_millis;
-
-#[derive(Debug, Clone)]
-pub(crate) struct PendingDelivery {
-    pub event_id: String,
-    pub route: String,
-    pub session_key: String,
-    pub body: String,
-    pub attempts: u32,
-}
-
-/// Pending and permanently failed deliveries, for `status`.
-#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
-pub(crate) struct DeliveryCounts {
-    pub pending: i64,
-    pub failed: i64,
-}
 
 impl DeliveryCounts {
     pub(crate) fn query(connection: &Connection) -> rusqlite::Result<DeliveryCounts> {
@@ -84,22 +69,4 @@ pub(super) fn record_attempt_in(
         )?
         .execute(params![event_id, status.sql(), next, error, now])?;
     Ok(())
-}
-
-#[derive(Debug, Clone)]
-pub(crate) enum DeliveryAttempt {
-    Delivered,
-    Retry { at: i64, error: String },
-    GaveUp { error: String },
-}
-
-impl DeliveryAttempt {
-    /// The row's new status, next attempt time and last error.
-    pub(super) fn columns(&self, now: i64) -> (DeliveryState, i64, Option<&str>) {
-        match self {
-            DeliveryAttempt::Delivered => (DeliveryState::Delivered, now, None),
-            DeliveryAttempt::Retry { at, error } => (DeliveryState::Pending, *at, Some(error)),
-            DeliveryAttempt::GaveUp { error } => (DeliveryState::Failed, now, Some(error)),
-        }
-    }
 }

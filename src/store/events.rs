@@ -1,37 +1,13 @@
 //! Events: the durable accept with delivery-id dedup, and the summaries that `status` reads.
 
-use super::states::{IDLE, NodeState, QUEUED, RESUME_PENDING, SUSPENDED};
+use super::model::{AcceptOutcome, Counts, LiveCounts, NewEvent, NodeRow, StatusSummary};
+use super::states::{IDLE, QUEUED, RESUME_PENDING, SUSPENDED};
 use const_format::concatcp;
 use std::collections::BTreeMap;
 
 use rusqlite::{Connection, OptionalExtension, params};
-use serde::Serialize;
 
 use super::now_millis;
-
-/// An event verified by the listener, about to be made durable.
-#[derive(Debug, Clone)]
-pub(crate) struct NewEvent {
-    pub id: String,
-    pub route: String,
-    pub session_key: String,
-    pub event_type: String,
-    pub delivery_id: Option<String>,
-    /// JSON object of the request headers (lower-case names, credentials removed).
-    pub headers: String,
-    pub payload: Vec<u8>,
-    /// Delivery ids seen at or after this time (unix ms) count as duplicates.
-    pub dedup_since: i64,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum AcceptOutcome {
-    Accepted,
-    /// The delivery id was seen within the dedup window; this is the original event id.
-    Duplicate {
-        original: String,
-    },
-}
 
 pub(super) fn accept_in(
     connection: &Connection,
@@ -113,78 +89,32 @@ pub(super) fn enqueue_internal_in(
     Ok(())
 }
 
-/// Counts for `agentgate status`.
-#[derive(Debug, Default, Serialize)]
-pub(crate) struct StatusSummary {
-    pub events: Counts,
-    pub sessions: Counts,
-    pub deliveries: super::DeliveryCounts,
-    /// With the PostgreSQL backend: the nodes sharing the database, and their leases.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub nodes: Option<Vec<NodeRow>>,
-}
-
-/// A node of a PostgreSQL-backed cluster, as `status` shows it.
-#[derive(Debug, Clone, Serialize)]
-pub(crate) struct NodeRow {
-    pub name: String,
-    /// This run of the node (a restart is a new one): the owner named in leases.
-    pub id: String,
-    pub pid: i64,
-    pub started_at: i64,
-    pub heartbeat_at: i64,
-    pub state: NodeState,
-    /// Sessions whose turn this node runs now.
-    pub leases: Vec<String>,
-}
-
-#[derive(Debug, Default, Serialize)]
-pub(crate) struct Counts {
-    pub total: i64,
-    #[serde(rename = "by_status", skip_serializing_if = "BTreeMap::is_empty")]
-    pub by_status: BTreeMap<String, i64>,
-    #[serde(rename = "by_state", skip_serializing_if = "BTreeMap::is_empty")]
-    pub by_state: BTreeMap<String, i64>,
-}
-
 fn grouped(connection: &Connection, sql: &str) -> rusqlite::Result<BTreeMap<String, i64>> {
     let mut statement = connection.prepare(sql)?;
     let rows = statement.query_map([], |row| Ok((row.get(0)?, row.get(1)?)))?;
     rows.collect()
 }
 
-/// The few counts the daemon reports to systemd every few seconds. Each is an index range
-/// count, so they stay cheap however many events are stored (unlike [`StatusSummary`]).
-#[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct LiveCounts {
-    pub queued: i64,
-    pub resume_pending: i64,
-    pub suspended: i64,
-}
+/// The counts of [`LiveCounts`], in SQL that both backends run as it is.
+pub(super) const LIVE_COUNTS_SQL: &str = concatcp!(
+    "SELECT (SELECT count(*) FROM events WHERE status = ",
+    QUEUED,
+    "), (SELECT count(*) FROM sessions WHERE state = ",
+    RESUME_PENDING,
+    "), (SELECT count(*) FROM sessions WHERE state = ",
+    SUSPENDED,
+    ")"
+);
 
 impl LiveCounts {
     pub(crate) fn query(connection: &Connection) -> rusqlite::Result<LiveCounts> {
-        connection.query_row(
-            concatcp!(
-                "SELECT (SELECT count(*) FROM events WHERE status = ",
-                QUEUED,
-                "),
-                    (SELECT count(*) FROM sessions WHERE state = ",
-                RESUME_PENDING,
-                "),
-                    (SELECT count(*) FROM sessions WHERE state = ",
-                SUSPENDED,
-                ")"
-            ),
-            [],
-            |row| {
-                Ok(LiveCounts {
-                    queued: row.get(0)?,
-                    resume_pending: row.get(1)?,
-                    suspended: row.get(2)?,
-                })
-            },
-        )
+        connection.query_row(LIVE_COUNTS_SQL, [], |row| {
+            Ok(LiveCounts {
+                queued: row.get(0)?,
+                resume_pending: row.get(1)?,
+                suspended: row.get(2)?,
+            })
+        })
     }
 }
 

@@ -16,6 +16,7 @@ mod deliveries;
 mod events;
 pub(crate) mod ledger;
 mod lock;
+mod model;
 mod postgres;
 mod schema;
 mod sqlite;
@@ -24,6 +25,7 @@ pub(crate) mod states;
 mod turns;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::config::StoreSettings;
@@ -32,13 +34,14 @@ pub(crate) use states::{
 };
 
 pub(crate) use atomic::is_stale_temp;
-pub(crate) use deliveries::{DeliveryAttempt, DeliveryCounts, PendingDelivery};
-pub(crate) use events::{AcceptOutcome, LiveCounts, NewEvent, NodeRow, StatusSummary};
 pub(crate) use ledger::Ledger;
 pub(crate) use lock::{DaemonLock, LockError};
+pub(crate) use model::{
+    AcceptOutcome, ClaimedTurn, DeliveryAttempt, DeliveryCounts, InterruptedSession, LiveCounts,
+    NewEvent, NodeRow, PendingDelivery, SessionRow, StatusSummary, TranscriptRow, TurnEnd,
+};
 pub(crate) use sqlite::{check_database, session_keys};
 pub(crate) use state_dir::{LEDGER_FILE, QUARANTINE_DIR, StateDir};
-pub(crate) use turns::{ClaimedTurn, InterruptedSession, SessionRow, TranscriptRow, TurnEnd};
 
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum StoreError {
@@ -113,59 +116,43 @@ pub(crate) enum Settled {
     NotInterrupted,
 }
 
-/// Everything agentgate asks of durable state. Each method commits before it returns.
-macro_rules! backend_contract {
-    ($( $(#[$doc:meta])* async fn $name:ident(&self $(, $arg:ident : $ty:ty)*) -> $ret:ty; )*) => {
-        pub(crate) trait Backend {
-            $( $(#[$doc])* async fn $name(&self $(, $arg: $ty)*) -> $ret; )*
-            /// Whether the last write (or probe) succeeded: `/readyz` and the 503s follow it.
-            fn is_writable(&self) -> bool;
-            /// How often interrupted sessions are looked for again after start: `None` when only
-            /// a start can find them (one node), else the sweep that takes over other nodes' work.
-            fn failover_interval(&self) -> Option<Duration>;
-        }
-
-        impl Store {
-            $( $(#[$doc])* pub(crate) async fn $name(&self $(, $arg: $ty)*) -> $ret {
-                match self {
-                    Store::Sqlite(backend) => backend.$name($($arg),*).await,
-                    Store::Postgres(backend) => backend.$name($($arg),*).await,
-                }
-            } )*
-
-            pub(crate) fn is_writable(&self) -> bool {
-                match self {
-                    Store::Sqlite(backend) => backend.is_writable(),
-                    Store::Postgres(backend) => backend.is_writable(),
-                }
-            }
-
-            pub(crate) fn failover_interval(&self) -> Option<Duration> {
-                match self {
-                    Store::Sqlite(backend) => backend.failover_interval(),
-                    Store::Postgres(backend) => backend.failover_interval(),
-                }
-            }
-        }
-    };
-}
-
-backend_contract! {
+/// Everything agentgate asks of durable state, whichever backend keeps it. Each write commits
+/// before its future resolves.
+#[async_trait::async_trait]
+pub(crate) trait Backend: Send + Sync {
     /// Makes `event` durable, or reports the original of a duplicate delivery id.
     async fn accept(&self, event: NewEvent) -> Result<AcceptOutcome, StoreError>;
     /// Queues an internal event (a background job's completion) as the session's next turn.
-    async fn enqueue_internal(&self, session_key: &str, route: &str, event_type: &str, payload: serde_json::Value) -> Result<String, StoreError>;
+    async fn enqueue_internal(
+        &self,
+        session_key: &str,
+        route: &str,
+        event_type: &str,
+        payload: serde_json::Value,
+    ) -> Result<String, StoreError>;
     /// Forgets delivery ids last seen before `before` (unix ms).
     async fn prune_dedup(&self, before: i64) -> Result<usize, StoreError>;
     /// Claims up to `limit` events, the oldest queued one of each idle session, oldest first.
     async fn claim_turns(&self, limit: usize) -> Result<Vec<ClaimedTurn>, StoreError>;
     /// Commits transcript entries of a running turn, in order, in one transaction.
-    async fn append_transcript(&self, session_key: &str, turn_id: &str, entries: Vec<(&'static str, String)>, steps: u32) -> Result<(), StoreError>;
+    async fn append_transcript(
+        &self,
+        session_key: &str,
+        turn_id: &str,
+        entries: Vec<(&'static str, String)>,
+        steps: u32,
+    ) -> Result<(), StoreError>;
     /// Ends a turn: its row, its event's terminal status, its session's state and its delivery.
     async fn finish_turn(&self, end: TurnEnd) -> Result<(), StoreError>;
     /// Leaves a running turn to be resumed: interrupted, its session `resume_pending` with
     /// `reason`, its event open.
-    async fn interrupt_for_resume(&self, turn_id: &str, session_key: &str, reason: ResumeReason, steps: u32) -> Result<(), StoreError>;
+    async fn interrupt_for_resume(
+        &self,
+        turn_id: &str,
+        session_key: &str,
+        reason: ResumeReason,
+        steps: u32,
+    ) -> Result<(), StoreError>;
     /// Turns whose process is gone (found at start; with leases, expired) become interrupted
     /// `crashed`, their sessions `resume_pending`. Returns how many.
     async fn mark_crashed_turns(&self) -> Result<usize, StoreError>;
@@ -173,7 +160,11 @@ backend_contract! {
     async fn interrupted_sessions(&self) -> Result<Vec<InterruptedSession>, StoreError>;
     /// Abandons, resumes or suspends an interrupted session; a resume is counted durably in the
     /// retry ledger before its event is queued again.
-    async fn settle_interrupted(&self, session: &InterruptedSession, settlement: Settlement) -> Result<Settled, StoreError>;
+    async fn settle_interrupted(
+        &self,
+        session: &InterruptedSession,
+        settlement: Settlement,
+    ) -> Result<Settled, StoreError>;
     /// A resumed session completed: its retry ledger entry goes.
     async fn clear_resume_count(&self, session_key: &str) -> Result<(), StoreError>;
     /// Whether any run of `event_id` recorded a transcript entry.
@@ -183,7 +174,11 @@ backend_contract! {
     /// Deliveries due now, oldest first, each to be sent by this node alone.
     async fn due_deliveries(&self, limit: usize) -> Result<Vec<PendingDelivery>, StoreError>;
     /// Records an attempt: delivered, retry later, or failed for good.
-    async fn record_delivery_attempt(&self, event_id: &str, outcome: DeliveryAttempt) -> Result<(), StoreError>;
+    async fn record_delivery_attempt(
+        &self,
+        event_id: &str,
+        outcome: DeliveryAttempt,
+    ) -> Result<(), StoreError>;
     /// The counts for `STATUS=`.
     async fn live_counts(&self) -> Result<LiveCounts, StoreError>;
     /// The counts for `agentgate status` (and, with leases, the nodes).
@@ -207,14 +202,24 @@ backend_contract! {
     /// is returned once.
     async fn interrupts_requested(&self) -> Result<Vec<String>, StoreError>;
     /// The daemon is stopping: hands this node's remaining leases back.
-    async fn release(&self) -> ();
+    async fn release(&self);
+    /// Whether the last write (or probe) succeeded: `/readyz` and the 503s follow it.
+    fn is_writable(&self) -> bool;
+    /// How often interrupted sessions are looked for again after start: `None` when only a
+    /// start can find them (one node), else the sweep that takes over other nodes' work.
+    fn failover_interval(&self) -> Option<Duration>;
 }
 
-/// A handle to durable state. Cheap to clone.
+/// A handle to durable state: the configured [`Backend`]. Cheap to clone.
 #[derive(Clone)]
-pub(crate) enum Store {
-    Sqlite(sqlite::SqliteStore),
-    Postgres(postgres::PostgresStore),
+pub(crate) struct Store(Arc<dyn Backend>);
+
+impl std::ops::Deref for Store {
+    type Target = dyn Backend;
+
+    fn deref(&self) -> &(dyn Backend + 'static) {
+        self.0.as_ref()
+    }
 }
 
 impl Store {
@@ -224,10 +229,10 @@ impl Store {
         state_dir: &Path,
     ) -> Result<Store, StoreError> {
         match settings {
-            StoreSettings::Sqlite => Ok(Store::Sqlite(sqlite::SqliteStore::open(state_dir)?)),
-            StoreSettings::Postgres(postgres) => Ok(Store::Postgres(
+            StoreSettings::Sqlite => Ok(Store(Arc::new(sqlite::SqliteStore::open(state_dir)?))),
+            StoreSettings::Postgres(postgres) => Ok(Store(Arc::new(
                 postgres::PostgresStore::open(postgres, true).await?,
-            )),
+            ))),
         }
     }
 
@@ -238,10 +243,12 @@ impl Store {
         state_dir: &Path,
     ) -> Result<Option<Store>, StoreError> {
         match settings {
-            StoreSettings::Sqlite => Ok(sqlite::SqliteStore::attach(state_dir)?.map(Store::Sqlite)),
-            StoreSettings::Postgres(postgres) => Ok(Some(Store::Postgres(
+            StoreSettings::Sqlite => {
+                Ok(sqlite::SqliteStore::attach(state_dir)?.map(|backend| Store(Arc::new(backend))))
+            }
+            StoreSettings::Postgres(postgres) => Ok(Some(Store(Arc::new(
                 postgres::PostgresStore::open(postgres, false).await?,
-            ))),
+            )))),
         }
     }
 }

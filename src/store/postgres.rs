@@ -34,8 +34,8 @@ use super::turns::SESSION_SQL;
 use super::{
     AcceptOutcome, Backend, ClaimedTurn, DeliveryAttempt, DeliveryCounts, InterruptedSession,
     Ledger, LiveCounts, NewEvent, NodeRow, PendingDelivery, SessionRow, Settled, Settlement,
-    StatusSummary, StoreError, TranscriptRow, TurnEnd, ledger::now_rfc3339, now_millis,
-    turns::StoredEvent,
+    StatusSummary, StoreError, TranscriptRow, TurnEnd, events::LIVE_COUNTS_SQL,
+    ledger::now_rfc3339, model::StoredEvent, now_millis,
 };
 use crate::config::PostgresSettings;
 
@@ -831,6 +831,7 @@ async fn grouped(
         .collect())
 }
 
+#[async_trait::async_trait]
 impl Backend for PostgresStore {
     async fn accept(&self, event: NewEvent) -> Result<AcceptOutcome, StoreError> {
         let accepts = self.shared.accepts.as_ref().ok_or_else(|| {
@@ -1249,22 +1250,7 @@ impl Backend for PostgresStore {
     }
 
     async fn live_counts(&self) -> Result<LiveCounts, StoreError> {
-        let row = self
-            .select_one(
-                concatcp!(
-                    "SELECT (SELECT count(*) FROM events WHERE status = ",
-                    QUEUED,
-                    "),
-                        (SELECT count(*) FROM sessions WHERE state = ",
-                    RESUME_PENDING,
-                    "),
-                        (SELECT count(*) FROM sessions WHERE state = ",
-                    SUSPENDED,
-                    ")"
-                ),
-                &[],
-            )
-            .await?;
+        let row = self.select_one(LIVE_COUNTS_SQL, &[]).await?;
         Ok(LiveCounts {
             queued: row.get(0),
             resume_pending: row.get(1),

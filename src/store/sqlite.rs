@@ -20,6 +20,7 @@ use super::events::{accept_in, enqueue_internal_in};
 use super::ledger::LedgerFile;
 use const_format::concatcp;
 
+use super::state_dir;
 use super::states::{RESUME_PENDING, TURN_RUNNING};
 use super::turns::{
     append_in, candidates_in, claim_in, crashed_in, event_has_transcript_in, finish_in,
@@ -100,9 +101,12 @@ pub(crate) struct SqliteStore {
 /// Read connections kept open for reuse.
 const IDLE_READERS: usize = 4;
 
-/// Every connection refuses a database path that is a symbolic link (see `StateDir`).
+/// Every connection refuses a database, WAL or SHM file that is a symbolic link (see
+/// `StateDir`). SQLite's own `SQLITE_OPEN_NOFOLLOW` is not used: it also refuses a state
+/// directory reached through a link, which operators use to put state on another disk.
 fn open_connection(path: &Path, flags: OpenFlags) -> rusqlite::Result<Connection> {
-    let connection = Connection::open_with_flags(path, flags | OpenFlags::SQLITE_OPEN_NOFOLLOW)?;
+    refuse_linked_database(path)?;
+    let connection = Connection::open_with_flags(path, flags)?;
     connection.busy_timeout(Duration::from_secs(5))?;
     connection.execute_batch(
         "PRAGMA journal_mode = WAL;
@@ -225,14 +229,25 @@ impl SqliteStore {
     }
 }
 
+/// See [`open_connection`] on symbolic links.
+fn refuse_linked_database(database: &Path) -> rusqlite::Result<()> {
+    state_dir::refuse_linked_database(database).map_err(|err| {
+        rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CANTOPEN),
+            Some(err.to_string()),
+        )
+    })
+}
+
 fn open_reader(database: &Path) -> Result<Connection, StoreError> {
-    let connection = Connection::open_with_flags(
-        database,
-        OpenFlags::SQLITE_OPEN_READ_ONLY
-            | OpenFlags::SQLITE_OPEN_NO_MUTEX
-            | OpenFlags::SQLITE_OPEN_NOFOLLOW,
-    )
-    .map_err(|source| StoreError::Open {
+    let open = |database: &Path| {
+        refuse_linked_database(database)?;
+        Connection::open_with_flags(
+            database,
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+    };
+    let connection = open(database).map_err(|source| StoreError::Open {
         path: database.to_path_buf(),
         source,
     })?;
@@ -384,6 +399,7 @@ async fn with_ledger<T: Send + 'static>(
         .map_err(|err| StoreError::Ledger(err.to_string()))
 }
 
+#[async_trait::async_trait]
 impl Backend for SqliteStore {
     async fn accept(&self, event: NewEvent) -> Result<AcceptOutcome, StoreError> {
         self.write(move |connection| accept_in(connection, &event))

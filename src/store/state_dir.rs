@@ -52,9 +52,7 @@ impl StateDir {
 
     /// The database and the files SQLite keeps beside it.
     fn database_files(&self) -> [PathBuf; 3] {
-        let database = self.database();
-        let beside = |suffix: &str| PathBuf::from(format!("{}{suffix}", database.display()));
-        [database.clone(), beside("-wal"), beside("-shm")]
+        database_files(&self.database())
     }
 
     pub(crate) fn ledger(&self) -> PathBuf {
@@ -134,9 +132,7 @@ impl StateDir {
     /// database file is created here, 0600, so that SQLite's `-wal` and `-shm` (which copy the
     /// database's mode) are 0600 too.
     pub(crate) fn prepare_database(&self) -> std::io::Result<()> {
-        for path in self.database_files() {
-            refuse_symbolic_link(&path)?;
-        }
+        refuse_linked_database(&self.database())?;
         match create_new(&self.database()) {
             Ok(_) => Ok(()),
             Err(err) if err.kind() == ErrorKind::AlreadyExists => Ok(()),
@@ -211,6 +207,19 @@ impl StateDir {
         }
         Ok(())
     }
+}
+
+/// `database` and the `-wal` and `-shm` files beside it.
+fn database_files(database: &Path) -> [PathBuf; 3] {
+    let beside = |suffix: &str| PathBuf::from(format!("{}{suffix}", database.display()));
+    [database.to_path_buf(), beside("-wal"), beside("-shm")]
+}
+
+/// Refuses a database whose file, WAL or SHM is a symbolic link (the directory above may be one).
+pub(crate) fn refuse_linked_database(database: &Path) -> std::io::Result<()> {
+    database_files(database)
+        .iter()
+        .try_for_each(|path| refuse_symbolic_link(path))
 }
 
 /// Creates `path` exclusively (`O_EXCL` never follows a symbolic link) with mode 0600.

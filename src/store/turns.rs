@@ -1,139 +1,17 @@
 //! Turns and their transcript: claiming the next event of an idle session, committing each step,
 //! and ending a turn together with its event's terminal status and its outbox row.
 
+use super::model::{
+    ClaimedTurn, InterruptedSession, SessionRow, StoredEvent, TranscriptRow, TurnEnd,
+};
 use super::states::{
-    CRASHED, EVENT_RUNNING, EventStatus, IDLE, OPERATOR, PENDING, QUEUED, RESUME_PENDING,
-    ResumeReason, SESSION_RUNNING, SUSPENDED, SessionState, StopReason, TURN_INTERRUPTED,
-    TURN_RUNNING, TurnStatus,
+    CRASHED, EVENT_RUNNING, IDLE, OPERATOR, PENDING, QUEUED, RESUME_PENDING, ResumeReason,
+    SESSION_RUNNING, SUSPENDED, SessionState, StopReason, TURN_INTERRUPTED, TURN_RUNNING,
 };
 use const_format::concatcp;
 use rusqlite::{Connection, OptionalExtension, params};
-use serde::Serialize;
 
 use super::now_millis;
-
-/// A stored event, as a turn needs it.
-#[derive(Debug, Clone)]
-pub(crate) struct StoredEvent {
-    pub id: String,
-    pub route: String,
-    pub session_key: String,
-    pub event_type: String,
-    pub delivery_id: Option<String>,
-    pub headers: String,
-    pub payload: Vec<u8>,
-    /// Set when this run resumes an interrupted one.
-    pub resume_reason: Option<ResumeReason>,
-}
-
-/// An event claimed for a new turn.
-#[derive(Debug, Clone)]
-pub(crate) struct ClaimedTurn {
-    pub turn_id: String,
-    pub event: StoredEvent,
-}
-
-/// A session left `resume_pending` by a drain or a crash.
-#[derive(Debug, Clone)]
-pub(crate) struct InterruptedSession {
-    pub session_key: String,
-    pub route: String,
-    pub reason: ResumeReason,
-    pub turn_id: String,
-    pub event_id: String,
-    pub steps: u32,
-    /// When the interrupted turn started (unix ms).
-    pub started_at: i64,
-}
-
-impl InterruptedSession {
-    fn ended(&self, event_status: EventStatus, error: String) -> TurnEnd {
-        TurnEnd {
-            turn_id: self.turn_id.clone(),
-            event_id: self.event_id.clone(),
-            session_key: self.session_key.clone(),
-            route: self.route.clone(),
-            turn_status: TurnStatus::Interrupted,
-            event_status,
-            reason: Some(StopReason::Resume(self.reason)),
-            output: None,
-            error: Some(error),
-            steps: self.steps,
-        }
-    }
-
-    /// The end of a session interrupted longer ago than `resume_window`.
-    pub(crate) fn abandoned(&self) -> TurnEnd {
-        let error = format!(
-            "the turn was interrupted ({}) longer ago than resume_window; it is not resumed",
-            self.reason
-        );
-        self.ended(EventStatus::Abandoned, error)
-    }
-
-    /// The end of a session that needed more than `max_attempts` resumes.
-    pub(crate) fn suspended(&self, max_attempts: u32) -> TurnEnd {
-        let error = format!(
-            "suspended after {max_attempts} resume(s): the session was interrupted ({}) every time",
-            self.reason
-        );
-        self.ended(EventStatus::Suspended, error)
-    }
-}
-
-/// How a turn ended, for its rows.
-#[derive(Debug, Clone)]
-pub(crate) struct TurnEnd {
-    pub turn_id: String,
-    pub event_id: String,
-    pub session_key: String,
-    pub route: String,
-    pub turn_status: TurnStatus,
-    /// The event's terminal status: `completed`, `failed`, `abandoned` or `suspended`.
-    pub event_status: EventStatus,
-    pub reason: Option<StopReason>,
-    pub output: Option<String>,
-    pub error: Option<String>,
-    pub steps: u32,
-}
-
-impl TurnEnd {
-    /// The body of this turn's outbound delivery (docs/reference.md, "Outbound deliveries").
-    pub(crate) fn delivery_body(&self) -> serde_json::Result<String> {
-        serde_json::to_string(&DeliveryBody {
-            event_id: &self.event_id,
-            route: &self.route,
-            session: &self.session_key,
-            status: self.event_status,
-            output: self.output.as_deref(),
-            error: self.error.as_deref(),
-            turn_id: &self.turn_id,
-            steps: self.steps,
-        })
-    }
-
-    /// The state the session is left in.
-    pub(crate) fn session_state(&self) -> SessionState {
-        if self.event_status == EventStatus::Suspended {
-            SessionState::Suspended
-        } else {
-            SessionState::Idle
-        }
-    }
-}
-
-/// The body of the outbound delivery (docs/reference.md, "Outbound deliveries").
-#[derive(Debug, Clone, Serialize)]
-struct DeliveryBody<'a> {
-    pub event_id: &'a str,
-    pub route: &'a str,
-    pub session: &'a str,
-    pub status: EventStatus,
-    pub output: Option<&'a str>,
-    pub error: Option<&'a str>,
-    pub turn_id: &'a str,
-    pub steps: u32,
-}
 
 /// Candidates for the next turns: queued events in arrival order with their session's state.
 /// Read on a reader connection, so a long backlog costs the writer (and so accepts) nothing.
@@ -316,35 +194,6 @@ pub(super) fn finish_in(connection: &Connection, end: &TurnEnd) -> rusqlite::Res
     Ok(())
 }
 
-/// One transcript row.
-#[derive(Debug, Clone, Serialize)]
-pub(crate) struct TranscriptRow {
-    pub seq: i64,
-    pub turn_id: String,
-    pub kind: String,
-    pub body: serde_json::Value,
-    pub created_at: i64,
-}
-
-impl TranscriptRow {
-    /// A stored entry; its body is JSON as written (kept as text if it is not).
-    pub(super) fn new(
-        seq: i64,
-        turn_id: String,
-        kind: String,
-        body: String,
-        created_at: i64,
-    ) -> Self {
-        TranscriptRow {
-            seq,
-            turn_id,
-            kind,
-            body: serde_json::from_str(&body).unwrap_or(serde_json::Value::String(body)),
-            created_at,
-        }
-    }
-}
-
 pub(super) fn transcript_of(
     connection: &Connection,
     session_key: &str,
@@ -442,20 +291,6 @@ fn session_state(connection: &Connection, key: &str) -> rusqlite::Result<Option<
             },
         )
         .optional()
-}
-
-/// A session as `sessions list` shows it.
-#[derive(Debug, Clone, Serialize)]
-pub(crate) struct SessionRow {
-    pub key: String,
-    pub route: String,
-    pub state: String,
-    pub reason: Option<String>,
-    pub last_turn_id: Option<String>,
-    pub last_turn_status: Option<String>,
-    pub turns: i64,
-    pub queued: i64,
-    pub updated_at: i64,
 }
 
 pub(super) const SESSION_SQL: &str = concatcp!(

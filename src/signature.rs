@@ -12,7 +12,45 @@ use http::HeaderMap;
 use sha2::Sha256;
 use subtle::ConstantTimeEq;
 
-use crate::config::{Secret, VerifyScheme, VerifySettings};
+use crate::secret::Secret;
+
+/// The verification schemes: the one list of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum VerifyScheme {
+    Github,
+    Standard,
+    Stripe,
+    Slack,
+    Gitlab,
+    Bearer,
+    HmacSha256,
+    None,
+}
+
+impl VerifyScheme {
+    pub(crate) fn parse(name: &str) -> Option<VerifyScheme> {
+        Some(match name {
+            "github" => VerifyScheme::Github,
+            "standard" => VerifyScheme::Standard,
+            "stripe" => VerifyScheme::Stripe,
+            "slack" => VerifyScheme::Slack,
+            "gitlab" => VerifyScheme::Gitlab,
+            "bearer" => VerifyScheme::Bearer,
+            "hmac-sha256" => VerifyScheme::HmacSha256,
+            "none" => VerifyScheme::None,
+            _ => return None,
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct VerifySettings {
+    pub scheme: VerifyScheme,
+    /// The key bytes as the scheme uses them (`standard`: the decoded `whsec_` key).
+    pub key: Option<Secret>,
+    /// `hmac-sha256`: the header that carries the signature.
+    pub header: String,
+}
 
 /// How far a signed timestamp may be from now, either way.
 pub(crate) const TIMESTAMP_TOLERANCE_SECS: u64 = 300;

@@ -1,0 +1,43 @@
+//! `check-config`.
+
+use crate::config::{self, ConfigError, ConfigSource, LocatedFinding, SecretCheck, Severity};
+use crate::exit::Failure;
+
+pub(super) fn check_config(source: &ConfigSource) -> Result<(), Failure> {
+    match config::load(source, SecretCheck::CredentialsOptional) {
+        Ok(loaded) => {
+            for finding in &loaded.warnings {
+                println!("{}", LocatedFinding { source, finding });
+            }
+            println!(
+                "{source}: ok ({} route(s), {} tool(s), {} warning(s))",
+                loaded.config.routes.len(),
+                loaded.config.tools.len(),
+                loaded.warnings.len()
+            );
+            Ok(())
+        }
+        Err(ConfigError::Invalid {
+            source_name,
+            findings,
+        }) => {
+            for finding in &findings {
+                println!(
+                    "{}",
+                    LocatedFinding {
+                        source: &source_name,
+                        finding
+                    }
+                );
+            }
+            let errors = findings
+                .iter()
+                .filter(|f| f.severity == Severity::Error)
+                .count();
+            Err(Failure::config(format!(
+                "{source_name}: {errors} error(s); not usable"
+            )))
+        }
+        Err(err) => Err(Failure::config(err)),
+    }
+}

@@ -1,0 +1,131 @@
+//! The command line: parsing (clap), dispatch, and exit statuses.
+//!
+//! Commands that inspect state (`status`, `sessions`, `ledger`) read the state directory directly,
+//! so they work whether or not the daemon runs.
+
+mod args;
+mod check;
+mod generate;
+mod send;
+mod sessions;
+mod state;
+mod status;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use crate::config::{self, ConfigError, ConfigSource, LocatedFinding, SecretCheck};
+use crate::exit::Failure;
+use crate::lifecycle;
+use crate::logging;
+
+use args::*;
+use check::check_config;
+use generate::generate;
+use send::{SendRequest, send};
+use sessions::{Override, ledger_show, operator_override, sessions_list, sessions_show};
+use status::status;
+
+/// Parses the command line, runs the command, and maps the outcome to an exit status.
+pub(crate) fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => {
+            let _ = err.print();
+            return ExitCode::from(if err.use_stderr() { 2 } else { 0 });
+        }
+    };
+    let target = match cli.command {
+        Command::Serve { .. } | Command::Reconcile { dry_run: false, .. } => {
+            logging::LogTarget::Daemon
+        }
+        _ => logging::LogTarget::Terminal,
+    };
+    logging::init(target);
+    match run(cli.command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => {
+            eprintln!("agentgate: {failure}");
+            ExitCode::from(failure.code)
+        }
+    }
+}
+
+/// Prints each finding on its own line and turns an invalid config into exit status 78.
+pub(crate) fn load_config(
+    source: &ConfigSource,
+    secrets: SecretCheck,
+) -> Result<config::Loaded, Failure> {
+    match config::load(source, secrets) {
+        Ok(loaded) => Ok(loaded),
+        Err(ConfigError::Invalid {
+            source_name,
+            findings,
+        }) => {
+            for finding in &findings {
+                eprintln!(
+                    "{}",
+                    LocatedFinding {
+                        source: &source_name,
+                        finding
+                    }
+                );
+            }
+            Err(Failure::config(ConfigError::Invalid {
+                source_name,
+                findings,
+            }))
+        }
+        Err(err) => Err(Failure::config(err)),
+    }
+}
+
+fn run(command: Command) -> Result<(), Failure> {
+    match command {
+        Command::Serve { config, record } => {
+            let source = config.source();
+            let loaded = load_config(&source, SecretCheck::Required)?;
+            lifecycle::serve(&source, loaded, record.as_deref())
+        }
+        Command::CheckConfig(config) => check_config(&config.source()),
+        Command::Status { config, json } => status(&config.source(), json),
+        Command::Send {
+            config,
+            route,
+            data,
+            url,
+            delivery_id,
+            event_type,
+        } => send(
+            &config.source(),
+            &SendRequest {
+                route,
+                data,
+                url,
+                delivery_id,
+                event_type,
+            },
+        ),
+        Command::Reconcile { config, dry_run } => {
+            let loaded = load_config(&config.source(), SecretCheck::CredentialsOptional)?;
+            crate::reconcile::run(&loaded.config, dry_run)
+        }
+        Command::Sessions(SessionsCommand::List { config, json }) => {
+            sessions_list(&config.source(), json)
+        }
+        Command::Sessions(SessionsCommand::Show { config, key, json }) => {
+            sessions_show(&config.source(), &key, json)
+        }
+        Command::Sessions(SessionsCommand::Resume { config, key }) => {
+            operator_override(&config.source(), &key, Override::Resume)
+        }
+        Command::Sessions(SessionsCommand::Suspend { config, key }) => {
+            operator_override(&config.source(), &key, Override::Suspend)
+        }
+        Command::Ledger(LedgerCommand::Show { config, json }) => {
+            ledger_show(&config.source(), json)
+        }
+        Command::Generate(what) => generate(what),
+    }
+}

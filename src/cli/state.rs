@@ -1,0 +1,47 @@
+//! Operator access to the configured store for the inspection commands.
+
+use std::path::PathBuf;
+
+use crate::config::{self, ConfigSource};
+use crate::exit::Failure;
+use crate::store::{Store, StoreError};
+
+/// Operator access to the configured store, opened as it is: a missing SQLite database is
+/// "nothing stored yet", never created by a command that only looks.
+pub(super) struct StateAccess {
+    pub(super) state_dir: PathBuf,
+    pub(super) store: Option<Store>,
+    pub(super) runtime: tokio::runtime::Runtime,
+}
+
+impl StateAccess {
+    pub(super) fn open(source: &ConfigSource) -> Result<StateAccess, Failure> {
+        let (state_dir, settings) = config::state_location(source).map_err(Failure::config)?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|err| Failure::runtime(format!("cannot start the async runtime: {err}")))?;
+        let store = runtime
+            .block_on(Store::attach(&settings, &state_dir))
+            .map_err(Failure::from)?;
+        Ok(StateAccess {
+            state_dir,
+            store,
+            runtime,
+        })
+    }
+
+    /// Runs `query` on the store; `None` when nothing is stored yet.
+    pub(super) fn query<T>(
+        &self,
+        query: impl AsyncFnOnce(&Store) -> Result<T, StoreError>,
+    ) -> Result<Option<T>, Failure> {
+        let Some(store) = &self.store else {
+            return Ok(None);
+        };
+        self.runtime
+            .block_on(query(store))
+            .map(Some)
+            .map_err(Failure::from)
+    }
+}

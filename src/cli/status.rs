@@ -1,0 +1,91 @@
+//! `status`: the daemon and its state in one screen, or as JSON.
+
+use std::path::Path;
+
+use crate::config::ConfigSource;
+use crate::exit::Failure;
+use crate::store::NodeState;
+use crate::store::{DaemonLock, StatusSummary};
+
+use super::state::StateAccess;
+
+pub(super) fn status(source: &ConfigSource, json: bool) -> Result<(), Failure> {
+    let state = StateAccess::open(source)?;
+    let summary = state
+        .query(async |store| store.status_summary().await)?
+        .unwrap_or_default();
+    let running = DaemonLock::is_held(&state.state_dir)
+        || summary
+            .nodes
+            .iter()
+            .flatten()
+            .any(|node| node.state == NodeState::Running);
+    // The ledger as the next resume will see it: a malformed one blocks every resume.
+    let ledger = match state.query(async |store| store.resume_ledger().await) {
+        Ok(ledger) => serde_json::json!({
+            "sessions": ledger.map_or(0, |ledger| ledger.sessions.len()),
+            "valid": true
+        }),
+        Err(err) => serde_json::json!({"valid": false, "error": err.to_string()}),
+    };
+    if json {
+        let document = serde_json::json!({
+            "daemon": {"running": running},
+            "state_dir": state.state_dir,
+            "events": summary.events,
+            "sessions": summary.sessions,
+            "deliveries": summary.deliveries,
+            "ledger": ledger,
+            "nodes": summary.nodes,
+        });
+        println!("{document:#}");
+    } else {
+        print!("{}", render_status(&state.state_dir, running, &summary));
+        match ledger["valid"].as_bool() {
+            Some(true) => println!(
+                "ledger:     {} session(s) with resume counts",
+                ledger["sessions"]
+            ),
+            _ => println!(
+                "ledger:     UNUSABLE, no resume is dispatched: {}",
+                ledger["error"].as_str().unwrap_or("")
+            ),
+        }
+        for node in summary.nodes.iter().flatten() {
+            println!(
+                "node:       {} ({}, pid {}, {}) leases: {}",
+                node.name,
+                node.id,
+                node.pid,
+                node.state,
+                if node.leases.is_empty() {
+                    "none".to_string()
+                } else {
+                    node.leases.join(", ")
+                }
+            );
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn render_status(state_dir: &Path, running: bool, summary: &StatusSummary) -> String {
+    let breakdown = |counts: &std::collections::BTreeMap<String, i64>| {
+        counts
+            .iter()
+            .map(|(name, n)| format!("{name} {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    format!(
+        "daemon:     {}\nstate:      {}\nevents:     {} total ({})\nsessions:   {} total ({})\ndeliveries: {} pending, {} failed\n",
+        if running { "running" } else { "not running" },
+        state_dir.display(),
+        summary.events.total,
+        breakdown(&summary.events.by_status),
+        summary.sessions.total,
+        breakdown(&summary.sessions.by_state),
+        summary.deliveries.pending,
+        summary.deliveries.failed,
+    )
+}

@@ -1,0 +1,376 @@
+//! The configuration file: strict TOML in, typed settings and findings out.
+//!
+//! Parsing is two passes. serde rejects unknown keys and wrong types; then `check` turns the raw
+//! values into typed settings, collecting every problem as a [`Finding`] that names the key path and
+//! the line it is on, so an operator fixes all of them in one edit instead of one per restart.
+
+mod check;
+mod locate;
+mod raw;
+mod settings;
+mod units;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+pub(crate) use crate::secret::{Secret, SecretSource};
+pub(crate) use crate::signature::{VerifyScheme, VerifySettings};
+pub(crate) use check::check;
+use check::{Checker, syntax_finding};
+use locate::Locator;
+use raw::*;
+pub(crate) use settings::*;
+pub(crate) use units::Rate;
+use units::{parse_duration, parse_rate, parse_size};
+
+/// The default location of the config file.
+pub(crate) const DEFAULT_CONFIG_PATH: &str = "/etc/agentgate/agentgate.toml";
+/// Used when no config file is named and the default file does not exist: a loopback demo route
+/// with the bundled replay cassette as the model, state under `./agentgate-state`.
+pub(crate) const EMBEDDED_DEFAULTS: &str = include_str!("../../examples/quickstart.toml");
+
+/// Where the config came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ConfigSource {
+    File(PathBuf),
+    Embedded,
+}
+
+impl ConfigSource {
+    /// `--config`, else `$AGENTGATE_CONFIG`, else the default path, else the embedded defaults.
+    pub(crate) fn resolve(explicit: Option<&Path>) -> ConfigSource {
+        if let Some(path) = explicit {
+            return ConfigSource::File(path.to_path_buf());
+        }
+        if let Some(path) = std::env::var_os("AGENTGATE_CONFIG").filter(|p| !p.is_empty()) {
+            return ConfigSource::File(PathBuf::from(path));
+        }
+        let default = Path::new(DEFAULT_CONFIG_PATH);
+        if default.exists() {
+            ConfigSource::File(default.to_path_buf())
+        } else {
+            ConfigSource::Embedded
+        }
+    }
+}
+
+impl fmt::Display for ConfigSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfigSource::File(path) => write!(f, "{}", path.display()),
+            ConfigSource::Embedded => f.write_str("<embedded defaults>"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Severity {
+    Warning,
+    Error,
+}
+
+/// One problem in the config, located by key path and line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Finding {
+    pub severity: Severity,
+    pub key: String,
+    pub line: Option<usize>,
+    pub message: String,
+}
+
+/// A finding together with the file it is in, ready to print on one line.
+pub(crate) struct LocatedFinding<'a> {
+    pub source: &'a ConfigSource,
+    pub finding: &'a Finding,
+}
+
+impl fmt::Display for LocatedFinding<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let finding = self.finding;
+        let severity = match finding.severity {
+            Severity::Warning => "warning",
+            Severity::Error => "error",
+        };
+        match finding.line {
+            Some(line) => write!(f, "{}:{line}: {severity}", self.source)?,
+            None => write!(f, "{}: {severity}", self.source)?,
+        }
+        if !finding.key.is_empty() {
+            write!(f, ": {}", finding.key)?;
+        }
+        write!(f, ": {}", finding.message)
+    }
+}
+
+/// Why a config could not be used.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ConfigError {
+    #[error("cannot read config {path}: {source}")]
+    Unreadable {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config {source_name} has {} error(s)", count_errors(.findings))]
+    Invalid {
+        source_name: ConfigSource,
+        findings: Vec<Finding>,
+    },
+}
+
+fn count_errors(findings: &[Finding]) -> usize {
+    findings
+        .iter()
+        .filter(|f| f.severity == Severity::Error)
+        .count()
+}
+
+/// A successfully loaded config plus the warnings found on the way.
+#[derive(Debug)]
+pub(crate) struct Loaded {
+    pub config: Config,
+    pub warnings: Vec<Finding>,
+}
+
+fn read_source(source: &ConfigSource) -> Result<String, ConfigError> {
+    match source {
+        ConfigSource::File(path) => {
+            std::fs::read_to_string(path).map_err(|err| ConfigError::Unreadable {
+                path: path.clone(),
+                source: err,
+            })
+        }
+        ConfigSource::Embedded => Ok(EMBEDDED_DEFAULTS.to_string()),
+    }
+}
+
+/// Whether every secret must load, or credentials may be left for the service to load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SecretCheck {
+    /// `serve`, `send`: a secret that cannot be loaded is an error.
+    Required,
+    /// `check-config`, `reconcile`: outside the service there may be no `$CREDENTIALS_DIRECTORY`;
+    /// credentials are then checked when the service starts, and said so in a warning.
+    CredentialsOptional,
+}
+
+/// Reads and checks the config from `source`.
+pub(crate) fn load(source: &ConfigSource, secrets: SecretCheck) -> Result<Loaded, ConfigError> {
+    let text = read_source(source)?;
+    with_process_environment(secrets, |environment| {
+        check(source.clone(), &text, environment)
+    })
+}
+
+/// Runs `use_it` with the environment systemd gives the process ($CREDENTIALS_DIRECTORY,
+/// $STATE_DIRECTORY).
+fn with_process_environment<T>(
+    secrets: SecretCheck,
+    use_it: impl FnOnce(&Environment<'_>) -> T,
+) -> T {
+    let credentials = std::env::var_os("CREDENTIALS_DIRECTORY").map(PathBuf::from);
+    let state_directory = std::env::var_os("STATE_DIRECTORY").map(PathBuf::from);
+    use_it(&Environment {
+        credentials_dir: credentials.as_deref(),
+        state_directory: state_directory.as_deref(),
+        secrets,
+    })
+}
+
+/// Only the state directory of the config at `source`, for commands that inspect state: they
+/// must work where the route secrets (systemd credentials of the service) are not readable.
+/// Where the state is, for the operator commands (`status`, `sessions`, `ledger`): only
+/// `state_dir` and `[store]` are read, so a config with errors elsewhere does not hide the state.
+pub(crate) fn state_location(
+    source: &ConfigSource,
+) -> Result<(PathBuf, StoreSettings), ConfigError> {
+    #[derive(Deserialize)]
+    struct StateOnly {
+        state_dir: Option<PathBuf>,
+        #[serde(default)]
+        store: RawStore,
+    }
+    let text = read_source(source)?;
+    let locator = Locator::new(&text);
+    let parsed: StateOnly = toml::from_str(&text).map_err(|err| ConfigError::Invalid {
+        source_name: source.clone(),
+        findings: vec![syntax_finding(&err, &locator)],
+    })?;
+    with_process_environment(SecretCheck::Required, |environment| {
+        let mut checker = Checker {
+            locator: &locator,
+            findings: Vec::new(),
+            environment,
+        };
+        // An operator command runs no turns: the default pool for max_concurrent_turns = 16
+        // is plenty.
+        match checker.store(parsed.store, 16) {
+            Some(store) if count_errors(&checker.findings) == 0 => Ok((
+                resolve_state_dir(parsed.state_dir, environment.state_directory),
+                store,
+            )),
+            _ => Err(ConfigError::Invalid {
+                source_name: source.clone(),
+                findings: checker.findings,
+            }),
+        }
+    })
+}
+
+/// `state_dir`, else the first of `$STATE_DIRECTORY`, else /var/lib/agentgate.
+fn resolve_state_dir(configured: Option<PathBuf>, state_directory: Option<&Path>) -> PathBuf {
+    configured
+        .or_else(|| {
+            state_directory.and_then(|dirs| {
+                dirs.to_str()
+                    .and_then(|s| s.split(':').next())
+                    .map(PathBuf::from)
+            })
+        })
+        .unwrap_or_else(|| PathBuf::from("/var/lib/agentgate"))
+}
+
+/// The process environment that config checking depends on, passed in for testability.
+pub(crate) struct Environment<'a> {
+    pub credentials_dir: Option<&'a Path>,
+    /// `$STATE_DIRECTORY`, colon-separated when several.
+    pub state_directory: Option<&'a Path>,
+    pub secrets: SecretCheck,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn check_text(text: &str) -> Result<Loaded, ConfigError> {
+        let environment = Environment {
+            credentials_dir: None,
+            state_directory: None,
+            secrets: SecretCheck::Required,
+        };
+        check(ConfigSource::File("test.toml".into()), text, &environment)
+    }
+
+    fn findings(text: &str) -> Vec<Finding> {
+        match check_text(text) {
+            Ok(loaded) => loaded.warnings,
+            Err(ConfigError::Invalid { findings, .. }) => findings,
+            Err(other) => panic!("{other}"),
+        }
+    }
+
+    #[test]
+    fn embedded_defaults_are_valid() {
+        let loaded = check(
+            ConfigSource::Embedded,
+            EMBEDDED_DEFAULTS,
+            &Environment {
+                credentials_dir: None,
+                state_directory: None,
+                secrets: SecretCheck::Required,
+            },
+        )
+        .expect("embedded defaults must load");
+        assert!(!loaded.config.routes.is_empty());
+    }
+
+    #[test]
+    fn unknown_key_is_an_error_with_its_line() {
+        let found = findings("[server]\nlisten = \"127.0.0.1:1\"\nlisen = \"x\"\n");
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].line, Some(3));
+        assert!(found[0].message.contains("lisen"), "{}", found[0].message);
+    }
+
+    #[test]
+    fn semantic_errors_name_key_and_line() {
+        let text = "[runtime]\ndrain_timeout = \"forever\"\n\n[routes.gh]\npath = \"hooks\"\nverify = { scheme = \"github\" }\n";
+        let found = findings(text);
+        let keys: Vec<_> = found.iter().map(|f| (f.key.as_str(), f.line)).collect();
+        assert!(
+            keys.contains(&("runtime.drain_timeout", Some(2))),
+            "{keys:?}"
+        );
+        assert!(keys.contains(&("routes.gh.path", Some(5))), "{keys:?}");
+        assert!(
+            keys.contains(&("routes.gh.verify.secret", Some(6))),
+            "{keys:?}"
+        );
+    }
+
+    #[test]
+    fn literal_secret_is_a_warning_and_template_errors_are_errors() {
+        let text = "[routes.a]\npath = \"/a\"\nverify = { scheme = \"github\", secret = \"x\" }\nsession = \"{{ payload.x \"\n";
+        let found = findings(text);
+        assert!(
+            found
+                .iter()
+                .any(|f| f.severity == Severity::Warning && f.key == "routes.a.verify.secret")
+        );
+        assert!(
+            found
+                .iter()
+                .any(|f| f.severity == Severity::Error && f.key == "routes.a.session"),
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn standard_secret_must_be_whsec_base64() {
+        let text =
+            "[routes.a]\npath = \"/a\"\nverify = { scheme = \"standard\", secret = \"nope\" }\n";
+        assert!(
+            findings(text)
+                .iter()
+                .any(|f| f.severity == Severity::Error && f.key == "routes.a.verify.secret")
+        );
+    }
+
+    #[test]
+    fn store_backend_is_checked_with_its_keys() {
+        let has = |text: &str, severity: Severity, key: &str| {
+            findings(text)
+                .iter()
+                .any(|f| f.severity == severity && f.key == key && f.line.is_some())
+        };
+        assert!(has(
+            "[store]\nbackend = \"postgres\"\n",
+            Severity::Error,
+            "store.url"
+        ));
+        assert!(has(
+            "[store]\nbackend = \"mysql\"\n",
+            Severity::Error,
+            "store.backend"
+        ));
+        assert!(has(
+            "[store]\nlease_ttl = \"5s\"\n",
+            Severity::Warning,
+            "store.lease_ttl"
+        ));
+        assert!(has(
+            "[store]\nbackend = \"postgres\"\nurl = \"postgres://x@db/a\"\nlease_ttl = \"100ms\"\n",
+            Severity::Error,
+            "store.lease_ttl"
+        ));
+        let loaded = check_text(
+            "[store]\nbackend = \"postgres\"\nurl = \"postgres://u:pw@db/agentgate\"\nnode = \"web-1\"\n",
+        )
+        .expect("valid");
+        match loaded.config.store {
+            StoreSettings::Postgres(postgres) => {
+                assert_eq!(postgres.node, "web-1");
+                assert_eq!(postgres.lease_ttl, Duration::from_secs(15));
+                assert_eq!(postgres.pool_size, 24);
+                assert!(
+                    !format!("{postgres:?}").contains("pw@"),
+                    "the URL is a secret"
+                );
+            }
+            StoreSettings::Sqlite => panic!("backend = postgres"),
+        }
+    }
+}

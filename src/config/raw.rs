@@ -1,0 +1,118 @@
+//! The config file's shape as serde reads it: every key optional where it has a default, unknown
+//! keys refused. `check` turns it into settings.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use super::*;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawConfig {
+    pub(super) state_dir: Option<PathBuf>,
+    #[serde(default)]
+    pub(super) server: RawServer,
+    #[serde(default)]
+    pub(super) runtime: RawRuntime,
+    #[serde(default)]
+    pub(super) model: RawModel,
+    #[serde(default)]
+    pub(super) store: RawStore,
+    #[serde(default)]
+    pub(super) tools: BTreeMap<String, RawTool>,
+    #[serde(default)]
+    pub(super) routes: BTreeMap<String, RawRoute>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawServer {
+    pub(super) listen: Option<String>,
+    pub(super) control_socket: Option<PathBuf>,
+    pub(super) max_body: Option<String>,
+    pub(super) header_timeout: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRuntime {
+    pub(super) max_concurrent_turns: Option<i64>,
+    pub(super) max_turn_steps: Option<i64>,
+    pub(super) drain_timeout: Option<String>,
+    pub(super) turn_idle_timeout: Option<String>,
+    pub(super) resume_max_attempts: Option<i64>,
+    pub(super) resume_window: Option<String>,
+    pub(super) dedup_window: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawModel {
+    pub(super) backend: Option<String>,
+    pub(super) base_url: Option<String>,
+    pub(super) model: Option<String>,
+    pub(super) api_key: Option<SecretSource>,
+    pub(super) request_timeout: Option<String>,
+    pub(super) max_retries: Option<i64>,
+    pub(super) command: Option<Vec<String>>,
+    pub(super) cassette: Option<PathBuf>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawStore {
+    pub(super) backend: Option<String>,
+    pub(super) url: Option<SecretSource>,
+    pub(super) node: Option<String>,
+    pub(super) lease_ttl: Option<String>,
+    pub(super) pool_size: Option<i64>,
+    pub(super) ca_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTool {
+    pub(super) description: Option<String>,
+    pub(super) command: Vec<String>,
+    pub(super) parameters: Option<toml::Value>,
+    pub(super) timeout: Option<String>,
+    pub(super) idempotent: Option<bool>,
+    pub(super) background: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRoute {
+    pub(super) path: String,
+    pub(super) verify: RawVerify,
+    pub(super) events: Option<Vec<String>>,
+    pub(super) session: Option<String>,
+    pub(super) system: Option<String>,
+    pub(super) prompt: Option<String>,
+    pub(super) interactive: Option<bool>,
+    #[serde(default)]
+    pub(super) tools: Vec<String>,
+    pub(super) on_busy: Option<String>,
+    pub(super) deliver: Option<RawDeliver>,
+    pub(super) rate_limit: Option<String>,
+    pub(super) max_body: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawVerify {
+    pub(super) scheme: String,
+    pub(super) secret: Option<SecretSource>,
+    pub(super) header: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawDeliver {
+    pub(super) kind: String,
+    pub(super) url: Option<String>,
+    pub(super) secret: Option<SecretSource>,
+    pub(super) command: Option<Vec<String>>,
+}

@@ -1,0 +1,177 @@
+//! Typed settings: what the rest of agentgate reads, after `check` validated the raw values.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::*;
+
+#[derive(Debug, Clone)]
+pub(crate) struct Config {
+    pub state_dir: PathBuf,
+    pub server: ServerSettings,
+    pub runtime: RuntimeSettings,
+    pub model: ModelSettings,
+    pub store: StoreSettings,
+    pub tools: BTreeMap<String, ToolSettings>,
+    pub routes: Vec<RouteSettings>,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct ServerSettings {
+    pub listen: SocketAddr,
+    pub control_socket: PathBuf,
+    pub max_body: u64,
+    pub header_timeout: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct RuntimeSettings {
+    pub max_concurrent_turns: usize,
+    pub max_turn_steps: u32,
+    pub drain_timeout: Duration,
+    pub turn_idle_timeout: Duration,
+    pub resume_max_attempts: u32,
+    pub resume_window: Duration,
+    pub dedup_window: Duration,
+}
+
+/// Where the state lives: SQLite in `state_dir` (one node), or PostgreSQL shared by many nodes.
+#[derive(Debug, Clone)]
+pub(crate) enum StoreSettings {
+    Sqlite,
+    Postgres(PostgresSettings),
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct PostgresSettings {
+    /// A libpq connection string or `postgres://` URL; it may hold a password.
+    pub url: Secret,
+    /// This node's name in `status` and the journal (default: the host name).
+    pub node: String,
+    /// How long a session or delivery stays owned by a node that stopped renewing it.
+    pub lease_ttl: Duration,
+    pub pool_size: usize,
+    /// PEM certificates that sign the server's certificate, for `sslmode=require`; without it
+    /// the public web roots are used.
+    pub ca_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) enum ModelBackend {
+    OpenAi {
+        base_url: String,
+        model: String,
+        api_key: Option<Secret>,
+    },
+    Command {
+        argv: Vec<String>,
+    },
+    /// `None`: the bundled demo cassette.
+    Replay {
+        cassette: Option<PathBuf>,
+    },
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct ModelSettings {
+    pub backend: ModelBackend,
+    pub request_timeout: Duration,
+    pub max_retries: u32,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct ToolSettings {
+    pub name: String,
+    pub description: String,
+    pub command: Vec<String>,
+    pub parameters: serde_json::Value,
+    pub timeout: Duration,
+    pub idempotent: bool,
+    pub background: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OnBusy {
+    Queue,
+    Interrupt,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) enum DeliverSettings {
+    Log,
+    Http { url: String, key: Option<Secret> },
+    Command { argv: Vec<String> },
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct RouteSettings {
+    pub name: String,
+    pub path: String,
+    pub verify: VerifySettings,
+    pub events: Option<Vec<String>>,
+    pub session: Option<String>,
+    pub system: String,
+    pub prompt: String,
+    pub interactive: bool,
+    pub tools: Vec<String>,
+    pub on_busy: OnBusy,
+    pub deliver: DeliverSettings,
+    pub rate_limit: Option<Rate>,
+    pub max_body: u64,
+}
+
+/// The system text every route gets before its own: the payload is data, never instructions.
+pub(crate) const DEFAULT_SYSTEM: &str = "You are an operations agent run by agentgate.";
+/// The prompt when a route sets none.
+pub(crate) const DEFAULT_PROMPT: &str = "A {{ event_type or \"webhook\" }} event arrived on route {{ route }}:\n{{ payload | tojson(indent=2) }}";
+
+/// A config with its compiled route templates: what a reload swaps as one unit.
+pub(crate) struct Settings {
+    pub config: Config,
+    pub templates: crate::template::RouteTemplates,
+}
+
+impl Settings {
+    pub(crate) fn new(config: Config) -> Result<Settings, String> {
+        let templates =
+            crate::template::RouteTemplates::compile(config.routes.iter().map(|route| {
+                crate::template::TemplateSources {
+                    route: &route.name,
+                    session: route.session.as_deref(),
+                    system: &route.system,
+                    prompt: &route.prompt,
+                }
+            }))?;
+        Ok(Settings { config, templates })
+    }
+
+    pub(crate) fn route(&self, name: &str) -> Option<&RouteSettings> {
+        self.config.routes.iter().find(|route| route.name == name)
+    }
+}
+
+/// A value that a reload replaces while readers keep the snapshot they took.
+pub(crate) struct Shared<T>(std::sync::RwLock<std::sync::Arc<T>>);
+
+impl<T> Shared<T> {
+    pub(crate) fn new(value: T) -> Shared<T> {
+        Shared(std::sync::RwLock::new(std::sync::Arc::new(value)))
+    }
+
+    pub(crate) fn get(&self) -> std::sync::Arc<T> {
+        match self.0.read() {
+            Ok(guard) => guard.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    pub(crate) fn replace(&self, value: T) {
+        let value = std::sync::Arc::new(value);
+        match self.0.write() {
+            Ok(mut guard) => *guard = value,
+            Err(poisoned) => *poisoned.into_inner() = value,
+        }
+    }
+}
