@@ -123,7 +123,9 @@ fn no_acknowledgement_precedes_its_fdatasync() {
     }
     assert_eq!(post(&workspace, "s0"), 200, "the duplicate");
     // strace waits for every tracee: the model process goes first, then the daemon, as a crash.
+    // The daemon is stopped first, so that it cannot commit the turn's failure in between.
     let pid = daemon_pid(&workspace);
+    signal(pid.parse().expect("pid"), "STOP");
     let _ = Command::new("pkill").args(["-KILL", "-P", &pid]).status();
     signal(pid.parse().expect("pid"), "KILL");
     let _ = strace.wait();

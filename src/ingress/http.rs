@@ -20,7 +20,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use serde_json::json;
 
 use super::ratelimit::TokenBucket;
-use crate::config::{OnBusy, RouteSettings, Settings, Shared};
+use crate::config::{RouteSettings, Settings, Shared};
 use crate::session::Sessions;
 use crate::signature;
 use crate::store::{AcceptOutcome, NewEvent, Store};
@@ -242,14 +242,9 @@ impl Ingress {
         };
         match self.store.accept(event).await {
             Ok(AcceptOutcome::Accepted) => {
-                let interrupt = settings.on_busy == OnBusy::Interrupt;
-                if !self.sessions.event_accepted(&session_key, interrupt)
-                    && let Err(err) = self.store.request_interrupt(&session_key).await
-                {
-                    // The event is durable and queued; only the interruption is lost.
-                    tracing::warn!(session_key = %session_key, error = %err,
-                        "cannot ask the node running this session to interrupt its turn");
-                }
+                self.sessions
+                    .event_accepted(&self.store, &session_key, settings.on_busy)
+                    .await;
                 tracing::info!(
                     message_id = crate::logging::MESSAGE_ACCEPTED,
                     event_id = %event_id,

@@ -19,6 +19,9 @@ use tokio_util::task::TaskTracker;
 
 pub(crate) use runner::TurnContext;
 
+use crate::config::OnBusy;
+use crate::store::Store;
+
 /// How often the scheduler looks for work even without a wake-up (a safety net, not the trigger).
 const IDLE_POLL: Duration = Duration::from_secs(1);
 /// Pause after a failed claim (e.g. the disk is full) before trying again.
@@ -33,13 +36,19 @@ pub(crate) struct Sessions {
 }
 
 impl Sessions {
-    /// A new event for `session_key` is durable. With `interrupt`, a running turn of that session
-    /// is cancelled in its favour (`on_busy = "interrupt"`). Returns false when the interruption
-    /// was asked for but no turn of the session runs here (it may run on another node).
-    pub(crate) fn event_accepted(&self, session_key: &str, interrupt: bool) -> bool {
-        let handled = !interrupt || self.interrupt(session_key);
+    /// A new external event for `session_key` is durable: the scheduler looks for work, and with
+    /// `on_busy = "interrupt"` the session's running turn is cancelled in its favour, here or (when
+    /// it runs on another node) by asking its owner through the store.
+    pub(crate) async fn event_accepted(&self, store: &Store, session_key: &str, on_busy: OnBusy) {
         self.wake.notify_one();
-        handled
+        if on_busy == OnBusy::Interrupt
+            && !self.interrupt(session_key)
+            && let Err(err) = store.request_interrupt(session_key).await
+        {
+            // The event is durable and queued; only the interruption is lost.
+            tracing::warn!(session_key = %session_key, error = %err,
+                "cannot ask the node running this session to interrupt its turn");
+        }
     }
 
     /// Cancels the running turn of `session_key` in favour of a newer event, if it runs here.

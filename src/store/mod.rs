@@ -12,17 +12,13 @@
 //! the listener answer 202 only for durable events.
 
 mod atomic;
-mod deliveries;
-mod events;
 pub(crate) mod ledger;
 mod lock;
 mod model;
 mod postgres;
-mod schema;
 mod sqlite;
 mod state_dir;
 pub(crate) mod states;
-mod turns;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -58,7 +54,7 @@ pub(crate) enum StoreError {
     #[error("database {path}: {source}")]
     Migration {
         path: PathBuf,
-        source: schema::MigrationError,
+        source: sqlite::MigrationError,
     },
     #[error("state cannot be written durably: {0}")]
     Unavailable(String),
@@ -66,8 +62,10 @@ pub(crate) enum StoreError {
     Query(#[from] rusqlite::Error),
     #[error("retry ledger: {0}")]
     Ledger(String),
+    /// The database server failed a request or could not be reached: the same request may work
+    /// later.
     #[error("PostgreSQL: {0}")]
-    Postgres(String),
+    ServerUnavailable(String),
     /// The store cannot be used as configured (bad URL or CA file, a schema newer than this
     /// agentgate): retrying will not help.
     #[error("PostgreSQL store: {0}")]
@@ -81,7 +79,7 @@ impl StoreError {
     /// The database server could not be reached or did not answer: the same request may work
     /// later, so it is waited for (at start) or answered 503/69, never taken as broken state.
     pub(crate) fn is_transient(&self) -> bool {
-        matches!(self, StoreError::Postgres(_))
+        matches!(self, StoreError::ServerUnavailable(_))
     }
 }
 

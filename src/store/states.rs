@@ -210,6 +210,30 @@ pub(crate) const OPERATOR: &str = concatcp!("'", OPERATOR_REASON, "'");
 pub(crate) const PENDING: &str = concatcp!("'", DeliveryState::Pending.sql(), "'");
 pub(crate) const DELIVERY_FAILED: &str = concatcp!("'", DeliveryState::Failed.sql(), "'");
 
+/// The counts of [`LiveCounts`], in SQL that both backends run as it is.
+pub(crate) const LIVE_COUNTS_SQL: &str = concatcp!(
+    "SELECT (SELECT count(*) FROM events WHERE status = ",
+    QUEUED,
+    "), (SELECT count(*) FROM sessions WHERE state = ",
+    RESUME_PENDING,
+    "), (SELECT count(*) FROM sessions WHERE state = ",
+    SUSPENDED,
+    ")"
+);
+
+/// A session row as `sessions list` shows it; both backends run it as it is.
+pub(crate) const SESSION_SQL: &str = concatcp!(
+    "
+    SELECT s.key, s.route, s.state, s.reason, s.last_turn_id,
+           (SELECT t.status FROM turns t WHERE t.id = s.last_turn_id),
+           (SELECT count(*) FROM turns t WHERE t.session_key = s.key),
+           (SELECT count(*) FROM events e WHERE e.session_key = s.key AND e.status = ",
+    QUEUED,
+    "),
+           s.updated_at
+    FROM sessions s"
+);
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -14,7 +14,12 @@
 //! - Every operation is bounded in time: a database that does not answer makes the listener
 //!   answer 503, never hang and never 2xx.
 
-use super::states::{
+mod accept;
+mod connect;
+mod leases;
+mod schema;
+
+use crate::store::states::{
     CRASHED, DELIVERY_FAILED, EVENT_RUNNING, IDLE, NodeState, OPERATOR, PENDING, QUEUED,
     RESUME_PENDING, ResumeReason, SESSION_RUNNING, SUSPENDED, SessionState, StopReason,
     TURN_INTERRUPTED, TURN_RUNNING,
@@ -30,14 +35,15 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row};
 use tokio_util::sync::CancellationToken;
 
-use super::turns::SESSION_SQL;
-use super::{
+use crate::config::PostgresSettings;
+use crate::store::states::SESSION_SQL;
+use crate::store::{
     AcceptOutcome, Backend, ClaimedTurn, DeliveryAttempt, DeliveryCounts, InterruptedSession,
     Ledger, LiveCounts, NewEvent, NodeRow, PendingDelivery, SessionRow, Settled, Settlement,
-    StatusSummary, StoreError, TranscriptRow, TurnEnd, events::LIVE_COUNTS_SQL,
-    ledger::now_rfc3339, model::StoredEvent, now_millis,
+    StatusSummary, StoreError, TranscriptRow, TurnEnd, ledger::now_rfc3339, model::StoredEvent,
+    now_millis, states::LIVE_COUNTS_SQL,
 };
-use crate::config::PostgresSettings;
+use connect::{Cached, bounded, tls_connector};
 
 /// The longest any one database operation may take before it counts as unavailable.
 const OPERATION_TIMEOUT: Duration = Duration::from_secs(10);
@@ -48,216 +54,6 @@ const ACCEPT_WRITERS: usize = 4;
 const CANDIDATE_WINDOW: i64 = 2048;
 /// Node rows stay visible in `status` this long after their last heartbeat.
 const NODE_HISTORY_MS: i64 = 60 * 60 * 1000;
-/// Serializes migrations of concurrently starting nodes.
-const MIGRATION_LOCK: i64 = 0x6167_656e_7467_7465;
-
-/// Migration `i` brings the schema from version `i` to `i + 1`.
-const MIGRATIONS: &[&str] = &[
-    "
-    CREATE FUNCTION agentgate_now_ms() RETURNS BIGINT LANGUAGE sql VOLATILE
-        AS $$ SELECT (extract(epoch FROM clock_timestamp()) * 1000)::BIGINT $$;
-    CREATE TABLE events (
-        seq            BIGSERIAL PRIMARY KEY,
-        id             TEXT NOT NULL UNIQUE,
-        route          TEXT NOT NULL,
-        session_key    TEXT NOT NULL,
-        event_type     TEXT NOT NULL,
-        delivery_id    TEXT,
-        headers        TEXT NOT NULL,
-        payload        BYTEA NOT NULL,
-        received_at    BIGINT NOT NULL,
-        status         TEXT NOT NULL,
-        updated_at     BIGINT NOT NULL,
-        resume_reason  TEXT,
-        origin         TEXT NOT NULL DEFAULT 'webhook',
-        node           TEXT
-    );
-    CREATE INDEX events_queued ON events (session_key, seq) WHERE status = 'queued';
-    CREATE INDEX events_queued_in_order ON events (seq) WHERE status = 'queued';
-    CREATE INDEX events_by_status ON events (status);
-    CREATE TABLE dedup (
-        route        TEXT NOT NULL,
-        delivery_id  TEXT NOT NULL,
-        event_id     TEXT NOT NULL,
-        seen_at      BIGINT NOT NULL,
-        PRIMARY KEY (route, delivery_id)
-    );
-    CREATE INDEX dedup_by_age ON dedup (seen_at);
-    CREATE TABLE sessions (
-        key               TEXT PRIMARY KEY,
-        route             TEXT NOT NULL,
-        state             TEXT NOT NULL,
-        reason            TEXT,
-        last_turn_id      TEXT,
-        created_at        BIGINT NOT NULL,
-        updated_at        BIGINT NOT NULL,
-        lease_owner       TEXT,
-        lease_expires_at  BIGINT
-    );
-    CREATE INDEX sessions_by_state ON sessions (state);
-    CREATE INDEX sessions_by_lease ON sessions (lease_owner) WHERE lease_owner IS NOT NULL;
-    CREATE TABLE turns (
-        id           TEXT PRIMARY KEY,
-        session_key  TEXT NOT NULL,
-        event_id     TEXT NOT NULL,
-        status       TEXT NOT NULL,
-        reason       TEXT,
-        steps        BIGINT NOT NULL DEFAULT 0,
-        output       TEXT,
-        error        TEXT,
-        started_at   BIGINT NOT NULL,
-        finished_at  BIGINT,
-        node         TEXT NOT NULL
-    );
-    CREATE INDEX turns_by_session ON turns (session_key, started_at);
-    CREATE INDEX turns_by_event ON turns (event_id);
-    CREATE TABLE transcript (
-        session_key  TEXT NOT NULL,
-        seq          BIGINT NOT NULL,
-        turn_id      TEXT NOT NULL,
-        kind         TEXT NOT NULL,
-        body         TEXT NOT NULL,
-        created_at   BIGINT NOT NULL,
-        PRIMARY KEY (session_key, seq)
-    );
-    CREATE INDEX transcript_by_turn ON transcript (turn_id);
-    CREATE TABLE deliveries (
-        event_id          TEXT PRIMARY KEY,
-        route             TEXT NOT NULL,
-        session_key       TEXT NOT NULL,
-        body              TEXT NOT NULL,
-        status            TEXT NOT NULL,
-        attempts          BIGINT NOT NULL DEFAULT 0,
-        next_attempt_at   BIGINT NOT NULL,
-        last_error        TEXT,
-        created_at        BIGINT NOT NULL,
-        updated_at        BIGINT NOT NULL,
-        lease_owner       TEXT,
-        lease_expires_at  BIGINT
-    );
-    CREATE INDEX deliveries_due ON deliveries (next_attempt_at) WHERE status = 'pending';
-    CREATE INDEX deliveries_by_status ON deliveries (status);
-    CREATE TABLE resume_ledger (
-        session_key   TEXT PRIMARY KEY,
-        attempts      BIGINT NOT NULL,
-        last_attempt  TEXT NOT NULL
-    );
-    CREATE TABLE nodes (
-        id            TEXT PRIMARY KEY,
-        name          TEXT NOT NULL,
-        pid           BIGINT NOT NULL,
-        started_at    BIGINT NOT NULL,
-        heartbeat_at  BIGINT NOT NULL,
-        stopped_at    BIGINT
-    );",
-    // 2: on_busy = "interrupt" across nodes: the owner of the running turn is asked through
-    // its session row.
-    "ALTER TABLE sessions ADD COLUMN interrupt_requested BOOLEAN NOT NULL DEFAULT false;",
-];
-
-/// A rustls connector that verifies the server against `ca_file`, else the public web roots.
-fn tls_connector(
-    ca_file: Option<&std::path::Path>,
-) -> Result<tokio_postgres_rustls::MakeRustlsConnect, StoreError> {
-    let mut roots = rustls::RootCertStore::empty();
-    match ca_file {
-        Some(path) => {
-            use rustls_pki_types::pem::PemObject;
-            let failed = |err: &dyn std::fmt::Display| {
-                StoreError::Setup(format!("store.ca_file {}: {err}", path.display()))
-            };
-            for certificate in
-                rustls_pki_types::CertificateDer::pem_file_iter(path).map_err(|err| failed(&err))?
-            {
-                roots
-                    .add(certificate.map_err(|err| failed(&err))?)
-                    .map_err(|err| failed(&err))?;
-            }
-            if roots.is_empty() {
-                return Err(failed(&"no certificate in the file"));
-            }
-        }
-        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
-    }
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .map_err(|err| StoreError::Setup(format!("TLS: {err}")))?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    Ok(tokio_postgres_rustls::MakeRustlsConnect::new(config))
-}
-
-/// Statements through the connection's statement cache: each SQL text is parsed once per
-/// connection, then only bound and executed.
-trait Cached: GenericClient {
-    async fn run(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64, StoreError> {
-        let statement = self.prepare_cached(sql).await?;
-        Ok(self.execute(&statement, params).await?)
-    }
-
-    async fn rows(
-        &self,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<Vec<Row>, StoreError> {
-        let statement = self.prepare_cached(sql).await?;
-        Ok(self.query(&statement, params).await?)
-    }
-
-    async fn row(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Row, StoreError> {
-        let statement = self.prepare_cached(sql).await?;
-        Ok(self.query_one(&statement, params).await?)
-    }
-
-    async fn maybe_row(
-        &self,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<Option<Row>, StoreError> {
-        let statement = self.prepare_cached(sql).await?;
-        Ok(self.query_opt(&statement, params).await?)
-    }
-}
-
-impl<C: GenericClient> Cached for C {}
-
-/// An error with its causes, in one line ("error performing TLS handshake: invalid peer
-/// certificate: UnknownIssuer"), so the operator sees why and not only what.
-fn with_causes(err: &dyn std::error::Error) -> String {
-    let mut line = err.to_string();
-    let mut cause = err.source();
-    while let Some(source) = cause {
-        let text = source.to_string();
-        if !line.contains(&text) {
-            line = format!("{line}: {text}");
-        }
-        cause = source.source();
-    }
-    line
-}
-
-impl From<tokio_postgres::Error> for StoreError {
-    fn from(err: tokio_postgres::Error) -> StoreError {
-        StoreError::Postgres(with_causes(&err))
-    }
-}
-
-impl From<deadpool_postgres::PoolError> for StoreError {
-    fn from(err: deadpool_postgres::PoolError) -> StoreError {
-        StoreError::Postgres(format!("no connection: {}", with_causes(&err)))
-    }
-}
-
-/// Bounds an operation in time: a database that does not answer is unavailable.
-async fn bounded<T>(
-    operation: impl Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    tokio::time::timeout(OPERATION_TIMEOUT, operation)
-        .await
-        .map_err(|_| StoreError::Postgres(format!("no answer within {OPERATION_TIMEOUT:?}")))?
-}
 
 type AcceptJob = (NewEvent, oneshot::Sender<Result<AcceptOutcome, StoreError>>);
 
@@ -401,68 +197,6 @@ impl PostgresStore {
         bounded(async { self.client().await?.maybe_row(sql, params).await }).await
     }
 
-    async fn migrate(&self) -> Result<(), StoreError> {
-        let mut client = self.client().await?;
-        let tx = client.transaction().await?;
-        tx.run("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
-            .await?;
-        tx.batch_execute("CREATE TABLE IF NOT EXISTS agentgate_schema (version INTEGER NOT NULL)")
-            .await?;
-        let found: i32 = tx
-            .row(
-                "SELECT COALESCE(max(version), 0) FROM agentgate_schema",
-                &[],
-            )
-            .await?
-            .get(0);
-        let current = MIGRATIONS.len() as i32;
-        if found > current {
-            return Err(StoreError::Setup(format!(
-                "the database is at schema version {found}, newer than this agentgate ({current}); upgrade agentgate"
-            )));
-        }
-        for (index, sql) in MIGRATIONS.iter().enumerate().skip(found as usize) {
-            let version = index as i32 + 1;
-            tx.batch_execute(sql).await.map_err(|err| {
-                StoreError::Postgres(format!("migration to schema version {version}: {err}"))
-            })?;
-            tx.run(
-                "INSERT INTO agentgate_schema (version) VALUES ($1)",
-                &[&version],
-            )
-            .await?;
-        }
-        tx.commit().await?;
-        Ok(())
-    }
-
-    /// Adds this run of the node to `nodes` (and forgets runs long gone).
-    async fn register(&self) -> Result<(), StoreError> {
-        let client = self.client().await?;
-        let now = now_millis();
-        client
-            .run(
-                "INSERT INTO nodes (id, name, pid, started_at, heartbeat_at) VALUES ($1, $2, $3, $4, $4)",
-                &[
-                    &self.shared.node_id,
-                    &self.shared.node_name,
-                    &i64::from(std::process::id()),
-                    &now,
-                ],
-            )
-            .await?;
-        client
-            .run(
-                "DELETE FROM nodes n WHERE n.heartbeat_at < $1
-                     AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.lease_owner = n.id)",
-                &[&(now - 24 * NODE_HISTORY_MS)],
-            )
-            .await?;
-        tracing::info!(node = %self.shared.node_name, node_id = %self.shared.node_id,
-            "joined the PostgreSQL store");
-        Ok(())
-    }
-
     fn set_writable(&self, writable: bool) {
         let was = self.shared.writable.swap(writable, Ordering::AcqRel);
         match (was, writable) {
@@ -472,243 +206,6 @@ impl PostgresStore {
             (false, true) => tracing::info!("PostgreSQL writes succeed again; accepting events"),
             _ => {}
         }
-    }
-
-    /// Takes every pending accept (up to a batch), commits them in one transaction, answers each.
-    async fn accept_writer(self, receiver: Arc<Mutex<mpsc::UnboundedReceiver<AcceptJob>>>) {
-        let mut batch = Vec::with_capacity(ACCEPT_BATCH);
-        loop {
-            {
-                let mut receiver = receiver.lock().await;
-                match receiver.recv().await {
-                    Some(job) => batch.push(job),
-                    None => return,
-                }
-                while batch.len() < ACCEPT_BATCH {
-                    match receiver.try_recv() {
-                        Ok(job) => batch.push(job),
-                        Err(_) => break,
-                    }
-                }
-            }
-            let events: Vec<&NewEvent> = batch.iter().map(|(event, _)| event).collect();
-            let committed = bounded(self.commit_accepts(&events)).await;
-            self.set_writable(committed.is_ok());
-            match committed {
-                Ok(outcomes) => {
-                    for ((_, reply), outcome) in batch.drain(..).zip(outcomes) {
-                        let _ = reply.send(Ok(outcome));
-                    }
-                }
-                Err(err) => {
-                    let message = err.to_string();
-                    for (_, reply) in batch.drain(..) {
-                        let _ = reply.send(Err(StoreError::Unavailable(message.clone())));
-                    }
-                }
-            }
-        }
-    }
-
-    /// One transaction for the whole batch: the delivery ids first (each needs its own answer),
-    /// then every new event and session in one multi-row insert each. Rows are locked in key
-    /// order, so batches of different nodes that share keys wait for each other, never deadlock.
-    async fn commit_accepts(&self, events: &[&NewEvent]) -> Result<Vec<AcceptOutcome>, StoreError> {
-        let mut client = self.client().await?;
-        let tx = client.transaction().await?;
-        let now = now_millis();
-        let mut outcomes = vec![AcceptOutcome::Accepted; events.len()];
-        let mut with_ids: Vec<(usize, &String)> = events
-            .iter()
-            .enumerate()
-            .filter_map(|(index, event)| event.delivery_id.as_ref().map(|id| (index, id)))
-            .collect();
-        with_ids.sort_by(|a, b| (&events[a.0].route, a.1).cmp(&(&events[b.0].route, b.1)));
-        for (index, delivery_id) in with_ids {
-            let event = events[index];
-            let fresh = tx
-                .maybe_row(
-                    "INSERT INTO dedup (route, delivery_id, event_id, seen_at) VALUES ($1, $2, $3, $4)
-                     ON CONFLICT (route, delivery_id) DO UPDATE
-                         SET event_id = EXCLUDED.event_id, seen_at = EXCLUDED.seen_at
-                         WHERE dedup.seen_at < $5
-                     RETURNING event_id",
-                    &[&event.route, delivery_id, &event.id, &now, &event.dedup_since],
-                )
-                .await?;
-            if fresh.is_none() {
-                let row = tx
-                    .row(
-                        "SELECT event_id FROM dedup WHERE route = $1 AND delivery_id = $2",
-                        &[&event.route, delivery_id],
-                    )
-                    .await?;
-                outcomes[index] = AcceptOutcome::Duplicate {
-                    original: row.get(0),
-                };
-            }
-        }
-        let accepted: Vec<&NewEvent> = events
-            .iter()
-            .zip(&outcomes)
-            .filter(|(_, outcome)| **outcome == AcceptOutcome::Accepted)
-            .map(|(event, _)| *event)
-            .collect();
-        if !accepted.is_empty() {
-            let column = |field: fn(&NewEvent) -> &str| -> Vec<&str> {
-                accepted.iter().map(|event| field(event)).collect()
-            };
-            let (routes, session_keys) = (column(|e| &e.route), column(|e| &e.session_key));
-            let delivery_ids: Vec<Option<&str>> = accepted
-                .iter()
-                .map(|event| event.delivery_id.as_deref())
-                .collect();
-            let payloads: Vec<&[u8]> = accepted.iter().map(|event| &event.payload[..]).collect();
-            tx.run(
-                concatcp!("INSERT INTO events (id, route, session_key, event_type, delivery_id, headers, payload,
-                                     received_at, status, updated_at, node)
-                 SELECT id, route, session_key, event_type, delivery_id, headers, payload, $8, ", QUEUED, ", $8, $9
-                 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::bytea[])
-                     WITH ORDINALITY AS e(id, route, session_key, event_type, delivery_id, headers, payload, arrival)
-                 ORDER BY arrival"),
-                &[
-                    &column(|e| &e.id),
-                    &routes,
-                    &session_keys,
-                    &column(|e| &e.event_type),
-                    &delivery_ids,
-                    &column(|e| &e.headers),
-                    &payloads,
-                    &now,
-                    &self.shared.node_name,
-                ],
-            )
-            .await?;
-            tx.run(
-                concatcp!(
-                    "INSERT INTO sessions (key, route, state, created_at, updated_at)
-                 SELECT DISTINCT ON (key) key, route, ",
-                    IDLE,
-                    ", $3, $3
-                 FROM unnest($1::text[], $2::text[]) AS s(key, route)
-                 ORDER BY key
-                 ON CONFLICT (key) DO NOTHING"
-                ),
-                &[&session_keys, &routes, &now],
-            )
-            .await?;
-        }
-        tx.commit().await?;
-        Ok(outcomes)
-    }
-
-    /// Renews this node's leases and heartbeat; its outcome is the store's writability.
-    async fn heartbeat(self, lease_ttl: Duration) {
-        let interval = (lease_ttl / 3).min(Duration::from_secs(1));
-        loop {
-            tokio::select! {
-                () = self.shared.stop.cancelled() => return,
-                () = tokio::time::sleep(interval) => {}
-            }
-            let renewed = bounded(self.renew()).await;
-            if let Err(err) = &renewed {
-                tracing::warn!(error = %err, "cannot renew this node's leases");
-            }
-            self.set_writable(renewed.is_ok());
-            self.shared
-                .heartbeat_round_at
-                .store(now_millis(), Ordering::Release);
-        }
-    }
-
-    async fn renew(&self) -> Result<(), StoreError> {
-        let mut client = self.client().await?;
-        let tx = client.transaction().await?;
-        let me = &self.shared.node_id;
-        tx.run(
-            "UPDATE nodes SET heartbeat_at = $2 WHERE id = $1",
-            &[me, &now_millis()],
-        )
-        .await?;
-        tx.run(
-            concatcp!(
-                "UPDATE sessions SET lease_expires_at = agentgate_now_ms() + $2
-             WHERE lease_owner = $1 AND state = ",
-                SESSION_RUNNING
-            ),
-            &[me, &self.shared.lease_ttl_ms],
-        )
-        .await?;
-        tx.run(
-            "UPDATE deliveries SET lease_expires_at = agentgate_now_ms() + $2 WHERE lease_owner = $1",
-            &[me, &self.shared.lease_ttl_ms],
-        )
-        .await?;
-        tx.commit().await?;
-        Ok(())
-    }
-
-    /// Renews the session's lease, or fails with `LeaseLost` when another node owns it now.
-    async fn hold_lease(
-        &self,
-        tx: &deadpool_postgres::Transaction<'_>,
-        session_key: &str,
-    ) -> Result<(), StoreError> {
-        let held = tx
-            .run(
-                "UPDATE sessions SET lease_expires_at = agentgate_now_ms() + $3
-                 WHERE key = $1 AND lease_owner = $2",
-                &[
-                    &session_key,
-                    &self.shared.node_id,
-                    &self.shared.lease_ttl_ms,
-                ],
-            )
-            .await?;
-        if held == 0 {
-            return Err(StoreError::LeaseLost {
-                session_key: session_key.to_string(),
-            });
-        }
-        Ok(())
-    }
-
-    async fn nodes(&self, client: &deadpool_postgres::Client) -> Result<Vec<NodeRow>, StoreError> {
-        let now = now_millis();
-        let rows = client
-            .rows(
-                concatcp!("SELECT n.name, n.id, n.pid, n.started_at, n.heartbeat_at, n.stopped_at,
-                        COALESCE(array_agg(s.key ORDER BY s.key) FILTER (WHERE s.key IS NOT NULL), '{}')
-                 FROM nodes n
-                 LEFT JOIN sessions s ON s.lease_owner = n.id AND s.state = ", SESSION_RUNNING, "
-                 WHERE n.heartbeat_at >= $1 OR s.key IS NOT NULL
-                 GROUP BY n.id ORDER BY n.name, n.started_at"),
-                &[&(now - NODE_HISTORY_MS)],
-            )
-            .await?;
-        Ok(rows
-            .into_iter()
-            .map(|row| {
-                let heartbeat_at: i64 = row.get(4);
-                let stopped_at: Option<i64> = row.get(5);
-                let state = if stopped_at.is_some() {
-                    NodeState::Stopped
-                } else if now - heartbeat_at > self.shared.lease_ttl_ms {
-                    NodeState::Lost
-                } else {
-                    NodeState::Running
-                };
-                NodeRow {
-                    name: row.get(0),
-                    id: row.get(1),
-                    pid: row.get(2),
-                    started_at: row.get(3),
-                    heartbeat_at,
-                    state,
-                    leases: row.get(6),
-                }
-            })
-            .collect())
     }
 }
 
@@ -762,7 +259,7 @@ async fn finish_rows(
     .await?;
     let body = end
         .delivery_body()
-        .map_err(|err| StoreError::Postgres(format!("delivery body: {err}")))?;
+        .map_err(|err| StoreError::Unavailable(format!("delivery body: {err}")))?;
     tx.run(
         concatcp!("INSERT INTO deliveries (event_id, route, session_key, body, status, attempts, next_attempt_at,
                                  created_at, updated_at)

@@ -5,6 +5,13 @@
 //! fdatasync covers many events, and a caller's future resolves only after the commit that holds
 //! its write has returned. That is what lets the listener answer 202 only for durable events.
 
+mod accept;
+mod outbox;
+mod schema;
+mod turns;
+
+pub(crate) use schema::MigrationError;
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -15,23 +22,22 @@ use std::time::Duration;
 use rusqlite::{Connection, OpenFlags};
 use tokio::sync::oneshot;
 
-use super::deliveries::{due_in, record_attempt_in};
-use super::events::{accept_in, enqueue_internal_in};
-use super::ledger::LedgerFile;
+use crate::store::ledger::LedgerFile;
+use accept::{accept_in, enqueue_internal_in};
 use const_format::concatcp;
+use outbox::{due_in, record_attempt_in};
 
-use super::state_dir;
-use super::states::{RESUME_PENDING, TURN_RUNNING};
-use super::turns::{
-    append_in, candidates_in, claim_in, crashed_in, event_has_transcript_in, finish_in,
-    interrupt_in, interrupted_in, operator_resume_in, operator_suspend_in, requeue_in, session_in,
-    sessions_in, transcript_of,
-};
-use super::{
+use crate::store::state_dir;
+use crate::store::states::{RESUME_PENDING, TURN_RUNNING};
+use crate::store::{
     AcceptOutcome, Backend, ClaimedTurn, DeliveryAttempt, InterruptedSession, Ledger, LiveCounts,
     NewEvent, PendingDelivery, ResumeReason, SessionRow, SessionState, Settled, Settlement,
     StateDir, StatusSummary, StoreError, TranscriptRow, TurnEnd, ensure_state_dir, now_millis,
-    schema,
+};
+use turns::{
+    append_in, candidates_in, claim_in, crashed_in, event_has_transcript_in, finish_in,
+    interrupt_in, interrupted_in, operator_resume_in, operator_suspend_in, requeue_in, session_in,
+    sessions_in, transcript_of,
 };
 
 /// The most writes that share one transaction.

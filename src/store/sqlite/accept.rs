@@ -1,13 +1,13 @@
 //! Events: the durable accept with delivery-id dedup, and the summaries that `status` reads.
 
-use super::model::{AcceptOutcome, Counts, LiveCounts, NewEvent, NodeRow, StatusSummary};
-use super::states::{IDLE, QUEUED, RESUME_PENDING, SUSPENDED};
+use crate::store::model::{AcceptOutcome, Counts, LiveCounts, NewEvent, NodeRow, StatusSummary};
+use crate::store::states::{IDLE, LIVE_COUNTS_SQL, QUEUED};
 use const_format::concatcp;
 use std::collections::BTreeMap;
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::now_millis;
+use crate::store::now_millis;
 
 pub(super) fn accept_in(
     connection: &Connection,
@@ -95,17 +95,6 @@ fn grouped(connection: &Connection, sql: &str) -> rusqlite::Result<BTreeMap<Stri
     rows.collect()
 }
 
-/// The counts of [`LiveCounts`], in SQL that both backends run as it is.
-pub(super) const LIVE_COUNTS_SQL: &str = concatcp!(
-    "SELECT (SELECT count(*) FROM events WHERE status = ",
-    QUEUED,
-    "), (SELECT count(*) FROM sessions WHERE state = ",
-    RESUME_PENDING,
-    "), (SELECT count(*) FROM sessions WHERE state = ",
-    SUSPENDED,
-    ")"
-);
-
 impl LiveCounts {
     pub(crate) fn query(connection: &Connection) -> rusqlite::Result<LiveCounts> {
         connection.query_row(LIVE_COUNTS_SQL, [], |row| {
@@ -123,7 +112,7 @@ impl StatusSummary {
     pub(crate) fn from_counts(
         by_status: BTreeMap<String, i64>,
         by_state: BTreeMap<String, i64>,
-        deliveries: super::DeliveryCounts,
+        deliveries: crate::store::DeliveryCounts,
         nodes: Option<Vec<NodeRow>>,
     ) -> StatusSummary {
         StatusSummary {
@@ -151,7 +140,7 @@ impl StatusSummary {
             connection,
             "SELECT state, count(*) FROM sessions GROUP BY state",
         )?;
-        let deliveries = super::DeliveryCounts::query(connection)?;
+        let deliveries = crate::store::DeliveryCounts::query(connection)?;
         Ok(StatusSummary::from_counts(
             by_status, by_state, deliveries, None,
         ))

@@ -1,17 +1,18 @@
 //! Turns and their transcript: claiming the next event of an idle session, committing each step,
 //! and ending a turn together with its event's terminal status and its outbox row.
 
-use super::model::{
+use crate::store::model::{
     ClaimedTurn, InterruptedSession, SessionRow, StoredEvent, TranscriptRow, TurnEnd,
 };
-use super::states::{
+use crate::store::states::{
     CRASHED, EVENT_RUNNING, IDLE, OPERATOR, PENDING, QUEUED, RESUME_PENDING, ResumeReason,
-    SESSION_RUNNING, SUSPENDED, SessionState, StopReason, TURN_INTERRUPTED, TURN_RUNNING,
+    SESSION_RUNNING, SESSION_SQL, SUSPENDED, SessionState, StopReason, TURN_INTERRUPTED,
+    TURN_RUNNING,
 };
 use const_format::concatcp;
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::now_millis;
+use crate::store::now_millis;
 
 /// Candidates for the next turns: queued events in arrival order with their session's state.
 /// Read on a reader connection, so a long backlog costs the writer (and so accepts) nothing.
@@ -292,18 +293,6 @@ fn session_state(connection: &Connection, key: &str) -> rusqlite::Result<Option<
         )
         .optional()
 }
-
-pub(super) const SESSION_SQL: &str = concatcp!(
-    "
-    SELECT s.key, s.route, s.state, s.reason, s.last_turn_id,
-           (SELECT t.status FROM turns t WHERE t.id = s.last_turn_id),
-           (SELECT count(*) FROM turns t WHERE t.session_key = s.key),
-           (SELECT count(*) FROM events e WHERE e.session_key = s.key AND e.status = ",
-    QUEUED,
-    "),
-           s.updated_at
-    FROM sessions s"
-);
 
 fn session_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<SessionRow> {
     Ok(SessionRow {

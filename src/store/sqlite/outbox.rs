@@ -2,12 +2,12 @@
 //! Rows are written in the same transaction that ends a turn, so a result is never lost between
 //! "turn finished" and "delivery queued", and retries survive restarts.
 
-use super::model::{DeliveryAttempt, DeliveryCounts, PendingDelivery};
-use super::states::{DELIVERY_FAILED, PENDING};
+use crate::store::model::{DeliveryAttempt, DeliveryCounts, PendingDelivery};
+use crate::store::states::{DELIVERY_FAILED, PENDING};
 use const_format::concatcp;
 use rusqlite::{Connection, params};
 
-use super::now_millis;
+use crate::store::now_millis;
 
 impl DeliveryCounts {
     pub(crate) fn query(connection: &Connection) -> rusqlite::Result<DeliveryCounts> {

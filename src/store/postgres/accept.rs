@@ -1,0 +1,140 @@
+//! Group commit of accepted events: writer tasks take whatever arrived meanwhile and insert it
+//! in one transaction; each event's answer waits for that COMMIT.
+
+use super::*;
+
+impl PostgresStore {
+    /// Takes every pending accept (up to a batch), commits them in one transaction, answers each.
+    pub(super) async fn accept_writer(
+        self,
+        receiver: Arc<Mutex<mpsc::UnboundedReceiver<AcceptJob>>>,
+    ) {
+        let mut batch = Vec::with_capacity(ACCEPT_BATCH);
+        loop {
+            {
+                let mut receiver = receiver.lock().await;
+                match receiver.recv().await {
+                    Some(job) => batch.push(job),
+                    None => return,
+                }
+                while batch.len() < ACCEPT_BATCH {
+                    match receiver.try_recv() {
+                        Ok(job) => batch.push(job),
+                        Err(_) => break,
+                    }
+                }
+            }
+            let events: Vec<&NewEvent> = batch.iter().map(|(event, _)| event).collect();
+            let committed = bounded(self.commit_accepts(&events)).await;
+            self.set_writable(committed.is_ok());
+            match committed {
+                Ok(outcomes) => {
+                    for ((_, reply), outcome) in batch.drain(..).zip(outcomes) {
+                        let _ = reply.send(Ok(outcome));
+                    }
+                }
+                Err(err) => {
+                    let message = err.to_string();
+                    for (_, reply) in batch.drain(..) {
+                        let _ = reply.send(Err(StoreError::Unavailable(message.clone())));
+                    }
+                }
+            }
+        }
+    }
+
+    /// One transaction for the whole batch: the delivery ids first (each needs its own answer),
+    /// then every new event and session in one multi-row insert each. Rows are locked in key
+    /// order, so batches of different nodes that share keys wait for each other, never deadlock.
+    pub(super) async fn commit_accepts(
+        &self,
+        events: &[&NewEvent],
+    ) -> Result<Vec<AcceptOutcome>, StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        let now = now_millis();
+        let mut outcomes = vec![AcceptOutcome::Accepted; events.len()];
+        let mut with_ids: Vec<(usize, &String)> = events
+            .iter()
+            .enumerate()
+            .filter_map(|(index, event)| event.delivery_id.as_ref().map(|id| (index, id)))
+            .collect();
+        with_ids.sort_by(|a, b| (&events[a.0].route, a.1).cmp(&(&events[b.0].route, b.1)));
+        for (index, delivery_id) in with_ids {
+            let event = events[index];
+            let fresh = tx
+                .maybe_row(
+                    "INSERT INTO dedup (route, delivery_id, event_id, seen_at) VALUES ($1, $2, $3, $4)
+                     ON CONFLICT (route, delivery_id) DO UPDATE
+                         SET event_id = EXCLUDED.event_id, seen_at = EXCLUDED.seen_at
+                         WHERE dedup.seen_at < $5
+                     RETURNING event_id",
+                    &[&event.route, delivery_id, &event.id, &now, &event.dedup_since],
+                )
+                .await?;
+            if fresh.is_none() {
+                let row = tx
+                    .row(
+                        "SELECT event_id FROM dedup WHERE route = $1 AND delivery_id = $2",
+                        &[&event.route, delivery_id],
+                    )
+                    .await?;
+                outcomes[index] = AcceptOutcome::Duplicate {
+                    original: row.get(0),
+                };
+            }
+        }
+        let accepted: Vec<&NewEvent> = events
+            .iter()
+            .zip(&outcomes)
+            .filter(|(_, outcome)| **outcome == AcceptOutcome::Accepted)
+            .map(|(event, _)| *event)
+            .collect();
+        if !accepted.is_empty() {
+            let column = |field: fn(&NewEvent) -> &str| -> Vec<&str> {
+                accepted.iter().map(|event| field(event)).collect()
+            };
+            let (routes, session_keys) = (column(|e| &e.route), column(|e| &e.session_key));
+            let delivery_ids: Vec<Option<&str>> = accepted
+                .iter()
+                .map(|event| event.delivery_id.as_deref())
+                .collect();
+            let payloads: Vec<&[u8]> = accepted.iter().map(|event| &event.payload[..]).collect();
+            tx.run(
+                concatcp!("INSERT INTO events (id, route, session_key, event_type, delivery_id, headers, payload,
+                                     received_at, status, updated_at, node)
+                 SELECT id, route, session_key, event_type, delivery_id, headers, payload, $8, ", QUEUED, ", $8, $9
+                 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::bytea[])
+                     WITH ORDINALITY AS e(id, route, session_key, event_type, delivery_id, headers, payload, arrival)
+                 ORDER BY arrival"),
+                &[
+                    &column(|e| &e.id),
+                    &routes,
+                    &session_keys,
+                    &column(|e| &e.event_type),
+                    &delivery_ids,
+                    &column(|e| &e.headers),
+                    &payloads,
+                    &now,
+                    &self.shared.node_name,
+                ],
+            )
+            .await?;
+            tx.run(
+                concatcp!(
+                    "INSERT INTO sessions (key, route, state, created_at, updated_at)
+                 SELECT DISTINCT ON (key) key, route, ",
+                    IDLE,
+                    ", $3, $3
+                 FROM unnest($1::text[], $2::text[]) AS s(key, route)
+                 ORDER BY key
+                 ON CONFLICT (key) DO NOTHING"
+                ),
+                &[&session_keys, &routes, &now],
+            )
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(outcomes)
+    }
+}

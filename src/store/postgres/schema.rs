@@ -1,0 +1,150 @@
+//! The PostgreSQL schema: versioned migrations, applied under an advisory lock so that nodes
+//! starting together migrate once, and refused when the database is newer than this agentgate.
+
+use super::*;
+
+/// Serializes migrations of concurrently starting nodes.
+const MIGRATION_LOCK: i64 = 0x6167_656e_7467_7465;
+
+/// Migration `i` brings the schema from version `i` to `i + 1`.
+const MIGRATIONS: &[&str] = &[
+    "
+    CREATE FUNCTION agentgate_now_ms() RETURNS BIGINT LANGUAGE sql VOLATILE
+        AS $$ SELECT (extract(epoch FROM clock_timestamp()) * 1000)::BIGINT $$;
+    CREATE TABLE events (
+        seq            BIGSERIAL PRIMARY KEY,
+        id             TEXT NOT NULL UNIQUE,
+        route          TEXT NOT NULL,
+        session_key    TEXT NOT NULL,
+        event_type     TEXT NOT NULL,
+        delivery_id    TEXT,
+        headers        TEXT NOT NULL,
+        payload        BYTEA NOT NULL,
+        received_at    BIGINT NOT NULL,
+        status         TEXT NOT NULL,
+        updated_at     BIGINT NOT NULL,
+        resume_reason  TEXT,
+        origin         TEXT NOT NULL DEFAULT 'webhook',
+        node           TEXT
+    );
+    CREATE INDEX events_queued ON events (session_key, seq) WHERE status = 'queued';
+    CREATE INDEX events_queued_in_order ON events (seq) WHERE status = 'queued';
+    CREATE INDEX events_by_status ON events (status);
+    CREATE TABLE dedup (
+        route        TEXT NOT NULL,
+        delivery_id  TEXT NOT NULL,
+        event_id     TEXT NOT NULL,
+        seen_at      BIGINT NOT NULL,
+        PRIMARY KEY (route, delivery_id)
+    );
+    CREATE INDEX dedup_by_age ON dedup (seen_at);
+    CREATE TABLE sessions (
+        key               TEXT PRIMARY KEY,
+        route             TEXT NOT NULL,
+        state             TEXT NOT NULL,
+        reason            TEXT,
+        last_turn_id      TEXT,
+        created_at        BIGINT NOT NULL,
+        updated_at        BIGINT NOT NULL,
+        lease_owner       TEXT,
+        lease_expires_at  BIGINT
+    );
+    CREATE INDEX sessions_by_state ON sessions (state);
+    CREATE INDEX sessions_by_lease ON sessions (lease_owner) WHERE lease_owner IS NOT NULL;
+    CREATE TABLE turns (
+        id           TEXT PRIMARY KEY,
+        session_key  TEXT NOT NULL,
+        event_id     TEXT NOT NULL,
+        status       TEXT NOT NULL,
+        reason       TEXT,
+        steps        BIGINT NOT NULL DEFAULT 0,
+        output       TEXT,
+        error        TEXT,
+        started_at   BIGINT NOT NULL,
+        finished_at  BIGINT,
+        node         TEXT NOT NULL
+    );
+    CREATE INDEX turns_by_session ON turns (session_key, started_at);
+    CREATE INDEX turns_by_event ON turns (event_id);
+    CREATE TABLE transcript (
+        session_key  TEXT NOT NULL,
+        seq          BIGINT NOT NULL,
+        turn_id      TEXT NOT NULL,
+        kind         TEXT NOT NULL,
+        body         TEXT NOT NULL,
+        created_at   BIGINT NOT NULL,
+        PRIMARY KEY (session_key, seq)
+    );
+    CREATE INDEX transcript_by_turn ON transcript (turn_id);
+    CREATE TABLE deliveries (
+        event_id          TEXT PRIMARY KEY,
+        route             TEXT NOT NULL,
+        session_key       TEXT NOT NULL,
+        body              TEXT NOT NULL,
+        status            TEXT NOT NULL,
+        attempts          BIGINT NOT NULL DEFAULT 0,
+        next_attempt_at   BIGINT NOT NULL,
+        last_error        TEXT,
+        created_at        BIGINT NOT NULL,
+        updated_at        BIGINT NOT NULL,
+        lease_owner       TEXT,
+        lease_expires_at  BIGINT
+    );
+    CREATE INDEX deliveries_due ON deliveries (next_attempt_at) WHERE status = 'pending';
+    CREATE INDEX deliveries_by_status ON deliveries (status);
+    CREATE TABLE resume_ledger (
+        session_key   TEXT PRIMARY KEY,
+        attempts      BIGINT NOT NULL,
+        last_attempt  TEXT NOT NULL
+    );
+    CREATE TABLE nodes (
+        id            TEXT PRIMARY KEY,
+        name          TEXT NOT NULL,
+        pid           BIGINT NOT NULL,
+        started_at    BIGINT NOT NULL,
+        heartbeat_at  BIGINT NOT NULL,
+        stopped_at    BIGINT
+    );",
+    // 2: on_busy = "interrupt" across nodes: the owner of the running turn is asked through
+    // its session row.
+    "ALTER TABLE sessions ADD COLUMN interrupt_requested BOOLEAN NOT NULL DEFAULT false;",
+];
+
+impl PostgresStore {
+    pub(super) async fn migrate(&self) -> Result<(), StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        tx.run("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+            .await?;
+        tx.batch_execute("CREATE TABLE IF NOT EXISTS agentgate_schema (version INTEGER NOT NULL)")
+            .await?;
+        let found: i32 = tx
+            .row(
+                "SELECT COALESCE(max(version), 0) FROM agentgate_schema",
+                &[],
+            )
+            .await?
+            .get(0);
+        let current = MIGRATIONS.len() as i32;
+        if found > current {
+            return Err(StoreError::Setup(format!(
+                "the database is at schema version {found}, newer than this agentgate ({current}); upgrade agentgate"
+            )));
+        }
+        for (index, sql) in MIGRATIONS.iter().enumerate().skip(found as usize) {
+            let version = index as i32 + 1;
+            tx.batch_execute(sql).await.map_err(|err| {
+                StoreError::ServerUnavailable(format!(
+                    "migration to schema version {version}: {err}"
+                ))
+            })?;
+            tx.run(
+                "INSERT INTO agentgate_schema (version) VALUES ($1)",
+                &[&version],
+            )
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+}
