@@ -27,6 +27,24 @@ pub(crate) const MESSAGE_DATABASE_QUARANTINED: &str = "8785c08fc9764396ba145ce7a
 /// A turn did not finish within `drain_timeout` and was left for resume.
 pub(crate) const MESSAGE_DRAIN_TIMEOUT: &str = "227513bade8c4853a9b43df1e4e36359";
 
+/// The span of everything logged about one event: its lines carry `EVENT_ID`, `SESSION_KEY` and
+/// `ROUTE` as journal fields without repeating them.
+/// The spans have the level ERROR so that no level filter disables them: a warning must keep its
+/// event's fields whatever `AGENTGATE_LOG` says.
+pub(crate) fn event_span(event_id: &str, session_key: &str, route: &str) -> tracing::Span {
+    tracing::error_span!("event", event_id, session_key, route)
+}
+
+/// The span of one turn: the event's fields and `TURN_ID`.
+pub(crate) fn turn_span(
+    event_id: &str,
+    session_key: &str,
+    route: &str,
+    turn_id: &str,
+) -> tracing::Span {
+    tracing::error_span!("turn", event_id, session_key, route, turn_id)
+}
+
 /// Where log lines go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum LogTarget {

@@ -4,6 +4,8 @@
 
 mod common;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::stub::{Received, Reply, Stub};
@@ -306,14 +308,17 @@ fn a_session_that_kills_the_process_every_time_is_suspended_and_others_keep_work
     assert!(ledger(&workspace)["sessions"].get("poison").is_none());
     let after = post(&daemon, "healthy-after");
     assert_eq!(workspace.wait_terminal(&after, LIMIT), "completed");
-    // The operator can resume it.
+    // The operator can resume it, and the event it was suspended on runs again.
     let output = workspace.cli(&["sessions", "resume", "poison"]);
     assert!(output.status.success(), "{output:?}");
     let state: Vec<String> = workspace
         .query("SELECT state FROM sessions WHERE key = 'poison'", |r| {
             r.get(0)
         });
-    assert_eq!(state, ["idle"]);
+    assert_ne!(state, ["suspended"]);
+    wait_until("the suspended event to run again", LIMIT, || {
+        poison_calls(&model) == 5
+    });
 }
 
 fn crash_one_turn(workspace: &Workspace, model: &Stub, receiver: &Stub, runtime: &str) -> String {
@@ -507,4 +512,109 @@ fn operator_commands_run_as_root_leave_the_state_to_the_daemon_user() {
             metadata.uid()
         );
     }
+}
+
+fn post_numbered(daemon: &Daemon, session: &str, n: u32) -> String {
+    let body = json!({"session": session, "label": format!("event-{n}")}).to_string();
+    let response = daemon.post_json("/hook", &[], &body);
+    assert_eq!(response.status, 202, "{response:?}");
+    response.json()["event_id"]
+        .as_str()
+        .expect("id")
+        .to_string()
+}
+
+/// (started_at, finished_at) of each turn of `session`, in start order.
+fn turn_times(workspace: &Workspace, session: &str) -> Vec<(i64, i64)> {
+    workspace.query(
+        &format!(
+            "SELECT started_at, COALESCE(finished_at, 0) FROM turns WHERE session_key = '{session}' ORDER BY started_at"
+        ),
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )
+}
+
+/// Suspending a session while its turn runs and resuming it at once must not start its next
+/// event beside the running turn: one turn per session, whatever the operator does.
+#[test]
+fn resuming_a_session_suspended_mid_turn_never_runs_two_turns_at_once() {
+    let workspace = Workspace::new();
+    let model = Stub::start(|request, _| {
+        if request.json().to_string().contains("event-1") {
+            Reply::answer("first done").after(Duration::from_secs(3))
+        } else {
+            Reply::answer("second done")
+        }
+    });
+    let receiver = receiver();
+    workspace.write_config(&config(&workspace, &model, &receiver, "", ""));
+    let daemon = workspace.start();
+    let first = post_numbered(&daemon, "busy", 1);
+    wait_until("the first turn to reach the model", LIMIT, || {
+        !model.requests().is_empty()
+    });
+    let second = post_numbered(&daemon, "busy", 2);
+    for action in ["suspend", "resume"] {
+        let output = workspace.cli(&["sessions", action, "busy"]);
+        assert!(output.status.success(), "{action}: {output:?}");
+    }
+    assert_eq!(workspace.wait_terminal(&first, LIMIT), "completed");
+    assert_eq!(workspace.wait_terminal(&second, LIMIT), "completed");
+    let turns = turn_times(&workspace, "busy");
+    assert_eq!(turns.len(), 2, "{turns:?}");
+    assert!(
+        turns[1].0 >= turns[0].1,
+        "the second turn started before the first ended: {turns:?}"
+    );
+}
+
+/// A suspension is durable: a session suspended while its turn ran is not resumed at the next
+/// start, although the process died mid-turn; its interrupted event waits, and runs (as a
+/// resume) when the operator resumes the session.
+#[test]
+fn a_suspension_outlives_a_crash_and_its_interrupted_event_runs_on_resume() {
+    let workspace = Workspace::new();
+    let held_calls = Arc::new(AtomicUsize::new(0));
+    let counter = held_calls.clone();
+    let model = Stub::start(move |request, _| {
+        if request.json().to_string().contains("held") {
+            if counter.fetch_add(1, Ordering::SeqCst) == 0 {
+                return Reply::answer("never seen").after(Duration::from_secs(120));
+            }
+            return Reply::answer("resumed and done");
+        }
+        Reply::answer("fine")
+    });
+    let receiver = receiver();
+    workspace.write_config(&config(&workspace, &model, &receiver, "", ""));
+    let daemon = workspace.start();
+    let held = post(&daemon, "held");
+    wait_until("the turn to reach the model", LIMIT, || {
+        held_calls.load(Ordering::SeqCst) == 1
+    });
+    let output = workspace.cli(&["sessions", "suspend", "held"]);
+    assert!(output.status.success(), "{output:?}");
+    daemon.kill9();
+
+    let daemon = workspace.start();
+    let state = |workspace: &Workspace| -> Vec<String> {
+        workspace.query("SELECT state FROM sessions WHERE key = 'held'", |r| {
+            r.get(0)
+        })
+    };
+    assert_eq!(state(&workspace), ["suspended"]);
+    let bystander = post(&daemon, "bystander");
+    assert_eq!(workspace.wait_terminal(&bystander, LIMIT), "completed");
+    assert_eq!(state(&workspace), ["suspended"]);
+    assert_eq!(
+        held_calls.load(Ordering::SeqCst),
+        1,
+        "resumed despite the suspension"
+    );
+    assert!(ledger(&workspace)["sessions"].get("held").is_none());
+
+    let output = workspace.cli(&["sessions", "resume", "held"]);
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(workspace.wait_terminal(&held, LIMIT), "completed");
+    assert_eq!(delivered(&receiver, &held)["output"], "resumed and done");
 }

@@ -47,6 +47,15 @@ fn cold_start_by_socket_activation_with_journal_fields_and_catalog() {
     );
     let lines = machine.journal("-u agentgate.service SESSION_KEY=acme/web#7");
     assert!(lines.contains("event accepted"), "{lines}");
+    // The turn's lines and its result's delivery carry the session's fields too.
+    wait_for(
+        "the turn's lines under the session's key",
+        Duration::from_secs(30),
+        || {
+            let lines = machine.journal("-u agentgate.service SESSION_KEY=acme/web#7");
+            lines.contains("turn completed") && lines.contains("result delivered")
+        },
+    );
     assert!(
         !machine
             .journal("-u agentgate.service SESSION_KEY=other")

@@ -13,7 +13,10 @@ use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use tracing::Instrument;
+
 use crate::config::{DeliverSettings, Settings, Shared};
+use crate::logging;
 use crate::signature::standard_signature;
 use crate::store::{DeliveryAttempt, PendingDelivery, Store};
 
@@ -65,7 +68,9 @@ impl Deliverer {
             let mut attempts = JoinSet::new();
             for delivery in due {
                 let deliverer = self.clone();
-                attempts.spawn(async move { deliverer.deliver(delivery).await });
+                let span =
+                    logging::event_span(&delivery.event_id, &delivery.session_key, &delivery.route);
+                attempts.spawn(async move { deliverer.deliver(delivery).await }.instrument(span));
             }
             while attempts.join_next().await.is_some() {}
             if stopping {
@@ -90,13 +95,7 @@ impl Deliverer {
             .map_or(DeliverSettings::Log, |route| route.deliver.clone());
         let result = match &settings {
             DeliverSettings::Log => {
-                tracing::info!(
-                    event_id = %delivery.event_id,
-                    session_key = %delivery.session_key,
-                    route = %delivery.route,
-                    result = %delivery.body,
-                    "turn result"
-                );
+                tracing::info!(result = %delivery.body, "turn result");
                 Ok(())
             }
             DeliverSettings::Http { url, key } => self.post(url, key.as_ref(), &delivery).await,
@@ -115,20 +114,17 @@ impl Deliverer {
         let attempt = delivery.attempts + 1;
         let outcome = match result {
             Ok(()) => {
-                tracing::info!(event_id = %delivery.event_id, delivery_id = %delivery.event_id,
-                    route = %delivery.route, attempt, "result delivered");
+                tracing::info!(attempt, "result delivered");
                 DeliveryAttempt::Delivered
             }
             Err(error) if attempt >= MAX_ATTEMPTS => {
-                tracing::error!(event_id = %delivery.event_id, delivery_id = %delivery.event_id,
-                    route = %delivery.route, attempt, error = %error,
+                tracing::error!(attempt, error = %error,
                     "delivery failed for good; kept in the outbox as failed");
                 DeliveryAttempt::GaveUp { error }
             }
             Err(error) => {
                 let delay = backoff(attempt);
-                tracing::warn!(event_id = %delivery.event_id, delivery_id = %delivery.event_id,
-                    route = %delivery.route, attempt, retry_in_s = delay.as_secs(), error = %error,
+                tracing::warn!(attempt, retry_in_s = delay.as_secs(), error = %error,
                     "delivery failed; will retry");
                 DeliveryAttempt::Retry {
                     at: crate::store::now_millis() + delay.as_millis() as i64,
@@ -142,7 +138,7 @@ impl Deliverer {
             .await
         {
             // The attempt is repeated later: delivery is at least once.
-            tracing::warn!(event_id = %delivery.event_id, error = %err, "cannot record the delivery attempt");
+            tracing::warn!(error = %err, "cannot record the delivery attempt");
         }
     }
 

@@ -20,7 +20,9 @@ use tokio_util::task::TaskTracker;
 pub(crate) use runner::TurnContext;
 
 use crate::config::OnBusy;
+use crate::logging;
 use crate::store::Store;
+use tracing::Instrument;
 
 /// How often the scheduler looks for work even without a wake-up (a safety net, not the trigger).
 const IDLE_POLL: Duration = Duration::from_secs(1);
@@ -113,12 +115,21 @@ pub(crate) async fn schedule(
                         );
                         let context = context.clone();
                         let sessions = sessions.clone();
-                        tracker.spawn(async move {
-                            let session_key = turn.event.session_key.clone();
-                            let turn_id = turn.turn_id.clone();
-                            context.run(turn, interrupt).await;
-                            sessions.finished(&session_key, &turn_id);
-                        });
+                        let span = logging::turn_span(
+                            &turn.event.id,
+                            &turn.event.session_key,
+                            &turn.event.route,
+                            &turn.turn_id,
+                        );
+                        tracker.spawn(
+                            async move {
+                                let session_key = turn.event.session_key.clone();
+                                let turn_id = turn.turn_id.clone();
+                                context.run(turn, interrupt).await;
+                                sessions.finished(&session_key, &turn_id);
+                            }
+                            .instrument(span),
+                        );
                     }
                 }
                 Err(err) => {

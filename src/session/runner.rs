@@ -12,6 +12,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tracing::Instrument;
 
 use super::Sessions;
 use super::prompt;
@@ -79,8 +80,7 @@ impl TurnContext {
             .await;
             return;
         };
-        tracing::info!(event_id = %event.id, session_key = %event.session_key, route = %route.name,
-            turn_id = %turn.turn_id, "turn started");
+        tracing::info!("turn started");
         let running = Running {
             context: self,
             settings: &settings,
@@ -131,15 +131,12 @@ impl TurnContext {
         if completed_resume {
             // Only after the completion is committed: the entry is the crash-loop evidence.
             if let Err(err) = self.store.clear_resume_count(&event.session_key).await {
-                tracing::warn!(session_key = %event.session_key, error = %err,
-                    "cannot clear the session's retry ledger entry");
+                tracing::warn!(error = %err, "cannot clear the session's retry ledger entry");
             }
         }
         match error {
-            None => tracing::info!(event_id = %event.id, session_key = %event.session_key,
-                route = %event.route, turn_id = %turn.turn_id, steps, "turn completed"),
-            Some(error) => tracing::warn!(event_id = %event.id, session_key = %event.session_key,
-                route = %event.route, turn_id = %turn.turn_id, steps, error = %error, "turn failed"),
+            None => tracing::info!(steps, "turn completed"),
+            Some(error) => tracing::warn!(steps, error = %error, "turn failed"),
         }
     }
 
@@ -417,35 +414,40 @@ impl Running<'_> {
             event.route.clone(),
             job_id.clone(),
         );
-        self.context.background_jobs.spawn(async move {
-            // A job cut off by the drain is still reported to its session, so the agent learns
-            // that it did not finish rather than waiting for a result that never comes.
-            let payload = match tools::run(&tool, &arguments, &kill).await {
-                Ok(outcome) => {
-                    serde_json::json!({"job_id": job, "tool": tool.name, "outcome": outcome})
-                }
-                Err(ToolAbort::Cancelled) => {
-                    tracing::warn!(session_key = %session_key, job_id = %job, tool = %tool.name,
+        // The job's lines carry the fields of the turn that started it.
+        let span = tracing::Span::current();
+        self.context.background_jobs.spawn(
+            async move {
+                // A job cut off by the drain is still reported to its session, so the agent learns
+                // that it did not finish rather than waiting for a result that never comes.
+                let payload = match tools::run(&tool, &arguments, &kill).await {
+                    Ok(outcome) => {
+                        serde_json::json!({"job_id": job, "tool": tool.name, "outcome": outcome})
+                    }
+                    Err(ToolAbort::Cancelled) => {
+                        tracing::warn!(job_id = %job, tool = %tool.name,
                         "background job interrupted by the shutdown; its session is told");
-                    serde_json::json!({"job_id": job, "tool": tool.name, "outcome": null,
+                        serde_json::json!({"job_id": job, "tool": tool.name, "outcome": null,
                         "error": BACKGROUND_JOB_INTERRUPTED})
-                }
-            };
-            match store
-                .enqueue_internal(&session_key, &route, "background_job", payload)
-                .await
-            {
-                Ok(event_id) => {
-                    tracing::info!(session_key = %session_key, event_id = %event_id, job_id = %job,
+                    }
+                };
+                match store
+                    .enqueue_internal(&session_key, &route, "background_job", payload)
+                    .await
+                {
+                    Ok(event_id) => {
+                        tracing::info!(queued_event_id = %event_id, job_id = %job,
                         "background job ended; its result is queued for the session");
-                    sessions.wake();
-                }
-                Err(err) => {
-                    tracing::error!(session_key = %session_key, job_id = %job, error = %err,
+                        sessions.wake();
+                    }
+                    Err(err) => {
+                        tracing::error!(job_id = %job, error = %err,
                     "cannot queue the background job's result");
+                    }
                 }
             }
-        });
+            .instrument(span),
+        );
         serde_json::json!({
             "job_id": job_id,
             "status": "started in the background; its result arrives later as a new event in this session",
@@ -490,11 +492,9 @@ impl Running<'_> {
         match committed {
             Ok(()) => tracing::warn!(
                 message_id = crate::logging::MESSAGE_DRAIN_TIMEOUT,
-                event_id = %turn.event.id, session_key = %turn.event.session_key,
-                route = %turn.event.route, turn_id = %turn.turn_id,
-                "turn did not finish within drain_timeout; marked resume_pending"),
-            Err(err) => tracing::error!(event_id = %turn.event.id,
-                session_key = %turn.event.session_key, turn_id = %turn.turn_id, error = %err,
+                "turn did not finish within drain_timeout; marked resume_pending"
+            ),
+            Err(err) => tracing::error!(error = %err,
                 "cannot mark the turn resume_pending; it is found running at the next start and resumed as crashed"),
         }
     }

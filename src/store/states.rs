@@ -205,7 +205,9 @@ pub(crate) const RESUME_PENDING: &str = concatcp!("'", SessionState::ResumePendi
 pub(crate) const SUSPENDED: &str = concatcp!("'", SessionState::Suspended.sql(), "'");
 pub(crate) const TURN_RUNNING: &str = concatcp!("'", TurnStatus::Running.sql(), "'");
 pub(crate) const TURN_INTERRUPTED: &str = concatcp!("'", TurnStatus::Interrupted.sql(), "'");
+pub(crate) const EVENT_SUSPENDED: &str = concatcp!("'", EventStatus::Suspended.sql(), "'");
 pub(crate) const CRASHED: &str = concatcp!("'", ResumeReason::Crashed.sql(), "'");
+pub(crate) const SHUTDOWN_TIMEOUT: &str = concatcp!("'", ResumeReason::ShutdownTimeout.sql(), "'");
 pub(crate) const OPERATOR: &str = concatcp!("'", OPERATOR_REASON, "'");
 pub(crate) const PENDING: &str = concatcp!("'", DeliveryState::Pending.sql(), "'");
 pub(crate) const DELIVERY_FAILED: &str = concatcp!("'", DeliveryState::Failed.sql(), "'");
@@ -219,6 +221,42 @@ pub(crate) const LIVE_COUNTS_SQL: &str = concatcp!(
     "), (SELECT count(*) FROM sessions WHERE state = ",
     SUSPENDED,
     ")"
+);
+
+/// `sessions resume`: the event a session was interrupted or suspended on, which runs again as a
+/// resume (its turn's reason says why it stopped); both backends run it as it is.
+pub(crate) const REQUEUE_STOPPED_EVENT_SQL: &str = concatcp!(
+    "UPDATE events SET status = ",
+    QUEUED,
+    ", resume_reason = (SELECT t.reason FROM sessions s JOIN turns t ON t.id = s.last_turn_id
+                         WHERE s.key = $1),
+       updated_at = $2
+     WHERE id = (SELECT t.event_id FROM sessions s JOIN turns t ON t.id = s.last_turn_id
+                 WHERE s.key = $1 AND t.status = ",
+    TURN_INTERRUPTED,
+    " AND t.reason IN (",
+    CRASHED,
+    ", ",
+    SHUTDOWN_TIMEOUT,
+    "))
+       AND status IN (",
+    EVENT_RUNNING,
+    ", ",
+    EVENT_SUSPENDED,
+    ")"
+);
+
+/// `sessions resume`: the session may run again, but a turn of it that still runs keeps it busy,
+/// so that no second turn ever starts beside it.
+pub(crate) const RESUME_SESSION_SQL: &str = concatcp!(
+    "UPDATE sessions SET state = CASE WHEN EXISTS
+         (SELECT 1 FROM turns WHERE session_key = $1 AND status = ",
+    TURN_RUNNING,
+    ") THEN ",
+    SESSION_RUNNING,
+    " ELSE ",
+    IDLE,
+    " END, reason = NULL, updated_at = $2 WHERE key = $1"
 );
 
 /// A session row as `sessions list` shows it; both backends run it as it is.

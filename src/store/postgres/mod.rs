@@ -36,7 +36,7 @@ use tokio_postgres::{NoTls, Row};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::PostgresSettings;
-use crate::store::states::SESSION_SQL;
+use crate::store::states::{REQUEUE_STOPPED_EVENT_SQL, RESUME_SESSION_SQL, SESSION_SQL};
 use crate::store::{
     AcceptOutcome, Backend, ClaimedTurn, DeliveryAttempt, DeliveryCounts, InterruptedSession,
     Ledger, LiveCounts, NewEvent, NodeRow, PendingDelivery, SessionRow, Settled, Settlement,
@@ -520,12 +520,17 @@ impl Backend for PostgresStore {
                 &[&turn_id, &reason, &i64::from(steps), &now],
             )
             .await?;
-            // The lease goes with it: another node resumes the session at once.
+            // The lease goes with it: another node resumes the session at once. An operator's
+            // suspension stays in force: the interrupted event waits for `sessions resume`.
             tx.run(
                 concatcp!(
-                    "UPDATE sessions SET state = ",
+                    "UPDATE sessions SET state = CASE WHEN state = ",
+                    SUSPENDED,
+                    " THEN state ELSE ",
                     RESUME_PENDING,
-                    ", reason = $2, updated_at = $3,
+                    " END, reason = CASE WHEN state = ",
+                    SUSPENDED,
+                    " THEN reason ELSE $2 END, updated_at = $3,
                      lease_owner = NULL, lease_expires_at = NULL
                  WHERE key = $1"
                 ),
@@ -817,13 +822,7 @@ impl Backend for PostgresStore {
             let tx = client.transaction().await?;
             let Some(row) = tx
                 .maybe_row(
-                    concatcp!(
-                        "SELECT s.state, COALESCE(s.reason, ",
-                        CRASHED,
-                        "), t.event_id
-                     FROM sessions s LEFT JOIN turns t ON t.id = s.last_turn_id
-                     WHERE s.key = $1 FOR UPDATE OF s"
-                    ),
+                    "SELECT state FROM sessions WHERE key = $1 FOR UPDATE",
                     &[&key],
                 )
                 .await?
@@ -831,24 +830,11 @@ impl Backend for PostgresStore {
                 return Ok(None);
             };
             let state = session_state_of(row.get(0))?;
-            let reason = ResumeReason::from_sql(row.get(1));
-            let event_id: Option<String> = row.get(2);
+            let now = now_millis();
             tx.run("DELETE FROM resume_ledger WHERE session_key = $1", &[&key])
                 .await?;
-            if let (SessionState::ResumePending, Some(event_id)) = (state, &event_id) {
-                requeue_rows(&tx, event_id, key, reason).await?;
-            }
-            if state != SessionState::Running {
-                tx.run(
-                    concatcp!(
-                        "UPDATE sessions SET state = ",
-                        IDLE,
-                        ", reason = NULL, updated_at = $2 WHERE key = $1"
-                    ),
-                    &[&key, &now_millis()],
-                )
-                .await?;
-            }
+            tx.run(REQUEUE_STOPPED_EVENT_SQL, &[&key, &now]).await?;
+            tx.run(RESUME_SESSION_SQL, &[&key, &now]).await?;
             tx.commit().await?;
             Ok(Some(state))
         })

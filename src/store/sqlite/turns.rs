@@ -5,9 +5,9 @@ use crate::store::model::{
     ClaimedTurn, InterruptedSession, SessionRow, StoredEvent, TranscriptRow, TurnEnd,
 };
 use crate::store::states::{
-    CRASHED, EVENT_RUNNING, IDLE, OPERATOR, PENDING, QUEUED, RESUME_PENDING, ResumeReason,
-    SESSION_RUNNING, SESSION_SQL, SUSPENDED, SessionState, StopReason, TURN_INTERRUPTED,
-    TURN_RUNNING,
+    CRASHED, EVENT_RUNNING, IDLE, OPERATOR, PENDING, QUEUED, REQUEUE_STOPPED_EVENT_SQL,
+    RESUME_PENDING, RESUME_SESSION_SQL, ResumeReason, SESSION_RUNNING, SESSION_SQL, SUSPENDED,
+    SessionState, StopReason, TURN_INTERRUPTED, TURN_RUNNING,
 };
 use const_format::concatcp;
 use rusqlite::{Connection, OptionalExtension, params};
@@ -226,31 +226,8 @@ pub(super) fn operator_resume_in(
         return Ok(None);
     };
     let now = now_millis();
-    if state == SessionState::ResumePending {
-        connection.execute(
-            concatcp!(
-                "UPDATE events SET status = ",
-                QUEUED,
-                ", resume_reason = COALESCE(
-                 (SELECT reason FROM sessions WHERE key = ?1), ",
-                CRASHED,
-                "), updated_at = ?2
-             WHERE id = (SELECT t.event_id FROM sessions s JOIN turns t ON t.id = s.last_turn_id
-                         WHERE s.key = ?1)"
-            ),
-            params![key, now],
-        )?;
-    }
-    if state != SessionState::Running {
-        connection.execute(
-            concatcp!(
-                "UPDATE sessions SET state = ",
-                IDLE,
-                ", reason = NULL, updated_at = ?2 WHERE key = ?1"
-            ),
-            params![key, now],
-        )?;
-    }
+    connection.execute(REQUEUE_STOPPED_EVENT_SQL, params![key, now])?;
+    connection.execute(RESUME_SESSION_SQL, params![key, now])?;
     Ok(Some(state))
 }
 
@@ -365,11 +342,13 @@ pub(super) fn interrupt_in(
         ),
         params![turn_id, reason, steps, now],
     )?;
+    // An operator's suspension stays in force: the interrupted event waits for `sessions resume`.
     connection.execute(
         concatcp!(
             "UPDATE sessions SET state = ",
             RESUME_PENDING,
-            ", reason = ?2, updated_at = ?3 WHERE key = ?1"
+            ", reason = ?2, updated_at = ?3 WHERE key = ?1 AND state <> ",
+            SUSPENDED
         ),
         params![session_key, reason, now],
     )?;
@@ -388,7 +367,8 @@ pub(super) fn crashed_in(connection: &Connection) -> rusqlite::Result<usize> {
             ", updated_at = ?1
          WHERE key IN (SELECT session_key FROM turns WHERE status = ",
             TURN_RUNNING,
-            ")"
+            ") AND state <> ",
+            SUSPENDED
         ),
         params![now],
     )?;
