@@ -268,9 +268,10 @@ fn accept_failures_back_off_instead_of_spinning() {
         .expect("prlimit (util-linux)");
     assert!(status.success());
 
-    // Use up the daemon's last descriptors, then leave one connection waiting on each listener.
+    // Use up the daemon's last descriptors (more connections than it can have left, whatever
+    // it opened meanwhile), then leave one connection waiting on each listener.
     let mut held: Vec<std::net::TcpStream> = Vec::new();
-    for _ in 0..4 {
+    for _ in 0..64 {
         held.extend(std::net::TcpStream::connect(daemon.addr).ok());
     }
     let _waiting_control = UnixStream::connect(&socket).expect("queued in the control backlog");

@@ -114,10 +114,21 @@ pub(crate) enum Settled {
     NotInterrupted,
 }
 
-/// Everything agentgate asks of durable state, whichever backend keeps it. Each write commits
-/// before its future resolves.
+/// Everything agentgate asks of durable state, whichever backend keeps it, one trait per concern.
+/// Each write commits before its future resolves.
+pub(crate) trait Backend:
+    Accepting + Turns + Recovery + Outbox + Inspection + Operator + Coordination
+{
+}
+
+impl<T> Backend for T where
+    T: Accepting + Turns + Recovery + Outbox + Inspection + Operator + Coordination
+{
+}
+
+/// Making events durable.
 #[async_trait::async_trait]
-pub(crate) trait Backend: Send + Sync {
+pub(crate) trait Accepting: Send + Sync {
     /// Makes `event` durable, or reports the original of a duplicate delivery id.
     async fn accept(&self, event: NewEvent) -> Result<AcceptOutcome, StoreError>;
     /// Queues an internal event (a background job's completion) as the session's next turn.
@@ -130,6 +141,11 @@ pub(crate) trait Backend: Send + Sync {
     ) -> Result<String, StoreError>;
     /// Forgets delivery ids last seen before `before` (unix ms).
     async fn prune_dedup(&self, before: i64) -> Result<usize, StoreError>;
+}
+
+/// Claiming events as turns and committing their steps and ends.
+#[async_trait::async_trait]
+pub(crate) trait Turns: Send + Sync {
     /// Claims up to `limit` events, the oldest queued one of each idle session, oldest first.
     async fn claim_turns(&self, limit: usize) -> Result<Vec<ClaimedTurn>, StoreError>;
     /// Commits transcript entries of a running turn, in order, in one transaction.
@@ -151,6 +167,15 @@ pub(crate) trait Backend: Send + Sync {
         reason: ResumeReason,
         steps: u32,
     ) -> Result<(), StoreError>;
+    /// Whether any run of `event_id` recorded a transcript entry.
+    async fn event_has_transcript(&self, event_id: &str) -> Result<bool, StoreError>;
+    /// The whole transcript of a session.
+    async fn transcript(&self, session_key: &str) -> Result<Vec<TranscriptRow>, StoreError>;
+}
+
+/// Interrupted sessions: crash marking, admission through the retry ledger.
+#[async_trait::async_trait]
+pub(crate) trait Recovery: Send + Sync {
     /// Turns whose process is gone (found at start; with leases, expired) become interrupted
     /// `crashed`, their sessions `resume_pending`. Returns how many.
     async fn mark_crashed_turns(&self) -> Result<usize, StoreError>;
@@ -165,10 +190,13 @@ pub(crate) trait Backend: Send + Sync {
     ) -> Result<Settled, StoreError>;
     /// A resumed session completed: its retry ledger entry goes.
     async fn clear_resume_count(&self, session_key: &str) -> Result<(), StoreError>;
-    /// Whether any run of `event_id` recorded a transcript entry.
-    async fn event_has_transcript(&self, event_id: &str) -> Result<bool, StoreError>;
-    /// The whole transcript of a session.
-    async fn transcript(&self, session_key: &str) -> Result<Vec<TranscriptRow>, StoreError>;
+    /// The retry ledger as the next admission will see it.
+    async fn resume_ledger(&self) -> Result<Ledger, StoreError>;
+}
+
+/// Results waiting to be delivered.
+#[async_trait::async_trait]
+pub(crate) trait Outbox: Send + Sync {
     /// Deliveries due now, oldest first, each to be sent by this node alone.
     async fn due_deliveries(&self, limit: usize) -> Result<Vec<PendingDelivery>, StoreError>;
     /// Records an attempt: delivered, retry later, or failed for good.
@@ -177,19 +205,32 @@ pub(crate) trait Backend: Send + Sync {
         event_id: &str,
         outcome: DeliveryAttempt,
     ) -> Result<(), StoreError>;
+}
+
+/// What `status` and `sessions` show.
+#[async_trait::async_trait]
+pub(crate) trait Inspection: Send + Sync {
     /// The counts for `STATUS=`.
     async fn live_counts(&self) -> Result<LiveCounts, StoreError>;
     /// The counts for `agentgate status` (and, with leases, the nodes).
     async fn status_summary(&self) -> Result<StatusSummary, StoreError>;
     async fn sessions(&self) -> Result<Vec<SessionRow>, StoreError>;
     async fn session(&self, key: &str) -> Result<Option<SessionRow>, StoreError>;
+}
+
+/// The operator's overrides.
+#[async_trait::async_trait]
+pub(crate) trait Operator: Send + Sync {
     /// `sessions resume KEY`: clears the ledger entry; a suspended session becomes idle, an
     /// interrupted one is queued again. Returns the state it was in, `None` if unknown.
     async fn operator_resume(&self, key: &str) -> Result<Option<SessionState>, StoreError>;
     /// `sessions suspend KEY`: no further turn starts until it is resumed.
     async fn operator_suspend(&self, key: &str) -> Result<Option<SessionState>, StoreError>;
-    /// The retry ledger as the next admission will see it.
-    async fn resume_ledger(&self) -> Result<Ledger, StoreError>;
+}
+
+/// The store's own health, and work shared between nodes.
+#[async_trait::async_trait]
+pub(crate) trait Coordination: Send + Sync {
     /// Whether the store's own machinery responds (the watchdog's check): a wedged writer stops
     /// the watchdog pings, an unreachable database server does not.
     async fn answers(&self) -> bool;

@@ -138,3 +138,52 @@ impl PostgresStore {
         Ok(outcomes)
     }
 }
+
+#[async_trait::async_trait]
+impl Accepting for PostgresStore {
+    async fn accept(&self, event: NewEvent) -> Result<AcceptOutcome, StoreError> {
+        let accepts = self.shared.accepts.as_ref().ok_or_else(|| {
+            StoreError::Unavailable("this store handle does not accept events".into())
+        })?;
+        let (reply, answer) = oneshot::channel();
+        accepts
+            .send((event, reply))
+            .map_err(|_| StoreError::Unavailable("the accept writers have stopped".into()))?;
+        answer
+            .await
+            .map_err(|_| StoreError::Unavailable("the accept writers have stopped".into()))?
+    }
+
+    async fn enqueue_internal(
+        &self,
+        session_key: &str,
+        route: &str,
+        event_type: &str,
+        payload: serde_json::Value,
+    ) -> Result<String, StoreError> {
+        let id = uuid::Uuid::now_v7().to_string();
+        self.execute_one(
+            concatcp!("INSERT INTO events (id, route, session_key, event_type, delivery_id, headers, payload,
+                                     received_at, status, updated_at, origin, node)
+                 VALUES ($1, $2, $3, $4, NULL, '{}', $5, $6, ", QUEUED, ", $6, 'background', $7)"),
+            &[
+                &id,
+                &route,
+                &session_key,
+                &event_type,
+                &payload.to_string().into_bytes(),
+                &now_millis(),
+                &self.shared.node_name,
+            ],
+        )
+        .await?;
+        Ok(id)
+    }
+
+    async fn prune_dedup(&self, before: i64) -> Result<usize, StoreError> {
+        let pruned = self
+            .execute_one("DELETE FROM dedup WHERE seen_at < $1", &[&before])
+            .await?;
+        Ok(pruned as usize)
+    }
+}

@@ -1,5 +1,6 @@
 //! Events: the durable accept with delivery-id dedup, and the summaries that `status` reads.
 
+use super::*;
 use crate::store::model::{AcceptOutcome, Counts, LiveCounts, NewEvent, NodeRow, StatusSummary};
 use crate::store::states::{IDLE, LIVE_COUNTS_SQL, QUEUED};
 use const_format::concatcp;
@@ -144,5 +145,51 @@ impl StatusSummary {
         Ok(StatusSummary::from_counts(
             by_status, by_state, deliveries, None,
         ))
+    }
+}
+
+#[async_trait::async_trait]
+impl Accepting for SqliteStore {
+    async fn accept(&self, event: NewEvent) -> Result<AcceptOutcome, StoreError> {
+        self.write(move |connection| accept_in(connection, &event))
+            .await
+    }
+
+    async fn enqueue_internal(
+        &self,
+        session_key: &str,
+        route: &str,
+        event_type: &str,
+        payload: serde_json::Value,
+    ) -> Result<String, StoreError> {
+        let id = uuid::Uuid::now_v7().to_string();
+        let (event_id, session_key, route, event_type) = (
+            id.clone(),
+            session_key.to_string(),
+            route.to_string(),
+            event_type.to_string(),
+        );
+        self.write(move |connection| {
+            enqueue_internal_in(
+                connection,
+                &event_id,
+                &session_key,
+                &route,
+                &event_type,
+                &payload,
+            )
+        })
+        .await?;
+        Ok(id)
+    }
+
+    async fn prune_dedup(&self, before: i64) -> Result<usize, StoreError> {
+        self.write(move |connection| {
+            connection.execute(
+                "DELETE FROM dedup WHERE seen_at < ?1",
+                rusqlite::params![before],
+            )
+        })
+        .await
     }
 }

@@ -23,22 +23,16 @@ use rusqlite::{Connection, OpenFlags};
 use tokio::sync::oneshot;
 
 use crate::store::ledger::LedgerFile;
-use accept::{accept_in, enqueue_internal_in};
 use const_format::concatcp;
-use outbox::{due_in, record_attempt_in};
 
 use crate::store::state_dir;
 use crate::store::states::{RESUME_PENDING, TURN_RUNNING};
 use crate::store::{
-    AcceptOutcome, Backend, ClaimedTurn, DeliveryAttempt, InterruptedSession, Ledger, LiveCounts,
-    NewEvent, PendingDelivery, ResumeReason, SessionRow, SessionState, Settled, Settlement,
-    StateDir, StatusSummary, StoreError, TranscriptRow, TurnEnd, ensure_state_dir, now_millis,
+    Accepting, Coordination, Inspection, Ledger, LiveCounts, Operator, Outbox, Recovery,
+    SessionRow, Settled, Settlement, StateDir, StatusSummary, StoreError, Turns, ensure_state_dir,
+    now_millis,
 };
-use turns::{
-    append_in, candidates_in, claim_in, crashed_in, event_has_transcript_in, finish_in,
-    interrupt_in, interrupted_in, operator_resume_in, operator_suspend_in, requeue_in, session_in,
-    sessions_in, transcript_of,
-};
+use turns::{session_in, sessions_in};
 
 /// The most writes that share one transaction.
 const MAX_BATCH: usize = 1024;
@@ -406,168 +400,7 @@ async fn with_ledger<T: Send + 'static>(
 }
 
 #[async_trait::async_trait]
-impl Backend for SqliteStore {
-    async fn accept(&self, event: NewEvent) -> Result<AcceptOutcome, StoreError> {
-        self.write(move |connection| accept_in(connection, &event))
-            .await
-    }
-
-    async fn enqueue_internal(
-        &self,
-        session_key: &str,
-        route: &str,
-        event_type: &str,
-        payload: serde_json::Value,
-    ) -> Result<String, StoreError> {
-        let id = uuid::Uuid::now_v7().to_string();
-        let (event_id, session_key, route, event_type) = (
-            id.clone(),
-            session_key.to_string(),
-            route.to_string(),
-            event_type.to_string(),
-        );
-        self.write(move |connection| {
-            enqueue_internal_in(
-                connection,
-                &event_id,
-                &session_key,
-                &route,
-                &event_type,
-                &payload,
-            )
-        })
-        .await?;
-        Ok(id)
-    }
-
-    async fn prune_dedup(&self, before: i64) -> Result<usize, StoreError> {
-        self.write(move |connection| {
-            connection.execute(
-                "DELETE FROM dedup WHERE seen_at < ?1",
-                rusqlite::params![before],
-            )
-        })
-        .await
-    }
-
-    async fn claim_turns(&self, limit: usize) -> Result<Vec<ClaimedTurn>, StoreError> {
-        let candidates = self
-            .read(move |connection| candidates_in(connection, limit))
-            .await?;
-        if candidates.is_empty() {
-            return Ok(Vec::new());
-        }
-        self.write(move |connection| claim_in(connection, &candidates))
-            .await
-    }
-
-    async fn append_transcript(
-        &self,
-        session_key: &str,
-        turn_id: &str,
-        entries: Vec<(&'static str, String)>,
-        steps: u32,
-    ) -> Result<(), StoreError> {
-        let (session_key, turn_id) = (session_key.to_string(), turn_id.to_string());
-        self.write(move |connection| append_in(connection, &session_key, &turn_id, &entries, steps))
-            .await
-    }
-
-    async fn finish_turn(&self, end: TurnEnd) -> Result<(), StoreError> {
-        self.write(move |connection| finish_in(connection, &end))
-            .await
-    }
-
-    async fn interrupt_for_resume(
-        &self,
-        turn_id: &str,
-        session_key: &str,
-        reason: ResumeReason,
-        steps: u32,
-    ) -> Result<(), StoreError> {
-        let (turn_id, session_key) = (turn_id.to_string(), session_key.to_string());
-        self.write(move |connection| {
-            interrupt_in(connection, &turn_id, &session_key, reason, steps)
-        })
-        .await
-    }
-
-    async fn mark_crashed_turns(&self) -> Result<usize, StoreError> {
-        self.write(crashed_in).await
-    }
-
-    async fn interrupted_sessions(&self) -> Result<Vec<InterruptedSession>, StoreError> {
-        self.read(interrupted_in).await
-    }
-
-    async fn settle_interrupted(
-        &self,
-        session: &InterruptedSession,
-        settlement: Settlement,
-    ) -> Result<Settled, StoreError> {
-        let max_attempts = match settlement {
-            Settlement::Abandon => {
-                let end = session.abandoned();
-                self.write(move |connection| finish_in(connection, &end))
-                    .await?;
-                return Ok(Settled::Abandoned);
-            }
-            Settlement::Admit { max_attempts } => max_attempts,
-        };
-        let key = session.session_key.clone();
-        let attempt = match with_ledger(&self.ledger, move |ledger| ledger.count_resume(&key)).await
-        {
-            Ok(attempt) => attempt,
-            Err(err) => return Ok(Settled::Refused(err.to_string())),
-        };
-        if attempt > u64::from(max_attempts) {
-            let end = session.suspended(max_attempts);
-            self.write(move |connection| finish_in(connection, &end))
-                .await?;
-            // Only now that the suspension is committed does the entry go.
-            if let Err(err) = self.clear_resume_count(&session.session_key).await {
-                tracing::warn!(session_key = %session.session_key, error = %err,
-                    "cannot remove the suspended session's ledger entry");
-            }
-            return Ok(Settled::Suspended);
-        }
-        let interrupted = session.clone();
-        self.write(move |connection| requeue_in(connection, &interrupted))
-            .await?;
-        Ok(Settled::Resumed { attempt })
-    }
-
-    async fn clear_resume_count(&self, session_key: &str) -> Result<(), StoreError> {
-        let key = session_key.to_string();
-        with_ledger(&self.ledger, move |ledger| ledger.clear(&key)).await
-    }
-
-    async fn event_has_transcript(&self, event_id: &str) -> Result<bool, StoreError> {
-        let event_id = event_id.to_string();
-        self.read(move |connection| event_has_transcript_in(connection, &event_id))
-            .await
-    }
-
-    async fn transcript(&self, session_key: &str) -> Result<Vec<TranscriptRow>, StoreError> {
-        let key = session_key.to_string();
-        self.read(move |connection| transcript_of(connection, &key))
-            .await
-    }
-
-    async fn due_deliveries(&self, limit: usize) -> Result<Vec<PendingDelivery>, StoreError> {
-        self.read(move |connection| due_in(connection, limit)).await
-    }
-
-    async fn record_delivery_attempt(
-        &self,
-        event_id: &str,
-        outcome: DeliveryAttempt,
-    ) -> Result<(), StoreError> {
-        let event_id = event_id.to_string();
-        self.write(move |connection| record_attempt_in(connection, &event_id, &outcome))
-            .await
-    }
-
+impl Inspection for SqliteStore {
     async fn live_counts(&self) -> Result<LiveCounts, StoreError> {
         self.read(LiveCounts::query).await
     }
@@ -585,24 +418,10 @@ impl Backend for SqliteStore {
         self.read(move |connection| session_in(connection, &key))
             .await
     }
+}
 
-    async fn operator_resume(&self, key: &str) -> Result<Option<SessionState>, StoreError> {
-        self.clear_resume_count(key).await?;
-        let key = key.to_string();
-        self.write(move |connection| operator_resume_in(connection, &key))
-            .await
-    }
-
-    async fn operator_suspend(&self, key: &str) -> Result<Option<SessionState>, StoreError> {
-        let key = key.to_string();
-        self.write(move |connection| operator_suspend_in(connection, &key))
-            .await
-    }
-
-    async fn resume_ledger(&self) -> Result<Ledger, StoreError> {
-        with_ledger(&self.ledger, LedgerFile::load).await
-    }
-
+#[async_trait::async_trait]
+impl Coordination for SqliteStore {
     async fn answers(&self) -> bool {
         self.write(|_| Ok(())).await.is_ok()
     }

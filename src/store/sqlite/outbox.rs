@@ -2,6 +2,7 @@
 //! Rows are written in the same transaction that ends a turn, so a result is never lost between
 //! "turn finished" and "delivery queued", and retries survive restarts.
 
+use super::*;
 use crate::store::model::{DeliveryAttempt, DeliveryCounts, PendingDelivery};
 use crate::store::states::{DELIVERY_FAILED, PENDING};
 use const_format::concatcp;
@@ -69,4 +70,21 @@ pub(super) fn record_attempt_in(
         )?
         .execute(params![event_id, status.sql(), next, error, now])?;
     Ok(())
+}
+
+#[async_trait::async_trait]
+impl Outbox for SqliteStore {
+    async fn due_deliveries(&self, limit: usize) -> Result<Vec<PendingDelivery>, StoreError> {
+        self.read(move |connection| due_in(connection, limit)).await
+    }
+
+    async fn record_delivery_attempt(
+        &self,
+        event_id: &str,
+        outcome: DeliveryAttempt,
+    ) -> Result<(), StoreError> {
+        let event_id = event_id.to_string();
+        self.write(move |connection| record_attempt_in(connection, &event_id, &outcome))
+            .await
+    }
 }

@@ -1,6 +1,7 @@
 //! Turns and their transcript: claiming the next event of an idle session, committing each step,
 //! and ending a turn together with its event's terminal status and its outbox row.
 
+use super::*;
 use crate::store::model::{
     ClaimedTurn, InterruptedSession, SessionRow, StoredEvent, TranscriptRow, TurnEnd,
 };
@@ -449,4 +450,134 @@ pub(super) fn event_has_transcript_in(
         params![event_id],
         |row| row.get(0),
     )
+}
+
+#[async_trait::async_trait]
+impl Turns for SqliteStore {
+    async fn claim_turns(&self, limit: usize) -> Result<Vec<ClaimedTurn>, StoreError> {
+        let candidates = self
+            .read(move |connection| candidates_in(connection, limit))
+            .await?;
+        if candidates.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.write(move |connection| claim_in(connection, &candidates))
+            .await
+    }
+
+    async fn append_transcript(
+        &self,
+        session_key: &str,
+        turn_id: &str,
+        entries: Vec<(&'static str, String)>,
+        steps: u32,
+    ) -> Result<(), StoreError> {
+        let (session_key, turn_id) = (session_key.to_string(), turn_id.to_string());
+        self.write(move |connection| append_in(connection, &session_key, &turn_id, &entries, steps))
+            .await
+    }
+
+    async fn finish_turn(&self, end: TurnEnd) -> Result<(), StoreError> {
+        self.write(move |connection| finish_in(connection, &end))
+            .await
+    }
+
+    async fn interrupt_for_resume(
+        &self,
+        turn_id: &str,
+        session_key: &str,
+        reason: ResumeReason,
+        steps: u32,
+    ) -> Result<(), StoreError> {
+        let (turn_id, session_key) = (turn_id.to_string(), session_key.to_string());
+        self.write(move |connection| {
+            interrupt_in(connection, &turn_id, &session_key, reason, steps)
+        })
+        .await
+    }
+
+    async fn event_has_transcript(&self, event_id: &str) -> Result<bool, StoreError> {
+        let event_id = event_id.to_string();
+        self.read(move |connection| event_has_transcript_in(connection, &event_id))
+            .await
+    }
+
+    async fn transcript(&self, session_key: &str) -> Result<Vec<TranscriptRow>, StoreError> {
+        let key = session_key.to_string();
+        self.read(move |connection| transcript_of(connection, &key))
+            .await
+    }
+}
+
+#[async_trait::async_trait]
+impl Recovery for SqliteStore {
+    async fn mark_crashed_turns(&self) -> Result<usize, StoreError> {
+        self.write(crashed_in).await
+    }
+
+    async fn interrupted_sessions(&self) -> Result<Vec<InterruptedSession>, StoreError> {
+        self.read(interrupted_in).await
+    }
+
+    async fn settle_interrupted(
+        &self,
+        session: &InterruptedSession,
+        settlement: Settlement,
+    ) -> Result<Settled, StoreError> {
+        let max_attempts = match settlement {
+            Settlement::Abandon => {
+                let end = session.abandoned();
+                self.write(move |connection| finish_in(connection, &end))
+                    .await?;
+                return Ok(Settled::Abandoned);
+            }
+            Settlement::Admit { max_attempts } => max_attempts,
+        };
+        let key = session.session_key.clone();
+        let attempt = match with_ledger(&self.ledger, move |ledger| ledger.count_resume(&key)).await
+        {
+            Ok(attempt) => attempt,
+            Err(err) => return Ok(Settled::Refused(err.to_string())),
+        };
+        if attempt > u64::from(max_attempts) {
+            let end = session.suspended(max_attempts);
+            self.write(move |connection| finish_in(connection, &end))
+                .await?;
+            // Only now that the suspension is committed does the entry go.
+            if let Err(err) = self.clear_resume_count(&session.session_key).await {
+                tracing::warn!(session_key = %session.session_key, error = %err,
+                    "cannot remove the suspended session's ledger entry");
+            }
+            return Ok(Settled::Suspended);
+        }
+        let interrupted = session.clone();
+        self.write(move |connection| requeue_in(connection, &interrupted))
+            .await?;
+        Ok(Settled::Resumed { attempt })
+    }
+
+    async fn clear_resume_count(&self, session_key: &str) -> Result<(), StoreError> {
+        let key = session_key.to_string();
+        with_ledger(&self.ledger, move |ledger| ledger.clear(&key)).await
+    }
+
+    async fn resume_ledger(&self) -> Result<Ledger, StoreError> {
+        with_ledger(&self.ledger, LedgerFile::load).await
+    }
+}
+
+#[async_trait::async_trait]
+impl Operator for SqliteStore {
+    async fn operator_resume(&self, key: &str) -> Result<Option<SessionState>, StoreError> {
+        self.clear_resume_count(key).await?;
+        let key = key.to_string();
+        self.write(move |connection| operator_resume_in(connection, &key))
+            .await
+    }
+
+    async fn operator_suspend(&self, key: &str) -> Result<Option<SessionState>, StoreError> {
+        let key = key.to_string();
+        self.write(move |connection| operator_suspend_in(connection, &key))
+            .await
+    }
 }
