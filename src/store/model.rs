@@ -267,7 +267,7 @@ impl TranscriptRow {
 pub(crate) struct SessionRow {
     pub key: String,
     pub route: String,
-    pub state: String,
+    pub state: SessionState,
     pub reason: Option<String>,
     pub last_turn_id: Option<String>,
     pub last_turn_status: Option<String>,

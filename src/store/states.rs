@@ -120,6 +120,34 @@ impl ResumeReason {
     }
 }
 
+/// Both backends read a session's state straight into the type; text this agentgate does not know
+/// is an error (the schema check refuses a newer database before it gets here).
+impl rusqlite::types::FromSql for SessionState {
+    fn column_result(value: rusqlite::types::ValueRef<'_>) -> rusqlite::types::FromSqlResult<Self> {
+        let text = value.as_str()?;
+        SessionState::from_sql(text)
+            .ok_or_else(|| rusqlite::types::FromSqlError::Other(unknown_state(text)))
+    }
+}
+
+impl<'a> tokio_postgres::types::FromSql<'a> for SessionState {
+    fn from_sql(
+        ty: &tokio_postgres::types::Type,
+        raw: &'a [u8],
+    ) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        let text = <&str as tokio_postgres::types::FromSql>::from_sql(ty, raw)?;
+        SessionState::from_sql(text).ok_or_else(|| unknown_state(text))
+    }
+
+    fn accepts(ty: &tokio_postgres::types::Type) -> bool {
+        <&str as tokio_postgres::types::FromSql>::accepts(ty)
+    }
+}
+
+fn unknown_state(text: &str) -> Box<dyn std::error::Error + Sync + Send> {
+    format!("unknown session state {text:?}").into()
+}
+
 impl std::fmt::Display for SessionState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.sql())

@@ -212,18 +212,18 @@ impl PostgresStore {
     }
 }
 
-fn session_row(row: &tokio_postgres::Row) -> SessionRow {
-    SessionRow {
+fn session_row(row: &tokio_postgres::Row) -> Result<SessionRow, StoreError> {
+    Ok(SessionRow {
         key: row.get(0),
         route: row.get(1),
-        state: row.get(2),
+        state: row.try_get(2)?,
         reason: row.get(3),
         last_turn_id: row.get(4),
         last_turn_status: row.get(5),
         turns: row.get(6),
         queued: row.get(7),
         updated_at: row.get(8),
-    }
+    })
 }
 
 async fn grouped(
@@ -295,14 +295,14 @@ impl Inspection for PostgresStore {
         let rows = self
             .select(&format!("{SESSION_SQL} ORDER BY s.updated_at DESC"), &[])
             .await?;
-        Ok(rows.iter().map(session_row).collect())
+        rows.iter().map(session_row).collect()
     }
 
     async fn session(&self, key: &str) -> Result<Option<SessionRow>, StoreError> {
         let row = self
             .select_optional(&format!("{SESSION_SQL} WHERE s.key = $1"), &[&key])
             .await?;
-        Ok(row.as_ref().map(session_row))
+        row.as_ref().map(session_row).transpose()
     }
 }
 
@@ -376,11 +376,4 @@ impl Coordination for PostgresStore {
         let ttl = Duration::from_millis(u64::try_from(self.shared.lease_ttl_ms).unwrap_or(0));
         Some((ttl / 4).clamp(Duration::from_millis(250), Duration::from_secs(1)))
     }
-}
-
-/// A session state read from the database; text this agentgate does not know means the schema is
-/// newer than it, which the migration check should have refused.
-fn session_state_of(text: &str) -> Result<SessionState, StoreError> {
-    SessionState::from_sql(text)
-        .ok_or_else(|| StoreError::Setup(format!("unknown session state {text:?} in the database")))
 }

@@ -452,7 +452,7 @@ impl Operator for PostgresStore {
             else {
                 return Ok(None);
             };
-            let state = session_state_of(row.get(0))?;
+            let state: SessionState = row.try_get(0)?;
             let now = now_millis();
             tx.run("DELETE FROM resume_ledger WHERE session_key = $1", &[&key])
                 .await?;
@@ -479,6 +479,6 @@ impl Operator for PostgresStore {
                 &[&key, &now_millis()],
             )
             .await?;
-        row.map(|row| session_state_of(row.get(0))).transpose()
+        Ok(row.map(|row| row.try_get(0)).transpose()?)
     }
 }

@@ -258,16 +258,7 @@ fn session_state(connection: &Connection, key: &str) -> rusqlite::Result<Option<
         .query_row(
             "SELECT state FROM sessions WHERE key = ?1",
             params![key],
-            |row| {
-                let text: String = row.get(0)?;
-                SessionState::from_sql(&text).ok_or_else(|| {
-                    rusqlite::Error::FromSqlConversionFailure(
-                        0,
-                        rusqlite::types::Type::Text,
-                        format!("unknown session state {text:?}").into(),
-                    )
-                })
-            },
+            |row| row.get(0),
         )
         .optional()
 }
