@@ -17,7 +17,6 @@ use crate::store::{self, DaemonLock, LEDGER_FILE, StateDir};
 
 /// What reconcile does, step by step; with `--dry-run` it is printed instead of done.
 struct Repair {
-    state_dir: PathBuf,
     files: StateDir,
     dry_run: bool,
     resume_max_attempts: u32,
@@ -26,16 +25,15 @@ struct Repair {
 /// `agentgate reconcile [--dry-run]`.
 pub(crate) fn run(config: &Config, dry_run: bool) -> Result<(), Failure> {
     let repair = Repair {
-        state_dir: config.state_dir.clone(),
         files: StateDir::new(&config.state_dir),
         dry_run,
         resume_max_attempts: config.runtime.resume_max_attempts,
     };
     repair.state_directory()?;
-    if !repair.state_dir.exists() {
+    if !repair.files.path().exists() {
         return Ok(()); // dry run on a state directory that does not exist yet
     }
-    let _lock = match DaemonLock::acquire(&repair.state_dir) {
+    let _lock = match DaemonLock::acquire(repair.files.path()) {
         Ok(lock) => lock,
         Err(store::LockError::Held { holder, .. }) => {
             tracing::warn!(
@@ -60,11 +58,11 @@ pub(crate) fn run(config: &Config, dry_run: bool) -> Result<(), Failure> {
         repair.files.restore_ownership().map_err(|err| {
             Failure::state(format!(
                 "{}: cannot give state files back to the directory's owner: {err}",
-                repair.state_dir.display()
+                repair.files.path().display()
             ))
         })?;
     }
-    tracing::info!(state_dir = %repair.state_dir.display(), dry_run, "reconcile finished");
+    tracing::info!(state_dir = %repair.files.path().display(), dry_run, "reconcile finished");
     Ok(())
 }
 
@@ -84,7 +82,7 @@ impl Repair {
 
     /// The state directory must exist (created 0750 if missing) and be a writable directory.
     fn state_directory(&self) -> Result<(), Failure> {
-        let dir = &self.state_dir;
+        let dir = self.files.path();
         if dir.exists() && !dir.is_dir() {
             return Err(Failure::state(format!(
                 "state directory {} is not a directory",
@@ -94,9 +92,9 @@ impl Repair {
         if !dir.exists() {
             self.act(
                 &format!("create the state directory {}", dir.display()),
-                || store::ensure_state_dir(dir).map_err(std::io::Error::other),
+                || self.files.ensure(),
             )
-            .map_err(Failure::state)?;
+            .map_err(|err| Failure::state(format!("state directory {}: {err}", dir.display())))?;
             return Ok(());
         }
         if self.dry_run {
@@ -116,7 +114,7 @@ impl Repair {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let dir = self.state_dir.join(store::QUARANTINE_DIR);
+        let dir = self.files.quarantine_path();
         let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now())
             .to_string()
             .replace([':', '-'], "");
@@ -131,7 +129,6 @@ impl Repair {
             return Ok(target);
         }
         let dir = self.files.quarantine()?;
-        let target = dir.join(target.file_name().unwrap_or_default());
         std::fs::rename(path, &target)?;
         std::fs::File::open(&dir)?.sync_all()?;
         self.files.sync()?;
@@ -166,7 +163,7 @@ impl Repair {
     }
 
     fn stale_temporary_files(&self) {
-        let Ok(entries) = std::fs::read_dir(&self.state_dir) else {
+        let Ok(entries) = std::fs::read_dir(self.files.path()) else {
             return;
         };
         for entry in entries.flatten() {
@@ -200,7 +197,7 @@ impl Repair {
 
     /// A missing ledger is created empty; a malformed one is quarantined, salvaged and replaced.
     fn ledger(&self) -> Result<(), String> {
-        let file = LedgerFile::new(&self.state_dir);
+        let file = LedgerFile::new(self.files.path());
         let path = file.path();
         let bytes = if path.is_dir() {
             None

@@ -197,17 +197,14 @@ async fn terminate_group(
     if pgid > 0 {
         signal_group(pgid, Signal::SIGTERM);
     }
-    if let Ok(status) = tokio::time::timeout(KILL_GRACE, child.wait()).await {
-        // The leader is gone; make sure no member of its group outlives it.
-        if pgid > 0 {
-            signal_group(pgid, Signal::SIGKILL);
-        }
-        status
-    } else {
-        if pgid > 0 {
-            signal_group(pgid, Signal::SIGKILL);
-        }
-        child.wait().await
+    let waited = tokio::time::timeout(KILL_GRACE, child.wait()).await;
+    // Whether the leader left within the grace period or not, no member of its group outlives it.
+    if pgid > 0 {
+        signal_group(pgid, Signal::SIGKILL);
+    }
+    match waited {
+        Ok(status) => status,
+        Err(_) => child.wait().await,
     }
 }
 

@@ -23,7 +23,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::notify::Notifier;
+use super::notify;
 
 /// Stage 2: how long in-flight HTTP requests may take to finish.
 const REQUEST_FINISH: Duration = Duration::from_secs(10);
@@ -65,8 +65,7 @@ impl Budgets {
 }
 
 /// The daemon's shutdown: one root token with a child per stage, and one tracker for every
-/// long-lived task. Cheap to clone; every clone sees the same stages.
-#[derive(Clone)]
+/// long-lived task.
 pub(crate) struct Drain {
     root: CancellationToken,
     accepting: CancellationToken,
@@ -125,12 +124,7 @@ impl Drain {
 
     /// Runs the stages in order. `listener`, `scheduler` and `deliverer` are the tasks of stages
     /// 1–2, 3 and 5; `turns` tracks the running turns.
-    pub(crate) async fn run(
-        &self,
-        budgets: Budgets,
-        notifier: &Notifier,
-        stages: Stages,
-    ) -> Result<(), String> {
+    pub(crate) async fn run(&self, budgets: Budgets, stages: Stages) -> Result<(), String> {
         let started = Instant::now();
         let deadline = started + budgets.total();
         let extend = tokio::spawn(async move {
@@ -141,11 +135,11 @@ impl Drain {
                 if left.is_zero() {
                     return;
                 }
-                Notifier::from_environment().extend_timeout(EXTENSION.min(left + HEARTBEAT));
+                notify::extend_timeout(EXTENSION.min(left + HEARTBEAT));
                 tokio::time::sleep(HEARTBEAT).await;
             }
         });
-        notifier.stopping();
+        notify::stopping();
         tracing::info!(
             budget = ?budgets.total(),
             "stopping: no new connections; finishing in-flight requests and running turns"

@@ -29,8 +29,7 @@ use crate::ingress::control::{self, Control};
 use crate::ingress::{self, Ingress, ListenError};
 use crate::session::{self, Sessions, TurnContext};
 use crate::store::{self, DaemonLock, Store};
-pub(crate) use drain::Drain;
-use notify::Notifier;
+use drain::Drain;
 
 /// How often delivery ids older than `dedup_window` are forgotten.
 const DEDUP_PRUNE_INTERVAL: Duration = Duration::from_secs(3600);
@@ -44,7 +43,6 @@ struct Daemon {
     store: Store,
     ingress: Arc<Ingress>,
     sessions: Arc<Sessions>,
-    notifier: Notifier,
 }
 
 /// `agentgate serve` with the config loaded from `source` (which a reload reads again): runs
@@ -116,7 +114,6 @@ pub(crate) fn serve(
         store: store.clone(),
         ingress: ingress.clone(),
         sessions: sessions.clone(),
-        notifier: Notifier::from_environment(),
     });
     let budgets = drain::Budgets::new(runtime_settings.drain_timeout);
     runtime.block_on(async move {
@@ -177,7 +174,7 @@ pub(crate) fn serve(
             "agentgate is accepting webhooks"
         );
         // READY first; the live counts follow from the health task.
-        daemon.notifier.ready("accepting webhooks");
+        notify::ready("accepting webhooks");
 
         stop_signals.wait(&daemon).await;
 
@@ -187,7 +184,7 @@ pub(crate) fn serve(
             turns,
             deliverer,
         };
-        let drained = drain.run(budgets, &daemon.notifier, stages).await;
+        let drained = drain.run(budgets, stages).await;
         store.release().await;
         drained.map_err(Failure::runtime)
     })
@@ -210,7 +207,7 @@ impl Daemon {
 
     /// SIGHUP: re-reads the config. A config with errors is refused and the old one stays.
     fn reload(&self) {
-        self.notifier.reloading();
+        notify::reloading();
         let outcome = config::load(&self.source, SecretCheck::Required)
             .map_err(|err| match err {
                 ConfigError::Invalid {
@@ -254,7 +251,7 @@ impl Daemon {
                 tracing::error!(reason = %reason, "config reload refused; still serving on the previous config");
             }
         }
-        self.notifier.ready("reloaded");
+        notify::ready("reloaded");
     }
 }
 
@@ -297,7 +294,7 @@ async fn health(daemon: Arc<Daemon>, stop: CancellationToken) {
     let watchdog = notify::watchdog_interval();
     let interval = watchdog.map_or(STATUS_INTERVAL, |w| w / 3);
     let mut last = Instant::now();
-    daemon.notifier.status(&daemon.status_line().await);
+    notify::status(&daemon.status_line().await);
     loop {
         tokio::select! {
             () = stop.cancelled() => return,
@@ -315,9 +312,9 @@ async fn health(daemon: Arc<Daemon>, stop: CancellationToken) {
         if !writer_alive {
             status = format!("WEDGED: the state writer does not answer; {status}");
         }
-        daemon.notifier.status(&status);
+        notify::status(&status);
         if watchdog.is_some() && writer_alive && !late {
-            daemon.notifier.watchdog();
+            notify::watchdog();
         }
     }
 }
@@ -332,8 +329,7 @@ async fn open_store(config: &config::Config) -> Result<Store, Failure> {
             Ok(store) => return Ok(store),
             Err(err) if err.is_transient() => {
                 tracing::warn!(error = %err, retry_in = ?delay, "cannot open the PostgreSQL store yet");
-                notify::Notifier::from_environment()
-                    .status(&format!("waiting for PostgreSQL: {err}"));
+                notify::status(&format!("waiting for PostgreSQL: {err}"));
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(5));
             }

@@ -8,57 +8,48 @@ use std::time::Duration;
 
 use sd_notify::NotifyState;
 
-/// Sends lifecycle notifications to systemd, if it listens.
-pub(crate) struct Notifier;
-
-impl Notifier {
-    pub(crate) fn from_environment() -> Notifier {
-        Notifier
+fn send(states: &[NotifyState<'_>]) {
+    if let Err(err) = sd_notify::notify(states) {
+        tracing::debug!(error = %err, "sd_notify failed");
     }
+}
 
-    fn send(&self, states: &[NotifyState<'_>]) {
-        if let Err(err) = sd_notify::notify(states) {
-            tracing::debug!(error = %err, "sd_notify failed");
-        }
-    }
+pub(crate) fn ready(status: &str) {
+    send(&[NotifyState::Ready, NotifyState::Status(status)]);
+}
 
-    pub(crate) fn ready(&self, status: &str) {
-        self.send(&[NotifyState::Ready, NotifyState::Status(status)]);
-    }
+pub(crate) fn status(status: &str) {
+    send(&[NotifyState::Status(status)]);
+}
 
-    pub(crate) fn status(&self, status: &str) {
-        self.send(&[NotifyState::Status(status)]);
-    }
+pub(crate) fn watchdog() {
+    send(&[NotifyState::Watchdog]);
+}
 
-    pub(crate) fn watchdog(&self) {
-        self.send(&[NotifyState::Watchdog]);
+/// `RELOADING=1` needs the monotonic time of the reload (systemd 253 and newer reject it
+/// without one).
+pub(crate) fn reloading() {
+    match NotifyState::monotonic_usec_now() {
+        Ok(now) => send(&[
+            NotifyState::Reloading,
+            now,
+            NotifyState::Status("reloading the config"),
+        ]),
+        Err(err) => tracing::debug!(error = %err, "cannot read the monotonic clock"),
     }
+}
 
-    /// `RELOADING=1` needs the monotonic time of the reload (systemd 253 and newer reject it
-    /// without one).
-    pub(crate) fn reloading(&self) {
-        match NotifyState::monotonic_usec_now() {
-            Ok(now) => self.send(&[
-                NotifyState::Reloading,
-                now,
-                NotifyState::Status("reloading the config"),
-            ]),
-            Err(err) => tracing::debug!(error = %err, "cannot read the monotonic clock"),
-        }
-    }
+pub(crate) fn stopping() {
+    send(&[
+        NotifyState::Stopping,
+        NotifyState::Status("draining: finishing in-flight requests and running turns"),
+    ]);
+}
 
-    pub(crate) fn stopping(&self) {
-        self.send(&[
-            NotifyState::Stopping,
-            NotifyState::Status("draining: finishing in-flight requests and running turns"),
-        ]);
-    }
-
-    /// Pushes systemd's current (stop) timeout out to now + `by`.
-    pub(crate) fn extend_timeout(&self, by: Duration) {
-        let micros = u32::try_from(by.as_micros()).unwrap_or(u32::MAX);
-        self.send(&[NotifyState::ExtendTimeoutUsec(micros)]);
-    }
+/// Pushes systemd's current (stop) timeout out to now + `by`.
+pub(crate) fn extend_timeout(by: Duration) {
+    let micros = u32::try_from(by.as_micros()).unwrap_or(u32::MAX);
+    send(&[NotifyState::ExtendTimeoutUsec(micros)]);
 }
 
 /// The watchdog interval systemd expects pings within, if it watches this process.

@@ -37,7 +37,7 @@ pub(crate) use model::{
     NewEvent, NodeRow, PendingDelivery, SessionRow, StatusSummary, TranscriptRow, TurnEnd,
 };
 pub(crate) use sqlite::{check_database, session_keys};
-pub(crate) use state_dir::{LEDGER_FILE, QUARANTINE_DIR, StateDir};
+pub(crate) use state_dir::{LEDGER_FILE, StateDir};
 
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum StoreError {

@@ -50,11 +50,6 @@ impl StateDir {
         self.path.join(DATABASE_FILE)
     }
 
-    /// The database and the files SQLite keeps beside it.
-    fn database_files(&self) -> [PathBuf; 3] {
-        database_files(&self.database())
-    }
-
     pub(crate) fn ledger(&self) -> PathBuf {
         self.path.join(LEDGER_FILE)
     }
@@ -65,6 +60,11 @@ impl StateDir {
 
     pub(crate) fn ledger_lock(&self) -> PathBuf {
         self.path.join(LEDGER_LOCK_FILE)
+    }
+
+    /// Where `quarantine()` keeps malformed files (the directory may not exist yet).
+    pub(crate) fn quarantine_path(&self) -> PathBuf {
+        self.path.join(QUARANTINE_DIR)
     }
 
     /// Creates the directory (0750) if it is missing, durably (its parent is synced).
@@ -157,7 +157,7 @@ impl StateDir {
     /// The quarantine directory, created (0750) if missing. It must be a real directory: a
     /// symbolic link there would carry quarantined files anywhere.
     pub(crate) fn quarantine(&self) -> std::io::Result<PathBuf> {
-        let dir = self.path.join(QUARANTINE_DIR);
+        let dir = self.quarantine_path();
         match std::fs::symlink_metadata(&dir) {
             Ok(metadata) if metadata.file_type().is_symlink() => {
                 return Err(symbolic_link_error(&dir));
@@ -188,7 +188,7 @@ impl StateDir {
         if owner.uid() == 0 {
             return Ok(());
         }
-        let [database, wal, shm] = self.database_files();
+        let [database, wal, shm] = database_files(&self.database());
         for path in [
             database,
             wal,
@@ -196,7 +196,7 @@ impl StateDir {
             self.ledger(),
             self.ledger_lock(),
             self.daemon_lock(),
-            self.path.join(QUARANTINE_DIR),
+            self.quarantine_path(),
         ] {
             if let Ok(metadata) = std::fs::symlink_metadata(&path)
                 && !metadata.file_type().is_symlink()
