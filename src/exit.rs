@@ -25,6 +25,11 @@ impl Failure {
         Failure::with_code(73, message)
     }
 
+    /// 75: a temporary failure; trying again later may succeed.
+    pub(crate) fn temporary(message: impl fmt::Display) -> Failure {
+        Failure::with_code(75, message)
+    }
+
     /// 78: configuration error.
     pub(crate) fn config(message: impl fmt::Display) -> Failure {
         Failure::with_code(78, message)

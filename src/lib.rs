@@ -18,6 +18,7 @@ mod exit;
 mod ingress;
 mod lifecycle;
 mod logging;
+mod metrics;
 mod reconcile;
 mod secret;
 mod session;

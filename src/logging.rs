@@ -27,6 +27,13 @@ pub(crate) const MESSAGE_DATABASE_QUARANTINED: &str = "8785c08fc9764396ba145ce7a
 /// A turn did not finish within `drain_timeout` and was left for resume.
 pub(crate) const MESSAGE_DRAIN_TIMEOUT: &str = "227513bade8c4853a9b43df1e4e36359";
 
+/// The operator resumed a session (`sessions resume`).
+pub(crate) const MESSAGE_OPERATOR_RESUMED: &str = "7416ee7898a9431690ced8193360227b";
+/// The operator suspended a session (`sessions suspend`).
+pub(crate) const MESSAGE_OPERATOR_SUSPENDED: &str = "edcec10b073e46c1af472b6ca6e53c23";
+/// The operator cancelled a session's running turn (`sessions cancel`).
+pub(crate) const MESSAGE_OPERATOR_CANCELLED: &str = "21225f76e7564e6d8df082b2fd4275e0";
+
 /// The span of everything logged about one event: its lines carry `EVENT_ID`, `SESSION_KEY` and
 /// `ROUTE` as journal fields without repeating them.
 /// The spans have the level ERROR so that no level filter disables them: a warning must keep its

@@ -43,7 +43,7 @@ impl VerifyScheme {
     }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct VerifySettings {
     pub scheme: VerifyScheme,
     /// The key bytes as the scheme uses them (`standard`: the decoded `whsec_` key).

@@ -180,6 +180,95 @@ fn control_socket_serves_status_metrics_and_overrides() {
         control_request(&socket, "POST", "/v1/sessions/nope/resume").status,
         404
     );
+    assert!(
+        daemon
+            .log()
+            .contains("session suspended by the operator; no turn of it starts"),
+        "{}",
+        daemon.log()
+    );
+    assert_eq!(
+        daemon.post_json("/nowhere", &[], "{}").status,
+        404,
+        "an unknown path"
+    );
+
+    let metrics = control_request(&socket, "GET", "/metrics").body;
+    for line in [
+        "agentgate_http_requests_total{route=\"hook\",code=\"202\"} 1",
+        "agentgate_http_requests_total{route=\"\",code=\"404\"} 1",
+        "agentgate_accept_duration_seconds_count 1",
+        "agentgate_operator_actions_total{action=\"suspend\"} 1",
+        "agentgate_operator_actions_total{action=\"resume\"} 1",
+        "agentgate_events{status=\"",
+        "# TYPE agentgate_deliveries_total counter",
+        "# TYPE agentgate_deliveries gauge",
+    ] {
+        assert!(metrics.contains(line), "{line} missing from:\n{metrics}");
+    }
+    assert!(
+        daemon.log().contains("webhook refused") && daemon.log().contains("peer=127.0.0.1:"),
+        "refusals are logged with their peer: {}",
+        daemon.log()
+    );
+}
+
+/// `agentgate reload` waits for the daemon's verdict: 0 with what changed (and what waits for a
+/// restart), 78 with the findings when the new config is refused, which leaves the old one in
+/// effect. With no daemon there is nothing to reload (69).
+#[test]
+fn reload_reports_what_changed_and_refuses_a_bad_config_with_78() {
+    let workspace = Workspace::new();
+    let with_routes = |extra: &str| {
+        workspace.write_config(&format!("[model]\nbackend = \"replay\"\n{ROUTE}\n{extra}"));
+    };
+    with_routes("");
+    let output = workspace.cli(&["reload"]);
+    assert_eq!(output.status.code(), Some(69), "{output:?}");
+
+    let daemon = workspace.start();
+    let output = workspace.cli(&["reload"]);
+    assert!(output.status.success(), "{output:?}");
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains("reloaded"),
+        "{output:?}"
+    );
+
+    with_routes(
+        "[routes.second]\npath = \"/second\"\nverify = { scheme = \"none\" }\n\n[runtime]\nmax_concurrent_turns = 3\n",
+    );
+    assert_eq!(daemon.post_json("/second", &[], "{}").status, 404);
+    let output = workspace.cli(&["reload"]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{output:?}");
+    assert!(stdout.contains("changed routes.second"), "{stdout}");
+    assert!(
+        stdout.contains("waiting for a restart: runtime (max_concurrent_turns"),
+        "{stdout}"
+    );
+    assert_eq!(daemon.post_json("/second", &[], "{}").status, 202);
+
+    // A delivery secret that is not a Standard Webhooks secret: refused, old config kept.
+    with_routes(
+        "deliver = { kind = \"http\", url = \"http://127.0.0.1:9/\", secret = \"plain\" }\n",
+    );
+    let output = workspace.cli(&["reload"]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(78), "{output:?}");
+    assert!(
+        stdout.contains("routes.hook.deliver.secret") && stdout.contains("whsec_"),
+        "{stdout}"
+    );
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("reload refused"),
+        "{output:?}"
+    );
+    assert_eq!(
+        daemon.post_json("/second", &[], "{}").status,
+        202,
+        "the previous config stays in effect"
+    );
+    assert!(daemon.log().contains("config reload refused"));
 }
 
 #[test]

@@ -210,17 +210,53 @@ fn reload_with_a_broken_config_keeps_serving() {
         machine.post(r#"{"session":"r"}"#).expect("POST").status,
         202
     );
-    machine.ok("printf '[routes.hook]\\npath = 5\\n' > /etc/agentgate/agentgate.toml && systemctl reload agentgate.service");
-    wait_for("the refusal", Duration::from_secs(10), || {
+    // A good reload succeeds; a refused one makes `systemctl reload` fail, and the daemon keeps
+    // serving on the previous config.
+    machine.ok("systemctl reload agentgate.service");
+    let refused = machine.sh(
+        "printf '[routes.hook]\\npath = 5\\n' > /etc/agentgate/agentgate.toml && systemctl reload agentgate.service",
+    );
+    assert!(!refused.status.success(), "{refused:?}");
+    assert!(
         machine
             .journal("-u agentgate.service")
             .contains("reload refused")
-    });
+    );
     assert_eq!(
         machine.post(r#"{"session":"r2"}"#).expect("POST").status,
         202
     );
     assert_eq!(machine.show("agentgate.service", "ActiveState"), "active");
+}
+
+/// A config error that only the service can see (a credential it loads) makes `serve` exit 78;
+/// the unit then stays failed with the reason, instead of restarting once a second.
+#[test]
+fn a_config_the_service_refuses_leaves_it_failed_not_restarting() {
+    let Some(machine) = Machine::boot("exit78") else {
+        return;
+    };
+    machine.ok(
+        "mkdir -p /etc/agentgate && printf 'not-a-whsec-secret' > /etc/agentgate/deliver.secret",
+    );
+    let route_deliver = "deliver = { kind = \"http\", url = \"http://127.0.0.1:9/\", secret = { credential = \"deliver\" } }";
+    machine.install(
+        &format!("{}{route_deliver}\n", config("")),
+        "LoadCredential=deliver:/etc/agentgate/deliver.secret",
+    );
+    // The first connection starts the service, which refuses its config.
+    let _ = machine.post(r#"{"session":"x"}"#);
+    wait_for("the service to fail", Duration::from_secs(20), || {
+        machine.show("agentgate.service", "ActiveState") == "failed"
+    });
+    assert_eq!(machine.show("agentgate.service", "NRestarts"), "0");
+    assert_eq!(machine.show("agentgate.service", "ExecMainStatus"), "78");
+    assert!(
+        machine
+            .journal("-u agentgate.service")
+            .contains("routes.hook.deliver.secret"),
+        "the reason is in the journal"
+    );
 }
 
 #[test]

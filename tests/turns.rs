@@ -506,3 +506,94 @@ fn a_background_job_cut_off_by_the_drain_is_reported_to_its_session() {
         "{told}"
     );
 }
+
+/// `sessions cancel` stops a hung turn at once: its tool process group is killed, its event ends
+/// `failed` with "cancelled by operator", and that is delivered. The session keeps working.
+#[test]
+fn sessions_cancel_kills_the_running_tool_and_delivers_the_failure() {
+    let workspace = Workspace::new();
+    let pid_file = workspace.path().join("tool.pid");
+    let model = Stub::start(|request, _| {
+        let body = request.json().to_string();
+        if body.contains("after cancel") {
+            Reply::answer("second done")
+        } else {
+            Reply::tool_call("call-1", "sleeper", json!({}))
+        }
+    });
+    let receiver = receiver();
+    workspace.write_config(&format!(
+        r#"[model]
+backend = "openai"
+base_url = "{model}/v1"
+model = "stub-model"
+
+[tools.sleeper]
+description = "Sleeps for a long time"
+command = ["/bin/sh", "-c", "echo $$ > {pid}; exec sleep 300"]
+timeout = "600s"
+
+[routes.alerts]
+path = "/hooks/alerts"
+verify = {{ scheme = "none" }}
+session = "{{{{ payload.session }}}}"
+tools = ["sleeper"]
+deliver = {{ kind = "http", url = "{receiver}/results", secret = "{DELIVER_SECRET}" }}
+"#,
+        model = model.url(),
+        receiver = receiver.url(),
+        pid = pid_file.display(),
+    ));
+    let daemon = workspace.start();
+    let hung = post(&daemon, "stuck");
+    let mut tool_pid = 0;
+    wait_until("the tool to start", TURN_LIMIT, || {
+        tool_pid = std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|text| text.trim().parse().ok())
+            .unwrap_or(0);
+        tool_pid > 0
+    });
+    let alive = |pid: u32| std::path::Path::new(&format!("/proc/{pid}")).exists();
+    assert!(alive(tool_pid));
+
+    let output = workspace.cli(&["sessions", "cancel", "stuck"]);
+    assert!(output.status.success(), "{output:?}");
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains("cancelled"),
+        "{output:?}"
+    );
+    assert_eq!(workspace.event_status(&hung), "failed");
+    wait_until("the tool process to be killed", TURN_LIMIT, || {
+        !alive(tool_pid)
+    });
+    let body = wait_delivery(&receiver, &hung).json();
+    assert_eq!(body["status"], "failed");
+    assert_eq!(body["error"], "cancelled by operator");
+    assert!(
+        daemon
+            .log()
+            .contains("running turn cancelled by the operator"),
+        "{}",
+        daemon.log()
+    );
+
+    // Nothing runs now: a second cancel says so and fails.
+    let again = workspace.cli(&["sessions", "cancel", "stuck"]);
+    assert_eq!(again.status.code(), Some(1), "{again:?}");
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("no turn running"),
+        "{again:?}"
+    );
+    let unknown = workspace.cli(&["sessions", "cancel", "no-such-session"]);
+    assert_eq!(unknown.status.code(), Some(1), "{unknown:?}");
+
+    // The session is not suspended: its next event runs.
+    let next = daemon.post_json(
+        "/hooks/alerts",
+        &[],
+        &json!({"session": "stuck", "note": "after cancel"}).to_string(),
+    );
+    let next = next.json()["event_id"].as_str().expect("id").to_string();
+    assert_eq!(workspace.wait_terminal(&next, TURN_LIMIT), "completed");
+}

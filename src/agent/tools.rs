@@ -58,6 +58,19 @@ impl ToolOutcome {
     }
 }
 
+impl ToolOutcome {
+    /// How the call ended, as the `result` label of `agentgate_tool_calls_total`.
+    pub(crate) fn result(&self) -> &'static str {
+        if self.timed_out {
+            "timeout"
+        } else if self.exit_status == Some(0) {
+            "ok"
+        } else {
+            "error"
+        }
+    }
+}
+
 /// Why a tool did not produce an outcome.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum ToolAbort {

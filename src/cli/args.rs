@@ -53,6 +53,8 @@ pub(super) enum Command {
     },
     /// Validate the config, print findings, exit 0 or 78
     CheckConfig(ConfigArg),
+    /// Ask the running daemon to re-read its config; exit 0 when applied, 78 when refused
+    Reload(ConfigArg),
     /// Summarize the daemon and its state
     Status {
         #[command(flatten)]
@@ -61,7 +63,7 @@ pub(super) enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// List, show, resume or suspend sessions
+    /// List, show, resume, suspend or cancel sessions
     #[command(subcommand)]
     Sessions(SessionsCommand),
     /// Inspect the retry ledger
@@ -120,14 +122,20 @@ pub(super) enum SessionsCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Clear the session's ledger entry and queue it again
+    /// Clear the session's ledger entry and run it again, its interrupted event first
     Resume {
         #[command(flatten)]
         config: ConfigArg,
         key: String,
     },
-    /// Stop the session
+    /// Stop the session: no further turn starts until it is resumed
     Suspend {
+        #[command(flatten)]
+        config: ConfigArg,
+        key: String,
+    },
+    /// Cancel the running turn: its tools are killed and its event ends failed
+    Cancel {
         #[command(flatten)]
         config: ConfigArg,
         key: String,

@@ -5,6 +5,7 @@
 
 mod args;
 mod check;
+mod control;
 mod generate;
 mod send;
 mod sessions;
@@ -20,11 +21,12 @@ use crate::exit::Failure;
 use crate::lifecycle;
 use crate::logging;
 
+use crate::session::OperatorAction;
 use args::*;
 use check::check_config;
 use generate::generate;
 use send::{SendRequest, send};
-use sessions::{Override, ledger_show, operator_override, sessions_list, sessions_show};
+use sessions::{ledger_show, operator_action, reload, sessions_list, sessions_show};
 use status::status;
 
 /// Parses the command line, runs the command, and maps the outcome to an exit status.
@@ -118,11 +120,15 @@ fn run(command: Command) -> Result<(), Failure> {
             sessions_show(&config.source(), &key, json)
         }
         Command::Sessions(SessionsCommand::Resume { config, key }) => {
-            operator_override(&config.source(), &key, Override::Resume)
+            operator_action(&config.source(), &key, OperatorAction::Resume)
         }
         Command::Sessions(SessionsCommand::Suspend { config, key }) => {
-            operator_override(&config.source(), &key, Override::Suspend)
+            operator_action(&config.source(), &key, OperatorAction::Suspend)
         }
+        Command::Sessions(SessionsCommand::Cancel { config, key }) => {
+            operator_action(&config.source(), &key, OperatorAction::Cancel)
+        }
+        Command::Reload(config) => reload(&config.source()),
         Command::Ledger(LedgerCommand::Show { config, json }) => {
             ledger_show(&config.source(), json)
         }

@@ -1,28 +1,88 @@
-//! `sessions list/show/resume/suspend` and `ledger show`: the operator's view of sessions and
-//! the overrides.
+//! `sessions list/show/resume/suspend/cancel`, `reload` and `ledger show`: the operator's view
+//! of sessions, and the overrides.
 
-use crate::config::ConfigSource;
+use crate::config::{self, ConfigSource};
 use crate::exit::Failure;
-use crate::store::{self};
+use crate::session::OperatorAction;
+use crate::store::{self, DaemonLock};
 
+use super::control;
 use super::state::StateAccess;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Override {
-    Resume,
-    Suspend,
-}
-
-pub(super) fn operator_override(
+/// `sessions resume|suspend|cancel KEY`. While the daemon runs, it carries the action out itself
+/// (over the control socket), so that it acts at once, logs the action and counts it. Without a
+/// daemon, resume and suspend change the state directly; cancel has nothing to cancel.
+pub(super) fn operator_action(
     source: &ConfigSource,
     key: &str,
-    what: Override,
+    action: OperatorAction,
+) -> Result<(), Failure> {
+    let location = config::state_location(source).map_err(Failure::config)?;
+    let runtime = control::runtime()?;
+    let path = format!(
+        "/v1/sessions/{}/{}",
+        control::path_segment(key),
+        action.name()
+    );
+    let answer = runtime.block_on(control::request(
+        &location.control_socket,
+        http::Method::POST,
+        &path,
+    ))?;
+    let daemon_running = DaemonLock::is_held(&location.state_dir);
+    match answer {
+        Some(answer) => report_action(key, action, &answer),
+        None if daemon_running => Err(Failure::unavailable(format!(
+            "the daemon runs but its control socket {} does not answer (server.control_socket)",
+            location.control_socket.display()
+        ))),
+        None if action == OperatorAction::Cancel => Err(Failure::runtime(format!(
+            "no daemon is running, so session {key:?} has no running turn to cancel"
+        ))),
+        None => {
+            drop(runtime);
+            override_stored_state(source, key, action)
+        }
+    }
+}
+
+fn report_action(
+    key: &str,
+    action: OperatorAction,
+    answer: &control::ControlAnswer,
+) -> Result<(), Failure> {
+    let previous = answer.body["previous_state"].as_str().unwrap_or("?");
+    match (answer.status.as_u16(), action) {
+        (200, OperatorAction::Resume) => {
+            println!("session {key}: resumed (was {previous}); its ledger entry is cleared");
+        }
+        (200, OperatorAction::Suspend) => println!("session {key}: suspended (was {previous})"),
+        (200, OperatorAction::Cancel) => println!(
+            "session {key}: turn {} cancelled; its event ended failed (cancelled by operator)",
+            answer.body["turn_id"].as_str().unwrap_or("?")
+        ),
+        (202, OperatorAction::Cancel) => println!(
+            "session {key}: turn {} is being cancelled; it has not committed its end yet",
+            answer.body["turn_id"].as_str().unwrap_or("?")
+        ),
+        (503, _) => return Err(Failure::temporary(answer.message())),
+        _ => return Err(Failure::runtime(answer.message())),
+    }
+    Ok(())
+}
+
+/// Resume or suspend with no daemon running: the stored state is changed directly, and the next
+/// start goes by it.
+fn override_stored_state(
+    source: &ConfigSource,
+    key: &str,
+    action: OperatorAction,
 ) -> Result<(), Failure> {
     let state = StateAccess::open(source)?;
     let before = state
-        .query(async |store| match what {
-            Override::Resume => store.operator_resume(key).await,
-            Override::Suspend => store.operator_suspend(key).await,
+        .query(async |store| match action {
+            OperatorAction::Suspend => store.operator_suspend(key).await,
+            _ => store.operator_resume(key).await,
         })?
         .flatten()
         .ok_or_else(|| Failure::runtime(format!("no session {key:?}")))?;
@@ -34,13 +94,70 @@ pub(super) fn operator_override(
                 state.state_dir.display()
             ))
         })?;
-    match what {
-        Override::Resume => {
-            println!("session {key}: resumed (was {before}); its ledger entry is cleared");
-        }
-        Override::Suspend => println!("session {key}: suspended (was {before})"),
+    match action {
+        OperatorAction::Suspend => println!("session {key}: suspended (was {before})"),
+        _ => println!("session {key}: resumed (was {before}); its ledger entry is cleared"),
     }
     Ok(())
+}
+
+/// `agentgate reload`: asks the running daemon to re-read its config and prints its findings.
+/// Exit 0 when the new config is in effect, 78 when the daemon refused it.
+pub(super) fn reload(source: &ConfigSource) -> Result<(), Failure> {
+    let location = config::state_location(source).map_err(Failure::config)?;
+    let runtime = control::runtime()?;
+    let answer = runtime
+        .block_on(control::request(
+            &location.control_socket,
+            http::Method::POST,
+            "/v1/reload",
+        ))?
+        .ok_or_else(|| {
+            Failure::unavailable(format!(
+                "no daemon answers on {} (server.control_socket); nothing to reload",
+                location.control_socket.display()
+            ))
+        })?;
+    let lines = |name: &str| -> Vec<String> {
+        answer.body[name]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|line| line.as_str().map(str::to_string))
+            .collect()
+    };
+    for finding in lines("findings") {
+        println!("{finding}");
+    }
+    match answer.status.as_u16() {
+        200 => {
+            let changed = lines("changed");
+            let at_restart = lines("at_restart");
+            println!(
+                "reloaded: {}",
+                if changed.is_empty() {
+                    "no setting that applies now changed".to_string()
+                } else {
+                    format!("changed {}", changed.join(", "))
+                }
+            );
+            if !at_restart.is_empty() {
+                println!(
+                    "changed but waiting for a restart: {}",
+                    at_restart.join(", ")
+                );
+            }
+            Ok(())
+        }
+        422 => Err(Failure::config(format!(
+            "reload refused, still serving on the previous config: {}",
+            answer.body["refused"]
+                .as_str()
+                .unwrap_or("see the findings")
+        ))),
+        503 => Err(Failure::temporary(answer.message())),
+        _ => Err(Failure::runtime(answer.message())),
+    }
 }
 
 pub(super) fn ledger_show(source: &ConfigSource, json: bool) -> Result<(), Failure> {

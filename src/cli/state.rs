@@ -16,16 +16,16 @@ pub(super) struct StateAccess {
 
 impl StateAccess {
     pub(super) fn open(source: &ConfigSource) -> Result<StateAccess, Failure> {
-        let (state_dir, settings) = config::state_location(source).map_err(Failure::config)?;
+        let location = config::state_location(source).map_err(Failure::config)?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .map_err(|err| Failure::runtime(format!("cannot start the async runtime: {err}")))?;
         let store = runtime
-            .block_on(Store::attach(&settings, &state_dir))
+            .block_on(Store::attach(&location.store, &location.state_dir))
             .map_err(Failure::from)?;
         Ok(StateAccess {
-            state_dir,
+            state_dir: location.state_dir,
             store,
             runtime,
         })

@@ -274,7 +274,7 @@ impl Checker<'_> {
             listen,
             control_socket: raw
                 .control_socket
-                .unwrap_or_else(|| PathBuf::from("/run/agentgate/control.sock")),
+                .unwrap_or_else(|| PathBuf::from(super::DEFAULT_CONTROL_SOCKET)),
             max_body,
             header_timeout: self.duration(
                 "server.header_timeout",

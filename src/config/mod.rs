@@ -7,6 +7,7 @@
 mod check;
 mod locate;
 mod raw;
+mod reload;
 mod settings;
 mod units;
 
@@ -21,12 +22,15 @@ pub(crate) use check::check;
 use check::{Checker, syntax_finding};
 use locate::Locator;
 use raw::*;
+pub(crate) use reload::{ReloadReport, list_changes};
 pub(crate) use settings::*;
 pub(crate) use units::Rate;
 use units::{parse_duration, parse_rate, parse_size};
 
 /// The default location of the config file.
 pub(crate) const DEFAULT_CONFIG_PATH: &str = "/etc/agentgate/agentgate.toml";
+/// `[server] control_socket` when the config names none; the packaged socket unit's path.
+pub(crate) const DEFAULT_CONTROL_SOCKET: &str = "/run/agentgate/control.sock";
 /// Used when no config file is named and the default file does not exist: a loopback demo route
 /// with the bundled replay cassette as the model, state under `./agentgate-state`.
 pub(crate) const EMBEDDED_DEFAULTS: &str = include_str!("../../examples/quickstart.toml");
@@ -178,18 +182,29 @@ fn with_process_environment<T>(
     })
 }
 
-/// Only the state directory of the config at `source`, for commands that inspect state: they
-/// must work where the route secrets (systemd credentials of the service) are not readable.
-/// Where the state is, for the operator commands (`status`, `sessions`, `ledger`): only
-/// `state_dir` and `[store]` are read, so a config with errors elsewhere does not hide the state.
-pub(crate) fn state_location(
-    source: &ConfigSource,
-) -> Result<(PathBuf, StoreSettings), ConfigError> {
+/// Where a daemon keeps its state and answers its operator.
+#[derive(Debug, Clone)]
+pub(crate) struct StateLocation {
+    pub(crate) state_dir: PathBuf,
+    pub(crate) store: StoreSettings,
+    /// `[server] control_socket`, where a running daemon takes operator requests.
+    pub(crate) control_socket: PathBuf,
+}
+
+/// Where the state is, for the operator commands (`status`, `sessions`, `ledger`, `reload`): only
+/// `state_dir`, `[store]` and `server.control_socket` are read, so a config with errors
+/// elsewhere (or route secrets that only the service can read) does not hide the state.
+pub(crate) fn state_location(source: &ConfigSource) -> Result<StateLocation, ConfigError> {
+    #[derive(Deserialize)]
+    struct ServerOnly {
+        control_socket: Option<PathBuf>,
+    }
     #[derive(Deserialize)]
     struct StateOnly {
         state_dir: Option<PathBuf>,
         #[serde(default)]
         store: RawStore,
+        server: Option<ServerOnly>,
     }
     let text = read_source(source)?;
     let locator = Locator::new(&text);
@@ -206,10 +221,14 @@ pub(crate) fn state_location(
         // An operator command runs no turns: the default pool for max_concurrent_turns = 16
         // is plenty.
         match checker.store(parsed.store, 16) {
-            Some(store) if count_errors(&checker.findings) == 0 => Ok((
-                resolve_state_dir(parsed.state_dir, environment.state_directory),
+            Some(store) if count_errors(&checker.findings) == 0 => Ok(StateLocation {
+                state_dir: resolve_state_dir(parsed.state_dir, environment.state_directory),
                 store,
-            )),
+                control_socket: parsed
+                    .server
+                    .and_then(|server| server.control_socket)
+                    .unwrap_or_else(|| PathBuf::from(DEFAULT_CONTROL_SOCKET)),
+            }),
             _ => Err(ConfigError::Invalid {
                 source_name: source.clone(),
                 findings: checker.findings,

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::*;
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Config {
     pub state_dir: PathBuf,
     pub server: ServerSettings,
@@ -18,7 +18,7 @@ pub(crate) struct Config {
     pub routes: Vec<RouteSettings>,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct ServerSettings {
     pub listen: SocketAddr,
     pub control_socket: PathBuf,
@@ -26,7 +26,7 @@ pub(crate) struct ServerSettings {
     pub header_timeout: Duration,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct RuntimeSettings {
     pub max_concurrent_turns: usize,
     pub max_turn_steps: u32,
@@ -38,13 +38,13 @@ pub(crate) struct RuntimeSettings {
 }
 
 /// Where the state lives: SQLite in `state_dir` (one node), or PostgreSQL shared by many nodes.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) enum StoreSettings {
     Sqlite,
     Postgres(PostgresSettings),
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct PostgresSettings {
     /// A libpq connection string or `postgres://` URL; it may hold a password.
     pub url: Secret,
@@ -58,7 +58,7 @@ pub(crate) struct PostgresSettings {
     pub ca_file: Option<PathBuf>,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) enum ModelBackend {
     OpenAi {
         base_url: String,
@@ -74,14 +74,14 @@ pub(crate) enum ModelBackend {
     },
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct ModelSettings {
     pub backend: ModelBackend,
     pub request_timeout: Duration,
     pub max_retries: u32,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct ToolSettings {
     pub name: String,
     pub description: String,
@@ -98,14 +98,14 @@ pub(crate) enum OnBusy {
     Interrupt,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) enum DeliverSettings {
     Log,
     Http { url: String, key: Option<Secret> },
     Command { argv: Vec<String> },
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct RouteSettings {
     pub name: String,
     pub path: String,

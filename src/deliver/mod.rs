@@ -17,6 +17,7 @@ use tracing::Instrument;
 
 use crate::config::{DeliverSettings, Settings, Shared};
 use crate::logging;
+use crate::metrics;
 use crate::signature::standard_signature;
 use crate::store::{DeliveryAttempt, PendingDelivery, Store};
 
@@ -114,15 +115,18 @@ impl Deliverer {
         let attempt = delivery.attempts + 1;
         let outcome = match result {
             Ok(()) => {
+                metrics::delivery("delivered");
                 tracing::info!(attempt, "result delivered");
                 DeliveryAttempt::Delivered
             }
             Err(error) if attempt >= MAX_ATTEMPTS => {
+                metrics::delivery("failed");
                 tracing::error!(attempt, error = %error,
                     "delivery failed for good; kept in the outbox as failed");
                 DeliveryAttempt::GaveUp { error }
             }
             Err(error) => {
+                metrics::delivery("retry");
                 let delay = backoff(attempt);
                 tracing::warn!(attempt, retry_in_s = delay.as_secs(), error = %error,
                     "delivery failed; will retry");

@@ -10,16 +10,28 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use serde_json::json;
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::AcceptBackoff;
 use super::http::{HttpResponse, error, json_response};
-use crate::session::Sessions;
+use crate::config::ReloadReport;
+use crate::logging;
+use crate::metrics;
+use crate::session::{OperatorAction, Sessions};
 use crate::store::{StatusSummary, Store};
+
+/// How long `cancel` waits for the cancelled turn to commit its end before it answers 202.
+const CANCEL_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A reload asked for over the control socket: the daemon answers on the enclosed channel.
+pub(crate) type ReloadRequest = oneshot::Sender<ReloadReport>;
 
 pub(crate) struct Control {
     pub store: Store,
     pub sessions: Arc<Sessions>,
+    /// To the daemon's signal loop, which carries out reloads one at a time.
+    pub reload_requests: mpsc::Sender<ReloadRequest>,
 }
 
 impl Control {
@@ -43,14 +55,14 @@ impl Control {
                 .await
                 .map(|sessions| json_response(StatusCode::OK, &json!(sessions)))
                 .map_err(|err| err.to_string()),
-            (&Method::POST, ["v1", "sessions", key, action @ ("resume" | "suspend")]) => {
-                self.override_session(&percent_decode(key), action).await
+            (&Method::POST, ["v1", "reload"]) => self.reload().await,
+            (&Method::POST, ["v1", "sessions", key, action]) => {
+                match OperatorAction::from_name(action) {
+                    Some(action) => self.operator_action(&percent_decode(key), action).await,
+                    None => Ok(not_found(&method, &path)),
+                }
             }
-            _ => Ok(error(
-                StatusCode::NOT_FOUND,
-                "not_found",
-                &format!("no control endpoint {method} {path}"),
-            )),
+            _ => Ok(not_found(&method, &path)),
         };
         result.unwrap_or_else(|message| {
             error(StatusCode::SERVICE_UNAVAILABLE, "unavailable", &message)
@@ -74,63 +86,127 @@ impl Control {
 
     async fn metrics(&self) -> Result<HttpResponse, String> {
         let summary = self.summary().await?;
-        let mut text = String::new();
-        text.push_str(
-            "# HELP agentgate_events Accepted events by status.\n# TYPE agentgate_events gauge\n",
-        );
-        for (status, count) in &summary.events.by_status {
-            text.push_str(&format!(
-                "agentgate_events{{status=\"{status}\"}} {count}\n"
-            ));
-        }
-        text.push_str(
-            "# HELP agentgate_sessions Sessions by state.\n# TYPE agentgate_sessions gauge\n",
-        );
-        for (state, count) in &summary.sessions.by_state {
-            text.push_str(&format!(
-                "agentgate_sessions{{state=\"{state}\"}} {count}\n"
-            ));
-        }
-        text.push_str(&format!(
-            "# HELP agentgate_turns_running Turns running now.\n# TYPE agentgate_turns_running gauge\nagentgate_turns_running {}\n",
-            self.sessions.running_count()
-        ));
-        text.push_str(&format!(
-            "# HELP agentgate_deliveries Outbox rows not yet delivered.\n# TYPE agentgate_deliveries gauge\nagentgate_deliveries{{status=\"pending\"}} {}\nagentgate_deliveries{{status=\"failed\"}} {}\n",
-            summary.deliveries.pending, summary.deliveries.failed
-        ));
-        text.push_str(&format!(
-            "# HELP agentgate_store_writable 1 while events can be made durable.\n# TYPE agentgate_store_writable gauge\nagentgate_store_writable {}\n",
-            u8::from(self.store.is_writable())
-        ));
+        let text = metrics::render(&metrics::Snapshot {
+            summary: &summary,
+            turns_running: self.sessions.running_count(),
+            store_writable: self.store.is_writable(),
+        });
         let mut response = http::Response::new(http_body_util::Full::new(bytes::Bytes::from(text)));
         response.headers_mut().insert(
             http::header::CONTENT_TYPE,
-            http::HeaderValue::from_static("text/plain; version=0.0.4"),
+            http::HeaderValue::from_static(metrics::CONTENT_TYPE),
         );
         Ok(response)
     }
 
-    async fn override_session(&self, key: &str, action: &str) -> Result<HttpResponse, String> {
-        let before = if action == "resume" {
-            self.store.operator_resume(key).await
+    /// `POST /v1/reload`: 200 with the report when the new config is in effect, 422 with the
+    /// report (its findings and the reason) when it was refused.
+    async fn reload(&self) -> Result<HttpResponse, String> {
+        let (requester, answer) = oneshot::channel();
+        self.reload_requests
+            .send(requester)
+            .await
+            .map_err(|_| "the daemon is stopping; no reload".to_string())?;
+        let report = answer
+            .await
+            .map_err(|_| "the daemon is stopping; no reload".to_string())?;
+        let status = if report.applied {
+            StatusCode::OK
         } else {
-            self.store.operator_suspend(key).await
+            StatusCode::UNPROCESSABLE_ENTITY
+        };
+        Ok(json_response(status, &json!(report)))
+    }
+
+    /// `POST /v1/sessions/{key}/{resume|suspend|cancel}`: the daemon acts at once, logs the
+    /// action with its `MESSAGE_ID` and counts it.
+    async fn operator_action(
+        &self,
+        key: &str,
+        action: OperatorAction,
+    ) -> Result<HttpResponse, String> {
+        let previous = match action {
+            OperatorAction::Resume => self.store.operator_resume(key).await,
+            OperatorAction::Suspend => self.store.operator_suspend(key).await,
+            OperatorAction::Cancel => return self.cancel(key).await,
         }
         .map_err(|err| err.to_string())?;
+        let Some(previous) = previous else {
+            return Ok(no_session(key));
+        };
         self.sessions.wake();
-        Ok(match before {
-            None => error(
-                StatusCode::NOT_FOUND,
-                "not_found",
-                &format!("no session {key:?}"),
-            ),
-            Some(previous) => json_response(
-                StatusCode::OK,
-                &json!({"session": key, "action": action, "previous_state": previous}),
-            ),
-        })
+        metrics::operator_action(action);
+        if action == OperatorAction::Resume {
+            tracing::info!(
+                message_id = logging::MESSAGE_OPERATOR_RESUMED,
+                session_key = %key, previous_state = %previous,
+                "session resumed by the operator; its ledger entry is cleared and its interrupted event runs again"
+            );
+        } else {
+            tracing::warn!(
+                message_id = logging::MESSAGE_OPERATOR_SUSPENDED,
+                session_key = %key, previous_state = %previous,
+                "session suspended by the operator; no turn of it starts until it is resumed"
+            );
+        }
+        Ok(json_response(
+            StatusCode::OK,
+            &json!({"session": key, "action": action.name(), "previous_state": previous}),
+        ))
     }
+
+    /// Cancels the session's running turn and waits (briefly) until its end is committed.
+    async fn cancel(&self, key: &str) -> Result<HttpResponse, String> {
+        if self
+            .store
+            .session(key)
+            .await
+            .map_err(|err| err.to_string())?
+            .is_none()
+        {
+            return Ok(no_session(key));
+        }
+        let Some((turn_id, ended)) = self.sessions.cancel(key) else {
+            return Ok(error(
+                StatusCode::CONFLICT,
+                "not_running",
+                &format!("session {key:?} has no turn running on this daemon"),
+            ));
+        };
+        metrics::operator_action(OperatorAction::Cancel);
+        tracing::warn!(
+            message_id = logging::MESSAGE_OPERATOR_CANCELLED,
+            session_key = %key, turn_id = %turn_id,
+            "running turn cancelled by the operator; its tools are killed and its event ends failed"
+        );
+        let ended = tokio::time::timeout(CANCEL_WAIT, ended.cancelled())
+            .await
+            .is_ok();
+        Ok(json_response(
+            if ended {
+                StatusCode::OK
+            } else {
+                StatusCode::ACCEPTED
+            },
+            &json!({"session": key, "action": "cancel", "turn_id": turn_id, "ended": ended}),
+        ))
+    }
+}
+
+fn not_found(method: &Method, path: &str) -> HttpResponse {
+    error(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        &format!("no control endpoint {method} {path}"),
+    )
+}
+
+fn no_session(key: &str) -> HttpResponse {
+    error(
+        StatusCode::NOT_FOUND,
+        "no_session",
+        &format!("no session {key:?}"),
+    )
 }
 
 /// Decodes `%XX` escapes (session keys such as `acme/web#7` travel as `acme%2Fweb%237`).

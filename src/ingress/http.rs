@@ -10,6 +10,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -21,6 +22,7 @@ use serde_json::json;
 
 use super::ratelimit::TokenBucket;
 use crate::config::{RouteSettings, Settings, Shared};
+use crate::metrics;
 use crate::session::Sessions;
 use crate::signature;
 use crate::store::{AcceptOutcome, NewEvent, Store};
@@ -81,18 +83,44 @@ impl Ingress {
         self.routing.replace(Routing::new(settings));
     }
 
-    /// Answers one request. Never fails: every problem is an HTTP status with a JSON body.
+    /// Answers one request from `peer`. Never fails: every problem is an HTTP status with a JSON
+    /// body. Every answer is counted by route and code, and every refusal is logged with the
+    /// route, the peer and the reason.
     pub(crate) async fn handle<B>(
         self: Arc<Self>,
         request: Request<B>,
+        peer: SocketAddr,
     ) -> Result<HttpResponse, Infallible>
     where
         B: hyper::body::Body<Data = Bytes> + Send,
         B::Error: std::error::Error + Send + Sync + 'static,
     {
-        Ok(match self.answer(request).await {
+        let arrived = Instant::now();
+        let route = self
+            .routing
+            .get()
+            .routes
+            .get(request.uri().path())
+            .map(|route| route.settings.name.clone())
+            .unwrap_or_default();
+        let path = request.uri().path().to_string();
+        let response = match self.answer(request).await {
             Ok(response) | Err(response) => response,
-        })
+        };
+        let status = response.status();
+        metrics::http_request(&route, status.as_u16());
+        if status == StatusCode::ACCEPTED {
+            metrics::accepted(arrived.elapsed());
+        }
+        if status.is_client_error() || status.is_server_error() {
+            let reason = response
+                .extensions()
+                .get::<RefusalReason>()
+                .map_or("", |reason| reason.0.as_str());
+            tracing::warn!(route = %route, peer = %peer, path = %path, status = status.as_u16(),
+                reason = %reason, "webhook refused");
+        }
+        Ok(response)
     }
 
     async fn answer<B>(&self, request: Request<B>) -> Result<HttpResponse, HttpResponse>
@@ -182,10 +210,8 @@ impl Ingress {
             }
         };
         let now = unix_seconds();
-        signature::verify(&settings.verify, &parts.headers, &body, now).map_err(|err| {
-            tracing::warn!(route = %settings.name, reason = %err, "webhook refused: verification failed");
-            error(StatusCode::UNAUTHORIZED, "unauthorized", &err.to_string())
-        })?;
+        signature::verify(&settings.verify, &parts.headers, &body, now)
+            .map_err(|err| error(StatusCode::UNAUTHORIZED, "unauthorized", &err.to_string()))?;
         let (payload, payload_bytes) = parse_payload(&parts.headers, body)?;
         let event_type = event_type(settings, &parts.headers, &payload);
         if let Some(events) = &settings.events
@@ -370,8 +396,16 @@ pub(crate) fn json_response(status: StatusCode, body: &serde_json::Value) -> Htt
     response
 }
 
+/// The one-line reason of a refusal, carried beside the response for the refusal's log line.
+#[derive(Clone)]
+struct RefusalReason(String);
+
 pub(crate) fn error(status: StatusCode, code: &str, message: &str) -> HttpResponse {
-    json_response(status, &json!({"error": code, "message": message}))
+    let mut response = json_response(status, &json!({"error": code, "message": message}));
+    response
+        .extensions_mut()
+        .insert(RefusalReason(message.to_string()));
+    response
 }
 
 fn unavailable(message: &str) -> HttpResponse {

@@ -83,18 +83,27 @@ pub(crate) fn take_listeners(config: &Config) -> Result<Listeners, ListenError> 
         .webhook
         .local_addr()
         .map_err(|err| ListenError::Activation(format!("webhook socket has no address: {err}")))?;
-    if !addr.ip().is_loopback()
-        && let Some(route) = config
-            .routes
-            .iter()
-            .find(|r| r.verify.scheme == VerifyScheme::None)
+    refuse_unsigned_off_loopback(config, addr)?;
+    Ok(listeners)
+}
+
+/// `verify = none` is refused unless the webhook listener at `addr` is on a loopback address.
+/// Checked at start and again by every reload.
+pub(crate) fn refuse_unsigned_off_loopback(
+    config: &Config,
+    addr: SocketAddr,
+) -> Result<(), ListenError> {
+    match config
+        .routes
+        .iter()
+        .find(|r| r.verify.scheme == VerifyScheme::None)
     {
-        return Err(ListenError::UnsignedOffLoopback {
+        Some(route) if !addr.ip().is_loopback() => Err(ListenError::UnsignedOffLoopback {
             route: route.name.clone(),
             addr,
-        });
+        }),
+        _ => Ok(()),
     }
-    Ok(listeners)
 }
 
 /// Binds the control socket at `path` (mode 0660), replacing a stale socket file. Failure is not
@@ -245,7 +254,7 @@ pub(crate) async fn serve(
         .header_read_timeout(header_timeout)
         .keep_alive(true);
     loop {
-        let (stream, _peer) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             () = shutdown.cancelled() => break,
             accepted = listener.accept() => match accepted {
                 Ok(pair) => pair,
@@ -258,7 +267,7 @@ pub(crate) async fn serve(
         backoff.succeeded();
         let _ = stream.set_nodelay(true);
         let ingress = ingress.clone();
-        let service = service_fn(move |request| ingress.clone().handle(request));
+        let service = service_fn(move |request| ingress.clone().handle(request, peer));
         let connection = builder.serve_connection(TokioIo::new(stream), service);
         let connection = graceful.watch(connection);
         tokio::spawn(async move {

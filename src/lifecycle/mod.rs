@@ -15,17 +15,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::signal::unix::{SignalKind, signal};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::agent::model::Model;
 use crate::config::{
-    self, ConfigError, ConfigSource, LocatedFinding, SecretCheck, Settings, Shared,
+    self, ConfigError, ConfigSource, LocatedFinding, ReloadReport, SecretCheck, Settings, Shared,
 };
 use crate::deliver::Deliverer;
 use crate::exit::Failure;
-use crate::ingress::control::{self, Control};
+use crate::ingress::control::{self, Control, ReloadRequest};
 use crate::ingress::{self, Ingress, ListenError};
 use crate::session::{self, Sessions, TurnContext};
 use crate::store::{self, DaemonLock, Store};
@@ -43,6 +43,8 @@ struct Daemon {
     store: Store,
     ingress: Arc<Ingress>,
     sessions: Arc<Sessions>,
+    /// The webhook listener's address, for the checks a reload repeats.
+    webhook_addr: Option<std::net::SocketAddr>,
 }
 
 /// `agentgate serve` with the config loaded from `source` (which a reload reads again): runs
@@ -114,10 +116,12 @@ pub(crate) fn serve(
         store: store.clone(),
         ingress: ingress.clone(),
         sessions: sessions.clone(),
+        webhook_addr: listeners.webhook.local_addr().ok(),
     });
     let budgets = drain::Budgets::new(runtime_settings.drain_timeout);
     runtime.block_on(async move {
         let stop_signals = StopSignals::install()?;
+        let (reload_requests, reloads) = tokio::sync::mpsc::channel(4);
         let address = listeners
             .webhook
             .local_addr()
@@ -143,6 +147,7 @@ pub(crate) fn serve(
             let control = Arc::new(Control {
                 store: store.clone(),
                 sessions: sessions.clone(),
+                reload_requests,
             });
             drain.spawn(control::serve(listener, control, drain.stop_accepting()));
         }
@@ -176,7 +181,7 @@ pub(crate) fn serve(
         // READY first; the live counts follow from the health task.
         notify::ready("accepting webhooks");
 
-        stop_signals.wait(&daemon).await;
+        stop_signals.wait(&daemon, reloads).await;
 
         let stages = drain::Stages {
             listener,
@@ -205,53 +210,76 @@ impl Daemon {
         line
     }
 
-    /// SIGHUP: re-reads the config. A config with errors is refused and the old one stays.
-    fn reload(&self) {
+    /// SIGHUP or `agentgate reload`: re-reads the config and runs every check a start runs. A
+    /// config that fails one is refused and the old one stays.
+    fn reload(&self) -> ReloadReport {
         notify::reloading();
-        let outcome = config::load(&self.source, SecretCheck::Required)
-            .map_err(|err| match err {
-                ConfigError::Invalid {
-                    source_name,
-                    findings,
-                } => {
-                    for finding in &findings {
-                        tracing::error!(
-                            "{}",
-                            LocatedFinding {
-                                source: &source_name,
-                                finding
-                            }
-                        );
-                    }
-                    format!("{source_name} has errors")
-                }
-                unreadable @ ConfigError::Unreadable { .. } => unreadable.to_string(),
-            })
-            .and_then(|loaded| Settings::new(loaded.config));
-        match outcome {
+        let mut report = ReloadReport::default();
+        match self.checked_settings(&mut report) {
             Ok(settings) => {
-                let current = self.settings.get();
-                if settings.config.state_dir != current.config.state_dir
-                    || settings.config.server.listen != current.config.server.listen
-                    || settings.config.runtime.max_concurrent_turns
-                        != current.config.runtime.max_concurrent_turns
-                {
-                    tracing::warn!(
-                        "state_dir, server.* and runtime.max_concurrent_turns take effect at the next restart"
-                    );
-                }
+                config::list_changes(&self.settings.get().config, &settings.config, &mut report);
                 self.settings.replace(settings);
                 self.ingress.reload(self.settings.get());
+                report.applied = true;
                 tracing::info!(
                     routes = self.settings.get().config.routes.len(),
+                    changed = %report.changed.join(", "),
                     "config reloaded"
                 );
+                if !report.at_restart.is_empty() {
+                    tracing::warn!(at_restart = %report.at_restart.join(", "),
+                        "these changed settings take effect at the next restart");
+                }
             }
             Err(reason) => {
                 tracing::error!(reason = %reason, "config reload refused; still serving on the previous config");
+                report.refused = Some(reason);
             }
         }
-        notify::ready("reloaded");
+        notify::ready(if report.applied {
+            "reloaded"
+        } else {
+            "reload refused; serving on the previous config"
+        });
+        report
+    }
+
+    /// The new config's settings, if it passes every start-time check; its findings go into
+    /// `report` either way.
+    fn checked_settings(&self, report: &mut ReloadReport) -> Result<Settings, String> {
+        let loaded = match config::load(&self.source, SecretCheck::Required) {
+            Ok(loaded) => loaded,
+            Err(ConfigError::Invalid {
+                source_name,
+                findings,
+            }) => {
+                for finding in &findings {
+                    let line = LocatedFinding {
+                        source: &source_name,
+                        finding,
+                    }
+                    .to_string();
+                    tracing::error!("{line}");
+                    report.findings.push(line);
+                }
+                return Err(format!("{source_name} has errors"));
+            }
+            Err(unreadable) => return Err(unreadable.to_string()),
+        };
+        for finding in &loaded.warnings {
+            let line = LocatedFinding {
+                source: &self.source,
+                finding,
+            }
+            .to_string();
+            tracing::warn!("{line}");
+            report.findings.push(line);
+        }
+        if let Some(addr) = self.webhook_addr {
+            ingress::refuse_unsigned_off_loopback(&loaded.config, addr)
+                .map_err(|err| err.to_string())?;
+        }
+        Settings::new(loaded.config)
     }
 }
 
@@ -276,12 +304,20 @@ impl StopSignals {
         })
     }
 
-    async fn wait(mut self, daemon: &Daemon) {
+    /// Waits for a stop signal, carrying out reloads (SIGHUP, or a request from the control
+    /// socket that waits for the report) meanwhile.
+    async fn wait(mut self, daemon: &Daemon, mut reloads: mpsc::Receiver<ReloadRequest>) {
         loop {
             tokio::select! {
                 _ = self.terminate.recv() => return,
                 _ = self.interrupt.recv() => return,
-                _ = self.hangup.recv() => daemon.reload(),
+                _ = self.hangup.recv() => {
+                    daemon.reload();
+                }
+                Some(requester) = reloads.recv() => {
+                    // The requester may have given up waiting; the reload happened anyway.
+                    let _ = requester.send(daemon.reload());
+                }
             }
         }
     }

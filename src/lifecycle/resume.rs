@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::RuntimeSettings;
 use crate::logging;
+use crate::metrics;
 use crate::session::Sessions;
 use crate::store::{InterruptedSession, Settled, Settlement, Store, now_millis};
 
@@ -90,7 +91,15 @@ async fn resume_interrupted(
     }
 }
 
+/// Logs and counts how an interrupted session was settled.
 fn report(session: &InterruptedSession, settled: &Settled, max_attempts: u32) {
+    match settled {
+        Settled::Resumed { .. } => metrics::resume(session.reason.sql()),
+        Settled::Abandoned => metrics::resume("abandoned"),
+        Settled::Suspended => metrics::resume("suspended"),
+        Settled::Refused(_) => metrics::resume("refused"),
+        Settled::NotInterrupted => {}
+    }
     let InterruptedSession {
         session_key,
         event_id,

@@ -29,12 +29,64 @@ const IDLE_POLL: Duration = Duration::from_secs(1);
 /// Pause after a failed claim (e.g. the disk is full) before trying again.
 const CLAIM_RETRY: Duration = Duration::from_secs(1);
 
+/// What an operator can do to a session (`agentgate sessions resume|suspend|cancel`, and the
+/// control socket's `POST /v1/sessions/{key}/{action}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OperatorAction {
+    /// Clear the ledger entry and let the session run again, its interrupted event first.
+    Resume,
+    /// No further turn starts until it is resumed.
+    Suspend,
+    /// Stop the running turn: its tools are killed and its event ends `failed`.
+    Cancel,
+}
+
+impl OperatorAction {
+    pub(crate) const ALL: [OperatorAction; 3] = [
+        OperatorAction::Resume,
+        OperatorAction::Suspend,
+        OperatorAction::Cancel,
+    ];
+
+    /// The name in commands, control paths, log lines and metric labels.
+    pub(crate) const fn name(self) -> &'static str {
+        match self {
+            OperatorAction::Resume => "resume",
+            OperatorAction::Suspend => "suspend",
+            OperatorAction::Cancel => "cancel",
+        }
+    }
+
+    pub(crate) fn from_name(name: &str) -> Option<OperatorAction> {
+        OperatorAction::ALL
+            .into_iter()
+            .find(|action| action.name() == name)
+    }
+}
+
+/// How a running turn is stopped early, and how whoever stopped it learns that it ended.
+#[derive(Clone, Default)]
+pub(crate) struct TurnControl {
+    /// A newer event of the session (`on_busy = "interrupt"`).
+    pub(crate) interrupt: CancellationToken,
+    /// The operator (`sessions cancel`).
+    pub(crate) cancel: CancellationToken,
+    /// Fired once the turn has ended and its end is committed.
+    pub(crate) ended: CancellationToken,
+}
+
+/// A turn running on this node.
+struct RunningTurn {
+    turn_id: String,
+    control: TurnControl,
+}
+
 /// Shared between the listener (which reports new events) and the scheduler.
 #[derive(Default)]
 pub(crate) struct Sessions {
     wake: Notify,
-    /// Running turns by session key: the turn id and the token that interrupts it.
-    running: Mutex<HashMap<String, (String, CancellationToken)>>,
+    /// Running turns by session key.
+    running: Mutex<HashMap<String, RunningTurn>>,
 }
 
 impl Sessions {
@@ -56,15 +108,25 @@ impl Sessions {
     /// Cancels the running turn of `session_key` in favour of a newer event, if it runs here.
     pub(crate) fn interrupt(&self, session_key: &str) -> bool {
         match self.lock().get(session_key) {
-            Some((_, token)) => {
-                token.cancel();
+            Some(turn) => {
+                turn.control.interrupt.cancel();
                 true
             }
             None => false,
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (String, CancellationToken)>> {
+    /// The operator cancels the running turn of `session_key`, if it runs here: its tools are
+    /// killed and its event ends `failed`. Returns the turn id and a token fired once the end is
+    /// committed.
+    pub(crate) fn cancel(&self, session_key: &str) -> Option<(String, CancellationToken)> {
+        self.lock().get(session_key).map(|turn| {
+            turn.control.cancel.cancel();
+            (turn.turn_id.clone(), turn.control.ended.clone())
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, RunningTurn>> {
         match self.running.lock() {
             Ok(guard) => guard,
             Err(poisoned) => poisoned.into_inner(),
@@ -85,9 +147,10 @@ impl Sessions {
         let mut running = self.lock();
         if running
             .get(session_key)
-            .is_some_and(|(id, _)| id == turn_id)
+            .is_some_and(|turn| turn.turn_id == turn_id)
+            && let Some(turn) = running.remove(session_key)
         {
-            running.remove(session_key);
+            turn.control.ended.cancel();
         }
         drop(running);
         self.wake.notify_one();
@@ -108,10 +171,13 @@ pub(crate) async fn schedule(
             match context.store.claim_turns(free).await {
                 Ok(claimed) => {
                     for turn in claimed {
-                        let interrupt = CancellationToken::new();
+                        let control = TurnControl::default();
                         sessions.lock().insert(
                             turn.event.session_key.clone(),
-                            (turn.turn_id.clone(), interrupt.clone()),
+                            RunningTurn {
+                                turn_id: turn.turn_id.clone(),
+                                control: control.clone(),
+                            },
                         );
                         let context = context.clone();
                         let sessions = sessions.clone();
@@ -125,7 +191,7 @@ pub(crate) async fn schedule(
                             async move {
                                 let session_key = turn.event.session_key.clone();
                                 let turn_id = turn.turn_id.clone();
-                                context.run(turn, interrupt).await;
+                                context.run(turn, &control).await;
                                 sessions.finished(&session_key, &turn_id);
                             }
                             .instrument(span),

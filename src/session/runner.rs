@@ -7,21 +7,22 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use super::Sessions;
 use super::prompt;
 use super::turn::{Action, Entry, Input, Outcome, TurnMachine, unfinished_calls};
+use super::{Sessions, TurnControl};
 use crate::agent::message::Message;
 use crate::agent::model::{Model, ModelError};
 use crate::agent::tools::{self, ToolAbort};
 use crate::config::{RouteSettings, Settings, Shared, ToolSettings};
-use crate::store::{ClaimedTurn, ResumeReason, StopReason, Store, StoreError, TurnEnd};
+use crate::metrics;
+use crate::store::{ClaimedTurn, ResumeReason, StopReason, Store, StoreError, TurnEnd, TurnStatus};
 use crate::template::EventContext;
 
 /// What a session is told of a background job that the daemon's stop cut off.
@@ -51,21 +52,28 @@ pub(crate) struct TurnContext {
 /// Why a turn stopped before its state machine finished it.
 enum Stop {
     Interrupted,
+    Cancelled,
     Shutdown,
     Idle,
 }
+
+/// The error an operator-cancelled turn's event ends with.
+const CANCELLED_BY_OPERATOR: &str = "cancelled by operator";
 
 struct Running<'a> {
     context: &'a TurnContext,
     settings: &'a Settings,
     turn: &'a ClaimedTurn,
     route: &'a RouteSettings,
-    interrupt: &'a CancellationToken,
+    control: &'a TurnControl,
+    /// When the turn was claimed, for its duration metric.
+    started: Instant,
 }
 
 impl TurnContext {
     /// Runs one claimed turn to its end.
-    pub(crate) async fn run(&self, turn: ClaimedTurn, interrupt: CancellationToken) {
+    pub(crate) async fn run(&self, turn: ClaimedTurn, control: &TurnControl) {
+        let started = Instant::now();
         let event = &turn.event;
         let settings = self.settings.get();
         let Some(route) = settings.route(&event.route) else {
@@ -75,7 +83,7 @@ impl TurnContext {
                     error: format!("route {} is no longer configured", event.route),
                 },
                 None,
-                0,
+                TurnProgress { steps: 0, started },
             )
             .await;
             return;
@@ -86,7 +94,8 @@ impl TurnContext {
             settings: &settings,
             turn: &turn,
             route,
-            interrupt: &interrupt,
+            control,
+            started,
         };
         running.drive().await;
     }
@@ -96,8 +105,9 @@ impl TurnContext {
         turn: &ClaimedTurn,
         outcome: Outcome,
         stop: Option<StopReason>,
-        steps: u32,
+        progress: TurnProgress,
     ) {
+        let TurnProgress { steps, started } = progress;
         let event = &turn.event;
         let completed_resume =
             matches!(outcome, Outcome::Completed { .. }) && event.resume_reason.is_some();
@@ -128,6 +138,7 @@ impl TurnContext {
             return;
         }
         self.deliveries.notify_one();
+        metrics::turn_ended(&event.route, turn_status.sql(), started.elapsed());
         if completed_resume {
             // Only after the completion is committed: the entry is the crash-loop evidence.
             if let Err(err) = self.store.clear_resume_count(&event.session_key).await {
@@ -176,7 +187,21 @@ impl TurnContext {
     }
 }
 
+/// How far a turn got: its model calls so far, and when it was claimed.
+#[derive(Clone, Copy)]
+struct TurnProgress {
+    steps: u32,
+    started: Instant,
+}
+
 impl Running<'_> {
+    fn progress(&self, steps: u32) -> TurnProgress {
+        TurnProgress {
+            steps,
+            started: self.started,
+        }
+    }
+
     fn tools(&self) -> Vec<&ToolSettings> {
         self.route
             .tools
@@ -214,7 +239,7 @@ impl Running<'_> {
             Ok(pair) => pair,
             Err(error) => {
                 self.context
-                    .finish(self.turn, Outcome::Failed { error }, None, 0)
+                    .finish(self.turn, Outcome::Failed { error }, None, self.progress(0))
                     .await;
                 return;
             }
@@ -306,7 +331,7 @@ impl Running<'_> {
                 }
                 Action::Finish(outcome) => {
                     self.context
-                        .finish(self.turn, outcome, None, machine.steps())
+                        .finish(self.turn, outcome, None, self.progress(machine.steps()))
                         .await;
                     return;
                 }
@@ -353,7 +378,8 @@ impl Running<'_> {
         let idle = self.settings.config.runtime.turn_idle_timeout;
         tokio::select! {
             result = work => Ok(result),
-            () = self.interrupt.cancelled() => Err(Stop::Interrupted),
+            () = self.control.interrupt.cancelled() => Err(Stop::Interrupted),
+            () = self.control.cancel.cancelled() => Err(Stop::Cancelled),
             () = self.context.cancel_turns.cancelled() => Err(Stop::Shutdown),
             () = tokio::time::sleep(idle) => Err(Stop::Idle),
         }
@@ -361,9 +387,11 @@ impl Running<'_> {
 
     async fn call_model(&self, messages: &[Message]) -> Result<Input, Stop> {
         let tools = self.tools();
+        let asked = Instant::now();
         let reply = self
             .guarded(self.context.model.complete(messages, &tools))
             .await?;
+        metrics::model_request(asked.elapsed());
         Ok(match reply {
             Ok(message) => Input::ModelReplied(message),
             Err(ModelError::Malformed(reason)) => Input::ModelMalformed(reason),
@@ -394,8 +422,14 @@ impl Running<'_> {
         let _kill_on_exit = kill.clone().drop_guard();
         let outcome = self.guarded(tools::run(tool, arguments, &kill)).await?;
         let result = match outcome {
-            Ok(outcome) => serde_json::to_string(&outcome).unwrap_or_default(),
-            Err(ToolAbort::Cancelled) => "error: the tool was cancelled".to_string(),
+            Ok(outcome) => {
+                metrics::tool_call(&tool.name, outcome.result());
+                serde_json::to_string(&outcome).unwrap_or_default()
+            }
+            Err(ToolAbort::Cancelled) => {
+                metrics::tool_call(&tool.name, "cancelled");
+                "error: the tool was cancelled".to_string()
+            }
         };
         Ok(Input::ToolFinished { call_id, result })
     }
@@ -422,9 +456,11 @@ impl Running<'_> {
                 // that it did not finish rather than waiting for a result that never comes.
                 let payload = match tools::run(&tool, &arguments, &kill).await {
                     Ok(outcome) => {
+                        metrics::tool_call(&tool.name, outcome.result());
                         serde_json::json!({"job_id": job, "tool": tool.name, "outcome": outcome})
                     }
                     Err(ToolAbort::Cancelled) => {
+                        metrics::tool_call(&tool.name, "cancelled");
                         tracing::warn!(job_id = %job, tool = %tool.name,
                         "background job interrupted by the shutdown; its session is told");
                         serde_json::json!({"job_id": job, "tool": tool.name, "outcome": null,
@@ -462,6 +498,7 @@ impl Running<'_> {
                     .to_string(),
                 StopReason::Interrupted,
             ),
+            Stop::Cancelled => (CANCELLED_BY_OPERATOR.to_string(), StopReason::Cancelled),
             Stop::Idle => (
                 format!(
                     "no progress for turn_idle_timeout ({:?}): no model reply and no tool output",
@@ -472,7 +509,12 @@ impl Running<'_> {
             Stop::Shutdown => return self.leave_for_resume(steps).await,
         };
         self.context
-            .finish(self.turn, Outcome::Failed { error }, Some(reason), steps)
+            .finish(
+                self.turn,
+                Outcome::Failed { error },
+                Some(reason),
+                self.progress(steps),
+            )
             .await;
     }
 
@@ -489,6 +531,11 @@ impl Running<'_> {
                 steps,
             )
             .await;
+        metrics::turn_ended(
+            &turn.event.route,
+            TurnStatus::Interrupted.sql(),
+            self.started.elapsed(),
+        );
         match committed {
             Ok(()) => tracing::warn!(
                 message_id = crate::logging::MESSAGE_DRAIN_TIMEOUT,

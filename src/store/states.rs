@@ -165,6 +165,8 @@ impl std::fmt::Display for ResumeReason {
 pub(crate) enum StopReason {
     /// A newer event of the session interrupted it (`on_busy = "interrupt"`).
     Interrupted,
+    /// The operator cancelled it (`sessions cancel`).
+    Cancelled,
     /// No progress for `turn_idle_timeout`.
     IdleTimeout,
     /// Left for a resume.
@@ -175,6 +177,7 @@ impl StopReason {
     pub(crate) const fn sql(self) -> &'static str {
         match self {
             StopReason::Interrupted => "interrupted",
+            StopReason::Cancelled => "cancelled",
             StopReason::IdleTimeout => "idle_timeout",
             StopReason::Resume(reason) => reason.sql(),
         }

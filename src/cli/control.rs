@@ -1,0 +1,87 @@
+//! A client for the running daemon's control socket. Operator actions that change what the
+//! daemon does (resume, suspend, cancel, reload) go through it while the daemon runs, so that the
+//! daemon itself acts at once, logs the action to the journal and counts it.
+
+use std::path::Path;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::TokioIo;
+
+use crate::exit::Failure;
+
+/// One answer of the control socket: the status code and the JSON body.
+pub(super) struct ControlAnswer {
+    pub(super) status: http::StatusCode,
+    pub(super) body: serde_json::Value,
+}
+
+impl ControlAnswer {
+    /// The daemon's one-line message for a refusal (`{"error", "message"}`).
+    pub(super) fn message(&self) -> String {
+        self.body["message"]
+            .as_str()
+            .map_or_else(|| self.body.to_string(), str::to_string)
+    }
+}
+
+/// Sends `method path` to the control socket at `socket` and waits for the answer. A socket that
+/// cannot be reached is `Ok(None)`: the caller decides whether that means "no daemon".
+pub(super) async fn request(
+    socket: &Path,
+    method: http::Method,
+    path: &str,
+) -> Result<Option<ControlAnswer>, Failure> {
+    let Ok(stream) = tokio::net::UnixStream::connect(socket).await else {
+        return Ok(None);
+    };
+    let unreachable = |err: &dyn std::fmt::Display| {
+        Failure::unavailable(format!("control socket {}: {err}", socket.display()))
+    };
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|err| unreachable(&err))?;
+    tokio::spawn(connection);
+    let request = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header(http::header::HOST, "control")
+        .body(Empty::<Bytes>::new())
+        .map_err(|err| unreachable(&err))?;
+    let response = sender
+        .send_request(request)
+        .await
+        .map_err(|err| unreachable(&err))?;
+    let status = response.status();
+    let bytes = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|err| unreachable(&err))?
+        .to_bytes();
+    let body = serde_json::from_slice(&bytes).unwrap_or_else(|_| {
+        serde_json::Value::String(String::from_utf8_lossy(&bytes).trim().to_string())
+    });
+    Ok(Some(ControlAnswer { status, body }))
+}
+
+/// The small runtime a command needs for one request.
+pub(super) fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|err| Failure::runtime(format!("cannot start the async runtime: {err}")))
+}
+
+/// `%XX`-encodes a session key for a control path segment (`acme/web#7` → `acme%2Fweb%237`).
+pub(super) fn path_segment(text: &str) -> String {
+    text.bytes()
+        .map(|byte| {
+            if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'_' | b'.' | b'~') {
+                char::from(byte).to_string()
+            } else {
+                format!("%{byte:02X}")
+            }
+        })
+        .collect()
+}

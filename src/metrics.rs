@@ -1,0 +1,422 @@
+//! Prometheus metrics for `GET /metrics` on the control socket.
+//!
+//! Counters and histograms are updated where things happen (a request answered, a turn ended, a
+//! delivery attempted); gauges are read from the store at each scrape, so they agree with
+//! `agentgate status`. One set exists per process: every task records into it without being
+//! handed a registry. Labels are bounded: routes, tools and codes come from the config and the
+//! protocol, never from senders (no session keys or paths as labels).
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
+
+use crate::session::OperatorAction;
+use crate::store::StatusSummary;
+
+/// The content type of the exposition: Prometheus text format 0.0.4 (see [`legacy_text`]).
+pub(crate) const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteCode {
+    route: String,
+    code: u16,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteStatus {
+    route: String,
+    status: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ToolResult {
+    tool: String,
+    result: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabel {
+    result: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ActionLabel {
+    action: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StatusLabel {
+    status: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabel {
+    state: String,
+}
+
+struct Metrics {
+    registry: Registry,
+    http_requests: Family<RouteCode, Counter>,
+    accept_duration: Histogram,
+    turns: Family<RouteStatus, Counter>,
+    turn_duration: Histogram,
+    model_request_duration: Histogram,
+    tool_calls: Family<ToolResult, Counter>,
+    deliveries: Family<ResultLabel, Counter>,
+    resumes: Family<ReasonLabel, Counter>,
+    operator_actions: Family<ActionLabel, Counter>,
+    events: Family<StatusLabel, Gauge>,
+    sessions: Family<StateLabel, Gauge>,
+    turns_running: Gauge,
+    outbox: Family<StateLabel, Gauge>,
+    store_writable: Gauge,
+}
+
+static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
+
+impl Metrics {
+    fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("agentgate");
+        let http_requests = Family::default();
+        registry.register(
+            "http_requests",
+            "Webhook requests answered, by route and status code (route is empty for unknown paths)",
+            http_requests.clone(),
+        );
+        // 1 ms to ~16 s: an accept is an fsync'd commit; a slow one is what operators look for.
+        let accept_duration = Histogram::new(exponential_buckets(0.001, 2.0, 15));
+        registry.register_with_unit(
+            "accept_duration",
+            "From a webhook's arrival to its 202, including the durable commit",
+            Unit::Seconds,
+            accept_duration.clone(),
+        );
+        let turns = Family::default();
+        registry.register(
+            "turns",
+            "Turns ended, by route and turn status",
+            turns.clone(),
+        );
+        // 100 ms to ~27 min.
+        let turn_duration = Histogram::new(exponential_buckets(0.1, 2.0, 15));
+        registry.register_with_unit(
+            "turn_duration",
+            "How long turns ran, from claim to their committed end",
+            Unit::Seconds,
+            turn_duration.clone(),
+        );
+        // 50 ms to ~13 min.
+        let model_request_duration = Histogram::new(exponential_buckets(0.05, 2.0, 15));
+        registry.register_with_unit(
+            "model_request_duration",
+            "How long the model took to reply to one step, retries included",
+            Unit::Seconds,
+            model_request_duration.clone(),
+        );
+        let tool_calls = Family::default();
+        registry.register(
+            "tool_calls",
+            "Tool calls ended, by tool and result",
+            tool_calls.clone(),
+        );
+        let deliveries = Family::default();
+        registry.register(
+            "deliveries",
+            "Delivery attempts, by result (delivered, retry, failed)",
+            deliveries.clone(),
+        );
+        let resumes = Family::default();
+        registry.register(
+            "resumes",
+            "Interrupted sessions settled at start, by reason or outcome",
+            resumes.clone(),
+        );
+        let operator_actions = Family::default();
+        registry.register(
+            "operator_actions",
+            "Operator overrides applied (resume, suspend, cancel)",
+            operator_actions.clone(),
+        );
+        let events = Family::default();
+        registry.register("events", "Stored events by status", events.clone());
+        let sessions = Family::default();
+        registry.register("sessions", "Sessions by state", sessions.clone());
+        let turns_running = Gauge::default();
+        registry.register(
+            "turns_running",
+            "Turns running on this daemon",
+            turns_running.clone(),
+        );
+        let outbox = Family::default();
+        registry.register(
+            "deliveries",
+            "Outbox rows not yet delivered, by state",
+            outbox.clone(),
+        );
+        let store_writable = Gauge::default();
+        registry.register(
+            "store_writable",
+            "1 while events can be made durable",
+            store_writable.clone(),
+        );
+        Metrics {
+            registry,
+            http_requests,
+            accept_duration,
+            turns,
+            turn_duration,
+            model_request_duration,
+            tool_calls,
+            deliveries,
+            resumes,
+            operator_actions,
+            events,
+            sessions,
+            turns_running,
+            outbox,
+            store_writable,
+        }
+    }
+}
+
+/// A webhook request was answered with `code`; `route` is empty for unknown paths.
+pub(crate) fn http_request(route: &str, code: u16) {
+    METRICS
+        .http_requests
+        .get_or_create(&RouteCode {
+            route: route.to_string(),
+            code,
+        })
+        .inc();
+}
+
+/// A webhook was made durable and acknowledged `elapsed` after it arrived.
+pub(crate) fn accepted(elapsed: Duration) {
+    METRICS.accept_duration.observe(elapsed.as_secs_f64());
+}
+
+/// A turn ended with `status` after `elapsed`.
+pub(crate) fn turn_ended(route: &str, status: &str, elapsed: Duration) {
+    METRICS
+        .turns
+        .get_or_create(&RouteStatus {
+            route: route.to_string(),
+            status: status.to_string(),
+        })
+        .inc();
+    METRICS.turn_duration.observe(elapsed.as_secs_f64());
+}
+
+/// The model replied (or gave up) after `elapsed`.
+pub(crate) fn model_request(elapsed: Duration) {
+    METRICS
+        .model_request_duration
+        .observe(elapsed.as_secs_f64());
+}
+
+/// A tool call ended with `result`.
+pub(crate) fn tool_call(tool: &str, result: &str) {
+    METRICS
+        .tool_calls
+        .get_or_create(&ToolResult {
+            tool: tool.to_string(),
+            result: result.to_string(),
+        })
+        .inc();
+}
+
+/// A delivery attempt ended with `result` (`delivered`, `retry` or `failed`).
+pub(crate) fn delivery(result: &str) {
+    METRICS
+        .deliveries
+        .get_or_create(&ResultLabel {
+            result: result.to_string(),
+        })
+        .inc();
+}
+
+/// An interrupted session was settled at start: resumed for `reason`, or suspended, or abandoned.
+pub(crate) fn resume(reason: &str) {
+    METRICS
+        .resumes
+        .get_or_create(&ReasonLabel {
+            reason: reason.to_string(),
+        })
+        .inc();
+}
+
+/// The operator applied `action` to a session.
+pub(crate) fn operator_action(action: OperatorAction) {
+    METRICS
+        .operator_actions
+        .get_or_create(&ActionLabel {
+            action: action.name().to_string(),
+        })
+        .inc();
+}
+
+/// What the gauges show at a scrape.
+pub(crate) struct Snapshot<'a> {
+    pub(crate) summary: &'a StatusSummary,
+    pub(crate) turns_running: usize,
+    pub(crate) store_writable: bool,
+}
+
+/// The text exposition, with the gauges set from `snapshot`.
+pub(crate) fn render(snapshot: &Snapshot<'_>) -> String {
+    let metrics = &*METRICS;
+    metrics.events.clear();
+    for (status, count) in &snapshot.summary.events.by_status {
+        metrics
+            .events
+            .get_or_create(&StatusLabel {
+                status: status.clone(),
+            })
+            .set(*count);
+    }
+    metrics.sessions.clear();
+    for (state, count) in &snapshot.summary.sessions.by_state {
+        metrics
+            .sessions
+            .get_or_create(&StateLabel {
+                state: state.clone(),
+            })
+            .set(*count);
+    }
+    metrics
+        .turns_running
+        .set(i64::try_from(snapshot.turns_running).unwrap_or(i64::MAX));
+    for (state, count) in [
+        ("pending", snapshot.summary.deliveries.pending),
+        ("failed", snapshot.summary.deliveries.failed),
+    ] {
+        metrics
+            .outbox
+            .get_or_create(&StateLabel {
+                state: state.to_string(),
+            })
+            .set(count);
+    }
+    metrics
+        .store_writable
+        .set(i64::from(snapshot.store_writable));
+    let mut text = String::new();
+    // Writing into a String cannot fail.
+    let _ = prometheus_client::encoding::text::encode(&mut text, &metrics.registry);
+    legacy_text(&text)
+}
+
+/// Turns the OpenMetrics text that prometheus-client writes into Prometheus text format 0.0.4.
+///
+/// The documented metric names include both `agentgate_deliveries_total` (a counter) and
+/// `agentgate_deliveries` (a gauge). OpenMetrics names a counter's family without `_total`, so
+/// there both would be one family `agentgate_deliveries` and a scrape would fail. Format 0.0.4
+/// names the counter family `agentgate_deliveries_total`, which keeps them apart: counters'
+/// `HELP`/`TYPE` lines get their `_total` name, and the `UNIT` and `EOF` lines, which 0.0.4 does
+/// not have, are dropped.
+fn legacy_text(open_metrics: &str) -> String {
+    let mut text = String::with_capacity(open_metrics.len());
+    // Each family is a block that starts with its HELP line; its TYPE line says whether it is a
+    // counter.
+    let mut block: Vec<&str> = Vec::new();
+    let flush = |block: &mut Vec<&str>, text: &mut String| {
+        let counter = block
+            .iter()
+            .any(|line| line.starts_with("# TYPE ") && line.ends_with(" counter"));
+        for line in block.drain(..) {
+            let renamed = ["# HELP ", "# TYPE "].iter().find_map(|prefix| {
+                let (name, tail) = line.strip_prefix(prefix)?.split_once(' ')?;
+                counter.then(|| format!("{prefix}{name}_total {tail}"))
+            });
+            text.push_str(renamed.as_deref().unwrap_or(line));
+            text.push('\n');
+        }
+    };
+    for line in open_metrics.lines() {
+        if line.starts_with("# UNIT ") || line == "# EOF" {
+            continue;
+        }
+        if line.starts_with("# HELP ") {
+            flush(&mut block, &mut text);
+        }
+        block.push(line);
+    }
+    flush(&mut block, &mut text);
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counter_families_take_their_total_names_so_a_gauge_of_the_same_stem_stays_apart() {
+        let open_metrics = "# HELP agentgate_deliveries Delivery attempts.\n\
+            # TYPE agentgate_deliveries counter\n\
+            agentgate_deliveries_total{result=\"delivered\"} 3\n\
+            # HELP agentgate_deliveries Outbox rows.\n\
+            # TYPE agentgate_deliveries gauge\n\
+            agentgate_deliveries{state=\"pending\"} 1\n\
+            # HELP agentgate_accept_duration_seconds Accept.\n\
+            # TYPE agentgate_accept_duration_seconds histogram\n\
+            # UNIT agentgate_accept_duration_seconds seconds\n\
+            agentgate_accept_duration_seconds_count 0\n\
+            # EOF\n";
+        let text = legacy_text(open_metrics);
+        assert!(text.contains("# TYPE agentgate_deliveries_total counter\n"));
+        assert!(text.contains("# HELP agentgate_deliveries_total Delivery attempts.\n"));
+        assert!(text.contains("# TYPE agentgate_deliveries gauge\n"));
+        assert!(
+            !text.contains("# UNIT") && !text.contains("# EOF"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn every_documented_family_is_exposed() {
+        // Labelled families appear once they have a member.
+        http_request("github", 202);
+        turn_ended("github", "completed", Duration::from_secs(2));
+        tool_call("disk_usage", "ok");
+        delivery("delivered");
+        resume("crashed");
+        let mut summary = StatusSummary::default();
+        summary.events.by_status.insert("queued".into(), 2);
+        summary.sessions.by_state.insert("idle".into(), 1);
+        let text = render(&Snapshot {
+            summary: &summary,
+            turns_running: 0,
+            store_writable: true,
+        });
+        for family in [
+            "# TYPE agentgate_http_requests_total counter",
+            "# TYPE agentgate_accept_duration_seconds histogram",
+            "# TYPE agentgate_turns_total counter",
+            "# TYPE agentgate_turn_duration_seconds histogram",
+            "# TYPE agentgate_model_request_duration_seconds histogram",
+            "# TYPE agentgate_tool_calls_total counter",
+            "# TYPE agentgate_deliveries_total counter",
+            "# TYPE agentgate_resumes_total counter",
+            "# TYPE agentgate_events gauge",
+            "# TYPE agentgate_sessions gauge",
+            "# TYPE agentgate_turns_running gauge",
+            "# TYPE agentgate_deliveries gauge",
+            "# TYPE agentgate_store_writable gauge",
+        ] {
+            assert!(text.contains(family), "{family} missing from:\n{text}");
+        }
+        assert!(text.contains("agentgate_http_requests_total{route=\"github\",code=\"202\"} 1"));
+        assert!(text.contains("agentgate_store_writable 1"));
+    }
+}
