@@ -553,6 +553,42 @@ timeout = "10s""#,
     assert_eq!(cluster.event_status(&healthy), "completed");
 }
 
+/// Scheduling stays fair on PostgreSQL too: deep queues behind a suspended session and a busy
+/// one do not keep another session's event from starting.
+#[test]
+fn deep_queues_behind_suspended_and_busy_sessions_do_not_starve_others() {
+    let model = HangingModel::start(Duration::from_secs(60));
+    let Some(cluster) = Cluster::start("fair_claims", &model.stub, &Shape::new(1, "10s")) else {
+        return;
+    };
+    let node = &cluster.nodes[0];
+    let first = cluster.post(0, "suspended-hog", "quick");
+    wait_until("the first event to end", LIMIT, || {
+        cluster.event_status(&first) == "completed"
+    });
+    let output = node
+        .workspace
+        .cli(&["sessions", "suspend", "suspended-hog"]);
+    assert!(output.status.success(), "{output:?}");
+    let addr = node.daemon().addr;
+    common::post_many(addr, "/hook", 2100, |n| {
+        serde_json::json!({"session": "suspended-hog", "task": format!("queued {n}")}).to_string()
+    });
+    cluster.post(0, "busy-hog", "slow");
+    model.wait_hanging(&cluster, "busy-hog");
+    common::post_many(addr, "/hook", 2100, |n| {
+        serde_json::json!({"session": "busy-hog", "task": format!("queued {n}")}).to_string()
+    });
+    let innocent = cluster.post(0, "innocent", "quick");
+    wait_until("the innocent event to end", LIMIT, || {
+        cluster.event_status(&innocent) == "completed"
+    });
+    assert_eq!(
+        cluster.count("SELECT count(*) FROM events WHERE status = 'queued'"),
+        4200
+    );
+}
+
 #[test]
 fn an_interrupting_event_accepted_by_another_node_interrupts_the_running_turn() {
     let model = HangingModel::start(Duration::from_secs(40));

@@ -597,3 +597,60 @@ deliver = {{ kind = "http", url = "{receiver}/results", secret = "{DELIVER_SECRE
     let next = next.json()["event_id"].as_str().expect("id").to_string();
     assert_eq!(workspace.wait_terminal(&next, TURN_LIMIT), "completed");
 }
+
+/// Posts `count` events for `session`.
+fn flood(daemon: &Daemon, session: &str, count: usize) {
+    post_many(daemon.addr, "/hooks/alerts", count, |n| {
+        json!({"session": session, "n": n}).to_string()
+    });
+}
+
+/// Scheduling is fair across sessions that can run, whatever is queued behind sessions that
+/// cannot: a suspended session and a busy one, each with more queued events than a claim ever
+/// looks at, do not keep another session's event from starting.
+#[test]
+fn deep_queues_behind_suspended_and_busy_sessions_do_not_starve_others() {
+    let model = Stub::start(|request, _| {
+        let body = request.json().to_string();
+        if body.contains("busy-hog") {
+            Reply::answer("slow").after(Duration::from_secs(120))
+        } else {
+            Reply::answer("done")
+        }
+    });
+    let (setup, daemon) = start(model, receiver(), "", "");
+    let first = post(&daemon, "suspended-hog");
+    assert_eq!(
+        setup.workspace.wait_terminal(&first, TURN_LIMIT),
+        "completed"
+    );
+    let output = setup
+        .workspace
+        .cli(&["sessions", "suspend", "suspended-hog"]);
+    assert!(output.status.success(), "{output:?}");
+    flood(&daemon, "suspended-hog", 2100);
+    post(&daemon, "busy-hog");
+    wait_until(
+        "the busy session's turn to reach the model",
+        TURN_LIMIT,
+        || {
+            setup
+                .model
+                .requests()
+                .iter()
+                .any(|r| r.json().to_string().contains("busy-hog"))
+        },
+    );
+    flood(&daemon, "busy-hog", 2100);
+
+    let innocent = post(&daemon, "innocent");
+    assert_eq!(
+        setup.workspace.wait_terminal(&innocent, TURN_LIMIT),
+        "completed"
+    );
+    let queued: Vec<i64> = setup.workspace.query(
+        "SELECT count(*) FROM events WHERE status = 'queued'",
+        |row| row.get(0),
+    );
+    assert_eq!(queued, [4200], "the hogs' events still wait");
+}

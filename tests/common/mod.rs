@@ -112,6 +112,34 @@ pub fn wait_until(what: &str, limit: Duration, mut condition: impl FnMut() -> bo
     panic!("timed out after {limit:?} waiting for {what}");
 }
 
+/// POSTs `count` JSON bodies (`body(n)`) to `path` over four connections at once; every one must
+/// be accepted (202).
+pub fn post_many(
+    addr: SocketAddr,
+    path: &str,
+    count: usize,
+    body: impl Fn(usize) -> String + Sync,
+) {
+    std::thread::scope(|scope| {
+        for worker in 0..4 {
+            let body = &body;
+            scope.spawn(move || {
+                for n in (worker..count).step_by(4) {
+                    let response = try_request(
+                        addr,
+                        "POST",
+                        path,
+                        &[("content-type", "application/json")],
+                        body(n).as_bytes(),
+                    )
+                    .expect("POST");
+                    assert_eq!(response.status, 202, "{response:?}");
+                }
+            });
+        }
+    });
+}
+
 /// A test's own config directory and state directory.
 pub struct Workspace {
     pub dir: tempfile::TempDir,

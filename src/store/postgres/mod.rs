@@ -53,8 +53,6 @@ const OPERATION_TIMEOUT: Duration = Duration::from_secs(10);
 /// The most accepts that share one transaction, and how many such transactions run at once.
 const ACCEPT_BATCH: usize = 256;
 const ACCEPT_WRITERS: usize = 4;
-/// How many queued events one claim looks at, at most (as with SQLite).
-const CANDIDATE_WINDOW: i64 = 2048;
 /// Node rows stay visible in `status` this long after their last heartbeat.
 const NODE_HISTORY_MS: i64 = 60 * 60 * 1000;
 

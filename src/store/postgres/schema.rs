@@ -108,6 +108,45 @@ const MIGRATIONS: &[&str] = &[
     // 2: on_busy = "interrupt" across nodes: the owner of the running turn is asked through
     // its session row.
     "ALTER TABLE sessions ADD COLUMN interrupt_requested BOOLEAN NOT NULL DEFAULT false;",
+    // 3: fair scheduling, as in the SQLite schema: `queue_head` is the seq of the session's
+    // oldest queued event, kept in step by triggers; claims read idle sessions with a head from
+    // one partial index. Concurrency: a claim locks its session rows before it takes their events
+    // off the queue, so an accept that queues an event for the same session waits for the claim
+    // to commit and then lowers the head from the committed row (`LEAST` is re-evaluated on the
+    // newest row version), never from a stale recomputation.
+    "ALTER TABLE sessions ADD COLUMN queue_head BIGINT;
+    UPDATE sessions s SET queue_head =
+        (SELECT min(seq) FROM events e WHERE e.status = 'queued' AND e.session_key = s.key);
+    CREATE INDEX sessions_runnable ON sessions (queue_head)
+        WHERE state = 'idle' AND queue_head IS NOT NULL;
+    CREATE FUNCTION agentgate_queue_head() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        IF TG_TABLE_NAME = 'sessions' THEN
+            UPDATE sessions SET queue_head =
+                (SELECT min(seq) FROM events WHERE status = 'queued' AND session_key = NEW.key)
+            WHERE key = NEW.key;
+        ELSIF TG_OP = 'INSERT' THEN
+            IF NEW.status = 'queued' THEN
+                UPDATE sessions SET queue_head = LEAST(queue_head, NEW.seq)
+                WHERE key = NEW.session_key;
+            END IF;
+        ELSIF TG_OP = 'UPDATE' THEN
+            IF (OLD.status = 'queued') <> (NEW.status = 'queued') THEN
+                UPDATE sessions SET queue_head = (SELECT min(seq) FROM events
+                    WHERE status = 'queued' AND session_key = NEW.session_key)
+                WHERE key = NEW.session_key;
+            END IF;
+        ELSIF OLD.status = 'queued' THEN
+            UPDATE sessions SET queue_head = (SELECT min(seq) FROM events
+                WHERE status = 'queued' AND session_key = OLD.session_key)
+            WHERE key = OLD.session_key;
+        END IF;
+        RETURN NULL;
+    END $$;
+    CREATE TRIGGER queue_head_of_new_session AFTER INSERT ON sessions
+        FOR EACH ROW EXECUTE FUNCTION agentgate_queue_head();
+    CREATE TRIGGER queue_head_of_events AFTER INSERT OR UPDATE OF status OR DELETE ON events
+        FOR EACH ROW EXECUTE FUNCTION agentgate_queue_head();",
 ];
 
 impl PostgresStore {

@@ -101,20 +101,16 @@ impl Turns for PostgresStore {
         bounded(async {
             let mut client = self.client().await?;
             let tx = client.transaction().await?;
-            // The oldest queued event of each idle session among the oldest queued events (a
-            // bounded window, so a deep backlog does not make every claim scan it), oldest
-            // first; sessions another node is claiming right now are skipped, not waited for.
+            // The idle sessions with queued events, oldest head first (one partial index;
+            // sessions that cannot run are never read); sessions another node is claiming right
+            // now are skipped, not waited for.
             let sessions = tx
                 .rows(
                     concatcp!("SELECT s.key FROM sessions s
-                     JOIN (SELECT session_key, min(seq) AS first_seq
-                           FROM (SELECT session_key, seq FROM events WHERE status = ", QUEUED, "
-                                 ORDER BY seq LIMIT $2) oldest
-                           GROUP BY session_key) q ON q.session_key = s.key
-                     WHERE s.state = ", IDLE, "
-                     ORDER BY q.first_seq LIMIT $1
+                     WHERE s.state = ", IDLE, " AND s.queue_head IS NOT NULL
+                     ORDER BY s.queue_head LIMIT $1
                      FOR UPDATE OF s SKIP LOCKED"),
-                    &[&(limit as i64), &CANDIDATE_WINDOW],
+                    &[&(limit as i64)],
                 )
                 .await?;
             let mut claimed = Vec::with_capacity(sessions.len());

@@ -84,6 +84,38 @@ const MIGRATIONS: &[&str] = &[
     "ALTER TABLE events ADD COLUMN origin TEXT NOT NULL DEFAULT 'webhook';",
     // 5: the live counts for STATUS= read indexes, never whole tables.
     "CREATE INDEX sessions_by_state ON sessions(state);",
+    // 6: fair scheduling. Each session carries the seq of its oldest queued event (`queue_head`,
+    // NULL when nothing is queued), kept in step by triggers on every write that queues an event,
+    // takes one off the queue or deletes one. The scheduler reads the runnable sessions (idle,
+    // with a head) oldest head first from one index, however many events wait behind sessions
+    // that cannot run.
+    "ALTER TABLE sessions ADD COLUMN queue_head INTEGER;
+    UPDATE sessions SET queue_head =
+        (SELECT min(seq) FROM events WHERE status = 'queued' AND session_key = sessions.key);
+    CREATE INDEX sessions_runnable ON sessions(state, queue_head);
+    CREATE TRIGGER queue_head_of_new_session AFTER INSERT ON sessions BEGIN
+        UPDATE sessions SET queue_head =
+            (SELECT min(seq) FROM events WHERE status = 'queued' AND session_key = NEW.key)
+        WHERE key = NEW.key;
+    END;
+    CREATE TRIGGER queue_head_on_queued_event AFTER INSERT ON events WHEN NEW.status = 'queued'
+    BEGIN
+        UPDATE sessions SET queue_head = min(coalesce(queue_head, NEW.seq), NEW.seq)
+        WHERE key = NEW.session_key;
+    END;
+    CREATE TRIGGER queue_head_on_status AFTER UPDATE OF status ON events
+        WHEN (OLD.status = 'queued') <> (NEW.status = 'queued')
+    BEGIN
+        UPDATE sessions SET queue_head =
+            (SELECT min(seq) FROM events WHERE status = 'queued' AND session_key = NEW.session_key)
+        WHERE key = NEW.session_key;
+    END;
+    CREATE TRIGGER queue_head_on_deleted_event AFTER DELETE ON events WHEN OLD.status = 'queued'
+    BEGIN
+        UPDATE sessions SET queue_head =
+            (SELECT min(seq) FROM events WHERE status = 'queued' AND session_key = OLD.session_key)
+        WHERE key = OLD.session_key;
+    END;",
 ];
 
 /// The schema version this build writes.

@@ -17,18 +17,18 @@ use crate::store::now_millis;
 
 /// Candidates for the next turns: queued events in arrival order with their session's state.
 /// Read on a reader connection, so a long backlog costs the writer (and so accepts) nothing.
+/// The oldest queued event of each idle session, oldest first. Sessions that cannot run (busy,
+/// suspended, resume-pending) are never read, so a deep queue behind them costs nothing here.
 const CANDIDATES_SQL: &str = concatcp!(
     "
-    SELECT e.id, e.seq, e.session_key, s.state
-    FROM events e JOIN sessions s ON s.key = e.session_key
-    WHERE e.status = ",
-    QUEUED,
-    "
-    ORDER BY e.seq
+    SELECT e.id, e.seq, e.session_key
+    FROM sessions s JOIN events e ON e.seq = s.queue_head
+    WHERE s.state = ",
+    IDLE,
+    " AND s.queue_head IS NOT NULL
+    ORDER BY s.queue_head
     LIMIT ?1"
 );
-/// How many queued events one scheduling pass looks at, at most.
-const CANDIDATE_WINDOW: i64 = 2048;
 
 /// A queued event that may start a turn: the oldest queued event of an idle session.
 #[derive(Debug, Clone)]
@@ -42,29 +42,15 @@ pub(super) fn candidates_in(
     connection: &Connection,
     limit: usize,
 ) -> rusqlite::Result<Vec<Candidate>> {
-    let mut seen = std::collections::HashSet::new();
-    let mut picked = Vec::new();
     let mut statement = connection.prepare_cached(CANDIDATES_SQL)?;
-    let mut rows = statement.query(params![CANDIDATE_WINDOW])?;
-    while let Some(row) = rows.next()? {
-        let session_key: String = row.get(2)?;
-        // The first queued event seen for a session is its oldest: only that one may run.
-        if !seen.insert(session_key.clone()) {
-            continue;
-        }
-        let state: String = row.get(3)?;
-        if SessionState::from_sql(&state) == Some(SessionState::Idle) {
-            picked.push(Candidate {
-                event_id: row.get(0)?,
-                seq: row.get(1)?,
-                session_key,
-            });
-            if picked.len() == limit {
-                break;
-            }
-        }
-    }
-    Ok(picked)
+    let rows = statement.query_map(params![i64::try_from(limit).unwrap_or(i64::MAX)], |row| {
+        Ok(Candidate {
+            event_id: row.get(0)?,
+            seq: row.get(1)?,
+            session_key: row.get(2)?,
+        })
+    })?;
+    rows.collect()
 }
 
 /// Claims the candidates that are still claimable now (the writer's view is the truth: a
