@@ -9,7 +9,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use hmac::{Hmac, Mac};
 use http::HeaderMap;
-use sha2::Sha256;
+use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use crate::secret::Secret;
@@ -62,6 +62,8 @@ pub(crate) enum VerifyError {
     Missing(&'static str),
     #[error("signature does not match")]
     Mismatch,
+    #[error("token does not match")]
+    WrongToken,
     #[error("malformed {0} header")]
     Malformed(&'static str),
     #[error("timestamp is outside the allowed window of {TIMESTAMP_TOLERANCE_SECS} s")]
@@ -69,6 +71,13 @@ pub(crate) enum VerifyError {
 }
 
 type HmacSha256 = Hmac<Sha256>;
+
+/// Standard base64 that decodes with or without `=` padding.
+const BASE64_PADDING_OPTIONAL: base64::engine::GeneralPurpose = base64::engine::GeneralPurpose::new(
+    &base64::alphabet::STANDARD,
+    base64::engine::GeneralPurposeConfig::new()
+        .with_decode_padding_mode(base64::engine::DecodePaddingMode::Indifferent),
+);
 
 fn hmac_sha256(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
     // HMAC accepts keys of any length; new_from_slice cannot fail for it.
@@ -92,7 +101,8 @@ pub(crate) fn decode_standard_secret(secret: &Secret) -> Result<Secret, String> 
     let encoded = text
         .strip_prefix("whsec_")
         .ok_or_else(|| "a standard webhook secret must start with whsec_".to_string())?;
-    let key = BASE64
+    // The official libraries accept the key with or without base64 padding.
+    let key = BASE64_PADDING_OPTIONAL
         .decode(encoded)
         .map_err(|_| "a standard webhook secret must be whsec_ followed by base64".to_string())?;
     if key.is_empty() {
@@ -223,16 +233,26 @@ pub(crate) fn verify(
         }
         VerifyScheme::Gitlab => {
             let given = header(headers, "x-gitlab-token")?;
-            check(equal(given.as_bytes(), key))
+            check_token(equal(given.as_bytes(), key))
         }
         VerifyScheme::Bearer => {
             let value = header(headers, "authorization")?;
+            // The scheme name is case-insensitive (RFC 9110 §11.1).
             let token = value
-                .strip_prefix("Bearer ")
-                .or_else(|| value.strip_prefix("bearer "))
+                .split_once(' ')
+                .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+                .map(|(_, token)| token)
                 .ok_or(VerifyError::Malformed("authorization"))?;
-            check(equal(token.trim().as_bytes(), key))
+            check_token(equal(token.trim().as_bytes(), key))
         }
+    }
+}
+
+fn check_token(matched: bool) -> Result<(), VerifyError> {
+    if matched {
+        Ok(())
+    } else {
+        Err(VerifyError::WrongToken)
     }
 }
 
@@ -333,15 +353,47 @@ pub(crate) fn delivery_id(
     let scheme_id = match scheme {
         VerifyScheme::Github => from_header("x-github-delivery"),
         VerifyScheme::Standard => from_header("webhook-id").or_else(|| from_header("svix-id")),
-        VerifyScheme::Stripe => payload
-            .get("id")
-            .and_then(|id| id.as_str())
-            .map(str::to_string),
+        VerifyScheme::Stripe => payload_text(payload, &["id"]),
+        VerifyScheme::Slack => payload_text(payload, &["event_id"]),
+        VerifyScheme::Gitlab => from_header("x-gitlab-event-uuid"),
         _ => None,
     };
     scheme_id
         .or_else(|| from_header("idempotency-key"))
-        .filter(|id| id.len() <= 256)
+        .map(|id| {
+            // A key of any length deduplicates: a long one by its digest.
+            if id.len() > MAX_STORED_DELIVERY_ID {
+                format!("sha256:{}", hex::encode(Sha256::digest(id.as_bytes())))
+            } else {
+                id
+            }
+        })
+}
+
+/// Delivery ids longer than this are stored (and deduplicated) by their SHA-256.
+const MAX_STORED_DELIVERY_ID: usize = 256;
+
+/// The string at `path` in the payload, if there is one.
+fn payload_text(payload: &serde_json::Value, path: &[&str]) -> Option<String> {
+    path.iter()
+        .try_fold(payload, |value, key| value.get(key))
+        .and_then(serde_json::Value::as_str)
+        .map(str::to_string)
+}
+
+/// The event type a scheme names, from the payload (`stripe`, `standard`: `type`; `slack`: the
+/// inner event's type, else `type`, else a slash command's name), or `payload.type` for schemes
+/// without one. Header-borne types (GitHub, GitLab) are read by [`event_type_header`].
+pub(crate) fn payload_event_type(
+    scheme: VerifyScheme,
+    payload: &serde_json::Value,
+) -> Option<String> {
+    match scheme {
+        VerifyScheme::Slack => payload_text(payload, &["event", "type"])
+            .or_else(|| payload_text(payload, &["type"]))
+            .or_else(|| payload_text(payload, &["command"])),
+        _ => payload_text(payload, &["type"]),
+    }
 }
 
 /// Headers that carry credentials themselves; they are never stored or shown to templates.
@@ -511,6 +563,20 @@ mod tests {
     }
 
     #[test]
+    fn standard_secrets_decode_with_or_without_padding() {
+        let padded = Secret::for_tests(b"whsec_dGVzdA==");
+        let unpadded = Secret::for_tests(b"whsec_dGVzdA");
+        assert_eq!(
+            decode_standard_secret(&padded).map(|key| key.expose().to_vec()),
+            Ok(b"test".to_vec())
+        );
+        assert_eq!(
+            decode_standard_secret(&unpadded).map(|key| key.expose().to_vec()),
+            Ok(b"test".to_vec())
+        );
+    }
+
+    #[test]
     fn token_schemes() {
         let gitlab = settings(VerifyScheme::Gitlab, b"tok");
         assert_eq!(
@@ -519,7 +585,8 @@ mod tests {
         );
         assert_eq!(
             verify(&gitlab, &headers(&[("x-gitlab-token", "tok2")]), b"{}", 0),
-            Err(VerifyError::Mismatch)
+            Err(VerifyError::WrongToken),
+            "a token is not a signature: the error says which it was"
         );
         let bearer = settings(VerifyScheme::Bearer, b"tok");
         assert_eq!(

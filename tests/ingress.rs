@@ -426,3 +426,199 @@ fn send_signs_like_the_route_verifies() {
         "{again:?}"
     );
 }
+
+/// Past `server.max_connections`, connections are not accepted: they wait in the kernel's backlog
+/// (not refused, not holding a descriptor of the daemon) until a slot frees, here when
+/// `header_timeout` cuts a stalled client off. The limit is logged when it is reached.
+#[test]
+fn connections_past_max_connections_wait_in_the_backlog() {
+    let workspace = Workspace::new();
+    workspace.write_config(&format!("max_connections = 8\n{}", github_config("")));
+    let daemon = workspace.start_with_env(&[("TEST_GITHUB_SECRET", GITHUB_SECRET)]);
+    let stalled: Vec<TcpStream> = (0..8)
+        .map(|_| {
+            let mut stream = TcpStream::connect(daemon.addr).expect("connect");
+            stream
+                .write_all(b"POST /hooks/github HTTP/1.1\r\nhost: x\r\n")
+                .expect("partial head");
+            stream
+        })
+        .collect();
+    wait_until(
+        "the connection limit to be reached",
+        Duration::from_secs(10),
+        || {
+            daemon
+                .log()
+                .contains("webhook connections at server.max_connections")
+        },
+    );
+    let started = Instant::now();
+    assert_eq!(github_post(&daemon, ISSUE, "past-the-limit").status, 202);
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(300),
+        "answered at once ({waited:?}) although every slot was taken"
+    );
+    assert!(waited < Duration::from_secs(5), "waited {waited:?}");
+    drop(stalled);
+}
+
+const SLACK_SECRET: &str = "8f742231b10e8888abcd99yyyzzz85a5";
+
+fn slack_post(
+    daemon: &Daemon,
+    content_type: &str,
+    body: &str,
+    extra: &[(&str, &str)],
+) -> HttpResponse {
+    let timestamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs()
+        .to_string();
+    let signature = format!(
+        "v0={}",
+        hmac_sha256_hex(
+            SLACK_SECRET.as_bytes(),
+            format!("v0:{timestamp}:{body}").as_bytes()
+        )
+    );
+    let mut headers = vec![
+        ("content-type", content_type),
+        ("x-slack-request-timestamp", timestamp.as_str()),
+        ("x-slack-signature", signature.as_str()),
+    ];
+    headers.extend_from_slice(extra);
+    daemon.request("POST", "/hooks/slack", &headers, body.as_bytes())
+}
+
+/// Slack as it really talks: the Events API's signed `url_verification` is answered with its
+/// challenge and stores nothing; event types come from the inner event; retries of one
+/// `event_id` are duplicates; slash commands (form fields, no `payload`) become JSON objects
+/// whose type is the command.
+#[test]
+fn slack_url_verification_events_retries_and_slash_commands() {
+    let workspace = Workspace::new();
+    workspace.write_config(&format!(
+        r#"[routes.slack]
+path = "/hooks/slack"
+verify = {{ scheme = "slack", secret = "{SLACK_SECRET}" }}
+events = ["app_mention", "/deploy"]
+"#
+    ));
+    let daemon = workspace.start();
+    let challenge = slack_post(
+        &daemon,
+        "application/json",
+        r#"{"token":"x","challenge":"3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P","type":"url_verification"}"#,
+        &[],
+    );
+    assert_eq!(challenge.status, 200, "{challenge:?}");
+    assert_eq!(
+        challenge.json()["challenge"],
+        "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P"
+    );
+    assert_eq!(workspace.events_total(), 0, "a challenge is not an event");
+
+    let mention = r#"{"type":"event_callback","event_id":"Ev0PV52K21","event":{"type":"app_mention","text":"<@U0LAN0Z89> is it up?"}}"#;
+    let first = slack_post(&daemon, "application/json", mention, &[]);
+    assert_eq!(first.status, 202, "{first:?}");
+    let retry = slack_post(
+        &daemon,
+        "application/json",
+        mention,
+        &[
+            ("x-slack-retry-num", "1"),
+            ("x-slack-retry-reason", "http_timeout"),
+        ],
+    );
+    assert_eq!(retry.status, 200, "{retry:?}");
+    assert_eq!(retry.json()["status"], "duplicate");
+    assert_eq!(retry.json()["event_id"], first.json()["event_id"]);
+
+    let command = "token=gIkuvaNzQIHg97ATvDxqgjtO&team_id=T0001&channel_id=C2147483705&user_id=U2147483697&command=%2Fdeploy&text=web+to+prod&response_url=https%3A%2F%2Fhooks.slack.com%2Fcommands%2F1234%2F5678";
+    let slash = slack_post(&daemon, "application/x-www-form-urlencoded", command, &[]);
+    assert_eq!(slash.status, 202, "{slash:?}");
+    let id = slash.json()["event_id"].as_str().expect("id").to_string();
+    let stored: Vec<(String, Vec<u8>)> = workspace.query(
+        &format!("SELECT event_type, payload FROM events WHERE id = '{id}'"),
+        |row| Ok((row.get(0)?, row.get(1)?)),
+    );
+    assert_eq!(stored[0].0, "/deploy");
+    let payload: serde_json::Value = serde_json::from_slice(&stored[0].1).expect("JSON payload");
+    assert_eq!(payload["text"], "web to prod");
+    assert_eq!(workspace.events_total(), 2);
+}
+
+/// Small things real senders do: `BEARER` in capitals, gzip bodies, delivery ids longer than 256
+/// characters (deduplicated by their digest), and a wrong token said to be a wrong token.
+#[test]
+fn bearer_in_any_case_gzip_bodies_and_long_delivery_ids() {
+    let workspace = Workspace::new();
+    workspace.write_config(
+        r#"[routes.alerts]
+path = "/hooks/alerts"
+verify = { scheme = "bearer", secret = "s3cret-token" }
+"#,
+    );
+    let daemon = workspace.start();
+    let post = |auth: &str, headers: &[(&str, &str)], body: &[u8]| {
+        let mut all = vec![
+            ("content-type", "application/json"),
+            ("authorization", auth),
+        ];
+        all.extend_from_slice(headers);
+        daemon.request("POST", "/hooks/alerts", &all, body)
+    };
+    assert_eq!(post("BEARER s3cret-token", &[], b"{}").status, 202);
+    let wrong = post("Bearer nope", &[], b"{}");
+    assert_eq!(wrong.status, 401);
+    assert!(wrong.body.contains("token does not match"), "{wrong:?}");
+
+    let mut gzip = std::process::Command::new("gzip")
+        .arg("-c")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("gzip");
+    gzip.stdin
+        .take()
+        .expect("stdin")
+        .write_all(br#"{"status":"firing","alerts":[{"labels":{"alertname":"DiskFull"}}]}"#)
+        .expect("write");
+    let compressed = gzip.wait_with_output().expect("gzip output").stdout;
+    let zipped = post(
+        "Bearer s3cret-token",
+        &[("content-encoding", "gzip")],
+        &compressed,
+    );
+    assert_eq!(zipped.status, 202, "{zipped:?}");
+    let id = zipped.json()["event_id"].as_str().expect("id").to_string();
+    let stored: Vec<Vec<u8>> = workspace.query(
+        &format!("SELECT payload FROM events WHERE id = '{id}'"),
+        |row| row.get(0),
+    );
+    assert!(String::from_utf8_lossy(&stored[0]).contains("DiskFull"));
+    let broken = post(
+        "Bearer s3cret-token",
+        &[("content-encoding", "gzip")],
+        b"not gzip",
+    );
+    assert_eq!(broken.status, 400, "{broken:?}");
+
+    let long_id = "x".repeat(300);
+    let first = post(
+        "Bearer s3cret-token",
+        &[("idempotency-key", &long_id)],
+        b"{}",
+    );
+    assert_eq!(first.status, 202);
+    let again = post(
+        "Bearer s3cret-token",
+        &[("idempotency-key", &long_id)],
+        b"{}",
+    );
+    assert_eq!(again.status, 200, "{again:?}");
+    assert_eq!(again.json()["status"], "duplicate");
+}

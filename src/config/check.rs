@@ -281,6 +281,8 @@ impl Checker<'_> {
                 raw.header_timeout,
                 Duration::from_secs(5),
             ),
+            max_connections: self.positive("server.max_connections", raw.max_connections, 4096)
+                as usize,
         })
     }
 

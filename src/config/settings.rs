@@ -24,6 +24,8 @@ pub(crate) struct ServerSettings {
     pub control_socket: PathBuf,
     pub max_body: u64,
     pub header_timeout: Duration,
+    /// Open webhook connections at most; further ones wait in the kernel's backlog.
+    pub max_connections: usize,
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -43,6 +43,7 @@ impl Deliverer {
     ) -> Result<Deliverer, String> {
         let client = reqwest::Client::builder()
             .timeout(ATTEMPT_TIMEOUT)
+            .user_agent(concat!("agentgate/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|err| format!("cannot build the delivery HTTP client: {err}"))?;
         Ok(Deliverer {

@@ -21,7 +21,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use serde_json::json;
 
 use super::ratelimit::TokenBucket;
-use crate::config::{RouteSettings, Settings, Shared};
+use crate::config::{RouteSettings, Settings, Shared, VerifyScheme};
 use crate::metrics;
 use crate::session::Sessions;
 use crate::signature;
@@ -209,10 +209,29 @@ impl Ingress {
                 ));
             }
         };
+        let received = body;
+        let body = decode_content(&parts.headers, &received, settings.max_body)?;
         let now = unix_seconds();
+        // A sender may sign the payload before or after compressing it: either is authentic.
         signature::verify(&settings.verify, &parts.headers, &body, now)
+            .or_else(|err| {
+                if body == received {
+                    Err(err)
+                } else {
+                    signature::verify(&settings.verify, &parts.headers, &received, now)
+                }
+            })
             .map_err(|err| error(StatusCode::UNAUTHORIZED, "unauthorized", &err.to_string()))?;
-        let (payload, payload_bytes) = parse_payload(&parts.headers, body)?;
+        let (payload, payload_bytes) = parse_payload(&parts.headers, body, settings.verify.scheme)?;
+        if settings.verify.scheme == VerifyScheme::Slack
+            && payload.get("type").and_then(|t| t.as_str()) == Some("url_verification")
+        {
+            // Slack's Events API setup: answer the challenge; nothing is stored or run.
+            return Ok(json_response(
+                StatusCode::OK,
+                &json!({"challenge": payload.get("challenge").cloned().unwrap_or_default()}),
+            ));
+        }
         let event_type = event_type(settings, &parts.headers, &payload);
         if let Some(events) = &settings.events
             && !events.iter().any(|e| e == &event_type)
@@ -304,9 +323,53 @@ fn unix_seconds() -> u64 {
 
 /// Decodes the body as JSON: `application/json` (or `+json`, or no content type), or a form with a
 /// `payload` field holding JSON (GitHub's form-encoded deliveries). Returns the value and its bytes.
+/// The body with its `Content-Encoding` removed: `gzip` is inflated, with `max_body` applied to
+/// the inflated size (413), so a small compressed body cannot expand without bound.
+fn decode_content(headers: &HeaderMap, body: &Bytes, max_body: u64) -> Result<Bytes, HttpResponse> {
+    let encoding = headers
+        .get(http::header::CONTENT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.trim().to_ascii_lowercase())
+        .unwrap_or_default();
+    match encoding.as_str() {
+        "" | "identity" => Ok(body.clone()),
+        "gzip" | "x-gzip" => {
+            use std::io::Read;
+            let mut inflated = Vec::new();
+            let read = flate2::read::GzDecoder::new(&body[..])
+                .take(max_body.saturating_add(1))
+                .read_to_end(&mut inflated);
+            match read {
+                Ok(_) if inflated.len() as u64 > max_body => Err(error(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "payload_too_large",
+                    &format!(
+                        "the inflated body is larger than the route's limit of {max_body} bytes"
+                    ),
+                )),
+                Ok(_) => Ok(Bytes::from(inflated)),
+                Err(err) => Err(error(
+                    StatusCode::BAD_REQUEST,
+                    "bad_encoding",
+                    &format!("the gzip body cannot be inflated: {err}"),
+                )),
+            }
+        }
+        other => Err(error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_encoding",
+            &format!("content encoding {other} is not supported (gzip is)"),
+        )),
+    }
+}
+
+/// The JSON payload of a body. Form bodies carry it in a `payload` field (GitHub, Slack
+/// interactivity); on a `slack` route a form without one is a slash command, whose fields become
+/// the payload object.
 pub(super) fn parse_payload(
     headers: &HeaderMap,
     body: Bytes,
+    scheme: VerifyScheme,
 ) -> Result<(serde_json::Value, Bytes), HttpResponse> {
     let content_type = headers
         .get(CONTENT_TYPE)
@@ -327,15 +390,30 @@ pub(super) fn parse_payload(
     } else if content_type == "application/x-www-form-urlencoded" {
         let payload = form_urlencoded::parse(&body)
             .find(|(name, _)| name == "payload")
-            .map(|(_, value)| value.into_owned())
-            .ok_or_else(|| {
-                error(
+            .map(|(_, value)| value.into_owned());
+        match payload {
+            Some(payload) => Bytes::from(payload),
+            None if scheme == VerifyScheme::Slack => {
+                let fields: serde_json::Map<String, serde_json::Value> =
+                    form_urlencoded::parse(&body)
+                        .map(|(name, value)| {
+                            (
+                                name.into_owned(),
+                                serde_json::Value::String(value.into_owned()),
+                            )
+                        })
+                        .collect();
+                let value = serde_json::Value::Object(fields);
+                return Ok((value.clone(), Bytes::from(value.to_string())));
+            }
+            None => {
+                return Err(error(
                     StatusCode::UNSUPPORTED_MEDIA_TYPE,
                     "unsupported_media_type",
                     "a form-encoded body must carry JSON in a payload field",
-                )
-            })?;
-        Bytes::from(payload)
+                ));
+            }
+        }
     } else {
         return Err(error(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -353,7 +431,7 @@ pub(super) fn parse_payload(
     Ok((value, json_bytes))
 }
 
-/// The scheme's event header, else `payload.type`, else "".
+/// The scheme's event header, else the type its payload names, else "".
 fn event_type(
     settings: &RouteSettings,
     headers: &HeaderMap,
@@ -363,12 +441,7 @@ fn event_type(
         .and_then(|name| headers.get(name))
         .and_then(|v| v.to_str().ok())
         .map(str::to_string)
-        .or_else(|| {
-            payload
-                .get("type")
-                .and_then(|t| t.as_str())
-                .map(str::to_string)
-        })
+        .or_else(|| signature::payload_event_type(settings.verify.scheme, payload))
         .unwrap_or_default()
 }
 

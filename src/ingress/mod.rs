@@ -18,15 +18,16 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 pub(crate) use self::http::Ingress;
-use crate::config::{Config, VerifyScheme};
+use crate::config::{Config, ServerSettings, VerifyScheme};
 
 /// Body parsing, for the `request` fuzz target.
 #[cfg(feature = "fuzzing")]
 pub(crate) fn parse_for_fuzzing(headers: &::http::HeaderMap, body: bytes::Bytes) {
-    let _ = self::http::parse_payload(headers, body);
+    let _ = self::http::parse_payload(headers, body, VerifyScheme::Slack);
 }
 
 /// After "stop accepting", connections accepted just before may not have sent their request yet;
@@ -236,11 +237,13 @@ impl AcceptBackoff {
 }
 
 /// Serves webhooks until `shutdown` fires, then stops accepting and lets in-flight requests finish
-/// (for at most `finish_within`).
+/// (for at most `finish_within`). At most `server.max_connections` connections are open at once:
+/// past that, new ones are not accepted and wait in the kernel's backlog, so a flood of stalled
+/// connections cannot take the file descriptors that turns and the store need.
 pub(crate) async fn serve(
     listener: std::net::TcpListener,
     ingress: Arc<Ingress>,
-    header_timeout: Duration,
+    server: &ServerSettings,
     shutdown: CancellationToken,
     finish_within: Duration,
 ) -> std::io::Result<()> {
@@ -251,9 +254,31 @@ pub(crate) async fn serve(
     let mut builder = http1::Builder::new();
     builder
         .timer(TokioTimer::new())
-        .header_read_timeout(header_timeout)
+        .header_read_timeout(server.header_timeout)
         .keep_alive(true);
+    let connections = Arc::new(Semaphore::new(server.max_connections));
+    let mut at_limit_since: Option<std::time::Instant> = None;
     loop {
+        if connections.available_permits() == 0 && at_limit_since.is_none() {
+            at_limit_since = Some(std::time::Instant::now());
+            tracing::warn!(
+                max_connections = server.max_connections,
+                "webhook connections at server.max_connections; new ones wait in the backlog"
+            );
+        }
+        let permit = tokio::select! {
+            () = shutdown.cancelled() => break,
+            permit = connections.clone().acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => break,
+            },
+        };
+        if let Some(since) = at_limit_since.take() {
+            tracing::info!(
+                waited_ms = since.elapsed().as_millis() as u64,
+                "webhook connections below server.max_connections again"
+            );
+        }
         let (stream, peer) = tokio::select! {
             () = shutdown.cancelled() => break,
             accepted = listener.accept() => match accepted {
@@ -273,6 +298,7 @@ pub(crate) async fn serve(
         tokio::spawn(async move {
             // Errors here are client-side (reset, timeout); nothing is lost by dropping them.
             let _ = connection.await;
+            drop(permit);
         });
     }
     drop(listener);

@@ -66,6 +66,7 @@ pub(crate) fn serve(
             config.state_dir.display()
         );
     }
+    raise_open_file_limit();
     store::ensure_state_dir(&config.state_dir).map_err(Failure::state)?;
     let _lock = DaemonLock::acquire(&config.state_dir).map_err(Failure::state)?;
     let listeners = ingress::take_listeners(&config).map_err(|err| match err {
@@ -85,7 +86,7 @@ pub(crate) fn serve(
         );
     }
     let runtime_settings = config.runtime.clone();
-    let header_timeout = config.server.header_timeout;
+    let server_settings = config.server.clone();
     let state_dir = config.state_dir.clone();
     let settings = Arc::new(Shared::new(Settings::new(config).map_err(Failure::config)?));
     let sessions = Arc::new(Sessions::default());
@@ -136,13 +137,17 @@ pub(crate) fn serve(
             ),
             Err(err) => return Err(Failure::state(format!("cannot mark crashed turns: {err}"))),
         }
-        let listener = tokio::spawn(ingress::serve(
-            listeners.webhook,
-            ingress,
-            header_timeout,
-            drain.stop_accepting(),
-            budgets.requests,
-        ));
+        let stop_accepting = drain.stop_accepting();
+        let listener = tokio::spawn(async move {
+            ingress::serve(
+                listeners.webhook,
+                ingress,
+                &server_settings,
+                stop_accepting,
+                budgets.requests,
+            )
+            .await
+        });
         if let Some(listener) = listeners.control {
             let control = Arc::new(Control {
                 store: store.clone(),
@@ -386,5 +391,20 @@ async fn prune_dedup(store: Store, window: Duration, stop: CancellationToken) {
             () = stop.cancelled() => {}
             () = tokio::time::sleep(DEDUP_PRUNE_INTERVAL) => {}
         }
+    }
+}
+
+/// Raises the soft limit on open files to the hard limit: connections, the store and tool pipes
+/// all take descriptors, and the soft default (1,024) is far below `server.max_connections`.
+fn raise_open_file_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => {
+            if let Err(err) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+                tracing::warn!(soft, hard, error = %err, "cannot raise the open-file limit");
+            }
+        }
+        Ok(_) => {}
+        Err(err) => tracing::warn!(error = %err, "cannot read the open-file limit"),
     }
 }

@@ -1,9 +1,10 @@
 //! Sessions: which events run as turns, when, and how many at once.
 //!
-//! Queued events wait in SQLite, not in memory, so a burst of webhooks costs disk, not RAM. The
+//! Queued events wait in the store, not in memory, so a burst of webhooks costs disk, not RAM. The
 //! scheduler claims the oldest queued event of each idle session (one turn per session at a time,
-//! FIFO within a session, oldest first across sessions so no session starves), up to
-//! `max_concurrent_turns`, and hands each to the runner.
+//! FIFO within a session, oldest first across sessions), up to `max_concurrent_turns`, and hands
+//! each to the runner. The store finds those sessions from an index of session queue heads, so
+//! events waiting behind a busy or suspended session never delay another session's.
 
 mod prompt;
 mod runner;
