@@ -5,6 +5,7 @@
 //! are moved to `quarantine/`, never deleted), and fails only when the daemon truly cannot run:
 //! an invalid config (78) or an unusable state directory (73).
 
+use crate::cli::output::outln;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
@@ -73,7 +74,7 @@ impl Repair {
         action: impl FnOnce() -> std::io::Result<()>,
     ) -> std::io::Result<()> {
         if self.dry_run {
-            println!("would {description}");
+            outln!("would {description}");
             Ok(())
         } else {
             action()
@@ -125,7 +126,7 @@ impl Repair {
             counter += 1;
         }
         if self.dry_run {
-            println!("would move {} to {}", path.display(), target.display());
+            outln!("would move {} to {}", path.display(), target.display());
             return Ok(target);
         }
         let dir = self.files.quarantine()?;

@@ -390,3 +390,37 @@ fn accept_failures_back_off_instead_of_spinning() {
         || try_request(daemon.addr, "GET", "/healthz", &[], b"").is_ok_and(|r| r.status == 200),
     );
 }
+
+/// A reader that stops early (`agentgate sessions list | head`) ends the command quietly.
+#[test]
+fn output_to_a_closed_pipe_ends_quietly() {
+    let workspace = Workspace::new();
+    workspace.write_config(&format!("[model]\nbackend = \"replay\"\n{ROUTE}"));
+    let daemon = workspace.start();
+    post_many(daemon.addr, "/hook", 1000, |n| format!(r#"{{"n":{n}}}"#));
+    for args in [
+        &["sessions", "list"][..],
+        &["sessions", "list", "--json"][..],
+    ] {
+        let mut child = Command::new(BIN)
+            .args(args)
+            .arg("--config")
+            .arg(workspace.config_path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        let mut first = [0u8; 16];
+        child
+            .stdout
+            .take()
+            .expect("stdout")
+            .read_exact(&mut first)
+            .expect("the first bytes");
+        // The pipe is closed now: the rest of the output has nowhere to go.
+        let output = child.wait_with_output().expect("wait");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert!(output.status.success(), "{args:?}: {output:?}");
+    }
+}

@@ -1,5 +1,6 @@
 //! `check-config`.
 
+use super::output::outln;
 use crate::config::{self, ConfigError, ConfigSource, LocatedFinding, SecretCheck, Severity};
 use crate::exit::Failure;
 
@@ -7,9 +8,9 @@ pub(super) fn check_config(source: &ConfigSource) -> Result<(), Failure> {
     match config::load(source, SecretCheck::CredentialsOptional) {
         Ok(loaded) => {
             for finding in &loaded.warnings {
-                println!("{}", LocatedFinding { source, finding });
+                outln!("{}", LocatedFinding { source, finding });
             }
-            println!(
+            outln!(
                 "{source}: ok ({} route(s), {} tool(s), {} warning(s))",
                 loaded.config.routes.len(),
                 loaded.config.tools.len(),
@@ -22,7 +23,7 @@ pub(super) fn check_config(source: &ConfigSource) -> Result<(), Failure> {
             findings,
         }) => {
             for finding in &findings {
-                println!(
+                outln!(
                     "{}",
                     LocatedFinding {
                         source: &source_name,

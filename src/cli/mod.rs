@@ -7,6 +7,7 @@ mod args;
 mod check;
 mod control;
 mod generate;
+pub(crate) mod output;
 mod send;
 mod sessions;
 mod state;

@@ -1,5 +1,6 @@
 //! `send`: signs a payload the way a route verifies it and POSTs it (an HTTP client of its own).
 
+use super::output::outln;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
@@ -91,7 +92,7 @@ pub(super) fn send(source: &ConfigSource, request: &SendRequest) -> Result<(), F
             .to_bytes();
         Ok::<_, Failure>((status, String::from_utf8_lossy(&bytes).into_owned()))
     })?;
-    println!("{} {}", status.as_u16(), text.trim_end());
+    outln!("{} {}", status.as_u16(), text.trim_end());
     if status.is_success() {
         Ok(())
     } else {

@@ -1,6 +1,7 @@
 //! `sessions list/show/resume/suspend/cancel`, `reload` and `ledger show`: the operator's view
 //! of sessions, and the overrides.
 
+use super::output::{out, outln};
 use crate::config::{self, ConfigSource};
 use crate::exit::Failure;
 use crate::session::OperatorAction;
@@ -54,14 +55,14 @@ fn report_action(
     let previous = answer.body["previous_state"].as_str().unwrap_or("?");
     match (answer.status.as_u16(), action) {
         (200, OperatorAction::Resume) => {
-            println!("session {key}: resumed (was {previous}); its ledger entry is cleared");
+            outln!("session {key}: resumed (was {previous}); its ledger entry is cleared");
         }
-        (200, OperatorAction::Suspend) => println!("session {key}: suspended (was {previous})"),
-        (200, OperatorAction::Cancel) => println!(
+        (200, OperatorAction::Suspend) => outln!("session {key}: suspended (was {previous})"),
+        (200, OperatorAction::Cancel) => outln!(
             "session {key}: turn {} cancelled; its event ended failed (cancelled by operator)",
             answer.body["turn_id"].as_str().unwrap_or("?")
         ),
-        (202, OperatorAction::Cancel) => println!(
+        (202, OperatorAction::Cancel) => outln!(
             "session {key}: turn {} is being cancelled; it has not committed its end yet",
             answer.body["turn_id"].as_str().unwrap_or("?")
         ),
@@ -95,8 +96,8 @@ fn override_stored_state(
             ))
         })?;
     match action {
-        OperatorAction::Suspend => println!("session {key}: suspended (was {before})"),
-        _ => println!("session {key}: resumed (was {before}); its ledger entry is cleared"),
+        OperatorAction::Suspend => outln!("session {key}: suspended (was {before})"),
+        _ => outln!("session {key}: resumed (was {before}); its ledger entry is cleared"),
     }
     Ok(())
 }
@@ -127,13 +128,13 @@ pub(super) fn reload(source: &ConfigSource) -> Result<(), Failure> {
             .collect()
     };
     for finding in lines("findings") {
-        println!("{finding}");
+        outln!("{finding}");
     }
     match answer.status.as_u16() {
         200 => {
             let changed = lines("changed");
             let at_restart = lines("at_restart");
-            println!(
+            outln!(
                 "reloaded: {}",
                 if changed.is_empty() {
                     "no setting that applies now changed".to_string()
@@ -142,7 +143,7 @@ pub(super) fn reload(source: &ConfigSource) -> Result<(), Failure> {
                 }
             );
             if !at_restart.is_empty() {
-                println!(
+                outln!(
                     "changed but waiting for a restart: {}",
                     at_restart.join(", ")
                 );
@@ -165,12 +166,12 @@ pub(super) fn ledger_show(source: &ConfigSource, json: bool) -> Result<(), Failu
         .query(async |store| store.resume_ledger().await)?
         .unwrap_or_default();
     if json {
-        print!("{}", String::from_utf8_lossy(&ledger.to_json()));
+        out!("{}", String::from_utf8_lossy(&ledger.to_json()));
         return Ok(());
     }
-    println!("{:<48} {:>8}  LAST ATTEMPT", "SESSION", "ATTEMPTS");
+    outln!("{:<48} {:>8}  LAST ATTEMPT", "SESSION", "ATTEMPTS");
     for (key, entry) in &ledger.sessions {
-        println!("{key:<48} {:>8}  {}", entry.attempts, entry.last_attempt);
+        outln!("{key:<48} {:>8}  {}", entry.attempts, entry.last_attempt);
     }
     Ok(())
 }
@@ -180,15 +181,19 @@ pub(super) fn sessions_list(source: &ConfigSource, json: bool) -> Result<(), Fai
         .query(async |store| store.sessions().await)?
         .unwrap_or_default();
     if json {
-        println!("{:#}", serde_json::json!(sessions));
+        outln!("{:#}", serde_json::json!(sessions));
         return Ok(());
     }
-    println!(
+    outln!(
         "{:<40} {:<16} {:<15} {:>5} {:>6}  LAST TURN",
-        "SESSION", "ROUTE", "STATE", "TURNS", "QUEUED"
+        "SESSION",
+        "ROUTE",
+        "STATE",
+        "TURNS",
+        "QUEUED"
     );
     for s in sessions {
-        println!(
+        outln!(
             "{:<40} {:<16} {:<15} {:>5} {:>6}  {}",
             s.key,
             s.route,
@@ -208,13 +213,13 @@ pub(super) fn sessions_show(source: &ConfigSource, key: &str, json: bool) -> Res
         return Err(Failure::runtime(format!("no session {key:?}")));
     };
     if json {
-        println!(
+        outln!(
             "{:#}",
             serde_json::json!({"session": session, "transcript": transcript})
         );
         return Ok(());
     }
-    println!(
+    outln!(
         "session {}  route {}  state {}{}  turns {}",
         session.key,
         session.route,
@@ -227,7 +232,7 @@ pub(super) fn sessions_show(source: &ConfigSource, key: &str, json: bool) -> Res
         session.turns
     );
     for row in transcript {
-        println!("{}", render_entry(&row.body));
+        outln!("{}", render_entry(&row.body));
     }
     Ok(())
 }

@@ -1,5 +1,6 @@
 //! `status`: the daemon and its state in one screen, or as JSON.
 
+use super::output::{out, outln};
 use std::path::Path;
 
 use crate::config::ConfigSource;
@@ -38,21 +39,21 @@ pub(super) fn status(source: &ConfigSource, json: bool) -> Result<(), Failure> {
             "ledger": ledger,
             "nodes": summary.nodes,
         });
-        println!("{document:#}");
+        outln!("{document:#}");
     } else {
-        print!("{}", render_status(&state.state_dir, running, &summary));
+        out!("{}", render_status(&state.state_dir, running, &summary));
         match ledger["valid"].as_bool() {
-            Some(true) => println!(
+            Some(true) => outln!(
                 "ledger:     {} session(s) with resume counts",
                 ledger["sessions"]
             ),
-            _ => println!(
+            _ => outln!(
                 "ledger:     UNUSABLE, no resume is dispatched: {}",
                 ledger["error"].as_str().unwrap_or("")
             ),
         }
         for node in summary.nodes.iter().flatten() {
-            println!(
+            outln!(
                 "node:       {} ({}, pid {}, {}) leases: {}",
                 node.name,
                 node.id,
