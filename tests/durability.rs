@@ -93,7 +93,12 @@ fn full_disk_answers_503_never_2xx_and_recovers() {
     let filesystem = LoopFs::new();
     let workspace = Workspace::new();
     let state_dir = filesystem.mount_point.join("state");
-    workspace.write_config_with_state(ROUTE, &state_dir);
+    // min_free_disk would refuse first (its own test is below); this is the last line of
+    // defence, a store that cannot write.
+    workspace.write_config_with_state(
+        &format!("[runtime]\nmin_free_disk = \"0\"\n{ROUTE}"),
+        &state_dir,
+    );
     let daemon = workspace.start();
     let mut accepted = Vec::new();
     for n in 0..5 {
@@ -198,4 +203,65 @@ fn failing_fsync_answers_503_and_recovers() {
     );
     drop(daemon);
     assert_all_stored(&workspace.state_dir(), &accepted);
+}
+
+/// `min_free_disk` refuses new webhooks (503, `Retry-After`, `/readyz` fails) while the store can
+/// still write, so SQLite never meets a full disk; redeliveries of accepted events still get
+/// their 200, and accepting resumes once space is freed.
+#[test]
+fn a_filling_disk_gets_503_from_min_free_disk_before_the_store_fails() {
+    if !root_or_skip("a_filling_disk_gets_503_from_min_free_disk_before_the_store_fails") {
+        return;
+    }
+    let filesystem = LoopFs::new();
+    let workspace = Workspace::new();
+    let state_dir = filesystem.mount_point.join("state");
+    workspace.write_config_with_state(
+        &format!("[runtime]\nmin_free_disk = \"8MiB\"\n{ROUTE}"),
+        &state_dir,
+    );
+    let daemon = workspace.start();
+    let first = daemon.post_json("/hook", &[("idempotency-key", "first")], "{}");
+    assert_eq!(first.status, 202, "{first:?}");
+    let first_id = first.json()["event_id"].as_str().expect("id").to_string();
+
+    let fill = filesystem.mount_point.join("fill");
+    run(
+        "dd",
+        &[
+            "if=/dev/zero",
+            "bs=1M",
+            "count=5",
+            "status=none",
+            &format!("of={}", fill.display()),
+        ],
+    );
+    wait_until("readiness to fail", Duration::from_secs(10), || {
+        daemon.request("GET", "/readyz", &[], b"").status == 503
+    });
+    let refusal = post(&daemon, 1);
+    assert_eq!(refusal.status, 503, "{refusal:?}");
+    assert_eq!(refusal.header("retry-after"), Some("30"), "{refusal:?}");
+    assert!(
+        refusal.json()["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("min_free_disk"),
+        "{refusal:?}"
+    );
+    let again = daemon.post_json("/hook", &[("idempotency-key", "first")], "{}");
+    assert_eq!(
+        again.status, 200,
+        "a redelivery still gets its answer: {again:?}"
+    );
+    assert_eq!(again.json()["event_id"], first_id.as_str());
+    assert!(daemon.log().contains("backpressure"), "{}", daemon.log());
+
+    std::fs::remove_file(&fill).expect("free the space");
+    wait_until(
+        "webhooks to be accepted again",
+        Duration::from_secs(10),
+        || daemon.request("GET", "/readyz", &[], b"").status == 200,
+    );
+    assert_eq!(post(&daemon, 2).status, 202);
 }

@@ -654,3 +654,47 @@ fn deep_queues_behind_suspended_and_busy_sessions_do_not_starve_others() {
     );
     assert_eq!(queued, [4200], "the hogs' events still wait");
 }
+
+/// Past `max_queued_events`, new webhooks get 503 with `Retry-After` and `/readyz` fails; what
+/// was accepted stays, and a redelivery of an accepted event still gets its 200.
+#[test]
+fn past_max_queued_events_new_webhooks_get_503_and_nothing_accepted_is_lost() {
+    let model = Stub::start(|_, _| Reply::answer("slow").after(Duration::from_secs(60)));
+    let (setup, daemon) = start(model, receiver(), "", "max_queued_events = 5");
+    let mut accepted = 0;
+    let mut refusal = None;
+    for n in 0..50 {
+        let response = daemon.post_json(
+            "/hooks/alerts",
+            &[("idempotency-key", &format!("delivery-{n}"))],
+            &json!({"session": "one", "n": n}).to_string(),
+        );
+        match response.status {
+            202 => accepted += 1,
+            503 => {
+                refusal = Some(response);
+                break;
+            }
+            other => panic!("unexpected {other}: {response:?}"),
+        }
+    }
+    let refusal = refusal.expect("the queue limit was never reached");
+    assert!((5..=7).contains(&accepted), "accepted {accepted}");
+    assert_eq!(refusal.header("retry-after"), Some("30"));
+    assert!(
+        refusal.json()["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("max_queued_events"),
+        "{refusal:?}"
+    );
+    assert_eq!(daemon.request("GET", "/readyz", &[], b"").status, 503);
+    let again = daemon.post_json(
+        "/hooks/alerts",
+        &[("idempotency-key", "delivery-0")],
+        &json!({"session": "one", "n": 0}).to_string(),
+    );
+    assert_eq!(again.status, 200, "{again:?}");
+    assert_eq!(again.json()["status"], "duplicate");
+    assert_eq!(setup.workspace.events_total(), accepted);
+}

@@ -319,6 +319,17 @@ impl Checker<'_> {
                 raw.dedup_window,
                 Duration::from_secs(7 * 86_400),
             ),
+            max_queued_events: u64::from(self.positive(
+                "runtime.max_queued_events",
+                raw.max_queued_events,
+                100_000,
+            )),
+            min_free_disk: self.value(
+                "runtime.min_free_disk",
+                raw.min_free_disk,
+                512 << 20,
+                |text| parse_size(&text),
+            ),
         }
     }
 

@@ -46,6 +46,8 @@ pub(super) struct RawRuntime {
     pub(super) resume_max_attempts: Option<i64>,
     pub(super) resume_window: Option<String>,
     pub(super) dedup_window: Option<String>,
+    pub(super) max_queued_events: Option<i64>,
+    pub(super) min_free_disk: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -37,6 +37,10 @@ pub(crate) struct RuntimeSettings {
     pub resume_max_attempts: u32,
     pub resume_window: Duration,
     pub dedup_window: Duration,
+    /// Accepted but not yet run; past it new webhooks get 503.
+    pub max_queued_events: u64,
+    /// Free bytes the state file system keeps; below it new webhooks get 503.
+    pub min_free_disk: u64,
 }
 
 /// Where the state lives: SQLite in `state_dir` (one node), or PostgreSQL shared by many nodes.

@@ -20,6 +20,7 @@ use http::{HeaderMap, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use serde_json::json;
 
+use super::capacity::{self, Capacity};
 use super::ratelimit::TokenBucket;
 use crate::config::{RouteSettings, Settings, Shared, VerifyScheme};
 use crate::metrics;
@@ -67,14 +68,21 @@ pub(crate) struct Ingress {
     routing: Shared<Routing>,
     store: Store,
     sessions: Arc<Sessions>,
+    capacity: Arc<Capacity>,
 }
 
 impl Ingress {
-    pub(crate) fn new(settings: Arc<Settings>, store: Store, sessions: Arc<Sessions>) -> Ingress {
+    pub(crate) fn new(
+        settings: Arc<Settings>,
+        store: Store,
+        sessions: Arc<Sessions>,
+        capacity: Arc<Capacity>,
+    ) -> Ingress {
         Ingress {
             routing: Shared::new(Routing::new(settings)),
             store,
             sessions,
+            capacity,
         }
     }
 
@@ -134,10 +142,13 @@ impl Ingress {
                 return Ok(json_response(StatusCode::OK, &json!({"status": "ok"})));
             }
             (&Method::GET | &Method::HEAD, "/readyz") => {
-                return Ok(if self.store.is_writable() {
-                    json_response(StatusCode::OK, &json!({"status": "ready"}))
-                } else {
+                let runtime = &self.routing.get().settings.config.runtime;
+                return Ok(if !self.store.is_writable() {
                     unavailable("state cannot be written durably")
+                } else if let Some(reason) = self.capacity.refusal(runtime) {
+                    unavailable_for(&reason, capacity::RETRY_AFTER_SECONDS)
+                } else {
+                    json_response(StatusCode::OK, &json!({"status": "ready"}))
                 });
             }
             _ => {}
@@ -275,6 +286,11 @@ impl Ingress {
         let dedup_since = crate::store::now_millis()
             - i64::try_from(routing.settings.config.runtime.dedup_window.as_millis())
                 .unwrap_or(i64::MAX);
+        if let Some(reason) = self.capacity.refusal(&routing.settings.config.runtime) {
+            return self
+                .refuse_new(settings, delivery_id.as_deref(), dedup_since, &reason)
+                .await;
+        }
         let event = NewEvent {
             id: event_id.clone(),
             route: settings.name.clone(),
@@ -287,6 +303,7 @@ impl Ingress {
         };
         match self.store.accept(event).await {
             Ok(AcceptOutcome::Accepted) => {
+                self.capacity.accepted();
                 self.sessions
                     .event_accepted(&self.store, &session_key, settings.on_busy)
                     .await;
@@ -312,6 +329,31 @@ impl Ingress {
                 Err(unavailable("state cannot be written durably"))
             }
         }
+    }
+}
+
+impl Ingress {
+    /// Backpressure: a new event is refused with 503, but a redelivery of one already accepted
+    /// still gets its 200 duplicate answer.
+    async fn refuse_new(
+        &self,
+        settings: &RouteSettings,
+        delivery_id: Option<&str>,
+        dedup_since: i64,
+        reason: &str,
+    ) -> Result<HttpResponse, HttpResponse> {
+        if let Some(delivery_id) = delivery_id
+            && let Ok(Some(original)) = self
+                .store
+                .original_of(&settings.name, delivery_id, dedup_since)
+                .await
+        {
+            return Ok(json_response(
+                StatusCode::OK,
+                &json!({"event_id": original, "status": "duplicate"}),
+            ));
+        }
+        Err(unavailable_for(reason, capacity::RETRY_AFTER_SECONDS))
     }
 }
 
@@ -482,9 +524,14 @@ pub(crate) fn error(status: StatusCode, code: &str, message: &str) -> HttpRespon
 }
 
 fn unavailable(message: &str) -> HttpResponse {
+    unavailable_for(message, 1)
+}
+
+/// 503 with `Retry-After: seconds`.
+fn unavailable_for(message: &str, seconds: u64) -> HttpResponse {
     let mut response = error(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message);
     response
         .headers_mut()
-        .insert(RETRY_AFTER, http::HeaderValue::from_static("1"));
+        .insert(RETRY_AFTER, http::HeaderValue::from(seconds));
     response
 }

@@ -25,6 +25,7 @@ use crate::config::{
 };
 use crate::deliver::Deliverer;
 use crate::exit::Failure;
+use crate::ingress::capacity::{self, Capacity};
 use crate::ingress::control::{self, Control, ReloadRequest};
 use crate::ingress::{self, Ingress, ListenError};
 use crate::session::{self, Sessions, TurnContext};
@@ -88,12 +89,17 @@ pub(crate) fn serve(
     let runtime_settings = config.runtime.clone();
     let server_settings = config.server.clone();
     let state_dir = config.state_dir.clone();
+    // With PostgreSQL the events live on the database server's disk, not in the state directory.
+    let measured_disk =
+        matches!(config.store, config::StoreSettings::Sqlite).then(|| state_dir.clone());
     let settings = Arc::new(Shared::new(Settings::new(config).map_err(Failure::config)?));
     let sessions = Arc::new(Sessions::default());
+    let capacity = Arc::new(Capacity::new());
     let ingress = Arc::new(Ingress::new(
         settings.get(),
         store.clone(),
         sessions.clone(),
+        capacity.clone(),
     ));
     let deliveries = Arc::new(Notify::new());
     let deliverer = Arc::new(
@@ -177,6 +183,13 @@ pub(crate) fn serve(
         ));
         let deliverer = tokio::spawn(deliverer.run(drain.stop_delivering()));
         drain.spawn(health(daemon.clone(), drain.stop_background()));
+        drain.spawn(capacity::watch(
+            capacity,
+            store.clone(),
+            daemon.settings.clone(),
+            measured_disk,
+            drain.stop_background(),
+        ));
         tracing::info!(
             listen = %address,
             socket_activated = listeners.activated,

@@ -141,6 +141,14 @@ pub(crate) trait Accepting: Send + Sync {
     ) -> Result<String, StoreError>;
     /// Forgets delivery ids last seen before `before` (unix ms).
     async fn prune_dedup(&self, before: i64) -> Result<usize, StoreError>;
+    /// The event first accepted with `delivery_id` on `route` since `since` (unix ms), if any:
+    /// a redelivery gets its 200 even while new events are refused.
+    async fn original_of(
+        &self,
+        route: &str,
+        delivery_id: &str,
+        since: i64,
+    ) -> Result<Option<String>, StoreError>;
 }
 
 /// Claiming events as turns and committing their steps and ends.

@@ -180,6 +180,22 @@ impl Accepting for PostgresStore {
         Ok(id)
     }
 
+    async fn original_of(
+        &self,
+        route: &str,
+        delivery_id: &str,
+        since: i64,
+    ) -> Result<Option<String>, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .maybe_row(
+                "SELECT event_id FROM dedup WHERE route = $1 AND delivery_id = $2 AND seen_at >= $3",
+                &[&route, &delivery_id, &since],
+            )
+            .await?;
+        Ok(row.map(|row| row.get(0)))
+    }
+
     async fn prune_dedup(&self, before: i64) -> Result<usize, StoreError> {
         let pruned = self
             .execute_one("DELETE FROM dedup WHERE seen_at < $1", &[&before])

@@ -10,6 +10,10 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::store::now_millis;
 
+/// The event a delivery id was first accepted as, within the dedup window.
+const ORIGINAL_SQL: &str =
+    "SELECT event_id FROM dedup WHERE route = ?1 AND delivery_id = ?2 AND seen_at >= ?3";
+
 pub(super) fn accept_in(
     connection: &Connection,
     event: &NewEvent,
@@ -17,12 +21,11 @@ pub(super) fn accept_in(
     let now = now_millis();
     if let Some(delivery_id) = &event.delivery_id {
         let original: Option<String> = connection
-            .prepare_cached(
-                "SELECT event_id FROM dedup WHERE route = ?1 AND delivery_id = ?2 AND seen_at >= ?3",
-            )?
-            .query_row(params![event.route, delivery_id, event.dedup_since], |row| {
-                row.get(0)
-            })
+            .prepare_cached(ORIGINAL_SQL)?
+            .query_row(
+                params![event.route, delivery_id, event.dedup_since],
+                |row| row.get(0),
+            )
             .optional()?;
         if let Some(original) = original {
             return Ok(AcceptOutcome::Duplicate { original });
@@ -181,6 +184,22 @@ impl Accepting for SqliteStore {
         })
         .await?;
         Ok(id)
+    }
+
+    async fn original_of(
+        &self,
+        route: &str,
+        delivery_id: &str,
+        since: i64,
+    ) -> Result<Option<String>, StoreError> {
+        let (route, delivery_id) = (route.to_string(), delivery_id.to_string());
+        self.read(move |connection| {
+            connection
+                .prepare_cached(ORIGINAL_SQL)?
+                .query_row(params![route, delivery_id, since], |row| row.get(0))
+                .optional()
+        })
+        .await
     }
 
     async fn prune_dedup(&self, before: i64) -> Result<usize, StoreError> {

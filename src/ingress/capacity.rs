@@ -1,0 +1,165 @@
+//! Backpressure: whether new events may be accepted now.
+//!
+//! Events wait on disk, so nothing in memory limits how many are queued; without a limit a
+//! sender with a valid secret could queue until the disk is full, and then every route would get
+//! 503 from a store that can no longer write. Past `max_queued_events`, or with less free space
+//! than `min_free_disk` on the state file system, new webhooks get 503 with `Retry-After` (and
+//! `/readyz` fails) while the store still works: accepted events keep running, redeliveries of
+//! accepted events still get their 200, and senders retry later.
+//!
+//! The answer is read from two atomics on every request; a watcher task refreshes them from the
+//! store's index counts and `statvfs` about once a second, and each accept counts itself in
+//! between, so a burst cannot overshoot by more than one refresh interval of accepts.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{RuntimeSettings, Settings, Shared};
+use crate::store::Store;
+
+/// How often the queue depth and free space are measured.
+const REFRESH: Duration = Duration::from_secs(1);
+/// What a refused sender is told to wait before retrying.
+pub(super) const RETRY_AFTER_SECONDS: u64 = 30;
+
+#[derive(Default)]
+pub(crate) struct Capacity {
+    /// Queued events at the last count, plus the accepts since.
+    queued: AtomicU64,
+    /// Free bytes on the state file system at the last look (`u64::MAX`: not measured).
+    free_disk: AtomicU64,
+    /// The last answer, for logging changes once.
+    refusing: AtomicBool,
+}
+
+impl Capacity {
+    pub(crate) fn new() -> Capacity {
+        Capacity {
+            free_disk: AtomicU64::new(u64::MAX),
+            ..Capacity::default()
+        }
+    }
+
+    /// Why new events are refused now, if they are.
+    pub(crate) fn refusal(&self, runtime: &RuntimeSettings) -> Option<String> {
+        let queued = self.queued.load(Ordering::Relaxed);
+        if queued >= runtime.max_queued_events {
+            return Some(format!(
+                "{queued} events are queued (runtime.max_queued_events = {}); retry later",
+                runtime.max_queued_events
+            ));
+        }
+        let free = self.free_disk.load(Ordering::Relaxed);
+        if free < runtime.min_free_disk {
+            return Some(format!(
+                "the state file system has {} MiB free (runtime.min_free_disk = {} MiB); retry later",
+                free >> 20,
+                runtime.min_free_disk >> 20
+            ));
+        }
+        None
+    }
+
+    /// One more event is queued.
+    pub(crate) fn accepted(&self) {
+        self.queued.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn refresh(&self, queued: u64, free_disk: Option<u64>, runtime: &RuntimeSettings) {
+        self.queued.store(queued, Ordering::Relaxed);
+        self.free_disk
+            .store(free_disk.unwrap_or(u64::MAX), Ordering::Relaxed);
+        let refusal = self.refusal(runtime);
+        let was_refusing = self.refusing.swap(refusal.is_some(), Ordering::Relaxed);
+        match (refusal, was_refusing) {
+            (Some(reason), false) => {
+                tracing::warn!(reason = %reason, "backpressure: new webhooks get 503 until this clears");
+            }
+            (None, true) => tracing::info!("backpressure cleared: new webhooks are accepted again"),
+            _ => {}
+        }
+    }
+}
+
+/// Keeps `capacity` current until `stop`: the queued count from the store's index, and the free
+/// space of `state_dir` (`None` with a PostgreSQL store, whose disk is the server's).
+pub(crate) async fn watch(
+    capacity: std::sync::Arc<Capacity>,
+    store: Store,
+    settings: std::sync::Arc<Shared<Settings>>,
+    state_dir: Option<PathBuf>,
+    stop: CancellationToken,
+) {
+    loop {
+        let runtime = settings.get().config.runtime.clone();
+        let free_disk = state_dir.as_deref().and_then(|dir| {
+            nix::sys::statvfs::statvfs(dir)
+                .map(|stats| u64::from(stats.blocks_available()) * stats.fragment_size())
+                .map_err(|err| tracing::warn!(error = %err, "cannot measure the free space of the state directory"))
+                .ok()
+        });
+        match store.live_counts().await {
+            Ok(counts) => {
+                let queued = u64::try_from(counts.queued).unwrap_or(0);
+                capacity.refresh(queued, free_disk, &runtime);
+            }
+            Err(err) => tracing::warn!(error = %err, "cannot count queued events"),
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(REFRESH) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn runtime(max_queued_events: u64, min_free_disk: u64) -> RuntimeSettings {
+        RuntimeSettings {
+            max_concurrent_turns: 16,
+            max_turn_steps: 40,
+            drain_timeout: Duration::from_secs(20),
+            turn_idle_timeout: Duration::from_secs(300),
+            resume_max_attempts: 3,
+            resume_window: Duration::from_secs(3600),
+            dedup_window: Duration::from_secs(3600),
+            max_queued_events,
+            min_free_disk,
+        }
+    }
+
+    #[test]
+    fn refuses_past_the_queue_limit_counting_accepts_between_refreshes() {
+        let capacity = Capacity::new();
+        let limits = runtime(3, 0);
+        capacity.refresh(2, None, &limits);
+        assert_eq!(capacity.refusal(&limits), None);
+        capacity.accepted();
+        assert!(
+            capacity
+                .refusal(&limits)
+                .is_some_and(|reason| reason.contains("max_queued_events"))
+        );
+        capacity.refresh(0, None, &limits);
+        assert_eq!(capacity.refusal(&limits), None);
+    }
+
+    #[test]
+    fn refuses_below_the_free_disk_floor() {
+        let capacity = Capacity::new();
+        let limits = runtime(100, 512 << 20);
+        capacity.refresh(0, Some(100 << 20), &limits);
+        assert!(
+            capacity
+                .refusal(&limits)
+                .is_some_and(|reason| reason.contains("min_free_disk"))
+        );
+        capacity.refresh(0, Some(1 << 30), &limits);
+        assert_eq!(capacity.refusal(&limits), None);
+    }
+}
