@@ -97,7 +97,7 @@ pub(crate) async fn watch(
         let runtime = settings.get().config.runtime.clone();
         let free_disk = state_dir.as_deref().and_then(|dir| {
             nix::sys::statvfs::statvfs(dir)
-                .map(|stats| u64::from(stats.blocks_available()) * stats.fragment_size())
+                .map(|stats| stats.blocks_available() * stats.fragment_size())
                 .map_err(|err| tracing::warn!(error = %err, "cannot measure the free space of the state directory"))
                 .ok()
         });
