@@ -75,11 +75,28 @@ impl SecretSource {
     /// For a credential reference: an empty placeholder, for checks made outside the service.
     pub(crate) fn unloaded_credential(&self) -> Option<Secret> {
         match self {
-            SecretSource::Reference(SecretReference::Credential(name)) => Some(Secret {
-                bytes: Vec::new(),
-                origin: format!("credential {name} (not loaded)"),
-            }),
+            SecretSource::Reference(SecretReference::Credential(_)) => Some(self.unloaded()),
             _ => None,
+        }
+    }
+
+    /// An empty placeholder, for commands that show the config's shape and use no secret.
+    pub(crate) fn unloaded(&self) -> Secret {
+        let origin = match self {
+            SecretSource::Literal(_) => "a literal".to_string(),
+            SecretSource::Reference(SecretReference::Credential(name)) => {
+                format!("credential {name}")
+            }
+            SecretSource::Reference(SecretReference::File(path)) => {
+                format!("file {}", path.display())
+            }
+            SecretSource::Reference(SecretReference::Env(var)) => {
+                format!("environment variable {var}")
+            }
+        };
+        Secret {
+            bytes: Vec::new(),
+            origin: format!("{origin} (not loaded)"),
         }
     }
 

@@ -553,6 +553,48 @@ timeout = "10s""#,
     assert_eq!(cluster.event_status(&healthy), "completed");
 }
 
+/// The operator commands run the same SQL on PostgreSQL: list, show and replay an event, list
+/// the outbox, retry a failed delivery.
+#[test]
+fn operator_commands_work_on_postgres() {
+    let model = HangingModel::start(Duration::from_secs(60));
+    let Some(cluster) = Cluster::start("pg_operator", &model.stub, &Shape::new(1, "10s")) else {
+        return;
+    };
+    let workspace = &cluster.nodes[0].workspace;
+    let json = |args: &[&str]| -> serde_json::Value {
+        let output = workspace.cli(args);
+        assert!(output.status.success(), "{args:?}: {output:?}");
+        serde_json::from_slice(&output.stdout).expect("JSON")
+    };
+    let id = cluster.post(0, "pg-ops", "quick");
+    cluster.wait_all_terminal(1, LIMIT);
+    let listed = json(&["events", "list", "--route", "hook", "--json"]);
+    assert_eq!(listed[0]["id"], id.as_str(), "{listed}");
+    let shown = json(&["events", "show", &id, "--json"]);
+    assert_eq!(shown["turns"][0]["status"], "completed", "{shown}");
+    let replay = workspace.cli(&["events", "replay", &id]);
+    assert!(replay.status.success(), "{replay:?}");
+    let copy = String::from_utf8_lossy(&replay.stdout).trim().to_string();
+    cluster.wait_all_terminal(2, LIMIT);
+    assert_eq!(
+        json(&["events", "show", &copy, "--json"])["replay_of"],
+        id.as_str()
+    );
+    cluster.pg.value(&format!(
+        "UPDATE deliveries SET status = 'failed' WHERE event_id = '{id}' RETURNING 1"
+    ));
+    let failed = json(&["deliveries", "list", "--failed", "--json"]);
+    assert_eq!(failed[0]["event_id"], id.as_str(), "{failed}");
+    let retried = workspace.cli(&["deliveries", "retry", "--failed"]);
+    assert!(retried.status.success(), "{retried:?}");
+    wait_until("the retried delivery", LIMIT, || {
+        cluster.pg.value(&format!(
+            "SELECT status FROM deliveries WHERE event_id = '{id}'"
+        )) == "delivered"
+    });
+}
+
 /// Scheduling stays fair on PostgreSQL too: deep queues behind a suspended session and a busy
 /// one do not keep another session's event from starting.
 #[test]

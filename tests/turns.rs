@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::io::BufRead;
 use std::time::Duration;
 
 use common::stub::{Received, Reply, Stub};
@@ -697,4 +698,122 @@ fn past_max_queued_events_new_webhooks_get_503_and_nothing_accepted_is_lost() {
     assert_eq!(again.status, 200, "{again:?}");
     assert_eq!(again.json()["status"], "duplicate");
     assert_eq!(setup.workspace.events_total(), accepted);
+}
+
+fn cli_json(workspace: &Workspace, args: &[&str]) -> serde_json::Value {
+    let output = workspace.cli(args);
+    assert!(output.status.success(), "{args:?}: {output:?}");
+    serde_json::from_slice(&output.stdout).expect("JSON output")
+}
+
+/// The operator commands answer without SQL: events are listed, shown with their turns and
+/// delivery, and replayed as new events that record what they replay; a failed delivery is sent
+/// again; tools are listed with their schemas; a backup taken while the daemon runs is a sound
+/// database; `sessions follow` prints the transcript.
+#[test]
+fn events_deliveries_tools_backup_and_follow_without_sql() {
+    let model = Stub::start(|_, _| Reply::answer("looked into it"));
+    let (setup, daemon) = start(model, receiver(), "", "");
+    let workspace = &setup.workspace;
+    let id = post(&daemon, "ops/1");
+    assert_eq!(workspace.wait_terminal(&id, TURN_LIMIT), "completed");
+    wait_delivery(&setup.receiver, &id);
+
+    let listed = cli_json(
+        workspace,
+        &["events", "list", "--session", "ops/1", "--json"],
+    );
+    assert_eq!(listed[0]["id"], id.as_str(), "{listed}");
+    assert_eq!(listed[0]["status"], "completed");
+    let none = cli_json(
+        workspace,
+        &["events", "list", "--status", "queued", "--json"],
+    );
+    assert_eq!(none, json!([]));
+
+    let shown = cli_json(workspace, &["events", "show", &id, "--json"]);
+    assert_eq!(shown["payload"]["alert"], "disk full on db-1");
+    assert_eq!(shown["headers"]["content-type"], "application/json");
+    assert_eq!(shown["turns"][0]["status"], "completed");
+    assert_eq!(shown["delivery"]["status"], "delivered");
+
+    let replay = workspace.cli(&["events", "replay", &id]);
+    assert!(replay.status.success(), "{replay:?}");
+    let copy = String::from_utf8_lossy(&replay.stdout).trim().to_string();
+    assert_ne!(copy, id);
+    assert_eq!(workspace.wait_terminal(&copy, TURN_LIMIT), "completed");
+    let shown = cli_json(workspace, &["events", "show", &copy, "--json"]);
+    assert_eq!(shown["replay_of"], id.as_str());
+    assert_eq!(shown["session"], "ops/1");
+    wait_delivery(&setup.receiver, &copy);
+
+    // A delivery that failed for good is sent again with a fresh budget.
+    let database = rusqlite::Connection::open(workspace.state_dir().join("agentgate.db"))
+        .expect("open the database");
+    database
+        .busy_timeout(Duration::from_secs(5))
+        .expect("busy timeout");
+    database
+        .execute(
+            "UPDATE deliveries SET status = 'failed', attempts = 16, last_error = 'receiver down' WHERE event_id = ?1",
+            [&id],
+        )
+        .expect("fail the delivery");
+    let failed = cli_json(workspace, &["deliveries", "list", "--failed", "--json"]);
+    assert_eq!(failed[0]["event_id"], id.as_str(), "{failed}");
+    assert_eq!(failed[0]["last_error"], "receiver down");
+    let before = setup.receiver.requests().len();
+    let retried = workspace.cli(&["deliveries", "retry", &id]);
+    assert!(retried.status.success(), "{retried:?}");
+    wait_until("the retried delivery", TURN_LIMIT, || {
+        setup.receiver.requests().len() > before
+    });
+    let again = workspace.cli(&["deliveries", "retry", &id]);
+    assert_eq!(again.status.code(), Some(1), "no longer failed: {again:?}");
+
+    let tools = cli_json(workspace, &["tools", "list", "--route", "alerts", "--json"]);
+    let echo = tools
+        .as_array()
+        .and_then(|tools| tools.iter().find(|tool| tool["name"] == "echo"))
+        .expect("echo is offered")
+        .clone();
+    assert_eq!(echo["idempotent"], false);
+    assert_eq!(echo["parameters"]["required"], json!(["text"]));
+
+    let target = workspace.path().join("backup");
+    let backup = workspace.cli(&["backup", target.to_str().expect("utf-8")]);
+    assert!(backup.status.success(), "{backup:?}");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&target)
+        .expect("backup dir")
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o700);
+    let copy_db = rusqlite::Connection::open(target.join("agentgate.db")).expect("open the copy");
+    let check: String = copy_db
+        .query_row("PRAGMA integrity_check", [], |row| row.get(0))
+        .expect("integrity_check");
+    assert_eq!(check, "ok");
+    let events: i64 = copy_db
+        .query_row("SELECT count(*) FROM events", [], |row| row.get(0))
+        .expect("count");
+    assert_eq!(events, 2);
+    let exists = workspace.cli(&["backup", target.to_str().expect("utf-8")]);
+    assert!(
+        !exists.status.success(),
+        "a backup never overwrites: {exists:?}"
+    );
+
+    let mut follow = std::process::Command::new(BIN)
+        .args(["sessions", "follow", "ops/1", "--config"])
+        .arg(workspace.config_path())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("follow");
+    let mut lines = std::io::BufReader::new(follow.stdout.take().expect("stdout")).lines();
+    let first = lines.next().expect("a line").expect("text");
+    assert!(first.starts_with("user:"), "{first}");
+    let _ = follow.kill();
+    let _ = follow.wait();
 }

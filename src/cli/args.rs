@@ -69,6 +69,21 @@ pub(super) enum Command {
     /// Inspect the retry ledger
     #[command(subcommand)]
     Ledger(LedgerCommand),
+    /// Accepted events: list, show, replay
+    #[command(subcommand)]
+    Events(EventsCommand),
+    /// The outbox: list deliveries, retry failed ones
+    #[command(subcommand)]
+    Deliveries(DeliveriesCommand),
+    /// The tools routes offer
+    #[command(subcommand)]
+    Tools(ToolsCommand),
+    /// Copy the state (database and ledger) into the new directory PATH while the daemon runs
+    Backup {
+        #[command(flatten)]
+        config: ConfigArg,
+        path: PathBuf,
+    },
     /// Generate the man page or shell completions (used by the package build)
     #[command(subcommand, hide = true)]
     Generate(GenerateCommand),
@@ -139,6 +154,90 @@ pub(super) enum SessionsCommand {
         #[command(flatten)]
         config: ConfigArg,
         key: String,
+    },
+    /// Print the transcript, then each entry as it is committed, until interrupted
+    Follow {
+        #[command(flatten)]
+        config: ConfigArg,
+        key: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub(super) enum EventsCommand {
+    /// Accepted events, newest first
+    List {
+        #[command(flatten)]
+        config: ConfigArg,
+        /// Only events with this status (queued, running, completed, failed, ...)
+        #[arg(long, value_name = "S")]
+        status: Option<String>,
+        /// Only events of this route
+        #[arg(long, value_name = "R")]
+        route: Option<String>,
+        /// Only events of this session
+        #[arg(long, value_name = "KEY")]
+        session: Option<String>,
+        /// At most this many
+        #[arg(long, value_name = "N", default_value_t = 50)]
+        limit: i64,
+        #[arg(long)]
+        json: bool,
+    },
+    /// An event's payload, stored headers, turns and delivery
+    Show {
+        #[command(flatten)]
+        config: ConfigArg,
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Accept a copy of the event as a new one; prints the new event id
+    Replay {
+        #[command(flatten)]
+        config: ConfigArg,
+        id: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub(super) enum DeliveriesCommand {
+    /// Deliveries, newest first
+    List {
+        #[command(flatten)]
+        config: ConfigArg,
+        /// Only the failed ones
+        #[arg(long)]
+        failed: bool,
+        /// At most this many
+        #[arg(long, value_name = "N", default_value_t = 100)]
+        limit: i64,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Send a failed delivery (ID, the event id) or every failed one again, with a fresh attempt budget
+    Retry {
+        #[command(flatten)]
+        config: ConfigArg,
+        #[arg(required_unless_present = "failed", conflicts_with = "failed")]
+        id: Option<String>,
+        /// Every failed delivery
+        #[arg(long)]
+        failed: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub(super) enum ToolsCommand {
+    /// Every tool, with its schema and whether it is idempotent
+    List {
+        #[command(flatten)]
+        config: ConfigArg,
+        /// Only the tools this route offers
+        #[arg(long, value_name = "R")]
+        route: Option<String>,
+        #[arg(long)]
+        json: bool,
     },
 }
 

@@ -6,6 +6,7 @@
 mod args;
 mod check;
 mod control;
+mod events;
 mod generate;
 pub(crate) mod output;
 mod send;
@@ -23,6 +24,7 @@ use crate::lifecycle;
 use crate::logging;
 
 use crate::session::OperatorAction;
+use crate::store::{EventFilter, RetryTarget};
 use args::*;
 use check::check_config;
 use generate::generate;
@@ -130,6 +132,51 @@ fn run(command: Command) -> Result<(), Failure> {
             operator_action(&config.source(), &key, OperatorAction::Cancel)
         }
         Command::Reload(config) => reload(&config.source()),
+        Command::Sessions(SessionsCommand::Follow { config, key }) => {
+            events::sessions_follow(&config.source(), &key)
+        }
+        Command::Events(EventsCommand::List {
+            config,
+            status,
+            route,
+            session,
+            limit,
+            json,
+        }) => events::events_list(
+            &config.source(),
+            EventFilter {
+                status,
+                route,
+                session,
+                limit,
+            },
+            json,
+        ),
+        Command::Events(EventsCommand::Show { config, id, json }) => {
+            events::events_show(&config.source(), &id, json)
+        }
+        Command::Events(EventsCommand::Replay { config, id }) => {
+            events::events_replay(&config.source(), &id)
+        }
+        Command::Deliveries(DeliveriesCommand::List {
+            config,
+            failed,
+            limit,
+            json,
+        }) => events::deliveries_list(&config.source(), failed, limit, json),
+        Command::Deliveries(DeliveriesCommand::Retry { config, id, failed }) => {
+            let target = match (id, failed) {
+                (Some(id), false) => RetryTarget::One(id),
+                _ => RetryTarget::AllFailed,
+            };
+            events::deliveries_retry(&config.source(), target)
+        }
+        Command::Tools(ToolsCommand::List {
+            config,
+            route,
+            json,
+        }) => events::tools_list(&config.source(), route.as_deref(), json),
+        Command::Backup { config, path } => events::backup(&config.source(), &path),
         Command::Ledger(LedgerCommand::Show { config, json }) => {
             ledger_show(&config.source(), json)
         }

@@ -157,6 +157,8 @@ pub(crate) enum SecretCheck {
     /// `check-config`, `reconcile`: outside the service there may be no `$CREDENTIALS_DIRECTORY`;
     /// credentials are then checked when the service starts, and said so in a warning.
     CredentialsOptional,
+    /// `tools list`: shows the config's shape and uses no secret, so none is read.
+    NotRead,
 }
 
 /// Reads and checks the config from `source`.

@@ -12,6 +12,7 @@
 //! the listener answer 202 only for durable events.
 
 mod atomic;
+mod inspect;
 pub(crate) mod ledger;
 mod lock;
 mod model;
@@ -30,13 +31,14 @@ pub(crate) use states::{
 };
 
 pub(crate) use atomic::is_stale_temp;
+pub(crate) use inspect::{DeliveryRow, EventDetail, EventFilter, EventRow, RetryTarget, TurnRow};
 pub(crate) use ledger::Ledger;
 pub(crate) use lock::{DaemonLock, LockError};
 pub(crate) use model::{
     AcceptOutcome, ClaimedTurn, DeliveryAttempt, DeliveryCounts, InterruptedSession, LiveCounts,
     NewEvent, NodeRow, PendingDelivery, SessionRow, StatusSummary, TranscriptRow, TurnEnd,
 };
-pub(crate) use sqlite::{check_database, session_keys};
+pub(crate) use sqlite::{backup, check_database, session_keys};
 pub(crate) use state_dir::{LEDGER_FILE, StateDir};
 
 #[derive(Debug, thiserror::Error)]
@@ -224,6 +226,16 @@ pub(crate) trait Inspection: Send + Sync {
     async fn status_summary(&self) -> Result<StatusSummary, StoreError>;
     async fn sessions(&self) -> Result<Vec<SessionRow>, StoreError>;
     async fn session(&self, key: &str) -> Result<Option<SessionRow>, StoreError>;
+    /// `events list`: newest first.
+    async fn events(&self, filter: EventFilter) -> Result<Vec<EventRow>, StoreError>;
+    /// `events show`.
+    async fn event(&self, id: &str) -> Result<Option<EventDetail>, StoreError>;
+    /// `deliveries list`: newest first; only failed ones with `failed_only`.
+    async fn deliveries(
+        &self,
+        failed_only: bool,
+        limit: i64,
+    ) -> Result<Vec<DeliveryRow>, StoreError>;
 }
 
 /// The operator's overrides.
@@ -234,6 +246,12 @@ pub(crate) trait Operator: Send + Sync {
     async fn operator_resume(&self, key: &str) -> Result<Option<SessionState>, StoreError>;
     /// `sessions suspend KEY`: no further turn starts until it is resumed.
     async fn operator_suspend(&self, key: &str) -> Result<Option<SessionState>, StoreError>;
+    /// `events replay ID`: queues a copy of the event as a new one that records what it
+    /// replays. Returns the new event id, `None` if there is no such event.
+    async fn replay_event(&self, id: &str) -> Result<Option<String>, StoreError>;
+    /// `deliveries retry`: failed deliveries get a fresh attempt budget and are due at once.
+    /// Returns how many.
+    async fn retry_deliveries(&self, target: RetryTarget) -> Result<u64, StoreError>;
 }
 
 /// The store's own health, and work shared between nodes.

@@ -16,6 +16,7 @@
 
 mod accept;
 mod connect;
+mod inspect;
 mod leases;
 mod outbox;
 mod schema;
@@ -26,6 +27,7 @@ use crate::store::states::{
     RESUME_PENDING, ResumeReason, SESSION_RUNNING, SUSPENDED, SessionState, StopReason,
     TURN_INTERRUPTED, TURN_RUNNING,
 };
+use crate::store::{DeliveryRow, EventDetail, EventFilter, EventRow, RetryTarget};
 use const_format::concatcp;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
@@ -301,6 +303,22 @@ impl Inspection for PostgresStore {
             .select_optional(&format!("{SESSION_SQL} WHERE s.key = $1"), &[&key])
             .await?;
         row.as_ref().map(session_row).transpose()
+    }
+
+    async fn events(&self, filter: EventFilter) -> Result<Vec<EventRow>, StoreError> {
+        self.events_matching(filter).await
+    }
+
+    async fn event(&self, id: &str) -> Result<Option<EventDetail>, StoreError> {
+        self.event_detail(id).await
+    }
+
+    async fn deliveries(
+        &self,
+        failed_only: bool,
+        limit: i64,
+    ) -> Result<Vec<DeliveryRow>, StoreError> {
+        self.outbox(failed_only, limit).await
     }
 }
 

@@ -147,6 +147,8 @@ const MIGRATIONS: &[&str] = &[
         FOR EACH ROW EXECUTE FUNCTION agentgate_queue_head();
     CREATE TRIGGER queue_head_of_events AFTER INSERT OR UPDATE OF status OR DELETE ON events
         FOR EACH ROW EXECUTE FUNCTION agentgate_queue_head();",
+    // 4: `events replay` records what a copy replays.
+    "ALTER TABLE events ADD COLUMN replay_of TEXT;",
 ];
 
 impl PostgresStore {

@@ -477,4 +477,12 @@ impl Operator for PostgresStore {
             .await?;
         Ok(row.map(|row| row.try_get(0)).transpose()?)
     }
+
+    async fn replay_event(&self, id: &str) -> Result<Option<String>, StoreError> {
+        self.replay(id).await
+    }
+
+    async fn retry_deliveries(&self, target: RetryTarget) -> Result<u64, StoreError> {
+        self.retry(target).await
+    }
 }

@@ -6,6 +6,7 @@
 //! its write has returned. That is what lets the listener answer 202 only for durable events.
 
 mod accept;
+mod inspect;
 mod outbox;
 mod schema;
 mod turns;
@@ -28,9 +29,9 @@ use const_format::concatcp;
 use crate::store::state_dir;
 use crate::store::states::{RESUME_PENDING, TURN_RUNNING};
 use crate::store::{
-    Accepting, Coordination, Inspection, Ledger, LiveCounts, Operator, Outbox, Recovery,
-    SessionRow, Settled, Settlement, StateDir, StatusSummary, StoreError, Turns, ensure_state_dir,
-    now_millis,
+    Accepting, Coordination, DeliveryRow, EventDetail, EventFilter, EventRow, Inspection, Ledger,
+    LiveCounts, Operator, Outbox, Recovery, RetryTarget, SessionRow, Settled, Settlement, StateDir,
+    StatusSummary, StoreError, Turns, ensure_state_dir, now_millis,
 };
 use turns::{session_in, sessions_in};
 
@@ -255,8 +256,53 @@ fn open_reader(database: &Path) -> Result<Connection, StoreError> {
     Ok(connection)
 }
 
-/// Opens the database read-only and runs `query` (for the CLI, which must work with no daemon).
 /// `PRAGMA quick_check` of a database no daemon uses (reconcile): `Err` says what is wrong.
+/// `agentgate backup`: a consistent copy of the database (SQLite's online backup, one read
+/// transaction, so the daemon keeps writing meanwhile) and of the ledger (a whole version: it is
+/// only ever replaced by a rename) into `target`, a new directory (0700, files 0600). Returns
+/// the files written.
+pub(crate) fn backup(state_dir: &Path, target: &Path) -> Result<Vec<PathBuf>, String> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    let fail = |what: &str, err: &dyn std::fmt::Display| format!("{what}: {err}");
+    let state = StateDir::new(state_dir);
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(target)
+        .map_err(|err| fail(&format!("cannot create {}", target.display()), &err))?;
+    let database = target.join(state_dir::DATABASE_FILE);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&database)
+        .map_err(|err| fail(&database.display().to_string(), &err))?;
+    let source = open_reader(&state.database()).map_err(|err| err.to_string())?;
+    source
+        .backup(rusqlite::DatabaseName::Main, &database, None)
+        .map_err(|err| fail("cannot copy the database", &err))?;
+    let mut written = vec![database];
+    let ledger = state
+        .read(&state.ledger())
+        .map_err(|err| fail("cannot read the ledger", &err))?;
+    if let Some(bytes) = ledger {
+        let copy = target.join(state_dir::LEDGER_FILE);
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&copy)
+            .map_err(|err| fail(&copy.display().to_string(), &err))?;
+        std::io::Write::write_all(&mut file, &bytes)
+            .and_then(|()| file.sync_all())
+            .map_err(|err| fail(&copy.display().to_string(), &err))?;
+        written.push(copy);
+    }
+    StateDir::new(target)
+        .sync()
+        .map_err(|err| fail(&format!("cannot sync {}", target.display()), &err))?;
+    Ok(written)
+}
+
 pub(crate) fn check_database(database: &Path) -> Result<(), String> {
     let answer = open_reader(database)
         .and_then(|connection| {
@@ -417,6 +463,22 @@ impl Inspection for SqliteStore {
         let key = key.to_string();
         self.read(move |connection| session_in(connection, &key))
             .await
+    }
+
+    async fn events(&self, filter: EventFilter) -> Result<Vec<EventRow>, StoreError> {
+        self.events_matching(filter).await
+    }
+
+    async fn event(&self, id: &str) -> Result<Option<EventDetail>, StoreError> {
+        self.event_detail(id).await
+    }
+
+    async fn deliveries(
+        &self,
+        failed_only: bool,
+        limit: i64,
+    ) -> Result<Vec<DeliveryRow>, StoreError> {
+        self.outbox(failed_only, limit).await
     }
 }
 

@@ -116,6 +116,9 @@ const MIGRATIONS: &[&str] = &[
             (SELECT min(seq) FROM events WHERE status = 'queued' AND session_key = OLD.session_key)
         WHERE key = OLD.session_key;
     END;",
+    // 7: `events replay` records what a copy replays; `events show` finds an event's turns.
+    "ALTER TABLE events ADD COLUMN replay_of TEXT;
+    CREATE INDEX turns_by_event ON turns(event_id);",
 ];
 
 /// The schema version this build writes.

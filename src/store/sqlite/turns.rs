@@ -557,4 +557,12 @@ impl Operator for SqliteStore {
         self.write(move |connection| operator_suspend_in(connection, &key))
             .await
     }
+
+    async fn replay_event(&self, id: &str) -> Result<Option<String>, StoreError> {
+        self.replay(id).await
+    }
+
+    async fn retry_deliveries(&self, target: RetryTarget) -> Result<u64, StoreError> {
+        self.retry(target).await
+    }
 }

@@ -1,0 +1,322 @@
+//! `events list/show/replay`, `deliveries list/retry`, `sessions follow`, `tools list` and
+//! `backup`: the operator's view of accepted work and the outbox, without SQL.
+//!
+//! They read and write the store directly, daemon or not: a replayed event or a retried delivery
+//! is picked up by a running daemon's scheduler or deliverer within a second.
+
+use std::path::Path;
+use std::time::Duration;
+
+use super::output::outln;
+use super::sessions::render_entry;
+use super::state::StateAccess;
+use crate::config::{self, ConfigSource, SecretCheck, StoreSettings};
+use crate::exit::Failure;
+use crate::store::{self, EventFilter, RetryTarget};
+
+/// How often `sessions follow` looks for new transcript entries.
+const FOLLOW_POLL: Duration = Duration::from_millis(250);
+
+fn time(millis: i64) -> String {
+    let since_epoch = Duration::from_millis(u64::try_from(millis).unwrap_or(0));
+    humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + since_epoch).to_string()
+}
+
+fn json_out(value: &impl serde::Serialize) {
+    match serde_json::to_string_pretty(value) {
+        Ok(text) => outln!("{text}"),
+        Err(err) => eprintln!("agentgate: cannot render JSON: {err}"),
+    }
+}
+
+/// Gives files a root-run command created back to the state directory's owner.
+fn restore_ownership(state: &StateAccess) -> Result<(), Failure> {
+    store::StateDir::new(&state.state_dir)
+        .restore_ownership()
+        .map_err(|err| {
+            Failure::state(format!(
+                "{}: cannot restore ownership: {err}",
+                state.state_dir.display()
+            ))
+        })
+}
+
+pub(super) fn events_list(
+    source: &ConfigSource,
+    filter: EventFilter,
+    json: bool,
+) -> Result<(), Failure> {
+    let events = StateAccess::open(source)?
+        .query(async |store| store.events(filter).await)?
+        .unwrap_or_default();
+    if json {
+        json_out(&events);
+        return Ok(());
+    }
+    outln!(
+        "{:<36}  {:<10}  {:<16}  {:<20}  {:<20}  SESSION",
+        "EVENT",
+        "STATUS",
+        "ROUTE",
+        "TYPE",
+        "RECEIVED"
+    );
+    for event in events {
+        outln!(
+            "{:<36}  {:<10}  {:<16}  {:<20}  {:<20}  {}",
+            event.id,
+            event.status,
+            event.route,
+            event.event_type,
+            time(event.received_at),
+            event.session
+        );
+    }
+    Ok(())
+}
+
+pub(super) fn events_show(source: &ConfigSource, id: &str, json: bool) -> Result<(), Failure> {
+    let detail = StateAccess::open(source)?
+        .query(async |store| store.event(id).await)?
+        .flatten()
+        .ok_or_else(|| Failure::runtime(format!("no event {id:?}")))?;
+    if json {
+        json_out(&detail);
+        return Ok(());
+    }
+    let event = &detail.event;
+    outln!(
+        "event {}  route {}  status {}",
+        event.id,
+        event.route,
+        event.status
+    );
+    outln!("session {}", event.session);
+    outln!(
+        "type {:?}  delivery id {}  received {}  origin {}",
+        event.event_type,
+        event.delivery_id.as_deref().unwrap_or("-"),
+        time(event.received_at),
+        event.origin
+    );
+    if let Some(original) = &event.replay_of {
+        outln!("replay of {original}");
+    }
+    outln!("headers {}", detail.headers);
+    outln!("payload {}", detail.payload);
+    for turn in &detail.turns {
+        outln!(
+            "turn {}  {}{}  steps {}  started {}{}",
+            turn.id,
+            turn.status,
+            turn.reason
+                .as_deref()
+                .map(|r| format!(" ({r})"))
+                .unwrap_or_default(),
+            turn.steps,
+            time(turn.started_at),
+            turn.error
+                .as_deref()
+                .map(|e| format!("  error: {e}"))
+                .unwrap_or_default()
+        );
+    }
+    match &detail.delivery {
+        Some(delivery) => outln!(
+            "delivery {}  attempts {}{}",
+            delivery.status,
+            delivery.attempts,
+            delivery
+                .last_error
+                .as_deref()
+                .map(|e| format!("  last error: {e}"))
+                .unwrap_or_default()
+        ),
+        None => outln!("delivery none yet"),
+    }
+    Ok(())
+}
+
+pub(super) fn events_replay(source: &ConfigSource, id: &str) -> Result<(), Failure> {
+    let state = StateAccess::open(source)?;
+    let copy = state
+        .query(async |store| store.replay_event(id).await)?
+        .flatten()
+        .ok_or_else(|| Failure::runtime(format!("no event {id:?}")))?;
+    restore_ownership(&state)?;
+    outln!("{copy}");
+    Ok(())
+}
+
+pub(super) fn deliveries_list(
+    source: &ConfigSource,
+    failed_only: bool,
+    limit: i64,
+    json: bool,
+) -> Result<(), Failure> {
+    let deliveries = StateAccess::open(source)?
+        .query(async |store| store.deliveries(failed_only, limit).await)?
+        .unwrap_or_default();
+    if json {
+        json_out(&deliveries);
+        return Ok(());
+    }
+    outln!(
+        "{:<36}  {:<9}  {:>8}  {:<16}  {:<20}  LAST ERROR",
+        "EVENT",
+        "STATUS",
+        "ATTEMPTS",
+        "ROUTE",
+        "UPDATED"
+    );
+    for delivery in deliveries {
+        outln!(
+            "{:<36}  {:<9}  {:>8}  {:<16}  {:<20}  {}",
+            delivery.event_id,
+            delivery.status,
+            delivery.attempts,
+            delivery.route,
+            time(delivery.updated_at),
+            delivery.last_error.as_deref().unwrap_or("-")
+        );
+    }
+    Ok(())
+}
+
+pub(super) fn deliveries_retry(source: &ConfigSource, target: RetryTarget) -> Result<(), Failure> {
+    let state = StateAccess::open(source)?;
+    let one = match &target {
+        RetryTarget::One(id) => Some(id.clone()),
+        RetryTarget::AllFailed => None,
+    };
+    let count = state
+        .query(async |store| store.retry_deliveries(target).await)?
+        .unwrap_or(0);
+    restore_ownership(&state)?;
+    match one {
+        Some(id) if count == 0 => Err(Failure::runtime(format!(
+            "no failed delivery for event {id:?} (see `agentgate deliveries list --failed`)"
+        ))),
+        Some(id) => {
+            outln!("delivery of event {id}: queued again with a fresh attempt budget");
+            Ok(())
+        }
+        None => {
+            outln!("{count} failed deliveries queued again with a fresh attempt budget");
+            Ok(())
+        }
+    }
+}
+
+/// `sessions follow KEY`: what is in the transcript now, then every entry as it is committed,
+/// until interrupted.
+pub(super) fn sessions_follow(source: &ConfigSource, key: &str) -> Result<(), Failure> {
+    let state = StateAccess::open(source)?;
+    if state
+        .query(async |store| store.session(key).await)?
+        .flatten()
+        .is_none()
+    {
+        return Err(Failure::runtime(format!("no session {key:?}")));
+    }
+    let mut last_seq = i64::MIN;
+    loop {
+        let rows = state
+            .query(async |store| store.transcript(key).await)?
+            .unwrap_or_default();
+        let seen = last_seq;
+        for row in rows.iter().filter(|row| row.seq > seen) {
+            outln!("{}", render_entry(&row.body));
+            last_seq = row.seq;
+        }
+        std::thread::sleep(FOLLOW_POLL);
+    }
+}
+
+pub(super) fn tools_list(
+    source: &ConfigSource,
+    route: Option<&str>,
+    json: bool,
+) -> Result<(), Failure> {
+    let config = super::load_config(source, SecretCheck::NotRead)?.config;
+    let offered: Vec<&str> = match route {
+        Some(name) => config
+            .routes
+            .iter()
+            .find(|r| r.name == name)
+            .ok_or_else(|| Failure::config(format!("no route {name:?} in {source}")))?
+            .tools
+            .iter()
+            .map(String::as_str)
+            .collect(),
+        None => config.tools.keys().map(String::as_str).collect(),
+    };
+    let tools: Vec<serde_json::Value> = offered
+        .iter()
+        .filter_map(|name| config.tools.get(*name))
+        .map(|tool| {
+            let routes: Vec<&str> = config
+                .routes
+                .iter()
+                .filter(|r| r.tools.contains(&tool.name))
+                .map(|r| r.name.as_str())
+                .collect();
+            serde_json::json!({
+                "name": tool.name,
+                "kind": "command",
+                "description": tool.description,
+                "command": tool.command,
+                "parameters": tool.parameters,
+                "idempotent": tool.idempotent,
+                "background": tool.background,
+                "timeout_seconds": tool.timeout.as_secs(),
+                "routes": routes,
+            })
+        })
+        .collect();
+    if json {
+        json_out(&tools);
+        return Ok(());
+    }
+    outln!(
+        "{:<24}  {:<8}  {:<10}  {:<10}  ROUTES",
+        "TOOL",
+        "KIND",
+        "IDEMPOTENT",
+        "BACKGROUND"
+    );
+    for tool in &tools {
+        outln!(
+            "{:<24}  {:<8}  {:<10}  {:<10}  {}",
+            tool["name"].as_str().unwrap_or(""),
+            "command",
+            tool["idempotent"],
+            tool["background"],
+            tool["routes"]
+                .as_array()
+                .map(|routes| routes
+                    .iter()
+                    .filter_map(|r| r.as_str())
+                    .collect::<Vec<_>>()
+                    .join(","))
+                .unwrap_or_default()
+        );
+    }
+    Ok(())
+}
+
+/// `backup PATH`: a consistent copy of the state into the new directory `target`.
+pub(super) fn backup(source: &ConfigSource, target: &Path) -> Result<(), Failure> {
+    let location = config::state_location(source).map_err(Failure::config)?;
+    if matches!(location.store, StoreSettings::Postgres(_)) {
+        return Err(Failure::config(
+            "backup copies SQLite state; with [store] backend = \"postgres\" the state is in the \
+             database: back it up with pg_dump",
+        ));
+    }
+    let written = store::backup(&location.state_dir, target).map_err(Failure::state)?;
+    for file in written {
+        outln!("{}", file.display());
+    }
+    Ok(())
+}
