@@ -595,6 +595,36 @@ fn operator_commands_work_on_postgres() {
     });
 }
 
+/// Retention runs the same SQL on PostgreSQL: finished, delivered work goes; queued work stays.
+#[test]
+fn retention_on_postgres_deletes_finished_work_only() {
+    let model = HangingModel::start(Duration::from_secs(60));
+    let shape = Shape {
+        store: "retention = \"2s\"",
+        ..Shape::new(1, "10s")
+    };
+    let Some(cluster) = Cluster::start("pg_retention", &model.stub, &shape) else {
+        return;
+    };
+    let done = cluster.post(0, "finished", "quick");
+    cluster.post(0, "held", "slow");
+    model.wait_hanging(&cluster, "held");
+    let behind = cluster.post(0, "held", "queued");
+    wait_until("the finished event to be deleted", LIMIT, || {
+        cluster.count(&format!("SELECT count(*) FROM events WHERE id = '{done}'")) == 0
+    });
+    assert_eq!(
+        cluster.count(&format!(
+            "SELECT count(*) FROM turns WHERE event_id = '{done}'"
+        )),
+        0
+    );
+    assert_eq!(cluster.event_status(&behind), "queued");
+    wait_until("the idle session to be deleted", LIMIT, || {
+        cluster.count("SELECT count(*) FROM sessions WHERE key = 'finished'") == 0
+    });
+}
+
 /// Scheduling stays fair on PostgreSQL too: deep queues behind a suspended session and a busy
 /// one do not keep another session's event from starting.
 #[test]

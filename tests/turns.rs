@@ -817,3 +817,78 @@ fn events_deliveries_tools_backup_and_follow_without_sql() {
     let _ = follow.kill();
     let _ = follow.wait();
 }
+
+/// Retention deletes finished, delivered work older than `[store] retention` (the event with its
+/// turns, transcript steps and delivery, then its idle session), and nothing else: a running
+/// event, a queued one, and a finished one whose result is not delivered yet all stay. A
+/// session whose history went keeps working.
+#[test]
+fn retention_deletes_only_finished_delivered_work() {
+    let model = Stub::start(|request, _| {
+        if request.json().to_string().contains("held") {
+            Reply::answer("slow").after(Duration::from_secs(60))
+        } else {
+            Reply::answer("done")
+        }
+    });
+    let receiver = Stub::start(|request, _| {
+        if String::from_utf8_lossy(&request.body).contains("undelivered") {
+            Reply::raw(500, "receiver down")
+        } else {
+            Reply::raw(204, "")
+        }
+    });
+    let (setup, daemon) = start(model, receiver, "", "[store]\nretention = \"2s\"");
+    let workspace = &setup.workspace;
+    let done = post(&daemon, "finished");
+    let held = post(&daemon, "held");
+    let behind = post(&daemon, "held");
+    let undelivered = post(&daemon, "undelivered");
+    assert_eq!(workspace.wait_terminal(&done, TURN_LIMIT), "completed");
+    assert_eq!(
+        workspace.wait_terminal(&undelivered, TURN_LIMIT),
+        "completed"
+    );
+    let count = |sql: String| -> i64 { workspace.query(&sql, |row| row.get(0))[0] };
+    wait_until("the finished event to be deleted", TURN_LIMIT, || {
+        count(format!("SELECT count(*) FROM events WHERE id = '{done}'")) == 0
+    });
+    for table in ["turns", "deliveries"] {
+        assert_eq!(
+            count(format!(
+                "SELECT count(*) FROM {table} WHERE event_id = '{done}'"
+            )),
+            0,
+            "{table}"
+        );
+    }
+    assert_eq!(
+        count("SELECT count(*) FROM transcript WHERE session_key = 'finished'".into()),
+        0
+    );
+    wait_until("the idle session to be deleted", TURN_LIMIT, || {
+        count("SELECT count(*) FROM sessions WHERE key = 'finished'".into()) == 0
+    });
+    for (id, status) in [
+        (&held, "running"),
+        (&behind, "queued"),
+        (&undelivered, "completed"),
+    ] {
+        assert_eq!(workspace.event_status(id), status, "{id} must stay");
+    }
+    assert!(
+        daemon
+            .log()
+            .contains("deleted finished events past retention"),
+        "{}",
+        daemon.log()
+    );
+    let again = post(&daemon, "finished");
+    assert_eq!(workspace.wait_terminal(&again, TURN_LIMIT), "completed");
+    let auto_vacuum: Vec<i64> = workspace.query("PRAGMA auto_vacuum", |row| row.get(0));
+    assert_eq!(
+        auto_vacuum,
+        [2],
+        "a new database gives deleted pages back (INCREMENTAL)"
+    );
+}

@@ -160,7 +160,13 @@ impl Checker<'_> {
         let server = self.server(raw.server);
         let runtime = self.runtime(raw.runtime);
         let model = self.model(raw.model);
-        let store = self.store(raw.store, runtime.max_concurrent_turns);
+        let mut raw_store = raw.store;
+        let retention = self.duration(
+            "store.retention",
+            raw_store.retention.take(),
+            Duration::from_secs(30 * 86_400),
+        );
+        let store = self.store(raw_store, runtime.max_concurrent_turns);
         let tools = raw
             .tools
             .into_iter()
@@ -186,6 +192,7 @@ impl Checker<'_> {
             runtime,
             model: model?,
             store: store?,
+            retention,
             tools,
             routes,
         })

@@ -72,6 +72,7 @@ pub(super) struct RawStore {
     pub(super) lease_ttl: Option<String>,
     pub(super) pool_size: Option<i64>,
     pub(super) ca_file: Option<PathBuf>,
+    pub(super) retention: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

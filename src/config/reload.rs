@@ -50,6 +50,7 @@ pub(crate) fn list_changes(old: &Config, new: &Config, report: &mut ReloadReport
     );
     compare("store", old.store != new.store, false);
     compare("model", old.model != new.model, false);
+    compare("store.retention", old.retention != new.retention, true);
     let (was, now) = (&old.runtime, &new.runtime);
     compare(
         "runtime.max_turn_steps",

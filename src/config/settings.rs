@@ -14,6 +14,8 @@ pub(crate) struct Config {
     pub runtime: RuntimeSettings,
     pub model: ModelSettings,
     pub store: StoreSettings,
+    /// `[store] retention`: finished work older than this is deleted.
+    pub retention: Duration,
     pub tools: BTreeMap<String, ToolSettings>,
     pub routes: Vec<RouteSettings>,
 }

@@ -34,6 +34,8 @@ use drain::Drain;
 
 /// How often delivery ids older than `dedup_window` are forgotten.
 const DEDUP_PRUNE_INTERVAL: Duration = Duration::from_secs(3600);
+/// The longest pause between two retention rounds.
+const PRUNE_INTERVAL: Duration = Duration::from_secs(300);
 /// `STATUS=` is refreshed this often when there is no watchdog to piggyback on.
 const STATUS_INTERVAL: Duration = Duration::from_secs(5);
 
@@ -169,9 +171,9 @@ pub(crate) fn serve(
             deliveries,
             drain.stop_accepting(),
         ));
-        drain.spawn(prune_dedup(
+        drain.spawn(prune(
             store.clone(),
-            runtime_settings.dedup_window,
+            daemon.settings.clone(),
             drain.stop_background(),
         ));
         let turns = TaskTracker::new();
@@ -392,17 +394,54 @@ async fn open_store(config: &config::Config) -> Result<Store, Failure> {
     }
 }
 
-async fn prune_dedup(store: Store, window: Duration, stop: CancellationToken) {
-    let window_ms = i64::try_from(window.as_millis()).unwrap_or(i64::MAX);
+/// Retention and dedup pruning until `stop`: finished work older than `[store] retention` is
+/// deleted batch by batch (each a short transaction, so accepts never wait long behind it), and
+/// delivery ids older than `dedup_window` are forgotten. Both settings are read anew each round,
+/// so a reload applies them.
+async fn prune(store: Store, settings: Arc<Shared<Settings>>, stop: CancellationToken) {
+    let mut last_dedup_prune: Option<Instant> = None;
     while !stop.is_cancelled() {
-        match store.prune_dedup(store::now_millis() - window_ms).await {
-            Ok(0) => {}
-            Ok(count) => tracing::info!(count, "forgot delivery ids older than dedup_window"),
-            Err(err) => tracing::warn!(error = %err, "could not prune delivery ids"),
+        let config = &settings.get().config;
+        let (retention, dedup_window) = (config.retention, config.runtime.dedup_window);
+        let cutoff = store::now_millis() - i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
+        let mut deleted = 0;
+        loop {
+            match store.prune_finished(cutoff).await {
+                Ok(0) => break,
+                Ok(count) => deleted += count,
+                Err(err) => {
+                    tracing::warn!(error = %err, "could not delete finished work past retention");
+                    break;
+                }
+            }
+            if stop.is_cancelled() {
+                return;
+            }
+            // Let accepts and turns have the writer between batches.
+            tokio::task::yield_now().await;
         }
+        if deleted > 0 {
+            tracing::info!(
+                events = deleted,
+                retention = %humantime::format_duration(retention),
+                "deleted finished events past retention, with their turns, transcripts and deliveries"
+            );
+        }
+        if last_dedup_prune.is_none_or(|at| at.elapsed() >= DEDUP_PRUNE_INTERVAL) {
+            last_dedup_prune = Some(Instant::now());
+            let window_ms = i64::try_from(dedup_window.as_millis()).unwrap_or(i64::MAX);
+            match store.prune_dedup(store::now_millis() - window_ms).await {
+                Ok(0) => {}
+                Ok(count) => tracing::info!(count, "forgot delivery ids older than dedup_window"),
+                Err(err) => tracing::warn!(error = %err, "could not prune delivery ids"),
+            }
+        }
+        // A short retention (minutes, as in tests and soaks) is checked often; a long one every
+        // few minutes.
+        let pause = (retention / 4).clamp(Duration::from_secs(1), PRUNE_INTERVAL);
         tokio::select! {
             () = stop.cancelled() => {}
-            () = tokio::time::sleep(DEDUP_PRUNE_INTERVAL) => {}
+            () = tokio::time::sleep(pause) => {}
         }
     }
 }

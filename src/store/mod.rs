@@ -17,6 +17,7 @@ pub(crate) mod ledger;
 mod lock;
 mod model;
 mod postgres;
+mod retention;
 mod sqlite;
 mod state_dir;
 pub(crate) mod states;
@@ -143,6 +144,9 @@ pub(crate) trait Accepting: Send + Sync {
     ) -> Result<String, StoreError>;
     /// Forgets delivery ids last seen before `before` (unix ms).
     async fn prune_dedup(&self, before: i64) -> Result<usize, StoreError>;
+    /// Retention: deletes one batch of finished work older than `before` (unix ms), and
+    /// returns how many events went; 0 when nothing is left to delete.
+    async fn prune_finished(&self, before: i64) -> Result<usize, StoreError>;
     /// The event first accepted with `delivery_id` on `route` since `since` (unix ms), if any:
     /// a redelivery gets its 200 even while new events are refused.
     async fn original_of(

@@ -242,6 +242,10 @@ pub(crate) const SHUTDOWN_TIMEOUT: &str = concatcp!("'", ResumeReason::ShutdownT
 pub(crate) const OPERATOR: &str = concatcp!("'", OPERATOR_REASON, "'");
 pub(crate) const PENDING: &str = concatcp!("'", DeliveryState::Pending.sql(), "'");
 pub(crate) const DELIVERY_FAILED: &str = concatcp!("'", DeliveryState::Failed.sql(), "'");
+pub(crate) const DELIVERED: &str = concatcp!("'", DeliveryState::Delivered.sql(), "'");
+pub(crate) const EVENT_COMPLETED: &str = concatcp!("'", EventStatus::Completed.sql(), "'");
+pub(crate) const EVENT_FAILED: &str = concatcp!("'", EventStatus::Failed.sql(), "'");
+pub(crate) const EVENT_ABANDONED: &str = concatcp!("'", EventStatus::Abandoned.sql(), "'");
 
 /// The counts of [`LiveCounts`], in SQL that both backends run as it is.
 pub(crate) const LIVE_COUNTS_SQL: &str = concatcp!(

@@ -196,6 +196,31 @@ impl Accepting for PostgresStore {
         Ok(row.map(|row| row.get(0)))
     }
 
+    async fn prune_finished(&self, before: i64) -> Result<usize, StoreError> {
+        use crate::store::retention::{
+            DELETE_EVENT_SQL, PRUNABLE_EVENTS_SQL, PRUNE_BATCH, PRUNE_SESSIONS_SQL,
+        };
+        bounded(async {
+            let mut client = self.client().await?;
+            let tx = client.transaction().await?;
+            let ids: Vec<String> = tx
+                .rows(PRUNABLE_EVENTS_SQL, &[&before, &PRUNE_BATCH])
+                .await?
+                .iter()
+                .map(|row| row.get(0))
+                .collect();
+            for id in &ids {
+                for sql in DELETE_EVENT_SQL {
+                    tx.run(sql, &[id]).await?;
+                }
+            }
+            tx.run(PRUNE_SESSIONS_SQL, &[&before, &PRUNE_BATCH]).await?;
+            tx.commit().await?;
+            Ok(ids.len())
+        })
+        .await
+    }
+
     async fn prune_dedup(&self, before: i64) -> Result<usize, StoreError> {
         let pruned = self
             .execute_one("DELETE FROM dedup WHERE seen_at < $1", &[&before])

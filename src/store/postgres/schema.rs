@@ -149,6 +149,8 @@ const MIGRATIONS: &[&str] = &[
         FOR EACH ROW EXECUTE FUNCTION agentgate_queue_head();",
     // 4: `events replay` records what a copy replays.
     "ALTER TABLE events ADD COLUMN replay_of TEXT;",
+    // 5: retention deletes old idle sessions by age.
+    "CREATE INDEX sessions_by_age ON sessions (state, updated_at);",
 ];
 
 impl PostgresStore {

@@ -10,6 +10,37 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::store::now_millis;
 
+/// One retention batch (see `store::retention`), in the writer's transaction. Named parameters:
+/// SQLite numbers `$N` by first appearance.
+fn prune_finished_in(connection: &Connection, before: i64) -> rusqlite::Result<usize> {
+    use crate::store::retention::{
+        DELETE_EVENT_SQL, PRUNABLE_EVENTS_SQL, PRUNE_BATCH, PRUNE_SESSIONS_SQL,
+    };
+    use rusqlite::named_params;
+    let ids = connection
+        .prepare_cached(PRUNABLE_EVENTS_SQL)?
+        .query_map(named_params! {"$1": before, "$2": PRUNE_BATCH}, |row| {
+            row.get::<_, String>(0)
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    for id in &ids {
+        for sql in DELETE_EVENT_SQL {
+            connection
+                .prepare_cached(sql)?
+                .execute(named_params! {"$1": id})?;
+        }
+    }
+    connection
+        .prepare_cached(PRUNE_SESSIONS_SQL)?
+        .execute(named_params! {"$1": before, "$2": PRUNE_BATCH})?;
+    // Give freed pages back to the file system (databases created with auto_vacuum =
+    // INCREMENTAL; a no-op on older ones, whose free pages are reused instead).
+    if !ids.is_empty() {
+        connection.execute_batch("PRAGMA incremental_vacuum(2000)")?;
+    }
+    Ok(ids.len())
+}
+
 /// The event a delivery id was first accepted as, within the dedup window.
 const ORIGINAL_SQL: &str =
     "SELECT event_id FROM dedup WHERE route = ?1 AND delivery_id = ?2 AND seen_at >= ?3";
@@ -200,6 +231,11 @@ impl Accepting for SqliteStore {
                 .optional()
         })
         .await
+    }
+
+    async fn prune_finished(&self, before: i64) -> Result<usize, StoreError> {
+        self.write(move |connection| prune_finished_in(connection, before))
+            .await
     }
 
     async fn prune_dedup(&self, before: i64) -> Result<usize, StoreError> {

@@ -119,6 +119,9 @@ const MIGRATIONS: &[&str] = &[
     // 7: `events replay` records what a copy replays; `events show` finds an event's turns.
     "ALTER TABLE events ADD COLUMN replay_of TEXT;
     CREATE INDEX turns_by_event ON turns(event_id);",
+    // 8: retention deletes an event's transcript steps by turn, and old idle sessions by age.
+    "CREATE INDEX transcript_by_turn ON transcript(turn_id);
+    CREATE INDEX sessions_by_age ON sessions(state, updated_at);",
 ];
 
 /// The schema version this build writes.
@@ -143,6 +146,14 @@ pub(crate) fn migrate(connection: &mut Connection) -> Result<(), MigrationError>
         .map_err(|source| MigrationError::Failed { version: 0, source })?;
     if found > CURRENT_VERSION {
         return Err(MigrationError::TooNew { found });
+    }
+    if found == 0 {
+        // Set while the database is still empty (the VACUUM makes it take effect on a file
+        // already in WAL mode, and costs nothing here): retention's deletes then give pages back
+        // to the file system (`PRAGMA incremental_vacuum`) instead of only reusing them.
+        connection
+            .execute_batch("PRAGMA auto_vacuum = INCREMENTAL; VACUUM;")
+            .map_err(|source| MigrationError::Failed { version: 1, source })?;
     }
     for (index, sql) in MIGRATIONS.iter().enumerate().skip(found as usize) {
         let version = index as i64 + 1;
