@@ -25,6 +25,7 @@ mod session;
 mod signature;
 mod store;
 mod template;
+mod untrusted;
 
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;

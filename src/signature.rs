@@ -28,6 +28,15 @@ pub(crate) enum VerifyScheme {
 }
 
 impl VerifyScheme {
+    /// Whether the scheme names an event type (a header, or a payload field its senders always
+    /// set); `bearer`, `hmac-sha256` and `none` do not.
+    pub(crate) fn has_event_type(self) -> bool {
+        !matches!(
+            self,
+            VerifyScheme::Bearer | VerifyScheme::HmacSha256 | VerifyScheme::None
+        )
+    }
+
     pub(crate) fn parse(name: &str) -> Option<VerifyScheme> {
         Some(match name {
             "github" => VerifyScheme::Github,
@@ -360,14 +369,16 @@ pub(crate) fn delivery_id(
     };
     scheme_id
         .or_else(|| from_header("idempotency-key"))
-        .map(|id| {
-            // A key of any length deduplicates: a long one by its digest.
-            if id.len() > MAX_STORED_DELIVERY_ID {
-                format!("sha256:{}", hex::encode(Sha256::digest(id.as_bytes())))
-            } else {
-                id
-            }
-        })
+        .map(dedup_key)
+}
+
+/// A delivery id as it is stored: a key of any length deduplicates, a long one by its digest.
+pub(crate) fn dedup_key(id: String) -> String {
+    if id.len() > MAX_STORED_DELIVERY_ID {
+        format!("sha256:{}", hex::encode(Sha256::digest(id.as_bytes())))
+    } else {
+        id
+    }
 }
 
 /// Delivery ids longer than this are stored (and deduplicated) by their SHA-256.

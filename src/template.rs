@@ -29,6 +29,30 @@ pub(crate) fn validate(source: &str) -> Result<(), String> {
         .map_err(|err| one_line(&err))
 }
 
+/// The event data a template refers to (`payload`, `headers`, `event_type`, `event_id`,
+/// `delivery_id`); `route` is the operator's own and not listed.
+pub(crate) fn event_data_used(source: &str) -> Vec<String> {
+    let mut environment = Environment::new();
+    if environment.add_template("check", source).is_err() {
+        return Vec::new();
+    }
+    let Ok(template) = environment.get_template("check") else {
+        return Vec::new();
+    };
+    let mut used: Vec<String> = template
+        .undeclared_variables(false)
+        .into_iter()
+        .filter(|name| {
+            matches!(
+                name.as_str(),
+                "payload" | "headers" | "event_type" | "event_id" | "delivery_id"
+            )
+        })
+        .collect();
+    used.sort();
+    used
+}
+
 fn one_line(err: &minijinja::Error) -> String {
     let mut message = err.to_string();
     if let Some(line) = err.line() {
@@ -37,12 +61,61 @@ fn one_line(err: &minijinja::Error) -> String {
     message.replace('\n', " ")
 }
 
+/// Session keys longer than this many bytes are shortened (see [`shorten_key`]).
+pub(crate) const MAX_SESSION_KEY: usize = 512;
+
+/// A key longer than [`MAX_SESSION_KEY`] becomes its readable beginning and a digest of the
+/// whole (`<prefix>…#<sha256, 16 hex digits>`): stable for the same long key, distinct for
+/// different ones, and short enough for the journal, the CLI and the ledger. Alertmanager's
+/// `group_by: ['...']` keys of every label are the usual case.
+fn shorten_key(key: &str) -> String {
+    if key.len() <= MAX_SESSION_KEY {
+        return key.to_string();
+    }
+    use sha2::Digest;
+    let digest = hex::encode(sha2::Sha256::digest(key.as_bytes()));
+    let mut end = MAX_SESSION_KEY - 64;
+    while !key.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…#{}", &key[..end], &digest[..16])
+}
+
+/// Renders one part of a session key: strings and numbers only. A null (a missing or null
+/// field), a boolean, an object or a list would render as `none`, `true` or a repr, and merge
+/// unrelated events into one session, so the event is refused instead.
+fn key_part(
+    out: &mut minijinja::Output<'_>,
+    state: &minijinja::State<'_, '_>,
+    value: &minijinja::Value,
+) -> Result<(), minijinja::Error> {
+    use minijinja::value::ValueKind;
+    match value.kind() {
+        ValueKind::String | ValueKind::Number => minijinja::escape_formatter(out, state, value),
+        kind => Err(minijinja::Error::new(
+            minijinja::ErrorKind::InvalidOperation,
+            format!(
+                "a session key part is {}; keys take strings and numbers (a missing or null \
+                 field, a boolean, an object or a list would merge unrelated events)",
+                match kind {
+                    ValueKind::None | ValueKind::Undefined => "null",
+                    ValueKind::Bool => "a boolean",
+                    ValueKind::Seq | ValueKind::Iterable => "a list",
+                    _ => "an object",
+                }
+            ),
+        )),
+    }
+}
+
 /// One route's template texts, as its config gives them.
 pub(crate) struct TemplateSources<'a> {
     pub route: &'a str,
     pub session: Option<&'a str>,
     pub system: &'a str,
     pub prompt: &'a str,
+    pub event_type: Option<&'a str>,
+    pub delivery_id: Option<&'a str>,
 }
 
 /// Compiled templates of every route.
@@ -59,6 +132,7 @@ impl RouteTemplates {
     ) -> Result<RouteTemplates, String> {
         let mut strict = Environment::new();
         strict.set_undefined_behavior(UndefinedBehavior::Strict);
+        strict.set_formatter(key_part);
         let mut lenient = Environment::new();
         lenient.set_undefined_behavior(UndefinedBehavior::Lenient);
         for route in routes {
@@ -68,10 +142,20 @@ impl RouteTemplates {
                     .add_template_owned(format!("{name}.session"), session.to_string())
                     .map_err(|e| format!("routes.{name}.session: {}", one_line(&e)))?;
             }
-            for (key, source) in [("system", route.system), ("prompt", route.prompt)] {
-                lenient
-                    .add_template_owned(format!("{name}.{key}"), source.to_string())
-                    .map_err(|e| format!("routes.{name}.{key}: {}", one_line(&e)))?;
+            let optional = [
+                ("event_type", route.event_type),
+                ("delivery_id", route.delivery_id),
+            ];
+            let given = [
+                ("system", Some(route.system)),
+                ("prompt", Some(route.prompt)),
+            ];
+            for (key, source) in given.into_iter().chain(optional) {
+                if let Some(source) = source {
+                    lenient
+                        .add_template_owned(format!("{name}.{key}"), source.to_string())
+                        .map_err(|e| format!("routes.{name}.{key}: {}", one_line(&e)))?;
+                }
             }
         }
         Ok(RouteTemplates { strict, lenient })
@@ -93,13 +177,35 @@ impl RouteTemplates {
                 context.route
             ));
         }
-        if key.len() > 512 || key.chars().any(char::is_control) {
+        if key
+            .chars()
+            .any(|c| c.is_control() || crate::untrusted::is_invisible_format(c))
+        {
             return Err(format!(
-                "routes.{}.session rendered a session key that is too long or has control characters",
+                "routes.{}.session rendered a session key with control, bidirectional or \
+                 zero-width characters",
                 context.route
             ));
         }
-        Ok(key.to_string())
+        Ok(shorten_key(key))
+    }
+
+    /// Renders the route's `event_type` or `delivery_id` template, if it has one; an empty
+    /// result is `None`.
+    pub(crate) fn optional_text(
+        &self,
+        key: &str,
+        context: &EventContext<'_>,
+    ) -> Result<Option<String>, String> {
+        let name = format!("{}.{key}", context.route);
+        let Ok(template) = self.lenient.get_template(&name) else {
+            return Ok(None);
+        };
+        let text = template
+            .render(context)
+            .map_err(|err| format!("routes.{}.{key}: {}", context.route, one_line(&err)))?;
+        let text = text.trim();
+        Ok((!text.is_empty()).then(|| text.to_string()))
     }
 
     /// Renders the route's `system` or `prompt` text.

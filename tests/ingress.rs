@@ -622,3 +622,132 @@ verify = { scheme = "bearer", secret = "s3cret-token" }
     assert_eq!(again.status, 200, "{again:?}");
     assert_eq!(again.json()["status"], "duplicate");
 }
+
+/// Session keys take strings and numbers only: a null field, a boolean or an object is refused
+/// (400), as are bidirectional or zero-width characters; a key longer than 512 bytes becomes
+/// its readable beginning and a digest, stable for the same key.
+#[test]
+fn session_keys_are_strict_and_long_ones_are_shortened_stably() {
+    let workspace = Workspace::new();
+    workspace.write_config(
+        r#"[routes.alerts]
+path = "/hooks/alerts"
+verify = { scheme = "none" }
+session = "{{ payload.group }}"
+"#,
+    );
+    let daemon = workspace.start();
+    for (body, what) in [
+        (r#"{"group": null}"#, "null"),
+        (r#"{"other": 1}"#, "undefined"),
+        (r#"{"group": true}"#, "a boolean"),
+        (r#"{"group": {"a": 1}}"#, "an object"),
+        (r#"{"group": ["a"]}"#, "a list"),
+        ("{\"group\": \"abc\u{202e}def\"}", "bidi"),
+        ("{\"group\": \"a\u{200b}b\"}", "zero-width"),
+    ] {
+        let response = daemon.post_json("/hooks/alerts", &[], body);
+        assert_eq!(response.status, 400, "{what}: {response:?}");
+        assert!(
+            response.json()["message"]
+                .as_str()
+                .unwrap_or("")
+                .contains("routes.alerts.session"),
+            "{what}: {response:?}"
+        );
+    }
+    assert_eq!(
+        daemon
+            .post_json("/hooks/alerts", &[], r#"{"group": 42}"#)
+            .json()["session"],
+        "42"
+    );
+    let long = format!("{{\"group\": \"{}\"}}", "alertname=DiskFull,".repeat(40));
+    let first = daemon.post_json("/hooks/alerts", &[], &long);
+    assert_eq!(first.status, 202, "{first:?}");
+    let key = first.json()["session"].as_str().expect("key").to_string();
+    assert!(key.len() <= 512, "{} bytes", key.len());
+    assert!(
+        key.starts_with("alertname=DiskFull,alertname=DiskFull,"),
+        "{key}"
+    );
+    assert!(key.contains("…#"), "{key}");
+    let second = daemon.post_json("/hooks/alerts", &[], &long);
+    assert_eq!(
+        second.json()["session"],
+        key.as_str(),
+        "the same long key, the same session"
+    );
+}
+
+/// Per-route `event_type` and `delivery_id` templates replace the scheme's: Alertmanager's
+/// payload has no `type`, so `events = ["firing"]` needs `event_type = "{{ payload.status }}"`
+/// (without it, check-config refuses the route); its group key deduplicates redeliveries.
+#[test]
+fn event_type_and_delivery_id_templates() {
+    let workspace = Workspace::new();
+    workspace.write_config(
+        r#"[routes.alertmanager]
+path = "/hooks/alertmanager"
+verify = { scheme = "bearer", secret = "am-token" }
+events = ["firing"]
+"#,
+    );
+    let output = workspace.cli(&["check-config"]);
+    assert_eq!(output.status.code(), Some(78), "{output:?}");
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains("routes.alertmanager.events"),
+        "{output:?}"
+    );
+    workspace.write_config(
+        r#"[routes.alertmanager]
+path = "/hooks/alertmanager"
+verify = { scheme = "bearer", secret = "am-token" }
+events = ["firing"]
+event_type = "{{ payload.status }}"
+delivery_id = "{{ payload.groupKey }}-{{ payload.status }}-{{ payload.alerts | length }}"
+session = "{{ payload.groupKey }}"
+"#,
+    );
+    let daemon = workspace.start();
+    let post = |status: &str| {
+        let body = format!(
+            r#"{{"version":"4","groupKey":"{{}}:{{alertname=\"DiskFull\"}}","status":"{status}","receiver":"agentgate","alerts":[{{"status":"{status}","labels":{{"alertname":"DiskFull"}}}}]}}"#
+        );
+        daemon.post_json(
+            "/hooks/alertmanager",
+            &[("authorization", "Bearer am-token")],
+            &body,
+        )
+    };
+    let firing = post("firing");
+    assert_eq!(firing.status, 202, "{firing:?}");
+    let again = post("firing");
+    assert_eq!(again.status, 200, "{again:?}");
+    assert_eq!(again.json()["status"], "duplicate");
+    let resolved = post("resolved");
+    assert_eq!(resolved.status, 200);
+    assert_eq!(resolved.json()["status"], "ignored");
+    let stored: Vec<String> = workspace.query("SELECT event_type FROM events", |row| row.get(0));
+    assert_eq!(stored, ["firing"]);
+}
+
+/// `system` sits outside the event markers, so it may not use event data: check-config says so.
+#[test]
+fn a_system_text_that_uses_event_data_is_a_config_error() {
+    let workspace = Workspace::new();
+    workspace.write_config(
+        r#"[routes.github]
+path = "/hooks/github"
+verify = { scheme = "github", secret = "s" }
+system = "Triage {{ payload.repository.full_name }} for {{ route }}."
+"#,
+    );
+    let output = workspace.cli(&["check-config"]);
+    assert_eq!(output.status.code(), Some(78), "{output:?}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains("routes.github.system") && stdout.contains("payload"),
+        "{stdout}"
+    );
+}

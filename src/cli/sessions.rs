@@ -237,9 +237,10 @@ pub(super) fn sessions_show(source: &ConfigSource, key: &str, json: bool) -> Res
     Ok(())
 }
 
-/// One transcript entry as a readable block: who said what, which tool ran with what.
+/// One transcript entry as a readable block: who said what, which tool ran with what. Payload and
+/// tool text reach a terminal here, so control characters (escape sequences) are removed.
 pub(super) fn render_entry(body: &serde_json::Value) -> String {
-    let text = |v: &serde_json::Value| v.as_str().unwrap_or("").to_string();
+    let text = |v: &serde_json::Value| crate::untrusted::for_terminal(v.as_str().unwrap_or(""));
     match body["kind"].as_str() {
         Some("tool_start") => format!(
             "  -> tool {} {} [{}]",

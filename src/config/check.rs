@@ -485,11 +485,37 @@ impl Checker<'_> {
             ("session", raw.session.as_deref()),
             ("system", raw.system.as_deref()),
             ("prompt", raw.prompt.as_deref()),
+            ("event_type", raw.event_type.as_deref()),
+            ("delivery_id", raw.delivery_id.as_deref()),
         ] {
             if let Some(template) = template
                 && let Err(err) = crate::template::validate(template)
             {
                 self.error(&format!("{prefix}.{key}"), format!("template error: {err}"));
+            }
+        }
+        if raw.events.is_some() && raw.event_type.is_none() && !verify.scheme.has_event_type() {
+            self.error(
+                &format!("{prefix}.events"),
+                "this verify scheme carries no event type, so events would filter on \
+                 payload.type, which most senders on it never set (Alertmanager does not); add \
+                 event_type = \"{{ payload.FIELD }}\" naming where the type is",
+            );
+        }
+        // The system text sits outside the event markers: event data there could instruct the
+        // model as the operator does.
+        if let Some(system) = raw.system.as_deref() {
+            let used = crate::template::event_data_used(system);
+            if !used.is_empty() {
+                self.error(
+                    &format!("{prefix}.system"),
+                    format!(
+                        "system may not use event data ({}): it is outside the event markers, \
+                         where the model takes it as the operator's instructions; put event data \
+                         in prompt",
+                        used.join(", ")
+                    ),
+                );
             }
         }
         for tool in &raw.tools {
@@ -533,6 +559,8 @@ impl Checker<'_> {
             verify,
             events: raw.events,
             session: raw.session,
+            event_type: raw.event_type,
+            delivery_id: raw.delivery_id,
             system: raw.system.unwrap_or_default(),
             prompt: raw.prompt.unwrap_or_else(|| DEFAULT_PROMPT.to_string()),
             interactive: raw.interactive.unwrap_or(false),

@@ -102,6 +102,8 @@ pub(super) struct RawRoute {
     pub(super) deliver: Option<RawDeliver>,
     pub(super) rate_limit: Option<String>,
     pub(super) max_body: Option<String>,
+    pub(super) event_type: Option<String>,
+    pub(super) delivery_id: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -122,6 +122,10 @@ pub(crate) struct RouteSettings {
     pub session: Option<String>,
     pub system: String,
     pub prompt: String,
+    /// Template of the event type; overrides the scheme's.
+    pub event_type: Option<String>,
+    /// Template of the dedup key; overrides the scheme's.
+    pub delivery_id: Option<String>,
     pub interactive: bool,
     pub tools: Vec<String>,
     pub on_busy: OnBusy,
@@ -150,6 +154,8 @@ impl Settings {
                     session: route.session.as_deref(),
                     system: &route.system,
                     prompt: &route.prompt,
+                    event_type: route.event_type.as_deref(),
+                    delivery_id: route.delivery_id.as_deref(),
                 }
             }))?;
         Ok(Settings { config, templates })

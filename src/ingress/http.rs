@@ -243,7 +243,26 @@ impl Ingress {
                 &json!({"challenge": payload.get("challenge").cloned().unwrap_or_default()}),
             ));
         }
-        let event_type = event_type(settings, &parts.headers, &payload);
+        let headers = visible_headers(&parts.headers);
+        let event_id = uuid::Uuid::now_v7().to_string();
+        let templates = &routing.settings.templates;
+        let bad_template =
+            |message: String| error(StatusCode::BAD_REQUEST, "bad_template", &message);
+        let bare = EventContext {
+            payload: &payload,
+            headers: &headers,
+            event_type: "",
+            route: &settings.name,
+            event_id: &event_id,
+            delivery_id: None,
+        };
+        let event_type = match templates
+            .optional_text("event_type", &bare)
+            .map_err(bad_template)?
+        {
+            Some(event_type) => event_type,
+            None => event_type(settings, &parts.headers, &payload),
+        };
         if let Some(events) = &settings.events
             && !events.iter().any(|e| e == &event_type)
         {
@@ -266,16 +285,20 @@ impl Ingress {
             }
             return Err(response);
         }
-        let delivery_id = signature::delivery_id(settings.verify.scheme, &parts.headers, &payload);
-        let headers = visible_headers(&parts.headers);
-        let event_id = uuid::Uuid::now_v7().to_string();
-        let context = EventContext {
-            payload: &payload,
-            headers: &headers,
+        let typed = EventContext {
             event_type: &event_type,
-            route: &settings.name,
-            event_id: &event_id,
+            ..bare
+        };
+        let delivery_id = match templates
+            .optional_text("delivery_id", &typed)
+            .map_err(bad_template)?
+        {
+            Some(id) => Some(signature::dedup_key(id)),
+            None => signature::delivery_id(settings.verify.scheme, &parts.headers, &payload),
+        };
+        let context = EventContext {
             delivery_id: delivery_id.as_deref(),
+            ..typed
         };
         let session_key = routing
             .settings

@@ -1,11 +1,13 @@
 //! The messages a turn starts from: the system text, the session's history and the new event.
 //!
-//! The payload is untrusted. The new event goes into the conversation between explicit markers,
-//! and the system text tells the model that anything between them is data, never instructions.
+//! The payload is untrusted. The new event goes into the conversation between explicit markers
+//! that no payload can close (in any case, spacing or width), and the system text tells the model
+//! that anything between them is data, never instructions.
 
 use crate::agent::message::{Message, Role};
 use crate::config::{DEFAULT_SYSTEM, RouteSettings};
 use crate::store::ResumeReason;
+use crate::untrusted;
 
 const EVENT_OPEN: &str = "<webhook-event";
 const EVENT_CLOSE: &str = "</webhook-event>";
@@ -39,9 +41,7 @@ pub(crate) fn event_message(
     event_id: &str,
     prompt: &str,
 ) -> Message {
-    let escaped = prompt
-        .replace(EVENT_CLOSE, "<\\/webhook-event>")
-        .replace(EVENT_OPEN, "<\\webhook-event");
+    let escaped = untrusted::inside_markers(prompt);
     let attribute = |value: &str| value.replace(['"', '<', '>'], "");
     Message::text(
         Role::User,
