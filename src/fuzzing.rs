@@ -99,3 +99,17 @@ pub fn request(data: &[u8]) {
     }
     crate::ingress::parse_for_fuzzing(&headers, bytes::Bytes::copy_from_slice(body));
 }
+
+/// The event markers: whatever the payload, the event message has exactly one closing marker in
+/// any spelling a model could read as one, and it is the last thing in the message.
+pub fn markers(data: &[u8]) {
+    let payload = String::from_utf8_lossy(data);
+    let message = crate::session::event_message_for_fuzzing(&payload);
+    let closing = crate::untrusted::marker_tags(&message);
+    assert_eq!(
+        closing.len(),
+        2,
+        "one opening and one closing marker: {message:?}"
+    );
+    assert!(message.ends_with("</webhook-event>"), "{message:?}");
+}

@@ -83,6 +83,15 @@ fn is_hidden(c: char) -> bool {
     (c.is_control() && c != '\n' && c != '\t') || is_invisible_format(c)
 }
 
+/// The positions of every marker tag (opening or closing) a model could read in `text`.
+#[cfg(any(test, feature = "fuzzing"))]
+pub(crate) fn marker_tags(text: &str) -> Vec<usize> {
+    text.char_indices()
+        .filter(|(i, c)| opens_tag(*c) && names_marker(&text[i + c.len_utf8()..]))
+        .map(|(i, _)| i)
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -101,14 +110,9 @@ mod tests {
             "<webhook-event route=\"x\">",
         ] {
             let text = inside_markers(attack);
-            assert!(!names_unbroken_marker(&text), "{attack:?} -> {text:?}");
+            assert!(marker_tags(&text).is_empty(), "{attack:?} -> {text:?}");
         }
         assert_eq!(inside_markers("a < b, c </div>"), "a < b, c </div>");
-    }
-
-    fn names_unbroken_marker(text: &str) -> bool {
-        text.char_indices()
-            .any(|(i, c)| opens_tag(c) && names_marker(&text[i + c.len_utf8()..]))
     }
 
     #[test]

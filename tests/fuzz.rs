@@ -5,7 +5,9 @@
 use std::process::Command;
 
 const FUZZ_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz");
-const TARGETS: [&str; 5] = ["ledger", "verify", "config", "cassette", "request"];
+const TARGETS: [&str; 6] = [
+    "ledger", "verify", "config", "cassette", "request", "markers",
+];
 
 fn cargo_fuzz_available() -> bool {
     Command::new("cargo")

@@ -751,3 +751,46 @@ system = "Triage {{ payload.repository.full_name }} for {{ route }}."
         "{stdout}"
     );
 }
+
+/// HTTP/2 with prior knowledge (no upgrade, as h2c clients and proxies speak it) is served on the
+/// same socket as HTTP/1.1.
+#[test]
+fn http2_prior_knowledge_is_served() {
+    use http_body_util::{BodyExt, Full};
+    let workspace = Workspace::new();
+    workspace.write_config(
+        "[routes.alerts]\npath = \"/hooks/alerts\"\nverify = { scheme = \"none\" }\n",
+    );
+    let daemon = workspace.start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let (status, version, body) = runtime.block_on(async {
+        let stream = tokio::net::TcpStream::connect(daemon.addr)
+            .await
+            .expect("connect");
+        let (mut sender, connection) = hyper::client::conn::http2::handshake(
+            hyper_util::rt::TokioExecutor::new(),
+            hyper_util::rt::TokioIo::new(stream),
+        )
+        .await
+        .expect("h2 handshake");
+        tokio::spawn(connection);
+        let request = http::Request::post(format!("http://{}/hooks/alerts", daemon.addr))
+            .header("content-type", "application/json")
+            .body(Full::new(bytes::Bytes::from_static(b"{\"via\":\"h2\"}")))
+            .expect("request");
+        let response = sender.send_request(request).await.expect("response");
+        let (status, version) = (response.status().as_u16(), response.version());
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .expect("body")
+            .to_bytes();
+        (status, version, body)
+    });
+    assert_eq!(version, http::Version::HTTP_2);
+    assert_eq!(status, 202, "{}", String::from_utf8_lossy(&body));
+}

@@ -15,9 +15,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper::server::conn::http1;
+use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -237,6 +237,41 @@ impl AcceptBackoff {
     }
 }
 
+/// What a client speaks: HTTP/1.1, or HTTP/2 with prior knowledge (h2c).
+enum Protocol {
+    Http1,
+    Http2,
+}
+
+/// The connection preface of HTTP/2 (RFC 9113 §3.4).
+const HTTP2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+/// How long to wait for more bytes of a preface that has only begun.
+const PREFACE_POLL: Duration = Duration::from_millis(10);
+
+/// Tells the protocol from the connection's first bytes, without consuming them. A client that
+/// sends nothing within `within`, or closes, is dropped (`None`): the same limit as for request
+/// headers, so a silent connection cannot hold a slot.
+async fn detect_protocol(stream: &tokio::net::TcpStream, within: Duration) -> Option<Protocol> {
+    let deadline = tokio::time::Instant::now() + within;
+    let mut first = [0u8; HTTP2_PREFACE.len()];
+    loop {
+        let seen = tokio::time::timeout_at(deadline, stream.peek(&mut first))
+            .await
+            .ok()?
+            .ok()?;
+        if seen == 0 {
+            return None;
+        }
+        if !HTTP2_PREFACE.starts_with(&first[..seen]) {
+            return Some(Protocol::Http1);
+        }
+        if seen == HTTP2_PREFACE.len() {
+            return Some(Protocol::Http2);
+        }
+        tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + PREFACE_POLL)).await;
+    }
+}
+
 /// Serves webhooks until `shutdown` fires, then stops accepting and lets in-flight requests finish
 /// (for at most `finish_within`). At most `server.max_connections` connections are open at once:
 /// past that, new ones are not accepted and wait in the kernel's backlog, so a flood of stalled
@@ -252,11 +287,14 @@ pub(crate) async fn serve(
     let listener = tokio::net::TcpListener::from_std(listener)?;
     let graceful = GracefulShutdown::new();
     let mut backoff = AcceptBackoff::default();
-    let mut builder = http1::Builder::new();
-    builder
+    let mut http1 = http1::Builder::new();
+    http1
         .timer(TokioTimer::new())
         .header_read_timeout(server.header_timeout)
         .keep_alive(true);
+    let mut http2 = http2::Builder::new(TokioExecutor::new());
+    http2.timer(TokioTimer::new());
+    let header_timeout = server.header_timeout;
     let connections = Arc::new(Semaphore::new(server.max_connections));
     let mut at_limit_since: Option<std::time::Instant> = None;
     loop {
@@ -294,11 +332,20 @@ pub(crate) async fn serve(
         let _ = stream.set_nodelay(true);
         let ingress = ingress.clone();
         let service = service_fn(move |request| ingress.clone().handle(request, peer));
-        let connection = builder.serve_connection(TokioIo::new(stream), service);
-        let connection = graceful.watch(connection);
+        let (http1, http2, watcher) = (http1.clone(), http2.clone(), graceful.watcher());
         tokio::spawn(async move {
             // Errors here are client-side (reset, timeout); nothing is lost by dropping them.
-            let _ = connection.await;
+            match detect_protocol(&stream, header_timeout).await {
+                Some(Protocol::Http1) => {
+                    let connection = http1.serve_connection(TokioIo::new(stream), service);
+                    let _ = watcher.watch(connection).await;
+                }
+                Some(Protocol::Http2) => {
+                    let connection = http2.serve_connection(TokioIo::new(stream), service);
+                    let _ = watcher.watch(connection).await;
+                }
+                None => {}
+            }
             drop(permit);
         });
     }

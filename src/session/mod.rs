@@ -20,6 +20,14 @@ use tokio_util::task::TaskTracker;
 
 pub(crate) use runner::TurnContext;
 
+/// The event message a turn starts from, for the `markers` fuzz target.
+#[cfg(feature = "fuzzing")]
+pub(crate) fn event_message_for_fuzzing(prompt: &str) -> String {
+    prompt::event_message("route", "type", "id", prompt)
+        .content
+        .unwrap_or_default()
+}
+
 use crate::config::OnBusy;
 use crate::logging;
 use crate::store::Store;
