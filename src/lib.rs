@@ -10,6 +10,14 @@
 
 #![forbid(unsafe_code)]
 
+/// The version agentgate reports (`--version`, `status`, the journal at start): the Debian
+/// package's version when the package build sets `AGENTGATE_PACKAGE_VERSION`, so the binary never
+/// says another version than the package installed; else the crate's.
+pub(crate) const VERSION: &str = match option_env!("AGENTGATE_PACKAGE_VERSION") {
+    Some(version) => version,
+    None => env!("CARGO_PKG_VERSION"),
+};
+
 mod agent;
 mod cli;
 mod config;

@@ -39,6 +39,15 @@ impl Secret {
     }
 
     /// A secret computed from this one (a decoded key), keeping the origin for messages.
+    /// A value written in the config that is not secret (a plain delivery URL), kept as a
+    /// `Secret` so it is handled like one that is.
+    pub(crate) fn plain(text: String) -> Secret {
+        Secret {
+            bytes: text.into_bytes(),
+            origin: "the config".to_string(),
+        }
+    }
+
     pub(crate) fn derive(&self, bytes: Vec<u8>) -> Secret {
         Secret {
             bytes,

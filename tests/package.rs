@@ -91,6 +91,12 @@ fn install_serve_upgrade_restart_remove_purge() {
         machine.port
     ));
     machine.ok(&format!("dpkg -i {}", staged.display()));
+    // The binary reports the package's version.
+    let package_version = machine.ok("dpkg-query -W -f '${Version}' agentgate");
+    assert_eq!(
+        machine.ok("agentgate --version"),
+        format!("agentgate {package_version}")
+    );
     assert!(
         machine
             .ok("getent passwd _agentgate")

@@ -935,3 +935,79 @@ fn a_payload_cannot_close_the_event_markers_in_any_spelling() {
     let shown = setup.workspace.cli(&["sessions", "show", "inject"]);
     assert!(!String::from_utf8_lossy(&shown.stdout).contains('\u{1b}'));
 }
+
+/// A target that hangs fills only its own delivery slots: another route's result is delivered at
+/// once. A delivery URL given as a secret never appears in the journal: failures name only its
+/// scheme and host.
+#[test]
+fn a_stuck_target_holds_up_no_other_route_and_secret_urls_stay_out_of_logs() {
+    let workspace = Workspace::new();
+    let model = Stub::start(|_, _| Reply::answer("done"));
+    let stuck = Stub::start(|_, _| Reply::raw(204, "").after(Duration::from_secs(60)));
+    let fast = Stub::start(|request, _| {
+        if request.path.contains("T0KEN") {
+            Reply::raw(500, "no")
+        } else {
+            Reply::raw(204, "")
+        }
+    });
+    workspace.write_config(&format!(
+        r#"[model]
+backend = "openai"
+base_url = "{model}/v1"
+model = "stub-model"
+
+[routes.slow]
+path = "/hooks/slow"
+verify = {{ scheme = "none" }}
+deliver = {{ kind = "http", url = "{stuck}/results", concurrency = 2 }}
+
+[routes.quick]
+path = "/hooks/quick"
+verify = {{ scheme = "none" }}
+deliver = {{ kind = "http", url = "{fast}/results" }}
+
+[routes.hidden]
+path = "/hooks/hidden"
+verify = {{ scheme = "none" }}
+deliver = {{ kind = "http", url = {{ env = "TEST_DELIVER_URL" }} }}
+"#,
+        model = model.url(),
+        stuck = stuck.url(),
+        fast = fast.url(),
+    ));
+    let daemon = workspace.start_with_env(&[(
+        "TEST_DELIVER_URL",
+        &format!("{}/services/T0KEN/secret-path", fast.url()),
+    )]);
+    post_many(daemon.addr, "/hooks/slow", 40, |n| {
+        format!(r#"{{"n":{n}}}"#)
+    });
+    wait_until("the stuck target to hold its slots", TURN_LIMIT, || {
+        stuck.requests().len() >= 2
+    });
+    let quick = daemon.post_json("/hooks/quick", &[], "{}");
+    let quick = quick.json()["event_id"].as_str().expect("id").to_string();
+    wait_delivery(&fast, &quick);
+    assert_eq!(
+        stuck.requests().len(),
+        2,
+        "concurrency = 2 bounds the stuck target"
+    );
+
+    let hidden = daemon.post_json("/hooks/hidden", &[], "{}");
+    assert_eq!(hidden.status, 202);
+    wait_until("the hidden delivery to fail once", TURN_LIMIT, || {
+        daemon.log().contains("answered 500")
+    });
+    let log = daemon.log();
+    assert!(
+        !log.contains("T0KEN") && !log.contains("secret-path"),
+        "{log}"
+    );
+    let errors: Vec<String> = workspace.query(
+        "SELECT COALESCE(last_error, '') FROM deliveries WHERE route = 'hidden'",
+        |row| row.get(0),
+    );
+    assert!(errors.iter().all(|e| !e.contains("T0KEN")), "{errors:?}");
+}

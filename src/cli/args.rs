@@ -9,7 +9,7 @@ use crate::config::ConfigSource;
 #[derive(Debug, Parser)]
 #[command(
     name = "agentgate",
-    version,
+    version = crate::VERSION,
     about = "Turns webhooks into durable AI-agent work",
     long_about = "agentgate accepts webhooks on a systemd-held socket, makes each event durable before \
                   acknowledging it, runs it as a turn of an agent session, and delivers the result. \

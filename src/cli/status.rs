@@ -31,6 +31,7 @@ pub(super) fn status(source: &ConfigSource, json: bool) -> Result<(), Failure> {
     };
     if json {
         let document = serde_json::json!({
+            "version": crate::VERSION,
             "daemon": {"running": running},
             "state_dir": state.state_dir,
             "events": summary.events,
@@ -79,7 +80,8 @@ pub(super) fn render_status(state_dir: &Path, running: bool, summary: &StatusSum
             .join(", ")
     };
     format!(
-        "daemon:     {}\nstate:      {}\nevents:     {} total ({})\nsessions:   {} total ({})\ndeliveries: {} pending, {} failed\n",
+        "agentgate:  {}\ndaemon:     {}\nstate:      {}\nevents:     {} total ({})\nsessions:   {} total ({})\ndeliveries: {} pending, {} failed\n",
+        crate::VERSION,
         if running { "running" } else { "not running" },
         state_dir.display(),
         summary.events.total,

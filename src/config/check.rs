@@ -660,13 +660,27 @@ impl Checker<'_> {
         match raw.kind.as_str() {
             "log" => Some(DeliverSettings::Log),
             "http" => {
-                let url = raw.url.unwrap_or_default();
-                match url::Url::parse(&url) {
-                    Ok(parsed) if matches!(parsed.scheme(), "http" | "https") => {}
-                    _ => self.error(
-                        &format!("{key_path}.url"),
-                        format!("{url:?} is not an http(s) URL"),
-                    ),
+                let url_key = format!("{key_path}.url");
+                let url = match raw.url {
+                    None => {
+                        self.error(&url_key, "an http delivery needs url");
+                        return None;
+                    }
+                    // A plain URL is not a secret; one from a credential, file or variable is.
+                    Some(SecretSource::Literal(text)) => crate::secret::Secret::plain(text),
+                    Some(source) => self.secret(&url_key, &source)?,
+                };
+                let text = String::from_utf8_lossy(url.expose()).into_owned();
+                let parsed = url::Url::parse(&text);
+                let usable = parsed
+                    .as_ref()
+                    .is_ok_and(|parsed| matches!(parsed.scheme(), "http" | "https"));
+                // An unloaded credential (checked outside the service) is empty.
+                if !usable && !text.is_empty() {
+                    self.error(
+                        &url_key,
+                        format!("{} is not an http(s) URL", redacted_url(&text)),
+                    );
                 }
                 let key = match raw.secret {
                     None => None,
@@ -676,12 +690,26 @@ impl Checker<'_> {
                         Some(self.standard_key(&secret_key, secret)?)
                     }
                 };
-                Some(DeliverSettings::Http { url, key })
+                let concurrency = self.positive(
+                    &format!("{key_path}.concurrency"),
+                    raw.concurrency,
+                    DEFAULT_DELIVERY_CONCURRENCY,
+                ) as usize;
+                Some(DeliverSettings::Http {
+                    url,
+                    key,
+                    concurrency,
+                })
             }
             "command" => {
                 let argv = raw.command.unwrap_or_default();
                 self.argv(&format!("{key_path}.command"), &argv);
-                Some(DeliverSettings::Command { argv })
+                let concurrency = self.positive(
+                    &format!("{key_path}.concurrency"),
+                    raw.concurrency,
+                    DEFAULT_DELIVERY_CONCURRENCY,
+                ) as usize;
+                Some(DeliverSettings::Command { argv, concurrency })
             }
             other => {
                 self.error(
@@ -691,6 +719,26 @@ impl Checker<'_> {
                 None
             }
         }
+    }
+}
+
+/// Deliveries in flight to one target at most, unless `deliver.concurrency` says otherwise.
+const DEFAULT_DELIVERY_CONCURRENCY: u32 = 8;
+
+/// A URL as logs and errors show it: scheme and host only (the path or user info of an
+/// incoming-webhook URL is its secret).
+pub(crate) fn redacted_url(text: &str) -> String {
+    match url::Url::parse(text) {
+        Ok(parsed) => format!(
+            "{}://{}{}/…",
+            parsed.scheme(),
+            parsed.host_str().unwrap_or("?"),
+            parsed
+                .port()
+                .map(|port| format!(":{port}"))
+                .unwrap_or_default()
+        ),
+        Err(_) => "the URL".to_string(),
     }
 }
 

@@ -18,8 +18,8 @@ use serde::Deserialize;
 
 pub(crate) use crate::secret::{Secret, SecretSource};
 pub(crate) use crate::signature::{VerifyScheme, VerifySettings};
-pub(crate) use check::check;
 use check::{Checker, syntax_finding};
+pub(crate) use check::{check, redacted_url};
 use locate::Locator;
 use raw::*;
 pub(crate) use reload::{ReloadReport, list_changes};

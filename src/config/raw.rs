@@ -118,7 +118,8 @@ pub(super) struct RawVerify {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawDeliver {
     pub(super) kind: String,
-    pub(super) url: Option<String>,
+    pub(super) url: Option<SecretSource>,
     pub(super) secret: Option<SecretSource>,
     pub(super) command: Option<Vec<String>>,
+    pub(super) concurrency: Option<i64>,
 }

@@ -109,8 +109,28 @@ pub(crate) enum OnBusy {
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum DeliverSettings {
     Log,
-    Http { url: String, key: Option<Secret> },
-    Command { argv: Vec<String> },
+    /// `url` may itself be a secret (Slack, Discord and Teams incoming-webhook URLs are): logs and
+    /// errors show only its scheme and host.
+    Http {
+        url: Secret,
+        key: Option<Secret>,
+        concurrency: usize,
+    },
+    Command {
+        argv: Vec<String>,
+        concurrency: usize,
+    },
+}
+
+impl DeliverSettings {
+    /// How many deliveries to this target may be in flight at once.
+    pub(crate) fn concurrency(&self) -> usize {
+        match self {
+            DeliverSettings::Log => usize::MAX,
+            DeliverSettings::Http { concurrency, .. }
+            | DeliverSettings::Command { concurrency, .. } => *concurrency,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]

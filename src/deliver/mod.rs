@@ -4,18 +4,19 @@
 //! Attempts back off exponentially and survive restarts (the schedule lives in SQLite). After
 //! `MAX_ATTEMPTS` a delivery is marked failed and kept, visible in `status`, never dropped.
 
+use std::collections::{HashMap, HashSet};
 use std::process::Stdio;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::io::AsyncWriteExt;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use tracing::Instrument;
 
-use crate::config::{DeliverSettings, Settings, Shared};
+use crate::config::{DeliverSettings, Settings, Shared, redacted_url};
 use crate::logging;
 use crate::metrics;
 use crate::signature::standard_signature;
@@ -25,7 +26,14 @@ use crate::store::{DeliveryAttempt, PendingDelivery, Store};
 pub(crate) const MAX_ATTEMPTS: u32 = 16;
 const BACKOFF_CAP: Duration = Duration::from_secs(600);
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(30);
-const BATCH: usize = 32;
+/// Due deliveries fetched per round.
+const BATCH: usize = 64;
+/// Delivery attempts in flight at most, over every target.
+const MAX_IN_FLIGHT: usize = 256;
+/// Immediate retries of an attempt that failed before any answer (a pooled connection the
+/// receiver had closed): the receiver saw nothing, so trying again at once is safe, and waiting
+/// a backoff for it is what made connection-closing receivers slow.
+const TRANSPORT_RETRIES: u32 = 2;
 const POLL_INTERVAL: Duration = Duration::from_secs(1);
 
 pub(crate) struct Deliverer {
@@ -56,34 +64,85 @@ impl Deliverer {
 
     /// Delivers due results until `shutdown`, then makes one last pass over what is due (the
     /// drain bounds how long that may take; whatever it cuts off stays in the outbox).
+    ///
+    /// Deliveries run concurrently, up to `deliver.concurrency` per route's target and
+    /// `MAX_IN_FLIGHT` in all. A target that is slow or stuck fills only its own slots: routes
+    /// whose slots are all taken are left out of the next fetch, so their backlog never hides
+    /// another route's due results.
     pub(crate) async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        let mut attempts = JoinSet::new();
+        let in_flight: Arc<Mutex<HashSet<String>>> = Arc::default();
+        let finished = Arc::new(Notify::new());
+        let mut targets: HashMap<String, (usize, Arc<Semaphore>)> = HashMap::new();
         loop {
             let stopping = shutdown.is_cancelled();
-            let due = match self.store.due_deliveries(BATCH).await {
-                Ok(due) => due,
-                Err(err) => {
-                    tracing::warn!(error = %err, "cannot read the outbox");
-                    Vec::new()
+            while attempts.try_join_next().is_some() {}
+            let room = MAX_IN_FLIGHT.saturating_sub(attempts.len());
+            if room > 0 {
+                let settings = self.settings.get();
+                let saturated: Vec<String> = targets
+                    .iter()
+                    .filter(|(_, (_, slots))| slots.available_permits() == 0)
+                    .map(|(route, _)| route.clone())
+                    .collect();
+                let busy = lock(&in_flight).clone();
+                let due = match self
+                    .store
+                    .due_deliveries(room.min(BATCH) + busy.len(), saturated)
+                    .await
+                {
+                    Ok(due) => due,
+                    Err(err) => {
+                        tracing::warn!(error = %err, "cannot read the outbox");
+                        Vec::new()
+                    }
+                };
+                for delivery in due.into_iter().filter(|d| !busy.contains(&d.event_id)) {
+                    let concurrency = settings
+                        .route(&delivery.route)
+                        .map_or(1, |route| route.deliver.concurrency());
+                    let (limit, slots) =
+                        targets.entry(delivery.route.clone()).or_insert_with(|| {
+                            (
+                                concurrency,
+                                Arc::new(Semaphore::new(concurrency.min(Semaphore::MAX_PERMITS))),
+                            )
+                        });
+                    if *limit != concurrency {
+                        // A reload changed the limit: new attempts use the new one.
+                        *limit = concurrency;
+                        *slots = Arc::new(Semaphore::new(concurrency.min(Semaphore::MAX_PERMITS)));
+                    }
+                    let slots = slots.clone();
+                    lock(&in_flight).insert(delivery.event_id.clone());
+                    let (deliverer, in_flight, finished) =
+                        (self.clone(), in_flight.clone(), finished.clone());
+                    let span = logging::event_span(
+                        &delivery.event_id,
+                        &delivery.session_key,
+                        &delivery.route,
+                    );
+                    attempts.spawn(
+                        async move {
+                            let event_id = delivery.event_id.clone();
+                            if let Ok(_slot) = slots.acquire_owned().await {
+                                deliverer.deliver(delivery).await;
+                            }
+                            lock(&in_flight).remove(&event_id);
+                            finished.notify_one();
+                        }
+                        .instrument(span),
+                    );
                 }
-            };
-            let full_batch = due.len() == BATCH;
-            let mut attempts = JoinSet::new();
-            for delivery in due {
-                let deliverer = self.clone();
-                let span =
-                    logging::event_span(&delivery.event_id, &delivery.session_key, &delivery.route);
-                attempts.spawn(async move { deliverer.deliver(delivery).await }.instrument(span));
             }
-            while attempts.join_next().await.is_some() {}
             if stopping {
+                while attempts.join_next().await.is_some() {}
                 return;
-            }
-            if full_batch {
-                continue;
             }
             tokio::select! {
                 () = shutdown.cancelled() => {}
                 () = self.wake.notified() => {}
+                () = finished.notified() => {}
                 () = tokio::time::sleep(POLL_INTERVAL) => {}
             }
         }
@@ -100,8 +159,8 @@ impl Deliverer {
                 tracing::info!(result = %delivery.body, "turn result");
                 Ok(())
             }
-            DeliverSettings::Http { url, key } => self.post(url, key.as_ref(), &delivery).await,
-            DeliverSettings::Command { argv } => {
+            DeliverSettings::Http { url, key, .. } => self.post(url, key.as_ref(), &delivery).await,
+            DeliverSettings::Command { argv, .. } => {
                 // The whole attempt is bounded: a command that never reads its stdin must not
                 // hold the write forever.
                 tokio::time::timeout(ATTEMPT_TIMEOUT, run_command(argv, &delivery))
@@ -149,38 +208,45 @@ impl Deliverer {
 
     async fn post(
         &self,
-        url: &str,
+        url: &crate::config::Secret,
         key: Option<&crate::config::Secret>,
         delivery: &PendingDelivery,
     ) -> Result<(), String> {
-        let timestamp = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        let mut request = self
-            .client
-            .post(url)
-            .header("content-type", "application/json")
-            .header("webhook-id", &delivery.event_id)
-            .header("webhook-timestamp", timestamp.to_string())
-            .body(delivery.body.clone());
-        if let Some(key) = key {
-            let signature = standard_signature(
-                key.expose(),
-                &delivery.event_id,
-                timestamp,
-                delivery.body.as_bytes(),
-            );
-            request = request.header("webhook-signature", format!("v1,{signature}"));
-        }
-        let response = request
-            .send()
-            .await
-            .map_err(|err| format!("POST {url}: {}", describe(&err)))?;
-        let status = response.status();
-        if status.is_success() {
-            Ok(())
-        } else {
-            Err(format!("POST {url} answered {}", status.as_u16()))
+        let url = String::from_utf8_lossy(url.expose()).into_owned();
+        let shown = redacted_url(&url);
+        let mut retries = 0;
+        loop {
+            let timestamp = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            let mut request = self
+                .client
+                .post(&url)
+                .header("content-type", "application/json")
+                .header("webhook-id", &delivery.event_id)
+                .header("webhook-timestamp", timestamp.to_string())
+                .body(delivery.body.clone());
+            if let Some(key) = key {
+                let signature = standard_signature(
+                    key.expose(),
+                    &delivery.event_id,
+                    timestamp,
+                    delivery.body.as_bytes(),
+                );
+                request = request.header("webhook-signature", format!("v1,{signature}"));
+            }
+            match request.send().await {
+                Ok(response) if response.status().is_success() => return Ok(()),
+                Ok(response) => {
+                    return Err(format!(
+                        "POST {shown} answered {}",
+                        response.status().as_u16()
+                    ));
+                }
+                Err(err) if !err.is_timeout() && retries < TRANSPORT_RETRIES => retries += 1,
+                // Errors carry the URL; it may be the secret, so it is left out.
+                Err(err) => return Err(format!("POST {shown}: {}", describe(&err.without_url()))),
+            }
         }
     }
 }
@@ -224,6 +290,13 @@ async fn run_command(argv: &[String], delivery: &PendingDelivery) -> Result<(), 
             output.status,
             String::from_utf8_lossy(&output.stderr).trim()
         ))
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    match mutex.lock() {
+        Ok(guard) => guard,
+        Err(poisoned) => poisoned.into_inner(),
     }
 }
 

@@ -74,7 +74,7 @@ impl Control {
         Ok(json_response(
             StatusCode::OK,
             &json!({
-                "daemon": {"running": true, "pid": std::process::id(), "writable": self.store.is_writable()},
+                "daemon": {"running": true, "pid": std::process::id(), "version": crate::VERSION, "writable": self.store.is_writable()},
                 "events": summary.events,
                 "sessions": summary.sessions,
                 "turns": {"running": self.sessions.running_count()},

@@ -193,10 +193,11 @@ pub(crate) fn serve(
             drain.stop_background(),
         ));
         tracing::info!(
+            version = crate::VERSION,
             listen = %address,
             socket_activated = listeners.activated,
             state_dir = %state_dir.display(),
-            "agentgate is accepting webhooks"
+            "agentgate {} is accepting webhooks", crate::VERSION
         );
         // READY first; the live counts follow from the health task.
         notify::ready("accepting webhooks");

@@ -212,7 +212,13 @@ pub(crate) trait Recovery: Send + Sync {
 #[async_trait::async_trait]
 pub(crate) trait Outbox: Send + Sync {
     /// Deliveries due now, oldest first, each to be sent by this node alone.
-    async fn due_deliveries(&self, limit: usize) -> Result<Vec<PendingDelivery>, StoreError>;
+    /// Up to `limit` due deliveries, oldest first, of routes other than `skip_routes` (those
+    /// whose target has as many deliveries in flight as it may).
+    async fn due_deliveries(
+        &self,
+        limit: usize,
+        skip_routes: Vec<String>,
+    ) -> Result<Vec<PendingDelivery>, StoreError>;
     /// Records an attempt: delivered, retry later, or failed for good.
     async fn record_delivery_attempt(
         &self,

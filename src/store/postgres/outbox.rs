@@ -4,7 +4,11 @@ use super::*;
 
 #[async_trait::async_trait]
 impl Outbox for PostgresStore {
-    async fn due_deliveries(&self, limit: usize) -> Result<Vec<PendingDelivery>, StoreError> {
+    async fn due_deliveries(
+        &self,
+        limit: usize,
+        skip_routes: Vec<String>,
+    ) -> Result<Vec<PendingDelivery>, StoreError> {
         let rows = self
             .select(
                 concatcp!("UPDATE deliveries SET lease_owner = $1, lease_expires_at = agentgate_now_ms() + $2
@@ -12,6 +16,7 @@ impl Outbox for PostgresStore {
                      SELECT event_id FROM deliveries
                      WHERE status = ", PENDING, " AND next_attempt_at <= $3
                        AND (lease_owner IS NULL OR lease_expires_at < agentgate_now_ms())
+                       AND NOT (route = ANY($5))
                      ORDER BY next_attempt_at LIMIT $4
                      FOR UPDATE SKIP LOCKED)
                  RETURNING event_id, route, session_key, body, attempts, next_attempt_at"),
@@ -20,6 +25,7 @@ impl Outbox for PostgresStore {
                     &self.shared.lease_ttl_ms,
                     &now_millis(),
                     &(limit as i64),
+                    &skip_routes,
                 ],
             )
             .await?;

@@ -34,16 +34,19 @@ impl DeliveryCounts {
 pub(super) fn due_in(
     connection: &Connection,
     limit: usize,
+    skip_routes: &[String],
 ) -> rusqlite::Result<Vec<PendingDelivery>> {
+    let skipped = serde_json::to_string(skip_routes).unwrap_or_else(|_| "[]".to_string());
     connection
         .prepare_cached(concatcp!(
             "SELECT event_id, route, session_key, body, attempts FROM deliveries
              WHERE status = ",
             PENDING,
             " AND next_attempt_at <= ?1
+               AND route NOT IN (SELECT value FROM json_each(?3))
              ORDER BY next_attempt_at LIMIT ?2"
         ))?
-        .query_map(params![now_millis(), limit as i64], |row| {
+        .query_map(params![now_millis(), limit as i64, skipped], |row| {
             Ok(PendingDelivery {
                 event_id: row.get(0)?,
                 route: row.get(1)?,
@@ -74,8 +77,13 @@ pub(super) fn record_attempt_in(
 
 #[async_trait::async_trait]
 impl Outbox for SqliteStore {
-    async fn due_deliveries(&self, limit: usize) -> Result<Vec<PendingDelivery>, StoreError> {
-        self.read(move |connection| due_in(connection, limit)).await
+    async fn due_deliveries(
+        &self,
+        limit: usize,
+        skip_routes: Vec<String>,
+    ) -> Result<Vec<PendingDelivery>, StoreError> {
+        self.read(move |connection| due_in(connection, limit, &skip_routes))
+            .await
     }
 
     async fn record_delivery_attempt(
