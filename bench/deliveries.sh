@@ -58,7 +58,7 @@ deliver = { kind = "http", url = "http://127.0.0.1:$RECEIVER_PORT/results" }
 TOML
     python3 "$work/receiver.py" "$RECEIVER_PORT" "$kind" &
     local receiver=$!
-    AGENTGATE_LOG=warn target/release/agentgate serve --config "$work/agentgate.toml" 2>"$work/$kind.log" &
+    AGENTGATE_LOG=warn "${CARGO_TARGET_DIR:-target}/release/agentgate" serve --config "$work/agentgate.toml" 2>"$work/$kind.log" &
     local daemon=$!
     until curl -fs "http://127.0.0.1:$PORT/healthz" >/dev/null; do sleep 0.1; done
     python3 - "$PORT" "$EVENTS" "$work/state/agentgate.db" "$kind" <<'PY'
