@@ -1011,3 +1011,58 @@ deliver = {{ kind = "http", url = {{ env = "TEST_DELIVER_URL" }} }}
     );
     assert!(errors.iter().all(|e| !e.contains("T0KEN")), "{errors:?}");
 }
+
+/// `history` bounds what the model sees of a long session: requests stay within `max_bytes`
+/// (plus the new event), the oldest turns are replaced by a note, and the event is cut with a
+/// marker when it alone is larger than half the budget.
+#[test]
+fn history_keeps_model_requests_within_the_budget() {
+    let model = Stub::start(|_, _| Reply::answer("ok"));
+    let (setup, daemon) = start(
+        model,
+        receiver(),
+        "max_body = \"2MiB\"\nhistory = { max_turns = 20, max_bytes = \"1MiB\" }",
+        "",
+    );
+    let big = "x".repeat(300_000);
+    for n in 0..12 {
+        let response = daemon.post_json(
+            "/hooks/alerts",
+            &[],
+            &json!({"session": "long", "n": n, "blob": big}).to_string(),
+        );
+        assert_eq!(response.status, 202, "{response:?}");
+        let id = response.json()["event_id"]
+            .as_str()
+            .expect("id")
+            .to_string();
+        assert_eq!(setup.workspace.wait_terminal(&id, TURN_LIMIT), "completed");
+    }
+    let requests = setup.model.requests();
+    let largest = requests.iter().map(|r| r.body.len()).max().unwrap_or(0);
+    assert!(
+        largest < 1_700_000,
+        "a request of {largest} bytes: history is not bounded"
+    );
+    let last = String::from_utf8_lossy(&requests.last().expect("requests").body).into_owned();
+    assert!(
+        last.contains("earlier turn(s) of this session"),
+        "no note of what was left out"
+    );
+
+    // One event larger than half the budget is cut with a marker.
+    let huge = "y".repeat(1_500_000);
+    let response = daemon.post_json(
+        "/hooks/alerts",
+        &[],
+        &json!({"session": "huge", "blob": huge}).to_string(),
+    );
+    let id = response.json()["event_id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    assert_eq!(setup.workspace.wait_terminal(&id, TURN_LIMIT), "completed");
+    let request = setup.model.requests().pop().expect("a request");
+    assert!(request.body.len() < 700_000, "{} bytes", request.body.len());
+    assert!(String::from_utf8_lossy(&request.body).contains("more bytes cut here"));
+}

@@ -547,6 +547,21 @@ impl Checker<'_> {
             None,
             |t| t.map(|t| parse_rate(&t)).transpose(),
         );
+        let raw_history = raw.history.unwrap_or_default();
+        let history = crate::session::HistoryLimits {
+            max_turns: self.positive(
+                &format!("{prefix}.history.max_turns"),
+                raw_history.max_turns,
+                20,
+            ) as usize,
+            max_bytes: usize::try_from(self.value(
+                &format!("{prefix}.history.max_bytes"),
+                raw_history.max_bytes,
+                256 << 10,
+                |t| parse_size(&t),
+            ))
+            .unwrap_or(usize::MAX),
+        };
         let default_max_body = server.as_ref().map_or(1 << 20, |s| s.max_body);
         let max_body = self.value(
             &format!("{prefix}.max_body"),
@@ -561,6 +576,7 @@ impl Checker<'_> {
             session: raw.session,
             event_type: raw.event_type,
             delivery_id: raw.delivery_id,
+            history,
             system: raw.system.unwrap_or_default(),
             prompt: raw.prompt.unwrap_or_else(|| DEFAULT_PROMPT.to_string()),
             interactive: raw.interactive.unwrap_or(false),

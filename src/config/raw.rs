@@ -104,6 +104,14 @@ pub(super) struct RawRoute {
     pub(super) max_body: Option<String>,
     pub(super) event_type: Option<String>,
     pub(super) delivery_id: Option<String>,
+    pub(super) history: Option<RawHistory>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawHistory {
+    pub(super) max_turns: Option<i64>,
+    pub(super) max_bytes: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -146,6 +146,8 @@ pub(crate) struct RouteSettings {
     pub event_type: Option<String>,
     /// Template of the dedup key; overrides the scheme's.
     pub delivery_id: Option<String>,
+    /// What of the session's earlier turns the model sees.
+    pub history: crate::session::HistoryLimits,
     pub interactive: bool,
     pub tools: Vec<String>,
     pub on_busy: OnBusy,

@@ -6,6 +6,7 @@
 //! each to the runner. The store finds those sessions from an index of session queue heads, so
 //! events waiting behind a busy or suspended session never delay another session's.
 
+mod history;
 mod prompt;
 mod runner;
 pub(crate) mod turn;
@@ -18,6 +19,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+pub(crate) use history::HistoryLimits;
 pub(crate) use runner::TurnContext;
 
 /// The event message a turn starts from, for the `markers` fuzz target.

@@ -14,9 +14,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use super::prompt;
 use super::turn::{Action, Entry, Input, Outcome, TurnMachine, unfinished_calls};
 use super::{Sessions, TurnControl};
+use super::{history, prompt};
 use crate::agent::message::Message;
 use crate::agent::model::{Model, ModelError};
 use crate::agent::tools::{self, ToolAbort};
@@ -47,6 +47,17 @@ pub(crate) struct TurnContext {
     pub background_jobs: TaskTracker,
     /// Fired when the drain stops background jobs (after turns and deliveries).
     pub stop_background_jobs: CancellationToken,
+}
+
+/// The conversation messages among transcript entries (tool starts are bookkeeping).
+fn messages_of(entries: &[Entry]) -> Vec<Message> {
+    entries
+        .iter()
+        .filter_map(|entry| match entry {
+            Entry::Message { message } => Some(message.clone()),
+            Entry::ToolStart { .. } => None,
+        })
+        .collect()
 }
 
 /// Why a turn stopped before its state machine finished it.
@@ -254,15 +265,17 @@ impl Running<'_> {
         else {
             return;
         };
-        let entries = rows
-            .into_iter()
-            .filter_map(|row| serde_json::from_value::<Entry>(row.body).ok())
-            .collect::<Vec<_>>();
-        let mut messages = vec![prompt::system_message(self.route, &system)];
-        messages.extend(entries.iter().filter_map(|entry| match entry {
-            Entry::Message { message } => Some(message.clone()),
-            Entry::ToolStart { .. } => None,
-        }));
+        // The transcript's entries, grouped by turn, oldest first.
+        let mut turns: Vec<(String, Vec<Entry>)> = Vec::new();
+        for row in rows {
+            let Ok(entry) = serde_json::from_value::<Entry>(row.body) else {
+                continue;
+            };
+            match turns.last_mut() {
+                Some((turn_id, entries)) if *turn_id == row.turn_id => entries.push(entry),
+                _ => turns.push((row.turn_id, vec![entry])),
+            }
+        }
         let schemas = self
             .tools()
             .into_iter()
@@ -286,6 +299,27 @@ impl Running<'_> {
             }
             None => None,
         };
+        // A resumed turn continues the last one: that one is shown whole, whatever the limits.
+        let interrupted = if resume_reason.is_some() {
+            turns.pop().map(|(_, entries)| entries).unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        let limits = self.route.history;
+        let message_cap = (limits.max_bytes / 2).max(1024);
+        let past = turns
+            .into_iter()
+            .map(|(_, entries)| history::PastTurn {
+                messages: messages_of(&entries),
+            })
+            .collect();
+        let mut messages = vec![prompt::system_message(self.route, &system)];
+        messages.extend(
+            history::select(past, limits)
+                .into_iter()
+                .chain(messages_of(&interrupted))
+                .map(|message| history::bounded(message, message_cap)),
+        );
         let (mut machine, first) = match resume_reason {
             None => {
                 let new_event =
@@ -296,7 +330,7 @@ impl Running<'_> {
                 if !self.record(&[entry], 0).await {
                     return;
                 }
-                messages.push(new_event);
+                messages.push(history::bounded(new_event, message_cap));
                 let mut machine = TurnMachine::new(max_steps, messages, schemas);
                 let first = machine.start();
                 (machine, first)
@@ -305,7 +339,7 @@ impl Running<'_> {
                 let tools = &self.settings.config.tools;
                 let mut machine = TurnMachine::new(max_steps, messages, schemas);
                 let first = machine.start_resumed(
-                    unfinished_calls(&entries),
+                    unfinished_calls(&interrupted),
                     |name| tools.get(name).is_some_and(|tool| tool.idempotent),
                     prompt::resume_note(self.route, reason),
                 );

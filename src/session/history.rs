@@ -1,0 +1,206 @@
+//! What of a session's earlier turns the model sees (`history = { max_turns, max_bytes }`).
+//!
+//! Without a bound, every turn sends the whole transcript: a session that lives for days (an
+//! issue thread, an alert group) grows until the model refuses it, and one large event weighs on
+//! every later turn. The model sees the newest earlier turns that fit both limits, whole (a tool
+//! call is never separated from its result), after a one-line note of what was left out.
+//!
+//! Old turns are dropped in steps of half the budget, not one at a time: local model servers
+//! (vLLM, llama.cpp) reuse the cache of a prompt prefix they have seen, and a cut that moved on
+//! every request would change the prefix every time. The cut only moves when a whole step no
+//! longer fits, so consecutive requests of a session share their prefix.
+//!
+//! Single messages are bounded too: an event or tool output larger than half of `max_bytes` is
+//! cut, with a marker that says how much.
+
+use crate::agent::message::{Message, Role};
+
+/// The limits of one route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct HistoryLimits {
+    pub max_turns: usize,
+    pub max_bytes: usize,
+}
+
+/// The messages of one earlier turn, in order.
+pub(crate) struct PastTurn {
+    pub messages: Vec<Message>,
+}
+
+/// The earlier turns to show, oldest first, preceded by a note when some were left out.
+pub(crate) fn select(turns: Vec<PastTurn>, limits: HistoryLimits) -> Vec<Message> {
+    let sizes: Vec<usize> = turns.iter().map(turn_bytes).collect();
+    let cut = first_shown(&sizes, limits);
+    let mut shown = Vec::new();
+    if cut > 0 {
+        let left_out: usize = sizes[..cut].iter().sum();
+        shown.push(Message::text(
+            Role::User,
+            format!(
+                "[agentgate] {cut} earlier turn(s) of this session ({} KiB) are not shown here; \
+                 the turns below are the most recent ones.",
+                left_out.div_ceil(1024)
+            ),
+        ));
+    }
+    for turn in turns.into_iter().skip(cut) {
+        shown.extend(turn.messages);
+    }
+    shown
+}
+
+/// The index of the first turn shown. Turns are dropped from the oldest in steps of half the
+/// budget (in turns, then in bytes), so the cut stays put across consecutive requests until a
+/// whole step must go.
+fn first_shown(sizes: &[usize], limits: HistoryLimits) -> usize {
+    let total_turns = sizes.len();
+    let turn_step = (limits.max_turns / 2).max(1);
+    let mut cut = 0;
+    if total_turns > limits.max_turns {
+        let excess = total_turns - limits.max_turns;
+        cut = excess.div_ceil(turn_step) * turn_step;
+    }
+    let byte_step = (limits.max_bytes / 2).max(1);
+    let bytes_from = |cut: usize| sizes[cut.min(total_turns)..].iter().sum::<usize>();
+    if bytes_from(cut) > limits.max_bytes {
+        // Drop whole steps of bytes, measured from the session's start, so the cut lands on
+        // the same turn for every request until the next step is needed.
+        let mut boundary = 0;
+        let mut running = 0;
+        let mut next_step = byte_step;
+        for (index, size) in sizes.iter().enumerate() {
+            running += size;
+            if running >= next_step {
+                boundary = index + 1;
+                next_step += byte_step;
+                if boundary >= cut && bytes_from(boundary) <= limits.max_bytes {
+                    break;
+                }
+            }
+        }
+        cut = cut.max(boundary);
+        // A single turn larger than the budget: show none of the earlier ones.
+        if bytes_from(cut) > limits.max_bytes {
+            cut = total_turns;
+        }
+    }
+    cut.min(total_turns)
+}
+
+fn turn_bytes(turn: &PastTurn) -> usize {
+    turn.messages.iter().map(message_bytes).sum()
+}
+
+fn message_bytes(message: &Message) -> usize {
+    message.content.as_ref().map_or(0, String::len)
+        + message
+            .tool_calls
+            .iter()
+            .map(|call| call.function.name.len() + call.function.arguments.len())
+            .sum::<usize>()
+}
+
+/// Cuts a message's text to `max_bytes` (at a character boundary) with a marker that says how
+/// much was left out.
+pub(crate) fn bounded(mut message: Message, max_bytes: usize) -> Message {
+    if let Some(text) = &mut message.content
+        && text.len() > max_bytes
+    {
+        let mut end = max_bytes;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        let left_out = text.len() - end;
+        text.truncate(end);
+        text.push_str(&format!("\n[agentgate: {left_out} more bytes cut here]"));
+    }
+    message
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn turn(bytes: usize) -> PastTurn {
+        PastTurn {
+            messages: vec![
+                Message::text(Role::User, "u".repeat(bytes / 2)),
+                Message::text(Role::Assistant, "a".repeat(bytes - bytes / 2)),
+            ],
+        }
+    }
+
+    fn limits(max_turns: usize, max_bytes: usize) -> HistoryLimits {
+        HistoryLimits {
+            max_turns,
+            max_bytes,
+        }
+    }
+
+    #[test]
+    fn everything_fits_nothing_is_noted() {
+        let shown = select((0..3).map(|_| turn(100)).collect(), limits(20, 10_000));
+        assert_eq!(shown.len(), 6);
+    }
+
+    #[test]
+    fn the_newest_turns_within_both_limits_are_shown_after_a_note() {
+        let shown = select((0..30).map(|_| turn(100)).collect(), limits(20, 1_000_000));
+        assert!(
+            shown[0]
+                .content
+                .as_deref()
+                .unwrap_or("")
+                .contains("earlier turn(s)")
+        );
+        let turns_shown = (shown.len() - 1) / 2;
+        assert!((10..=20).contains(&turns_shown), "{turns_shown}");
+
+        let shown = select(
+            (0..10).map(|_| turn(300_000)).collect(),
+            limits(20, 1_000_000),
+        );
+        let bytes: usize = shown.iter().skip(1).map(message_bytes).sum();
+        assert!(bytes <= 1_000_000, "{bytes}");
+        assert!(bytes > 0);
+    }
+
+    #[test]
+    fn consecutive_requests_mostly_keep_the_same_cut() {
+        let mut cuts = Vec::new();
+        for total in 25..55 {
+            let sizes = vec![10_000; total];
+            cuts.push(first_shown(&sizes, limits(20, 1_000_000)));
+        }
+        let moves = cuts.windows(2).filter(|pair| pair[0] != pair[1]).count();
+        assert!(
+            moves <= 3,
+            "the cut moved {moves} times in 30 requests: {cuts:?}"
+        );
+
+        let mut cuts = Vec::new();
+        for total in 1..31 {
+            let sizes = vec![100_000; total];
+            cuts.push(first_shown(&sizes, limits(100, 1_000_000)));
+        }
+        let moves = cuts.windows(2).filter(|pair| pair[0] != pair[1]).count();
+        assert!(
+            moves <= 6,
+            "the cut moved {moves} times in 30 requests: {cuts:?}"
+        );
+        for (total, cut) in (1..31).zip(&cuts) {
+            assert!(
+                (total - cut) * 100_000 <= 1_000_000,
+                "{total} turns, cut {cut}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_huge_message_is_cut_with_a_marker() {
+        let message = bounded(Message::text(Role::Tool, "é".repeat(1000)), 101);
+        let text = message.content.unwrap_or_default();
+        assert!(text.contains("more bytes cut here"), "{text}");
+        assert!(text.len() < 200);
+    }
+}
