@@ -794,3 +794,44 @@ fn http2_prior_knowledge_is_served() {
     assert_eq!(version, http::Version::HTTP_2);
     assert_eq!(status, 202, "{}", String::from_utf8_lossy(&body));
 }
+
+/// An idle keep-alive connection stays open past `header_timeout` (up to `keepalive_timeout`),
+/// so a sender that reuses it after a pause is answered; a request head that starts and stalls is
+/// still cut off after `header_timeout`.
+#[test]
+fn idle_keep_alive_connections_outlive_header_timeout_but_slow_heads_do_not() {
+    let workspace = Workspace::new();
+    workspace.write_config(
+        "keepalive_timeout = \"30s\"\n[routes.alerts]\npath = \"/hooks/alerts\"\nverify = { scheme = \"none\" }\n",
+    );
+    let daemon = workspace.start();
+    let request = b"POST /hooks/alerts HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}";
+    let mut stream = TcpStream::connect(daemon.addr).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let mut read_answer = |stream: &mut TcpStream| -> String {
+        let mut buffer = [0u8; 4096];
+        let n = stream.read(&mut buffer).unwrap_or(0);
+        String::from_utf8_lossy(&buffer[..n]).into_owned()
+    };
+    stream.write_all(request).expect("first request");
+    assert!(read_answer(&mut stream).starts_with("HTTP/1.1 202"));
+    // Idle for more than twice header_timeout (1 s): the connection must still be open.
+    std::thread::sleep(Duration::from_millis(2500));
+    stream
+        .write_all(request)
+        .expect("second request on the same connection");
+    let second = read_answer(&mut stream);
+    assert!(second.starts_with("HTTP/1.1 202"), "{second:?}");
+
+    // A head that starts and stalls is cut off after header_timeout.
+    stream
+        .write_all(b"POST /hooks/alerts HTTP/1.1\r\nhost: x\r\n")
+        .expect("partial head");
+    let started = Instant::now();
+    let rest = read_answer(&mut stream);
+    let closed = started.elapsed();
+    assert!(!rest.contains("202"), "{rest:?}");
+    assert!(closed < Duration::from_secs(5), "kept {closed:?}");
+}

@@ -291,6 +291,11 @@ impl Checker<'_> {
                 raw.header_timeout,
                 Duration::from_secs(5),
             ),
+            keepalive_timeout: self.duration(
+                "server.keepalive_timeout",
+                raw.keepalive_timeout,
+                Duration::from_secs(75),
+            ),
             max_connections: self.positive("server.max_connections", raw.max_connections, 4096)
                 as usize,
         })

@@ -33,6 +33,7 @@ pub(super) struct RawServer {
     pub(super) control_socket: Option<PathBuf>,
     pub(super) max_body: Option<String>,
     pub(super) header_timeout: Option<String>,
+    pub(super) keepalive_timeout: Option<String>,
     pub(super) max_connections: Option<i64>,
 }
 

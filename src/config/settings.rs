@@ -26,6 +26,8 @@ pub(crate) struct ServerSettings {
     pub control_socket: PathBuf,
     pub max_body: u64,
     pub header_timeout: Duration,
+    /// How long an idle keep-alive connection stays open.
+    pub keepalive_timeout: Duration,
     /// Open webhook connections at most; further ones wait in the kernel's backlog.
     pub max_connections: usize,
 }

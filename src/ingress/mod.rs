@@ -5,6 +5,7 @@
 //! activation protocol is process-global state that must be read before any thread exists.
 
 pub(crate) mod capacity;
+mod connection;
 pub(crate) mod control;
 mod http;
 mod ratelimit;
@@ -24,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 pub(crate) use self::http::Ingress;
 use crate::config::{Config, ServerSettings, VerifyScheme};
+use connection::{Clocked, HeaderClock, Protocol, detect_protocol};
 
 /// Body parsing, for the `request` fuzz target.
 #[cfg(feature = "fuzzing")]
@@ -237,41 +239,6 @@ impl AcceptBackoff {
     }
 }
 
-/// What a client speaks: HTTP/1.1, or HTTP/2 with prior knowledge (h2c).
-enum Protocol {
-    Http1,
-    Http2,
-}
-
-/// The connection preface of HTTP/2 (RFC 9113 §3.4).
-const HTTP2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-/// How long to wait for more bytes of a preface that has only begun.
-const PREFACE_POLL: Duration = Duration::from_millis(10);
-
-/// Tells the protocol from the connection's first bytes, without consuming them. A client that
-/// sends nothing within `within`, or closes, is dropped (`None`): the same limit as for request
-/// headers, so a silent connection cannot hold a slot.
-async fn detect_protocol(stream: &tokio::net::TcpStream, within: Duration) -> Option<Protocol> {
-    let deadline = tokio::time::Instant::now() + within;
-    let mut first = [0u8; HTTP2_PREFACE.len()];
-    loop {
-        let seen = tokio::time::timeout_at(deadline, stream.peek(&mut first))
-            .await
-            .ok()?
-            .ok()?;
-        if seen == 0 {
-            return None;
-        }
-        if !HTTP2_PREFACE.starts_with(&first[..seen]) {
-            return Some(Protocol::Http1);
-        }
-        if seen == HTTP2_PREFACE.len() {
-            return Some(Protocol::Http2);
-        }
-        tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + PREFACE_POLL)).await;
-    }
-}
-
 /// Serves webhooks until `shutdown` fires, then stops accepting and lets in-flight requests finish
 /// (for at most `finish_within`). At most `server.max_connections` connections are open at once:
 /// past that, new ones are not accepted and wait in the kernel's backlog, so a flood of stalled
@@ -287,10 +254,12 @@ pub(crate) async fn serve(
     let listener = tokio::net::TcpListener::from_std(listener)?;
     let graceful = GracefulShutdown::new();
     let mut backoff = AcceptBackoff::default();
+    // hyper's header timer also runs while a keep-alive connection waits for its next request:
+    // it is the idle limit here, and `connection` enforces `header_timeout` (see there).
     let mut http1 = http1::Builder::new();
     http1
         .timer(TokioTimer::new())
-        .header_read_timeout(server.header_timeout)
+        .header_read_timeout(server.keepalive_timeout)
         .keep_alive(true);
     let mut http2 = http2::Builder::new(TokioExecutor::new());
     http2.timer(TokioTimer::new());
@@ -331,14 +300,28 @@ pub(crate) async fn serve(
         backoff.succeeded();
         let _ = stream.set_nodelay(true);
         let ingress = ingress.clone();
-        let service = service_fn(move |request| ingress.clone().handle(request, peer));
+        let clock = HeaderClock::new();
+        let answering = clock.clone();
+        let service = service_fn(move |request| {
+            let (ingress, clock) = (ingress.clone(), answering.clone());
+            clock.answering();
+            async move {
+                let response = ingress.handle(request, peer).await;
+                clock.answered();
+                response
+            }
+        });
         let (http1, http2, watcher) = (http1.clone(), http2.clone(), graceful.watcher());
         tokio::spawn(async move {
             // Errors here are client-side (reset, timeout); nothing is lost by dropping them.
             match detect_protocol(&stream, header_timeout).await {
                 Some(Protocol::Http1) => {
-                    let connection = http1.serve_connection(TokioIo::new(stream), service);
-                    let _ = watcher.watch(connection).await;
+                    let io = TokioIo::new(Clocked::new(stream, clock.clone()));
+                    let connection = watcher.watch(http1.serve_connection(io, service));
+                    tokio::select! {
+                        _ = connection => {}
+                        () = clock.overdue(header_timeout) => {}
+                    }
                 }
                 Some(Protocol::Http2) => {
                     let connection = http2.serve_connection(TokioIo::new(stream), service);
