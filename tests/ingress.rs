@@ -810,7 +810,7 @@ fn idle_keep_alive_connections_outlive_header_timeout_but_slow_heads_do_not() {
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
         .expect("timeout");
-    let mut read_answer = |stream: &mut TcpStream| -> String {
+    let read_answer = |stream: &mut TcpStream| -> String {
         let mut buffer = [0u8; 4096];
         let n = stream.read(&mut buffer).unwrap_or(0);
         String::from_utf8_lossy(&buffer[..n]).into_owned()
