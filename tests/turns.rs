@@ -1066,3 +1066,95 @@ fn history_keeps_model_requests_within_the_budget() {
     assert!(request.body.len() < 700_000, "{} bytes", request.body.len());
     assert!(String::from_utf8_lossy(&request.body).contains("more bytes cut here"));
 }
+
+/// Tools get nothing the daemon inherited from its parent (here fd 7, opened by the shell that
+/// starts it), and a tool dies with the daemon: after a `kill -9`, nothing it started runs on.
+#[test]
+fn tools_inherit_no_parent_descriptors_and_die_with_the_daemon() {
+    let workspace = Workspace::new();
+    let pid_file = workspace.path().join("tool.pid");
+    let fds_file = workspace.path().join("tool.fds");
+    let model = Stub::start(|request, _| {
+        if request.json().to_string().contains("\"tool\"") {
+            Reply::answer("done")
+        } else {
+            Reply::tool_call("call-1", "probe", json!({}))
+        }
+    });
+    workspace.write_config(&format!(
+        r#"[model]
+backend = "openai"
+base_url = "{model}/v1"
+model = "stub-model"
+
+[tools.probe]
+description = "Lists its descriptors, then sleeps"
+command = ["/bin/sh", "-c", "ls /proc/self/fd > {fds}; echo $$ > {pid}; exec sleep 300"]
+timeout = "600s"
+
+[routes.alerts]
+path = "/hooks/alerts"
+verify = {{ scheme = "none" }}
+tools = ["probe"]
+"#,
+        model = model.url(),
+        fds = fds_file.display(),
+        pid = pid_file.display(),
+    ));
+    /// Killed on drop, so a failed assertion leaves no daemon behind.
+    struct Spawned(std::process::Child);
+    impl Drop for Spawned {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut daemon = Spawned(
+        std::process::Command::new("/bin/sh")
+            .arg("-c")
+            .arg(format!(
+                "exec 7</etc/hostname; exec {BIN} serve --config {}",
+                workspace.config_path().display()
+            ))
+            .env("AGENTGATE_LOG", "warn")
+            .env_remove("NOTIFY_SOCKET")
+            .env_remove("LISTEN_FDS")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn"),
+    );
+    wait_until("the daemon to answer", TURN_LIMIT, || {
+        try_request(workspace.addr(), "GET", "/healthz", &[], b"").is_ok_and(|r| r.status == 200)
+    });
+    let posted = try_request(
+        workspace.addr(),
+        "POST",
+        "/hooks/alerts",
+        &[("content-type", "application/json")],
+        b"{}",
+    )
+    .expect("POST");
+    assert_eq!(posted.status, 202);
+    let mut tool_pid = 0;
+    wait_until("the tool to start", TURN_LIMIT, || {
+        tool_pid = std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|text| text.trim().parse().ok())
+            .unwrap_or(0);
+        tool_pid > 0
+    });
+    let fds = std::fs::read_to_string(&fds_file).expect("the tool's descriptors");
+    let listed: Vec<&str> = fds.split_whitespace().collect();
+    assert!(!listed.contains(&"7"), "the tool got fd 7: {listed:?}");
+    let alive = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|stat| stat.split(' ').nth(2) != Some("Z"))
+    };
+    assert!(alive(tool_pid));
+    let _ = daemon.0.kill();
+    let _ = daemon.0.wait();
+    wait_until("the tool to die with the daemon", TURN_LIMIT, || {
+        !alive(tool_pid)
+    });
+}

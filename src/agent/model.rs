@@ -247,14 +247,17 @@ impl Model {
         let Some((program, rest)) = argv.split_first() else {
             return Err(ModelError::Unavailable("model.command is empty".into()));
         };
-        let mut child = Command::new(program)
+        let mut command = Command::new(program);
+        command
             .args(rest)
             .env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            .kill_on_drop(true)
+            .kill_on_drop(true);
+        crate::sys::die_with_daemon(&mut command);
+        let mut child = command
             .spawn()
             .map_err(|err| ModelError::Unavailable(format!("cannot start {program}: {err}")))?;
         let input = json!({"messages": messages, "tools": tool_definitions(tools)}).to_string();

@@ -134,6 +134,7 @@ pub(crate) async fn run(
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
+    crate::sys::die_with_daemon(&mut command);
     let mut child = match command.spawn() {
         Ok(child) => child,
         Err(err) => {
@@ -154,7 +155,14 @@ pub(crate) async fn run(
     let stderr = child.stderr.take().map(|s| tokio::spawn(read_capped(s)));
     let mut timed_out = false;
     let status = tokio::select! {
-        status = child.wait() => status,
+        status = child.wait() => {
+            // The tool is done: whatever it left running in its group goes with it, so that a
+            // later re-run never races a leftover of this one.
+            if pgid > 0 {
+                signal_group(pgid, Signal::SIGKILL);
+            }
+            status
+        }
         () = tokio::time::sleep(tool.timeout) => {
             timed_out = true;
             terminate_group(&mut child, pgid).await
@@ -224,6 +232,32 @@ async fn terminate_group(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn what_a_tool_leaves_running_is_killed_when_it_exits() {
+        let spawner = tool(
+            &["/bin/sh", "-c", "sleep 60 >/dev/null 2>&1 & echo $!"],
+            Duration::from_secs(10),
+        );
+        let outcome = run(&spawner, &serde_json::json!({}), &CancellationToken::new())
+            .await
+            .map_err(|_| "cancelled")
+            .expect("the tool ran");
+        let pid: u32 = outcome.stdout.trim().parse().expect("the background pid");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        // Killed, then reaped by init: its /proc entry goes (a zombie's says "Z").
+        loop {
+            let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            if state.is_empty() || state.split(' ').nth(2) == Some("Z") {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "sleep {pid} still runs"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
 
     fn tool(command: &[&str], timeout: Duration) -> ToolSettings {
         ToolSettings {

@@ -265,14 +265,17 @@ async fn run_command(argv: &[String], delivery: &PendingDelivery) -> Result<(), 
     let Some((program, rest)) = argv.split_first() else {
         return Err("deliver.command is empty".into());
     };
-    let mut child = tokio::process::Command::new(program)
+    let mut command = tokio::process::Command::new(program);
+    command
         .args(rest)
         .env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
-        .kill_on_drop(true)
+        .kill_on_drop(true);
+    crate::sys::die_with_daemon(&mut command);
+    let mut child = command
         .spawn()
         .map_err(|err| format!("cannot start {program}: {err}"))?;
     if let Some(mut stdin) = child.stdin.take() {

@@ -65,6 +65,9 @@ impl Routing {
 
 /// Everything the listener needs to answer webhooks: routes by path, templates and the store.
 pub(crate) struct Ingress {
+    /// Refusal lines are rate-limited: a flood of bad requests is counted in full
+    /// (`agentgate_http_requests_total`) but cannot flood the journal.
+    refusal_log: RefusalLog,
     routing: Shared<Routing>,
     store: Store,
     sessions: Arc<Sessions>,
@@ -79,6 +82,7 @@ impl Ingress {
         capacity: Arc<Capacity>,
     ) -> Ingress {
         Ingress {
+            refusal_log: RefusalLog::default(),
             routing: Shared::new(Routing::new(settings)),
             store,
             sessions,
@@ -120,13 +124,15 @@ impl Ingress {
         if status == StatusCode::ACCEPTED {
             metrics::accepted(arrived.elapsed());
         }
-        if status.is_client_error() || status.is_server_error() {
+        if (status.is_client_error() || status.is_server_error())
+            && let Some(suppressed) = self.refusal_log.admit(Instant::now())
+        {
             let reason = response
                 .extensions()
                 .get::<RefusalReason>()
                 .map_or("", |reason| reason.0.as_str());
             tracing::warn!(route = %route, peer = %peer, path = %path, status = status.as_u16(),
-                reason = %reason, "webhook refused");
+                reason = %reason, suppressed_before = suppressed, "webhook refused");
         }
         Ok(response)
     }
@@ -534,6 +540,37 @@ pub(crate) fn json_response(status: StatusCode, body: &serde_json::Value) -> Htt
     response
 }
 
+/// At most `REFUSAL_LINES_PER_SECOND` refusal lines a second; the next admitted line says how
+/// many were left out before it.
+#[derive(Default)]
+struct RefusalLog {
+    window: std::sync::Mutex<(Option<Instant>, u32, u64)>,
+}
+
+const REFUSAL_LINES_PER_SECOND: u32 = 10;
+
+impl RefusalLog {
+    /// `Some(lines suppressed since the last admitted one)` if this refusal may be logged.
+    fn admit(&self, now: Instant) -> Option<u64> {
+        let mut window = match self.window.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let (started, logged, suppressed) = &mut *window;
+        if started.is_none_or(|at| now.duration_since(at) >= std::time::Duration::from_secs(1)) {
+            *started = Some(now);
+            *logged = 0;
+        }
+        if *logged < REFUSAL_LINES_PER_SECOND {
+            *logged += 1;
+            Some(std::mem::take(suppressed))
+        } else {
+            *suppressed += 1;
+            None
+        }
+    }
+}
+
 /// The one-line reason of a refusal, carried beside the response for the refusal's log line.
 #[derive(Clone)]
 struct RefusalReason(String);
@@ -557,4 +594,19 @@ fn unavailable_for(message: &str, seconds: u64) -> HttpResponse {
         .headers_mut()
         .insert(RETRY_AFTER, http::HeaderValue::from(seconds));
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusal_lines_are_rate_limited_and_say_how_many_were_left_out() {
+        let log = RefusalLog::default();
+        let start = Instant::now();
+        let admitted = (0..100).filter(|_| log.admit(start).is_some()).count();
+        assert_eq!(admitted, REFUSAL_LINES_PER_SECOND as usize);
+        let next = log.admit(start + std::time::Duration::from_secs(1));
+        assert_eq!(next, Some(100 - u64::from(REFUSAL_LINES_PER_SECOND)));
+    }
 }

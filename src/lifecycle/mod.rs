@@ -70,6 +70,14 @@ pub(crate) fn serve(
         );
     }
     raise_open_file_limit();
+    // Before any thread exists: nothing inherited from the parent reaches a tool.
+    let inherited = crate::sys::keep_inherited_descriptors_from_children();
+    if inherited > 0 {
+        tracing::debug!(
+            count = inherited,
+            "inherited descriptors marked close-on-exec"
+        );
+    }
     store::ensure_state_dir(&config.state_dir).map_err(Failure::state)?;
     let _lock = DaemonLock::acquire(&config.state_dir).map_err(Failure::state)?;
     let listeners = ingress::take_listeners(&config).map_err(|err| match err {

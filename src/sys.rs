@@ -1,0 +1,54 @@
+//! The one module with unsafe code: two process-level guarantees that no safe API offers.
+//!
+//! - Tool and deliver commands die with the daemon (`PR_SET_PDEATHSIG`): after a `kill -9` of
+//!   the daemon outside systemd, nothing it started keeps running, so an idempotent re-run after
+//!   the restart never races the original.
+//! - Descriptors the daemon inherited from its parent without `FD_CLOEXEC` (a supervisor's
+//!   sockets, a shell's files) are marked close-on-exec at start, so no tool ever gets them; the
+//!   daemon's own descriptors are opened close-on-exec by Rust already.
+
+use std::os::fd::BorrowedFd;
+
+use nix::fcntl::{FcntlArg, FdFlag, fcntl};
+
+/// Makes `command`'s child receive SIGKILL when the thread that started it exits (the daemon's
+/// runtime threads live as long as the daemon).
+pub(crate) fn die_with_daemon(command: &mut tokio::process::Command) {
+    // SAFETY: the closure runs in the child between fork and exec and calls only prctl(2),
+    // which is async-signal-safe; it touches no memory shared with the parent.
+    unsafe {
+        command.pre_exec(|| {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+                .map_err(std::io::Error::from)
+        });
+    }
+}
+
+/// Marks every inherited descriptor above stderr close-on-exec; returns how many needed it. Call
+/// at start, before any other thread exists.
+pub(crate) fn keep_inherited_descriptors_from_children() -> usize {
+    let Ok(entries) = std::fs::read_dir("/proc/self/fd") else {
+        return 0;
+    };
+    let numbers: Vec<i32> = entries
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|fd| *fd > 2)
+        .collect();
+    let mut marked = 0;
+    for number in numbers {
+        // SAFETY: `number` was listed as open in /proc/self/fd; no other thread exists yet to
+        // close it meanwhile, and the borrow ends within this iteration. (The directory's own
+        // descriptor, closed by now, fails F_GETFD harmlessly.)
+        let fd = unsafe { BorrowedFd::borrow_raw(number) };
+        let Ok(flags) = fcntl(fd, FcntlArg::F_GETFD) else {
+            continue;
+        };
+        let flags = FdFlag::from_bits_truncate(flags);
+        if !flags.contains(FdFlag::FD_CLOEXEC)
+            && fcntl(fd, FcntlArg::F_SETFD(flags | FdFlag::FD_CLOEXEC)).is_ok()
+        {
+            marked += 1;
+        }
+    }
+    marked
+}
