@@ -170,9 +170,24 @@ fn no_acknowledgement_precedes_its_fdatasync() {
                     .any(|k| l.contains(k))
             })
             .collect();
+        // The 40 trace lines before the first finding, for whoever reads a failure.
+        let context = report
+            .findings
+            .first()
+            .and_then(|finding| finding.strip_prefix("line "))
+            .and_then(|rest| rest.split(':').next())
+            .and_then(|number| number.parse::<usize>().ok())
+            .map(|line| {
+                text.lines()
+                    .skip(line.saturating_sub(40))
+                    .take(40)
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            })
+            .unwrap_or_default();
         assert!(
             report.findings.is_empty(),
-            "{}: {:#?}\nfile system changes in the trace:\n{}",
+            "{}: {:#?}\nfile system changes in the trace:\n{}\nbefore the first finding:\n{context}",
             trace.display(),
             &report.findings[..report.findings.len().min(3)],
             namespace_changes.join("\n")

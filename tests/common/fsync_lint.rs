@@ -59,7 +59,8 @@ pub fn check(trace: &str, state_dir: &str) -> Report {
     };
     let mut report = Report::default();
     let mut dirty_files: BTreeSet<String> = BTreeSet::new();
-    let mut dirty_dirs: BTreeSet<String> = BTreeSet::new();
+    // Directory -> the entry that made it dirty (for the finding's text).
+    let mut dirty_dirs: std::collections::BTreeMap<String, String> = Default::default();
     // Paths opened with O_CREAT before: only the first such open is taken to create the file.
     let mut created: BTreeSet<String> = BTreeSet::new();
     // pid -> the fsync'd path whose completion is still pending ("<unfinished ...>").
@@ -103,9 +104,9 @@ pub fn check(trace: &str, state_dir: &str) -> Report {
                             report.findings.push(format!(
                                 "line {line_no}: ACK-BEFORE-DURABLE: 2xx written while {file} has unsynced data"
                             ));
-                        } else if let Some(dir) = dirty_dirs.iter().next() {
+                        } else if let Some((dir, entry)) = dirty_dirs.iter().next() {
                             report.findings.push(format!(
-                                "line {line_no}: ACK-BEFORE-DURABLE: 2xx written while directory {dir} has an unsynced entry"
+                                "line {line_no}: ACK-BEFORE-DURABLE: 2xx written while directory {dir} has an unsynced entry ({entry})"
                             ));
                         }
                     }
@@ -130,7 +131,7 @@ pub fn check(trace: &str, state_dir: &str) -> Report {
                     && watched(path)
                     && created.insert(path.to_string())
                 {
-                    dirty_dirs.insert(parent(path));
+                    dirty_dirs.insert(parent(path), path.to_string());
                 }
             }
             "rename" | "renameat" | "renameat2" | "unlink" | "unlinkat" | "mkdir" | "mkdirat" => {
@@ -145,7 +146,7 @@ pub fn check(trace: &str, state_dir: &str) -> Report {
                     dirty_files.insert(target.to_string());
                 }
                 for path in paths.iter().filter(|p| watched(p)) {
-                    dirty_dirs.insert(parent(path));
+                    dirty_dirs.insert(parent(path), (*path).to_string());
                 }
             }
             _ => {}
