@@ -48,6 +48,7 @@ pub fn verify(data: &[u8]) {
         let settings = VerifySettings {
             scheme,
             key: Some(Secret::for_tests(b"fuzz-key")),
+            other_keys: vec![Secret::for_tests(b"older-fuzz-key")],
             header: "X-Signature".into(),
         };
         let _ = signature::verify(&settings, &headers, body, now);

@@ -57,6 +57,9 @@ pub(crate) struct VerifySettings {
     pub scheme: VerifyScheme,
     /// The key bytes as the scheme uses them (`standard`: the decoded `whsec_` key).
     pub key: Option<Secret>,
+    /// More keys that verify too (`verify.secrets`, for rotating a secret without downtime);
+    /// `key` is the first of them, the one `send` signs with.
+    pub other_keys: Vec<Secret>,
     /// `hmac-sha256`: the header that carries the signature.
     pub header: String,
 }
@@ -169,6 +172,26 @@ pub(crate) fn verify(
         // The config refuses every other scheme without a secret; refuse here too, to fail closed.
         (None, _) => return Err(VerifyError::Mismatch),
     };
+    let first = verify_with(settings, key, headers, body, now);
+    match first {
+        // Another key can only help where this one did not match.
+        Err(VerifyError::Mismatch | VerifyError::WrongToken) => settings
+            .other_keys
+            .iter()
+            .find(|other| verify_with(settings, other.expose(), headers, body, now).is_ok())
+            .map_or(first, |_| Ok(())),
+        decided => decided,
+    }
+}
+
+/// Verifies with one key.
+fn verify_with(
+    settings: &VerifySettings,
+    key: &[u8],
+    headers: &HeaderMap,
+    body: &[u8],
+    now: u64,
+) -> Result<(), VerifyError> {
     match settings.scheme {
         VerifyScheme::None => Ok(()),
         VerifyScheme::Github => {
@@ -407,12 +430,34 @@ pub(crate) fn payload_event_type(
     }
 }
 
-/// Headers that carry credentials themselves; they are never stored or shown to templates.
-pub(crate) fn is_credential_header(name: &str) -> bool {
-    matches!(
-        name,
-        "authorization" | "proxy-authorization" | "cookie" | "x-gitlab-token"
-    )
+/// Headers that carry credentials or signatures (lower case): they are never stored, never shown
+/// to templates or the model. A route's `hidden_headers` adds to them, and so does its
+/// `hmac-sha256` header.
+pub(crate) const HIDDEN_HEADERS: &[&str] = &[
+    "authorization",
+    "proxy-authorization",
+    "cookie",
+    "set-cookie",
+    "x-api-key",
+    "api-key",
+    "x-auth-token",
+    "x-access-token",
+    "x-gitlab-token",
+    "x-hub-signature",
+    "x-hub-signature-256",
+    "stripe-signature",
+    "x-slack-signature",
+    "webhook-signature",
+    "svix-signature",
+    "x-signature",
+];
+
+/// Whether `name` (lower case) is kept out of storage for a route verified by `settings` that
+/// also hides `extra`.
+pub(crate) fn is_hidden_header(name: &str, settings: &VerifySettings, extra: &[String]) -> bool {
+    HIDDEN_HEADERS.contains(&name)
+        || settings.header.eq_ignore_ascii_case(name)
+        || extra.iter().any(|hidden| hidden.eq_ignore_ascii_case(name))
 }
 
 #[cfg(test)]
@@ -424,6 +469,7 @@ mod tests {
         VerifySettings {
             scheme,
             key: Some(Secret::for_tests(secret)),
+            other_keys: Vec::new(),
             header: "X-Signature".into(),
         }
     }
@@ -466,6 +512,7 @@ mod tests {
         VerifySettings {
             scheme: VerifyScheme::Standard,
             key: Some(decode_standard_secret(&raw).expect("decode")),
+            other_keys: Vec::new(),
             header: String::new(),
         }
     }
@@ -584,6 +631,35 @@ mod tests {
         assert_eq!(
             decode_standard_secret(&unpadded).map(|key| key.expose().to_vec()),
             Ok(b"test".to_vec())
+        );
+    }
+
+    #[test]
+    fn every_key_of_a_rotation_verifies_and_only_those() {
+        let mut rotating = settings(VerifyScheme::Github, b"new-secret");
+        rotating.other_keys = vec![Secret::for_tests(b"old-secret")];
+        let body = b"{}";
+        let signed_with = |key: &[u8]| {
+            headers(&[(
+                "x-hub-signature-256",
+                &format!("sha256={}", hex::encode(hmac_sha256(key, &[body]))),
+            )])
+        };
+        assert_eq!(
+            verify(&rotating, &signed_with(b"new-secret"), body, 0),
+            Ok(())
+        );
+        assert_eq!(
+            verify(&rotating, &signed_with(b"old-secret"), body, 0),
+            Ok(())
+        );
+        assert_eq!(
+            verify(&rotating, &signed_with(b"other"), body, 0),
+            Err(VerifyError::Mismatch)
+        );
+        assert_eq!(
+            verify(&rotating, &HeaderMap::new(), body, 0),
+            Err(VerifyError::Missing("x-hub-signature-256"))
         );
     }
 

@@ -835,3 +835,53 @@ fn idle_keep_alive_connections_outlive_header_timeout_but_slow_heads_do_not() {
     assert!(!rest.contains("202"), "{rest:?}");
     assert!(closed < Duration::from_secs(5), "kept {closed:?}");
 }
+
+/// Credential and signature headers are never stored or shown to templates (the built-in list,
+/// the route's own `hidden_headers`), and `verify.secrets` accepts every secret of a rotation.
+#[test]
+fn credential_headers_are_not_stored_and_secrets_rotate() {
+    let workspace = Workspace::new();
+    workspace.write_config(
+        r#"[routes.github]
+path = "/hooks/github"
+verify = { scheme = "github", secrets = ["new-secret", "old-secret"] }
+hidden_headers = ["X-Internal-Token"]
+"#,
+    );
+    let daemon = workspace.start();
+    let post = |secret: &str, delivery: &str| {
+        let signature = format!(
+            "sha256={}",
+            hmac_sha256_hex(secret.as_bytes(), ISSUE.as_bytes())
+        );
+        daemon.post_json(
+            "/hooks/github",
+            &[
+                ("x-hub-signature-256", &signature),
+                ("x-github-event", "issues"),
+                ("x-github-delivery", delivery),
+                ("x-api-key", "k-123"),
+                ("x-internal-token", "t-456"),
+                ("x-request-id", "visible"),
+            ],
+            ISSUE,
+        )
+    };
+    assert_eq!(post("new-secret", "d1").status, 202);
+    assert_eq!(post("old-secret", "d2").status, 202);
+    assert_eq!(post("other-secret", "d3").status, 401);
+    let stored: Vec<String> = workspace.query("SELECT headers FROM events", |row| row.get(0));
+    assert_eq!(stored.len(), 2);
+    for headers in stored {
+        for hidden in [
+            "x-api-key",
+            "x-internal-token",
+            "x-hub-signature-256",
+            "k-123",
+            "t-456",
+        ] {
+            assert!(!headers.contains(hidden), "{hidden} stored: {headers}");
+        }
+        assert!(headers.contains("x-request-id"), "{headers}");
+    }
+}

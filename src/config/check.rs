@@ -582,6 +582,11 @@ impl Checker<'_> {
             event_type: raw.event_type,
             delivery_id: raw.delivery_id,
             history,
+            hidden_headers: raw
+                .hidden_headers
+                .iter()
+                .map(|name| name.to_ascii_lowercase())
+                .collect(),
             system: raw.system.unwrap_or_default(),
             prompt: raw.prompt.unwrap_or_else(|| DEFAULT_PROMPT.to_string()),
             interactive: raw.interactive.unwrap_or(false),
@@ -625,8 +630,27 @@ impl Checker<'_> {
             );
         }
         let secret_key = format!("{key_path}.secret");
-        let key = match (scheme, raw.secret) {
-            (VerifyScheme::None, None) => {
+        // `secrets = [...]`: every one verifies, for rotating a secret without downtime; the
+        // first is the one `send` signs with.
+        let sources = match (raw.secret, raw.secrets) {
+            (Some(_), Some(_)) => {
+                self.error(&secret_key, "give secret or secrets, not both");
+                return None;
+            }
+            (Some(source), None) => vec![source],
+            (None, Some(list)) if list.is_empty() => {
+                self.error(
+                    &format!("{key_path}.secrets"),
+                    "an empty list verifies nothing",
+                );
+                return None;
+            }
+            (None, Some(list)) => list,
+            (None, None) => Vec::new(),
+        };
+        let mut keys = Vec::new();
+        match (scheme, sources.is_empty()) {
+            (VerifyScheme::None, true) => {
                 let listen = server.map(|s| s.listen);
                 let message = "verify = none accepts unsigned webhooks; it is refused unless every webhook listener is on a loopback address";
                 match listen {
@@ -636,28 +660,32 @@ impl Checker<'_> {
                     ),
                     _ => self.warn(&format!("{key_path}.scheme"), message),
                 }
-                None
             }
-            (VerifyScheme::None, Some(_)) => {
+            (VerifyScheme::None, false) => {
                 self.error(&secret_key, "scheme none takes no secret");
-                None
             }
-            (_, None) => {
+            (_, true) => {
                 self.error(&secret_key, format!("scheme {} needs a secret", raw.scheme));
                 return None;
             }
-            (scheme, Some(source)) => {
-                let secret = self.secret(&secret_key, &source)?;
-                if scheme == VerifyScheme::Standard {
-                    Some(self.standard_key(&secret_key, secret)?)
-                } else {
-                    Some(secret)
+            (scheme, false) => {
+                for source in &sources {
+                    let secret = self.secret(&secret_key, source)?;
+                    keys.push(if scheme == VerifyScheme::Standard {
+                        self.standard_key(&secret_key, secret)?
+                    } else {
+                        secret
+                    });
                 }
             }
-        };
+        }
+        let mut keys = keys.into_iter();
+        let key = keys.next();
+        let other_keys = keys.collect();
         Some(VerifySettings {
             scheme,
             key,
+            other_keys,
             header,
         })
     }

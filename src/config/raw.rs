@@ -106,6 +106,8 @@ pub(super) struct RawRoute {
     pub(super) event_type: Option<String>,
     pub(super) delivery_id: Option<String>,
     pub(super) history: Option<RawHistory>,
+    #[serde(default)]
+    pub(super) hidden_headers: Vec<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -120,6 +122,7 @@ pub(super) struct RawHistory {
 pub(super) struct RawVerify {
     pub(super) scheme: String,
     pub(super) secret: Option<SecretSource>,
+    pub(super) secrets: Option<Vec<SecretSource>>,
     pub(super) header: Option<String>,
 }
 

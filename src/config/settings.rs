@@ -150,6 +150,8 @@ pub(crate) struct RouteSettings {
     pub delivery_id: Option<String>,
     /// What of the session's earlier turns the model sees.
     pub history: crate::session::HistoryLimits,
+    /// Request headers kept out of storage beyond the built-in list (lower case).
+    pub hidden_headers: Vec<String>,
     pub interactive: bool,
     pub tools: Vec<String>,
     pub on_busy: OnBusy,

@@ -249,7 +249,7 @@ impl Ingress {
                 &json!({"challenge": payload.get("challenge").cloned().unwrap_or_default()}),
             ));
         }
-        let headers = visible_headers(&parts.headers);
+        let headers = visible_headers(&parts.headers, settings);
         let event_id = uuid::Uuid::now_v7().to_string();
         let templates = &routing.settings.templates;
         let bad_template =
@@ -517,10 +517,12 @@ fn event_type(
 }
 
 /// Request headers as templates and transcripts may see them: lower-case, credentials removed.
-fn visible_headers(headers: &HeaderMap) -> BTreeMap<String, String> {
+fn visible_headers(headers: &HeaderMap, route: &RouteSettings) -> BTreeMap<String, String> {
     headers
         .iter()
-        .filter(|(name, _)| !signature::is_credential_header(name.as_str()))
+        .filter(|(name, _)| {
+            !signature::is_hidden_header(name.as_str(), &route.verify, &route.hidden_headers)
+        })
         .map(|(name, value)| {
             (
                 name.as_str().to_string(),
