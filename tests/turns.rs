@@ -1158,3 +1158,66 @@ tools = ["probe"]
         !alive(tool_pid)
     });
 }
+
+/// One model reply cannot fan out without bound: past `max_background_jobs_per_session`, further
+/// background jobs are refused with an error result the model sees, and nothing is started for
+/// them.
+#[test]
+fn background_jobs_are_bounded_per_session() {
+    let workspace = Workspace::new();
+    let started_file = workspace.path().join("started");
+    let model = Stub::start(|request, _| {
+        let body = request.json().to_string();
+        if body.contains("not started") || body.contains("job_id") {
+            Reply::answer("done")
+        } else {
+            Reply::completion(json!({
+                "role": "assistant",
+                "content": null,
+                "tool_calls": (0..10).map(|n| json!({
+                    "id": format!("call-{n}"),
+                    "type": "function",
+                    "function": {"name": "job", "arguments": "{}"}
+                })).collect::<Vec<_>>()
+            }))
+        }
+    });
+    workspace.write_config(&format!(
+        r#"[runtime]
+max_background_jobs_per_session = 3
+
+[model]
+backend = "openai"
+base_url = "{model}/v1"
+model = "stub-model"
+
+[tools.job]
+description = "A slow background job"
+command = ["/bin/sh", "-c", "echo started >> {started}; sleep 30"]
+background = true
+timeout = "60s"
+
+[routes.alerts]
+path = "/hooks/alerts"
+verify = {{ scheme = "none" }}
+tools = ["job"]
+"#,
+        model = model.url(),
+        started = started_file.display(),
+    ));
+    let daemon = workspace.start();
+    let response = daemon.post_json("/hooks/alerts", &[], "{}");
+    let id = response.json()["event_id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    assert_eq!(workspace.wait_terminal(&id, TURN_LIMIT), "completed");
+    let results = tool_results(&model.requests());
+    let refused = results.iter().filter(|r| r.contains("not started")).count();
+    let started_ids = results.iter().filter(|r| r.contains("job_id")).count();
+    assert_eq!((started_ids, refused), (3, 7), "{results:?}");
+    wait_until("the three jobs to start", TURN_LIMIT, || {
+        std::fs::read_to_string(&started_file).is_ok_and(|text| text.lines().count() == 3)
+    });
+    assert!(daemon.log().contains("background job refused"));
+}

@@ -345,6 +345,21 @@ impl Checker<'_> {
                 512 << 20,
                 |text| parse_size(&text),
             ),
+            max_tool_calls_per_reply: self.positive(
+                "runtime.max_tool_calls_per_reply",
+                raw.max_tool_calls_per_reply,
+                16,
+            ) as usize,
+            max_background_jobs: self.positive(
+                "runtime.max_background_jobs",
+                raw.max_background_jobs,
+                16,
+            ) as usize,
+            max_background_jobs_per_session: self.positive(
+                "runtime.max_background_jobs_per_session",
+                raw.max_background_jobs_per_session,
+                4,
+            ) as usize,
         }
     }
 

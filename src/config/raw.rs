@@ -49,6 +49,9 @@ pub(super) struct RawRuntime {
     pub(super) dedup_window: Option<String>,
     pub(super) max_queued_events: Option<i64>,
     pub(super) min_free_disk: Option<String>,
+    pub(super) max_tool_calls_per_reply: Option<i64>,
+    pub(super) max_background_jobs: Option<i64>,
+    pub(super) max_background_jobs_per_session: Option<i64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

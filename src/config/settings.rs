@@ -45,6 +45,11 @@ pub(crate) struct RuntimeSettings {
     pub max_queued_events: u64,
     /// Free bytes the state file system keeps; below it new webhooks get 503.
     pub min_free_disk: u64,
+    /// Tool calls of one model reply that run; the rest get an error result.
+    pub max_tool_calls_per_reply: usize,
+    /// Background jobs running at once, in all and per session.
+    pub max_background_jobs: usize,
+    pub max_background_jobs_per_session: usize,
 }
 
 /// Where the state lives: SQLite in `state_dir` (one node), or PostgreSQL shared by many nodes.

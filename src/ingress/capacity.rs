@@ -130,6 +130,9 @@ mod tests {
             dedup_window: Duration::from_secs(3600),
             max_queued_events,
             min_free_disk,
+            max_tool_calls_per_reply: 16,
+            max_background_jobs: 16,
+            max_background_jobs_per_session: 4,
         }
     }
 

@@ -28,7 +28,7 @@ use crate::exit::Failure;
 use crate::ingress::capacity::{self, Capacity};
 use crate::ingress::control::{self, Control, ReloadRequest};
 use crate::ingress::{self, Ingress, ListenError};
-use crate::session::{self, Sessions, TurnContext};
+use crate::session::{self, JobSlots, Sessions, TurnContext};
 use crate::store::{self, DaemonLock, Store};
 use drain::Drain;
 
@@ -126,6 +126,7 @@ pub(crate) fn serve(
         cancel_turns: drain.cancel_turns(),
         background_jobs: drain.tracker(),
         stop_background_jobs: drain.stop_background(),
+        job_slots: Arc::new(JobSlots::default()),
     });
     let daemon = Arc::new(Daemon {
         source: source.clone(),

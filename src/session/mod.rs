@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub(crate) use history::HistoryLimits;
-pub(crate) use runner::TurnContext;
+pub(crate) use runner::{JobSlots, TurnContext};
 
 /// The event message a turn starts from, for the `markers` fuzz target.
 #[cfg(feature = "fuzzing")]

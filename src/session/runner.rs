@@ -47,6 +47,54 @@ pub(crate) struct TurnContext {
     pub background_jobs: TaskTracker,
     /// Fired when the drain stops background jobs (after turns and deliveries).
     pub stop_background_jobs: CancellationToken,
+    /// Background jobs running now, bounded in all and per session.
+    pub job_slots: Arc<JobSlots>,
+}
+
+/// Background jobs running now, by session.
+#[derive(Default)]
+pub(crate) struct JobSlots(std::sync::Mutex<std::collections::HashMap<String, usize>>);
+
+impl JobSlots {
+    /// Takes a background job slot for `session_key`, or says why there is none.
+    fn take(
+        &self,
+        session_key: &str,
+        runtime: &crate::config::RuntimeSettings,
+    ) -> Result<(), String> {
+        let mut jobs = match self.0.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let total: usize = jobs.values().sum();
+        let mine = jobs.get(session_key).copied().unwrap_or(0);
+        if total >= runtime.max_background_jobs {
+            return Err(format!(
+                "{total} background jobs are running (runtime.max_background_jobs)"
+            ));
+        }
+        if mine >= runtime.max_background_jobs_per_session {
+            return Err(format!(
+                "this session already runs {mine} background jobs \
+                 (runtime.max_background_jobs_per_session); wait for one to report back"
+            ));
+        }
+        *jobs.entry(session_key.to_string()).or_default() += 1;
+        Ok(())
+    }
+
+    fn release(&self, session_key: &str) {
+        let mut jobs = match self.0.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if let Some(count) = jobs.get_mut(session_key) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                jobs.remove(session_key);
+            }
+        }
+    }
 }
 
 /// The conversation messages among transcript entries (tool starts are bookkeeping).
@@ -282,6 +330,7 @@ impl Running<'_> {
             .map(|tool| (tool.name.clone(), tool.parameters.clone()))
             .collect();
         let max_steps = self.settings.config.runtime.max_turn_steps;
+        let max_tool_calls = self.settings.config.runtime.max_tool_calls_per_reply;
         // A run cut off before it committed anything left nothing to resume from: start afresh.
         let resume_reason = match &event.resume_reason {
             Some(reason) => {
@@ -331,13 +380,15 @@ impl Running<'_> {
                     return;
                 }
                 messages.push(history::bounded(new_event, message_cap));
-                let mut machine = TurnMachine::new(max_steps, messages, schemas);
+                let mut machine =
+                    TurnMachine::new(max_steps, messages, schemas).limit_tool_calls(max_tool_calls);
                 let first = machine.start();
                 (machine, first)
             }
             Some(reason) => {
                 let tools = &self.settings.config.tools;
-                let mut machine = TurnMachine::new(max_steps, messages, schemas);
+                let mut machine =
+                    TurnMachine::new(max_steps, messages, schemas).limit_tool_calls(max_tool_calls);
                 let first = machine.start_resumed(
                     unfinished_calls(&interrupted),
                     |name| tools.get(name).is_some_and(|tool| tool.idempotent),
@@ -446,10 +497,19 @@ impl Running<'_> {
             });
         };
         if tool.background {
-            return Ok(Input::ToolFinished {
-                call_id,
-                result: self.start_background_job(tool, arguments),
-            });
+            let runtime = &self.settings.config.runtime;
+            let result = match self
+                .context
+                .job_slots
+                .take(&self.turn.event.session_key, runtime)
+            {
+                Ok(()) => self.start_background_job(tool, arguments),
+                Err(why) => {
+                    tracing::warn!(tool = %tool.name, reason = %why, "background job refused");
+                    format!("error: background job not started: {why}")
+                }
+            };
+            return Ok(Input::ToolFinished { call_id, result });
         }
         // The tool process is killed when the turn is interrupted or cancelled.
         let kill = CancellationToken::new();
@@ -474,6 +534,7 @@ impl Running<'_> {
         let job_id = uuid::Uuid::now_v7().to_string();
         let event = &self.turn.event;
         let (store, sessions) = (self.context.store.clone(), self.context.sessions.clone());
+        let slots = self.context.job_slots.clone();
         // Jobs end with the daemon's drain, after turns and deliveries.
         let kill = self.context.stop_background_jobs.child_token();
         let (tool, arguments) = (tool.clone(), arguments.clone());
@@ -488,7 +549,9 @@ impl Running<'_> {
             async move {
                 // A job cut off by the drain is still reported to its session, so the agent learns
                 // that it did not finish rather than waiting for a result that never comes.
-                let payload = match tools::run(&tool, &arguments, &kill).await {
+                let outcome = tools::run(&tool, &arguments, &kill).await;
+                slots.release(&session_key);
+                let payload = match outcome {
                     Ok(outcome) => {
                         metrics::tool_call(&tool.name, outcome.result());
                         serde_json::json!({"job_id": job, "tool": tool.name, "outcome": outcome})

@@ -139,6 +139,8 @@ pub(crate) fn interrupted_result(name: &str) -> String {
 /// One turn's state.
 pub(crate) struct TurnMachine {
     max_steps: u32,
+    /// Tool calls of one reply that run; the rest get an error result.
+    max_tool_calls: usize,
     steps: u32,
     messages: Vec<Message>,
     tools: BTreeMap<String, Value>,
@@ -157,12 +159,20 @@ impl TurnMachine {
     ) -> TurnMachine {
         TurnMachine {
             max_steps,
+            max_tool_calls: usize::MAX,
             steps: 0,
             messages,
             tools,
             pending: VecDeque::new(),
             note: None,
         }
+    }
+
+    /// Runs at most `max` tool calls of one reply; the rest get an error result saying so, so
+    /// that one reply cannot fan out without bound.
+    pub(crate) fn limit_tool_calls(mut self, max: usize) -> TurnMachine {
+        self.max_tool_calls = max;
+        self
     }
 
     /// The conversation to send to the model.
@@ -263,9 +273,21 @@ impl TurnMachine {
             };
         }
         let calls = reply.tool_calls.clone();
+        let asked = calls.len();
         let mut actions = vec![self.record(reply)];
-        for call in calls {
+        for (index, call) in calls.into_iter().enumerate() {
             let name = call.function.name.clone();
+            if index >= self.max_tool_calls {
+                actions.push(self.record(Message::tool_result(
+                    &call.id,
+                    format!(
+                        "error: not run: this reply asked for {asked} tool calls and at most {} \
+                         run per reply (runtime.max_tool_calls_per_reply); ask for fewer at a time",
+                        self.max_tool_calls
+                    ),
+                )));
+                continue;
+            }
             match self.check_call(&name, &call.function.arguments) {
                 Ok(arguments) => self.pending.push_back(PendingCall {
                     call_id: call.id,
@@ -432,6 +454,41 @@ mod tests {
         assert_eq!(kinds(&actions), ["message", "call_model"]);
         let actions = m.on(Input::ModelMalformed("not JSON".into()));
         assert_eq!(kinds(&actions), ["message", "failed"]);
+    }
+
+    #[test]
+    fn a_reply_runs_at_most_the_limit_of_tool_calls() {
+        let mut m = machine(5).limit_tool_calls(2);
+        let reply = Message {
+            tool_calls: (0..5)
+                .flat_map(|n| call(&format!("c{n}"), "df", r#"{"path":"/"}"#).tool_calls)
+                .collect(),
+            ..call("x", "df", "{}")
+        };
+        let actions = m.on(Input::ModelReplied(reply));
+        let refused = actions
+            .iter()
+            .filter(|action| {
+                matches!(action, Action::Record(Entry::Message { message })
+                    if message.content.as_deref().is_some_and(|c| c.contains("max_tool_calls_per_reply")))
+            })
+            .count();
+        assert_eq!(refused, 3);
+        let mut ran = actions
+            .iter()
+            .filter(|action| matches!(action, Action::RunTool { .. }))
+            .count();
+        for n in 0..2 {
+            ran += m
+                .on(Input::ToolFinished {
+                    call_id: format!("c{n}"),
+                    result: "ok".into(),
+                })
+                .iter()
+                .filter(|action| matches!(action, Action::RunTool { .. }))
+                .count();
+        }
+        assert_eq!(ran, 2);
     }
 
     #[test]
