@@ -350,9 +350,16 @@ fn accept_failures_back_off_instead_of_spinning() {
         .expect("the daemon's fds")
         .count();
     let limit = open_fds + 2;
+    // Only the soft limit is lowered, so that raising it again below needs no privilege.
+    let hard = std::fs::read_to_string(format!("/proc/{}/limits", daemon.pid()))
+        .expect("the daemon's limits")
+        .lines()
+        .find(|line| line.starts_with("Max open files"))
+        .and_then(|line| line.split_whitespace().nth(4).map(str::to_string))
+        .expect("the hard limit on open files");
     let status = Command::new("prlimit")
         .arg(format!("--pid={}", daemon.pid()))
-        .arg(format!("--nofile={limit}:{limit}"))
+        .arg(format!("--nofile={limit}:{hard}"))
         .status()
         .expect("prlimit (util-linux)");
     assert!(status.success());
@@ -379,16 +386,25 @@ fn accept_failures_back_off_instead_of_spinning() {
 
     // Once descriptors are free again, the daemon serves as before.
     drop(held);
-    Command::new("prlimit")
+    let raised = Command::new("prlimit")
         .arg(format!("--pid={}", daemon.pid()))
-        .arg("--nofile=4096:4096")
+        .arg(format!("--nofile={hard}:{hard}"))
         .status()
         .expect("prlimit");
-    wait_until(
-        "the webhook listener to recover",
-        Duration::from_secs(10),
-        || try_request(daemon.addr, "GET", "/healthz", &[], b"").is_ok_and(|r| r.status == 200),
-    );
+    assert!(raised.success());
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let answer = try_request(daemon.addr, "GET", "/healthz", &[], b"");
+        if answer.as_ref().is_ok_and(|r| r.status == 200) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the webhook listener did not recover ({answer:?}); the daemon said:\n{}",
+            daemon.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// A reader that stops early (`agentgate sessions list | head`) ends the command quietly.
