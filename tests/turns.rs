@@ -1221,3 +1221,53 @@ tools = ["job"]
     });
     assert!(daemon.log().contains("background job refused"));
 }
+
+/// `[model] max_concurrent_requests` queues model calls in order instead of sending a burst of
+/// turns at once, and the wait for a slot does not count toward `turn_idle_timeout`.
+#[test]
+fn model_requests_are_bounded_and_waiting_is_not_idleness() {
+    let workspace = Workspace::new();
+    let model = Stub::start(|_, _| Reply::answer("done").after(Duration::from_millis(1500)));
+    workspace.write_config(&format!(
+        r#"[runtime]
+max_concurrent_turns = 4
+turn_idle_timeout = "2s"
+
+[model]
+backend = "openai"
+base_url = "{model}/v1"
+model = "stub-model"
+max_concurrent_requests = 1
+
+[routes.alerts]
+path = "/hooks/alerts"
+verify = {{ scheme = "none" }}
+"#,
+        model = model.url(),
+    ));
+    let daemon = workspace.start();
+    let ids: Vec<String> = (0..3)
+        .map(|n| {
+            let response = daemon.post_json("/hooks/alerts", &[], &format!(r#"{{"n":{n}}}"#));
+            response.json()["event_id"]
+                .as_str()
+                .expect("id")
+                .to_string()
+        })
+        .collect();
+    for id in &ids {
+        assert_eq!(workspace.wait_terminal(id, TURN_LIMIT), "completed", "{id}");
+    }
+    let started: Vec<i64> = workspace.query(
+        "SELECT created_at FROM transcript WHERE kind = 'message' AND body LIKE '%\"assistant\"%' ORDER BY created_at",
+        |row| row.get(0),
+    );
+    assert_eq!(started.len(), 3);
+    // One at a time: each reply came at least one model call (1.5 s) after the one before.
+    for pair in started.windows(2) {
+        assert!(
+            pair[1] - pair[0] >= 1400,
+            "replies at {started:?} overlapped"
+        );
+    }
+}

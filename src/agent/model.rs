@@ -9,7 +9,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::json;
@@ -69,6 +69,9 @@ pub(crate) struct Model {
     request_timeout: Duration,
     max_retries: u32,
     recorder: Option<Mutex<std::fs::File>>,
+    /// `max_concurrent_requests`: a burst of turns queues here, in order, instead of
+    /// overloading the model server.
+    slots: Arc<tokio::sync::Semaphore>,
 }
 
 /// Parses a cassette: one assistant message (JSON) per line; blank lines are skipped.
@@ -145,7 +148,23 @@ impl Model {
             request_timeout: settings.request_timeout,
             max_retries: settings.max_retries,
             recorder,
+            slots: Arc::new(tokio::sync::Semaphore::new(
+                settings
+                    .max_concurrent_requests
+                    .min(tokio::sync::Semaphore::MAX_PERMITS),
+            )),
         })
+    }
+
+    /// Waits for a request slot (tokio's semaphore is fair: first come, first served). The
+    /// caller holds it for one `complete`.
+    pub(crate) async fn slot(&self) -> tokio::sync::OwnedSemaphorePermit {
+        loop {
+            // The semaphore is never closed; should that change, waiting again is harmless.
+            if let Ok(permit) = self.slots.clone().acquire_owned().await {
+                return permit;
+            }
+        }
     }
 
     /// Whether this is a replay (its replies are labelled as such wherever they are shown).

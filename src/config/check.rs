@@ -424,6 +424,11 @@ impl Checker<'_> {
             max_retries: self.value("model.max_retries", raw.max_retries, 4, |n| {
                 u32::try_from(n).map_err(|_| format!("{n} must be zero or more"))
             }),
+            max_concurrent_requests: self.positive(
+                "model.max_concurrent_requests",
+                raw.max_concurrent_requests,
+                16,
+            ) as usize,
         })
     }
 

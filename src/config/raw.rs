@@ -65,6 +65,7 @@ pub(super) struct RawModel {
     pub(super) max_retries: Option<i64>,
     pub(super) command: Option<Vec<String>>,
     pub(super) cassette: Option<PathBuf>,
+    pub(super) max_concurrent_requests: Option<i64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -94,6 +94,8 @@ pub(crate) struct ModelSettings {
     pub backend: ModelBackend,
     pub request_timeout: Duration,
     pub max_retries: u32,
+    /// Requests in flight to the model at most, whatever the number of running turns.
+    pub max_concurrent_requests: usize,
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -472,6 +472,14 @@ impl Running<'_> {
 
     async fn call_model(&self, messages: &[Message]) -> Result<Input, Stop> {
         let tools = self.tools();
+        // Waiting for a model slot is not a lack of progress: it does not count toward
+        // turn_idle_timeout, but the turn can still be interrupted or cancelled meanwhile.
+        let _slot = tokio::select! {
+            slot = self.context.model.slot() => slot,
+            () = self.control.interrupt.cancelled() => return Err(Stop::Interrupted),
+            () = self.control.cancel.cancelled() => return Err(Stop::Cancelled),
+            () = self.context.cancel_turns.cancelled() => return Err(Stop::Shutdown),
+        };
         let asked = Instant::now();
         let reply = self
             .guarded(self.context.model.complete(messages, &tools))
