@@ -680,7 +680,9 @@ fn past_max_queued_events_new_webhooks_get_503_and_nothing_accepted_is_lost() {
         }
     }
     let refusal = refusal.expect("the queue limit was never reached");
-    assert!((5..=7).contains(&accepted), "accepted {accepted}");
+    // The limit is kept from counts refreshed every second plus the accepts since, so it may be
+    // reached an event or two early (an accept counted both ways around a refresh) or late.
+    assert!((3..=7).contains(&accepted), "accepted {accepted}");
     assert_eq!(refusal.header("retry-after"), Some("30"));
     assert!(
         refusal.json()["message"]
