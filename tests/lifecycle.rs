@@ -440,3 +440,64 @@ fn output_to_a_closed_pipe_ends_quietly() {
         assert!(output.status.success(), "{args:?}: {output:?}");
     }
 }
+
+/// A reload runs every start-time check: with the webhook listener on a non-loopback address
+/// (a private network namespace with 10.9.8.7 on its loopback device), a reload that adds an
+/// unsigned route is refused (exit 78) and the route never answers.
+#[test]
+fn a_reload_cannot_add_an_unsigned_route_off_loopback() {
+    if !root_or_skip("a_reload_cannot_add_an_unsigned_route_off_loopback") {
+        return;
+    }
+    let workspace = Workspace::new();
+    let config = workspace.config_path();
+    let signed = format!(
+        "state_dir = {:?}\n[server]\nlisten = \"10.9.8.7:8787\"\ncontrol_socket = {:?}\n[model]\nbackend = \"replay\"\n[routes.signed]\npath = \"/signed\"\nverify = {{ scheme = \"bearer\", secret = \"t0ken\" }}\n",
+        workspace.state_dir().display(),
+        workspace.path().join("control.sock").display()
+    );
+    std::fs::write(&config, &signed).expect("config");
+    let unsigned =
+        format!("{signed}[routes.open]\npath = \"/open\"\nverify = {{ scheme = \"none\" }}\n");
+    let unsigned_file = workspace.path().join("unsigned.toml");
+    std::fs::write(&unsigned_file, unsigned).expect("unsigned config");
+    let script = format!(
+        r#"set -u
+ip link set lo up
+ip addr add 10.9.8.7/32 dev lo
+AGENTGATE_LOG=info {bin} serve --config {config} 2>{log} &
+daemon=$!
+for _ in $(seq 200); do
+    {bin} send signed --config {config} --url http://10.9.8.7:8787 >/dev/null 2>&1 && break
+    sleep 0.05
+done
+echo "signed: $({bin} send signed --config {config} --url http://10.9.8.7:8787 2>&1 | head -c 3)"
+cp {unsigned} {config}
+{bin} reload --config {config} >/dev/null 2>{reload_err}
+echo "reload exit: $?"
+echo "open: $({bin} send open --config {config} --url http://10.9.8.7:8787 2>&1 | head -c 3)"
+kill -TERM $daemon
+wait $daemon
+"#,
+        bin = BIN,
+        config = config.display(),
+        unsigned = unsigned_file.display(),
+        log = workspace.path().join("daemon.log").display(),
+        reload_err = workspace.path().join("reload.err").display(),
+    );
+    let output = Command::new("unshare")
+        .args(["-n", "sh", "-c", &script])
+        .output()
+        .expect("unshare -n");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let log = std::fs::read_to_string(workspace.path().join("daemon.log")).unwrap_or_default();
+    let reload_err =
+        std::fs::read_to_string(workspace.path().join("reload.err")).unwrap_or_default();
+    assert!(stdout.contains("signed: 202"), "{stdout}\n{log}");
+    assert!(
+        stdout.contains("reload exit: 78"),
+        "{stdout}\n{reload_err}\n{log}"
+    );
+    assert!(reload_err.contains("loopback"), "{reload_err}");
+    assert!(stdout.contains("open: 404"), "{stdout}\n{log}");
+}
