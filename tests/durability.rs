@@ -255,7 +255,9 @@ fn a_filling_disk_gets_503_from_min_free_disk_before_the_store_fails() {
         "a redelivery still gets its answer: {again:?}"
     );
     assert_eq!(again.json()["event_id"], first_id.as_str());
-    assert!(daemon.log().contains("backpressure"), "{}", daemon.log());
+    wait_until("the backpressure log line", Duration::from_secs(10), || {
+        daemon.log().contains("backpressure")
+    });
 
     std::fs::remove_file(&fill).expect("free the space");
     wait_until(

@@ -180,12 +180,15 @@ fn control_socket_serves_status_metrics_and_overrides() {
         control_request(&socket, "POST", "/v1/sessions/nope/resume").status,
         404
     );
-    assert!(
-        daemon
-            .log()
-            .contains("session suspended by the operator; no turn of it starts"),
-        "{}",
-        daemon.log()
+    // The daemon's stderr is read by another thread: wait for the line rather than race it.
+    wait_until(
+        "the suspension's journal line",
+        Duration::from_secs(10),
+        || {
+            daemon
+                .log()
+                .contains("session suspended by the operator; no turn of it starts")
+        },
     );
     assert_eq!(
         daemon.post_json("/nowhere", &[], "{}").status,
@@ -206,10 +209,10 @@ fn control_socket_serves_status_metrics_and_overrides() {
     ] {
         assert!(metrics.contains(line), "{line} missing from:\n{metrics}");
     }
-    assert!(
-        daemon.log().contains("webhook refused") && daemon.log().contains("peer=127.0.0.1:"),
-        "refusals are logged with their peer: {}",
-        daemon.log()
+    wait_until(
+        "the refusal's log line, with its peer",
+        Duration::from_secs(10),
+        || daemon.log().contains("webhook refused") && daemon.log().contains("peer=127.0.0.1:"),
     );
 }
 
@@ -268,7 +271,9 @@ fn reload_reports_what_changed_and_refuses_a_bad_config_with_78() {
         202,
         "the previous config stays in effect"
     );
-    assert!(daemon.log().contains("config reload refused"));
+    wait_until("the refusal's log line", Duration::from_secs(10), || {
+        daemon.log().contains("config reload refused")
+    });
 }
 
 #[test]

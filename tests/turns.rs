@@ -132,6 +132,25 @@ fn transcript_roles(setup: &Setup, session: &str) -> Vec<String> {
         .collect()
 }
 
+/// The pid a tool wrote into `path` once it started.
+fn wait_for_pid(path: &std::path::Path) -> u32 {
+    let mut pid = 0;
+    wait_until("the tool to start", TURN_LIMIT, || {
+        pid = std::fs::read_to_string(path)
+            .ok()
+            .and_then(|text| text.trim().parse().ok())
+            .unwrap_or(0);
+        pid > 0
+    });
+    pid
+}
+
+/// Whether `pid` runs (a zombie has ended).
+fn process_alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|stat| stat.split(' ').nth(2) != Some("Z"))
+}
+
 fn tool_results(requests: &[Received]) -> Vec<String> {
     requests
         .last()
@@ -524,11 +543,7 @@ fn sessions_cancel_kills_the_running_tool_and_delivers_the_failure() {
     });
     let receiver = receiver();
     workspace.write_config(&format!(
-        r#"[model]
-backend = "openai"
-base_url = "{model}/v1"
-model = "stub-model"
-
+        r#"{model}
 [tools.sleeper]
 description = "Sleeps for a long time"
 command = ["/bin/sh", "-c", "echo $$ > {pid}; exec sleep 300"]
@@ -541,22 +556,14 @@ session = "{{{{ payload.session }}}}"
 tools = ["sleeper"]
 deliver = {{ kind = "http", url = "{receiver}/results", secret = "{DELIVER_SECRET}" }}
 "#,
-        model = model.url(),
+        model = model.model_section(),
         receiver = receiver.url(),
         pid = pid_file.display(),
     ));
     let daemon = workspace.start();
     let hung = post(&daemon, "stuck");
-    let mut tool_pid = 0;
-    wait_until("the tool to start", TURN_LIMIT, || {
-        tool_pid = std::fs::read_to_string(&pid_file)
-            .ok()
-            .and_then(|text| text.trim().parse().ok())
-            .unwrap_or(0);
-        tool_pid > 0
-    });
-    let alive = |pid: u32| std::path::Path::new(&format!("/proc/{pid}")).exists();
-    assert!(alive(tool_pid));
+    let tool_pid = wait_for_pid(&pid_file);
+    assert!(process_alive(tool_pid));
 
     let output = workspace.cli(&["sessions", "cancel", "stuck"]);
     assert!(output.status.success(), "{output:?}");
@@ -566,18 +573,17 @@ deliver = {{ kind = "http", url = "{receiver}/results", secret = "{DELIVER_SECRE
     );
     assert_eq!(workspace.event_status(&hung), "failed");
     wait_until("the tool process to be killed", TURN_LIMIT, || {
-        !alive(tool_pid)
+        !process_alive(tool_pid)
     });
     let body = wait_delivery(&receiver, &hung).json();
     assert_eq!(body["status"], "failed");
     assert_eq!(body["error"], "cancelled by operator");
-    assert!(
+    // The daemon's stderr is read by another thread: wait for the line rather than race it.
+    wait_until("the journal line", TURN_LIMIT, || {
         daemon
             .log()
-            .contains("running turn cancelled by the operator"),
-        "{}",
-        daemon.log()
-    );
+            .contains("running turn cancelled by the operator")
+    });
 
     // Nothing runs now: a second cancel says so and fails.
     let again = workspace.cli(&["sessions", "cancel", "stuck"]);
@@ -878,13 +884,12 @@ fn retention_deletes_only_finished_delivered_work() {
     ] {
         assert_eq!(workspace.event_status(id), status, "{id} must stay");
     }
-    assert!(
+    // The daemon's stderr is read by another thread: wait for the line rather than race it.
+    wait_until("the journal line", TURN_LIMIT, || {
         daemon
             .log()
-            .contains("deleted finished events past retention"),
-        "{}",
-        daemon.log()
-    );
+            .contains("deleted finished events past retention")
+    });
     let again = post(&daemon, "finished");
     assert_eq!(workspace.wait_terminal(&again, TURN_LIMIT), "completed");
     let auto_vacuum: Vec<i64> = workspace.query("PRAGMA auto_vacuum", |row| row.get(0));
@@ -954,11 +959,7 @@ fn a_stuck_target_holds_up_no_other_route_and_secret_urls_stay_out_of_logs() {
         }
     });
     workspace.write_config(&format!(
-        r#"[model]
-backend = "openai"
-base_url = "{model}/v1"
-model = "stub-model"
-
+        r#"{model}
 [routes.slow]
 path = "/hooks/slow"
 verify = {{ scheme = "none" }}
@@ -974,7 +975,7 @@ path = "/hooks/hidden"
 verify = {{ scheme = "none" }}
 deliver = {{ kind = "http", url = {{ env = "TEST_DELIVER_URL" }} }}
 "#,
-        model = model.url(),
+        model = model.model_section(),
         stuck = stuck.url(),
         fast = fast.url(),
     ));
@@ -1084,11 +1085,7 @@ fn tools_inherit_no_parent_descriptors_and_die_with_the_daemon() {
         }
     });
     workspace.write_config(&format!(
-        r#"[model]
-backend = "openai"
-base_url = "{model}/v1"
-model = "stub-model"
-
+        r#"{model}
 [tools.probe]
 description = "Lists its descriptors, then sleeps"
 command = ["/bin/sh", "-c", "ls /proc/self/fd > {fds}; echo $$ > {pid}; exec sleep 300"]
@@ -1099,7 +1096,7 @@ path = "/hooks/alerts"
 verify = {{ scheme = "none" }}
 tools = ["probe"]
 "#,
-        model = model.url(),
+        model = model.model_section(),
         fds = fds_file.display(),
         pid = pid_file.display(),
     ));
@@ -1138,26 +1135,15 @@ tools = ["probe"]
     )
     .expect("POST");
     assert_eq!(posted.status, 202);
-    let mut tool_pid = 0;
-    wait_until("the tool to start", TURN_LIMIT, || {
-        tool_pid = std::fs::read_to_string(&pid_file)
-            .ok()
-            .and_then(|text| text.trim().parse().ok())
-            .unwrap_or(0);
-        tool_pid > 0
-    });
+    let tool_pid = wait_for_pid(&pid_file);
     let fds = std::fs::read_to_string(&fds_file).expect("the tool's descriptors");
     let listed: Vec<&str> = fds.split_whitespace().collect();
     assert!(!listed.contains(&"7"), "the tool got fd 7: {listed:?}");
-    let alive = |pid: u32| {
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .is_ok_and(|stat| stat.split(' ').nth(2) != Some("Z"))
-    };
-    assert!(alive(tool_pid));
+    assert!(process_alive(tool_pid));
     let _ = daemon.0.kill();
     let _ = daemon.0.wait();
     wait_until("the tool to die with the daemon", TURN_LIMIT, || {
-        !alive(tool_pid)
+        !process_alive(tool_pid)
     });
 }
 
@@ -1188,11 +1174,7 @@ fn background_jobs_are_bounded_per_session() {
         r#"[runtime]
 max_background_jobs_per_session = 3
 
-[model]
-backend = "openai"
-base_url = "{model}/v1"
-model = "stub-model"
-
+{model}
 [tools.job]
 description = "A slow background job"
 command = ["/bin/sh", "-c", "echo started >> {started}; sleep 30"]
@@ -1204,7 +1186,7 @@ path = "/hooks/alerts"
 verify = {{ scheme = "none" }}
 tools = ["job"]
 "#,
-        model = model.url(),
+        model = model.model_section(),
         started = started_file.display(),
     ));
     let daemon = workspace.start();
@@ -1221,7 +1203,9 @@ tools = ["job"]
     wait_until("the three jobs to start", TURN_LIMIT, || {
         std::fs::read_to_string(&started_file).is_ok_and(|text| text.lines().count() == 3)
     });
-    assert!(daemon.log().contains("background job refused"));
+    wait_until("the refusal's log line", TURN_LIMIT, || {
+        daemon.log().contains("background job refused")
+    });
 }
 
 /// `[model] max_concurrent_requests` queues model calls in order instead of sending a burst of
@@ -1235,17 +1219,13 @@ fn model_requests_are_bounded_and_waiting_is_not_idleness() {
 max_concurrent_turns = 4
 turn_idle_timeout = "2s"
 
-[model]
-backend = "openai"
-base_url = "{model}/v1"
-model = "stub-model"
-max_concurrent_requests = 1
+{model}max_concurrent_requests = 1
 
 [routes.alerts]
 path = "/hooks/alerts"
 verify = {{ scheme = "none" }}
 "#,
-        model = model.url(),
+        model = model.model_section(),
     ));
     let daemon = workspace.start();
     let ids: Vec<String> = (0..3)

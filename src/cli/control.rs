@@ -65,14 +65,6 @@ pub(super) async fn request(
     Ok(Some(ControlAnswer { status, body }))
 }
 
-/// The small runtime a command needs for one request.
-pub(super) fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|err| Failure::runtime(format!("cannot start the async runtime: {err}")))
-}
-
 /// `%XX`-encodes a session key for a control path segment (`acme/web#7` → `acme%2Fweb%237`).
 pub(super) fn path_segment(text: &str) -> String {
     text.bytes()

@@ -29,18 +29,6 @@ fn json_out(value: &impl serde::Serialize) {
     }
 }
 
-/// Gives files a root-run command created back to the state directory's owner.
-fn restore_ownership(state: &StateAccess) -> Result<(), Failure> {
-    store::StateDir::new(&state.state_dir)
-        .restore_ownership()
-        .map_err(|err| {
-            Failure::state(format!(
-                "{}: cannot restore ownership: {err}",
-                state.state_dir.display()
-            ))
-        })
-}
-
 pub(super) fn events_list(
     source: &ConfigSource,
     filter: EventFilter,
@@ -143,7 +131,7 @@ pub(super) fn events_replay(source: &ConfigSource, id: &str) -> Result<(), Failu
         .query(async |store| store.replay_event(id).await)?
         .flatten()
         .ok_or_else(|| Failure::runtime(format!("no event {id:?}")))?;
-    restore_ownership(&state)?;
+    state.restore_ownership()?;
     outln!("{copy}");
     Ok(())
 }
@@ -192,7 +180,7 @@ pub(super) fn deliveries_retry(source: &ConfigSource, target: RetryTarget) -> Re
     let count = state
         .query(async |store| store.retry_deliveries(target).await)?
         .unwrap_or(0);
-    restore_ownership(&state)?;
+    state.restore_ownership()?;
     match one {
         Some(id) if count == 0 => Err(Failure::runtime(format!(
             "no failed delivery for event {id:?} (see `agentgate deliveries list --failed`)"

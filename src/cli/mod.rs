@@ -57,6 +57,14 @@ pub(crate) fn main() -> ExitCode {
     }
 }
 
+/// The small single-threaded runtime a command needs for its store queries or requests.
+fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|err| Failure::runtime(format!("cannot start the async runtime: {err}")))
+}
+
 /// Prints each finding on its own line and turns an invalid config into exit status 78.
 pub(crate) fn load_config(
     source: &ConfigSource,

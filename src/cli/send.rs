@@ -73,10 +73,7 @@ pub(super) fn send(source: &ConfigSource, request: &SendRequest) -> Result<(), F
     let http_request = builder
         .body(Full::new(Bytes::from(body)))
         .map_err(|err| Failure::config(format!("--url {base}: {err}")))?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|err| Failure::runtime(format!("cannot start the async runtime: {err}")))?;
+    let runtime = runtime()?;
     let (status, text) = runtime.block_on(async {
         let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
         let response = client

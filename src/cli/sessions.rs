@@ -5,7 +5,7 @@ use super::output::{out, outln};
 use crate::config::{self, ConfigSource};
 use crate::exit::Failure;
 use crate::session::OperatorAction;
-use crate::store::{self, DaemonLock};
+use crate::store::DaemonLock;
 
 use super::control;
 use super::state::StateAccess;
@@ -19,7 +19,7 @@ pub(super) fn operator_action(
     action: OperatorAction,
 ) -> Result<(), Failure> {
     let location = config::state_location(source).map_err(Failure::config)?;
-    let runtime = control::runtime()?;
+    let runtime = super::runtime()?;
     let path = format!(
         "/v1/sessions/{}/{}",
         control::path_segment(key),
@@ -87,14 +87,7 @@ fn override_stored_state(
         })?
         .flatten()
         .ok_or_else(|| Failure::runtime(format!("no session {key:?}")))?;
-    store::StateDir::new(&state.state_dir)
-        .restore_ownership()
-        .map_err(|err| {
-            Failure::state(format!(
-                "{}: cannot restore ownership: {err}",
-                state.state_dir.display()
-            ))
-        })?;
+    state.restore_ownership()?;
     match action {
         OperatorAction::Suspend => outln!("session {key}: suspended (was {before})"),
         _ => outln!("session {key}: resumed (was {before}); its ledger entry is cleared"),
@@ -106,7 +99,7 @@ fn override_stored_state(
 /// Exit 0 when the new config is in effect, 78 when the daemon refused it.
 pub(super) fn reload(source: &ConfigSource) -> Result<(), Failure> {
     let location = config::state_location(source).map_err(Failure::config)?;
-    let runtime = control::runtime()?;
+    let runtime = super::runtime()?;
     let answer = runtime
         .block_on(control::request(
             &location.control_socket,

@@ -17,10 +17,7 @@ pub(super) struct StateAccess {
 impl StateAccess {
     pub(super) fn open(source: &ConfigSource) -> Result<StateAccess, Failure> {
         let location = config::state_location(source).map_err(Failure::config)?;
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|err| Failure::runtime(format!("cannot start the async runtime: {err}")))?;
+        let runtime = super::runtime()?;
         let store = runtime
             .block_on(Store::attach(&location.store, &location.state_dir))
             .map_err(Failure::from)?;
@@ -29,6 +26,18 @@ impl StateAccess {
             store,
             runtime,
         })
+    }
+
+    /// Gives files a root-run command created back to the state directory's owner.
+    pub(super) fn restore_ownership(&self) -> Result<(), Failure> {
+        crate::store::StateDir::new(&self.state_dir)
+            .restore_ownership()
+            .map_err(|err| {
+                Failure::state(format!(
+                    "{}: cannot restore ownership: {err}",
+                    self.state_dir.display()
+                ))
+            })
     }
 
     /// Runs `query` on the store; `None` when nothing is stored yet.
