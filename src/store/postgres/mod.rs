@@ -22,6 +22,10 @@ mod outbox;
 mod schema;
 mod turns;
 
+use crate::store::inspect::{
+    DELIVERIES_SQL, EVENT_DELIVERY_SQL, EVENT_SQL, EVENT_TURNS_SQL, EVENTS_SQL, FAILED_STATUS,
+    REPLAY_SQL, RETRY_SQL, payload_value,
+};
 use crate::store::states::{
     CRASHED, DELIVERY_FAILED, EVENT_RUNNING, IDLE, NodeState, OPERATOR, PENDING, QUEUED,
     RESUME_PENDING, ResumeReason, SESSION_RUNNING, SUSPENDED, SessionState, StopReason,
@@ -306,11 +310,33 @@ impl Inspection for PostgresStore {
     }
 
     async fn events(&self, filter: EventFilter) -> Result<Vec<EventRow>, StoreError> {
-        self.events_matching(filter).await
+        let rows = self
+            .select(
+                EVENTS_SQL,
+                &[
+                    &filter.status,
+                    &filter.route,
+                    &filter.session,
+                    &filter.limit,
+                ],
+            )
+            .await?;
+        Ok(rows.iter().map(inspect::event_row).collect())
     }
 
     async fn event(&self, id: &str) -> Result<Option<EventDetail>, StoreError> {
-        self.event_detail(id).await
+        let Some(row) = self.select_optional(EVENT_SQL, &[&id]).await? else {
+            return Ok(None);
+        };
+        let turns = self.select(EVENT_TURNS_SQL, &[&id]).await?;
+        let delivery = self.select_optional(EVENT_DELIVERY_SQL, &[&id]).await?;
+        Ok(Some(EventDetail {
+            event: inspect::event_row(&row),
+            payload: payload_value(row.get::<_, &[u8]>(9)),
+            headers: serde_json::from_str(row.get::<_, &str>(10)).unwrap_or_default(),
+            turns: turns.iter().map(inspect::turn_row).collect(),
+            delivery: delivery.as_ref().map(inspect::delivery_row),
+        }))
     }
 
     async fn deliveries(
@@ -318,7 +344,9 @@ impl Inspection for PostgresStore {
         failed_only: bool,
         limit: i64,
     ) -> Result<Vec<DeliveryRow>, StoreError> {
-        self.outbox(failed_only, limit).await
+        let status = failed_only.then_some(FAILED_STATUS);
+        let rows = self.select(DELIVERIES_SQL, &[&status, &limit]).await?;
+        Ok(rows.iter().map(inspect::delivery_row).collect())
     }
 }
 

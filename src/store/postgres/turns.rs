@@ -479,10 +479,19 @@ impl Operator for PostgresStore {
     }
 
     async fn replay_event(&self, id: &str) -> Result<Option<String>, StoreError> {
-        self.replay(id).await
+        let copy = uuid::Uuid::now_v7().to_string();
+        let inserted = self
+            .execute_one(REPLAY_SQL, &[&id, &copy, &now_millis()])
+            .await?;
+        Ok((inserted == 1).then_some(copy))
     }
 
     async fn retry_deliveries(&self, target: RetryTarget) -> Result<u64, StoreError> {
-        self.retry(target).await
+        let event_id = match &target {
+            RetryTarget::One(id) => Some(id.as_str()),
+            RetryTarget::AllFailed => None,
+        };
+        self.execute_one(RETRY_SQL, &[&event_id, &now_millis()])
+            .await
     }
 }

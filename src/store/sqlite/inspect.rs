@@ -5,7 +5,6 @@
 
 use rusqlite::{Connection, OptionalExtension, Row, named_params, params};
 
-use super::SqliteStore;
 use crate::store::inspect::{
     DELIVERIES_SQL, EVENT_DELIVERY_SQL, EVENT_SQL, EVENT_TURNS_SQL, EVENTS_SQL, FAILED_STATUS,
     REPLAY_SQL, RETRY_SQL, payload_value,
@@ -41,7 +40,7 @@ fn delivery_row(row: &Row<'_>) -> rusqlite::Result<DeliveryRow> {
     })
 }
 
-fn event_in(connection: &Connection, id: &str) -> rusqlite::Result<Option<EventDetail>> {
+pub(super) fn event_in(connection: &Connection, id: &str) -> rusqlite::Result<Option<EventDetail>> {
     let Some((event, payload, headers)) = connection
         .prepare_cached(EVENT_SQL)?
         .query_row(params![id], |row| {
@@ -82,71 +81,50 @@ fn event_in(connection: &Connection, id: &str) -> rusqlite::Result<Option<EventD
     }))
 }
 
-impl SqliteStore {
-    pub(super) async fn events_matching(
-        &self,
-        filter: EventFilter,
-    ) -> Result<Vec<EventRow>, crate::store::StoreError> {
-        self.read(move |connection| {
-            connection
-                .prepare_cached(EVENTS_SQL)?
-                .query_map(
-                    named_params! {"$1": filter.status, "$2": filter.route, "$3": filter.session, "$4": filter.limit},
-                    event_row,
-                )?
-                .collect()
-        })
-        .await
-    }
+pub(super) fn events_in(
+    connection: &Connection,
+    filter: &EventFilter,
+) -> rusqlite::Result<Vec<EventRow>> {
+    connection
+        .prepare_cached(EVENTS_SQL)?
+        .query_map(
+            named_params! {"$1": filter.status, "$2": filter.route, "$3": filter.session, "$4": filter.limit},
+            event_row,
+        )?
+        .collect()
+}
 
-    pub(super) async fn event_detail(
-        &self,
-        id: &str,
-    ) -> Result<Option<EventDetail>, crate::store::StoreError> {
-        let id = id.to_string();
-        self.read(move |connection| event_in(connection, &id)).await
-    }
+pub(super) fn deliveries_in(
+    connection: &Connection,
+    failed_only: bool,
+    limit: i64,
+) -> rusqlite::Result<Vec<DeliveryRow>> {
+    let status = failed_only.then_some(FAILED_STATUS);
+    connection
+        .prepare_cached(DELIVERIES_SQL)?
+        .query_map(named_params! {"$1": status, "$2": limit}, delivery_row)?
+        .collect()
+}
 
-    pub(super) async fn outbox(
-        &self,
-        failed_only: bool,
-        limit: i64,
-    ) -> Result<Vec<DeliveryRow>, crate::store::StoreError> {
-        let status = failed_only.then_some(FAILED_STATUS);
-        self.read(move |connection| {
-            connection
-                .prepare_cached(DELIVERIES_SQL)?
-                .query_map(named_params! {"$1": status, "$2": limit}, delivery_row)?
-                .collect()
-        })
-        .await
-    }
+/// Queues a copy of `original` as the event `copy`; `None` if there is no such event.
+pub(super) fn replay_in(
+    connection: &Connection,
+    original: &str,
+    copy: String,
+) -> rusqlite::Result<Option<String>> {
+    let inserted = connection
+        .prepare_cached(REPLAY_SQL)?
+        .execute(named_params! {"$1": original, "$2": copy, "$3": now_millis()})?;
+    Ok((inserted == 1).then_some(copy))
+}
 
-    pub(super) async fn replay(
-        &self,
-        id: &str,
-    ) -> Result<Option<String>, crate::store::StoreError> {
-        let (original, copy) = (id.to_string(), uuid::Uuid::now_v7().to_string());
-        self.write(move |connection| {
-            let inserted = connection
-                .prepare_cached(REPLAY_SQL)?
-                .execute(named_params! {"$1": original, "$2": copy, "$3": now_millis()})?;
-            Ok((inserted == 1).then_some(copy))
-        })
-        .await
-    }
-
-    pub(super) async fn retry(&self, target: RetryTarget) -> Result<u64, crate::store::StoreError> {
-        let event_id = match target {
-            RetryTarget::One(id) => Some(id),
-            RetryTarget::AllFailed => None,
-        };
-        self.write(move |connection| {
-            let updated = connection
-                .prepare_cached(RETRY_SQL)?
-                .execute(named_params! {"$1": event_id, "$2": now_millis()})?;
-            Ok(updated as u64)
-        })
-        .await
-    }
+pub(super) fn retry_in(connection: &Connection, target: &RetryTarget) -> rusqlite::Result<u64> {
+    let event_id = match target {
+        RetryTarget::One(id) => Some(id.as_str()),
+        RetryTarget::AllFailed => None,
+    };
+    let updated = connection
+        .prepare_cached(RETRY_SQL)?
+        .execute(named_params! {"$1": event_id, "$2": now_millis()})?;
+    Ok(updated as u64)
 }

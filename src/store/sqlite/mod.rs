@@ -466,11 +466,14 @@ impl Inspection for SqliteStore {
     }
 
     async fn events(&self, filter: EventFilter) -> Result<Vec<EventRow>, StoreError> {
-        self.events_matching(filter).await
+        self.read(move |connection| inspect::events_in(connection, &filter))
+            .await
     }
 
     async fn event(&self, id: &str) -> Result<Option<EventDetail>, StoreError> {
-        self.event_detail(id).await
+        let id = id.to_string();
+        self.read(move |connection| inspect::event_in(connection, &id))
+            .await
     }
 
     async fn deliveries(
@@ -478,7 +481,8 @@ impl Inspection for SqliteStore {
         failed_only: bool,
         limit: i64,
     ) -> Result<Vec<DeliveryRow>, StoreError> {
-        self.outbox(failed_only, limit).await
+        self.read(move |connection| inspect::deliveries_in(connection, failed_only, limit))
+            .await
     }
 }
 

@@ -559,10 +559,13 @@ impl Operator for SqliteStore {
     }
 
     async fn replay_event(&self, id: &str) -> Result<Option<String>, StoreError> {
-        self.replay(id).await
+        let (original, copy) = (id.to_string(), uuid::Uuid::now_v7().to_string());
+        self.write(move |connection| super::inspect::replay_in(connection, &original, copy))
+            .await
     }
 
     async fn retry_deliveries(&self, target: RetryTarget) -> Result<u64, StoreError> {
-        self.retry(target).await
+        self.write(move |connection| super::inspect::retry_in(connection, &target))
+            .await
     }
 }
