@@ -35,6 +35,7 @@ mod store;
 #[allow(unsafe_code)]
 mod sys;
 mod template;
+mod tls;
 mod untrusted;
 
 #[cfg(feature = "fuzzing")]

@@ -17,7 +17,8 @@ use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
 use super::message::{Message, Role};
-use crate::config::{ModelBackend, ModelSettings, Secret, ToolSettings};
+use super::catalog::OfferedTool;
+use crate::config::{ModelBackend, ModelSettings, Secret};
 
 /// The demo cassette bundled with agentgate, used by `backend = "replay"` without a `cassette`.
 const BUNDLED_CASSETTE: &str = include_str!("../../examples/triage.cassette.jsonl");
@@ -102,7 +103,8 @@ impl Model {
                 model,
                 api_key,
             } => Backend::OpenAi {
-                client: reqwest::Client::builder()
+                client: crate::tls::http_client()
+                    .map_err(ModelSetupError::Client)?
                     .timeout(settings.request_timeout)
                     .build()
                     .map_err(|err| ModelSetupError::Client(err.to_string()))?,
@@ -176,7 +178,7 @@ impl Model {
     pub(crate) async fn complete(
         &self,
         messages: &[Message],
-        tools: &[&ToolSettings],
+        tools: &[OfferedTool],
     ) -> Result<Message, ModelError> {
         let reply = match &self.backend {
             Backend::OpenAi {
@@ -261,7 +263,7 @@ impl Model {
         &self,
         argv: &[String],
         messages: &[Message],
-        tools: &[&ToolSettings],
+        tools: &[OfferedTool],
     ) -> Result<Message, ModelError> {
         let Some((program, rest)) = argv.split_first() else {
             return Err(ModelError::Unavailable("model.command is empty".into()));
@@ -330,7 +332,7 @@ fn backoff(attempt: u32) -> Duration {
     exponential.mul_f64(jitter)
 }
 
-fn tool_definitions(tools: &[&ToolSettings]) -> Vec<serde_json::Value> {
+fn tool_definitions(tools: &[OfferedTool]) -> Vec<serde_json::Value> {
     tools
         .iter()
         .map(|tool| {
@@ -346,7 +348,7 @@ fn tool_definitions(tools: &[&ToolSettings]) -> Vec<serde_json::Value> {
         .collect()
 }
 
-fn request_body(model: &str, messages: &[Message], tools: &[&ToolSettings]) -> serde_json::Value {
+fn request_body(model: &str, messages: &[Message], tools: &[OfferedTool]) -> serde_json::Value {
     let mut body = json!({"model": model, "messages": messages});
     if !tools.is_empty() {
         body["tools"] = serde_json::Value::Array(tool_definitions(tools));

@@ -22,7 +22,7 @@ pub(crate) const OUTPUT_CAP: usize = 64 * 1024;
 /// Between SIGTERM and SIGKILL of a tool's process group.
 const KILL_GRACE: Duration = Duration::from_secs(2);
 /// Environment variables a tool inherits from the daemon.
-const INHERITED_ENVIRONMENT: &[&str] = &["PATH", "HOME", "LANG", "LC_ALL", "TZ", "USER", "LOGNAME"];
+pub(crate) const INHERITED_ENVIRONMENT: &[&str] = &["PATH", "HOME", "LANG", "LC_ALL", "TZ", "USER", "LOGNAME"];
 
 /// How a tool run ended, as recorded in the transcript and shown to the model.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -108,11 +108,17 @@ fn marked(bytes: Vec<u8>, truncated: bool) -> String {
     text
 }
 
-/// Runs `tool` with `arguments` on stdin. Resolves when the tool exits, is killed at its timeout,
-/// or `cancel` fires (then its process group is killed and `Cancelled` returned).
+/// The environment variable that carries a call's idempotency key: the same when an interrupted
+/// call is run again, different for every other call.
+pub(crate) const CALL_KEY_VARIABLE: &str = "AGENTGATE_TOOL_CALL_ID";
+
+/// Runs `tool` with `arguments` on stdin and the call's `key` in `AGENTGATE_TOOL_CALL_ID`.
+/// Resolves when the tool exits, is killed at its timeout, or `cancel` fires (then its process
+/// group is killed and `Cancelled` returned).
 pub(crate) async fn run(
     tool: &ToolSettings,
     arguments: &serde_json::Value,
+    key: &str,
     cancel: &CancellationToken,
 ) -> Result<ToolOutcome, ToolAbort> {
     let Some((program, rest)) = tool.command.split_first() else {
@@ -129,6 +135,7 @@ pub(crate) async fn run(
                 .iter()
                 .filter_map(|name| std::env::var_os(name).map(|value| (*name, value))),
         )
+        .env(CALL_KEY_VARIABLE, key)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -239,7 +246,7 @@ mod tests {
             &["/bin/sh", "-c", "sleep 60 >/dev/null 2>&1 & echo $!"],
             Duration::from_secs(10),
         );
-        let outcome = run(&spawner, &serde_json::json!({}), &CancellationToken::new())
+        let outcome = run(&spawner, &serde_json::json!({}), "k", &CancellationToken::new())
             .await
             .map_err(|_| "cancelled")
             .expect("the tool ran");
@@ -271,20 +278,25 @@ mod tests {
             timeout,
             idempotent: false,
             background: false,
+            dedupes: false,
         }
     }
 
     #[tokio::test]
     async fn arguments_arrive_on_stdin_and_status_is_recorded() {
-        let cat = tool(&["/bin/sh", "-c", "cat; exit 3"], Duration::from_secs(5));
+        let cat = tool(
+            &["/bin/sh", "-c", "cat; echo \" $AGENTGATE_TOOL_CALL_ID\"; exit 3"],
+            Duration::from_secs(5),
+        );
         let outcome = run(
             &cat,
             &serde_json::json!({"x": 1}),
+            "turn.1",
             &CancellationToken::new(),
         )
         .await
         .expect("runs");
-        assert_eq!(outcome.stdout, r#"{"x":1}"#);
+        assert_eq!(outcome.stdout, "{\"x\":1} turn.1\n");
         assert_eq!(outcome.exit_status, Some(3));
     }
 
@@ -294,7 +306,7 @@ mod tests {
             &["/bin/sh", "-c", "head -c 10000000 /dev/zero | tr '\\0' a"],
             Duration::from_secs(20),
         );
-        let outcome = run(&flood, &serde_json::json!({}), &CancellationToken::new())
+        let outcome = run(&flood, &serde_json::json!({}), "k", &CancellationToken::new())
             .await
             .expect("runs");
         assert!(outcome.stdout_truncated);
@@ -309,7 +321,7 @@ mod tests {
         let pid_file = dir.path().join("child.pid");
         let script = format!("sleep 300 & echo $! > {}; wait", pid_file.display());
         let hang = tool(&["/bin/sh", "-c", &script], Duration::from_millis(300));
-        let outcome = run(&hang, &serde_json::json!({}), &CancellationToken::new())
+        let outcome = run(&hang, &serde_json::json!({}), "k", &CancellationToken::new())
             .await
             .expect("runs");
         assert!(outcome.timed_out);
@@ -347,7 +359,7 @@ mod tests {
         });
         let started = std::time::Instant::now();
         assert_eq!(
-            run(&hang, &serde_json::json!({}), &cancel).await,
+            run(&hang, &serde_json::json!({}), "k", &cancel).await,
             Err(ToolAbort::Cancelled)
         );
         assert!(started.elapsed() < Duration::from_secs(5));
@@ -356,7 +368,7 @@ mod tests {
     #[tokio::test]
     async fn a_missing_program_is_an_error_outcome() {
         let missing = tool(&["/nonexistent/tool"], Duration::from_secs(1));
-        let outcome = run(&missing, &serde_json::json!({}), &CancellationToken::new())
+        let outcome = run(&missing, &serde_json::json!({}), "k", &CancellationToken::new())
             .await
             .expect("outcome");
         assert!(outcome.error.is_some_and(|e| e.contains("cannot start")));

@@ -11,9 +11,10 @@ pub(super) fn check_config(source: &ConfigSource) -> Result<(), Failure> {
                 outln!("{}", LocatedFinding { source, finding });
             }
             outln!(
-                "{source}: ok ({} route(s), {} tool(s), {} warning(s))",
+                "{source}: ok ({} route(s), {} tool(s), {} MCP server(s), {} warning(s))",
                 loaded.config.routes.len(),
                 loaded.config.tools.len(),
+                loaded.config.mcp.len(),
                 loaded.warnings.len()
             );
             Ok(())

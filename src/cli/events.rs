@@ -10,12 +10,16 @@ use std::time::Duration;
 use super::output::outln;
 use super::sessions::render_entry;
 use super::state::StateAccess;
+use crate::agent::catalog;
+use crate::agent::mcp::McpServers;
 use crate::config::{self, ConfigSource, SecretCheck, StoreSettings};
 use crate::exit::Failure;
 use crate::store::{self, EventFilter, RetryTarget};
 
 /// How often `sessions follow` looks for new transcript entries.
 const FOLLOW_POLL: Duration = Duration::from_millis(250);
+/// `tools list` without a daemon: how long each MCP server may take to start.
+const TOOLS_LIST_START_WAIT: Duration = Duration::from_secs(30);
 
 fn time(millis: i64) -> String {
     let since_epoch = Duration::from_millis(u64::try_from(millis).unwrap_or(0));
@@ -221,64 +225,86 @@ pub(super) fn sessions_follow(source: &ConfigSource, key: &str) -> Result<(), Fa
     }
 }
 
+/// `tools list [--route R]`: every tool a route offers, command and MCP. While the daemon runs,
+/// its own servers answer (over the control socket); otherwise the MCP servers are started for
+/// the listing and stopped after it.
 pub(super) fn tools_list(
     source: &ConfigSource,
     route: Option<&str>,
     json: bool,
 ) -> Result<(), Failure> {
-    let config = super::load_config(source, SecretCheck::NotRead)?.config;
-    let offered: Vec<&str> = match route {
-        Some(name) => config
-            .routes
-            .iter()
-            .find(|r| r.name == name)
-            .ok_or_else(|| Failure::config(format!("no route {name:?} in {source}")))?
-            .tools
-            .iter()
-            .map(String::as_str)
-            .collect(),
-        None => config.tools.keys().map(String::as_str).collect(),
+    let location = config::state_location(source).map_err(Failure::config)?;
+    let runtime = super::runtime()?;
+    let path = match route {
+        Some(route) => format!(
+            "/v1/tools?route={}",
+            form_urlencoded::byte_serialize(route.as_bytes()).collect::<String>()
+        ),
+        None => "/v1/tools".to_string(),
     };
-    let tools: Vec<serde_json::Value> = offered
-        .iter()
-        .filter_map(|name| config.tools.get(*name))
-        .map(|tool| {
-            let routes: Vec<&str> = config
-                .routes
-                .iter()
-                .filter(|r| r.tools.contains(&tool.name))
-                .map(|r| r.name.as_str())
-                .collect();
-            serde_json::json!({
-                "name": tool.name,
-                "kind": "command",
-                "description": tool.description,
-                "command": tool.command,
-                "parameters": tool.parameters,
-                "idempotent": tool.idempotent,
-                "background": tool.background,
-                "timeout_seconds": tool.timeout.as_secs(),
-                "routes": routes,
-            })
-        })
-        .collect();
+    let answer = runtime.block_on(super::control::request(
+        &location.control_socket,
+        http::Method::GET,
+        &path,
+    ))?;
+    let (tools, problems) = match answer {
+        Some(answer) if answer.status.is_success() => {
+            let lines = |value: &serde_json::Value| value.as_array().cloned().unwrap_or_default();
+            (
+                lines(&answer.body["tools"]),
+                lines(&answer.body["problems"])
+                    .iter()
+                    .filter_map(|line| line.as_str().map(str::to_string))
+                    .collect(),
+            )
+        }
+        Some(answer) if answer.status == http::StatusCode::NOT_FOUND => {
+            return Err(Failure::config(format!("{} ({source})", answer.message())));
+        }
+        Some(answer) => return Err(Failure::unavailable(answer.message())),
+        None => {
+            // No daemon: start the servers for the listing. Their secrets are needed to start
+            // them; credentials are only there under systemd, so a server that needs one may
+            // be reported down here.
+            let config = super::load_config(source, SecretCheck::CredentialsOptional)?.config;
+            runtime.block_on(async {
+                let tracker = tokio_util::task::TaskTracker::new();
+                let stop = tokio_util::sync::CancellationToken::new();
+                let servers = McpServers::new(tracker.clone(), stop.clone());
+                servers.apply(&config.mcp);
+                let listed =
+                    catalog::listing(&config, &servers, route, TOOLS_LIST_START_WAIT).await;
+                stop.cancel();
+                tracker.close();
+                tracker.wait().await;
+                listed.map_err(|message| Failure::config(format!("{message} ({source})")))
+            })?
+        }
+    };
+    for problem in &problems {
+        eprintln!("warning: {problem}");
+    }
     if json {
         json_out(&tools);
         return Ok(());
     }
     outln!(
-        "{:<24}  {:<8}  {:<10}  {:<10}  ROUTES",
+        "{:<40}  {:<20}  {:<10}  {:<10}  ROUTES",
         "TOOL",
         "KIND",
-        "IDEMPOTENT",
+        "RERUN",
         "BACKGROUND"
     );
     for tool in &tools {
+        let kind = match tool["mcp_server"].as_str() {
+            Some(server) => format!("mcp:{server}"),
+            None => "command".to_string(),
+        };
         outln!(
-            "{:<24}  {:<8}  {:<10}  {:<10}  {}",
+            "{:<40}  {:<20}  {:<10}  {:<10}  {}",
             tool["name"].as_str().unwrap_or(""),
-            "command",
-            tool["idempotent"],
+            kind,
+            tool["rerun"].as_str().unwrap_or(""),
             tool["background"],
             tool["routes"]
                 .as_array()

@@ -236,7 +236,11 @@ pub(super) fn render_entry(body: &serde_json::Value) -> String {
     let text = |v: &serde_json::Value| crate::untrusted::for_terminal(v.as_str().unwrap_or(""));
     match body["kind"].as_str() {
         Some("tool_start") => format!(
-            "  -> tool {} {} [{}]",
+            "  -> {} {} {} [{}]",
+            match body["mcp_server"].as_str() {
+                Some(server) => format!("mcp tool (server {})", crate::untrusted::for_terminal(server)),
+                None => "tool".to_string(),
+            },
             text(&body["name"]),
             body["arguments"],
             text(&body["call_id"])

@@ -173,10 +173,16 @@ impl Checker<'_> {
             .filter_map(|(name, tool)| self.tool(name, tool))
             .map(|tool| (tool.name.clone(), tool))
             .collect::<BTreeMap<_, _>>();
+        let mcp = raw
+            .mcp
+            .into_iter()
+            .filter_map(|(name, server)| self.mcp_server(name, server))
+            .map(|server| (server.name.clone(), server))
+            .collect::<BTreeMap<_, _>>();
         let mut paths = HashSet::new();
         let mut routes = Vec::new();
         for (name, route) in raw.routes {
-            if let Some(route) = self.route(name, route, &server, &tools) {
+            if let Some(route) = self.route(name, route, &server, &tools, &mcp) {
                 if !paths.insert(route.path.clone()) {
                     self.error(
                         &format!("routes.{}.path", route.name),
@@ -194,6 +200,7 @@ impl Checker<'_> {
             store: store?,
             retention,
             tools,
+            mcp,
             routes,
         })
     }
@@ -465,6 +472,109 @@ impl Checker<'_> {
             ),
             idempotent: raw.idempotent.unwrap_or(false),
             background: raw.background.unwrap_or(false),
+            dedupes: raw.dedupes.unwrap_or(false),
+            name,
+        })
+    }
+
+    /// `[mcp.NAME]`: exactly one transport, secrets for its environment or headers.
+    fn mcp_server(&mut self, name: String, raw: RawMcp) -> Option<McpServerSettings> {
+        let prefix = format!("mcp.{name}");
+        if !valid_name(&name) || name.contains("__") {
+            self.error(
+                &prefix,
+                "MCP server names may use letters, digits, '_' and '-', but not \"__\" \
+                 (the model calls its tools NAME__tool)",
+            );
+        }
+        let transport = match (raw.command, raw.url) {
+            (Some(command), None) => {
+                if !raw.headers.is_empty() {
+                    self.error(
+                        &format!("{prefix}.headers"),
+                        "headers are for the HTTP transport (url); this server uses command",
+                    );
+                }
+                self.argv(&format!("{prefix}.command"), &command);
+                let mut env = BTreeMap::new();
+                for (variable, source) in &raw.env {
+                    let key = format!("{prefix}.env.{variable}");
+                    // A plain value is a setting, not a secret: no warning for it.
+                    let value = if source.is_literal() {
+                        source.load(None).ok()
+                    } else {
+                        self.secret(&key, source)
+                    };
+                    if let Some(value) = value {
+                        env.insert(variable.clone(), value);
+                    }
+                }
+                McpTransport::Stdio {
+                    command,
+                    env,
+                    cwd: raw.cwd,
+                }
+            }
+            (None, Some(url)) => {
+                for (key, set) in [
+                    ("env", !raw.env.is_empty()),
+                    ("cwd", raw.cwd.is_some()),
+                ] {
+                    if set {
+                        self.error(
+                            &format!("{prefix}.{key}"),
+                            format!("{key} is for the stdio transport (command); this server uses url"),
+                        );
+                    }
+                }
+                match url::Url::parse(&url) {
+                    Ok(parsed) if matches!(parsed.scheme(), "http" | "https") => {}
+                    _ => self.error(
+                        &format!("{prefix}.url"),
+                        format!("{url:?} is not an http:// or https:// URL"),
+                    ),
+                }
+                let mut headers = BTreeMap::new();
+                for (header, source) in &raw.headers {
+                    let key = format!("{prefix}.headers.{header}");
+                    if http::HeaderName::from_bytes(header.as_bytes()).is_err() {
+                        self.error(&key, format!("{header:?} is not a valid header name"));
+                    }
+                    if let Some(value) = self.secret(&key, source) {
+                        headers.insert(header.clone(), value);
+                    }
+                }
+                McpTransport::Http { url, headers }
+            }
+            _ => {
+                self.error(
+                    &prefix,
+                    "give exactly one transport: command (stdio) or url (streamable HTTP)",
+                );
+                return None;
+            }
+        };
+        for (list, tools) in [
+            ("idempotent", &raw.idempotent),
+            ("dedupes", &raw.dedupes),
+        ] {
+            if let Some(both) = tools.iter().find(|tool| raw.not_idempotent.contains(tool)) {
+                self.error(
+                    &format!("{prefix}.not_idempotent"),
+                    format!("{both:?} is in both {list} and not_idempotent"),
+                );
+            }
+        }
+        Some(McpServerSettings {
+            transport,
+            timeout: self.duration(
+                &format!("{prefix}.timeout"),
+                raw.timeout,
+                Duration::from_secs(30),
+            ),
+            idempotent: raw.idempotent,
+            not_idempotent: raw.not_idempotent,
+            dedupes: raw.dedupes,
             name,
         })
     }
@@ -475,6 +585,7 @@ impl Checker<'_> {
         raw: RawRoute,
         server: &Option<ServerSettings>,
         tools: &BTreeMap<String, ToolSettings>,
+        mcp: &BTreeMap<String, McpServerSettings>,
     ) -> Option<RouteSettings> {
         let prefix = format!("routes.{name}");
         if !valid_name(&name) {
@@ -543,12 +654,22 @@ impl Checker<'_> {
                 );
             }
         }
-        for tool in &raw.tools {
-            if !tools.contains_key(tool) {
-                self.error(
+        let tool_refs: Vec<ToolRef> = raw.tools.iter().map(|entry| ToolRef::parse(entry)).collect();
+        for (entry, tool) in raw.tools.iter().zip(&tool_refs) {
+            match tool {
+                ToolRef::Command(name) if !tools.contains_key(name) => self.error(
                     &format!("{prefix}.tools"),
-                    format!("tool {tool:?} is not defined under [tools]"),
-                );
+                    format!("tool {name:?} is not defined under [tools]"),
+                ),
+                ToolRef::Mcp { server, tool } if !mcp.contains_key(server) => self.error(
+                    &format!("{prefix}.tools"),
+                    format!("{entry:?} names the MCP server {server:?}, which has no [mcp.{server}] table"),
+                ),
+                ToolRef::Mcp { tool: Some(tool), .. } if tool.is_empty() => self.error(
+                    &format!("{prefix}.tools"),
+                    format!("{entry:?} names no tool; use \"SERVER.tool\" or \"SERVER.*\""),
+                ),
+                _ => {}
             }
         }
         let on_busy = match raw.on_busy.as_deref() {
@@ -610,7 +731,7 @@ impl Checker<'_> {
             system: raw.system.unwrap_or_default(),
             prompt: raw.prompt.unwrap_or_else(|| DEFAULT_PROMPT.to_string()),
             interactive: raw.interactive.unwrap_or(false),
-            tools: raw.tools,
+            tools: tool_refs,
             on_busy,
             deliver,
             rate_limit,

@@ -23,6 +23,8 @@ pub(super) struct RawConfig {
     #[serde(default)]
     pub(super) tools: BTreeMap<String, RawTool>,
     #[serde(default)]
+    pub(super) mcp: BTreeMap<String, RawMcp>,
+    #[serde(default)]
     pub(super) routes: BTreeMap<String, RawRoute>,
 }
 
@@ -89,6 +91,26 @@ pub(super) struct RawTool {
     pub(super) timeout: Option<String>,
     pub(super) idempotent: Option<bool>,
     pub(super) background: Option<bool>,
+    pub(super) dedupes: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawMcp {
+    pub(super) command: Option<Vec<String>>,
+    #[serde(default)]
+    pub(super) env: BTreeMap<String, SecretSource>,
+    pub(super) cwd: Option<PathBuf>,
+    pub(super) url: Option<String>,
+    #[serde(default)]
+    pub(super) headers: BTreeMap<String, SecretSource>,
+    pub(super) timeout: Option<String>,
+    #[serde(default)]
+    pub(super) idempotent: Vec<String>,
+    #[serde(default)]
+    pub(super) not_idempotent: Vec<String>,
+    #[serde(default)]
+    pub(super) dedupes: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -17,6 +17,8 @@ pub(crate) struct Config {
     /// `[store] retention`: finished work older than this is deleted.
     pub retention: Duration,
     pub tools: BTreeMap<String, ToolSettings>,
+    /// `[mcp.NAME]`: MCP servers whose tools routes may offer.
+    pub mcp: BTreeMap<String, McpServerSettings>,
     pub routes: Vec<RouteSettings>,
 }
 
@@ -107,6 +109,63 @@ pub(crate) struct ToolSettings {
     pub timeout: Duration,
     pub idempotent: bool,
     pub background: bool,
+    /// The tool honours its call's key (`AGENTGATE_TOOL_CALL_ID`), so a re-run after an
+    /// interruption has no second effect.
+    pub dedupes: bool,
+}
+
+/// `[mcp.NAME]`: an MCP server and what agentgate may assume about its tools.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct McpServerSettings {
+    pub name: String,
+    pub transport: McpTransport,
+    /// How long one tool call may take.
+    pub timeout: Duration,
+    /// Tools re-run after an interruption, whatever their annotations say.
+    pub idempotent: Vec<String>,
+    /// Tools never re-run after an interruption, whatever their annotations say.
+    pub not_idempotent: Vec<String>,
+    /// Tools that honour the call key in `_meta`, so a re-run has no second effect.
+    pub dedupes: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum McpTransport {
+    /// A child process speaking MCP on its stdin and stdout.
+    Stdio {
+        command: Vec<String>,
+        env: BTreeMap<String, Secret>,
+        cwd: Option<PathBuf>,
+    },
+    /// The streamable HTTP transport.
+    Http {
+        url: String,
+        headers: BTreeMap<String, Secret>,
+    },
+}
+
+/// A route's `tools` entry: a command tool by name, or tools of an MCP server
+/// (`"NAME.tool"`, or `"NAME.*"` for all of them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ToolRef {
+    Command(String),
+    Mcp { server: String, tool: Option<String> },
+}
+
+impl ToolRef {
+    pub(crate) fn parse(entry: &str) -> ToolRef {
+        match entry.split_once('.') {
+            Some((server, "*")) => ToolRef::Mcp {
+                server: server.to_string(),
+                tool: None,
+            },
+            Some((server, tool)) => ToolRef::Mcp {
+                server: server.to_string(),
+                tool: Some(tool.to_string()),
+            },
+            None => ToolRef::Command(entry.to_string()),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -160,7 +219,7 @@ pub(crate) struct RouteSettings {
     /// Request headers kept out of storage beyond the built-in list (lower case).
     pub hidden_headers: Vec<String>,
     pub interactive: bool,
-    pub tools: Vec<String>,
+    pub tools: Vec<ToolRef>,
     pub on_busy: OnBusy,
     pub deliver: DeliverSettings,
     pub rate_limit: Option<Rate>,

@@ -49,9 +49,8 @@ impl Deliverer {
         settings: Arc<Shared<Settings>>,
         wake: Arc<Notify>,
     ) -> Result<Deliverer, String> {
-        let client = reqwest::Client::builder()
+        let client = crate::tls::http_client()?
             .timeout(ATTEMPT_TIMEOUT)
-            .user_agent(concat!("agentgate/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|err| format!("cannot build the delivery HTTP client: {err}"))?;
         Ok(Deliverer {

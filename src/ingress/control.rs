@@ -15,7 +15,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::AcceptBackoff;
 use super::http::{HttpResponse, error, json_response};
-use crate::config::ReloadReport;
+use crate::agent::catalog;
+use crate::agent::mcp::McpServers;
+use crate::config::{ReloadReport, Settings, Shared};
 use crate::logging;
 use crate::metrics;
 use crate::session::{OperatorAction, Sessions};
@@ -23,6 +25,8 @@ use crate::store::{StatusSummary, Store};
 
 /// How long `cancel` waits for the cancelled turn to commit its end before it answers 202.
 const CANCEL_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long `GET /v1/tools` waits for an MCP server that is still starting.
+const TOOLS_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A reload asked for over the control socket: the daemon answers on the enclosed channel.
 pub(crate) type ReloadRequest = oneshot::Sender<ReloadReport>;
@@ -30,6 +34,8 @@ pub(crate) type ReloadRequest = oneshot::Sender<ReloadReport>;
 pub(crate) struct Control {
     pub store: Store,
     pub sessions: Arc<Sessions>,
+    pub settings: Arc<Shared<Settings>>,
+    pub mcp: Arc<McpServers>,
     /// To the daemon's signal loop, which carries out reloads one at a time.
     pub reload_requests: mpsc::Sender<ReloadRequest>,
 }
@@ -56,6 +62,7 @@ impl Control {
                 .map(|sessions| json_response(StatusCode::OK, &json!(sessions)))
                 .map_err(|err| err.to_string()),
             (&Method::POST, ["v1", "reload"]) => self.reload().await,
+            (&Method::GET, ["v1", "tools"]) => self.tools(request.uri().query()).await,
             (&Method::POST, ["v1", "sessions", key, action]) => {
                 match OperatorAction::from_name(action) {
                     Some(action) => self.operator_action(&percent_decode(key), action).await,
@@ -80,8 +87,29 @@ impl Control {
                 "turns": {"running": self.sessions.running_count()},
                 "deliveries": summary.deliveries,
                 "nodes": summary.nodes,
+                "mcp": self.mcp.status(),
             }),
         ))
+    }
+
+    /// `GET /v1/tools[?route=R]`: what `agentgate tools list` shows, from the running servers.
+    async fn tools(&self, query: Option<&str>) -> Result<HttpResponse, String> {
+        let route = query.and_then(|query| {
+            form_urlencoded::parse(query.as_bytes())
+                .find(|(name, _)| name == "route")
+                .map(|(_, value)| value.into_owned())
+        });
+        let settings = self.settings.get();
+        Ok(
+            match catalog::listing(&settings.config, &self.mcp, route.as_deref(), TOOLS_WAIT).await
+            {
+                Ok((tools, problems)) => json_response(
+                    StatusCode::OK,
+                    &json!({"tools": tools, "problems": problems}),
+                ),
+                Err(message) => error(StatusCode::NOT_FOUND, "no_route", &message),
+            },
+        )
     }
 
     async fn metrics(&self) -> Result<HttpResponse, String> {

@@ -19,6 +19,7 @@ use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::agent::mcp::McpServers;
 use crate::agent::model::Model;
 use crate::config::{
     self, ConfigError, ConfigSource, LocatedFinding, ReloadReport, SecretCheck, Settings, Shared,
@@ -46,6 +47,8 @@ struct Daemon {
     store: Store,
     ingress: Arc<Ingress>,
     sessions: Arc<Sessions>,
+    /// The MCP servers, which a reload adds, removes and restarts.
+    mcp: Arc<McpServers>,
     /// The webhook listener's address, for the checks a reload repeats.
     webhook_addr: Option<std::net::SocketAddr>,
 }
@@ -117,6 +120,8 @@ pub(crate) fn serve(
             .map_err(Failure::runtime)?,
     );
     let drain = Drain::new();
+    // Stopped at stage 6, after the turns that use them.
+    let mcp = Arc::new(McpServers::new(drain.tracker(), drain.stop_background()));
     let turn_context = Arc::new(TurnContext {
         store: store.clone(),
         settings: settings.clone(),
@@ -127,6 +132,7 @@ pub(crate) fn serve(
         background_jobs: drain.tracker(),
         stop_background_jobs: drain.stop_background(),
         job_slots: Arc::new(JobSlots::default()),
+        mcp: mcp.clone(),
     });
     let daemon = Arc::new(Daemon {
         source: source.clone(),
@@ -134,6 +140,7 @@ pub(crate) fn serve(
         store: store.clone(),
         ingress: ingress.clone(),
         sessions: sessions.clone(),
+        mcp: mcp.clone(),
         webhook_addr: listeners.webhook.local_addr().ok(),
     });
     let budgets = drain::Budgets::new(runtime_settings.drain_timeout);
@@ -154,6 +161,8 @@ pub(crate) fn serve(
             ),
             Err(err) => return Err(Failure::state(format!("cannot mark crashed turns: {err}"))),
         }
+        // In the background: a server that is slow to start or cannot start delays nothing.
+        mcp.apply(&daemon.settings.get().config.mcp);
         let stop_accepting = drain.stop_accepting();
         let listener = tokio::spawn(async move {
             ingress::serve(
@@ -169,6 +178,8 @@ pub(crate) fn serve(
             let control = Arc::new(Control {
                 store: store.clone(),
                 sessions: sessions.clone(),
+                settings: daemon.settings.clone(),
+                mcp,
                 reload_requests,
             });
             drain.spawn(control::serve(listener, control, drain.stop_accepting()));
@@ -250,6 +261,7 @@ impl Daemon {
                 config::list_changes(&self.settings.get().config, &settings.config, &mut report);
                 self.settings.replace(settings);
                 self.ingress.reload(self.settings.get());
+                self.mcp.apply(&self.settings.get().config.mcp);
                 report.applied = true;
                 tracing::info!(
                     routes = self.settings.get().config.routes.len(),

@@ -17,6 +17,8 @@ use tracing::Instrument;
 use super::turn::{Action, Entry, Input, Outcome, TurnMachine, unfinished_calls};
 use super::{Sessions, TurnControl};
 use super::{history, prompt};
+use crate::agent::catalog::{Catalog, Runs};
+use crate::agent::mcp::McpServers;
 use crate::agent::message::Message;
 use crate::agent::model::{Model, ModelError};
 use crate::agent::tools::{self, ToolAbort};
@@ -31,6 +33,9 @@ const BACKGROUND_JOB_INTERRUPTED: &str =
 
 /// Pause between attempts to commit a step while the store cannot write.
 const COMMIT_RETRY: Duration = Duration::from_secs(1);
+
+/// How long a turn waits for an MCP server it offers tools of that is still starting.
+const MCP_START_WAIT: Duration = Duration::from_secs(30);
 
 /// What every turn needs; shared by all of them.
 pub(crate) struct TurnContext {
@@ -49,6 +54,8 @@ pub(crate) struct TurnContext {
     pub stop_background_jobs: CancellationToken,
     /// Background jobs running now, bounded in all and per session.
     pub job_slots: Arc<JobSlots>,
+    /// The MCP servers whose tools routes offer.
+    pub mcp: Arc<McpServers>,
 }
 
 /// Background jobs running now, by session.
@@ -261,17 +268,24 @@ impl Running<'_> {
         }
     }
 
-    fn tools(&self) -> Vec<&ToolSettings> {
-        self.route
-            .tools
-            .iter()
-            .filter_map(|name| self.settings.config.tools.get(name))
-            .collect()
-    }
-
     /// Builds the conversation, commits the new event's message, then runs the machine.
     async fn drive(&self) {
         let event = &self.turn.event;
+        let offered = Catalog::for_route(
+            self.route,
+            &self.settings.config,
+            &self.context.mcp,
+            MCP_START_WAIT,
+        );
+        let catalog = match self.guarded(offered).await {
+            Ok((catalog, problems)) => {
+                for problem in problems {
+                    tracing::warn!(problem = %problem, "a tool of the route is not offered in this turn");
+                }
+                catalog
+            }
+            Err(stop) => return self.stopped(stop, 0).await,
+        };
         let payload: serde_json::Value =
             serde_json::from_slice(&event.payload).unwrap_or(serde_json::Value::Null);
         let headers: BTreeMap<String, String> =
@@ -324,10 +338,15 @@ impl Running<'_> {
                 _ => turns.push((row.turn_id, vec![entry])),
             }
         }
-        let schemas = self
+        let schemas = catalog
             .tools()
-            .into_iter()
+            .iter()
             .map(|tool| (tool.name.clone(), tool.parameters.clone()))
+            .collect();
+        let mcp_servers: BTreeMap<String, String> = catalog
+            .tools()
+            .iter()
+            .filter_map(|tool| Some((tool.name.clone(), tool.mcp_server()?.to_string())))
             .collect();
         let max_steps = self.settings.config.runtime.max_turn_steps;
         let max_tool_calls = self.settings.config.runtime.max_tool_calls_per_reply;
@@ -380,18 +399,22 @@ impl Running<'_> {
                     return;
                 }
                 messages.push(history::bounded(new_event, message_cap));
-                let mut machine =
-                    TurnMachine::new(max_steps, messages, schemas).limit_tool_calls(max_tool_calls);
+                let mut machine = TurnMachine::new(max_steps, messages, schemas)
+                    .limit_tool_calls(max_tool_calls)
+                    .call_keys(&self.turn.turn_id)
+                    .mcp_servers(mcp_servers);
                 let first = machine.start();
                 (machine, first)
             }
             Some(reason) => {
-                let tools = &self.settings.config.tools;
-                let mut machine =
-                    TurnMachine::new(max_steps, messages, schemas).limit_tool_calls(max_tool_calls);
+                let mut machine = TurnMachine::new(max_steps, messages, schemas)
+                    .limit_tool_calls(max_tool_calls)
+                    .call_keys(&self.turn.turn_id)
+                    .mcp_servers(mcp_servers);
+                // A tool that is no longer offered is not known to be safe to run again.
                 let first = machine.start_resumed(
                     unfinished_calls(&interrupted),
-                    |name| tools.get(name).is_some_and(|tool| tool.idempotent),
+                    |name| catalog.get(name).is_some_and(|tool| tool.rerun.is_safe()),
                     prompt::resume_note(self.route, reason),
                 );
                 (machine, first)
@@ -420,12 +443,16 @@ impl Running<'_> {
                         .await;
                     return;
                 }
-                Action::CallModel => self.call_model(machine.messages()).await,
+                Action::CallModel => self.call_model(machine.messages(), &catalog).await,
                 Action::RunTool {
                     call_id,
                     name,
                     arguments,
-                } => self.run_tool(call_id, &name, &arguments).await,
+                    key,
+                } => {
+                    self.run_tool(&catalog, call_id, &name, &arguments, &key)
+                        .await
+                }
             };
             match input {
                 Ok(input) => actions.extend(machine.on(input)),
@@ -470,8 +497,7 @@ impl Running<'_> {
         }
     }
 
-    async fn call_model(&self, messages: &[Message]) -> Result<Input, Stop> {
-        let tools = self.tools();
+    async fn call_model(&self, messages: &[Message], catalog: &Catalog) -> Result<Input, Stop> {
         // Waiting for a model slot is not a lack of progress: it does not count toward
         // turn_idle_timeout, but the turn can still be interrupted or cancelled meanwhile.
         let _slot = tokio::select! {
@@ -482,7 +508,7 @@ impl Running<'_> {
         };
         let asked = Instant::now();
         let reply = self
-            .guarded(self.context.model.complete(messages, &tools))
+            .guarded(self.context.model.complete(messages, catalog.tools()))
             .await?;
         metrics::model_request(asked.elapsed());
         Ok(match reply {
@@ -494,15 +520,28 @@ impl Running<'_> {
 
     async fn run_tool(
         &self,
+        catalog: &Catalog,
         call_id: String,
         name: &str,
         arguments: &serde_json::Value,
+        key: &str,
     ) -> Result<Input, Stop> {
-        let Some(tool) = self.settings.config.tools.get(name) else {
-            return Ok(Input::ToolFinished {
-                call_id,
-                result: format!("error: tool {name:?} is not configured"),
-            });
+        let tool = match catalog.get(name).map(|offered| &offered.runs) {
+            None => {
+                return Ok(Input::ToolFinished {
+                    call_id,
+                    result: format!("error: tool {name:?} is not configured"),
+                });
+            }
+            Some(Runs::Mcp { connection, tool }) => {
+                let outcome = self.guarded(connection.call(tool, arguments, key)).await?;
+                metrics::tool_call(name, outcome.result());
+                return Ok(Input::ToolFinished {
+                    call_id,
+                    result: outcome.into_result(&connection.server),
+                });
+            }
+            Some(Runs::Command(tool)) => tool,
         };
         if tool.background {
             let runtime = &self.settings.config.runtime;
@@ -511,7 +550,7 @@ impl Running<'_> {
                 .job_slots
                 .take(&self.turn.event.session_key, runtime)
             {
-                Ok(()) => self.start_background_job(tool, arguments),
+                Ok(()) => self.start_background_job(tool, arguments, key),
                 Err(why) => {
                     tracing::warn!(tool = %tool.name, reason = %why, "background job refused");
                     format!("error: background job not started: {why}")
@@ -522,7 +561,7 @@ impl Running<'_> {
         // The tool process is killed when the turn is interrupted or cancelled.
         let kill = CancellationToken::new();
         let _kill_on_exit = kill.clone().drop_guard();
-        let outcome = self.guarded(tools::run(tool, arguments, &kill)).await?;
+        let outcome = self.guarded(tools::run(tool, arguments, key, &kill)).await?;
         let result = match outcome {
             Ok(outcome) => {
                 metrics::tool_call(&tool.name, outcome.result());
@@ -538,14 +577,19 @@ impl Running<'_> {
 
     /// Starts a `background = true` tool detached from the turn. Its completion comes back to the
     /// session as an internal event; the turn gets the job id at once.
-    fn start_background_job(&self, tool: &ToolSettings, arguments: &serde_json::Value) -> String {
+    fn start_background_job(
+        &self,
+        tool: &ToolSettings,
+        arguments: &serde_json::Value,
+        key: &str,
+    ) -> String {
         let job_id = uuid::Uuid::now_v7().to_string();
         let event = &self.turn.event;
         let (store, sessions) = (self.context.store.clone(), self.context.sessions.clone());
         let slots = self.context.job_slots.clone();
         // Jobs end with the daemon's drain, after turns and deliveries.
         let kill = self.context.stop_background_jobs.child_token();
-        let (tool, arguments) = (tool.clone(), arguments.clone());
+        let (tool, arguments, key) = (tool.clone(), arguments.clone(), key.to_string());
         let (session_key, route, job) = (
             event.session_key.clone(),
             event.route.clone(),
@@ -557,7 +601,7 @@ impl Running<'_> {
             async move {
                 // A job cut off by the drain is still reported to its session, so the agent learns
                 // that it did not finish rather than waiting for a result that never comes.
-                let outcome = tools::run(&tool, &arguments, &kill).await;
+                let outcome = tools::run(&tool, &arguments, &key, &kill).await;
                 slots.release(&session_key);
                 let payload = match outcome {
                     Ok(outcome) => {

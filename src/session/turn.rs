@@ -27,6 +27,12 @@ pub(crate) enum Entry {
         call_id: String,
         name: String,
         arguments: Value,
+        /// The call's idempotency key: the same when an interrupted call is run again.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        key: Option<String>,
+        /// The MCP server the tool comes from, if any.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mcp_server: Option<String>,
     },
 }
 
@@ -67,6 +73,8 @@ pub(crate) enum Action {
         call_id: String,
         name: String,
         arguments: Value,
+        /// The call's idempotency key (`AGENTGATE_TOOL_CALL_ID`, or MCP `_meta`).
+        key: String,
     },
     Finish(Outcome),
 }
@@ -88,6 +96,8 @@ struct PendingCall {
     call_id: String,
     name: String,
     arguments: Value,
+    /// The key of the interrupted run this call repeats; a new call gets a new one.
+    key: Option<String>,
 }
 
 /// A tool call the interrupted run asked for but has no recorded result.
@@ -98,6 +108,8 @@ pub(crate) struct UnfinishedCall {
     pub arguments: String,
     /// Its start was recorded: it may have run, in part or in full.
     pub started: bool,
+    /// The key its recorded start carried.
+    pub key: Option<String>,
 }
 
 /// The calls in `transcript` (in order) that have no recorded result.
@@ -111,14 +123,16 @@ pub(crate) fn unfinished_calls(transcript: &[Entry]) -> Vec<UnfinishedCall> {
                     name: call.function.name.clone(),
                     arguments: call.function.arguments.clone(),
                     started: false,
+                    key: None,
                 }));
             }
             Entry::Message { message } if message.role == Role::Tool => {
                 calls.retain(|call| Some(&call.call_id) != message.tool_call_id.as_ref());
             }
-            Entry::ToolStart { call_id, .. } => {
+            Entry::ToolStart { call_id, key, .. } => {
                 for call in calls.iter_mut().filter(|call| &call.call_id == call_id) {
                     call.started = true;
+                    call.key.clone_from(key);
                 }
             }
             Entry::Message { .. } => {}
@@ -147,6 +161,11 @@ pub(crate) struct TurnMachine {
     pending: VecDeque<PendingCall>,
     /// A resume's note, recorded right before the next model call.
     note: Option<Message>,
+    /// Call keys are `<prefix>.<n>`, n counting this turn's calls.
+    key_prefix: String,
+    calls_started: u32,
+    /// Tools that come from an MCP server, by the name the model calls them, with the server.
+    mcp_servers: BTreeMap<String, String>,
 }
 
 impl TurnMachine {
@@ -165,7 +184,23 @@ impl TurnMachine {
             tools,
             pending: VecDeque::new(),
             note: None,
+            key_prefix: String::new(),
+            calls_started: 0,
+            mcp_servers: BTreeMap::new(),
         }
+    }
+
+    /// Call keys start with `prefix` (the turn's id, unique among turns), so every call of
+    /// every turn gets its own.
+    pub(crate) fn call_keys(mut self, prefix: &str) -> TurnMachine {
+        self.key_prefix = prefix.to_string();
+        self
+    }
+
+    /// Marks the tools that come from an MCP server (model name → server) in the transcript.
+    pub(crate) fn mcp_servers(mut self, servers: BTreeMap<String, String>) -> TurnMachine {
+        self.mcp_servers = servers;
+        self
     }
 
     /// Runs at most `max` tool calls of one reply; the rest get an error result saying so, so
@@ -196,12 +231,12 @@ impl TurnMachine {
     pub(crate) fn start_resumed(
         &mut self,
         unfinished: Vec<UnfinishedCall>,
-        is_idempotent: impl Fn(&str) -> bool,
+        may_run_again: impl Fn(&str) -> bool,
         note: Message,
     ) -> Vec<Action> {
         let mut actions = Vec::new();
         for call in unfinished {
-            if call.started && !is_idempotent(&call.name) {
+            if call.started && !may_run_again(&call.name) {
                 let result = interrupted_result(&call.name);
                 actions.push(self.record(Message::tool_result(&call.call_id, result)));
                 continue;
@@ -211,6 +246,7 @@ impl TurnMachine {
                     call_id: call.call_id,
                     name: call.name,
                     arguments,
+                    key: call.key,
                 }),
                 Err(problem) => actions.push(self.record(Message::tool_result(
                     &call.call_id,
@@ -293,6 +329,7 @@ impl TurnMachine {
                     call_id: call.id,
                     name,
                     arguments,
+                    key: None,
                 }),
                 Err(problem) => {
                     actions.push(
@@ -331,18 +368,27 @@ impl TurnMachine {
     /// Runs the next pending tool call, or asks the model again when all are done.
     fn after_tools(&mut self) -> Vec<Action> {
         match self.pending.pop_front() {
-            Some(call) => vec![
-                Action::Record(Entry::ToolStart {
-                    call_id: call.call_id.clone(),
-                    name: call.name.clone(),
-                    arguments: call.arguments.clone(),
-                }),
-                Action::RunTool {
-                    call_id: call.call_id,
-                    name: call.name,
-                    arguments: call.arguments,
-                },
-            ],
+            Some(call) => {
+                let key = call.key.unwrap_or_else(|| {
+                    self.calls_started += 1;
+                    format!("{}.{}", self.key_prefix, self.calls_started)
+                });
+                vec![
+                    Action::Record(Entry::ToolStart {
+                        call_id: call.call_id.clone(),
+                        name: call.name.clone(),
+                        arguments: call.arguments.clone(),
+                        key: Some(key.clone()),
+                        mcp_server: self.mcp_servers.get(&call.name).cloned(),
+                    }),
+                    Action::RunTool {
+                        call_id: call.call_id,
+                        name: call.name,
+                        arguments: call.arguments,
+                        key,
+                    },
+                ]
+            }
             None => self.next_model_call("the model was still calling tools"),
         }
     }
@@ -527,6 +573,8 @@ mod tests {
                 call_id: "a".into(),
                 name: "df".into(),
                 arguments: json!({"path": "/"}),
+                key: Some("t0.1".into()),
+                mcp_server: None,
             },
             Entry::Message {
                 message: Message::tool_result("a", "ok"),
@@ -535,6 +583,8 @@ mod tests {
                 call_id: "b".into(),
                 name: "restart".into(),
                 arguments: json!({}),
+                key: Some("t0.2".into()),
+                mcp_server: None,
             },
         ];
         let unfinished = unfinished_calls(&transcript);
@@ -570,16 +620,51 @@ mod tests {
     }
 
     #[test]
-    fn resume_reruns_a_started_idempotent_call() {
+    fn resume_reruns_a_started_idempotent_call_with_its_key() {
         let unfinished = vec![UnfinishedCall {
             call_id: "a".into(),
             name: "df".into(),
             arguments: r#"{"path":"/"}"#.into(),
             started: true,
+            key: Some("t0.3".into()),
         }];
-        let mut m = machine(5);
+        let mut m = machine(5).call_keys("t1");
         let actions = m.start_resumed(unfinished, |_| true, Message::text(Role::User, "go on"));
         assert_eq!(kinds(&actions), ["tool_start", "run_tool"]);
+        assert!(matches!(&actions[1], Action::RunTool { key, .. } if key == "t0.3"));
+    }
+
+    #[test]
+    fn every_new_call_gets_its_own_key_and_mcp_calls_name_their_server() {
+        let mut m = machine(5)
+            .call_keys("turn-9")
+            .mcp_servers(BTreeMap::from([("df".to_string(), "disks".to_string())]));
+        m.start();
+        let reply = Message {
+            tool_calls: [
+                call("same", "df", r#"{"path":"/"}"#),
+                call("same", "df", r#"{"path":"/x"}"#),
+            ]
+            .into_iter()
+            .flat_map(|m| m.tool_calls)
+            .collect(),
+            ..call("x", "df", "{}")
+        };
+        let mut actions = m.on(Input::ModelReplied(reply));
+        actions.extend(m.on(Input::ToolFinished {
+            call_id: "same".into(),
+            result: "ok".into(),
+        }));
+        let keys: Vec<&str> = actions
+            .iter()
+            .filter_map(|action| match action {
+                Action::RunTool { key, .. } => Some(key.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(keys, ["turn-9.1", "turn-9.2"]);
+        assert!(actions.iter().any(|action| matches!(action,
+            Action::Record(Entry::ToolStart { mcp_server: Some(server), .. }) if server == "disks")));
     }
 
     #[test]

@@ -6,9 +6,9 @@ use super::*;
 pub(super) fn tls_connector(
     ca_file: Option<&std::path::Path>,
 ) -> Result<tokio_postgres_rustls::MakeRustlsConnect, StoreError> {
-    let mut roots = rustls::RootCertStore::empty();
-    match ca_file {
+    let roots = match ca_file {
         Some(path) => {
+            let mut roots = rustls::RootCertStore::empty();
             use rustls_pki_types::pem::PemObject;
             let failed = |err: &dyn std::fmt::Display| {
                 StoreError::Setup(format!("store.ca_file {}: {err}", path.display()))
@@ -23,16 +23,12 @@ pub(super) fn tls_connector(
             if roots.is_empty() {
                 return Err(failed(&"no certificate in the file"));
             }
+            roots
         }
-        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
-    }
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .map_err(|err| StoreError::Setup(format!("TLS: {err}")))?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
+        None => crate::tls::web_roots(),
+    };
+    let config = crate::tls::client_config(roots)
+        .map_err(|err| StoreError::Setup(format!("TLS: {err}")))?;
     Ok(tokio_postgres_rustls::MakeRustlsConnect::new(config))
 }
 

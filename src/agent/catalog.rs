@@ -1,0 +1,311 @@
+//! The tools one turn offers: the route's command tools and its MCP servers' tools, under the
+//! names the model calls them by, with how each one runs and whether a call that was cut off may
+//! run again.
+//!
+//! A turn builds its catalog once, when it starts, and keeps it: a reload or a server that
+//! changes its tools affects the next turn, never a call in flight.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::mcp::{Connection, McpServers};
+use crate::config::{Config, McpServerSettings, RouteSettings, ToolRef, ToolSettings};
+
+/// OpenAI function names: letters, digits, '_' and '-', at most 64.
+const MAX_FUNCTION_NAME: usize = 64;
+
+/// Whether a call that started and has no recorded result may run again at a resume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Rerun {
+    /// Running it again has no further effect (`idempotent`, or MCP `readOnlyHint` /
+    /// `idempotentHint`).
+    Idempotent,
+    /// It has effects, but honours its call key, so a second run with the same key is a no-op.
+    Dedupes,
+    /// It is not run again; the model gets "interrupted, outcome unknown".
+    Never,
+}
+
+impl Rerun {
+    pub(crate) fn is_safe(self) -> bool {
+        self != Rerun::Never
+    }
+
+    fn of_command(tool: &ToolSettings) -> Rerun {
+        if tool.idempotent {
+            Rerun::Idempotent
+        } else if tool.dedupes {
+            Rerun::Dedupes
+        } else {
+            Rerun::Never
+        }
+    }
+
+    /// The operator's lists first, then the tool's own annotations.
+    pub(crate) fn of_mcp(server: &McpServerSettings, tool: &str, annotated: bool) -> Rerun {
+        let listed = |list: &[String]| list.iter().any(|name| name == tool);
+        if listed(&server.not_idempotent) {
+            Rerun::Never
+        } else if listed(&server.idempotent) {
+            Rerun::Idempotent
+        } else if listed(&server.dedupes) {
+            Rerun::Dedupes
+        } else if annotated {
+            Rerun::Idempotent
+        } else {
+            Rerun::Never
+        }
+    }
+}
+
+/// How an offered tool runs.
+#[derive(Clone)]
+pub(crate) enum Runs {
+    Command(ToolSettings),
+    Mcp {
+        connection: Arc<Connection>,
+        /// The server's own name for the tool.
+        tool: String,
+    },
+}
+
+/// One tool as the model sees it.
+#[derive(Clone)]
+pub(crate) struct OfferedTool {
+    /// The name the model calls it by.
+    pub name: String,
+    pub description: String,
+    pub parameters: serde_json::Value,
+    pub rerun: Rerun,
+    pub runs: Runs,
+}
+
+impl OfferedTool {
+    /// The MCP server it comes from, if any.
+    pub(crate) fn mcp_server(&self) -> Option<&str> {
+        match &self.runs {
+            Runs::Command(_) => None,
+            Runs::Mcp { connection, .. } => Some(&connection.server),
+        }
+    }
+}
+
+/// The name the model calls an MCP server's tool by: `SERVER__tool`, with every character a
+/// function name cannot have replaced by '_'.
+pub(crate) fn model_name(server: &str, tool: &str) -> String {
+    let mut name: String = format!("{server}__{tool}")
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    name.truncate(MAX_FUNCTION_NAME);
+    name
+}
+
+/// A turn's tools, in the route's order.
+#[derive(Clone, Default)]
+pub(crate) struct Catalog {
+    tools: Vec<OfferedTool>,
+}
+
+impl Catalog {
+    /// The tools `route` offers now. An MCP server still starting is waited for up to `wait`; a
+    /// server that is down, or a tool it does not have, is left out and reported in the second
+    /// value, one line each.
+    pub(crate) async fn for_route(
+        route: &RouteSettings,
+        config: &Config,
+        servers: &McpServers,
+        wait: Duration,
+    ) -> (Catalog, Vec<String>) {
+        Catalog::of(&route.tools, config, servers, wait).await
+    }
+
+    async fn of(
+        entries: &[ToolRef],
+        config: &Config,
+        servers: &McpServers,
+        wait: Duration,
+    ) -> (Catalog, Vec<String>) {
+        let mut catalog = Catalog::default();
+        let mut problems = Vec::new();
+        for entry in entries {
+            match entry {
+                ToolRef::Command(name) => {
+                    if let Some(tool) = config.tools.get(name) {
+                        catalog.add(OfferedTool {
+                            name: tool.name.clone(),
+                            description: tool.description.clone(),
+                            parameters: tool.parameters.clone(),
+                            rerun: Rerun::of_command(tool),
+                            runs: Runs::Command(tool.clone()),
+                        });
+                    }
+                }
+                ToolRef::Mcp { server, tool } => {
+                    let Some(settings) = config.mcp.get(server) else {
+                        continue;
+                    };
+                    let (connection, tools) = match servers.ready(server, wait).await {
+                        Ok(ready) => ready,
+                        Err(problem) => {
+                            problems.push(problem);
+                            continue;
+                        }
+                    };
+                    let mut found = false;
+                    for offered in tools
+                        .iter()
+                        .filter(|t| tool.as_deref().is_none_or(|wanted| t.name == wanted))
+                    {
+                        found = true;
+                        catalog.add(OfferedTool {
+                            name: model_name(server, &offered.name),
+                            description: offered.description.clone(),
+                            parameters: offered.input_schema.clone(),
+                            rerun: Rerun::of_mcp(settings, &offered.name, offered.annotated_idempotent),
+                            runs: Runs::Mcp {
+                                connection: connection.clone(),
+                                tool: offered.name.clone(),
+                            },
+                        });
+                    }
+                    if let (Some(tool), false) = (tool, found) {
+                        problems.push(format!("MCP server {server:?} has no tool {tool:?}"));
+                    }
+                }
+            }
+        }
+        (catalog, problems)
+    }
+
+    /// Adds `tool` unless a tool of that name is already offered (the first one wins).
+    fn add(&mut self, tool: OfferedTool) {
+        if !self.tools.iter().any(|t| t.name == tool.name) {
+            self.tools.push(tool);
+        }
+    }
+
+    pub(crate) fn get(&self, name: &str) -> Option<&OfferedTool> {
+        self.tools.iter().find(|tool| tool.name == name)
+    }
+
+    pub(crate) fn tools(&self) -> &[OfferedTool] {
+        &self.tools
+    }
+}
+
+/// `tools list`: every tool `route` offers (or, without a route, every tool of the config),
+/// with its schema, whether it may run again after an interruption, and the routes that offer
+/// it; then the problems met (a server that is down), one line each.
+pub(crate) async fn listing(
+    config: &Config,
+    servers: &McpServers,
+    route: Option<&str>,
+    wait: Duration,
+) -> Result<(Vec<serde_json::Value>, Vec<String>), String> {
+    let entries: Vec<ToolRef> = match route {
+        Some(name) => config
+            .routes
+            .iter()
+            .find(|r| r.name == name)
+            .ok_or_else(|| format!("no route {name:?} in the config"))?
+            .tools
+            .clone(),
+        None => config
+            .tools
+            .keys()
+            .map(|name| ToolRef::Command(name.clone()))
+            .chain(config.mcp.keys().map(|server| ToolRef::Mcp {
+                server: server.clone(),
+                tool: None,
+            }))
+            .collect(),
+    };
+    let (catalog, problems) = Catalog::of(&entries, config, servers, wait).await;
+    let mut offered_by: Vec<(String, Catalog)> = Vec::new();
+    for route in &config.routes {
+        // The servers have settled by now: this waits no longer.
+        let (route_catalog, _) = Catalog::for_route(route, config, servers, wait).await;
+        offered_by.push((route.name.clone(), route_catalog));
+    }
+    let tools = catalog
+        .tools()
+        .iter()
+        .map(|tool| {
+            let routes: Vec<&str> = offered_by
+                .iter()
+                .filter(|(_, offered)| offered.get(&tool.name).is_some())
+                .map(|(route, _)| route.as_str())
+                .collect();
+            let (kind, command, background, timeout) = match &tool.runs {
+                Runs::Command(settings) => (
+                    "command",
+                    serde_json::json!(settings.command),
+                    settings.background,
+                    settings.timeout,
+                ),
+                Runs::Mcp { connection, .. } => (
+                    "mcp",
+                    serde_json::Value::Null,
+                    false,
+                    connection.timeout(),
+                ),
+            };
+            serde_json::json!({
+                "name": tool.name,
+                "kind": kind,
+                "mcp_server": tool.mcp_server(),
+                "description": tool.description,
+                "command": command,
+                "parameters": tool.parameters,
+                "idempotent": tool.rerun.is_safe(),
+                "rerun": tool.rerun,
+                "background": background,
+                "timeout_seconds": timeout.as_secs(),
+                "routes": routes,
+            })
+        })
+        .collect();
+    Ok((tools, problems))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_names_are_valid_function_names() {
+        assert_eq!(model_name("github", "create_issue"), "github__create_issue");
+        assert_eq!(model_name("fs", "read.file/v2"), "fs__read_file_v2");
+        assert_eq!(model_name("s", &"x".repeat(100)).len(), MAX_FUNCTION_NAME);
+    }
+
+    #[test]
+    fn the_operator_overrides_annotations_both_ways() {
+        let server = McpServerSettings {
+            name: "s".into(),
+            transport: crate::config::McpTransport::Http {
+                url: "http://127.0.0.1:1/mcp".into(),
+                headers: Default::default(),
+            },
+            timeout: Duration::from_secs(1),
+            idempotent: vec!["sync".into()],
+            not_idempotent: vec!["read".into()],
+            dedupes: vec!["pay".into()],
+        };
+        assert_eq!(Rerun::of_mcp(&server, "read", true), Rerun::Never);
+        assert_eq!(Rerun::of_mcp(&server, "sync", false), Rerun::Idempotent);
+        assert_eq!(Rerun::of_mcp(&server, "pay", false), Rerun::Dedupes);
+        assert_eq!(Rerun::of_mcp(&server, "other", true), Rerun::Idempotent);
+        assert_eq!(Rerun::of_mcp(&server, "other", false), Rerun::Never);
+    }
+}

@@ -1,0 +1,611 @@
+//! MCP servers as tool providers, through the official SDK (`rmcp`) as a client.
+//!
+//! Each `[mcp.NAME]` server has one supervisor task. It connects (a child process on stdio, or
+//! the streamable HTTP transport), lists the server's tools, and keeps the connection until the
+//! server goes away; then it reconnects with a backoff. A server that cannot start is logged and
+//! shown by `status`, and its tools are simply not offered: it never stops the daemon from
+//! serving webhooks.
+//!
+//! Servers start with the daemon rather than at their first use: the first webhook then does not
+//! pay a server's start-up (seconds, for an `npx` server), a server that cannot start is reported
+//! at start rather than in the middle of a turn, and `status` can show every server's state.
+//!
+//! A turn takes the connection it starts with (an `Arc`) and keeps it until it ends, so a reload
+//! that replaces a server does not cut off a call in flight. The process is stopped when the last
+//! holder lets go: its whole process group is killed, and it dies with the daemon
+//! (`PR_SET_PDEATHSIG`).
+
+use std::collections::{BTreeMap, HashMap};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use rmcp::model::{
+    CallToolRequestParams, ClientCapabilities, ClientConfig, Implementation, MetaObject,
+    RequestMetaObject,
+};
+use rmcp::service::{NotificationContext, RunningService, serve_client_with_ct};
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
+use rmcp::{ClientHandler, Peer, RoleClient};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::sync::{Notify, watch};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
+
+use super::tools::{INHERITED_ENVIRONMENT, OUTPUT_CAP};
+use crate::config::{McpServerSettings, McpTransport};
+
+/// How long a server may take to start and answer `initialize` and `tools/list`.
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
+/// Restart backoff: doubles from the first to the last; a server that ran this long before it
+/// went away starts again from the first.
+const BACKOFF_FIRST: Duration = Duration::from_secs(1);
+const BACKOFF_LAST: Duration = Duration::from_secs(60);
+/// Between closing a server's stdin and killing its process group.
+const STOP_GRACE: Duration = Duration::from_secs(2);
+/// A server's stderr lines are logged up to this length.
+const STDERR_LINE_CAP: usize = 512;
+/// The `_meta` key that carries a call's idempotency key.
+pub(crate) const CALL_KEY_META: &str = "agentgate/tool_call_id";
+
+/// A tool an MCP server offers, as its server describes it.
+#[derive(Debug, Clone)]
+pub(crate) struct McpTool {
+    /// The server's own name for it.
+    pub name: String,
+    pub description: String,
+    pub input_schema: serde_json::Value,
+    /// What the annotations say: `readOnlyHint` or `idempotentHint`, and not `destructiveHint`.
+    pub annotated_idempotent: bool,
+}
+
+/// Where a server stands.
+#[derive(Clone)]
+pub(crate) enum ServerState {
+    Starting,
+    Ready {
+        connection: Arc<Connection>,
+        tools: Arc<Vec<McpTool>>,
+    },
+    /// It could not start, or went away; the supervisor tries again after a backoff.
+    Down { error: String },
+}
+
+/// A live connection to one server. Dropping the last reference stops the server.
+pub(crate) struct Connection {
+    pub server: String,
+    peer: Peer<RoleClient>,
+    /// Fires when the connection ends (the server exited or closed it).
+    closed: CancellationToken,
+    /// Cancels the client's service loop, which closes the transport.
+    service: CancellationToken,
+    process_group: Option<i32>,
+    timeout: Duration,
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.service.cancel();
+        if let Some(group) = self.process_group {
+            // Whatever the server left running goes with it; a group already gone is fine.
+            let _ = killpg(Pid::from_raw(group), Signal::SIGKILL);
+        }
+    }
+}
+
+/// How an MCP call ended, as the model sees it.
+#[derive(Debug)]
+pub(crate) enum CallOutcome {
+    /// The server answered; `is_error` is the tool's own verdict.
+    Answered { is_error: bool, text: String },
+    /// No answer: the server went away, the call timed out, or the request failed.
+    Failed(String),
+}
+
+impl CallOutcome {
+    /// The `result` label of `agentgate_tool_calls_total`.
+    pub(crate) fn result(&self) -> &'static str {
+        match self {
+            CallOutcome::Answered {
+                is_error: false, ..
+            } => "ok",
+            CallOutcome::Answered { is_error: true, .. } | CallOutcome::Failed(_) => "error",
+        }
+    }
+
+    /// The tool result recorded in the transcript.
+    pub(crate) fn into_result(self, server: &str) -> String {
+        match self {
+            CallOutcome::Answered { is_error, text } => {
+                serde_json::json!({"mcp_server": server, "is_error": is_error, "content": text})
+                    .to_string()
+            }
+            CallOutcome::Failed(error) => format!("error: MCP server {server:?}: {error}"),
+        }
+    }
+}
+
+impl Connection {
+    /// How long one call may take.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Calls `tool` with `arguments`, carrying `key` in `_meta`. Fails at once if the server
+    /// goes away, and after the server's `timeout`.
+    pub(crate) async fn call(
+        &self,
+        tool: &str,
+        arguments: &serde_json::Value,
+        key: &str,
+    ) -> CallOutcome {
+        let mut params = CallToolRequestParams::new(tool.to_string());
+        params.arguments = arguments.as_object().cloned();
+        let mut meta = serde_json::Map::new();
+        meta.insert(CALL_KEY_META.to_string(), key.into());
+        params.meta = Some(RequestMetaObject(MetaObject(meta)));
+        tokio::select! {
+            answer = self.peer.call_tool(params) => match answer {
+                Ok(result) => {
+                    let value = serde_json::to_value(&result).unwrap_or_default();
+                    CallOutcome::Answered {
+                        is_error: result.is_error.unwrap_or(false),
+                        text: result_text(&value),
+                    }
+                }
+                Err(err) => CallOutcome::Failed(format!("the call failed: {err}")),
+            },
+            () = self.closed.cancelled() => CallOutcome::Failed(
+                "the server went away during the call; its outcome is unknown".to_string()),
+            () = tokio::time::sleep(self.timeout) => CallOutcome::Failed(format!(
+                "no answer within its timeout of {:?}; its outcome is unknown", self.timeout)),
+        }
+    }
+}
+
+/// The text of a `tools/call` result: its text blocks, a note for each block of another kind
+/// (an image is no use to a text model), else its structured content; capped like a command
+/// tool's output.
+fn result_text(result: &serde_json::Value) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for block in result["content"].as_array().into_iter().flatten() {
+        match block["type"].as_str() {
+            Some("text") => parts.push(block["text"].as_str().unwrap_or_default().to_string()),
+            Some("resource") if block["resource"]["text"].is_string() => parts.push(
+                block["resource"]["text"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+            ),
+            Some("resource_link") => parts.push(format!(
+                "[resource link: {}]",
+                block["uri"].as_str().unwrap_or_default()
+            )),
+            other => parts.push(format!(
+                "[{} content omitted]",
+                other.unwrap_or("unknown")
+            )),
+        }
+    }
+    if parts.is_empty()
+        && let Some(structured) = result.get("structuredContent")
+    {
+        parts.push(structured.to_string());
+    }
+    let mut text = parts.join("\n");
+    if text.len() > OUTPUT_CAP {
+        let mut end = OUTPUT_CAP;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push_str(&format!("\n[output truncated at {OUTPUT_CAP} bytes]"));
+    }
+    text
+}
+
+/// The client side's handler: it only listens for a changed tool list.
+struct Listener {
+    tools_changed: Arc<Notify>,
+}
+
+impl ClientHandler for Listener {
+    fn on_tool_list_changed(
+        &self,
+        _context: NotificationContext<RoleClient>,
+    ) -> impl Future<Output = ()> + Send + '_ {
+        self.tools_changed.notify_one();
+        std::future::ready(())
+    }
+
+    fn get_info(&self) -> ClientConfig {
+        ClientConfig::new(
+            ClientCapabilities::default(),
+            Implementation::new("agentgate", crate::VERSION),
+        )
+    }
+}
+
+/// Every configured server, each with its supervisor.
+pub(crate) struct McpServers {
+    servers: Mutex<HashMap<String, Supervised>>,
+    tracker: TaskTracker,
+    /// The drain's token for background tasks: it stops every supervisor.
+    stop: CancellationToken,
+}
+
+struct Supervised {
+    settings: McpServerSettings,
+    state: watch::Receiver<ServerState>,
+    stop: CancellationToken,
+}
+
+impl McpServers {
+    pub(crate) fn new(tracker: TaskTracker, stop: CancellationToken) -> McpServers {
+        McpServers {
+            servers: Mutex::new(HashMap::new()),
+            tracker,
+            stop,
+        }
+    }
+
+    fn servers(&self) -> std::sync::MutexGuard<'_, HashMap<String, Supervised>> {
+        match self.servers.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    /// Starts the servers of `config` that are not running, stops those it no longer has, and
+    /// restarts those whose settings changed. Turns keep the connections they hold.
+    pub(crate) fn apply(&self, config: &BTreeMap<String, McpServerSettings>) {
+        let mut servers = self.servers();
+        servers.retain(|name, supervised| {
+            let keep = config.get(name) == Some(&supervised.settings);
+            if !keep {
+                supervised.stop.cancel();
+            }
+            keep
+        });
+        for (name, settings) in config {
+            if servers.contains_key(name) {
+                continue;
+            }
+            let (state, watcher) = watch::channel(ServerState::Starting);
+            let stop = self.stop.child_token();
+            let span = tracing::info_span!("mcp", mcp_server = %name);
+            self.tracker.spawn(
+                supervise(settings.clone(), state, stop.clone()).instrument(span),
+            );
+            servers.insert(
+                name.clone(),
+                Supervised {
+                    settings: settings.clone(),
+                    state: watcher,
+                    stop,
+                },
+            );
+        }
+    }
+
+    /// The server's connection and tools once it has started, waiting up to `wait` while it
+    /// is starting; else why not.
+    pub(crate) async fn ready(
+        &self,
+        name: &str,
+        wait: Duration,
+    ) -> Result<(Arc<Connection>, Arc<Vec<McpTool>>), String> {
+        let watcher = self.servers().get(name).map(|s| s.state.clone());
+        let Some(mut watcher) = watcher else {
+            return Err(format!("MCP server {name:?} is not configured"));
+        };
+        let settled = tokio::time::timeout(
+            wait,
+            watcher.wait_for(|state| !matches!(state, ServerState::Starting)),
+        )
+        .await;
+        let state = match settled {
+            Ok(Ok(state)) => state.clone(),
+            Ok(Err(_)) => return Err(format!("MCP server {name:?} was stopped")),
+            Err(_) => return Err(format!("MCP server {name:?} is still starting")),
+        };
+        match state {
+            ServerState::Ready { connection, tools } => Ok((connection, tools)),
+            ServerState::Down { error } => Err(format!("MCP server {name:?} is down: {error}")),
+            ServerState::Starting => Err(format!("MCP server {name:?} is still starting")),
+        }
+    }
+
+    /// Each server's state, for `status`.
+    pub(crate) fn status(&self) -> BTreeMap<String, serde_json::Value> {
+        self.servers()
+            .iter()
+            .map(|(name, supervised)| {
+                let state = match &*supervised.state.borrow() {
+                    ServerState::Starting => serde_json::json!({"state": "starting"}),
+                    ServerState::Ready { tools, .. } => {
+                        serde_json::json!({"state": "ready", "tools": tools.len()})
+                    }
+                    ServerState::Down { error } => {
+                        serde_json::json!({"state": "down", "error": error})
+                    }
+                };
+                (name.clone(), state)
+            })
+            .collect()
+    }
+}
+
+/// Keeps one server connected until `stop`: connect, list its tools, serve calls, and after the
+/// server goes away (or cannot start), try again after a backoff.
+async fn supervise(
+    settings: McpServerSettings,
+    state: watch::Sender<ServerState>,
+    stop: CancellationToken,
+) {
+    let mut backoff = BACKOFF_FIRST;
+    loop {
+        state.send_replace(ServerState::Starting);
+        let tools_changed = Arc::new(Notify::new());
+        let started = Instant::now();
+        let connected = tokio::select! {
+            connected = tokio::time::timeout(STARTUP_TIMEOUT, connect(&settings, tools_changed.clone())) => {
+                connected.unwrap_or_else(|_| Err(format!("it did not answer within {STARTUP_TIMEOUT:?}")))
+            }
+            () = stop.cancelled() => return,
+        };
+        let error = match connected {
+            Ok((connection, tools)) => {
+                tracing::info!(
+                    tools = tools.len(),
+                    "MCP server {} is ready with {} tools",
+                    settings.name,
+                    tools.len()
+                );
+                let connection = Arc::new(connection);
+                state.send_replace(ServerState::Ready {
+                    connection: connection.clone(),
+                    tools: Arc::new(tools),
+                });
+                let error = serve(&settings, &connection, &state, &tools_changed, &stop).await;
+                let Some(error) = error else {
+                    // Stopped: close its stdin, give it a moment to exit, then the group goes.
+                    connection.service.cancel();
+                    let _ = tokio::time::timeout(STOP_GRACE, connection.closed.cancelled()).await;
+                    state.send_replace(ServerState::Down {
+                        error: "stopped".to_string(),
+                    });
+                    return;
+                };
+                error
+            }
+            Err(error) => error,
+        };
+        if started.elapsed() > BACKOFF_LAST {
+            backoff = BACKOFF_FIRST;
+        }
+        tracing::error!(
+            error = %error,
+            retry_in = ?backoff,
+            "MCP server {} is down; its tools are not offered until it is back",
+            settings.name
+        );
+        state.send_replace(ServerState::Down { error });
+        tokio::select! {
+            () = tokio::time::sleep(backoff) => {}
+            () = stop.cancelled() => return,
+        }
+        backoff = (backoff * 2).min(BACKOFF_LAST);
+    }
+}
+
+/// Serves a connected server until it goes away (`Some(why)`) or `stop` fires (`None`),
+/// re-listing its tools whenever it says they changed.
+async fn serve(
+    settings: &McpServerSettings,
+    connection: &Arc<Connection>,
+    state: &watch::Sender<ServerState>,
+    tools_changed: &Notify,
+    stop: &CancellationToken,
+) -> Option<String> {
+    loop {
+        tokio::select! {
+            () = connection.closed.cancelled() => {
+                return Some("the server closed the connection or exited".to_string());
+            }
+            () = tools_changed.notified() => {
+                match list_tools(&connection.peer).await {
+                    Ok(tools) => {
+                        tracing::info!(tools = tools.len(), "MCP server {} changed its tools", settings.name);
+                        state.send_replace(ServerState::Ready {
+                            connection: connection.clone(),
+                            tools: Arc::new(tools),
+                        });
+                    }
+                    Err(error) => tracing::warn!(error = %error,
+                        "MCP server {} said its tools changed, but cannot list them", settings.name),
+                }
+            }
+            () = stop.cancelled() => return None,
+        }
+    }
+}
+
+async fn list_tools(peer: &Peer<RoleClient>) -> Result<Vec<McpTool>, String> {
+    let tools = peer
+        .list_all_tools()
+        .await
+        .map_err(|err| format!("tools/list failed: {err}"))?;
+    Ok(tools
+        .into_iter()
+        .map(|tool| {
+            let annotations = tool.annotations.as_ref();
+            let hint = |get: fn(&rmcp::model::ToolAnnotations) -> Option<bool>| {
+                annotations.and_then(get).unwrap_or(false)
+            };
+            let read_only = hint(|a| a.read_only_hint);
+            let idempotent = hint(|a| a.idempotent_hint);
+            let destructive = hint(|a| a.destructive_hint);
+            McpTool {
+                name: tool.name.to_string(),
+                description: tool.description.as_deref().unwrap_or_default().to_string(),
+                input_schema: serde_json::Value::Object((*tool.input_schema).clone()),
+                annotated_idempotent: read_only || (idempotent && !destructive),
+            }
+        })
+        .collect())
+}
+
+/// Starts (stdio) or reaches (HTTP) the server and lists its tools.
+async fn connect(
+    settings: &McpServerSettings,
+    tools_changed: Arc<Notify>,
+) -> Result<(Connection, Vec<McpTool>), String> {
+    let listener = Listener { tools_changed };
+    let service = CancellationToken::new();
+    let (running, process_group) = match &settings.transport {
+        McpTransport::Stdio { command, env, cwd } => {
+            let Some((program, args)) = command.split_first() else {
+                return Err("the command is empty".to_string());
+            };
+            let mut child = tokio::process::Command::new(program);
+            child
+                .args(args)
+                .env_clear()
+                .envs(
+                    INHERITED_ENVIRONMENT
+                        .iter()
+                        .filter_map(|name| std::env::var_os(name).map(|value| (*name, value))),
+                )
+                .envs(
+                    env.iter()
+                        .map(|(name, value)| (name, String::from_utf8_lossy(value.expose()).into_owned())),
+                )
+                .process_group(0)
+                .kill_on_drop(true);
+            if let Some(cwd) = cwd {
+                child.current_dir(cwd);
+            }
+            crate::sys::die_with_daemon(&mut child);
+            let (transport, stderr) = TokioChildProcess::builder(child)
+                .stderr(Stdio::piped())
+                .spawn()
+                .map_err(|err| format!("cannot start {program}: {err}"))?;
+            let process_group = transport.id().map(|pid| pid as i32);
+            if let Some(stderr) = stderr {
+                tokio::spawn(log_stderr(stderr, settings.name.clone()).in_current_span());
+            }
+            let running = serve_client_with_ct(listener, transport, service.clone())
+                .await
+                .map_err(|err| format!("initialize failed: {err}"));
+            if running.is_err()
+                && let Some(group) = process_group
+            {
+                let _ = killpg(Pid::from_raw(group), Signal::SIGKILL);
+            }
+            (running?, process_group)
+        }
+        McpTransport::Http { url, headers } => {
+            let mut default_headers = http::HeaderMap::new();
+            for (name, value) in headers {
+                let name = http::HeaderName::from_bytes(name.as_bytes())
+                    .map_err(|err| format!("header {name:?}: {err}"))?;
+                let mut value = http::HeaderValue::from_bytes(value.expose())
+                    .map_err(|_| format!("header {name}: the value is not a valid header value"))?;
+                value.set_sensitive(true);
+                default_headers.insert(name, value);
+            }
+            let client = crate::tls::http_client()?
+                .default_headers(default_headers)
+                .build()
+                .map_err(|err| format!("cannot build the HTTP client: {err}"))?;
+            let transport = StreamableHttpClientTransport::with_client(
+                client,
+                StreamableHttpClientTransportConfig::with_uri(url.as_str()),
+            );
+            let running = serve_client_with_ct(listener, transport, service.clone())
+                .await
+                .map_err(|err| format!("initialize failed: {err}"))?;
+            (running, None)
+        }
+    };
+    let peer = running.peer().clone();
+    let tools = match list_tools(&peer).await {
+        Ok(tools) => tools,
+        Err(error) => {
+            service.cancel();
+            if let Some(group) = process_group {
+                let _ = killpg(Pid::from_raw(group), Signal::SIGKILL);
+            }
+            return Err(error);
+        }
+    };
+    let closed = CancellationToken::new();
+    tokio::spawn(watch_service(running, closed.clone()));
+    Ok((
+        Connection {
+            server: settings.name.clone(),
+            peer,
+            closed,
+            service,
+            process_group,
+            timeout: settings.timeout,
+        },
+        tools,
+    ))
+}
+
+/// Fires `closed` when the client's service loop ends.
+async fn watch_service(running: RunningService<RoleClient, Listener>, closed: CancellationToken) {
+    let _ = running.waiting().await;
+    closed.cancel();
+}
+
+/// Logs what the server writes to stderr, a line at a time, each cut at `STDERR_LINE_CAP`.
+async fn log_stderr(stderr: tokio::process::ChildStderr, server: String) {
+    let mut lines = BufReader::new(stderr).lines();
+    while let Ok(Some(mut line)) = lines.next_line().await {
+        if line.len() > STDERR_LINE_CAP {
+            let mut end = STDERR_LINE_CAP;
+            while !line.is_char_boundary(end) {
+                end -= 1;
+            }
+            line.truncate(end);
+        }
+        tracing::info!(stderr = %crate::untrusted::for_terminal(&line), "MCP server {server} says");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn text_blocks_are_joined_and_other_kinds_noted() {
+        let result = json!({"content": [
+            {"type": "text", "text": "one"},
+            {"type": "image", "data": "AAAA", "mimeType": "image/png"},
+            {"type": "text", "text": "two"},
+        ]});
+        assert_eq!(result_text(&result), "one\n[image content omitted]\ntwo");
+    }
+
+    #[test]
+    fn structured_content_is_used_when_there_is_no_block() {
+        let result = json!({"content": [], "structuredContent": {"temperature": 21}});
+        assert_eq!(result_text(&result), r#"{"temperature":21}"#);
+    }
+
+    #[test]
+    fn long_results_are_capped_and_marked() {
+        let result = json!({"content": [{"type": "text", "text": "é".repeat(OUTPUT_CAP)}]});
+        let text = result_text(&result);
+        assert!(text.len() < OUTPUT_CAP + 100);
+        assert!(text.ends_with(&format!("[output truncated at {OUTPUT_CAP} bytes]")));
+    }
+}

@@ -1,0 +1,46 @@
+"""An MCP server on the streamable HTTP transport, for agentgate's tests.
+
+Usage: http_server.py PORT TOKEN CALLS_FILE
+
+Every request must carry `X-Test-Token: TOKEN` (agentgate sends it from a secret), else 401.
+The `shout` tool upper-cases its text; each call appends the idempotency key agentgate put in
+the request's `_meta` to CALLS_FILE, so a test can see what arrived.
+"""
+
+import sys
+
+import uvicorn
+from mcp.server.mcpserver import Context, MCPServer
+
+port, token, calls_file = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+server = MCPServer("agentgate-test-http")
+
+
+@server.tool()
+def shout(text: str, ctx: Context) -> str:
+    """Upper-cases the text."""
+    meta = ctx.request_context.meta
+    key = None
+    if meta is not None:
+        extra = meta.model_dump() if hasattr(meta, "model_dump") else dict(meta)
+        key = extra.get("agentgate/tool_call_id")
+    with open(calls_file, "a", encoding="utf-8") as calls:
+        calls.write(f"{key}\n")
+    return text.upper()
+
+
+app = server.streamable_http_app()
+
+
+async def require_token(scope, receive, send):
+    if scope["type"] == "http":
+        headers = dict(scope["headers"])
+        if headers.get(b"x-test-token", b"").decode() != token:
+            await send({"type": "http.response.start", "status": 401, "headers": []})
+            await send({"type": "http.response.body", "body": b"missing token"})
+            return
+    await app(scope, receive, send)
+
+
+print(f"listening on 127.0.0.1:{port}", flush=True)
+uvicorn.run(require_token, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
