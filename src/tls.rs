@@ -8,14 +8,12 @@ use std::sync::Arc;
 pub(crate) fn client_config(
     roots: rustls::RootCertStore,
 ) -> Result<rustls::ClientConfig, rustls::Error> {
-    Ok(
-        rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()?
-        .with_root_certificates(roots)
-        .with_no_client_auth(),
-    )
+    Ok(rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_root_certificates(roots)
+    .with_no_client_auth())
 }
 
 /// The public web roots (Mozilla's, as compiled into `webpki-roots`).

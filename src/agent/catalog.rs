@@ -171,7 +171,11 @@ impl Catalog {
                             name: model_name(server, &offered.name),
                             description: offered.description.clone(),
                             parameters: offered.input_schema.clone(),
-                            rerun: Rerun::of_mcp(settings, &offered.name, offered.annotated_idempotent),
+                            rerun: Rerun::of_mcp(
+                                settings,
+                                &offered.name,
+                                offered.annotated_idempotent,
+                            ),
                             runs: Runs::Mcp {
                                 connection: connection.clone(),
                                 tool: offered.name.clone(),
@@ -253,12 +257,9 @@ pub(crate) async fn listing(
                     settings.background,
                     settings.timeout,
                 ),
-                Runs::Mcp { connection, .. } => (
-                    "mcp",
-                    serde_json::Value::Null,
-                    false,
-                    connection.timeout(),
-                ),
+                Runs::Mcp { connection, .. } => {
+                    ("mcp", serde_json::Value::Null, false, connection.timeout())
+                }
             };
             serde_json::json!({
                 "name": tool.name,

@@ -72,7 +72,9 @@ pub(crate) enum ServerState {
         tools: Arc<Vec<McpTool>>,
     },
     /// It could not start, or went away; the supervisor tries again after a backoff.
-    Down { error: String },
+    Down {
+        error: String,
+    },
 }
 
 /// A live connection to one server. Dropping the last reference stops the server.
@@ -185,10 +187,7 @@ fn result_text(result: &serde_json::Value) -> String {
                 "[resource link: {}]",
                 block["uri"].as_str().unwrap_or_default()
             )),
-            other => parts.push(format!(
-                "[{} content omitted]",
-                other.unwrap_or("unknown")
-            )),
+            other => parts.push(format!("[{} content omitted]", other.unwrap_or("unknown"))),
         }
     }
     if parts.is_empty()
@@ -278,9 +277,8 @@ impl McpServers {
             let (state, watcher) = watch::channel(ServerState::Starting);
             let stop = self.stop.child_token();
             let span = tracing::info_span!("mcp", mcp_server = %name);
-            self.tracker.spawn(
-                supervise(settings.clone(), state, stop.clone()).instrument(span),
-            );
+            self.tracker
+                .spawn(supervise(settings.clone(), state, stop.clone()).instrument(span));
             servers.insert(
                 name.clone(),
                 Supervised {
@@ -481,10 +479,9 @@ async fn connect(
                         .iter()
                         .filter_map(|name| std::env::var_os(name).map(|value| (*name, value))),
                 )
-                .envs(
-                    env.iter()
-                        .map(|(name, value)| (name, String::from_utf8_lossy(value.expose()).into_owned())),
-                )
+                .envs(env.iter().map(|(name, value)| {
+                    (name, String::from_utf8_lossy(value.expose()).into_owned())
+                }))
                 .process_group(0)
                 .kill_on_drop(true);
             if let Some(cwd) = cwd {

@@ -16,8 +16,8 @@ use serde_json::json;
 use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
-use super::message::{Message, Role};
 use super::catalog::OfferedTool;
+use super::message::{Message, Role};
 use crate::config::{ModelBackend, ModelSettings, Secret};
 
 /// The demo cassette bundled with agentgate, used by `backend = "replay"` without a `cassette`.

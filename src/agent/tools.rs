@@ -22,7 +22,8 @@ pub(crate) const OUTPUT_CAP: usize = 64 * 1024;
 /// Between SIGTERM and SIGKILL of a tool's process group.
 const KILL_GRACE: Duration = Duration::from_secs(2);
 /// Environment variables a tool inherits from the daemon.
-pub(crate) const INHERITED_ENVIRONMENT: &[&str] = &["PATH", "HOME", "LANG", "LC_ALL", "TZ", "USER", "LOGNAME"];
+pub(crate) const INHERITED_ENVIRONMENT: &[&str] =
+    &["PATH", "HOME", "LANG", "LC_ALL", "TZ", "USER", "LOGNAME"];
 
 /// How a tool run ended, as recorded in the transcript and shown to the model.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -246,10 +247,15 @@ mod tests {
             &["/bin/sh", "-c", "sleep 60 >/dev/null 2>&1 & echo $!"],
             Duration::from_secs(10),
         );
-        let outcome = run(&spawner, &serde_json::json!({}), "k", &CancellationToken::new())
-            .await
-            .map_err(|_| "cancelled")
-            .expect("the tool ran");
+        let outcome = run(
+            &spawner,
+            &serde_json::json!({}),
+            "k",
+            &CancellationToken::new(),
+        )
+        .await
+        .map_err(|_| "cancelled")
+        .expect("the tool ran");
         let pid: u32 = outcome.stdout.trim().parse().expect("the background pid");
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         // Killed, then reaped by init: its /proc entry goes (a zombie's says "Z").
@@ -285,7 +291,11 @@ mod tests {
     #[tokio::test]
     async fn arguments_arrive_on_stdin_and_status_is_recorded() {
         let cat = tool(
-            &["/bin/sh", "-c", "cat; echo \" $AGENTGATE_TOOL_CALL_ID\"; exit 3"],
+            &[
+                "/bin/sh",
+                "-c",
+                "cat; echo \" $AGENTGATE_TOOL_CALL_ID\"; exit 3",
+            ],
             Duration::from_secs(5),
         );
         let outcome = run(
@@ -306,9 +316,14 @@ mod tests {
             &["/bin/sh", "-c", "head -c 10000000 /dev/zero | tr '\\0' a"],
             Duration::from_secs(20),
         );
-        let outcome = run(&flood, &serde_json::json!({}), "k", &CancellationToken::new())
-            .await
-            .expect("runs");
+        let outcome = run(
+            &flood,
+            &serde_json::json!({}),
+            "k",
+            &CancellationToken::new(),
+        )
+        .await
+        .expect("runs");
         assert!(outcome.stdout_truncated);
         assert!(outcome.stdout.len() < OUTPUT_CAP + 100);
         assert!(outcome.stdout.ends_with("bytes]"));
@@ -321,9 +336,14 @@ mod tests {
         let pid_file = dir.path().join("child.pid");
         let script = format!("sleep 300 & echo $! > {}; wait", pid_file.display());
         let hang = tool(&["/bin/sh", "-c", &script], Duration::from_millis(300));
-        let outcome = run(&hang, &serde_json::json!({}), "k", &CancellationToken::new())
-            .await
-            .expect("runs");
+        let outcome = run(
+            &hang,
+            &serde_json::json!({}),
+            "k",
+            &CancellationToken::new(),
+        )
+        .await
+        .expect("runs");
         assert!(outcome.timed_out);
         let child: i32 = std::fs::read_to_string(&pid_file)
             .expect("pid file")
@@ -368,9 +388,14 @@ mod tests {
     #[tokio::test]
     async fn a_missing_program_is_an_error_outcome() {
         let missing = tool(&["/nonexistent/tool"], Duration::from_secs(1));
-        let outcome = run(&missing, &serde_json::json!({}), "k", &CancellationToken::new())
-            .await
-            .expect("outcome");
+        let outcome = run(
+            &missing,
+            &serde_json::json!({}),
+            "k",
+            &CancellationToken::new(),
+        )
+        .await
+        .expect("outcome");
         assert!(outcome.error.is_some_and(|e| e.contains("cannot start")));
     }
 }

@@ -238,7 +238,10 @@ pub(super) fn render_entry(body: &serde_json::Value) -> String {
         Some("tool_start") => format!(
             "  -> {} {} {} [{}]",
             match body["mcp_server"].as_str() {
-                Some(server) => format!("mcp tool (server {})", crate::untrusted::for_terminal(server)),
+                Some(server) => format!(
+                    "mcp tool (server {})",
+                    crate::untrusted::for_terminal(server)
+                ),
                 None => "tool".to_string(),
             },
             text(&body["name"]),

@@ -29,6 +29,11 @@ pub(super) fn status(source: &ConfigSource, json: bool) -> Result<(), Failure> {
         }),
         Err(err) => serde_json::json!({"valid": false, "error": err.to_string()}),
     };
+    let mcp = if running {
+        mcp_servers(source)
+    } else {
+        serde_json::Value::Null
+    };
     if json {
         let document = serde_json::json!({
             "version": crate::VERSION,
@@ -39,6 +44,7 @@ pub(super) fn status(source: &ConfigSource, json: bool) -> Result<(), Failure> {
             "deliveries": summary.deliveries,
             "ledger": ledger,
             "nodes": summary.nodes,
+            "mcp": mcp,
         });
         outln!("{document:#}");
     } else {
@@ -52,6 +58,16 @@ pub(super) fn status(source: &ConfigSource, json: bool) -> Result<(), Failure> {
                 "ledger:     UNUSABLE, no resume is dispatched: {}",
                 ledger["error"].as_str().unwrap_or("")
             ),
+        }
+        for (name, server) in mcp.as_object().into_iter().flatten() {
+            match server["state"].as_str() {
+                Some("ready") => outln!("mcp:        {name} ready ({} tools)", server["tools"]),
+                Some("down") => outln!(
+                    "mcp:        {name} DOWN, its tools are not offered: {}",
+                    server["error"].as_str().unwrap_or("")
+                ),
+                other => outln!("mcp:        {name} {}", other.unwrap_or("unknown")),
+            }
         }
         for node in summary.nodes.iter().flatten() {
             outln!(
@@ -69,6 +85,25 @@ pub(super) fn status(source: &ConfigSource, json: bool) -> Result<(), Failure> {
         }
     }
     Ok(())
+}
+
+/// The running daemon's MCP servers and their states, from its control socket; null when it
+/// does not answer.
+fn mcp_servers(source: &ConfigSource) -> serde_json::Value {
+    let Ok(location) = crate::config::state_location(source) else {
+        return serde_json::Value::Null;
+    };
+    let Ok(runtime) = super::runtime() else {
+        return serde_json::Value::Null;
+    };
+    match runtime.block_on(super::control::request(
+        &location.control_socket,
+        http::Method::GET,
+        "/v1/status",
+    )) {
+        Ok(Some(answer)) if answer.status.is_success() => answer.body["mcp"].clone(),
+        _ => serde_json::Value::Null,
+    }
 }
 
 pub(super) fn render_status(state_dir: &Path, running: bool, summary: &StatusSummary) -> String {

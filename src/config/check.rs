@@ -516,14 +516,13 @@ impl Checker<'_> {
                 }
             }
             (None, Some(url)) => {
-                for (key, set) in [
-                    ("env", !raw.env.is_empty()),
-                    ("cwd", raw.cwd.is_some()),
-                ] {
+                for (key, set) in [("env", !raw.env.is_empty()), ("cwd", raw.cwd.is_some())] {
                     if set {
                         self.error(
                             &format!("{prefix}.{key}"),
-                            format!("{key} is for the stdio transport (command); this server uses url"),
+                            format!(
+                                "{key} is for the stdio transport (command); this server uses url"
+                            ),
                         );
                     }
                 }
@@ -554,10 +553,7 @@ impl Checker<'_> {
                 return None;
             }
         };
-        for (list, tools) in [
-            ("idempotent", &raw.idempotent),
-            ("dedupes", &raw.dedupes),
-        ] {
+        for (list, tools) in [("idempotent", &raw.idempotent), ("dedupes", &raw.dedupes)] {
             if let Some(both) = tools.iter().find(|tool| raw.not_idempotent.contains(tool)) {
                 self.error(
                     &format!("{prefix}.not_idempotent"),
@@ -654,7 +650,11 @@ impl Checker<'_> {
                 );
             }
         }
-        let tool_refs: Vec<ToolRef> = raw.tools.iter().map(|entry| ToolRef::parse(entry)).collect();
+        let tool_refs: Vec<ToolRef> = raw
+            .tools
+            .iter()
+            .map(|entry| ToolRef::parse(entry))
+            .collect();
         for (entry, tool) in raw.tools.iter().zip(&tool_refs) {
             match tool {
                 ToolRef::Command(name) if !tools.contains_key(name) => self.error(

@@ -149,7 +149,10 @@ pub(crate) enum McpTransport {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum ToolRef {
     Command(String),
-    Mcp { server: String, tool: Option<String> },
+    Mcp {
+        server: String,
+        tool: Option<String>,
+    },
 }
 
 impl ToolRef {

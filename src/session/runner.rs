@@ -561,7 +561,9 @@ impl Running<'_> {
         // The tool process is killed when the turn is interrupted or cancelled.
         let kill = CancellationToken::new();
         let _kill_on_exit = kill.clone().drop_guard();
-        let outcome = self.guarded(tools::run(tool, arguments, key, &kill)).await?;
+        let outcome = self
+            .guarded(tools::run(tool, arguments, key, &kill))
+            .await?;
         let result = match outcome {
             Ok(outcome) => {
                 metrics::tool_call(&tool.name, outcome.result());

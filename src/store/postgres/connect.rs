@@ -27,8 +27,8 @@ pub(super) fn tls_connector(
         }
         None => crate::tls::web_roots(),
     };
-    let config = crate::tls::client_config(roots)
-        .map_err(|err| StoreError::Setup(format!("TLS: {err}")))?;
+    let config =
+        crate::tls::client_config(roots).map_err(|err| StoreError::Setup(format!("TLS: {err}")))?;
     Ok(tokio_postgres_rustls::MakeRustlsConnect::new(config))
 }
 

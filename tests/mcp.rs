@@ -1,0 +1,482 @@
+//! MCP tools against MCP servers that nobody here wrote: the reference servers from npm
+//! (`@modelcontextprotocol/server-everything` and `server-filesystem`, over stdio) and a server
+//! of the official Python SDK (over streamable HTTP), driven by a scripted model. `.ci/run`
+//! installs them under `tests/mcp/` (`npm ci`, and a venv with the pinned `mcp` package).
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use common::stub::{Received, Reply, Stub};
+use common::*;
+use serde_json::{Value, json};
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+fn installed(relative: &str) -> String {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/mcp")
+        .join(relative);
+    assert!(
+        path.exists(),
+        "{} is missing: run .ci/run, or `npm ci --prefix tests/mcp` and \
+         `python3 -m venv tests/mcp/venv && tests/mcp/venv/bin/pip install -r tests/mcp/requirements.txt`",
+        path.display()
+    );
+    path.display().to_string()
+}
+
+fn node_server(name: &str) -> String {
+    installed(&format!("node_modules/.bin/{name}"))
+}
+
+fn messages(request: &Received) -> Vec<Value> {
+    request.json()["messages"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// The results of tool calls the model was shown, oldest first.
+fn tool_results(request: &Received) -> Vec<String> {
+    messages(request)
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| m["content"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+fn offered_tools(request: &Received) -> Vec<String> {
+    request.json()["tools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|tool| tool["function"]["name"].as_str().map(str::to_string))
+        .collect()
+}
+
+fn post(daemon: &Daemon, payload: Value) -> String {
+    let response = daemon.post_json("/hook", &[], &payload.to_string());
+    assert_eq!(response.status, 202, "{response:?}");
+    response.json()["event_id"]
+        .as_str()
+        .expect("event id")
+        .to_string()
+}
+
+fn route(tools: &str) -> String {
+    format!(
+        r#"[routes.hook]
+path = "/hook"
+verify = {{ scheme = "none" }}
+session = "{{{{ payload.session }}}}"
+tools = {tools}
+deliver = {{ kind = "log" }}
+"#
+    )
+}
+
+/// The tool starts recorded for `session`, in order: (name, key, MCP server).
+fn tool_starts(workspace: &Workspace, session: &str) -> Vec<(String, String, Option<String>)> {
+    let bodies: Vec<String> = workspace.query(
+        &format!(
+            "SELECT body FROM transcript WHERE session_key = '{session}' AND kind = 'tool_start' ORDER BY seq"
+        ),
+        |row| row.get(0),
+    );
+    bodies
+        .iter()
+        .map(|body| {
+            let entry: Value = serde_json::from_str(body).expect("entry");
+            (
+                entry["name"].as_str().unwrap_or_default().to_string(),
+                entry["key"].as_str().unwrap_or_default().to_string(),
+                entry["mcp_server"].as_str().map(str::to_string),
+            )
+        })
+        .collect()
+}
+
+/// The tool results recorded for `session`, oldest first.
+fn recorded_results(workspace: &Workspace, session: &str) -> Vec<String> {
+    let bodies: Vec<String> = workspace.query(
+        &format!(
+            "SELECT body FROM transcript WHERE session_key = '{session}' AND kind = 'message' ORDER BY seq"
+        ),
+        |row| row.get(0),
+    );
+    bodies
+        .iter()
+        .filter_map(|body| {
+            let entry: Value = serde_json::from_str(body).ok()?;
+            (entry["message"]["role"] == "tool").then(|| {
+                entry["message"]["content"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string()
+            })
+        })
+        .collect()
+}
+
+/// The pids of the daemon's children whose command line contains `marker`.
+fn children_of(daemon_pid: u32, marker: &str) -> Vec<i32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        let fields: Vec<&str> = stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .split_whitespace()
+            .collect();
+        let (Some(state), Some(parent)) = (fields.first(), fields.get(1)) else {
+            continue;
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        if *state != "Z"
+            && parent.parse::<u32>() == Ok(daemon_pid)
+            && String::from_utf8_lossy(&cmdline).contains(marker)
+        {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+fn log_count(daemon: &Daemon, line: &str) -> usize {
+    daemon.log().matches(line).count()
+}
+
+#[test]
+fn a_filesystem_tool_reads_a_file_and_its_result_reaches_the_model_and_the_transcript() {
+    let workspace = Workspace::new();
+    let files = workspace.path().join("files");
+    std::fs::create_dir(&files).expect("files dir");
+    std::fs::write(files.join("notes.txt"), "the answer is needle-4711\n").expect("file");
+    let path = files.join("notes.txt").display().to_string();
+    let model = Stub::start(move |request, _| {
+        if tool_results(request).is_empty() {
+            Reply::tool_call("call_1", "fs__read_text_file", json!({"path": path}))
+        } else {
+            Reply::answer("read it")
+        }
+    });
+    workspace.write_config(&format!(
+        "{}\n[mcp.fs]\ncommand = [{:?}, {:?}]\n\n{}",
+        model.model_section(),
+        node_server("mcp-server-filesystem"),
+        files.display().to_string(),
+        route(r#"["fs.read_text_file", "fs.list_directory"]"#),
+    ));
+    let daemon = workspace.start();
+    let event_id = post(&daemon, json!({"session": "notes"}));
+    assert_eq!(workspace.wait_terminal(&event_id, LIMIT), "completed");
+
+    let requests = model.requests();
+    // The route's two tools and no other, under the names the model can call.
+    let mut offered = offered_tools(&requests[0]);
+    offered.sort();
+    assert_eq!(offered, ["fs__list_directory", "fs__read_text_file"]);
+    let schema = requests[0].json()["tools"]
+        .as_array()
+        .and_then(|tools| {
+            tools
+                .iter()
+                .find(|t| t["function"]["name"] == "fs__read_text_file")
+                .cloned()
+        })
+        .expect("read_text_file offered");
+    assert_eq!(
+        schema["function"]["parameters"]["properties"]["path"]["type"],
+        "string"
+    );
+    let results = tool_results(&requests[1]);
+    assert!(results[0].contains("needle-4711"), "{results:?}");
+
+    let starts = tool_starts(&workspace, "notes");
+    assert_eq!(starts.len(), 1);
+    assert_eq!(starts[0].2.as_deref(), Some("fs"));
+    let shown = workspace.cli(&["sessions", "show", "notes"]);
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    assert!(
+        shown.contains("mcp tool (server fs) fs__read_text_file") && shown.contains("needle-4711"),
+        "{shown}"
+    );
+
+    // While the daemon runs, `tools list` and `status` show its servers.
+    let listed = workspace.cli(&["tools", "list", "--route", "hook", "--json"]);
+    assert!(listed.status.success(), "{listed:?}");
+    let listed: Value = serde_json::from_slice(&listed.stdout).expect("tools list JSON");
+    let read = listed
+        .as_array()
+        .and_then(|tools| tools.iter().find(|t| t["name"] == "fs__read_text_file"))
+        .expect("listed");
+    assert_eq!(read["kind"], "mcp");
+    assert_eq!(read["mcp_server"], "fs");
+    assert_eq!(read["idempotent"], true, "read_text_file is readOnlyHint");
+    assert_eq!(workspace.status()["mcp"]["fs"]["state"], "ready");
+}
+
+#[test]
+fn a_server_killed_mid_call_fails_the_call_with_a_recorded_error_and_is_restarted() {
+    let workspace = Workspace::new();
+    let model = Stub::start(|request, _| {
+        let body = request.json().to_string();
+        if !tool_results(request).is_empty() {
+            Reply::answer("noted")
+        } else if body.contains("echo-me") {
+            Reply::tool_call(
+                "call_1",
+                "everything__echo",
+                json!({"message": "hello-again"}),
+            )
+        } else {
+            Reply::tool_call(
+                "call_1",
+                "everything__trigger-long-running-operation",
+                json!({"duration": 120, "steps": 2}),
+            )
+        }
+    });
+    workspace.write_config(&format!(
+        "{}\n[mcp.everything]\ncommand = [{:?}, \"stdio\"]\n\n{}",
+        model.model_section(),
+        node_server("mcp-server-everything"),
+        route(r#"["everything.*"]"#),
+    ));
+    let daemon = workspace.start();
+    let first = post(&daemon, json!({"session": "slow"}));
+    wait_until("the slow call to start", LIMIT, || {
+        !tool_starts(&workspace, "slow").is_empty()
+    });
+    let servers = children_of(daemon.pid(), "server-everything");
+    assert_eq!(servers.len(), 1, "one server process: {servers:?}");
+    // Kill the server's whole process group (it leads its own), as a crash of it would.
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", "--", &format!("-{}", servers[0])])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    assert_eq!(workspace.wait_terminal(&first, LIMIT), "completed");
+    let results = recorded_results(&workspace, "slow");
+    assert!(
+        results.len() == 1 && results[0].starts_with("error: MCP server \"everything\""),
+        "{results:?}"
+    );
+    // It is started again, and the next turn's call works.
+    wait_until("the server to be restarted", LIMIT, || {
+        log_count(&daemon, "MCP server everything is ready") >= 2
+    });
+    assert!(daemon.log().contains("MCP server everything is down"));
+    let second = post(&daemon, json!({"session": "echo", "text": "echo-me"}));
+    assert_eq!(workspace.wait_terminal(&second, LIMIT), "completed");
+    let results = recorded_results(&workspace, "echo");
+    assert!(results[0].contains("hello-again"), "{results:?}");
+    assert!(results[0].contains(r#""is_error":false"#), "{results:?}");
+}
+
+#[test]
+fn after_a_sigkill_a_read_only_call_runs_again_with_its_key_and_a_side_effect_does_not() {
+    let workspace = Workspace::new();
+    // Two servers of the same program: "slow" is declared not idempotent, overriding the
+    // tool's readOnlyHint; "reader" keeps it.
+    let model = Stub::start(|request, _| {
+        let body = request.json().to_string();
+        if !tool_results(request).is_empty() {
+            Reply::answer("finished")
+        } else if body.contains("side-effect") {
+            Reply::tool_call(
+                "call_1",
+                "slow__trigger-long-running-operation",
+                json!({"duration": 3, "steps": 1}),
+            )
+        } else {
+            Reply::tool_call(
+                "call_1",
+                "reader__trigger-long-running-operation",
+                json!({"duration": 3, "steps": 1}),
+            )
+        }
+    });
+    let server = node_server("mcp-server-everything");
+    workspace.write_config(&format!(
+        "{}\n[mcp.slow]\ncommand = [{server:?}, \"stdio\"]\nnot_idempotent = [\"trigger-long-running-operation\"]\n\n\
+         [mcp.reader]\ncommand = [{server:?}, \"stdio\"]\n\n{}",
+        model.model_section(),
+        route(r#"["slow.*", "reader.*"]"#),
+    ));
+    let daemon = workspace.start();
+    let side_effect = post(&daemon, json!({"session": "write", "kind": "side-effect"}));
+    let read_only = post(&daemon, json!({"session": "read", "kind": "lookup"}));
+    wait_until("both calls to start", LIMIT, || {
+        !tool_starts(&workspace, "write").is_empty() && !tool_starts(&workspace, "read").is_empty()
+    });
+    let servers = children_of(daemon.pid(), "server-everything");
+    let daemon_pid = daemon.pid();
+    daemon.kill9();
+    // The servers die with the daemon.
+    wait_until("the servers to die with the daemon", LIMIT, || {
+        servers.iter().all(|pid| {
+            !std::path::Path::new(&format!("/proc/{pid}")).exists() || {
+                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+                stat.rsplit(')')
+                    .next()
+                    .and_then(|rest| rest.split_whitespace().next())
+                    == Some("Z")
+            }
+        })
+    });
+    assert!(children_of(daemon_pid, "server-everything").is_empty());
+
+    let _daemon = workspace.start();
+    assert_eq!(workspace.wait_terminal(&side_effect, LIMIT), "completed");
+    assert_eq!(workspace.wait_terminal(&read_only, LIMIT), "completed");
+
+    // Not idempotent: one start only, and the model was told its outcome is unknown.
+    let writes = tool_starts(&workspace, "write");
+    assert_eq!(writes.len(), 1, "{writes:?}");
+    let results = recorded_results(&workspace, "write");
+    assert!(
+        results.len() == 1 && results[0].contains("interrupted") && results[0].contains("unknown"),
+        "{results:?}"
+    );
+    // Read-only: run again, with the key of the interrupted run, and it completed.
+    let reads = tool_starts(&workspace, "read");
+    assert_eq!(reads.len(), 2, "{reads:?}");
+    assert_eq!(reads[0].1, reads[1].1, "the re-run carries the same key");
+    assert_eq!(reads[1].2.as_deref(), Some("reader"));
+    let results = recorded_results(&workspace, "read");
+    assert!(
+        results.len() == 1 && results[0].contains(r#""is_error":false"#),
+        "{results:?}"
+    );
+}
+
+#[test]
+fn the_streamable_http_transport_carries_headers_from_secrets_and_the_call_key() {
+    let workspace = Workspace::new();
+    let port = free_port();
+    let calls = workspace.path().join("calls.txt");
+    let mut server = std::process::Command::new(installed("venv/bin/python"))
+        .arg(installed("http_server.py"))
+        .arg(port.to_string())
+        .arg("token-from-a-secret")
+        .arg(&calls)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start the Python MCP server");
+    struct KillOnDrop<'a>(&'a mut std::process::Child);
+    impl Drop for KillOnDrop<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _server = KillOnDrop(&mut server);
+    wait_until("the Python MCP server to listen", LIMIT, || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    std::fs::write(workspace.path().join("token"), "token-from-a-secret\n").expect("secret");
+    let model = Stub::start(|request, _| {
+        if tool_results(request).is_empty() {
+            Reply::tool_call("call_1", "web__shout", json!({"text": "quiet words"}))
+        } else {
+            Reply::answer("shouted")
+        }
+    });
+    workspace.write_config(&format!(
+        "{}\n[mcp.web]\nurl = \"http://127.0.0.1:{port}/mcp\"\nheaders = {{ X-Test-Token = {{ file = {:?} }} }}\n\n{}",
+        model.model_section(),
+        workspace.path().join("token").display().to_string(),
+        route(r#"["web.shout"]"#),
+    ));
+    let daemon = workspace.start();
+    let event_id = post(&daemon, json!({"session": "loud"}));
+    assert_eq!(workspace.wait_terminal(&event_id, LIMIT), "completed");
+    let results = recorded_results(&workspace, "loud");
+    assert!(results[0].contains("QUIET WORDS"), "{results:?}");
+    // The server saw the key that the transcript recorded for the call.
+    let starts = tool_starts(&workspace, "loud");
+    let seen = std::fs::read_to_string(&calls).expect("calls file");
+    assert_eq!(seen.trim(), starts[0].1, "the _meta key");
+    assert!(!daemon.log().contains("token-from-a-secret"));
+}
+
+#[test]
+fn a_server_that_cannot_start_is_reported_and_the_daemon_serves_anyway() {
+    let workspace = Workspace::new();
+    let model = Stub::start(|_, _| Reply::answer("no tools needed"));
+    workspace.write_config(&format!(
+        "{}\n[mcp.broken]\ncommand = [\"/nonexistent/mcp-server\"]\n\n{}",
+        model.model_section(),
+        route(r#"["broken.*"]"#),
+    ));
+    let check = workspace.cli(&["check-config"]);
+    assert!(check.status.success(), "{check:?}");
+    let daemon = workspace.start();
+    let event_id = post(&daemon, json!({"session": "s"}));
+    assert_eq!(workspace.wait_terminal(&event_id, LIMIT), "completed");
+    assert!(offered_tools(&model.requests()[0]).is_empty());
+    let status = workspace.status();
+    assert_eq!(status["mcp"]["broken"]["state"], "down", "{status}");
+    assert!(
+        status["mcp"]["broken"]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("cannot start /nonexistent/mcp-server")),
+        "{status}"
+    );
+    let text = workspace.cli(&["status"]);
+    assert!(
+        String::from_utf8_lossy(&text.stdout).contains("mcp:        broken DOWN"),
+        "{text:?}"
+    );
+    assert!(daemon.log().contains("MCP server broken is down"));
+}
+
+#[test]
+fn check_config_refuses_bad_mcp_tables() {
+    let workspace = Workspace::new();
+    workspace.write_config(
+        r#"[model]
+backend = "replay"
+
+[mcp.both]
+command = ["/bin/true"]
+url = "http://127.0.0.1:1/mcp"
+
+[mcp.web]
+url = "ftp://example.com"
+cwd = "/tmp"
+
+[mcp.ok]
+command = ["/bin/true"]
+idempotent = ["x"]
+not_idempotent = ["x"]
+
+[routes.hook]
+path = "/hook"
+verify = { scheme = "none" }
+tools = ["missing.*", "ok."]
+"#,
+    );
+    let check = workspace.cli(&["check-config"]);
+    assert_eq!(check.status.code(), Some(78), "{check:?}");
+    let text = String::from_utf8_lossy(&check.stdout).to_string()
+        + &String::from_utf8_lossy(&check.stderr);
+    for expected in [
+        "mcp.both: give exactly one transport",
+        "mcp.web.url: \"ftp://example.com\" is not an http:// or https:// URL",
+        "mcp.web.cwd: cwd is for the stdio transport",
+        "\"x\" is in both idempotent and not_idempotent",
+        "names the MCP server \"missing\", which has no [mcp.missing] table",
+        "\"ok.\" names no tool",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+    }
+}
