@@ -61,8 +61,11 @@ pub(crate) enum LogTarget {
     Terminal,
 }
 
+/// `AGENTGATE_LOG` if set, else `default`, with the MCP SDK's own lines at warnings: agentgate
+/// logs what an operator needs of its MCP servers itself (started, down, tools changed).
 fn filter(default: &str) -> EnvFilter {
-    EnvFilter::try_from_env("AGENTGATE_LOG").unwrap_or_else(|_| EnvFilter::new(default))
+    EnvFilter::try_from_env("AGENTGATE_LOG")
+        .unwrap_or_else(|_| EnvFilter::new(format!("{default},rmcp=warn")))
 }
 
 /// Installs the global subscriber. Safe to call once per process.

@@ -357,32 +357,60 @@ fn after_a_sigkill_a_read_only_call_runs_again_with_its_key_and_a_side_effect_do
     );
 }
 
+/// The Python SDK's server on the streamable HTTP transport (`tests/mcp/http_server.py`);
+/// killed on drop.
+struct PythonServer {
+    child: std::process::Child,
+    port: u16,
+    /// Where it appends the key of every `shout` call.
+    calls: PathBuf,
+}
+
+impl PythonServer {
+    const TOKEN: &str = "token-from-a-secret";
+
+    fn start(workspace: &Workspace) -> PythonServer {
+        let port = free_port();
+        let calls = workspace.path().join("calls.txt");
+        let child = std::process::Command::new(installed("venv/bin/python"))
+            .arg(installed("http_server.py"))
+            .arg(port.to_string())
+            .arg(Self::TOKEN)
+            .arg(&calls)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start the Python MCP server");
+        let server = PythonServer { child, port, calls };
+        wait_until("the Python MCP server to listen", LIMIT, || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+        std::fs::write(workspace.path().join("token"), format!("{}\n", Self::TOKEN))
+            .expect("secret");
+        server
+    }
+
+    /// Its `[mcp.web]` table, with the token header from a secret file.
+    fn config(&self, workspace: &Workspace) -> String {
+        format!(
+            "[mcp.web]\nurl = \"http://127.0.0.1:{}/mcp\"\nheaders = {{ X-Test-Token = {{ file = {:?} }} }}\n",
+            self.port,
+            workspace.path().join("token").display().to_string(),
+        )
+    }
+}
+
+impl Drop for PythonServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 #[test]
 fn the_streamable_http_transport_carries_headers_from_secrets_and_the_call_key() {
     let workspace = Workspace::new();
-    let port = free_port();
-    let calls = workspace.path().join("calls.txt");
-    let mut server = std::process::Command::new(installed("venv/bin/python"))
-        .arg(installed("http_server.py"))
-        .arg(port.to_string())
-        .arg("token-from-a-secret")
-        .arg(&calls)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("start the Python MCP server");
-    struct KillOnDrop<'a>(&'a mut std::process::Child);
-    impl Drop for KillOnDrop<'_> {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let _server = KillOnDrop(&mut server);
-    wait_until("the Python MCP server to listen", LIMIT, || {
-        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-    });
-    std::fs::write(workspace.path().join("token"), "token-from-a-secret\n").expect("secret");
+    let server = PythonServer::start(&workspace);
     let model = Stub::start(|request, _| {
         if tool_results(request).is_empty() {
             Reply::tool_call("call_1", "web__shout", json!({"text": "quiet words"}))
@@ -391,9 +419,9 @@ fn the_streamable_http_transport_carries_headers_from_secrets_and_the_call_key()
         }
     });
     workspace.write_config(&format!(
-        "{}\n[mcp.web]\nurl = \"http://127.0.0.1:{port}/mcp\"\nheaders = {{ X-Test-Token = {{ file = {:?} }} }}\n\n{}",
+        "{}\n{}\n{}",
         model.model_section(),
-        workspace.path().join("token").display().to_string(),
+        server.config(&workspace),
         route(r#"["web.shout"]"#),
     ));
     let daemon = workspace.start();
@@ -403,9 +431,45 @@ fn the_streamable_http_transport_carries_headers_from_secrets_and_the_call_key()
     assert!(results[0].contains("QUIET WORDS"), "{results:?}");
     // The server saw the key that the transcript recorded for the call.
     let starts = tool_starts(&workspace, "loud");
-    let seen = std::fs::read_to_string(&calls).expect("calls file");
+    let seen = std::fs::read_to_string(&server.calls).expect("calls file");
     assert_eq!(seen.trim(), starts[0].1, "the _meta key");
-    assert!(!daemon.log().contains("token-from-a-secret"));
+    assert!(!daemon.log().contains(PythonServer::TOKEN));
+}
+
+#[test]
+fn a_server_that_changes_its_tools_has_them_offered_in_the_next_turn() {
+    let workspace = Workspace::new();
+    let server = PythonServer::start(&workspace);
+    let model = Stub::start(|request, _| {
+        if !tool_results(request).is_empty() {
+            Reply::answer("done")
+        } else if request.json().to_string().contains("grow-now") {
+            Reply::tool_call("call_1", "web__grow", json!({"name": "fresh"}))
+        } else {
+            Reply::answer("just looking")
+        }
+    });
+    workspace.write_config(&format!(
+        "{}\n{}\n{}",
+        model.model_section(),
+        server.config(&workspace),
+        route(r#"["web.*"]"#),
+    ));
+    let daemon = workspace.start();
+    let first = post(&daemon, json!({"session": "a", "do": "grow-now"}));
+    assert_eq!(workspace.wait_terminal(&first, LIMIT), "completed");
+    assert!(!offered_tools(&model.requests()[0]).contains(&"web__fresh".to_string()));
+    wait_until("the changed tool list to be read", LIMIT, || {
+        daemon.log().contains("MCP server web changed its tools")
+    });
+    let second = post(&daemon, json!({"session": "b"}));
+    assert_eq!(workspace.wait_terminal(&second, LIMIT), "completed");
+    let last = model.requests().last().cloned().expect("a request");
+    assert!(
+        offered_tools(&last).contains(&"web__fresh".to_string()),
+        "{:?}",
+        offered_tools(&last)
+    );
 }
 
 #[test]
@@ -479,4 +543,38 @@ tools = ["missing.*", "ok."]
     ] {
         assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
     }
+}
+
+#[test]
+fn reload_adds_and_removes_servers() {
+    let workspace = Workspace::new();
+    let model = Stub::start(|_, _| Reply::answer("fine"));
+    let files = workspace.path().display().to_string();
+    let without = format!("{}\n{}", model.model_section(), route("[]"));
+    let with = format!(
+        "{}\n[mcp.fs]\ncommand = [{:?}, {files:?}]\n\n{}",
+        model.model_section(),
+        node_server("mcp-server-filesystem"),
+        route(r#"["fs.list_directory"]"#),
+    );
+    workspace.write_config(&without);
+    let daemon = workspace.start();
+    assert!(children_of(daemon.pid(), "server-filesystem").is_empty());
+
+    workspace.write_config(&with);
+    let reload = workspace.cli(&["reload"]);
+    assert!(reload.status.success(), "{reload:?}");
+    assert!(String::from_utf8_lossy(&reload.stdout).contains("mcp.fs"), "{reload:?}");
+    let listed = workspace.cli(&["tools", "list", "--route", "hook", "--json"]);
+    let listed: Value = serde_json::from_slice(&listed.stdout).expect("tools list JSON");
+    assert_eq!(listed[0]["name"], "fs__list_directory", "{listed}");
+    assert_eq!(children_of(daemon.pid(), "server-filesystem").len(), 1);
+
+    workspace.write_config(&without);
+    let reload = workspace.cli(&["reload"]);
+    assert!(reload.status.success(), "{reload:?}");
+    wait_until("the removed server to stop", LIMIT, || {
+        children_of(daemon.pid(), "server-filesystem").is_empty()
+    });
+    assert!(workspace.status()["mcp"].as_object().is_some_and(|servers| servers.is_empty()));
 }

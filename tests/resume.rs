@@ -76,6 +76,12 @@ command = ["/bin/sh", "-c", "echo ran >> {marks}/lookup.runs; [ $(wc -l < {marks
 timeout = "60s"
 idempotent = true
 
+[tools.keyed_write]
+description = "Changes something, slowly, once per call key"
+command = ["/bin/sh", "-c", "echo \"$AGENTGATE_TOOL_CALL_ID\" >> {marks}/keyed.runs; if [ $(grep -cx \"$AGENTGATE_TOOL_CALL_ID\" {marks}/keyed.runs) -gt 1 ]; then echo already done; else sleep 30; fi"]
+timeout = "60s"
+dedupes = true
+
 [tools.report]
 description = "Builds a report in the background"
 command = ["/bin/sh", "-c", "sleep 1; echo report-ready"]
@@ -85,7 +91,7 @@ background = true
 path = "/hook"
 verify = {{ scheme = "none" }}
 session = "{{{{ payload.session }}}}"
-tools = ["slow_side_effect", "slow_lookup", "report"]
+tools = ["slow_side_effect", "slow_lookup", "keyed_write", "report"]
 deliver = {{ kind = "http", url = "{receiver}/results" }}
 {extra_route}
 "#,
@@ -254,6 +260,33 @@ fn sigkill_mid_turn_resumes_as_crashed_and_reruns_an_idempotent_tool() {
     assert!(daemon.log().contains("reason=crashed"), "{}", daemon.log());
     // The completed resume cleared the ledger entry it had counted.
     assert!(ledger(&workspace)["sessions"].get("crash").is_none());
+}
+
+#[test]
+fn sigkill_mid_call_reruns_a_tool_that_dedupes_with_the_same_call_key() {
+    let workspace = Workspace::new();
+    let (model, receiver) = (tool_then_answer("keyed_write"), receiver());
+    workspace.write_config(&config(&workspace, &model, &receiver, "", ""));
+    let daemon = workspace.start();
+    let event_id = post(&daemon, "keyed");
+    wait_for_runs(&workspace, "keyed.runs", 1);
+    daemon.kill9();
+    let _daemon = workspace.start();
+    assert_eq!(workspace.wait_terminal(&event_id, LIMIT), "completed");
+    // Run again, with the key of the run that was cut off: the tool saw it and did nothing.
+    let keys = std::fs::read_to_string(workspace.path().join("keyed.runs")).expect("runs");
+    let keys: Vec<&str> = keys.lines().collect();
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    assert!(!keys[0].is_empty() && keys[0] == keys[1], "{keys:?}");
+    let resumed = model.requests().last().cloned().expect("request");
+    let result = messages(&resumed)
+        .into_iter()
+        .find(|m| m["role"] == "tool")
+        .expect("tool result");
+    assert!(
+        result["content"].as_str().is_some_and(|c| c.contains("already done")),
+        "{result}"
+    );
 }
 
 #[test]

@@ -24,7 +24,7 @@ use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use rmcp::model::{
     CallToolRequestParams, ClientCapabilities, ClientConfig, Implementation, MetaObject,
-    RequestMetaObject,
+    RequestMetaObject, ServerNotification, SubscriptionFilter,
 };
 use rmcp::service::{NotificationContext, RunningService, serve_client_with_ct};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
@@ -205,6 +205,24 @@ fn result_text(result: &serde_json::Value) -> String {
         text.push_str(&format!("\n[output truncated at {OUTPUT_CAP} bytes]"));
     }
     text
+}
+
+/// Servers of protocol version 2026-07-28 and later announce a changed tool list only to a
+/// `subscriptions/listen` subscriber; older ones send the notification to every client, and
+/// `Listener` hears it. A server that does not know the method refuses it, which is fine.
+async fn subscribe_to_tool_changes(peer: Peer<RoleClient>, tools_changed: Arc<Notify>) {
+    let filter = SubscriptionFilter::builder().tools_list_changed().build();
+    let Ok(mut subscription) = peer.listen(filter).await else {
+        return;
+    };
+    while let Ok(Some(notification)) = subscription.next().await {
+        if matches!(
+            notification,
+            ServerNotification::ToolListChangedNotification(_)
+        ) {
+            tools_changed.notify_one();
+        }
+    }
 }
 
 /// The client side's handler: it only listens for a changed tool list.
@@ -463,7 +481,9 @@ async fn connect(
     settings: &McpServerSettings,
     tools_changed: Arc<Notify>,
 ) -> Result<(Connection, Vec<McpTool>), String> {
-    let listener = Listener { tools_changed };
+    let listener = Listener {
+        tools_changed: tools_changed.clone(),
+    };
     let service = CancellationToken::new();
     let (running, process_group) = match &settings.transport {
         McpTransport::Stdio { command, env, cwd } => {
@@ -542,6 +562,8 @@ async fn connect(
         }
     };
     let closed = CancellationToken::new();
+    // Ends with the connection: `next` fails once the transport is gone.
+    tokio::spawn(subscribe_to_tool_changes(peer.clone(), tools_changed).in_current_span());
     tokio::spawn(watch_service(running, closed.clone()));
     Ok((
         Connection {

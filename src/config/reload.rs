@@ -90,6 +90,16 @@ pub(crate) fn list_changes(old: &Config, new: &Config, report: &mut ReloadReport
     {
         compare(&format!("tools.{name}"), true, true);
     }
+    for (name, server) in &old.mcp {
+        compare(
+            &format!("mcp.{name}"),
+            new.mcp.get(name) != Some(server),
+            true,
+        );
+    }
+    for name in new.mcp.keys().filter(|name| !old.mcp.contains_key(*name)) {
+        compare(&format!("mcp.{name}"), true, true);
+    }
     for route in &old.routes {
         let now = new.routes.iter().find(|r| r.name == route.name);
         compare(&format!("routes.{}", route.name), now != Some(route), true);

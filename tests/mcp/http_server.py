@@ -3,7 +3,8 @@
 Usage: http_server.py PORT TOKEN CALLS_FILE
 
 Every request must carry `X-Test-Token: TOKEN` (agentgate sends it from a secret), else 401.
-The `shout` tool upper-cases its text; each call appends the idempotency key agentgate put in
+The `grow` tool adds a tool and sends `notifications/tools/list_changed`. The `shout` tool
+upper-cases its text; each call appends the idempotency key agentgate put in
 the request's `_meta` to CALLS_FILE, so a test can see what arrived.
 """
 
@@ -27,6 +28,21 @@ def shout(text: str, ctx: Context) -> str:
     with open(calls_file, "a", encoding="utf-8") as calls:
         calls.write(f"{key}\n")
     return text.upper()
+
+
+@server.tool()
+async def grow(name: str, ctx: Context) -> str:
+    """Adds a tool called NAME, and tells the client that the tool list changed."""
+
+    def added() -> str:
+        return f"{name} was added at run time"
+
+    server.add_tool(added, name=name, description="A tool added at run time")
+    # The notification as protocol versions before 2026-07-28 send it, to the session; and to
+    # `subscriptions/listen` subscribers, as later ones do.
+    await ctx.session.send_tool_list_changed()
+    await ctx.notify_tools_changed()
+    return f"added {name}"
 
 
 app = server.streamable_http_app()
