@@ -564,7 +564,10 @@ fn reload_adds_and_removes_servers() {
     workspace.write_config(&with);
     let reload = workspace.cli(&["reload"]);
     assert!(reload.status.success(), "{reload:?}");
-    assert!(String::from_utf8_lossy(&reload.stdout).contains("mcp.fs"), "{reload:?}");
+    assert!(
+        String::from_utf8_lossy(&reload.stdout).contains("mcp.fs"),
+        "{reload:?}"
+    );
     let listed = workspace.cli(&["tools", "list", "--route", "hook", "--json"]);
     let listed: Value = serde_json::from_slice(&listed.stdout).expect("tools list JSON");
     assert_eq!(listed[0]["name"], "fs__list_directory", "{listed}");
@@ -576,5 +579,9 @@ fn reload_adds_and_removes_servers() {
     wait_until("the removed server to stop", LIMIT, || {
         children_of(daemon.pid(), "server-filesystem").is_empty()
     });
-    assert!(workspace.status()["mcp"].as_object().is_some_and(|servers| servers.is_empty()));
+    assert!(
+        workspace.status()["mcp"]
+            .as_object()
+            .is_some_and(serde_json::Map::is_empty)
+    );
 }

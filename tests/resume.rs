@@ -284,7 +284,9 @@ fn sigkill_mid_call_reruns_a_tool_that_dedupes_with_the_same_call_key() {
         .find(|m| m["role"] == "tool")
         .expect("tool result");
     assert!(
-        result["content"].as_str().is_some_and(|c| c.contains("already done")),
+        result["content"]
+            .as_str()
+            .is_some_and(|c| c.contains("already done")),
         "{result}"
     );
 }
