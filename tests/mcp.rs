@@ -5,31 +5,14 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::time::Duration;
 
+use common::mcp::{PythonServer, children_of, node_server};
 use common::stub::{Received, Reply, Stub};
 use common::*;
 use serde_json::{Value, json};
 
 const LIMIT: Duration = Duration::from_secs(60);
-
-fn installed(relative: &str) -> String {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/mcp")
-        .join(relative);
-    assert!(
-        path.exists(),
-        "{} is missing: run .ci/run, or `npm ci --prefix tests/mcp` and \
-         `python3 -m venv tests/mcp/venv && tests/mcp/venv/bin/pip install -r tests/mcp/requirements.txt`",
-        path.display()
-    );
-    path.display().to_string()
-}
-
-fn node_server(name: &str) -> String {
-    installed(&format!("node_modules/.bin/{name}"))
-}
 
 fn messages(request: &Received) -> Vec<Value> {
     request.json()["messages"]
@@ -118,34 +101,6 @@ fn recorded_results(workspace: &Workspace, session: &str) -> Vec<String> {
             })
         })
         .collect()
-}
-
-/// The pids of the daemon's children whose command line contains `marker`.
-fn children_of(daemon_pid: u32, marker: &str) -> Vec<i32> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
-        let fields: Vec<&str> = stat
-            .rsplit(')')
-            .next()
-            .unwrap_or("")
-            .split_whitespace()
-            .collect();
-        let (Some(state), Some(parent)) = (fields.first(), fields.get(1)) else {
-            continue;
-        };
-        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        if *state != "Z"
-            && parent.parse::<u32>() == Ok(daemon_pid)
-            && String::from_utf8_lossy(&cmdline).contains(marker)
-        {
-            found.push(pid);
-        }
-    }
-    found
 }
 
 fn log_count(daemon: &Daemon, line: &str) -> usize {
@@ -357,56 +312,6 @@ fn after_a_sigkill_a_read_only_call_runs_again_with_its_key_and_a_side_effect_do
     );
 }
 
-/// The Python SDK's server on the streamable HTTP transport (`tests/mcp/http_server.py`);
-/// killed on drop.
-struct PythonServer {
-    child: std::process::Child,
-    port: u16,
-    /// Where it appends the key of every `shout` call.
-    calls: PathBuf,
-}
-
-impl PythonServer {
-    const TOKEN: &str = "token-from-a-secret";
-
-    fn start(workspace: &Workspace) -> PythonServer {
-        let port = free_port();
-        let calls = workspace.path().join("calls.txt");
-        let child = std::process::Command::new(installed("venv/bin/python"))
-            .arg(installed("http_server.py"))
-            .arg(port.to_string())
-            .arg(Self::TOKEN)
-            .arg(&calls)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("start the Python MCP server");
-        let server = PythonServer { child, port, calls };
-        wait_until("the Python MCP server to listen", LIMIT, || {
-            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-        });
-        std::fs::write(workspace.path().join("token"), format!("{}\n", Self::TOKEN))
-            .expect("secret");
-        server
-    }
-
-    /// Its `[mcp.web]` table, with the token header from a secret file.
-    fn config(&self, workspace: &Workspace) -> String {
-        format!(
-            "[mcp.web]\nurl = \"http://127.0.0.1:{}/mcp\"\nheaders = {{ X-Test-Token = {{ file = {:?} }} }}\n",
-            self.port,
-            workspace.path().join("token").display().to_string(),
-        )
-    }
-}
-
-impl Drop for PythonServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[test]
 fn the_streamable_http_transport_carries_headers_from_secrets_and_the_call_key() {
     let workspace = Workspace::new();
@@ -431,8 +336,11 @@ fn the_streamable_http_transport_carries_headers_from_secrets_and_the_call_key()
     assert!(results[0].contains("QUIET WORDS"), "{results:?}");
     // The server saw the key that the transcript recorded for the call.
     let starts = tool_starts(&workspace, "loud");
-    let seen = std::fs::read_to_string(&server.calls).expect("calls file");
-    assert_eq!(seen.trim(), starts[0].1, "the _meta key");
+    assert_eq!(
+        server.calls(),
+        [(starts[0].1.clone(), "quiet words".to_string())],
+        "the _meta key"
+    );
     assert!(!daemon.log().contains(PythonServer::TOKEN));
 }
 

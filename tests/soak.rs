@@ -1,6 +1,6 @@
-//! Crash soak: kill -9 at random moments during a mix of webhooks and multi-step turns, then
-//! check the invariants: every acknowledged event reaches exactly one terminal status and is
-//! delivered, no non-idempotent tool call ran twice, SQLite's integrity check passes, the ledger
+//! Crash soak: kill -9 at random moments during a mix of webhooks and multi-step turns (command
+//! tools and an MCP tool), then check the invariants: every acknowledged event reaches exactly
+//! one terminal status and is delivered, no non-idempotent tool call ran twice, command or MCP, SQLite's integrity check passes, the ledger
 //! is valid, and no session was resumed more than `resume_max_attempts` times.
 //!
 //! `AGENTGATE_SOAK_KILLS` sets the number of kills (default 200 here; `tests/soak/run.sh` runs
@@ -11,13 +11,16 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use common::mcp::PythonServer;
 use common::stub::{Reply, Stub};
 use common::*;
 use serde_json::json;
 
 const MAX_ATTEMPTS: usize = 3;
 
-/// The model: three tool calls per turn, each with a nonce unique to (event, step), then an answer.
+/// The model: three tool calls per turn, each with a nonce unique to (event, step): a command
+/// tool, an MCP tool (not idempotent: it has no annotations), the command tool again; then an
+/// answer.
 fn model() -> Stub {
     Stub::start(|request, _| {
         let body = request.json();
@@ -33,7 +36,13 @@ fn model() -> Stub {
             .unwrap_or("unknown")
             .to_string();
         let step = messages.iter().filter(|m| m["role"] == "assistant").count();
-        if step < 3 {
+        if step == 1 {
+            Reply::tool_call(
+                &format!("call-{step}"),
+                "web__shout",
+                json!({"text": format!("{event}-{step}")}),
+            )
+        } else if step < 3 {
             Reply::tool_call(
                 &format!("call-{step}"),
                 "effect",
@@ -45,7 +54,7 @@ fn model() -> Stub {
     })
 }
 
-fn config(workspace: &Workspace, model: &Stub, receiver: &Stub) -> String {
+fn config(workspace: &Workspace, model: &Stub, receiver: &Stub, mcp: &PythonServer) -> String {
     format!(
         r#"[runtime]
 drain_timeout = "1s"
@@ -63,12 +72,14 @@ description = "A side effect that must never run twice for one call"
 command = ["/bin/sh", "-c", "a=$(cat); printf '%s\n' \"$a\" >> {log}; sleep 0.03"]
 parameters = {{ type = "object", properties = {{ nonce = {{ type = "string" }} }}, required = ["nonce"] }}
 
+{mcp}
 [routes.hook]
 path = "/hook"
 verify = {{ scheme = "none" }}
-tools = ["effect"]
+tools = ["effect", "web.shout"]
 deliver = {{ kind = "http", url = "{receiver}/results" }}
 "#,
+        mcp = mcp.config(workspace),
         model = model.url(),
         receiver = receiver.url(),
         log = workspace.path().join("effects.log").display(),
@@ -83,7 +94,8 @@ fn kill_dash_nine_at_random_moments_keeps_every_invariant() {
         .unwrap_or(200);
     let workspace = Workspace::new();
     let (model, receiver) = (model(), Stub::start(|_, _| Reply::raw(204, "")));
-    workspace.write_config(&config(&workspace, &model, &receiver));
+    let mcp = PythonServer::start(&workspace);
+    workspace.write_config(&config(&workspace, &model, &receiver, &mcp));
     let mut accepted: Vec<String> = Vec::new();
     let mut logs = String::new();
     for round in 0..kills {
@@ -179,6 +191,14 @@ fn kill_dash_nine_at_random_moments_keeps_every_invariant() {
     for line in effects.lines().filter(|l| !l.is_empty()) {
         assert!(seen.insert(line.to_string()), "the call {line} ran twice");
     }
+    let mut mcp_seen = BTreeSet::new();
+    for (key, text) in mcp.calls() {
+        assert!(
+            mcp_seen.insert(text.clone()),
+            "the MCP call {text} (key {key}) ran twice"
+        );
+    }
+    assert!(!mcp_seen.is_empty(), "no MCP call ran");
 
     // The database and the ledger are sound; no session was resumed past the limit.
     let integrity: Vec<String> = workspace.query("PRAGMA integrity_check", |row| row.get(0));
@@ -213,9 +233,10 @@ fn kill_dash_nine_at_random_moments_keeps_every_invariant() {
         m
     });
     eprintln!(
-        "soak: kills={kills} acknowledged={} outcomes={outcome:?} tool_calls={} sessions_resumed={}",
+        "soak: kills={kills} acknowledged={} outcomes={outcome:?} tool_calls={} mcp_calls={} sessions_resumed={}",
         accepted.len(),
         seen.len(),
+        mcp_seen.len(),
         resumes.len()
     );
 }

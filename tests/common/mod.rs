@@ -5,6 +5,7 @@
 pub mod fsync_lint;
 pub mod load;
 pub mod machine;
+pub mod mcp;
 pub mod postgres;
 pub mod stub;
 

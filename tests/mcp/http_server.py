@@ -5,7 +5,7 @@ Usage: http_server.py PORT TOKEN CALLS_FILE
 Every request must carry `X-Test-Token: TOKEN` (agentgate sends it from a secret), else 401.
 The `grow` tool adds a tool and sends `notifications/tools/list_changed`. The `shout` tool
 upper-cases its text; each call appends the idempotency key agentgate put in
-the request's `_meta` to CALLS_FILE, so a test can see what arrived.
+the request's `_meta`, and the text, to CALLS_FILE, so a test can see what arrived.
 """
 
 import sys
@@ -26,7 +26,7 @@ def shout(text: str, ctx: Context) -> str:
         extra = meta.model_dump() if hasattr(meta, "model_dump") else dict(meta)
         key = extra.get("agentgate/tool_call_id")
     with open(calls_file, "a", encoding="utf-8") as calls:
-        calls.write(f"{key}\n")
+        calls.write(f"{key} {text}\n")
     return text.upper()
 
 

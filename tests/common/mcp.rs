@@ -1,0 +1,114 @@
+//! The MCP servers tests run against, as `tests/mcp/install` puts them under `tests/mcp/`: the
+//! reference servers from npm, and a server of the official Python SDK.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::{Workspace, free_port, wait_until};
+
+const START_LIMIT: Duration = Duration::from_secs(60);
+
+pub fn installed(relative: &str) -> String {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/mcp")
+        .join(relative);
+    assert!(
+        path.exists(),
+        "{} is missing: run .ci/run, or `npm ci --prefix tests/mcp` and \
+         `python3 -m venv tests/mcp/venv && tests/mcp/venv/bin/pip install -r tests/mcp/requirements.txt`",
+        path.display()
+    );
+    path.display().to_string()
+}
+
+pub fn node_server(name: &str) -> String {
+    installed(&format!("node_modules/.bin/{name}"))
+}
+
+/// The pids of the daemon's children whose command line contains `marker`.
+pub fn children_of(daemon_pid: u32, marker: &str) -> Vec<i32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        let fields: Vec<&str> = stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .split_whitespace()
+            .collect();
+        let (Some(state), Some(parent)) = (fields.first(), fields.get(1)) else {
+            continue;
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        if *state != "Z"
+            && parent.parse::<u32>() == Ok(daemon_pid)
+            && String::from_utf8_lossy(&cmdline).contains(marker)
+        {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// The Python SDK's server on the streamable HTTP transport (`tests/mcp/http_server.py`);
+/// killed on drop.
+pub struct PythonServer {
+    child: std::process::Child,
+    port: u16,
+    /// Where it appends the key and text of every `shout` call.
+    calls: PathBuf,
+}
+
+impl PythonServer {
+    pub const TOKEN: &str = "token-from-a-secret";
+
+    pub fn start(workspace: &Workspace) -> PythonServer {
+        let port = free_port();
+        let calls = workspace.path().join("calls.txt");
+        let child = std::process::Command::new(installed("venv/bin/python"))
+            .arg(installed("http_server.py"))
+            .arg(port.to_string())
+            .arg(Self::TOKEN)
+            .arg(&calls)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start the Python MCP server");
+        let server = PythonServer { child, port, calls };
+        wait_until("the Python MCP server to listen", START_LIMIT, || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+        std::fs::write(workspace.path().join("token"), format!("{}\n", Self::TOKEN))
+            .expect("secret");
+        server
+    }
+
+    /// The `shout` calls it served: (call key, text), in order.
+    pub fn calls(&self) -> Vec<(String, String)> {
+        std::fs::read_to_string(&self.calls)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|line| line.split_once(' '))
+            .map(|(key, text)| (key.to_string(), text.to_string()))
+            .collect()
+    }
+
+    /// Its `[mcp.web]` table, with the token header from a secret file.
+    pub fn config(&self, workspace: &Workspace) -> String {
+        format!(
+            "[mcp.web]\nurl = \"http://127.0.0.1:{}/mcp\"\nheaders = {{ X-Test-Token = {{ file = {:?} }} }}\n",
+            self.port,
+            workspace.path().join("token").display().to_string(),
+        )
+    }
+}
+
+impl Drop for PythonServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
