@@ -5,7 +5,8 @@
 #
 # 1. durable accept vs Debian's webhook (bench/accept.sh, RUNS runs);
 # 2. turns: per-step overhead at 1 and 16 concurrent turns, 1,000 concurrent turns on a slow
-#    model, time to READY with 100,000 and 1,000,000 stored events (benches/turns.rs, RUNS runs);
+#    model, time to READY with 100,000 and 1,000,000 stored events, command against MCP tool
+#    calls (benches/turns.rs, RUNS runs);
 # 3. restarts under load under a real systemd (root only);
 # 4. the crash soak with 200 kills.
 set -euo pipefail
@@ -23,6 +24,8 @@ for run in $(seq 1 "$RUNS"); do
     for events in 100000 1000000; do
         AGENTGATE_BENCH_EVENTS=$events cargo bench --locked -q --bench turns -- time_to_ready 2>/dev/null | grep '^time_to_ready'
     done
+    tests/mcp/install
+    cargo bench --locked -q --bench turns -- tool_calls 2>/dev/null | grep '^tool_calls'
 done
 
 echo "== restarts under load (real systemd)"

@@ -6,7 +6,12 @@
 //! 2. 1,000 concurrent turns waiting on a slow model: peak RSS of the daemon while all of them
 //!    wait, and whether every one of them completed (no starvation);
 //! 3. time from start to READY=1 with N stored events (N from AGENTGATE_BENCH_EVENTS, default
-//!    100,000).
+//!    100,000);
+//! 4. tool calls: 1,000 calls of a tool that echoes its arguments, as a command tool (`/bin/cat`)
+//!    and as an MCP tool (the reference server's `echo` over stdio, warm), one turn at a time.
+//!    Each sample is the time from one model request to the next within a turn: one model round
+//!    trip, two commits and the tool call, so the difference between the two kinds is the
+//!    difference between their calls. Needs the servers of `tests/mcp/install`.
 //!
 //! Run: cargo bench --bench turns
 
@@ -16,6 +21,7 @@ mod stub;
 
 use std::os::unix::net::UnixDatagram;
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use stub::{Reply, Stub};
@@ -317,16 +323,119 @@ fn time_to_ready() {
     );
 }
 
+fn tool_calls() {
+    const TURNS: usize = 50;
+    const CALLS_PER_TURN: usize = 20;
+    let everything = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/mcp/node_modules/.bin/mcp-server-everything");
+    assert!(everything.exists(), "run tests/mcp/install first");
+    let kinds = [
+        (
+            "command",
+            "echo_args",
+            "[tools.echo_args]\ncommand = [\"/bin/cat\"]\nparameters = { type = \"object\", properties = { message = { type = \"string\" } } }\n".to_string(),
+            "[\"echo_args\"]",
+        ),
+        (
+            "mcp",
+            "everything__echo",
+            format!("[mcp.everything]\ncommand = [{:?}, \"stdio\"]\n", everything.display().to_string()),
+            "[\"everything.echo\"]",
+        ),
+    ];
+    for (kind, tool, section, offered) in kinds {
+        let arrivals: Arc<Mutex<Vec<(String, Instant)>>> = Arc::default();
+        let seen = arrivals.clone();
+        let model = Stub::start(move |request, _| {
+            let body = request.json();
+            let messages = body["messages"].as_array().cloned().unwrap_or_default();
+            let session = messages
+                .iter()
+                .filter_map(|m| m["content"].as_str())
+                .find_map(|c| c.split("\"session\": \"").nth(1)?.split('"').next())
+                .unwrap_or("")
+                .to_string();
+            if let Ok(mut seen) = seen.lock() {
+                seen.push((session, Instant::now()));
+            }
+            let calls = messages.iter().filter(|m| m["role"] == "assistant").count();
+            if calls >= CALLS_PER_TURN {
+                Reply::answer("done")
+            } else {
+                Reply::tool_call(
+                    &format!("c{calls}"),
+                    tool,
+                    serde_json::json!({"message": "hello"}),
+                )
+            }
+        });
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = free_port();
+        let path = config(dir.path(), port, &model.url(), 1);
+        let text = std::fs::read_to_string(&path).expect("config");
+        std::fs::write(&path, format!("{text}tools = {offered}\n\n{section}")).expect("config");
+        let daemon = start(&path, None);
+        wait_ready(port);
+        // Warm: the server has started and one turn has run before the measured ones.
+        assert!(post(port, r#"{"session":"warm"}"#));
+        let completed = |n: usize| {
+            let deadline = Instant::now() + Duration::from_secs(300);
+            while Instant::now() < deadline {
+                let done = query(
+                    dir.path(),
+                    "SELECT count(*), 0, 0 FROM turns WHERE status = 'completed'",
+                );
+                if done[0].0 as usize >= n {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            panic!("turns did not complete");
+        };
+        completed(1);
+        for n in 0..TURNS {
+            assert!(post(port, &format!(r#"{{"session":"s{n}"}}"#)));
+        }
+        completed(TURNS + 1);
+        drop(daemon);
+        let arrivals = arrivals.lock().map(|a| a.clone()).unwrap_or_default();
+        let mut samples_us: Vec<f64> = Vec::new();
+        for n in 0..TURNS {
+            let session = format!("s{n}");
+            let times: Vec<Instant> = arrivals
+                .iter()
+                .filter(|(s, _)| *s == session)
+                .map(|(_, at)| *at)
+                .collect();
+            samples_us.extend(
+                times
+                    .windows(2)
+                    .map(|pair| (pair[1] - pair[0]).as_secs_f64() * 1e6),
+            );
+        }
+        samples_us.sort_by(f64::total_cmp);
+        let at = |q: f64| samples_us[((samples_us.len() - 1) as f64 * q) as usize];
+        println!(
+            "tool_calls kind={kind} calls={} median_us={:.0} p99_us={:.0}",
+            samples_us.len(),
+            at(0.5),
+            at(0.99)
+        );
+    }
+}
+
 fn main() {
     let which = std::env::args().nth(1).filter(|a| !a.starts_with("--"));
     match which.as_deref() {
         Some("per_step") => per_step(),
         Some("concurrent_turns") => concurrent_turns(),
         Some("time_to_ready") => time_to_ready(),
+        Some("tool_calls") => tool_calls(),
         _ => {
             per_step();
             concurrent_turns();
             time_to_ready();
+            tool_calls();
         }
     }
 }
