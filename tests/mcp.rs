@@ -175,6 +175,20 @@ fn a_filesystem_tool_reads_a_file_and_its_result_reaches_the_model_and_the_trans
     assert_eq!(read["mcp_server"], "fs");
     assert_eq!(read["idempotent"], true, "read_text_file is readOnlyHint");
     assert_eq!(workspace.status()["mcp"]["fs"]["state"], "ready");
+
+    // The drain stops the server with the daemon.
+    let servers = children_of(daemon.pid(), "server-filesystem");
+    assert_eq!(servers.len(), 1, "{servers:?}");
+    assert!(daemon.terminate().success());
+    let alive = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            stat.rsplit(')')
+                .next()
+                .and_then(|rest| rest.split_whitespace().next())
+                != Some("Z")
+        })
+    };
+    assert!(!alive(servers[0]), "the MCP server outlived the daemon");
 }
 
 #[test]
@@ -276,15 +290,7 @@ fn after_a_sigkill_a_read_only_call_runs_again_with_its_key_and_a_side_effect_do
     daemon.kill9();
     // The servers die with the daemon.
     wait_until("the servers to die with the daemon", LIMIT, || {
-        servers.iter().all(|pid| {
-            !std::path::Path::new(&format!("/proc/{pid}")).exists() || {
-                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-                stat.rsplit(')')
-                    .next()
-                    .and_then(|rest| rest.split_whitespace().next())
-                    == Some("Z")
-            }
-        })
+        servers.iter().all(|pid| !process_alive(*pid as u32))
     });
     assert!(children_of(daemon_pid, "server-everything").is_empty());
 

@@ -146,11 +146,6 @@ fn wait_for_pid(path: &std::path::Path) -> u32 {
 }
 
 /// Whether `pid` runs (a zombie has ended).
-fn process_alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .is_ok_and(|stat| stat.split(' ').nth(2) != Some("Z"))
-}
-
 fn tool_results(requests: &[Received]) -> Vec<String> {
     requests
         .last()

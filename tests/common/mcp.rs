@@ -39,11 +39,11 @@ pub fn children_of(daemon_pid: u32, marker: &str) -> Vec<i32> {
             .unwrap_or("")
             .split_whitespace()
             .collect();
-        let (Some(state), Some(parent)) = (fields.first(), fields.get(1)) else {
+        let Some(parent) = fields.get(1) else {
             continue;
         };
         let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        if *state != "Z"
+        if super::process_alive(pid as u32)
             && parent.parse::<u32>() == Ok(daemon_pid)
             && String::from_utf8_lossy(&cmdline).contains(marker)
         {
