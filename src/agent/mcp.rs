@@ -36,7 +36,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use super::tools::{INHERITED_ENVIRONMENT, OUTPUT_CAP};
+use super::tools::{OUTPUT_CAP, isolated_command};
 use crate::config::{McpServerSettings, McpTransport};
 
 /// How long a server may take to start and answer `initialize` and `tools/list`.
@@ -490,24 +490,15 @@ async fn connect(
             let Some((program, args)) = command.split_first() else {
                 return Err("the command is empty".to_string());
             };
-            let mut child = tokio::process::Command::new(program);
-            child
-                .args(args)
-                .env_clear()
-                .envs(
-                    INHERITED_ENVIRONMENT
-                        .iter()
-                        .filter_map(|name| std::env::var_os(name).map(|value| (*name, value))),
-                )
-                .envs(env.iter().map(|(name, value)| {
+            let mut child = isolated_command(program, args);
+            child.envs(
+                env.iter().map(|(name, value)| {
                     (name, String::from_utf8_lossy(value.expose()).into_owned())
-                }))
-                .process_group(0)
-                .kill_on_drop(true);
+                }),
+            );
             if let Some(cwd) = cwd {
                 child.current_dir(cwd);
             }
-            crate::sys::die_with_daemon(&mut child);
             let (transport, stderr) = TokioChildProcess::builder(child)
                 .stderr(Stdio::piped())
                 .spawn()

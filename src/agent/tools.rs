@@ -22,8 +22,7 @@ pub(crate) const OUTPUT_CAP: usize = 64 * 1024;
 /// Between SIGTERM and SIGKILL of a tool's process group.
 const KILL_GRACE: Duration = Duration::from_secs(2);
 /// Environment variables a tool inherits from the daemon.
-pub(crate) const INHERITED_ENVIRONMENT: &[&str] =
-    &["PATH", "HOME", "LANG", "LC_ALL", "TZ", "USER", "LOGNAME"];
+const INHERITED_ENVIRONMENT: &[&str] = &["PATH", "HOME", "LANG", "LC_ALL", "TZ", "USER", "LOGNAME"];
 
 /// How a tool run ended, as recorded in the transcript and shown to the model.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -109,6 +108,24 @@ fn marked(bytes: Vec<u8>, truncated: bool) -> String {
     text
 }
 
+/// A command for a tool process (a command tool, an MCP server): a clean environment with only
+/// `INHERITED_ENVIRONMENT`, a process group of its own, and death with the daemon.
+pub(crate) fn isolated_command(program: &str, args: &[String]) -> Command {
+    let mut command = Command::new(program);
+    command
+        .args(args)
+        .env_clear()
+        .envs(
+            INHERITED_ENVIRONMENT
+                .iter()
+                .filter_map(|name| std::env::var_os(name).map(|value| (*name, value))),
+        )
+        .process_group(0)
+        .kill_on_drop(true);
+    crate::sys::die_with_daemon(&mut command);
+    command
+}
+
 /// The environment variable that carries a call's idempotency key: the same when an interrupted
 /// call is run again, different for every other call.
 pub(crate) const CALL_KEY_VARIABLE: &str = "AGENTGATE_TOOL_CALL_ID";
@@ -127,22 +144,12 @@ pub(crate) async fn run(
             "the tool has no command".into(),
         ));
     };
-    let mut command = Command::new(program);
+    let mut command = isolated_command(program, rest);
     command
-        .args(rest)
-        .env_clear()
-        .envs(
-            INHERITED_ENVIRONMENT
-                .iter()
-                .filter_map(|name| std::env::var_os(name).map(|value| (*name, value))),
-        )
         .env(CALL_KEY_VARIABLE, key)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .kill_on_drop(true);
-    crate::sys::die_with_daemon(&mut command);
+        .stderr(Stdio::piped());
     let mut child = match command.spawn() {
         Ok(child) => child,
         Err(err) => {
@@ -247,15 +254,7 @@ mod tests {
             &["/bin/sh", "-c", "sleep 60 >/dev/null 2>&1 & echo $!"],
             Duration::from_secs(10),
         );
-        let outcome = run(
-            &spawner,
-            &serde_json::json!({}),
-            "k",
-            &CancellationToken::new(),
-        )
-        .await
-        .map_err(|_| "cancelled")
-        .expect("the tool ran");
+        let outcome = run_alone(&spawner).await;
         let pid: u32 = outcome.stdout.trim().parse().expect("the background pid");
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         // Killed, then reaped by init: its /proc entry goes (a zombie's says "Z").
@@ -270,6 +269,13 @@ mod tests {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// Runs `tool` with no arguments and nothing cancelling it.
+    async fn run_alone(tool: &ToolSettings) -> ToolOutcome {
+        run(tool, &serde_json::json!({}), "k", &CancellationToken::new())
+            .await
+            .expect("the tool ran")
     }
 
     fn tool(command: &[&str], timeout: Duration) -> ToolSettings {
@@ -316,14 +322,7 @@ mod tests {
             &["/bin/sh", "-c", "head -c 10000000 /dev/zero | tr '\\0' a"],
             Duration::from_secs(20),
         );
-        let outcome = run(
-            &flood,
-            &serde_json::json!({}),
-            "k",
-            &CancellationToken::new(),
-        )
-        .await
-        .expect("runs");
+        let outcome = run_alone(&flood).await;
         assert!(outcome.stdout_truncated);
         assert!(outcome.stdout.len() < OUTPUT_CAP + 100);
         assert!(outcome.stdout.ends_with("bytes]"));
@@ -336,14 +335,7 @@ mod tests {
         let pid_file = dir.path().join("child.pid");
         let script = format!("sleep 300 & echo $! > {}; wait", pid_file.display());
         let hang = tool(&["/bin/sh", "-c", &script], Duration::from_millis(300));
-        let outcome = run(
-            &hang,
-            &serde_json::json!({}),
-            "k",
-            &CancellationToken::new(),
-        )
-        .await
-        .expect("runs");
+        let outcome = run_alone(&hang).await;
         assert!(outcome.timed_out);
         let child: i32 = std::fs::read_to_string(&pid_file)
             .expect("pid file")
@@ -388,14 +380,7 @@ mod tests {
     #[tokio::test]
     async fn a_missing_program_is_an_error_outcome() {
         let missing = tool(&["/nonexistent/tool"], Duration::from_secs(1));
-        let outcome = run(
-            &missing,
-            &serde_json::json!({}),
-            "k",
-            &CancellationToken::new(),
-        )
-        .await
-        .expect("outcome");
+        let outcome = run_alone(&missing).await;
         assert!(outcome.error.is_some_and(|e| e.contains("cannot start")));
     }
 }
