@@ -471,6 +471,13 @@ fn reload_adds_and_removes_servers() {
         node_server("mcp-server-filesystem"),
         route(r#"["fs.list_directory"]"#),
     );
+    // Without a daemon, `tools list` starts the servers for the listing.
+    workspace.write_config(&with);
+    let listed = workspace.cli(&["tools", "list", "--route", "hook", "--json"]);
+    assert!(listed.status.success(), "{listed:?}");
+    let listed: Value = serde_json::from_slice(&listed.stdout).expect("tools list JSON");
+    assert_eq!(listed[0]["name"], "fs__list_directory", "{listed}");
+
     workspace.write_config(&without);
     let daemon = workspace.start();
     assert!(children_of(daemon.pid(), "server-filesystem").is_empty());
