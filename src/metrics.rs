@@ -81,6 +81,7 @@ struct Metrics {
     turns_running: Gauge,
     outbox: Family<StateLabel, Gauge>,
     store_writable: Gauge,
+    tls_handshake_failures: Counter,
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
@@ -164,6 +165,12 @@ impl Metrics {
             "Outbox rows not yet delivered, by state",
             outbox.clone(),
         );
+        let tls_handshake_failures = Counter::default();
+        registry.register(
+            "tls_handshake_failures",
+            "Webhook connections whose TLS handshake failed or did not come within header_timeout",
+            tls_handshake_failures.clone(),
+        );
         let store_writable = Gauge::default();
         registry.register(
             "store_writable",
@@ -186,8 +193,14 @@ impl Metrics {
             turns_running,
             outbox,
             store_writable,
+            tls_handshake_failures,
         }
     }
+}
+
+/// A webhook connection's TLS handshake failed or timed out.
+pub(crate) fn tls_handshake_failed() {
+    METRICS.tls_handshake_failures.inc();
 }
 
 /// A webhook request was answered with `code`; `route` is empty for unknown paths.

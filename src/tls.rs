@@ -23,6 +23,33 @@ pub(crate) fn web_roots() -> rustls::RootCertStore {
     roots
 }
 
+/// The webhook socket's TLS: `settings`' certificate chain and key, HTTP/2 and HTTP/1.1 offered
+/// by ALPN. Errors name what is wrong, never the key's bytes.
+pub(crate) fn server_config(
+    settings: &crate::config::TlsSettings,
+) -> Result<Arc<rustls::ServerConfig>, String> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let chain = CertificateDer::pem_slice_iter(settings.cert.expose())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|err| format!("cert: not a PEM certificate chain: {err}"))?;
+    if chain.is_empty() {
+        return Err("cert: no certificate in it".to_string());
+    }
+    let key = PrivateKeyDer::from_pem_slice(settings.key.expose())
+        .map_err(|err| format!("key: not a PEM private key: {err}"))?;
+    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|err| format!("TLS setup: {err}"))?
+    .with_no_client_auth()
+    .with_single_cert(chain, key)
+    .map_err(|err| format!("the key does not fit the certificate: {err}"))?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
 /// An HTTP client builder whose TLS verifies servers against the public web roots.
 pub(crate) fn http_client() -> Result<reqwest::ClientBuilder, String> {
     let config = client_config(web_roots()).map_err(|err| format!("TLS setup: {err}"))?;

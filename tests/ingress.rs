@@ -885,3 +885,102 @@ hidden_headers = ["X-Internal-Token"]
         assert!(headers.contains("x-request-id"), "{headers}");
     }
 }
+
+/// A self-signed certificate for 127.0.0.1 with the common name `name`, written to
+/// `cert.pem` and `key.pem` in `dir` (replacing them, as a renewal does).
+fn self_signed(dir: &std::path::Path, name: &str) {
+    let made = std::process::Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+        ])
+        .arg("-keyout")
+        .arg(dir.join("key.pem"))
+        .arg("-out")
+        .arg(dir.join("cert.pem"))
+        .args(["-days", "2", "-subj", &format!("/CN={name}")])
+        .args(["-addext", "subjectAltName=IP:127.0.0.1"])
+        .output()
+        .expect("run openssl");
+    assert!(made.status.success(), "{made:?}");
+}
+
+/// POSTs `{}` to `url` with curl, trusting `ca`, and returns (HTTP version, status, curl's
+/// verbose log).
+fn curl_post(url: &str, ca: &std::path::Path, version: &str) -> (String, String, String) {
+    let output = std::process::Command::new("curl")
+        .args(["-sv", "--max-time", "10", version, "--cacert"])
+        .arg(ca)
+        .args(["-H", "content-type: application/json", "-d", "{}"])
+        .args(["-o", "/dev/null", "-w", "%{http_version} %{http_code}", url])
+        .output()
+        .expect("run curl");
+    let stdout = String::from_utf8_lossy(&output.stdout).to_string();
+    let (version, code) = stdout.split_once(' ').unwrap_or(("", ""));
+    (
+        version.to_string(),
+        code.to_string(),
+        String::from_utf8_lossy(&output.stderr).to_string(),
+    )
+}
+
+#[test]
+fn https_serves_http1_and_http2_by_alpn_and_a_reload_takes_a_renewed_certificate() {
+    let workspace = Workspace::new();
+    self_signed(workspace.path(), "first");
+    let (cert, key) = (
+        workspace.path().join("cert.pem"),
+        workspace.path().join("key.pem"),
+    );
+    workspace.write_config(&format!(
+        "tls = {{ cert = {{ file = {:?} }}, key = {{ file = {:?} }} }}\n\n\
+         [routes.hook]\npath = \"/hook\"\nverify = {{ scheme = \"none\" }}\n",
+        cert.display().to_string(),
+        key.display().to_string(),
+    ));
+    let url = format!("https://127.0.0.1:{}/hook", workspace.port);
+    let daemon = workspace.start_with(&[], || curl_post(&url, &cert, "--http1.1").1 == "202");
+    let (version, code, log) = curl_post(&url, &cert, "--http2");
+    assert_eq!((version.as_str(), code.as_str()), ("2", "202"), "{log}");
+    assert!(log.contains("CN=first"), "{log}");
+    let (version, code, _) = curl_post(&url, &cert, "--http1.1");
+    assert_eq!((version.as_str(), code.as_str()), ("1.1", "202"));
+    // Plain HTTP gets no answer on the HTTPS socket.
+    assert!(
+        try_request(daemon.addr, "POST", "/hook", &[], b"{}").is_err(),
+        "plain HTTP was answered"
+    );
+
+    // A renewed certificate is served after a reload, without a restart.
+    self_signed(workspace.path(), "second");
+    let reload = workspace.cli(&["reload"]);
+    assert!(reload.status.success(), "{reload:?}");
+    let (_, code, log) = curl_post(&url, &cert, "--http2");
+    assert_eq!(code, "202", "{log}");
+    assert!(log.contains("CN=second"), "{log}");
+
+    // A key that does not belong to the certificate is refused by check-config and by reload,
+    // and the daemon goes on serving the certificate it has.
+    let second = workspace.path().join("second.pem");
+    std::fs::copy(&cert, &second).expect("copy");
+    std::fs::copy(&key, workspace.path().join("second-key.pem")).expect("copy");
+    self_signed(workspace.path(), "third");
+    std::fs::copy(workspace.path().join("second-key.pem"), &key).expect("copy");
+    let check = workspace.cli(&["check-config"]);
+    assert_eq!(check.status.code(), Some(78), "{check:?}");
+    assert!(
+        String::from_utf8_lossy(&check.stdout).contains("server.tls"),
+        "{check:?}"
+    );
+    let reload = workspace.cli(&["reload"]);
+    assert_eq!(reload.status.code(), Some(78), "{reload:?}");
+    let (_, code, log) = curl_post(&url, &second, "--http1.1");
+    assert_eq!(code, "202", "{log}");
+    assert!(log.contains("CN=second"), "{log}");
+    drop(daemon);
+}

@@ -287,6 +287,27 @@ impl Checker<'_> {
             }
         };
         let max_body = self.value("server.max_body", raw.max_body, 1 << 20, |t| parse_size(&t));
+        let tls = match raw.tls {
+            None => None,
+            Some(tls) => {
+                let cert = self.secret("server.tls.cert", &tls.cert);
+                let key = self.secret("server.tls.key", &tls.key);
+                let tls = TlsSettings {
+                    cert: cert?,
+                    key: key?,
+                };
+                // Credentials are only there under systemd; what cannot be read here is checked
+                // when the service loads it.
+                if !tls.cert.expose().is_empty()
+                    && !tls.key.expose().is_empty()
+                    && let Err(problem) = crate::tls::server_config(&tls)
+                {
+                    self.error("server.tls", problem);
+                    return None;
+                }
+                Some(tls)
+            }
+        };
         Some(ServerSettings {
             listen,
             control_socket: raw
@@ -305,6 +326,7 @@ impl Checker<'_> {
             ),
             max_connections: self.positive("server.max_connections", raw.max_connections, 4096)
                 as usize,
+            tls,
         })
     }
 

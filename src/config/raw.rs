@@ -37,6 +37,14 @@ pub(super) struct RawServer {
     pub(super) header_timeout: Option<String>,
     pub(super) keepalive_timeout: Option<String>,
     pub(super) max_connections: Option<i64>,
+    pub(super) tls: Option<RawTls>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTls {
+    pub(super) cert: SecretSource,
+    pub(super) key: SecretSource,
 }
 
 #[derive(Debug, Default, Deserialize)]

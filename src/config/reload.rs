@@ -43,11 +43,13 @@ pub(crate) fn list_changes(old: &Config, new: &Config, report: &mut ReloadReport
     // `server.max_body` is each route's default, so it shows up as changed routes.
     let mut server = old.server.clone();
     server.max_body = new.server.max_body;
+    server.tls.clone_from(&new.server.tls);
     compare(
         "server (listen, control_socket, header_timeout)",
         server != new.server,
         false,
     );
+    compare("server.tls", old.server.tls != new.server.tls, true);
     compare("store", old.store != new.store, false);
     compare("model", old.model != new.model, false);
     compare("store.retention", old.retention != new.retention, true);

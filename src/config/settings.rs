@@ -32,6 +32,15 @@ pub(crate) struct ServerSettings {
     pub keepalive_timeout: Duration,
     /// Open webhook connections at most; further ones wait in the kernel's backlog.
     pub max_connections: usize,
+    /// HTTPS on the webhook socket.
+    pub tls: Option<TlsSettings>,
+}
+
+/// `[server] tls`: the certificate chain and its private key, PEM.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct TlsSettings {
+    pub cert: Secret,
+    pub key: Secret,
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -17,7 +17,11 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-/// What a client speaks: HTTP/1.1, or HTTP/2 with prior knowledge (h2c).
+/// A connection's byte stream, plain TCP or TLS.
+pub(super) trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
+
+/// What a client speaks: HTTP/1.1, or HTTP/2 (prior knowledge in cleartext, ALPN under TLS).
 pub(super) enum Protocol {
     Http1,
     Http2,

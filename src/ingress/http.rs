@@ -72,6 +72,24 @@ pub(crate) struct Ingress {
     store: Store,
     sessions: Arc<Sessions>,
     capacity: Arc<Capacity>,
+    /// `[server] tls`: new connections take the acceptor of the config in effect, so a reload
+    /// serves a renewed certificate.
+    tls: Shared<Option<tokio_rustls::TlsAcceptor>>,
+}
+
+/// The TLS acceptor of `settings`, if it sets `[server] tls`.
+fn acceptor_for(settings: &Settings) -> Result<Option<tokio_rustls::TlsAcceptor>, String> {
+    settings
+        .config
+        .server
+        .tls
+        .as_ref()
+        .map(|tls| {
+            crate::tls::server_config(tls)
+                .map(tokio_rustls::TlsAcceptor::from)
+                .map_err(|problem| format!("server.tls: {problem}"))
+        })
+        .transpose()
 }
 
 impl Ingress {
@@ -80,19 +98,42 @@ impl Ingress {
         store: Store,
         sessions: Arc<Sessions>,
         capacity: Arc<Capacity>,
-    ) -> Ingress {
-        Ingress {
+    ) -> Result<Ingress, String> {
+        Ok(Ingress {
             refusal_log: RefusalLog::default(),
+            tls: Shared::new(acceptor_for(&settings)?),
             routing: Shared::new(Routing::new(settings)),
             store,
             sessions,
             capacity,
-        }
+        })
     }
 
     /// Switches to a reloaded config; requests in flight finish on the one they started with.
     pub(crate) fn reload(&self, settings: Arc<Settings>) {
+        // The reload's checks built the same TLS configuration; should it fail now, the
+        // certificate in use stays rather than the socket losing TLS.
+        match acceptor_for(&settings) {
+            Ok(acceptor) => self.tls.replace(acceptor),
+            Err(problem) => {
+                tracing::error!(problem = %problem, "the new TLS configuration cannot be used; keeping the old one");
+            }
+        }
         self.routing.replace(Routing::new(settings));
+    }
+
+    /// The TLS acceptor for a new connection, if the webhook socket speaks HTTPS.
+    pub(crate) fn tls_acceptor(&self) -> Option<tokio_rustls::TlsAcceptor> {
+        (*self.tls.get()).clone()
+    }
+
+    /// A connection whose TLS handshake failed or never came: counted, and logged within the
+    /// refusal log's rate.
+    pub(crate) fn tls_refused(&self, peer: SocketAddr, reason: &str) {
+        metrics::tls_handshake_failed();
+        if let Some(suppressed) = self.refusal_log.admit(Instant::now()) {
+            tracing::warn!(peer = %peer, reason = %reason, suppressed, "TLS handshake refused");
+        }
     }
 
     /// Answers one request from `peer`. Never fails: every problem is an HTTP status with a JSON

@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 pub(crate) use self::http::Ingress;
 use crate::config::{Config, ServerSettings, VerifyScheme};
-use connection::{Clocked, HeaderClock, Protocol, detect_protocol};
+use connection::{Clocked, HeaderClock, Protocol, Stream, detect_protocol};
 
 /// Body parsing, for the `request` fuzz target.
 #[cfg(feature = "fuzzing")]
@@ -299,6 +299,8 @@ pub(crate) async fn serve(
         };
         backoff.succeeded();
         let _ = stream.set_nodelay(true);
+        let tls = ingress.tls_acceptor();
+        let refusals = ingress.clone();
         let ingress = ingress.clone();
         let clock = HeaderClock::new();
         let answering = clock.clone();
@@ -314,8 +316,34 @@ pub(crate) async fn serve(
         let (http1, http2, watcher) = (http1.clone(), http2.clone(), graceful.watcher());
         tokio::spawn(async move {
             // Errors here are client-side (reset, timeout); nothing is lost by dropping them.
-            match detect_protocol(&stream, header_timeout).await {
-                Some(Protocol::Http1) => {
+            let opened: Option<(Box<dyn Stream>, Protocol)> = match tls {
+                Some(acceptor) => {
+                    match tokio::time::timeout(header_timeout, acceptor.accept(stream)).await {
+                        Ok(Ok(stream)) => {
+                            let protocol = if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
+                                Protocol::Http2
+                            } else {
+                                Protocol::Http1
+                            };
+                            Some((Box::new(stream), protocol))
+                        }
+                        Ok(Err(err)) => {
+                            refusals.tls_refused(peer, &err.to_string());
+                            None
+                        }
+                        Err(_) => {
+                            refusals
+                                .tls_refused(peer, "no TLS handshake within server.header_timeout");
+                            None
+                        }
+                    }
+                }
+                None => detect_protocol(&stream, header_timeout)
+                    .await
+                    .map(|protocol| (Box::new(stream) as Box<dyn Stream>, protocol)),
+            };
+            match opened {
+                Some((stream, Protocol::Http1)) => {
                     let io = TokioIo::new(Clocked::new(stream, clock.clone()));
                     let connection = watcher.watch(http1.serve_connection(io, service));
                     tokio::select! {
@@ -323,7 +351,7 @@ pub(crate) async fn serve(
                         () = clock.overdue(header_timeout) => {}
                     }
                 }
-                Some(Protocol::Http2) => {
+                Some((stream, Protocol::Http2)) => {
                     let connection = http2.serve_connection(TokioIo::new(stream), service);
                     let _ = watcher.watch(connection).await;
                 }

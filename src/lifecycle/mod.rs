@@ -108,12 +108,15 @@ pub(crate) fn serve(
     let settings = Arc::new(Shared::new(Settings::new(config).map_err(Failure::config)?));
     let sessions = Arc::new(Sessions::default());
     let capacity = Arc::new(Capacity::new());
-    let ingress = Arc::new(Ingress::new(
-        settings.get(),
-        store.clone(),
-        sessions.clone(),
-        capacity.clone(),
-    ));
+    let ingress = Arc::new(
+        Ingress::new(
+            settings.get(),
+            store.clone(),
+            sessions.clone(),
+            capacity.clone(),
+        )
+        .map_err(Failure::config)?,
+    );
     let deliveries = Arc::new(Notify::new());
     let deliverer = Arc::new(
         Deliverer::new(store.clone(), settings.clone(), deliveries.clone())

@@ -269,6 +269,14 @@ impl Workspace {
     }
 
     pub fn start_with_env(&self, env: &[(&str, &str)]) -> Daemon {
+        let addr = self.addr();
+        self.start_with(env, || {
+            try_request(addr, "GET", "/healthz", &[], b"").is_ok_and(|r| r.status == 200)
+        })
+    }
+
+    /// Starts `agentgate serve` and waits until `ready` says it serves.
+    pub fn start_with(&self, env: &[(&str, &str)], mut ready: impl FnMut() -> bool) -> Daemon {
         let mut command = Command::new(BIN);
         command
             .arg("serve")
@@ -301,12 +309,9 @@ impl Workspace {
             log,
             addr: self.addr(),
         };
-        let addr = self.addr();
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            if let Ok(response) = try_request(addr, "GET", "/healthz", &[], b"")
-                && response.status == 200
-            {
+            if ready() {
                 return daemon;
             }
             if let Ok(Some(status)) = daemon.child.try_wait() {
@@ -317,7 +322,7 @@ impl Workspace {
             }
             assert!(
                 Instant::now() < deadline,
-                "agentgate did not answer /healthz:\n{}",
+                "agentgate did not become ready:\n{}",
                 daemon.log()
             );
             std::thread::sleep(Duration::from_millis(20));
