@@ -132,6 +132,72 @@ fn control_request(path: &std::path::Path, method: &str, target: &str) -> HttpRe
 }
 
 #[test]
+fn sessions_and_events_on_the_control_socket_come_in_pages() {
+    let workspace = Workspace::new();
+    let socket = workspace.path().join("control.sock");
+    workspace.write_config(&format!(
+        "[model]\nbackend = \"replay\"\n{ROUTE}session = \"{{{{ payload.s }}}}\"\n"
+    ));
+    let daemon = workspace.start();
+    let mut ids = Vec::new();
+    for key in ["e", "a", "d", "b", "c"] {
+        let response = daemon.post_json("/hook", &[], &format!(r#"{{"s":"{key}"}}"#));
+        assert_eq!(response.status, 202);
+        ids.push(
+            response.json()["event_id"]
+                .as_str()
+                .expect("id")
+                .to_string(),
+        );
+    }
+    // Sessions in key order, two at a time, each page naming the next.
+    let mut keys = Vec::new();
+    let mut pages = 0;
+    let mut target = "/v1/sessions?limit=2".to_string();
+    loop {
+        let page = control_request(&socket, "GET", &target).json();
+        pages += 1;
+        for session in page["sessions"].as_array().expect("sessions") {
+            keys.push(session["key"].as_str().expect("key").to_string());
+        }
+        match page["next"].as_str() {
+            Some(next) => target = format!("/v1/sessions?limit=2&after={next}"),
+            None => break,
+        }
+    }
+    assert_eq!(keys, ["a", "b", "c", "d", "e"]);
+    assert_eq!(pages, 3);
+    // Events newest first, with the same kind of cursor.
+    let first = control_request(&socket, "GET", "/v1/events?limit=3").json();
+    let second = control_request(
+        &socket,
+        "GET",
+        &format!(
+            "/v1/events?limit=3&before={}",
+            first["next"].as_str().expect("next")
+        ),
+    )
+    .json();
+    let listed: Vec<&str> = first["events"]
+        .as_array()
+        .into_iter()
+        .chain(second["events"].as_array())
+        .flatten()
+        .filter_map(|event| event["id"].as_str())
+        .collect();
+    let newest_first: Vec<&str> = ids.iter().rev().map(String::as_str).collect();
+    assert_eq!(listed, newest_first);
+    assert!(second["next"].is_null());
+    let by_session = control_request(&socket, "GET", "/v1/events?session=d").json();
+    assert_eq!(by_session["events"][0]["id"], ids[2].as_str());
+    // A page is bounded whatever the client asks.
+    for bad in ["0", "1001", "many"] {
+        let refused = control_request(&socket, "GET", &format!("/v1/sessions?limit={bad}"));
+        assert_eq!(refused.status, 400, "limit={bad}");
+    }
+}
+
+#[test]
 fn control_socket_serves_status_metrics_and_overrides() {
     use std::os::unix::fs::PermissionsExt;
     let workspace = Workspace::new();
@@ -168,7 +234,7 @@ fn control_socket_serves_status_metrics_and_overrides() {
         metrics.body
     );
     let sessions = control_request(&socket, "GET", "/v1/sessions");
-    assert_eq!(sessions.json()[0]["key"], "acme/web#7");
+    assert_eq!(sessions.json()["sessions"][0]["key"], "acme/web#7");
 
     let suspended = control_request(&socket, "POST", "/v1/sessions/acme%2Fweb%237/suspend");
     assert_eq!(suspended.status, 200, "{suspended:?}");

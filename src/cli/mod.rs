@@ -157,6 +157,7 @@ fn run(command: Command) -> Result<(), Failure> {
                 route,
                 session,
                 limit,
+                before: None,
             },
             json,
         ),

@@ -21,10 +21,62 @@ use crate::config::{ReloadReport, Settings, Shared};
 use crate::logging;
 use crate::metrics;
 use crate::session::{OperatorAction, Sessions};
-use crate::store::{StatusSummary, Store};
+use crate::store::{EventFilter, StatusSummary, Store};
 
 /// How long `cancel` waits for the cancelled turn to commit its end before it answers 202.
 const CANCEL_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+/// Rows in one page of `/v1/sessions` and `/v1/events`: the default, and the most a request
+/// may ask for. A page is built in memory, so this bounds what one request costs.
+const PAGE_DEFAULT: i64 = 100;
+const PAGE_MAX: i64 = 1000;
+
+/// A request's query parameters.
+struct Query(Vec<(String, String)>);
+
+impl Query {
+    fn parse(query: Option<&str>) -> Query {
+        Query(
+            form_urlencoded::parse(query.unwrap_or_default().as_bytes())
+                .into_owned()
+                .collect(),
+        )
+    }
+
+    fn get(&self, name: &str) -> Option<String> {
+        self.0
+            .iter()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value.clone())
+    }
+
+    /// `limit`, 1 to `PAGE_MAX`; else the `400` to answer.
+    fn limit(&self) -> Result<i64, Box<HttpResponse>> {
+        match self.get("limit") {
+            None => Ok(PAGE_DEFAULT),
+            Some(text) => match text.parse::<i64>() {
+                Ok(limit) if (1..=PAGE_MAX).contains(&limit) => Ok(limit),
+                _ => Err(Box::new(error(
+                    StatusCode::BAD_REQUEST,
+                    "bad_limit",
+                    &format!("limit must be a whole number from 1 to {PAGE_MAX}"),
+                ))),
+            },
+        }
+    }
+}
+
+/// Cuts `rows` (fetched with one more than `limit`) to the page, and gives the next page's
+/// cursor when there is a next page.
+fn page_end<T>(rows: &mut Vec<T>, limit: i64, cursor: impl Fn(&T) -> String) -> Option<String> {
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    if rows.len() > limit {
+        rows.truncate(limit);
+        rows.last().map(cursor)
+    } else {
+        None
+    }
+}
+
 /// How long `GET /v1/tools` waits for an MCP server that is still starting.
 const TOOLS_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -55,12 +107,8 @@ impl Control {
         let result = match (&method, segments.as_slice()) {
             (&Method::GET, ["metrics"]) => self.metrics().await,
             (&Method::GET, ["v1", "status"]) => self.status().await,
-            (&Method::GET, ["v1", "sessions"]) => self
-                .store
-                .sessions()
-                .await
-                .map(|sessions| json_response(StatusCode::OK, &json!(sessions)))
-                .map_err(|err| err.to_string()),
+            (&Method::GET, ["v1", "sessions"]) => self.sessions(request.uri().query()).await,
+            (&Method::GET, ["v1", "events"]) => self.events(request.uri().query()).await,
             (&Method::POST, ["v1", "reload"]) => self.reload().await,
             (&Method::GET, ["v1", "tools"]) => self.tools(request.uri().query()).await,
             (&Method::POST, ["v1", "sessions", key, action]) => {
@@ -89,6 +137,52 @@ impl Control {
                 "nodes": summary.nodes,
                 "mcp": self.mcp.status(),
             }),
+        ))
+    }
+
+    /// `GET /v1/sessions[?limit=N][&after=KEY]`: a page of sessions in key order, and the
+    /// cursor of the next page (`null` on the last one).
+    async fn sessions(&self, query: Option<&str>) -> Result<HttpResponse, String> {
+        let query = Query::parse(query);
+        let limit = match query.limit() {
+            Ok(limit) => limit,
+            Err(refusal) => return Ok(*refusal),
+        };
+        let mut sessions = self
+            .store
+            .sessions_page(query.get("after"), limit + 1)
+            .await
+            .map_err(|err| err.to_string())?;
+        let next = page_end(&mut sessions, limit, |session| session.key.clone());
+        Ok(json_response(
+            StatusCode::OK,
+            &json!({"sessions": sessions, "next": next}),
+        ))
+    }
+
+    /// `GET /v1/events[?status=S][&route=R][&session=KEY][&limit=N][&before=ID]`: a page of
+    /// events, newest first, and the cursor of the next page (`null` on the last one).
+    async fn events(&self, query: Option<&str>) -> Result<HttpResponse, String> {
+        let query = Query::parse(query);
+        let limit = match query.limit() {
+            Ok(limit) => limit,
+            Err(refusal) => return Ok(*refusal),
+        };
+        let mut events = self
+            .store
+            .events(EventFilter {
+                status: query.get("status"),
+                route: query.get("route"),
+                session: query.get("session"),
+                limit: limit + 1,
+                before: query.get("before"),
+            })
+            .await
+            .map_err(|err| err.to_string())?;
+        let next = page_end(&mut events, limit, |event| event.id.clone());
+        Ok(json_response(
+            StatusCode::OK,
+            &json!({"events": events, "next": next}),
         ))
     }
 

@@ -15,6 +15,8 @@ pub(crate) struct EventFilter {
     pub route: Option<String>,
     pub session: Option<String>,
     pub limit: i64,
+    /// Only events older than this one (a page's cursor: the last event of the page before).
+    pub before: Option<String>,
 }
 
 /// An accepted (or internal) event as the operator sees it, without its payload.
@@ -82,7 +84,8 @@ pub(crate) enum RetryTarget {
 const EVENT_COLUMNS: &str =
     "id, route, session_key, event_type, status, delivery_id, received_at, origin, replay_of";
 
-/// `$1` status, `$2` route, `$3` session (each may be NULL), `$4` limit.
+/// `$1` status, `$2` route, `$3` session, `$5` the event to list only older ones than (each may
+/// be NULL), `$4` limit.
 pub(crate) const EVENTS_SQL: &str = concatcp!(
     "SELECT ",
     EVENT_COLUMNS,
@@ -90,6 +93,7 @@ pub(crate) const EVENTS_SQL: &str = concatcp!(
      WHERE (CAST($1 AS TEXT) IS NULL OR status = $1)
        AND (CAST($2 AS TEXT) IS NULL OR route = $2)
        AND (CAST($3 AS TEXT) IS NULL OR session_key = $3)
+       AND (CAST($5 AS TEXT) IS NULL OR seq < (SELECT b.seq FROM events b WHERE b.id = $5))
      ORDER BY seq DESC LIMIT $4"
 );
 

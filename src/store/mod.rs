@@ -235,6 +235,12 @@ pub(crate) trait Inspection: Send + Sync {
     /// The counts for `agentgate status` (and, with leases, the nodes).
     async fn status_summary(&self) -> Result<StatusSummary, StoreError>;
     async fn sessions(&self) -> Result<Vec<SessionRow>, StoreError>;
+    /// Up to `limit` sessions in key order, after the key `after`: a page of `GET /v1/sessions`.
+    async fn sessions_page(
+        &self,
+        after: Option<String>,
+        limit: i64,
+    ) -> Result<Vec<SessionRow>, StoreError>;
     async fn session(&self, key: &str) -> Result<Option<SessionRow>, StoreError>;
     /// `events list`: newest first.
     async fn events(&self, filter: EventFilter) -> Result<Vec<EventRow>, StoreError>;

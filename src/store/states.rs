@@ -307,6 +307,12 @@ pub(crate) const SESSION_SQL: &str = concatcp!(
     FROM sessions s"
 );
 
+/// A page of sessions in key order: `$1` the last key of the page before (or NULL), `$2` limit.
+pub(crate) const SESSIONS_PAGE_SQL: &str = concatcp!(
+    SESSION_SQL,
+    " WHERE (CAST($1 AS TEXT) IS NULL OR s.key > $1) ORDER BY s.key LIMIT $2"
+);
+
 #[cfg(test)]
 mod tests {
     use super::*;

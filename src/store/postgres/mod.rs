@@ -44,7 +44,9 @@ use tokio_postgres::{NoTls, Row};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::PostgresSettings;
-use crate::store::states::{REQUEUE_STOPPED_EVENT_SQL, RESUME_SESSION_SQL, SESSION_SQL};
+use crate::store::states::{
+    REQUEUE_STOPPED_EVENT_SQL, RESUME_SESSION_SQL, SESSION_SQL, SESSIONS_PAGE_SQL,
+};
 use crate::store::{
     AcceptOutcome, Accepting, ClaimedTurn, Coordination, DeliveryAttempt, DeliveryCounts,
     Inspection, InterruptedSession, Ledger, LiveCounts, NewEvent, NodeRow, Operator, Outbox,
@@ -302,6 +304,15 @@ impl Inspection for PostgresStore {
         rows.iter().map(session_row).collect()
     }
 
+    async fn sessions_page(
+        &self,
+        after: Option<String>,
+        limit: i64,
+    ) -> Result<Vec<SessionRow>, StoreError> {
+        let rows = self.select(SESSIONS_PAGE_SQL, &[&after, &limit]).await?;
+        rows.iter().map(session_row).collect()
+    }
+
     async fn session(&self, key: &str) -> Result<Option<SessionRow>, StoreError> {
         let row = self
             .select_optional(&format!("{SESSION_SQL} WHERE s.key = $1"), &[&key])
@@ -318,6 +329,7 @@ impl Inspection for PostgresStore {
                     &filter.route,
                     &filter.session,
                     &filter.limit,
+                    &filter.before,
                 ],
             )
             .await?;

@@ -88,7 +88,10 @@ pub(super) fn events_in(
     connection
         .prepare_cached(EVENTS_SQL)?
         .query_map(
-            named_params! {"$1": filter.status, "$2": filter.route, "$3": filter.session, "$4": filter.limit},
+            named_params! {
+                "$1": filter.status, "$2": filter.route, "$3": filter.session,
+                "$4": filter.limit, "$5": filter.before,
+            },
             event_row,
         )?
         .collect()

@@ -33,7 +33,7 @@ use crate::store::{
     LiveCounts, Operator, Outbox, Recovery, RetryTarget, SessionRow, Settled, Settlement, StateDir,
     StatusSummary, StoreError, Turns, ensure_state_dir, now_millis,
 };
-use turns::{session_in, sessions_in};
+use turns::{session_in, sessions_in, sessions_page_in};
 
 /// The most writes that share one transaction.
 const MAX_BATCH: usize = 1024;
@@ -457,6 +457,15 @@ impl Inspection for SqliteStore {
 
     async fn sessions(&self) -> Result<Vec<SessionRow>, StoreError> {
         self.read(sessions_in).await
+    }
+
+    async fn sessions_page(
+        &self,
+        after: Option<String>,
+        limit: i64,
+    ) -> Result<Vec<SessionRow>, StoreError> {
+        self.read(move |connection| sessions_page_in(connection, after.as_deref(), limit))
+            .await
     }
 
     async fn session(&self, key: &str) -> Result<Option<SessionRow>, StoreError> {

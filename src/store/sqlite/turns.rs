@@ -7,8 +7,8 @@ use crate::store::model::{
 };
 use crate::store::states::{
     CRASHED, EVENT_RUNNING, IDLE, OPERATOR, PENDING, QUEUED, REQUEUE_STOPPED_EVENT_SQL,
-    RESUME_PENDING, RESUME_SESSION_SQL, ResumeReason, SESSION_RUNNING, SESSION_SQL, SUSPENDED,
-    SessionState, StopReason, TURN_INTERRUPTED, TURN_RUNNING,
+    RESUME_PENDING, RESUME_SESSION_SQL, ResumeReason, SESSION_RUNNING, SESSION_SQL,
+    SESSIONS_PAGE_SQL, SUSPENDED, SessionState, StopReason, TURN_INTERRUPTED, TURN_RUNNING,
 };
 use const_format::concatcp;
 use rusqlite::{Connection, OptionalExtension, params};
@@ -267,6 +267,20 @@ pub(super) fn sessions_in(connection: &Connection) -> rusqlite::Result<Vec<Sessi
     connection
         .prepare(&format!("{SESSION_SQL} ORDER BY s.updated_at DESC"))?
         .query_map([], session_from_row)?
+        .collect()
+}
+
+pub(super) fn sessions_page_in(
+    connection: &Connection,
+    after: Option<&str>,
+    limit: i64,
+) -> rusqlite::Result<Vec<SessionRow>> {
+    connection
+        .prepare_cached(SESSIONS_PAGE_SQL)?
+        .query_map(
+            rusqlite::named_params! {"$1": after, "$2": limit},
+            session_from_row,
+        )?
         .collect()
 }
 
