@@ -184,6 +184,21 @@ pub(crate) fn verify(
     }
 }
 
+/// What can be decided from the headers alone, before the body is read: a missing or malformed
+/// signature header, a stale timestamp, a token that does not match. A signature computed over
+/// the body cannot be checked yet: it passes here and `verify` checks it with the body. So a
+/// request that cannot pass never gets to send its body.
+pub(crate) fn precheck(
+    settings: &VerifySettings,
+    headers: &HeaderMap,
+    now: u64,
+) -> Result<(), VerifyError> {
+    match verify(settings, headers, &[], now) {
+        Err(VerifyError::Mismatch) => Ok(()),
+        decided => decided,
+    }
+}
+
 /// Verifies with one key.
 fn verify_with(
     settings: &VerifySettings,
@@ -501,6 +516,43 @@ mod tests {
         assert_eq!(
             verify(&s, &HeaderMap::new(), b"Hello, World!", 0),
             Err(VerifyError::Missing("x-hub-signature-256"))
+        );
+    }
+
+    #[test]
+    fn precheck_decides_what_the_headers_decide_and_leaves_the_rest_to_the_body() {
+        let github = settings(VerifyScheme::Github, b"It's a Secret to Everybody");
+        assert_eq!(
+            precheck(&github, &HeaderMap::new(), 0),
+            Err(VerifyError::Missing("x-hub-signature-256"))
+        );
+        assert_eq!(
+            precheck(&github, &headers(&[("x-hub-signature-256", "md5=00")]), 0),
+            Err(VerifyError::Malformed("x-hub-signature-256"))
+        );
+        // A signature over the body: only the body can tell.
+        let signed = headers(&[("x-hub-signature-256", "sha256=00")]);
+        assert_eq!(precheck(&github, &signed, 0), Ok(()));
+        assert_eq!(
+            verify(&github, &signed, b"{}", 0),
+            Err(VerifyError::Mismatch)
+        );
+        let bearer = settings(VerifyScheme::Bearer, b"right");
+        assert_eq!(
+            precheck(&bearer, &headers(&[("authorization", "Bearer wrong")]), 0),
+            Err(VerifyError::WrongToken)
+        );
+        assert_eq!(
+            precheck(&bearer, &headers(&[("authorization", "Bearer right")]), 0),
+            Ok(())
+        );
+        assert_eq!(
+            precheck(
+                &standard_settings(),
+                &standard_headers("v1,AAAA"),
+                1_649_367_553 + 3_600
+            ),
+            Err(VerifyError::Stale)
         );
     }
 

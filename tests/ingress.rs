@@ -236,14 +236,15 @@ fn oversized_bodies_are_413_with_and_without_content_length() {
     assert_eq!(declared.json()["error"], "payload_too_large");
 
     // Chunked, no Content-Length, far larger than the limit: refused while streaming, and the
-    // daemon never buffers it (peak RSS stays far below the 64 MiB sent).
+    // daemon never buffers it (peak RSS stays far below the 64 MiB sent). It carries a
+    // signature header, so that only its body can decide it.
     let mut stream = TcpStream::connect(daemon.addr).expect("connect");
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
         .expect("timeout");
     stream
         .write_all(
-            b"POST /hooks/github HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n",
+            b"POST /hooks/github HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nx-hub-signature-256: sha256=00\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n",
         )
         .expect("head");
     let chunk = vec![b'a'; 64 * 1024];
@@ -983,4 +984,88 @@ fn https_serves_http1_and_http2_by_alpn_and_a_reload_takes_a_renewed_certificate
     assert_eq!(code, "202", "{log}");
     assert!(log.contains("CN=second"), "{log}");
     drop(daemon);
+}
+
+/// An attacker holds 1,099 connections open: half send a head with no signature and wait to send
+/// a 60 kB body (under `max_body`), half send a head with a signature header and one byte of such
+/// a body. The first are refused from their headers (401 before any body); the second wait for
+/// their bodies until the body timeout. Meanwhile a valid webhook is answered at once, and a turn's model and
+/// tool calls start.
+#[test]
+fn stalled_connections_neither_delay_a_valid_webhook_nor_a_running_turn() {
+    use common::stub::{Reply, Stub};
+    // This test holds 1,100 sockets of its own.
+    if let Ok((_, hard)) =
+        nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+    {
+        let _ =
+            nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard);
+    }
+    let workspace = Workspace::new();
+    let model = Stub::start(|request, _| {
+        let results = request.json()["messages"]
+            .as_array()
+            .map_or(0, |m| m.iter().filter(|m| m["role"] == "tool").count());
+        if results == 0 {
+            Reply::tool_call("call_1", "marker", serde_json::json!({}))
+        } else {
+            Reply::answer("done")
+        }
+    });
+    let marker = workspace.path().join("tool.ran");
+    workspace.write_config(&format!(
+        "{}\n[tools.marker]\ncommand = [\"/usr/bin/touch\", {:?}]\n\n{}",
+        model.model_section(),
+        marker.display().to_string(),
+        github_config("tools = [\"marker\"]"),
+    ));
+    let daemon = workspace.start_with_env(&[("TEST_GITHUB_SECRET", GITHUB_SECRET)]);
+    let head = |signed: bool| {
+        format!(
+            "POST /hooks/github HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+             x-github-event: issues\r\n{}content-length: 60000\r\n\r\n{{",
+            if signed {
+                "x-hub-signature-256: sha256=00\r\n"
+            } else {
+                ""
+            }
+        )
+    };
+    let stalled: Vec<(TcpStream, bool)> = (0..1099)
+        .map(|n| {
+            let signed = n % 2 == 0;
+            let mut stream = TcpStream::connect(daemon.addr).expect("connect");
+            stream.write_all(head(signed).as_bytes()).expect("head");
+            (stream, signed)
+        })
+        .collect();
+
+    let started = Instant::now();
+    let response = github_post(&daemon, ISSUE, "during-the-attack");
+    let answered_in = started.elapsed();
+    assert_eq!(response.status, 202, "{response:?}");
+    assert!(
+        answered_in < Duration::from_secs(1),
+        "answered after {answered_in:?}"
+    );
+    let event_id = response.json()["event_id"]
+        .as_str()
+        .expect("event id")
+        .to_string();
+    assert_eq!(
+        workspace.wait_terminal(&event_id, Duration::from_secs(30)),
+        "completed"
+    );
+    assert!(marker.exists(), "the turn's tool did not run");
+
+    // Unsigned heads were answered 401 without their bodies.
+    for (mut stream, _) in stalled.into_iter().filter(|(_, signed)| !signed).take(20) {
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        let mut raw = vec![0u8; 512];
+        let read = stream.read(&mut raw).expect("an answer before the body");
+        let response = parse_response(&raw[..read]).expect("response");
+        assert_eq!(response.status, 401);
+    }
 }

@@ -238,6 +238,9 @@ impl Ingress {
         if declared_length.is_some_and(|length| length > settings.max_body) {
             return Err(too_large());
         }
+        // Refused from the headers when they already decide it: the body is never read.
+        signature::precheck(&settings.verify, request.headers(), unix_seconds())
+            .map_err(|err| error(StatusCode::UNAUTHORIZED, "unauthorized", &err.to_string()))?;
         let (parts, body) = request.into_parts();
         let limit = usize::try_from(settings.max_body).unwrap_or(usize::MAX);
         let body_timeout = routing.settings.config.server.header_timeout * BODY_TIMEOUT_FACTOR;
