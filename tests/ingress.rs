@@ -1069,3 +1069,232 @@ fn stalled_connections_neither_delay_a_valid_webhook_nor_a_running_turn() {
         assert_eq!(response.status, 401);
     }
 }
+
+/// Every config in `packaging/examples/` passes check-config, and takes its sender's payload as
+/// that sender sends it (signed by `agentgate send` the way the route verifies), with the
+/// session key its comments promise.
+#[test]
+fn every_packaged_example_takes_its_senders_payload() {
+    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/examples");
+    let cases: &[(&str, &str, serde_json::Value, Option<&str>)] = &[
+        (
+            "alertmanager",
+            "alertmanager",
+            serde_json::json!({"version": "4", "groupKey": "{}:{alertname=\"DiskFull\", instance=\"db-1\"}",
+                "status": "firing", "receiver": "agentgate",
+                "groupLabels": {"alertname": "DiskFull", "instance": "db-1"},
+                "commonLabels": {"alertname": "DiskFull", "instance": "db-1", "severity": "page"},
+                "commonAnnotations": {"summary": "disk full"}, "externalURL": "http://am:9093",
+                "truncatedAlerts": 0,
+                "alerts": [{"status": "firing", "labels": {"alertname": "DiskFull", "instance": "db-1"},
+                    "annotations": {"summary": "disk full"}, "startsAt": "2026-12-01T05:00:00Z",
+                    "endsAt": "0001-01-01T00:00:00Z", "generatorURL": "", "fingerprint": "0f1e"}]}),
+            Some("alertmanager:DiskFull:db-1"),
+        ),
+        (
+            "github",
+            "github",
+            serde_json::json!({"action": "opened", "repository": {"full_name": "acme/web"},
+                "issue": {"number": 7, "title": "crash"}}),
+            Some("acme/web#7"),
+        ),
+        (
+            "gitlab",
+            "gitlab",
+            serde_json::json!({"object_kind": "issue", "project": {"path_with_namespace": "acme/web"},
+                "object_attributes": {"iid": 7, "title": "crash"}}),
+            Some("acme/web#7"),
+        ),
+        (
+            "grafana",
+            "grafana",
+            serde_json::json!({"receiver": "agentgate", "status": "firing", "groupKey": "{}:{alertname=\"HighCPU\"}",
+                "groupLabels": {"alertname": "HighCPU"}, "title": "[FIRING:1] HighCPU",
+                "alerts": [{"status": "firing", "labels": {"alertname": "HighCPU"},
+                    "startsAt": "2026-12-01T05:00:00Z"}]}),
+            Some("grafana:HighCPU"),
+        ),
+        (
+            "slack",
+            "slack",
+            serde_json::json!({"type": "event_callback", "team_id": "T1", "event_id": "Ev1",
+                "event": {"type": "app_mention", "channel": "C1", "ts": "1700000000.000100", "text": "<@U1> help"}}),
+            Some("slack:C1:1700000000.000100"),
+        ),
+        (
+            "standard-webhooks",
+            "events",
+            serde_json::json!({"type": "user.created", "data": {"id": "u1"}}),
+            None,
+        ),
+        (
+            "stripe",
+            "stripe",
+            serde_json::json!({"id": "evt_1", "object": "event", "type": "invoice.payment_failed",
+                "data": {"object": {"id": "in_1", "customer": "cus_9"}}}),
+            Some("stripe:cus_9"),
+        ),
+    ];
+    let listed = std::fs::read_dir(&examples)
+        .expect("examples")
+        .filter(|entry| {
+            entry
+                .as_ref()
+                .is_ok_and(|e| e.path().extension().is_some_and(|x| x == "toml"))
+        })
+        .count();
+    assert_eq!(listed, cases.len(), "an example without a case here");
+    // The Alertmanager side is valid Alertmanager configuration.
+    let checked = std::process::Command::new("amtool")
+        .arg("check-config")
+        .arg(examples.join("alertmanager.yml"))
+        .output()
+        .expect("amtool (.ci/run installs prometheus-alertmanager)");
+    assert!(checked.status.success(), "{checked:?}");
+    for (example, route, payload, session) in cases {
+        let workspace = Workspace::new();
+        let credentials = workspace.path().join("credentials");
+        std::fs::create_dir(&credentials).expect("credentials");
+        for name in [
+            "alertmanager-token",
+            "github-secret",
+            "gitlab-token",
+            "grafana-token",
+            "slack-signing-secret",
+            "stripe-secret",
+        ] {
+            std::fs::write(credentials.join(name), format!("{name}-value\n")).expect("secret");
+        }
+        for name in ["standard-secret", "results-secret"] {
+            std::fs::write(
+                credentials.join(name),
+                "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD\n",
+            )
+            .expect("secret");
+        }
+        let text =
+            std::fs::read_to_string(examples.join(format!("{example}.toml"))).expect("example");
+        workspace.write_config(&format!("[model]\nbackend = \"replay\"\n\n{text}"));
+        let credentials_env = credentials.display().to_string();
+        let env = [("CREDENTIALS_DIRECTORY", credentials_env.as_str())];
+        let check = std::process::Command::new(BIN)
+            .args(["check-config", "--config"])
+            .arg(workspace.config_path())
+            .envs(env)
+            .output()
+            .expect("check-config");
+        assert!(check.status.success(), "{example}: {check:?}");
+        let daemon = workspace.start_with_env(&env);
+        let sent = std::process::Command::new(BIN)
+            .args(["send", route, "--config"])
+            .arg(workspace.config_path())
+            .args([
+                "--url",
+                &format!("http://{}", daemon.addr),
+                "--data",
+                &payload.to_string(),
+            ])
+            .envs(env)
+            .output()
+            .expect("send");
+        let answer = String::from_utf8_lossy(&sent.stdout).to_string();
+        assert!(
+            sent.status.success() && answer.contains("202"),
+            "{example}: {sent:?}"
+        );
+        if let Some(session) = session {
+            assert!(
+                answer.contains(&format!("\"session\":\"{session}\"")),
+                "{example}: {answer}"
+            );
+        }
+    }
+}
+
+/// Debian's Alertmanager, configured from `packaging/examples/alertmanager.yml`, notifies the
+/// example route when `amtool` fires an alert: the bearer token from a credentials file, the
+/// notification's status as the event type, one session per group, and the turn runs.
+#[test]
+fn a_real_alertmanager_notification_becomes_a_turn() {
+    let workspace = Workspace::new();
+    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/examples");
+    let credentials = workspace.path().join("credentials");
+    std::fs::create_dir(&credentials).expect("credentials");
+    std::fs::write(credentials.join("alertmanager-token"), "am-token\n").expect("token");
+    let route = std::fs::read_to_string(examples.join("alertmanager.toml")).expect("example");
+    workspace.write_config(&format!("[model]\nbackend = \"replay\"\n\n{route}"));
+    let credentials_env = credentials.display().to_string();
+    let daemon = workspace.start_with_env(&[("CREDENTIALS_DIRECTORY", credentials_env.as_str())]);
+
+    let am_port = free_port();
+    let am_config = std::fs::read_to_string(examples.join("alertmanager.yml"))
+        .expect("alertmanager.yml")
+        .replace("http://127.0.0.1:8787", &format!("http://{}", daemon.addr))
+        .replace(
+            "/etc/prometheus/agentgate-token",
+            &credentials.join("alertmanager-token").display().to_string(),
+        )
+        .replace("group_wait: 30s", "group_wait: 1s");
+    std::fs::write(workspace.path().join("alertmanager.yml"), am_config).expect("am config");
+    let mut alertmanager = std::process::Command::new("prometheus-alertmanager")
+        .arg(format!(
+            "--config.file={}",
+            workspace.path().join("alertmanager.yml").display()
+        ))
+        .arg(format!(
+            "--storage.path={}",
+            workspace.path().join("am-data").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{am_port}"))
+        .arg("--cluster.listen-address=")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start prometheus-alertmanager (.ci/run installs it)");
+    struct KillOnDrop<'a>(&'a mut std::process::Child);
+    impl Drop for KillOnDrop<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _alertmanager = KillOnDrop(&mut alertmanager);
+    wait_until("Alertmanager to listen", Duration::from_secs(30), || {
+        TcpStream::connect(("127.0.0.1", am_port)).is_ok()
+    });
+    let fired = std::process::Command::new("amtool")
+        .args([
+            "alert",
+            "add",
+            "alertname=DiskFull",
+            "instance=db-1",
+            "severity=page",
+        ])
+        .arg(format!("--alertmanager.url=http://127.0.0.1:{am_port}"))
+        .output()
+        .expect("amtool");
+    assert!(fired.status.success(), "{fired:?}");
+
+    let mut event: Option<(String, String, String)> = None;
+    wait_until(
+        "the notification to arrive",
+        Duration::from_secs(60),
+        || {
+            event = workspace
+                .query(
+                    "SELECT id, event_type, session_key FROM events WHERE route = 'alertmanager'",
+                    |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
+                )
+                .into_iter()
+                .next();
+            event.is_some()
+        },
+    );
+    let (id, event_type, session) = event.expect("an event");
+    assert_eq!(event_type, "firing");
+    assert_eq!(session, "alertmanager:DiskFull:db-1");
+    assert_eq!(
+        workspace.wait_terminal(&id, Duration::from_secs(30)),
+        "completed"
+    );
+}
