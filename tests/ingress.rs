@@ -1298,3 +1298,24 @@ fn a_real_alertmanager_notification_becomes_a_turn() {
         "completed"
     );
 }
+
+/// Behind a trusted reverse proxy, refusals name the client from `X-Forwarded-For`; from anyone
+/// else the header is ignored.
+#[test]
+fn refusals_name_the_client_behind_a_trusted_proxy() {
+    let workspace = Workspace::new();
+    workspace.write_config(&format!(
+        "trusted_proxies = [\"127.0.0.1\"]\n{}",
+        github_config("")
+    ));
+    let daemon = workspace.start_with_env(&[("TEST_GITHUB_SECRET", GITHUB_SECRET)]);
+    let refused = daemon.post_json(
+        "/hooks/github",
+        &[("x-forwarded-for", "198.51.100.7, 203.0.113.9")],
+        ISSUE,
+    );
+    assert_eq!(refused.status, 401);
+    wait_until("the refusal's line", Duration::from_secs(10), || {
+        daemon.log().contains("peer=203.0.113.9 (via 127.0.0.1:")
+    });
+}

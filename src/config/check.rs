@@ -308,6 +308,19 @@ impl Checker<'_> {
                 Some(tls)
             }
         };
+        let mut trusted_proxies = Vec::new();
+        for entry in raw.trusted_proxies.unwrap_or_default() {
+            let parsed = entry
+                .parse::<ipnet::IpNet>()
+                .or_else(|_| entry.parse::<std::net::IpAddr>().map(ipnet::IpNet::from));
+            match parsed {
+                Ok(network) => trusted_proxies.push(network),
+                Err(_) => self.error(
+                    "server.trusted_proxies",
+                    format!("{entry:?} is not an address or a network such as \"10.0.0.0/8\""),
+                ),
+            }
+        }
         Some(ServerSettings {
             listen,
             control_socket: raw
@@ -327,6 +340,7 @@ impl Checker<'_> {
             max_connections: self.positive("server.max_connections", raw.max_connections, 4096)
                 as usize,
             tls,
+            trusted_proxies,
         })
     }
 

@@ -38,6 +38,7 @@ pub(super) struct RawServer {
     pub(super) keepalive_timeout: Option<String>,
     pub(super) max_connections: Option<i64>,
     pub(super) tls: Option<RawTls>,
+    pub(super) trusted_proxies: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize)]

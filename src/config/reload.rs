@@ -44,12 +44,20 @@ pub(crate) fn list_changes(old: &Config, new: &Config, report: &mut ReloadReport
     let mut server = old.server.clone();
     server.max_body = new.server.max_body;
     server.tls.clone_from(&new.server.tls);
+    server
+        .trusted_proxies
+        .clone_from(&new.server.trusted_proxies);
     compare(
         "server (listen, control_socket, header_timeout)",
         server != new.server,
         false,
     );
     compare("server.tls", old.server.tls != new.server.tls, true);
+    compare(
+        "server.trusted_proxies",
+        old.server.trusted_proxies != new.server.trusted_proxies,
+        true,
+    );
     compare("store", old.store != new.store, false);
     compare("model", old.model != new.model, false);
     compare("store.retention", old.retention != new.retention, true);

@@ -34,6 +34,8 @@ pub(crate) struct ServerSettings {
     pub max_connections: usize,
     /// HTTPS on the webhook socket.
     pub tls: Option<TlsSettings>,
+    /// Reverse proxies whose `X-Forwarded-For` names the client.
+    pub trusted_proxies: Vec<ipnet::IpNet>,
 }
 
 /// `[server] tls`: the certificate chain and its private key, PEM.

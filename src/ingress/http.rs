@@ -149,6 +149,11 @@ impl Ingress {
         B::Error: std::error::Error + Send + Sync + 'static,
     {
         let arrived = Instant::now();
+        let peer = client_address(
+            peer,
+            request.headers(),
+            &self.routing.get().settings.config.server.trusted_proxies,
+        );
         let route = self
             .routing
             .get()
@@ -621,6 +626,30 @@ impl RefusalLog {
 #[derive(Clone)]
 struct RefusalReason(String);
 
+/// The client a request comes from: `peer`, unless `peer` is a trusted reverse proxy, in which
+/// case the nearest address in `X-Forwarded-For` that is not a trusted proxy (each proxy appends
+/// the address it got the request from, so the addresses to the right are the trusted ones).
+/// Without trusted proxies the header is ignored: anyone can send it.
+fn client_address(peer: SocketAddr, headers: &http::HeaderMap, trusted: &[ipnet::IpNet]) -> String {
+    let is_trusted = |ip: &std::net::IpAddr| trusted.iter().any(|network| network.contains(ip));
+    if !is_trusted(&peer.ip()) {
+        return peer.to_string();
+    }
+    let forwarded: Vec<std::net::IpAddr> = headers
+        .get_all("x-forwarded-for")
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .filter_map(|hop| hop.trim().parse().ok())
+        .collect();
+    forwarded
+        .iter()
+        .rev()
+        .find(|ip| !is_trusted(ip))
+        .or(forwarded.first())
+        .map_or_else(|| peer.to_string(), |ip| format!("{ip} (via {peer})"))
+}
+
 pub(crate) fn error(status: StatusCode, code: &str, message: &str) -> HttpResponse {
     let mut response = json_response(status, &json!({"error": code, "message": message}));
     response
@@ -645,6 +674,38 @@ fn unavailable_for(message: &str, seconds: u64) -> HttpResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn forwarded(value: &str) -> http::HeaderMap {
+        let mut headers = http::HeaderMap::new();
+        headers.insert(
+            "x-forwarded-for",
+            http::HeaderValue::from_str(value).expect("value"),
+        );
+        headers
+    }
+
+    #[test]
+    fn x_forwarded_for_counts_only_from_a_trusted_proxy() {
+        let proxy: SocketAddr = "10.0.0.5:40000".parse().expect("addr");
+        let trusted: Vec<ipnet::IpNet> = vec!["10.0.0.0/8".parse().expect("net")];
+        let spoofed = forwarded("1.2.3.4, 203.0.113.9, 10.0.0.7");
+        // From the trusted proxy: the nearest untrusted hop, not what the client claimed.
+        assert_eq!(
+            client_address(proxy, &spoofed, &trusted),
+            "203.0.113.9 (via 10.0.0.5:40000)"
+        );
+        // From anyone else, or with no trusted proxies: the header is ignored.
+        let direct: SocketAddr = "198.51.100.1:5000".parse().expect("addr");
+        assert_eq!(
+            client_address(direct, &spoofed, &trusted),
+            "198.51.100.1:5000"
+        );
+        assert_eq!(client_address(proxy, &spoofed, &[]), "10.0.0.5:40000");
+        assert_eq!(
+            client_address(proxy, &http::HeaderMap::new(), &trusted),
+            "10.0.0.5:40000"
+        );
+    }
 
     #[test]
     fn refusal_lines_are_rate_limited_and_say_how_many_were_left_out() {
