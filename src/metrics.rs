@@ -17,6 +17,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 
 use crate::session::OperatorAction;
+use crate::store::ResumeReason;
 use crate::store::StatusSummary;
 
 /// The content type of the exposition: Prometheus text format 0.0.4 (see [`legacy_text`]).
@@ -177,6 +178,23 @@ impl Metrics {
             "1 while events can be made durable",
             store_writable.clone(),
         );
+        // Label values known in advance start at 0: a series that appears with its first event
+        // would hide that event from `increase()` and `rate()`, and from the alerts built on them.
+        for result in DeliveryResult::ALL {
+            let _ = deliveries.get_or_create(&ResultLabel {
+                result: result.label().to_string(),
+            });
+        }
+        for outcome in ResumeOutcome::ALL {
+            let _ = resumes.get_or_create(&ReasonLabel {
+                reason: outcome.label().to_string(),
+            });
+        }
+        for action in OperatorAction::ALL {
+            let _ = operator_actions.get_or_create(&ActionLabel {
+                action: action.name().to_string(),
+            });
+        }
         Metrics {
             registry,
             http_requests,
@@ -249,22 +267,76 @@ pub(crate) fn tool_call(tool: &str, result: &str) {
         .inc();
 }
 
-/// A delivery attempt ended with `result` (`delivered`, `retry` or `failed`).
-pub(crate) fn delivery(result: &str) {
+/// How a delivery attempt ended: the `result` label of `agentgate_deliveries_total`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum DeliveryResult {
+    Delivered,
+    Retry,
+    Failed,
+}
+
+impl DeliveryResult {
+    const ALL: [DeliveryResult; 3] = [
+        DeliveryResult::Delivered,
+        DeliveryResult::Retry,
+        DeliveryResult::Failed,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            DeliveryResult::Delivered => "delivered",
+            DeliveryResult::Retry => "retry",
+            DeliveryResult::Failed => "failed",
+        }
+    }
+}
+
+/// How an interrupted session was settled at start: the `reason` label of
+/// `agentgate_resumes_total`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum ResumeOutcome {
+    Resumed(ResumeReason),
+    Abandoned,
+    Suspended,
+    /// The ledger could not count it, so it was not dispatched.
+    Refused,
+}
+
+impl ResumeOutcome {
+    const ALL: [ResumeOutcome; 5] = [
+        ResumeOutcome::Resumed(ResumeReason::Crashed),
+        ResumeOutcome::Resumed(ResumeReason::ShutdownTimeout),
+        ResumeOutcome::Abandoned,
+        ResumeOutcome::Suspended,
+        ResumeOutcome::Refused,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            ResumeOutcome::Resumed(reason) => reason.sql(),
+            ResumeOutcome::Abandoned => "abandoned",
+            ResumeOutcome::Suspended => "suspended",
+            ResumeOutcome::Refused => "refused",
+        }
+    }
+}
+
+/// A delivery attempt ended with `result`.
+pub(crate) fn delivery(result: DeliveryResult) {
     METRICS
         .deliveries
         .get_or_create(&ResultLabel {
-            result: result.to_string(),
+            result: result.label().to_string(),
         })
         .inc();
 }
 
-/// An interrupted session was settled at start: resumed for `reason`, or suspended, or abandoned.
-pub(crate) fn resume(reason: &str) {
+/// An interrupted session was settled at start.
+pub(crate) fn resume(outcome: ResumeOutcome) {
     METRICS
         .resumes
         .get_or_create(&ReasonLabel {
-            reason: reason.to_string(),
+            reason: outcome.label().to_string(),
         })
         .inc();
 }

@@ -572,3 +572,89 @@ wait $daemon
     assert!(reload_err.contains("loopback"), "{reload_err}");
     assert!(stdout.contains("open: 404"), "{stdout}\n{log}");
 }
+
+/// `[server] metrics_listen` serves `GET /metrics` alone, for Prometheus; the packaged alert
+/// rules pass `promtool check rules` and their unit tests, and every metric the rules and the
+/// Grafana dashboard use is one the daemon exports.
+#[test]
+fn metrics_listen_serves_what_the_packaged_rules_and_dashboard_use() {
+    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/examples");
+    for args in [
+        vec!["check", "rules", "prometheus-rules.yml"],
+        vec!["test", "rules", "prometheus-rules.test.yml"],
+    ] {
+        let checked = std::process::Command::new("promtool")
+            .args(&args)
+            .current_dir(&examples)
+            .output()
+            .expect("promtool (.ci/run installs prometheus)");
+        assert!(checked.status.success(), "promtool {args:?}: {checked:?}");
+    }
+
+    // A turn that calls a tool and delivers its result, so that every family has a series.
+    let workspace = Workspace::new();
+    let model = common::stub::Stub::start(|request, _| {
+        if request.json().to_string().contains("\"role\":\"tool\"") {
+            common::stub::Reply::answer("done")
+        } else {
+            common::stub::Reply::tool_call("call_1", "noop", serde_json::json!({}))
+        }
+    });
+    let metrics_port = free_port();
+    workspace.write_config(&format!(
+        "metrics_listen = \"127.0.0.1:{metrics_port}\"\n\n{}\n[tools.noop]\ncommand = [\"/bin/true\"]\n\n{ROUTE}tools = [\"noop\"]\n",
+        model.model_section()
+    ));
+    let daemon = workspace.start();
+    let accepted = daemon.post_json("/hook", &[], "{}");
+    assert_eq!(accepted.status, 202);
+    let event_id = accepted.json()["event_id"].as_str().expect("id").to_string();
+    assert_eq!(workspace.wait_terminal(&event_id, Duration::from_secs(30)), "completed");
+    let metrics_addr = std::net::SocketAddr::from(([127, 0, 0, 1], metrics_port));
+    let exposition = try_request(metrics_addr, "GET", "/metrics", &[], b"").expect("metrics");
+    assert_eq!(exposition.status, 200);
+    // Only the metrics: the operator endpoints stay on the control socket.
+    let status = try_request(metrics_addr, "GET", "/v1/status", &[], b"").expect("status");
+    assert_eq!(status.status, 404);
+    let reload = try_request(metrics_addr, "POST", "/v1/reload", &[], b"").expect("reload");
+    assert_eq!(reload.status, 404);
+
+    let exported: std::collections::BTreeSet<String> = exposition
+        .body
+        .lines()
+        .filter_map(|line| line.strip_prefix("# TYPE "))
+        .filter_map(|line| line.split_whitespace().next())
+        .map(str::to_string)
+        .collect();
+    let used = |text: &str| -> std::collections::BTreeSet<String> {
+        text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|word| word.starts_with("agentgate_"))
+            .map(|word| {
+                ["_bucket", "_count", "_sum"]
+                    .iter()
+                    .find_map(|suffix| word.strip_suffix(suffix))
+                    .unwrap_or(word)
+                    .to_string()
+            })
+            .collect()
+    };
+    let rules = std::fs::read_to_string(examples.join("prometheus-rules.yml")).expect("rules");
+    let dashboard =
+        std::fs::read_to_string(examples.join("grafana-dashboard.json")).expect("dashboard");
+    let dashboard_json: serde_json::Value =
+        serde_json::from_str(&dashboard).expect("the dashboard is JSON");
+    assert!(
+        dashboard_json["panels"]
+            .as_array()
+            .is_some_and(|p| p.len() >= 10)
+    );
+    let mut referenced = used(&rules);
+    referenced.extend(used(&dashboard));
+    assert!(referenced.len() >= 10, "{referenced:?}");
+    for metric in &referenced {
+        assert!(
+            exported.contains(metric),
+            "{metric} is used by the rules or the dashboard but not exported: {exported:?}"
+        );
+    }
+}

@@ -321,6 +321,16 @@ impl Checker<'_> {
                 ),
             }
         }
+        let metrics_listen = raw.metrics_listen.and_then(|text| {
+            let parsed = text.parse::<SocketAddr>().ok();
+            if parsed.is_none() {
+                self.error(
+                    "server.metrics_listen",
+                    format!("{text:?} is not an address:port such as \"127.0.0.1:9464\""),
+                );
+            }
+            parsed
+        });
         Some(ServerSettings {
             listen,
             control_socket: raw
@@ -341,6 +351,7 @@ impl Checker<'_> {
                 as usize,
             tls,
             trusted_proxies,
+            metrics_listen,
         })
     }
 

@@ -39,6 +39,7 @@ pub(super) struct RawServer {
     pub(super) max_connections: Option<i64>,
     pub(super) tls: Option<RawTls>,
     pub(super) trusted_proxies: Option<Vec<String>>,
+    pub(super) metrics_listen: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

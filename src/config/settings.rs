@@ -36,6 +36,8 @@ pub(crate) struct ServerSettings {
     pub tls: Option<TlsSettings>,
     /// Reverse proxies whose `X-Forwarded-For` names the client.
     pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// A TCP address that serves `GET /metrics` alone, for Prometheus.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// `[server] tls`: the certificate chain and its private key, PEM.

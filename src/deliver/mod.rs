@@ -174,18 +174,18 @@ impl Deliverer {
         let attempt = delivery.attempts + 1;
         let outcome = match result {
             Ok(()) => {
-                metrics::delivery("delivered");
+                metrics::delivery(metrics::DeliveryResult::Delivered);
                 tracing::info!(attempt, "result delivered");
                 DeliveryAttempt::Delivered
             }
             Err(error) if attempt >= MAX_ATTEMPTS => {
-                metrics::delivery("failed");
+                metrics::delivery(metrics::DeliveryResult::Failed);
                 tracing::error!(attempt, error = %error,
                     "delivery failed for good; kept in the outbox as failed");
                 DeliveryAttempt::GaveUp { error }
             }
             Err(error) => {
-                metrics::delivery("retry");
+                metrics::delivery(metrics::DeliveryResult::Retry);
                 let delay = backoff(attempt);
                 tracing::warn!(attempt, retry_in_s = delay.as_secs(), error = %error,
                     "delivery failed; will retry");

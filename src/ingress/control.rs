@@ -354,6 +354,49 @@ fn percent_decode(text: &str) -> String {
 }
 
 /// Serves the control socket until `shutdown`.
+/// Serves `GET /metrics` alone on `listener` (`[server] metrics_listen`): Prometheus cannot
+/// scrape a Unix socket, and the operator endpoints stay on the control socket.
+pub(crate) async fn serve_metrics(
+    listener: tokio::net::TcpListener,
+    control: Arc<Control>,
+    shutdown: CancellationToken,
+) {
+    let mut backoff = AcceptBackoff::default();
+    loop {
+        let stream = tokio::select! {
+            () = shutdown.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(err) => {
+                    backoff.failed("metrics", &err).await;
+                    continue;
+                }
+            },
+        };
+        backoff.succeeded();
+        let control = control.clone();
+        let service = service_fn(move |request: Request<hyper::body::Incoming>| {
+            let control = control.clone();
+            async move {
+                let response =
+                    if request.method() == Method::GET && request.uri().path() == "/metrics" {
+                        control.metrics().await.unwrap_or_else(|message| {
+                            error(StatusCode::SERVICE_UNAVAILABLE, "unavailable", &message)
+                        })
+                    } else {
+                        not_found(request.method(), request.uri().path())
+                    };
+                Ok::<_, Infallible>(response)
+            }
+        });
+        tokio::spawn(async move {
+            let _ = http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
 pub(crate) async fn serve(
     listener: std::os::unix::net::UnixListener,
     control: Arc<Control>,

@@ -101,6 +101,7 @@ pub(crate) fn serve(
     }
     let runtime_settings = config.runtime.clone();
     let server_settings = config.server.clone();
+    let metrics_listen = config.server.metrics_listen;
     let state_dir = config.state_dir.clone();
     // With PostgreSQL the events live on the database server's disk, not in the state directory.
     let measured_disk =
@@ -177,14 +178,29 @@ pub(crate) fn serve(
             )
             .await
         });
+        let control = Arc::new(Control {
+            store: store.clone(),
+            sessions: sessions.clone(),
+            settings: daemon.settings.clone(),
+            mcp,
+            reload_requests,
+        });
+        if let Some(addr) = metrics_listen {
+            // Like the control socket, a metrics address that cannot be bound is no reason to
+            // stop serving webhooks.
+            match tokio::net::TcpListener::bind(addr).await {
+                Ok(listener) => {
+                    drain.spawn(control::serve_metrics(
+                        listener,
+                        control.clone(),
+                        drain.stop_accepting(),
+                    ));
+                }
+                Err(err) => tracing::error!(error = %err,
+                    "cannot listen on {addr} (server.metrics_listen); metrics are on the control socket only"),
+            }
+        }
         if let Some(listener) = listeners.control {
-            let control = Arc::new(Control {
-                store: store.clone(),
-                sessions: sessions.clone(),
-                settings: daemon.settings.clone(),
-                mcp,
-                reload_requests,
-            });
             drain.spawn(control::serve(listener, control, drain.stop_accepting()));
         }
         drain.spawn(resume::settle_interrupted_sessions(

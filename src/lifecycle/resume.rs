@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::RuntimeSettings;
 use crate::logging;
-use crate::metrics;
+use crate::metrics::{self, ResumeOutcome};
 use crate::session::Sessions;
 use crate::store::{InterruptedSession, Settled, Settlement, Store, now_millis};
 
@@ -94,10 +94,10 @@ async fn resume_interrupted(
 /// Logs and counts how an interrupted session was settled.
 fn report(session: &InterruptedSession, settled: &Settled, max_attempts: u32) {
     match settled {
-        Settled::Resumed { .. } => metrics::resume(session.reason.sql()),
-        Settled::Abandoned => metrics::resume("abandoned"),
-        Settled::Suspended => metrics::resume("suspended"),
-        Settled::Refused(_) => metrics::resume("refused"),
+        Settled::Resumed { .. } => metrics::resume(ResumeOutcome::Resumed(session.reason)),
+        Settled::Abandoned => metrics::resume(ResumeOutcome::Abandoned),
+        Settled::Suspended => metrics::resume(ResumeOutcome::Suspended),
+        Settled::Refused(_) => metrics::resume(ResumeOutcome::Refused),
         Settled::NotInterrupted => {}
     }
     let InterruptedSession {
