@@ -474,8 +474,8 @@ mod tests {
         http_request("github", 202);
         turn_ended("github", "completed", Duration::from_secs(2));
         tool_call("disk_usage", "ok");
-        delivery("delivered");
-        resume("crashed");
+        delivery(DeliveryResult::Delivered);
+        resume(ResumeOutcome::Resumed(ResumeReason::Crashed));
         let mut summary = StatusSummary::default();
         summary.events.by_status.insert("queued".into(), 2);
         summary.sessions.by_state.insert("idle".into(), 1);
