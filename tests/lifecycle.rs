@@ -608,8 +608,14 @@ fn metrics_listen_serves_what_the_packaged_rules_and_dashboard_use() {
     let daemon = workspace.start();
     let accepted = daemon.post_json("/hook", &[], "{}");
     assert_eq!(accepted.status, 202);
-    let event_id = accepted.json()["event_id"].as_str().expect("id").to_string();
-    assert_eq!(workspace.wait_terminal(&event_id, Duration::from_secs(30)), "completed");
+    let event_id = accepted.json()["event_id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    assert_eq!(
+        workspace.wait_terminal(&event_id, Duration::from_secs(30)),
+        "completed"
+    );
     let metrics_addr = std::net::SocketAddr::from(([127, 0, 0, 1], metrics_port));
     let exposition = try_request(metrics_addr, "GET", "/metrics", &[], b"").expect("metrics");
     assert_eq!(exposition.status, 200);
@@ -656,5 +662,56 @@ fn metrics_listen_serves_what_the_packaged_rules_and_dashboard_use() {
             exported.contains(metric),
             "{metric} is used by the rules or the dashboard but not exported: {exported:?}"
         );
+    }
+}
+
+/// `generate manpages` writes agentgate(8) and agentgate.toml(5) from the reference, and man
+/// renders both without a warning.
+#[test]
+fn the_man_pages_render_cleanly_and_carry_the_reference() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let generated = std::process::Command::new(BIN)
+        .args(["generate", "manpages"])
+        .arg(dir.path())
+        .output()
+        .expect("generate");
+    assert!(generated.status.success(), "{generated:?}");
+    assert!(!dir.path().join("agentgate.1").exists());
+    for (page, expected) in [
+        (
+            "agentgate.8",
+            &[
+                "SYNOPSIS",
+                "COMMANDS",
+                "EXIT STATUS",
+                "ENVIRONMENT",
+                "SIGNALS",
+                "FILES",
+                "sessions cancel",
+                "LISTEN_FDNAMES",
+            ][..],
+        ),
+        (
+            "agentgate.toml.5",
+            &["max_queued_events", "trusted_proxies", "not_idempotent"][..],
+        ),
+    ] {
+        let rendered = std::process::Command::new("man")
+            .args(["--warnings", "-l"])
+            .arg(dir.path().join(page))
+            .env("MANWIDTH", "100")
+            .env("LC_ALL", "C.UTF-8")
+            .output()
+            .expect("man");
+        assert!(rendered.status.success(), "{page}: {rendered:?}");
+        assert!(
+            rendered.stderr.is_empty(),
+            "{page}: {}",
+            String::from_utf8_lossy(&rendered.stderr)
+        );
+        let text = String::from_utf8_lossy(&rendered.stdout).replace('\u{2010}', "-");
+        for word in expected {
+            assert!(text.contains(word), "{page} lacks {word:?}");
+        }
     }
 }

@@ -116,7 +116,17 @@ fn install_serve_upgrade_restart_remove_purge() {
     assert!(
         machine
             .ok("MANPAGER=cat man agentgate 2>/dev/null | head -n 20")
-            .contains("agentgate")
+            .contains("AGENTGATE(8)")
+    );
+    assert!(
+        machine
+            .ok("MANPAGER=cat man 5 agentgate.toml 2>/dev/null | head -n 20")
+            .contains("AGENTGATE.TOML(5)")
+    );
+    // Every user doc, uncompressed, so that their links to each other work; and the examples.
+    machine.ok(
+        "cd /usr/share/doc/agentgate && ls reference.md operations.md senders.md tools.md models.md \
+         scale-out.md examples/alertmanager.yml examples/grafana-dashboard.json examples/prometheus-rules.yml",
     );
     let verify = machine.sh("systemd-analyze verify agentgate.socket agentgate-control.socket agentgate.service agentgate-reconcile.service");
     let complaints = format!(

@@ -111,7 +111,8 @@ pub(super) enum Command {
 /// Files generated from this command-line definition, for packaging.
 #[derive(Debug, Subcommand)]
 pub(super) enum GenerateCommand {
-    /// agentgate(1) and a page per subcommand (agentgate-serve(1), ...), written into DIR
+    /// agentgate(8) and agentgate.toml(5) from the reference, and a page per subcommand
+    /// (agentgate-serve(1), ...), written into DIR
     Manpages { dir: PathBuf },
     /// Shell completions on stdout
     Completions {

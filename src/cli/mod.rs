@@ -8,6 +8,7 @@ mod check;
 mod control;
 mod events;
 mod generate;
+mod manual;
 pub(crate) mod output;
 mod send;
 mod sessions;
