@@ -1248,3 +1248,73 @@ verify = {{ scheme = "none" }}
         );
     }
 }
+
+/// A background job whose result makes the model start it again loops only as far as
+/// `runtime.max_internal_turns`: the next internal event ends `failed` with an error that says
+/// so, and that is delivered.
+#[test]
+fn a_background_job_that_restarts_itself_stops_at_the_internal_turn_budget() {
+    let workspace = Workspace::new();
+    // Every turn starts the job; once the job is started, the turn ends.
+    let model = Stub::start(|request, _| {
+        let last_is_tool = request.json()["messages"]
+            .as_array()
+            .and_then(|messages| messages.last().cloned())
+            .is_some_and(|message| message["role"] == "tool");
+        if last_is_tool {
+            Reply::answer("started it")
+        } else {
+            Reply::tool_call("call-1", "again", json!({}))
+        }
+    });
+    workspace.write_config(&format!(
+        r#"[runtime]
+max_internal_turns = 3
+
+{model}
+[tools.again]
+description = "A job whose result asks for the job again"
+command = ["/bin/true"]
+background = true
+
+[routes.alerts]
+path = "/hooks/alerts"
+verify = {{ scheme = "none" }}
+session = "loop"
+tools = ["again"]
+"#,
+        model = model.model_section(),
+    ));
+    let daemon = workspace.start();
+    let response = daemon.post_json("/hooks/alerts", &[], "{}");
+    assert_eq!(response.status, 202);
+    let internal = |workspace: &Workspace| -> Vec<(String, String)> {
+        workspace.query(
+            "SELECT id, status FROM events WHERE origin <> 'webhook' ORDER BY seq",
+            |row| Ok((row.get(0)?, row.get(1)?)),
+        )
+    };
+    wait_until("the fourth internal event to end", TURN_LIMIT, || {
+        internal(&workspace)
+            .get(3)
+            .is_some_and(|(_, status)| status != "queued" && status != "running")
+    });
+    let events = internal(&workspace);
+    let statuses: Vec<&str> = events.iter().map(|(_, status)| status.as_str()).collect();
+    assert_eq!(statuses, ["completed", "completed", "completed", "failed"]);
+    let error: Vec<String> = workspace.query(
+        &format!(
+            "SELECT body FROM deliveries WHERE event_id = '{}'",
+            events[3].0
+        ),
+        |row| row.get(0),
+    );
+    let body: serde_json::Value = serde_json::from_str(&error[0]).expect("delivery body");
+    assert_eq!(body["status"], "failed");
+    assert!(
+        body["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("runtime.max_internal_turns (3)")),
+        "{body}"
+    );
+}

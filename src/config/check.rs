@@ -414,6 +414,11 @@ impl Checker<'_> {
                 raw.max_background_jobs_per_session,
                 4,
             ) as usize,
+            max_internal_turns: self.positive(
+                "runtime.max_internal_turns",
+                raw.max_internal_turns,
+                8,
+            ),
         }
     }
 

@@ -64,6 +64,7 @@ pub(super) struct RawRuntime {
     pub(super) max_tool_calls_per_reply: Option<i64>,
     pub(super) max_background_jobs: Option<i64>,
     pub(super) max_background_jobs_per_session: Option<i64>,
+    pub(super) max_internal_turns: Option<i64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

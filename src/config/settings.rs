@@ -65,6 +65,9 @@ pub(crate) struct RuntimeSettings {
     /// Background jobs running at once, in all and per session.
     pub max_background_jobs: usize,
     pub max_background_jobs_per_session: usize,
+    /// Internal turns (background job results) one external event may cause in a row; the
+    /// next one ends `failed` instead of running.
+    pub max_internal_turns: u32,
 }
 
 /// Where the state lives: SQLite in `state_dir` (one node), or PostgreSQL shared by many nodes.

@@ -133,6 +133,7 @@ mod tests {
             max_tool_calls_per_reply: 16,
             max_background_jobs: 16,
             max_background_jobs_per_session: 4,
+            max_internal_turns: 8,
         }
     }
 

@@ -104,6 +104,19 @@ impl JobSlots {
     }
 }
 
+/// How many internal turns in a row led to `event`: 0 for a webhook, else the count its
+/// background job recorded when it was started.
+fn internal_chain(event: &crate::store::StoredEvent) -> u32 {
+    if !event.internal {
+        return 0;
+    }
+    serde_json::from_slice::<serde_json::Value>(&event.payload)
+        .ok()
+        .and_then(|payload| payload["chain"].as_u64())
+        .and_then(|chain| u32::try_from(chain).ok())
+        .unwrap_or(1)
+}
+
 /// The conversation messages among transcript entries (tool starts are bookkeeping).
 fn messages_of(entries: &[Entry]) -> Vec<Message> {
     entries
@@ -154,6 +167,30 @@ impl TurnContext {
             .await;
             return;
         };
+        // A chain of internal turns (a job whose result starts the job again) ends here.
+        let chain = internal_chain(&turn.event);
+        let budget = settings.config.runtime.max_internal_turns;
+        if chain > budget {
+            tracing::warn!(
+                chain,
+                budget,
+                "internal turn not run: the chain reached runtime.max_internal_turns"
+            );
+            self.finish(
+                &turn,
+                Outcome::Failed {
+                    error: format!(
+                        "not run: this is internal turn {chain} in a row since the session's last webhook, \
+                         past runtime.max_internal_turns ({budget}); background jobs that keep starting \
+                         themselves end here"
+                    ),
+                },
+                None,
+                TurnProgress { steps: 0, started },
+            )
+            .await;
+            return;
+        }
         tracing::info!("turn started");
         let running = Running {
             context: self,
@@ -587,6 +624,7 @@ impl Running<'_> {
     ) -> String {
         let job_id = uuid::Uuid::now_v7().to_string();
         let event = &self.turn.event;
+        let chain = internal_chain(event) + 1;
         let (store, sessions) = (self.context.store.clone(), self.context.sessions.clone());
         let slots = self.context.job_slots.clone();
         // Jobs end with the daemon's drain, after turns and deliveries.
@@ -608,14 +646,15 @@ impl Running<'_> {
                 let payload = match outcome {
                     Ok(outcome) => {
                         metrics::tool_call(&tool.name, outcome.result());
-                        serde_json::json!({"job_id": job, "tool": tool.name, "outcome": outcome})
+                        serde_json::json!({"job_id": job, "tool": tool.name, "outcome": outcome,
+                            "chain": chain})
                     }
                     Err(ToolAbort::Cancelled) => {
                         metrics::tool_call(&tool.name, "cancelled");
                         tracing::warn!(job_id = %job, tool = %tool.name,
                         "background job interrupted by the shutdown; its session is told");
                         serde_json::json!({"job_id": job, "tool": tool.name, "outcome": null,
-                        "error": BACKGROUND_JOB_INTERRUPTED})
+                        "error": BACKGROUND_JOB_INTERRUPTED, "chain": chain})
                     }
                 };
                 match store

@@ -37,7 +37,8 @@ pub(crate) use ledger::Ledger;
 pub(crate) use lock::{DaemonLock, LockError};
 pub(crate) use model::{
     AcceptOutcome, ClaimedTurn, DeliveryAttempt, DeliveryCounts, InterruptedSession, LiveCounts,
-    NewEvent, NodeRow, PendingDelivery, SessionRow, StatusSummary, TranscriptRow, TurnEnd,
+    NewEvent, NodeRow, PendingDelivery, SessionRow, StatusSummary, StoredEvent, TranscriptRow,
+    TurnEnd,
 };
 pub(crate) use sqlite::{backup, check_database, session_keys};
 pub(crate) use state_dir::{LEDGER_FILE, StateDir};

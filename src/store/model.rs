@@ -122,6 +122,8 @@ pub(crate) struct StoredEvent {
     pub payload: Vec<u8>,
     /// Set when this run resumes an interrupted one.
     pub resume_reason: Option<ResumeReason>,
+    /// Queued by agentgate itself (a background job's result), not by a sender.
+    pub internal: bool,
 }
 
 /// An event claimed for a new turn.

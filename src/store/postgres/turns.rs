@@ -118,7 +118,8 @@ impl Turns for PostgresStore {
                 let session_key: String = session.get(0);
                 let Some(row) = tx
                     .maybe_row(
-                        concatcp!("SELECT id, route, session_key, event_type, delivery_id, headers, payload, resume_reason
+                        concatcp!("SELECT id, route, session_key, event_type, delivery_id, headers, payload, resume_reason,
+                                origin <> 'webhook'
                          FROM events WHERE session_key = $1 AND status = ", QUEUED, " ORDER BY seq LIMIT 1"),
                         &[&session_key],
                     )
@@ -135,6 +136,7 @@ impl Turns for PostgresStore {
                     headers: row.get(5),
                     payload: row.get(6),
                     resume_reason: row.get::<_, Option<&str>>(7).map(ResumeReason::from_sql),
+                    internal: row.get(8),
                 };
                 let turn_id = uuid::Uuid::now_v7().to_string();
                 let now = now_millis();

@@ -83,7 +83,8 @@ pub(super) fn claim_in(
         }
         let event = connection
             .prepare_cached(
-                "SELECT id, route, session_key, event_type, delivery_id, headers, payload, resume_reason
+                "SELECT id, route, session_key, event_type, delivery_id, headers, payload, resume_reason,
+                        origin <> 'webhook'
                  FROM events WHERE id = ?1",
             )?
             .query_row(params![candidate.event_id], |row| {
@@ -99,6 +100,7 @@ pub(super) fn claim_in(
                         .get::<_, Option<String>>(7)?
                         .as_deref()
                         .map(ResumeReason::from_sql),
+                    internal: row.get(8)?,
                 })
             })?;
         let turn_id = uuid::Uuid::now_v7().to_string();
