@@ -715,3 +715,66 @@ fn the_man_pages_render_cleanly_and_carry_the_reference() {
         }
     }
 }
+
+/// A user who may use the control socket (mode 0660, the daemon's group) but cannot read the
+/// state directory still runs `sessions list` and `sessions show`: they go through the daemon.
+#[test]
+fn sessions_go_through_the_control_socket_for_users_who_cannot_read_the_state() {
+    use std::os::unix::fs::PermissionsExt;
+    if !root_or_skip("sessions_go_through_the_control_socket_for_users_who_cannot_read_the_state") {
+        return;
+    }
+    let workspace = Workspace::new();
+    std::fs::set_permissions(workspace.path(), std::fs::Permissions::from_mode(0o755))
+        .expect("chmod");
+    workspace.write_config(&format!(
+        "[model]\nbackend = \"replay\"\n{ROUTE}session = \"{{{{ payload.s }}}}\"\n"
+    ));
+    let daemon = workspace.start();
+    let accepted = daemon.post_json("/hook", &[], r#"{"s":"acme/web#7"}"#);
+    let event_id = accepted.json()["event_id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    assert_eq!(
+        workspace.wait_terminal(&event_id, Duration::from_secs(30)),
+        "completed"
+    );
+    std::fs::set_permissions(
+        workspace.state_dir(),
+        std::fs::Permissions::from_mode(0o700),
+    )
+    .expect("chmod");
+    // uid nobody, in the socket's group (root's, in this test).
+    let as_group_member = |args: &[&str]| {
+        std::process::Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=0", "--clear-groups", BIN])
+            .args(args)
+            .arg("--config")
+            .arg(workspace.config_path())
+            .env_remove("AGENTGATE_CONFIG")
+            .output()
+            .expect("setpriv")
+    };
+    let denied = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=0", "--clear-groups", "ls"])
+        .arg(workspace.state_dir())
+        .output()
+        .expect("setpriv ls");
+    assert!(
+        !denied.status.success(),
+        "the state directory is readable: {denied:?}"
+    );
+    let listed = as_group_member(&["sessions", "list", "--json"]);
+    assert!(listed.status.success(), "{listed:?}");
+    assert!(String::from_utf8_lossy(&listed.stdout).contains("acme/web#7"));
+    let shown = as_group_member(&["sessions", "show", "acme/web#7"]);
+    assert!(shown.status.success(), "{shown:?}");
+    assert!(
+        String::from_utf8_lossy(&shown.stdout).contains("session acme/web#7"),
+        "{shown:?}"
+    );
+    let missing = as_group_member(&["sessions", "show", "nope"]);
+    assert!(!missing.status.success());
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("no session \"nope\""));
+}

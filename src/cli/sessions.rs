@@ -169,10 +169,63 @@ pub(super) fn ledger_show(source: &ConfigSource, json: bool) -> Result<(), Failu
     Ok(())
 }
 
+/// `GET path` on the running daemon's control socket: its JSON body when it answers `200`,
+/// `Ok(None)` when no daemon answers. `sessions` goes through the daemon when it runs, so that
+/// members of the `_agentgate` group, who may use the control socket, need not read the state
+/// files.
+fn from_daemon(
+    source: &ConfigSource,
+    path: &str,
+) -> Result<Option<control::ControlAnswer>, Failure> {
+    let location = config::state_location(source).map_err(Failure::config)?;
+    super::runtime()?.block_on(control::request(
+        &location.control_socket,
+        http::Method::GET,
+        path,
+    ))
+}
+
+/// Every session, from the daemon's pages, newest first; `None` when no daemon answers.
+fn sessions_from_daemon(source: &ConfigSource) -> Result<Option<Vec<serde_json::Value>>, Failure> {
+    let mut sessions = Vec::new();
+    let mut path = "/v1/sessions?limit=1000".to_string();
+    loop {
+        let Some(answer) = from_daemon(source, &path)? else {
+            return Ok(None);
+        };
+        if !answer.status.is_success() {
+            return Err(Failure::unavailable(answer.message()));
+        }
+        sessions.extend(
+            answer.body["sessions"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default(),
+        );
+        match answer.body["next"].as_str() {
+            Some(next) => {
+                path = format!(
+                    "/v1/sessions?limit=1000&after={}",
+                    control::path_segment(next)
+                );
+            }
+            None => break,
+        }
+    }
+    sessions.sort_by_key(|session| std::cmp::Reverse(session["updated_at"].as_i64()));
+    Ok(Some(sessions))
+}
+
 pub(super) fn sessions_list(source: &ConfigSource, json: bool) -> Result<(), Failure> {
-    let sessions = StateAccess::open(source)?
-        .query(async |store| store.sessions().await)?
-        .unwrap_or_default();
+    let sessions = match sessions_from_daemon(source)? {
+        Some(sessions) => sessions,
+        None => StateAccess::open(source)?
+            .query(async |store| store.sessions().await)?
+            .unwrap_or_default()
+            .iter()
+            .map(|session| serde_json::json!(session))
+            .collect(),
+    };
     if json {
         outln!("{:#}", serde_json::json!(sessions));
         return Ok(());
@@ -186,46 +239,57 @@ pub(super) fn sessions_list(source: &ConfigSource, json: bool) -> Result<(), Fai
         "QUEUED"
     );
     for s in sessions {
+        let text = |name: &str| s[name].as_str().unwrap_or("-").to_string();
         outln!(
             "{:<40} {:<16} {:<15} {:>5} {:>6}  {}",
-            s.key,
-            s.route,
-            s.state,
-            s.turns,
-            s.queued,
-            s.last_turn_status.as_deref().unwrap_or("-")
+            text("key"),
+            text("route"),
+            text("state"),
+            s["turns"],
+            s["queued"],
+            text("last_turn_status")
         );
     }
     Ok(())
 }
 
 pub(super) fn sessions_show(source: &ConfigSource, key: &str, json: bool) -> Result<(), Failure> {
-    let found = StateAccess::open(source)?
-        .query(async |store| Ok((store.session(key).await?, store.transcript(key).await?)))?;
-    let Some((Some(session), transcript)) = found else {
-        return Err(Failure::runtime(format!("no session {key:?}")));
+    let no_session = || Failure::runtime(format!("no session {key:?}"));
+    let shown = match from_daemon(
+        source,
+        &format!("/v1/sessions/{}", control::path_segment(key)),
+    )? {
+        Some(answer) if answer.status == http::StatusCode::NOT_FOUND => return Err(no_session()),
+        Some(answer) if answer.status.is_success() => answer.body,
+        Some(answer) => return Err(Failure::unavailable(answer.message())),
+        None => {
+            let found = StateAccess::open(source)?.query(async |store| {
+                Ok((store.session(key).await?, store.transcript(key).await?))
+            })?;
+            let Some((Some(session), transcript)) = found else {
+                return Err(no_session());
+            };
+            serde_json::json!({"session": session, "transcript": transcript})
+        }
     };
     if json {
-        outln!(
-            "{:#}",
-            serde_json::json!({"session": session, "transcript": transcript})
-        );
+        outln!("{shown:#}");
         return Ok(());
     }
+    let session = &shown["session"];
     outln!(
         "session {}  route {}  state {}{}  turns {}",
-        session.key,
-        session.route,
-        session.state,
-        session
-            .reason
-            .as_deref()
+        session["key"].as_str().unwrap_or(key),
+        session["route"].as_str().unwrap_or("-"),
+        session["state"].as_str().unwrap_or("-"),
+        session["reason"]
+            .as_str()
             .map(|r| format!(" ({r})"))
             .unwrap_or_default(),
-        session.turns
+        session["turns"]
     );
-    for row in transcript {
-        outln!("{}", render_entry(&row.body));
+    for row in shown["transcript"].as_array().into_iter().flatten() {
+        outln!("{}", render_entry(&row["body"]));
     }
     Ok(())
 }

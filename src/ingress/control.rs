@@ -109,6 +109,7 @@ impl Control {
             (&Method::GET, ["v1", "status"]) => self.status().await,
             (&Method::GET, ["v1", "sessions"]) => self.sessions(request.uri().query()).await,
             (&Method::GET, ["v1", "events"]) => self.events(request.uri().query()).await,
+            (&Method::GET, ["v1", "sessions", key]) => self.session(&percent_decode(key)).await,
             (&Method::POST, ["v1", "reload"]) => self.reload().await,
             (&Method::GET, ["v1", "tools"]) => self.tools(request.uri().query()).await,
             (&Method::POST, ["v1", "sessions", key, action]) => {
@@ -157,6 +158,27 @@ impl Control {
         Ok(json_response(
             StatusCode::OK,
             &json!({"sessions": sessions, "next": next}),
+        ))
+    }
+
+    /// `GET /v1/sessions/{key}`: the session and its transcript, as `sessions show --json`.
+    async fn session(&self, key: &str) -> Result<HttpResponse, String> {
+        let Some(session) = self
+            .store
+            .session(key)
+            .await
+            .map_err(|err| err.to_string())?
+        else {
+            return Ok(no_session(key));
+        };
+        let transcript = self
+            .store
+            .transcript(key)
+            .await
+            .map_err(|err| err.to_string())?;
+        Ok(json_response(
+            StatusCode::OK,
+            &json!({"session": session, "transcript": transcript}),
         ))
     }
 
