@@ -957,10 +957,12 @@ fn https_serves_http1_and_http2_by_alpn_and_a_reload_takes_a_renewed_certificate
         "plain HTTP was answered"
     );
 
-    // A renewed certificate is served after a reload, without a restart.
+    // A renewed certificate is served after a SIGHUP (certbot's deploy hook), without a restart.
     self_signed(workspace.path(), "second");
-    let reload = workspace.cli(&["reload"]);
-    assert!(reload.status.success(), "{reload:?}");
+    signal(daemon.pid(), "HUP");
+    wait_until("the reload", Duration::from_secs(10), || {
+        daemon.log().contains("config reloaded")
+    });
     let (_, code, log) = curl_post(&url, &cert, "--http2");
     assert_eq!(code, "202", "{log}");
     assert!(log.contains("CN=second"), "{log}");
