@@ -931,7 +931,7 @@ fn curl_post(url: &str, ca: &std::path::Path, version: &str) -> (String, String,
 }
 
 #[test]
-fn https_serves_http1_and_http2_by_alpn_and_a_reload_takes_a_renewed_certificate() {
+fn https_on_an_inherited_socket_serves_http1_and_http2_and_a_sighup_takes_a_renewed_certificate() {
     let workspace = Workspace::new();
     self_signed(workspace.path(), "first");
     let (cert, key) = (
@@ -945,7 +945,8 @@ fn https_serves_http1_and_http2_by_alpn_and_a_reload_takes_a_renewed_certificate
         key.display().to_string(),
     ));
     let url = format!("https://127.0.0.1:{}/hook", workspace.port);
-    let daemon = workspace.start_with(&[], || curl_post(&url, &cert, "--http1.1").1 == "202");
+    // On a socket systemd passes, as in production.
+    let daemon = workspace.start_activated(|| curl_post(&url, &cert, "--http1.1").1 == "202");
     let (version, code, log) = curl_post(&url, &cert, "--http2");
     assert_eq!((version.as_str(), code.as_str()), ("2", "202"), "{log}");
     assert!(log.contains("CN=first"), "{log}");
@@ -980,8 +981,10 @@ fn https_serves_http1_and_http2_by_alpn_and_a_reload_takes_a_renewed_certificate
         String::from_utf8_lossy(&check.stdout).contains("server.tls"),
         "{check:?}"
     );
-    let reload = workspace.cli(&["reload"]);
-    assert_eq!(reload.status.code(), Some(78), "{reload:?}");
+    signal(daemon.pid(), "HUP");
+    wait_until("the refused reload", Duration::from_secs(10), || {
+        daemon.log().contains("config reload refused")
+    });
     let (_, code, log) = curl_post(&url, &second, "--http1.1");
     assert_eq!(code, "202", "{log}");
     assert!(log.contains("CN=second"), "{log}");

@@ -276,12 +276,31 @@ impl Workspace {
     }
 
     /// Starts `agentgate serve` and waits until `ready` says it serves.
-    pub fn start_with(&self, env: &[(&str, &str)], mut ready: impl FnMut() -> bool) -> Daemon {
+    pub fn start_with(&self, env: &[(&str, &str)], ready: impl FnMut() -> bool) -> Daemon {
         let mut command = Command::new(BIN);
+        command.arg("serve").arg("--config").arg(self.config_path());
+        self.spawn(command, env, ready)
+    }
+
+    /// Starts `agentgate serve` under `systemd-socket-activate`, which binds the webhook address
+    /// and passes it as the socket named `webhook`, as systemd does; the daemon starts with the
+    /// first connection, which `ready` makes.
+    pub fn start_activated(&self, ready: impl FnMut() -> bool) -> Daemon {
+        let mut command = Command::new("systemd-socket-activate");
         command
-            .arg("serve")
-            .arg("--config")
-            .arg(self.config_path())
+            .args(["-l", &self.addr().to_string(), "--fdname=webhook"])
+            .args(["-E", "AGENTGATE_LOG=info", BIN, "serve", "--config"])
+            .arg(self.config_path());
+        self.spawn(command, &[], ready)
+    }
+
+    fn spawn(
+        &self,
+        mut command: Command,
+        env: &[(&str, &str)],
+        mut ready: impl FnMut() -> bool,
+    ) -> Daemon {
+        command
             .env_remove("NOTIFY_SOCKET")
             .env_remove("LISTEN_FDS")
             .env_remove("JOURNAL_STREAM")
