@@ -717,7 +717,8 @@ fn the_man_pages_render_cleanly_and_carry_the_reference() {
 }
 
 /// A user who may use the control socket (mode 0660, the daemon's group) but cannot read the
-/// state directory still runs `sessions list` and `sessions show`: they go through the daemon.
+/// state directory still runs `sessions list`, `sessions show` and `status`: they go through the
+/// daemon.
 #[test]
 fn sessions_go_through_the_control_socket_for_users_who_cannot_read_the_state() {
     use std::os::unix::fs::PermissionsExt;
@@ -774,6 +775,11 @@ fn sessions_go_through_the_control_socket_for_users_who_cannot_read_the_state() 
         String::from_utf8_lossy(&shown.stdout).contains("session acme/web#7"),
         "{shown:?}"
     );
+    let status = as_group_member(&["status", "--json"]);
+    assert!(status.status.success(), "{status:?}");
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).expect("status JSON");
+    assert_eq!(status["daemon"]["running"], true);
+    assert_eq!(status["events"]["total"], 1);
     let missing = as_group_member(&["sessions", "show", "nope"]);
     assert!(!missing.status.success());
     assert!(String::from_utf8_lossy(&missing.stderr).contains("no session \"nope\""));

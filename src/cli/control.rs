@@ -65,6 +65,34 @@ pub(super) async fn request(
     Ok(Some(ControlAnswer { status, body }))
 }
 
+/// `GET path` on the control socket of `source`'s daemon: `Ok(None)` when no daemon answers.
+/// `sessions` and `status` read through it only when the state is not readable to the user
+/// ([`state_unreadable`]): under socket activation a connection starts a stopped daemon.
+pub(super) fn get(
+    source: &crate::config::ConfigSource,
+    path: &str,
+) -> Result<Option<ControlAnswer>, Failure> {
+    let location = crate::config::state_location(source).map_err(Failure::config)?;
+    super::runtime()?.block_on(request(&location.control_socket, http::Method::GET, path))
+}
+
+/// Whether `source`'s state directory exists but this user may not read it. Then `sessions`
+/// and `status` ask the daemon instead: members of the `_agentgate` group may use its socket.
+pub(super) fn state_unreadable(source: &crate::config::ConfigSource) -> bool {
+    crate::config::state_location(source).is_ok_and(|location| {
+        matches!(std::fs::read_dir(&location.state_dir),
+            Err(err) if err.kind() == std::io::ErrorKind::PermissionDenied)
+    })
+}
+
+/// The failure when the state is not readable and no daemon answers for it.
+pub(super) fn no_daemon_for_unreadable_state() -> Failure {
+    Failure::state(
+        "the state directory is not readable by this user, and no daemon answers on the control \
+         socket",
+    )
+}
+
 /// `%XX`-encodes a session key for a control path segment (`acme/web#7` → `acme%2Fweb%237`).
 pub(super) fn path_segment(text: &str) -> String {
     text.bytes()

@@ -242,11 +242,17 @@ pub(super) fn tools_list(
         ),
         None => "/v1/tools".to_string(),
     };
-    let answer = runtime.block_on(super::control::request(
-        &location.control_socket,
-        http::Method::GET,
-        &path,
-    ))?;
+    // Only a running daemon is asked: under socket activation, a connection to the control
+    // socket would start a stopped one.
+    let answer = if crate::store::DaemonLock::is_held(&location.state_dir) {
+        runtime.block_on(super::control::request(
+            &location.control_socket,
+            http::Method::GET,
+            &path,
+        ))?
+    } else {
+        None
+    };
     let (tools, problems) = match answer {
         Some(answer) if answer.status.is_success() => {
             let lines = |value: &serde_json::Value| value.as_array().cloned().unwrap_or_default();

@@ -169,28 +169,13 @@ pub(super) fn ledger_show(source: &ConfigSource, json: bool) -> Result<(), Failu
     Ok(())
 }
 
-/// `GET path` on the running daemon's control socket: its JSON body when it answers `200`,
-/// `Ok(None)` when no daemon answers. `sessions` goes through the daemon when it runs, so that
-/// members of the `_agentgate` group, who may use the control socket, need not read the state
-/// files.
-fn from_daemon(
-    source: &ConfigSource,
-    path: &str,
-) -> Result<Option<control::ControlAnswer>, Failure> {
-    let location = config::state_location(source).map_err(Failure::config)?;
-    super::runtime()?.block_on(control::request(
-        &location.control_socket,
-        http::Method::GET,
-        path,
-    ))
-}
-
-/// Every session, from the daemon's pages, newest first; `None` when no daemon answers.
+/// Every session, from the daemon's pages, newest first; `None` when no daemon answers. For
+/// users who cannot read the state files.
 fn sessions_from_daemon(source: &ConfigSource) -> Result<Option<Vec<serde_json::Value>>, Failure> {
     let mut sessions = Vec::new();
     let mut path = "/v1/sessions?limit=1000".to_string();
     loop {
-        let Some(answer) = from_daemon(source, &path)? else {
+        let Some(answer) = control::get(source, &path)? else {
             return Ok(None);
         };
         if !answer.status.is_success() {
@@ -217,14 +202,15 @@ fn sessions_from_daemon(source: &ConfigSource) -> Result<Option<Vec<serde_json::
 }
 
 pub(super) fn sessions_list(source: &ConfigSource, json: bool) -> Result<(), Failure> {
-    let sessions = match sessions_from_daemon(source)? {
-        Some(sessions) => sessions,
-        None => StateAccess::open(source)?
+    let sessions = if control::state_unreadable(source) {
+        sessions_from_daemon(source)?.ok_or_else(control::no_daemon_for_unreadable_state)?
+    } else {
+        StateAccess::open(source)?
             .query(async |store| store.sessions().await)?
             .unwrap_or_default()
             .iter()
             .map(|session| serde_json::json!(session))
-            .collect(),
+            .collect()
     };
     if json {
         outln!("{:#}", serde_json::json!(sessions));
@@ -255,22 +241,23 @@ pub(super) fn sessions_list(source: &ConfigSource, json: bool) -> Result<(), Fai
 
 pub(super) fn sessions_show(source: &ConfigSource, key: &str, json: bool) -> Result<(), Failure> {
     let no_session = || Failure::runtime(format!("no session {key:?}"));
-    let shown = match from_daemon(
-        source,
-        &format!("/v1/sessions/{}", control::path_segment(key)),
-    )? {
-        Some(answer) if answer.status == http::StatusCode::NOT_FOUND => return Err(no_session()),
-        Some(answer) if answer.status.is_success() => answer.body,
-        Some(answer) => return Err(Failure::unavailable(answer.message())),
-        None => {
-            let found = StateAccess::open(source)?.query(async |store| {
-                Ok((store.session(key).await?, store.transcript(key).await?))
-            })?;
-            let Some((Some(session), transcript)) = found else {
+    let shown = if control::state_unreadable(source) {
+        let path = format!("/v1/sessions/{}", control::path_segment(key));
+        match control::get(source, &path)? {
+            Some(answer) if answer.status == http::StatusCode::NOT_FOUND => {
                 return Err(no_session());
-            };
-            serde_json::json!({"session": session, "transcript": transcript})
+            }
+            Some(answer) if answer.status.is_success() => answer.body,
+            Some(answer) => return Err(Failure::unavailable(answer.message())),
+            None => return Err(control::no_daemon_for_unreadable_state()),
         }
+    } else {
+        let found = StateAccess::open(source)?
+            .query(async |store| Ok((store.session(key).await?, store.transcript(key).await?)))?;
+        let Some((Some(session), transcript)) = found else {
+            return Err(no_session());
+        };
+        serde_json::json!({"session": session, "transcript": transcript})
     };
     if json {
         outln!("{shown:#}");

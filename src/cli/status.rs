@@ -11,6 +11,17 @@ use crate::store::{DaemonLock, StatusSummary};
 use super::state::StateAccess;
 
 pub(super) fn status(source: &ConfigSource, json: bool) -> Result<(), Failure> {
+    // A user who may not read the state (a member of the daemon's group) gets the daemon's own
+    // summary from the control socket.
+    if super::control::state_unreadable(source) {
+        return match super::control::get(source, "/v1/status")? {
+            Some(answer) if answer.status.is_success() => {
+                daemon_status(&answer.body, json);
+                Ok(())
+            }
+            _ => Err(super::control::no_daemon_for_unreadable_state()),
+        };
+    }
     let state = StateAccess::open(source)?;
     let summary = state
         .query(async |store| store.status_summary().await)?
@@ -90,20 +101,53 @@ pub(super) fn status(source: &ConfigSource, json: bool) -> Result<(), Failure> {
 /// The running daemon's MCP servers and their states, from its control socket; null when it
 /// does not answer.
 fn mcp_servers(source: &ConfigSource) -> serde_json::Value {
-    let Ok(location) = crate::config::state_location(source) else {
-        return serde_json::Value::Null;
-    };
-    let Ok(runtime) = super::runtime() else {
-        return serde_json::Value::Null;
-    };
-    match runtime.block_on(super::control::request(
-        &location.control_socket,
-        http::Method::GET,
-        "/v1/status",
-    )) {
+    match super::control::get(source, "/v1/status") {
         Ok(Some(answer)) if answer.status.is_success() => answer.body["mcp"].clone(),
         _ => serde_json::Value::Null,
     }
+}
+
+/// `status` from the daemon's `/v1/status`, for a user who cannot read the state: the same
+/// document, without the ledger, which only the state holds.
+fn daemon_status(body: &serde_json::Value, json: bool) {
+    let mut document = body.clone();
+    document["version"] = serde_json::json!(crate::VERSION);
+    document["ledger"] =
+        serde_json::json!({"valid": null, "error": "the state is not readable by this user"});
+    if json {
+        outln!("{document:#}");
+        return;
+    }
+    let breakdown = |counts: &serde_json::Value| {
+        counts
+            .as_object()
+            .map(|counts| {
+                counts
+                    .iter()
+                    .map(|(name, n)| format!("{name} {n}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            })
+            .unwrap_or_default()
+    };
+    outln!("agentgate:  {}", crate::VERSION);
+    outln!("daemon:     running (pid {})", body["daemon"]["pid"]);
+    outln!(
+        "events:     {} total ({})",
+        body["events"]["total"],
+        breakdown(&body["events"]["by_status"])
+    );
+    outln!(
+        "sessions:   {} total ({})",
+        body["sessions"]["total"],
+        breakdown(&body["sessions"]["by_state"])
+    );
+    outln!(
+        "deliveries: {} pending, {} failed",
+        body["deliveries"]["pending"],
+        body["deliveries"]["failed"]
+    );
+    outln!("ledger:     not shown: the state is not readable by this user");
 }
 
 pub(super) fn render_status(state_dir: &Path, running: bool, summary: &StatusSummary) -> String {
