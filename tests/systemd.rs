@@ -198,6 +198,13 @@ fn a_drain_longer_than_timeout_stop_sec_is_not_killed() {
             .journal("-u agentgate.service")
             .contains("marked resume_pending")
     );
+    // An override while the service is stopped changes the state itself: asking the daemon
+    // through its socket-activated control socket would start the service.
+    machine.ok("agentgate sessions suspend long --config /etc/agentgate/agentgate.toml");
+    assert_eq!(machine.show("agentgate.service", "ActiveState"), "inactive");
+    let sessions =
+        machine.ok("agentgate sessions list --json --config /etc/agentgate/agentgate.toml");
+    assert!(sessions.contains("\"suspended\""), "{sessions}");
 }
 
 #[test]

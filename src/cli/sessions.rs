@@ -12,7 +12,8 @@ use super::state::StateAccess;
 
 /// `sessions resume|suspend|cancel KEY`. While the daemon runs, it carries the action out itself
 /// (over the control socket), so that it acts at once, logs the action and counts it. Without a
-/// daemon, resume and suspend change the state directly; cancel has nothing to cancel.
+/// daemon, resume and suspend change the state directly; cancel has nothing to cancel. A stopped
+/// daemon is not asked: under socket activation the connection would start it.
 pub(super) fn operator_action(
     source: &ConfigSource,
     key: &str,
@@ -25,12 +26,17 @@ pub(super) fn operator_action(
         control::path_segment(key),
         action.name()
     );
-    let answer = runtime.block_on(control::request(
-        &location.control_socket,
-        http::Method::POST,
-        &path,
-    ))?;
+    // A user who cannot read the state cannot tell whether the daemon runs: only it can act.
     let daemon_running = DaemonLock::is_held(&location.state_dir);
+    let answer = if daemon_running || control::state_unreadable(source) {
+        runtime.block_on(control::request(
+            &location.control_socket,
+            http::Method::POST,
+            &path,
+        ))?
+    } else {
+        None
+    };
     match answer {
         Some(answer) => report_action(key, action, &answer),
         None if daemon_running => Err(Failure::unavailable(format!(
