@@ -298,6 +298,14 @@ fn a_crash_restart_reconciles_a_ledger_planted_before_it() {
     );
     let quarantine = machine.ok("ls /var/lib/agentgate/quarantine");
     assert!(quarantine.contains("-ledger.json"), "{quarantine}");
+    // The filter docs/operations.md gives finds the quarantine line.
+    assert!(
+        !machine
+            .journal("-u 'agentgate*' MESSAGE_ID=7e28c6dc83aa474ea8de22650fa5aed3")
+            .trim()
+            .is_empty(),
+        "no ledger quarantine line for the documented filter"
+    );
     let ledger = machine.ok("cat /var/lib/agentgate/ledger.json");
     assert!(ledger.contains("\"version\": 1"), "{ledger}");
     assert_eq!(
