@@ -14,6 +14,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::AcceptBackoff;
+use super::connection::Stream;
 use super::http::{HttpResponse, error, json_response};
 use crate::agent::catalog;
 use crate::agent::mcp::McpServers;
@@ -65,16 +66,22 @@ impl Query {
     }
 }
 
-/// Cuts `rows` (fetched with one more than `limit`) to the page, and gives the next page's
-/// cursor when there is a next page.
-fn page_end<T>(rows: &mut Vec<T>, limit: i64, cursor: impl Fn(&T) -> String) -> Option<String> {
+/// A page of `rows` under `name`, with the cursor of the next page (`null` on the last one).
+/// `rows` was fetched with one more than `limit`, which tells whether there is a next page.
+fn page<T: serde::Serialize>(
+    name: &str,
+    mut rows: Vec<T>,
+    limit: i64,
+    cursor: impl Fn(&T) -> String,
+) -> HttpResponse {
     let limit = usize::try_from(limit).unwrap_or(usize::MAX);
-    if rows.len() > limit {
+    let next = if rows.len() > limit {
         rows.truncate(limit);
         rows.last().map(cursor)
     } else {
         None
-    }
+    };
+    json_response(StatusCode::OK, &json!({name: rows, "next": next}))
 }
 
 /// How long `GET /v1/tools` waits for an MCP server that is still starting.
@@ -149,16 +156,14 @@ impl Control {
             Ok(limit) => limit,
             Err(refusal) => return Ok(*refusal),
         };
-        let mut sessions = self
+        let sessions = self
             .store
             .sessions_page(query.get("after"), limit + 1)
             .await
             .map_err(|err| err.to_string())?;
-        let next = page_end(&mut sessions, limit, |session| session.key.clone());
-        Ok(json_response(
-            StatusCode::OK,
-            &json!({"sessions": sessions, "next": next}),
-        ))
+        Ok(page("sessions", sessions, limit, |session| {
+            session.key.clone()
+        }))
     }
 
     /// `GET /v1/sessions/{key}`: the session and its transcript, as `sessions show --json`.
@@ -190,7 +195,7 @@ impl Control {
             Ok(limit) => limit,
             Err(refusal) => return Ok(*refusal),
         };
-        let mut events = self
+        let events = self
             .store
             .events(EventFilter {
                 status: query.get("status"),
@@ -201,20 +206,12 @@ impl Control {
             })
             .await
             .map_err(|err| err.to_string())?;
-        let next = page_end(&mut events, limit, |event| event.id.clone());
-        Ok(json_response(
-            StatusCode::OK,
-            &json!({"events": events, "next": next}),
-        ))
+        Ok(page("events", events, limit, |event| event.id.clone()))
     }
 
     /// `GET /v1/tools[?route=R]`: what `agentgate tools list` shows, from the running servers.
     async fn tools(&self, query: Option<&str>) -> Result<HttpResponse, String> {
-        let route = query.and_then(|query| {
-            form_urlencoded::parse(query.as_bytes())
-                .find(|(name, _)| name == "route")
-                .map(|(_, value)| value.into_owned())
-        });
+        let route = Query::parse(query).get("route");
         let settings = self.settings.get();
         Ok(
             match catalog::listing(&settings.config, &self.mcp, route.as_deref(), TOOLS_WAIT).await
@@ -376,21 +373,53 @@ fn percent_decode(text: &str) -> String {
 }
 
 /// Serves the control socket until `shutdown`.
-/// Serves `GET /metrics` alone on `listener` (`[server] metrics_listen`): Prometheus cannot
-/// scrape a Unix socket, and the operator endpoints stay on the control socket.
-pub(crate) async fn serve_metrics(
-    listener: tokio::net::TcpListener,
+/// A listener the control endpoints are served on.
+pub(crate) enum ControlListener {
+    /// The control socket: every endpoint, governed by the socket file's permissions.
+    Socket(tokio::net::UnixListener),
+    /// `[server] metrics_listen`: `GET /metrics` alone, since Prometheus cannot scrape a Unix
+    /// socket and the operator endpoints must stay behind the socket's permissions.
+    Metrics(tokio::net::TcpListener),
+}
+
+impl ControlListener {
+    pub(crate) fn socket(listener: std::os::unix::net::UnixListener) -> std::io::Result<Self> {
+        listener.set_nonblocking(true)?;
+        Ok(ControlListener::Socket(tokio::net::UnixListener::from_std(
+            listener,
+        )?))
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            ControlListener::Socket(_) => "control",
+            ControlListener::Metrics(_) => "metrics",
+        }
+    }
+
+    async fn accept(&self) -> std::io::Result<Box<dyn Stream>> {
+        Ok(match self {
+            ControlListener::Socket(listener) => Box::new(listener.accept().await?.0),
+            ControlListener::Metrics(listener) => Box::new(listener.accept().await?.0),
+        })
+    }
+}
+
+/// Serves `control` on `listener` until `shutdown`.
+pub(crate) async fn serve(
+    listener: ControlListener,
     control: Arc<Control>,
     shutdown: CancellationToken,
 ) {
+    let metrics_only = matches!(listener, ControlListener::Metrics(_));
     let mut backoff = AcceptBackoff::default();
     loop {
         let stream = tokio::select! {
             () = shutdown.cancelled() => return,
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok(stream) => stream,
                 Err(err) => {
-                    backoff.failed("metrics", &err).await;
+                    backoff.failed(listener.name(), &err).await;
                     continue;
                 }
             },
@@ -400,49 +429,15 @@ pub(crate) async fn serve_metrics(
         let service = service_fn(move |request: Request<hyper::body::Incoming>| {
             let control = control.clone();
             async move {
-                let response =
-                    if request.method() == Method::GET && request.uri().path() == "/metrics" {
-                        control.metrics().await.unwrap_or_else(|message| {
-                            error(StatusCode::SERVICE_UNAVAILABLE, "unavailable", &message)
-                        })
-                    } else {
-                        not_found(request.method(), request.uri().path())
-                    };
+                let response = if metrics_only
+                    && !(request.method() == Method::GET && request.uri().path() == "/metrics")
+                {
+                    not_found(request.method(), request.uri().path())
+                } else {
+                    control.answer(request).await
+                };
                 Ok::<_, Infallible>(response)
             }
-        });
-        tokio::spawn(async move {
-            let _ = http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
-        });
-    }
-}
-
-pub(crate) async fn serve(
-    listener: std::os::unix::net::UnixListener,
-    control: Arc<Control>,
-    shutdown: CancellationToken,
-) -> std::io::Result<()> {
-    listener.set_nonblocking(true)?;
-    let listener = tokio::net::UnixListener::from_std(listener)?;
-    let mut backoff = AcceptBackoff::default();
-    loop {
-        let stream = tokio::select! {
-            () = shutdown.cancelled() => return Ok(()),
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                Err(err) => {
-                    backoff.failed("control", &err).await;
-                    continue;
-                }
-            },
-        };
-        backoff.succeeded();
-        let control = control.clone();
-        let service = service_fn(move |request| {
-            let control = control.clone();
-            async move { Ok::<_, Infallible>(control.answer(request).await) }
         });
         tokio::spawn(async move {
             let _ = http1::Builder::new()

@@ -27,7 +27,7 @@ use crate::config::{
 use crate::deliver::Deliverer;
 use crate::exit::Failure;
 use crate::ingress::capacity::{self, Capacity};
-use crate::ingress::control::{self, Control, ReloadRequest};
+use crate::ingress::control::{self, Control, ControlListener, ReloadRequest};
 use crate::ingress::{self, Ingress, ListenError};
 use crate::session::{self, JobSlots, Sessions, TurnContext};
 use crate::store::{self, DaemonLock, Store};
@@ -190,8 +190,8 @@ pub(crate) fn serve(
             // stop serving webhooks.
             match tokio::net::TcpListener::bind(addr).await {
                 Ok(listener) => {
-                    drain.spawn(control::serve_metrics(
-                        listener,
+                    drain.spawn(control::serve(
+                        ControlListener::Metrics(listener),
                         control.clone(),
                         drain.stop_accepting(),
                     ));
@@ -201,7 +201,13 @@ pub(crate) fn serve(
             }
         }
         if let Some(listener) = listeners.control {
-            drain.spawn(control::serve(listener, control, drain.stop_accepting()));
+            match ControlListener::socket(listener) {
+                Ok(listener) => {
+                    drain.spawn(control::serve(listener, control, drain.stop_accepting()));
+                }
+                Err(err) => tracing::error!(error = %err,
+                    "cannot serve the control socket; the daemon serves webhooks without it"),
+            }
         }
         drain.spawn(resume::settle_interrupted_sessions(
             store.clone(),
