@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use http::header::{ALLOW, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
-use http::{HeaderMap, Method, Request, Response, StatusCode};
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use serde_json::json;
 
@@ -149,20 +149,27 @@ impl Ingress {
         B::Error: std::error::Error + Send + Sync + 'static,
     {
         let arrived = Instant::now();
-        let peer = client_address(
-            peer,
-            request.headers(),
-            &self.routing.get().settings.config.server.trusted_proxies,
-        );
-        let route = self
-            .routing
-            .get()
+        // One config for the whole request, even if a reload lands meanwhile.
+        let routing = self.routing.get();
+        let trusted = &routing.settings.config.server.trusted_proxies;
+        // Kept for a refusal line, and only from a trusted proxy: the common request pays nothing.
+        let forwarded: Vec<HeaderValue> = if is_trusted(trusted, peer.ip()) {
+            request
+                .headers()
+                .get_all(X_FORWARDED_FOR)
+                .iter()
+                .cloned()
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let route = routing
             .routes
             .get(request.uri().path())
             .map(|route| route.settings.name.clone())
             .unwrap_or_default();
         let path = request.uri().path().to_string();
-        let response = match self.answer(request).await {
+        let response = match self.answer(request, &routing).await {
             Ok(response) | Err(response) => response,
         };
         let status = response.status();
@@ -177,13 +184,18 @@ impl Ingress {
                 .extensions()
                 .get::<RefusalReason>()
                 .map_or("", |reason| reason.0.as_str());
+            let peer = client_address(peer, &forwarded, trusted);
             tracing::warn!(route = %route, peer = %peer, path = %path, status = status.as_u16(),
                 reason = %reason, suppressed_before = suppressed, "webhook refused");
         }
         Ok(response)
     }
 
-    async fn answer<B>(&self, request: Request<B>) -> Result<HttpResponse, HttpResponse>
+    async fn answer<B>(
+        &self,
+        request: Request<B>,
+        routing: &Routing,
+    ) -> Result<HttpResponse, HttpResponse>
     where
         B: hyper::body::Body<Data = Bytes> + Send,
         B::Error: std::error::Error + Send + Sync + 'static,
@@ -194,7 +206,7 @@ impl Ingress {
                 return Ok(json_response(StatusCode::OK, &json!({"status": "ok"})));
             }
             (&Method::GET | &Method::HEAD, "/readyz") => {
-                let runtime = &self.routing.get().settings.config.runtime;
+                let runtime = &routing.settings.config.runtime;
                 return Ok(if !self.store.is_writable() {
                     unavailable("state cannot be written durably")
                 } else if let Some(reason) = self.capacity.refusal(runtime) {
@@ -205,7 +217,6 @@ impl Ingress {
             }
             _ => {}
         }
-        let routing = self.routing.get();
         let route = routing.routes.get(path).ok_or_else(|| {
             error(
                 StatusCode::NOT_FOUND,
@@ -222,7 +233,7 @@ impl Ingress {
             );
             response
                 .headers_mut()
-                .insert(ALLOW, http::HeaderValue::from_static("POST"));
+                .insert(ALLOW, HeaderValue::from_static("POST"));
             return Err(response);
         }
         let too_large = || {
@@ -626,27 +637,31 @@ impl RefusalLog {
 #[derive(Clone)]
 struct RefusalReason(String);
 
-/// The client a request comes from: `peer`, unless `peer` is a trusted reverse proxy, in which
-/// case the nearest address in `X-Forwarded-For` that is not a trusted proxy (each proxy appends
-/// the address it got the request from, so the addresses to the right are the trusted ones).
-/// Without trusted proxies the header is ignored: anyone can send it.
-fn client_address(peer: SocketAddr, headers: &http::HeaderMap, trusted: &[ipnet::IpNet]) -> String {
-    let is_trusted = |ip: &std::net::IpAddr| trusted.iter().any(|network| network.contains(ip));
-    if !is_trusted(&peer.ip()) {
+const X_FORWARDED_FOR: &str = "x-forwarded-for";
+
+fn is_trusted(trusted: &[ipnet::IpNet], ip: std::net::IpAddr) -> bool {
+    trusted.iter().any(|network| network.contains(&ip))
+}
+
+/// The client a request comes from, for its refusal line: `peer`, unless `peer` is a trusted
+/// reverse proxy, in which case the nearest address in its `X-Forwarded-For` values
+/// (`forwarded`) that is not a trusted proxy (each proxy appends the address it got the request
+/// from, so the addresses to the right are the trusted ones). Without trusted proxies the header
+/// is ignored: anyone can send it.
+fn client_address(peer: SocketAddr, forwarded: &[HeaderValue], trusted: &[ipnet::IpNet]) -> String {
+    if !is_trusted(trusted, peer.ip()) {
         return peer.to_string();
     }
-    let forwarded: Vec<std::net::IpAddr> = headers
-        .get_all("x-forwarded-for")
+    let hops: Vec<std::net::IpAddr> = forwarded
         .iter()
         .filter_map(|value| value.to_str().ok())
         .flat_map(|value| value.split(','))
         .filter_map(|hop| hop.trim().parse().ok())
         .collect();
-    forwarded
-        .iter()
+    hops.iter()
         .rev()
-        .find(|ip| !is_trusted(ip))
-        .or(forwarded.first())
+        .find(|ip| !is_trusted(trusted, **ip))
+        .or(hops.first())
         .map_or_else(|| peer.to_string(), |ip| format!("{ip} (via {peer})"))
 }
 
@@ -675,13 +690,8 @@ fn unavailable_for(message: &str, seconds: u64) -> HttpResponse {
 mod tests {
     use super::*;
 
-    fn forwarded(value: &str) -> http::HeaderMap {
-        let mut headers = http::HeaderMap::new();
-        headers.insert(
-            "x-forwarded-for",
-            http::HeaderValue::from_str(value).expect("value"),
-        );
-        headers
+    fn forwarded(value: &str) -> Vec<HeaderValue> {
+        vec![HeaderValue::from_str(value).expect("value")]
     }
 
     #[test]
@@ -701,10 +711,7 @@ mod tests {
             "198.51.100.1:5000"
         );
         assert_eq!(client_address(proxy, &spoofed, &[]), "10.0.0.5:40000");
-        assert_eq!(
-            client_address(proxy, &http::HeaderMap::new(), &trusted),
-            "10.0.0.5:40000"
-        );
+        assert_eq!(client_address(proxy, &[], &trusted), "10.0.0.5:40000");
     }
 
     #[test]
