@@ -27,7 +27,7 @@ impl ControlAnswer {
 
 /// Sends `method path` to the control socket at `socket` and waits for the answer. A socket that
 /// cannot be reached is `Ok(None)`: the caller decides whether that means "no daemon".
-pub(super) async fn request(
+async fn request(
     socket: &Path,
     method: http::Method,
     path: &str,
@@ -65,24 +65,46 @@ pub(super) async fn request(
     Ok(Some(ControlAnswer { status, body }))
 }
 
-/// `GET path` on the control socket of `source`'s daemon: `Ok(None)` when no daemon answers.
-/// `sessions` and `status` read through it only when the state is not readable to the user
-/// ([`state_unreadable`]): under socket activation a connection starts a stopped daemon.
-pub(super) fn get(
-    source: &crate::config::ConfigSource,
-    path: &str,
-) -> Result<Option<ControlAnswer>, Failure> {
-    let location = crate::config::state_location(source).map_err(Failure::config)?;
-    super::runtime()?.block_on(request(&location.control_socket, http::Method::GET, path))
+/// A command's way to the daemon of its config: the config's locations read once, and one
+/// runtime for every request the command makes.
+pub(super) struct DaemonClient {
+    pub(super) location: crate::config::StateLocation,
+    runtime: tokio::runtime::Runtime,
 }
 
-/// Whether `source`'s state directory exists but this user may not read it. Then `sessions`
-/// and `status` ask the daemon instead: members of the `_agentgate` group may use its socket.
-pub(super) fn state_unreadable(source: &crate::config::ConfigSource) -> bool {
-    crate::config::state_location(source).is_ok_and(|location| {
-        matches!(std::fs::read_dir(&location.state_dir),
+impl DaemonClient {
+    pub(super) fn new(source: &crate::config::ConfigSource) -> Result<DaemonClient, Failure> {
+        Ok(DaemonClient {
+            location: crate::config::state_location(source).map_err(Failure::config)?,
+            runtime: super::runtime()?,
+        })
+    }
+
+    /// Whether a daemon holds the state directory's lock. Ask the daemon only then (or when
+    /// the state is unreadable): under socket activation a connection starts a stopped daemon.
+    pub(super) fn runs(&self) -> bool {
+        crate::store::DaemonLock::is_held(&self.location.state_dir)
+    }
+
+    /// Whether the state directory exists but this user may not read it. Then `sessions` and
+    /// `status` ask the daemon instead: members of the `_agentgate` group may use its socket.
+    pub(super) fn state_unreadable(&self) -> bool {
+        matches!(std::fs::read_dir(&self.location.state_dir),
             Err(err) if err.kind() == std::io::ErrorKind::PermissionDenied)
-    })
+    }
+
+    /// `method path` on the control socket: `Ok(None)` when no daemon answers.
+    pub(super) fn request(
+        &self,
+        method: http::Method,
+        path: &str,
+    ) -> Result<Option<ControlAnswer>, Failure> {
+        self.block_on(request(&self.location.control_socket, method, path))
+    }
+
+    pub(super) fn block_on<F: Future>(&self, future: F) -> F::Output {
+        self.runtime.block_on(future)
+    }
 }
 
 /// The failure when the state is not readable and no daemon answers for it.

@@ -233,8 +233,7 @@ pub(super) fn tools_list(
     route: Option<&str>,
     json: bool,
 ) -> Result<(), Failure> {
-    let location = config::state_location(source).map_err(Failure::config)?;
-    let runtime = super::runtime()?;
+    let daemon = super::control::DaemonClient::new(source)?;
     let path = match route {
         Some(route) => format!(
             "/v1/tools?route={}",
@@ -244,12 +243,8 @@ pub(super) fn tools_list(
     };
     // Only a running daemon is asked: under socket activation, a connection to the control
     // socket would start a stopped one.
-    let answer = if crate::store::DaemonLock::is_held(&location.state_dir) {
-        runtime.block_on(super::control::request(
-            &location.control_socket,
-            http::Method::GET,
-            &path,
-        ))?
+    let answer = if daemon.runs() {
+        daemon.request(http::Method::GET, &path)?
     } else {
         None
     };
@@ -273,7 +268,7 @@ pub(super) fn tools_list(
             // them; credentials are only there under systemd, so a server that needs one may
             // be reported down here.
             let config = super::load_config(source, SecretCheck::CredentialsOptional)?.config;
-            runtime.block_on(async {
+            daemon.block_on(async {
                 let tracker = tokio_util::task::TaskTracker::new();
                 let stop = tokio_util::sync::CancellationToken::new();
                 let servers = McpServers::new(tracker.clone(), stop.clone());

@@ -2,12 +2,11 @@
 //! of sessions, and the overrides.
 
 use super::output::{out, outln};
-use crate::config::{self, ConfigSource};
+use crate::config::ConfigSource;
 use crate::exit::Failure;
 use crate::session::OperatorAction;
-use crate::store::DaemonLock;
 
-use super::control;
+use super::control::{self, DaemonClient};
 use super::state::StateAccess;
 
 /// `sessions resume|suspend|cancel KEY`. While the daemon runs, it carries the action out itself
@@ -19,21 +18,16 @@ pub(super) fn operator_action(
     key: &str,
     action: OperatorAction,
 ) -> Result<(), Failure> {
-    let location = config::state_location(source).map_err(Failure::config)?;
-    let runtime = super::runtime()?;
+    let daemon = DaemonClient::new(source)?;
     let path = format!(
         "/v1/sessions/{}/{}",
         control::path_segment(key),
         action.name()
     );
     // A user who cannot read the state cannot tell whether the daemon runs: only it can act.
-    let daemon_running = DaemonLock::is_held(&location.state_dir);
-    let answer = if daemon_running || control::state_unreadable(source) {
-        runtime.block_on(control::request(
-            &location.control_socket,
-            http::Method::POST,
-            &path,
-        ))?
+    let daemon_running = daemon.runs();
+    let answer = if daemon_running || daemon.state_unreadable() {
+        daemon.request(http::Method::POST, &path)?
     } else {
         None
     };
@@ -41,13 +35,13 @@ pub(super) fn operator_action(
         Some(answer) => report_action(key, action, &answer),
         None if daemon_running => Err(Failure::unavailable(format!(
             "the daemon runs but its control socket {} does not answer (server.control_socket)",
-            location.control_socket.display()
+            daemon.location.control_socket.display()
         ))),
         None if action == OperatorAction::Cancel => Err(Failure::runtime(format!(
             "no daemon is running, so session {key:?} has no running turn to cancel"
         ))),
         None => {
-            drop(runtime);
+            drop(daemon);
             override_stored_state(source, key, action)
         }
     }
@@ -104,18 +98,13 @@ fn override_stored_state(
 /// `agentgate reload`: asks the running daemon to re-read its config and prints its findings.
 /// Exit 0 when the new config is in effect, 78 when the daemon refused it.
 pub(super) fn reload(source: &ConfigSource) -> Result<(), Failure> {
-    let location = config::state_location(source).map_err(Failure::config)?;
-    let runtime = super::runtime()?;
-    let answer = runtime
-        .block_on(control::request(
-            &location.control_socket,
-            http::Method::POST,
-            "/v1/reload",
-        ))?
+    let daemon = DaemonClient::new(source)?;
+    let answer = daemon
+        .request(http::Method::POST, "/v1/reload")?
         .ok_or_else(|| {
             Failure::unavailable(format!(
                 "no daemon answers on {} (server.control_socket); nothing to reload",
-                location.control_socket.display()
+                daemon.location.control_socket.display()
             ))
         })?;
     let lines = |name: &str| -> Vec<String> {
@@ -177,11 +166,11 @@ pub(super) fn ledger_show(source: &ConfigSource, json: bool) -> Result<(), Failu
 
 /// Every session, from the daemon's pages, newest first; `None` when no daemon answers. For
 /// users who cannot read the state files.
-fn sessions_from_daemon(source: &ConfigSource) -> Result<Option<Vec<serde_json::Value>>, Failure> {
+fn sessions_from_daemon(daemon: &DaemonClient) -> Result<Option<Vec<serde_json::Value>>, Failure> {
     let mut sessions = Vec::new();
     let mut path = "/v1/sessions?limit=1000".to_string();
     loop {
-        let Some(answer) = control::get(source, &path)? else {
+        let Some(answer) = daemon.request(http::Method::GET, &path)? else {
             return Ok(None);
         };
         if !answer.status.is_success() {
@@ -208,8 +197,9 @@ fn sessions_from_daemon(source: &ConfigSource) -> Result<Option<Vec<serde_json::
 }
 
 pub(super) fn sessions_list(source: &ConfigSource, json: bool) -> Result<(), Failure> {
-    let sessions = if control::state_unreadable(source) {
-        sessions_from_daemon(source)?.ok_or_else(control::no_daemon_for_unreadable_state)?
+    let daemon = DaemonClient::new(source)?;
+    let sessions = if daemon.state_unreadable() {
+        sessions_from_daemon(&daemon)?.ok_or_else(control::no_daemon_for_unreadable_state)?
     } else {
         StateAccess::open(source)?
             .query(async |store| store.sessions().await)?
@@ -247,9 +237,10 @@ pub(super) fn sessions_list(source: &ConfigSource, json: bool) -> Result<(), Fai
 
 pub(super) fn sessions_show(source: &ConfigSource, key: &str, json: bool) -> Result<(), Failure> {
     let no_session = || Failure::runtime(format!("no session {key:?}"));
-    let shown = if control::state_unreadable(source) {
+    let daemon = DaemonClient::new(source)?;
+    let shown = if daemon.state_unreadable() {
         let path = format!("/v1/sessions/{}", control::path_segment(key));
-        match control::get(source, &path)? {
+        match daemon.request(http::Method::GET, &path)? {
             Some(answer) if answer.status == http::StatusCode::NOT_FOUND => {
                 return Err(no_session());
             }

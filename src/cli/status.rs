@@ -8,13 +8,15 @@ use crate::exit::Failure;
 use crate::store::NodeState;
 use crate::store::{DaemonLock, StatusSummary};
 
+use super::control::DaemonClient;
 use super::state::StateAccess;
 
 pub(super) fn status(source: &ConfigSource, json: bool) -> Result<(), Failure> {
     // A user who may not read the state (a member of the daemon's group) gets the daemon's own
     // summary from the control socket.
-    if super::control::state_unreadable(source) {
-        return match super::control::get(source, "/v1/status")? {
+    let daemon = DaemonClient::new(source)?;
+    if daemon.state_unreadable() {
+        return match daemon.request(http::Method::GET, "/v1/status")? {
             Some(answer) if answer.status.is_success() => {
                 daemon_status(&answer.body, json);
                 Ok(())
@@ -41,7 +43,7 @@ pub(super) fn status(source: &ConfigSource, json: bool) -> Result<(), Failure> {
         Err(err) => serde_json::json!({"valid": false, "error": err.to_string()}),
     };
     let mcp = if running {
-        mcp_servers(source)
+        mcp_servers(&daemon)
     } else {
         serde_json::Value::Null
     };
@@ -100,8 +102,8 @@ pub(super) fn status(source: &ConfigSource, json: bool) -> Result<(), Failure> {
 
 /// The running daemon's MCP servers and their states, from its control socket; null when it
 /// does not answer.
-fn mcp_servers(source: &ConfigSource) -> serde_json::Value {
-    match super::control::get(source, "/v1/status") {
+fn mcp_servers(daemon: &DaemonClient) -> serde_json::Value {
+    match daemon.request(http::Method::GET, "/v1/status") {
         Ok(Some(answer)) if answer.status.is_success() => answer.body["mcp"].clone(),
         _ => serde_json::Value::Null,
     }
