@@ -104,12 +104,7 @@ fn full_disk_answers_503_never_2xx_and_recovers() {
     for n in 0..5 {
         let response = post(&daemon, n);
         assert_eq!(response.status, 202, "{response:?}");
-        accepted.push(
-            response.json()["event_id"]
-                .as_str()
-                .expect("id")
-                .to_string(),
-        );
+        accepted.push(response.event_id());
     }
 
     // Fill the file system to the last block.
@@ -124,12 +119,7 @@ fn full_disk_answers_503_never_2xx_and_recovers() {
     for n in 5..400 {
         let response = post(&daemon, n);
         match response.status {
-            202 => accepted.push(
-                response.json()["event_id"]
-                    .as_str()
-                    .expect("id")
-                    .to_string(),
-            ),
+            202 => accepted.push(response.event_id()),
             503 => {
                 assert_eq!(response.header("retry-after"), Some("1"));
                 assert_eq!(response.json()["error"], "unavailable");
@@ -151,12 +141,7 @@ fn full_disk_answers_503_never_2xx_and_recovers() {
     });
     let response = post(&daemon, 1000);
     assert_eq!(response.status, 202, "{response:?}");
-    accepted.push(
-        response.json()["event_id"]
-            .as_str()
-            .expect("id")
-            .to_string(),
-    );
+    accepted.push(response.event_id());
     drop(daemon);
     assert_all_stored(&state_dir, &accepted);
 }
@@ -174,12 +159,7 @@ fn failing_fsync_answers_503_and_recovers() {
     let mut accepted = Vec::new();
     let response = post(&daemon, 0);
     assert_eq!(response.status, 202);
-    accepted.push(
-        response.json()["event_id"]
-            .as_str()
-            .expect("id")
-            .to_string(),
-    );
+    accepted.push(response.event_id());
 
     std::fs::write(&flag, b"").expect("raise the flag");
     for n in 1..4 {
@@ -195,12 +175,7 @@ fn failing_fsync_answers_503_and_recovers() {
     });
     let response = post(&daemon, 10);
     assert_eq!(response.status, 202);
-    accepted.push(
-        response.json()["event_id"]
-            .as_str()
-            .expect("id")
-            .to_string(),
-    );
+    accepted.push(response.event_id());
     drop(daemon);
     assert_all_stored(&workspace.state_dir(), &accepted);
 }
@@ -223,7 +198,7 @@ fn a_filling_disk_gets_503_from_min_free_disk_before_the_store_fails() {
     let daemon = workspace.start();
     let first = daemon.post_json("/hook", &[("idempotency-key", "first")], "{}");
     assert_eq!(first.status, 202, "{first:?}");
-    let first_id = first.json()["event_id"].as_str().expect("id").to_string();
+    let first_id = first.event_id();
 
     let fill = filesystem.mount_point.join("fill");
     run(

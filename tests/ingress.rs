@@ -541,7 +541,7 @@ events = ["app_mention", "/deploy"]
     let command = "token=gIkuvaNzQIHg97ATvDxqgjtO&team_id=T0001&channel_id=C2147483705&user_id=U2147483697&command=%2Fdeploy&text=web+to+prod&response_url=https%3A%2F%2Fhooks.slack.com%2Fcommands%2F1234%2F5678";
     let slash = slack_post(&daemon, "application/x-www-form-urlencoded", command, &[]);
     assert_eq!(slash.status, 202, "{slash:?}");
-    let id = slash.json()["event_id"].as_str().expect("id").to_string();
+    let id = slash.event_id();
     let stored: Vec<(String, Vec<u8>)> = workspace.query(
         &format!("SELECT event_type, payload FROM events WHERE id = '{id}'"),
         |row| Ok((row.get(0)?, row.get(1)?)),
@@ -595,7 +595,7 @@ verify = { scheme = "bearer", secret = "s3cret-token" }
         &compressed,
     );
     assert_eq!(zipped.status, 202, "{zipped:?}");
-    let id = zipped.json()["event_id"].as_str().expect("id").to_string();
+    let id = zipped.event_id();
     let stored: Vec<Vec<u8>> = workspace.query(
         &format!("SELECT payload FROM events WHERE id = '{id}'"),
         |row| row.get(0),
@@ -1053,10 +1053,7 @@ fn stalled_connections_neither_delay_a_valid_webhook_nor_a_running_turn() {
         answered_in < Duration::from_secs(1),
         "answered after {answered_in:?}"
     );
-    let event_id = response.json()["event_id"]
-        .as_str()
-        .expect("event id")
-        .to_string();
+    let event_id = response.event_id();
     assert_eq!(
         workspace.wait_terminal(&event_id, Duration::from_secs(30)),
         "completed"
@@ -1241,29 +1238,23 @@ fn a_real_alertmanager_notification_becomes_a_turn() {
         )
         .replace("group_wait: 30s", "group_wait: 1s");
     std::fs::write(workspace.path().join("alertmanager.yml"), am_config).expect("am config");
-    let mut alertmanager = std::process::Command::new("prometheus-alertmanager")
-        .arg(format!(
-            "--config.file={}",
-            workspace.path().join("alertmanager.yml").display()
-        ))
-        .arg(format!(
-            "--storage.path={}",
-            workspace.path().join("am-data").display()
-        ))
-        .arg(format!("--web.listen-address=127.0.0.1:{am_port}"))
-        .arg("--cluster.listen-address=")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("start prometheus-alertmanager (.ci/run installs it)");
-    struct KillOnDrop<'a>(&'a mut std::process::Child);
-    impl Drop for KillOnDrop<'_> {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let _alertmanager = KillOnDrop(&mut alertmanager);
+    let _alertmanager = KillOnDrop(
+        std::process::Command::new("prometheus-alertmanager")
+            .arg(format!(
+                "--config.file={}",
+                workspace.path().join("alertmanager.yml").display()
+            ))
+            .arg(format!(
+                "--storage.path={}",
+                workspace.path().join("am-data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{am_port}"))
+            .arg("--cluster.listen-address=")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start prometheus-alertmanager (.ci/run installs it)"),
+    );
     wait_until("Alertmanager to listen", Duration::from_secs(30), || {
         TcpStream::connect(("127.0.0.1", am_port)).is_ok()
     });

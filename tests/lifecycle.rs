@@ -143,12 +143,7 @@ fn sessions_and_events_on_the_control_socket_come_in_pages() {
     for key in ["e", "a", "d", "b", "c"] {
         let response = daemon.post_json("/hook", &[], &format!(r#"{{"s":"{key}"}}"#));
         assert_eq!(response.status, 202);
-        ids.push(
-            response.json()["event_id"]
-                .as_str()
-                .expect("id")
-                .to_string(),
-        );
+        ids.push(response.event_id());
     }
     // Sessions in key order, two at a time, each page naming the next.
     let mut keys = Vec::new();
@@ -608,10 +603,7 @@ fn metrics_listen_serves_what_the_packaged_rules_and_dashboard_use() {
     let daemon = workspace.start();
     let accepted = daemon.post_json("/hook", &[], "{}");
     assert_eq!(accepted.status, 202);
-    let event_id = accepted.json()["event_id"]
-        .as_str()
-        .expect("id")
-        .to_string();
+    let event_id = accepted.event_id();
     assert_eq!(
         workspace.wait_terminal(&event_id, Duration::from_secs(30)),
         "completed"
@@ -733,10 +725,7 @@ fn sessions_go_through_the_control_socket_for_users_who_cannot_read_the_state() 
     ));
     let daemon = workspace.start();
     let accepted = daemon.post_json("/hook", &[], r#"{"s":"acme/web#7"}"#);
-    let event_id = accepted.json()["event_id"]
-        .as_str()
-        .expect("id")
-        .to_string();
+    let event_id = accepted.event_id();
     assert_eq!(
         workspace.wait_terminal(&event_id, Duration::from_secs(30)),
         "completed"

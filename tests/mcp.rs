@@ -42,10 +42,7 @@ fn offered_tools(request: &Received) -> Vec<String> {
 fn post(daemon: &Daemon, payload: Value) -> String {
     let response = daemon.post_json("/hook", &[], &payload.to_string());
     assert_eq!(response.status, 202, "{response:?}");
-    response.json()["event_id"]
-        .as_str()
-        .expect("event id")
-        .to_string()
+    response.event_id()
 }
 
 fn route(tools: &str) -> String {

@@ -107,10 +107,7 @@ fn receiver() -> Stub {
 fn post(daemon: &Daemon, session: &str) -> String {
     let response = daemon.post_json("/hook", &[], &json!({"session": session}).to_string());
     assert_eq!(response.status, 202, "{response:?}");
-    response.json()["event_id"]
-        .as_str()
-        .expect("id")
-        .to_string()
+    response.event_id()
 }
 
 fn delivered(receiver: &Stub, event_id: &str) -> Value {
@@ -553,10 +550,7 @@ fn post_numbered(daemon: &Daemon, session: &str, n: u32) -> String {
     let body = json!({"session": session, "label": format!("event-{n}")}).to_string();
     let response = daemon.post_json("/hook", &[], &body);
     assert_eq!(response.status, 202, "{response:?}");
-    response.json()["event_id"]
-        .as_str()
-        .expect("id")
-        .to_string()
+    response.event_id()
 }
 
 /// (started_at, finished_at) of each turn of `session`, in start order.

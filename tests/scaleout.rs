@@ -125,10 +125,7 @@ deliver = {deliver}
         let body = serde_json::json!({"session": session, "task": task}).to_string();
         let response = self.nodes[node].daemon().post_json("/hook", &[], &body);
         assert_eq!(response.status, 202, "node {node}: {:?}", response.body);
-        response.json()["event_id"]
-            .as_str()
-            .expect("event_id")
-            .to_string()
+        response.event_id()
     }
 
     fn event_status(&self, id: &str) -> String {

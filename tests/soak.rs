@@ -110,12 +110,7 @@ fn kill_dash_nine_at_random_moments_keeps_every_invariant() {
                 json!({"round": round, "n": n}).to_string().as_bytes(),
             ) && response.status == 202
             {
-                accepted.push(
-                    response.json()["event_id"]
-                        .as_str()
-                        .expect("id")
-                        .to_string(),
-                );
+                accepted.push(response.event_id());
             }
         }
         std::thread::sleep(Duration::from_millis(fastrand::u64(0..250)));

@@ -92,10 +92,7 @@ fn post(daemon: &Daemon, session: &str) -> String {
         &json!({"session": session, "alert": "disk full on db-1"}).to_string(),
     );
     assert_eq!(response.status, 202, "{response:?}");
-    response.json()["event_id"]
-        .as_str()
-        .expect("event id")
-        .to_string()
+    response.event_id()
 }
 
 fn delivery_for(receiver: &Stub, event_id: &str) -> Option<Received> {
@@ -380,7 +377,7 @@ fn on_busy_interrupt_cancels_the_running_turn() {
     });
     let (setup, daemon) = start(model, receiver(), "on_busy = \"interrupt\"", "");
     let first = daemon.post_json("/hooks/alerts", &[], r#"{"session":"busy","note":"first"}"#);
-    let first = first.json()["event_id"].as_str().expect("id").to_string();
+    let first = first.event_id();
     wait_until("the first turn to call the model", TURN_LIMIT, || {
         !setup.model.requests().is_empty()
     });
@@ -596,7 +593,7 @@ deliver = {{ kind = "http", url = "{receiver}/results", secret = "{DELIVER_SECRE
         &[],
         &json!({"session": "stuck", "note": "after cancel"}).to_string(),
     );
-    let next = next.json()["event_id"].as_str().expect("id").to_string();
+    let next = next.event_id();
     assert_eq!(workspace.wait_terminal(&next, TURN_LIMIT), "completed");
 }
 
@@ -913,10 +910,7 @@ fn a_payload_cannot_close_the_event_markers_in_any_spelling() {
         &[],
         &json!({"session": "inject", "alert": attack}).to_string(),
     );
-    let id = response.json()["event_id"]
-        .as_str()
-        .expect("id")
-        .to_string();
+    let id = response.event_id();
     assert_eq!(setup.workspace.wait_terminal(&id, TURN_LIMIT), "completed");
     let request = setup
         .model
@@ -985,7 +979,7 @@ deliver = {{ kind = "http", url = {{ env = "TEST_DELIVER_URL" }} }}
         stuck.requests().len() >= 2
     });
     let quick = daemon.post_json("/hooks/quick", &[], "{}");
-    let quick = quick.json()["event_id"].as_str().expect("id").to_string();
+    let quick = quick.event_id();
     wait_delivery(&fast, &quick);
     assert_eq!(
         stuck.requests().len(),
@@ -1030,10 +1024,7 @@ fn history_keeps_model_requests_within_the_budget() {
             &json!({"session": "long", "n": n, "blob": big}).to_string(),
         );
         assert_eq!(response.status, 202, "{response:?}");
-        let id = response.json()["event_id"]
-            .as_str()
-            .expect("id")
-            .to_string();
+        let id = response.event_id();
         assert_eq!(setup.workspace.wait_terminal(&id, TURN_LIMIT), "completed");
     }
     let requests = setup.model.requests();
@@ -1055,10 +1046,7 @@ fn history_keeps_model_requests_within_the_budget() {
         &[],
         &json!({"session": "huge", "blob": huge}).to_string(),
     );
-    let id = response.json()["event_id"]
-        .as_str()
-        .expect("id")
-        .to_string();
+    let id = response.event_id();
     assert_eq!(setup.workspace.wait_terminal(&id, TURN_LIMIT), "completed");
     let request = setup.model.requests().pop().expect("a request");
     assert!(request.body.len() < 700_000, "{} bytes", request.body.len());
@@ -1095,15 +1083,7 @@ tools = ["probe"]
         fds = fds_file.display(),
         pid = pid_file.display(),
     ));
-    /// Killed on drop, so a failed assertion leaves no daemon behind.
-    struct Spawned(std::process::Child);
-    impl Drop for Spawned {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let mut daemon = Spawned(
+    let mut daemon = KillOnDrop(
         std::process::Command::new("/bin/sh")
             .arg("-c")
             .arg(format!(
@@ -1186,10 +1166,7 @@ tools = ["job"]
     ));
     let daemon = workspace.start();
     let response = daemon.post_json("/hooks/alerts", &[], "{}");
-    let id = response.json()["event_id"]
-        .as_str()
-        .expect("id")
-        .to_string();
+    let id = response.event_id();
     assert_eq!(workspace.wait_terminal(&id, TURN_LIMIT), "completed");
     let results = tool_results(&model.requests());
     let refused = results.iter().filter(|r| r.contains("not started")).count();
@@ -1226,10 +1203,7 @@ verify = {{ scheme = "none" }}
     let ids: Vec<String> = (0..3)
         .map(|n| {
             let response = daemon.post_json("/hooks/alerts", &[], &format!(r#"{{"n":{n}}}"#));
-            response.json()["event_id"]
-                .as_str()
-                .expect("id")
-                .to_string()
+            response.event_id()
         })
         .collect();
     for id in &ids {

@@ -56,7 +56,7 @@ pub fn children_of(daemon_pid: u32, marker: &str) -> Vec<i32> {
 /// The Python SDK's server on the streamable HTTP transport (`tests/mcp/http_server.py`);
 /// killed on drop.
 pub struct PythonServer {
-    child: std::process::Child,
+    _child: super::KillOnDrop,
     port: u16,
     /// Where it appends the key and text of every `shout` call.
     calls: PathBuf,
@@ -77,7 +77,11 @@ impl PythonServer {
             .stderr(std::process::Stdio::null())
             .spawn()
             .expect("start the Python MCP server");
-        let server = PythonServer { child, port, calls };
+        let server = PythonServer {
+            _child: super::KillOnDrop(child),
+            port,
+            calls,
+        };
         wait_until("the Python MCP server to listen", START_LIMIT, || {
             std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
         });
@@ -103,12 +107,5 @@ impl PythonServer {
             self.port,
             workspace.path().join("token").display().to_string(),
         )
-    }
-}
-
-impl Drop for PythonServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }

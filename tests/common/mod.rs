@@ -415,6 +415,17 @@ pub fn proc_status_kib(pid: u32, field: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// A child process killed (and reaped) on drop, so that a failed assertion leaves nothing
+/// running behind it.
+pub struct KillOnDrop(pub Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Whether process `pid` runs (a zombie waiting to be reaped does not).
 pub fn process_alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
@@ -445,6 +456,14 @@ impl HttpResponse {
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_str(&self.body)
             .unwrap_or_else(|err| panic!("body is not JSON ({err}): {}", self.body))
+    }
+
+    /// The `event_id` of an accepted (202) or duplicate (200) answer.
+    pub fn event_id(&self) -> String {
+        self.json()["event_id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no event_id in {}", self.body))
+            .to_string()
     }
 
     pub fn header(&self, name: &str) -> Option<&str> {
