@@ -84,6 +84,23 @@ pub(crate) struct OfferedTool {
 }
 
 impl OfferedTool {
+    /// Whether a route's `tools` entry names this tool.
+    fn is_named_by(&self, entry: &ToolRef) -> bool {
+        match (entry, &self.runs) {
+            (ToolRef::Command(name), Runs::Command(settings)) => *name == settings.name,
+            (
+                ToolRef::Mcp { server, tool },
+                Runs::Mcp {
+                    connection,
+                    tool: name,
+                },
+            ) => {
+                *server == connection.server && tool.as_deref().is_none_or(|wanted| wanted == name)
+            }
+            _ => false,
+        }
+    }
+
     /// The MCP server it comes from, if any.
     pub(crate) fn mcp_server(&self) -> Option<&str> {
         match &self.runs {
@@ -235,20 +252,15 @@ pub(crate) async fn listing(
             .collect(),
     };
     let (catalog, problems) = Catalog::of(&entries, config, servers, wait).await;
-    let mut offered_by: Vec<(String, Catalog)> = Vec::new();
-    for route in &config.routes {
-        // The servers have settled by now: this waits no longer.
-        let (route_catalog, _) = Catalog::for_route(route, config, servers, wait).await;
-        offered_by.push((route.name.clone(), route_catalog));
-    }
     let tools = catalog
         .tools()
         .iter()
         .map(|tool| {
-            let routes: Vec<&str> = offered_by
+            let routes: Vec<&str> = config
+                .routes
                 .iter()
-                .filter(|(_, offered)| offered.get(&tool.name).is_some())
-                .map(|(route, _)| route.as_str())
+                .filter(|route| route.tools.iter().any(|entry| tool.is_named_by(entry)))
+                .map(|route| route.name.as_str())
                 .collect();
             let (kind, command, background, timeout) = match &tool.runs {
                 Runs::Command(settings) => (
