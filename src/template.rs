@@ -208,6 +208,21 @@ impl RouteTemplates {
         Ok((!text.is_empty()).then(|| text.to_string()))
     }
 
+    /// Renders a past turn's prompt again from its stored event: `source` is the `prompt`
+    /// template that turn recorded, which is the route's own unless a reload changed it since.
+    pub(crate) fn recorded_prompt(
+        &self,
+        source: &str,
+        context: &EventContext<'_>,
+    ) -> Result<String, String> {
+        let name = format!("{}.prompt", context.route);
+        match self.lenient.get_template(&name) {
+            Ok(template) if template.source() == source => template.render(context),
+            _ => self.lenient.render_str(source, context),
+        }
+        .map_err(|err| format!("routes.{}.prompt: {}", context.route, one_line(&err)))
+    }
+
     /// Renders the route's `system` or `prompt` text.
     pub(crate) fn text(&self, key: &str, context: &EventContext<'_>) -> Result<String, String> {
         let name = format!("{}.{key}", context.route);

@@ -1004,6 +1004,86 @@ deliver = {{ kind = "http", url = {{ env = "TEST_DELIVER_URL" }} }}
     assert!(errors.iter().all(|e| !e.contains("T0KEN")), "{errors:?}");
 }
 
+/// The transcript refers to a turn's event instead of keeping a copy of its payload. A later
+/// turn's request still shows the earlier event, rendered again from the stored event with the
+/// prompt template it was first rendered with, even after a reload changed the route's prompt.
+#[test]
+fn the_transcript_keeps_no_copy_of_the_payload_and_history_shows_the_event_as_it_was() {
+    let model = Stub::start(|_, _| Reply::answer("noted"));
+    let receiver = receiver();
+    let workspace = Workspace::new();
+    workspace.write_config(&config(&model, &receiver, "", ""));
+    let daemon = workspace.start_with_env(&[("TEST_MODEL_KEY", "sk-test-123")]);
+    let marker = "payload-kept-once-4711";
+    let first = daemon.post_json(
+        "/hooks/alerts",
+        &[],
+        &json!({"session": "once", "alert": marker}).to_string(),
+    );
+    assert_eq!(first.status, 202, "{first:?}");
+    let first_id = first.event_id();
+    assert_eq!(workspace.wait_terminal(&first_id, TURN_LIMIT), "completed");
+    let copies: Vec<i64> = workspace.query(
+        &format!("SELECT count(*) FROM transcript WHERE body LIKE '%{marker}%'"),
+        |row| row.get(0),
+    );
+    assert_eq!(
+        copies,
+        vec![0],
+        "the transcript holds a copy of the payload"
+    );
+    let first_request = String::from_utf8_lossy(&model.requests()[0].body).into_owned();
+    assert!(first_request.contains(marker), "{first_request}");
+
+    workspace.write_config(&config(
+        &model,
+        &receiver,
+        "prompt = \"Changed template: {{ payload.alert }}\"",
+        "",
+    ));
+    let reloaded = workspace.cli(&["reload"]);
+    assert!(reloaded.status.success(), "{reloaded:?}");
+    let second = daemon.post_json(
+        "/hooks/alerts",
+        &[],
+        &json!({"session": "once", "alert": "second-alert"}).to_string(),
+    );
+    assert_eq!(second.status, 202, "{second:?}");
+    assert_eq!(
+        workspace.wait_terminal(&second.event_id(), TURN_LIMIT),
+        "completed"
+    );
+    let requests = model.requests();
+    let last = requests.last().expect("the second turn's request").json();
+    let users: Vec<String> = last["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .filter(|message| message["role"] == "user")
+        .filter_map(|message| message["content"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(users.len(), 2, "{users:?}");
+    let first_user = serde_json::from_str::<serde_json::Value>(&first_request)
+        .expect("the first request is JSON")["messages"]
+        .as_array()
+        .and_then(|messages| messages.iter().find(|m| m["role"] == "user"))
+        .and_then(|message| message["content"].as_str().map(str::to_string))
+        .expect("the first event's message");
+    assert_eq!(
+        users[0], first_user,
+        "history shows the first event as it was"
+    );
+    assert!(
+        users[1].contains("Changed template: second-alert"),
+        "{users:?}"
+    );
+    let shown = workspace.cli(&["sessions", "show", "once"]);
+    assert!(
+        String::from_utf8_lossy(&shown.stdout).contains(&format!("event {first_id}")),
+        "{shown:?}"
+    );
+}
+
 /// `history` bounds what the model sees of a long session: requests stay within `max_bytes`
 /// (plus the new event), the oldest turns are replaced by a note, and the event is cut with a
 /// marker when it alone is larger than half the budget.

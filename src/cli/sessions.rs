@@ -296,6 +296,11 @@ pub(super) fn render_entry(body: &serde_json::Value) -> String {
             body["arguments"],
             text(&body["call_id"])
         ),
+        Some("event") => format!(
+            "event {} (its payload: agentgate events show {})",
+            text(&body["event_id"]),
+            text(&body["event_id"])
+        ),
         Some("message") => {
             let message = &body["message"];
             let role = text(&message["role"]);

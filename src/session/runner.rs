@@ -24,7 +24,10 @@ use crate::agent::model::{Model, ModelError};
 use crate::agent::tools::{self, ToolAbort};
 use crate::config::{RouteSettings, Settings, Shared, ToolSettings};
 use crate::metrics;
-use crate::store::{ClaimedTurn, ResumeReason, StopReason, Store, StoreError, TurnEnd, TurnStatus};
+use crate::store::{
+    ClaimedTurn, RecordedEvent, ResumeReason, StopReason, Store, StoreError, StoredEvent, TurnEnd,
+    TurnStatus,
+};
 use crate::template::EventContext;
 
 /// What a session is told of a background job that the daemon's stop cut off.
@@ -123,9 +126,60 @@ fn messages_of(entries: &[Entry]) -> Vec<Message> {
         .iter()
         .filter_map(|entry| match entry {
             Entry::Message { message } => Some(message.clone()),
-            Entry::ToolStart { .. } => None,
+            Entry::ToolStart { .. } | Entry::Event { .. } => None,
         })
         .collect()
+}
+
+/// A stored event's fields as templates see them, whether it is the turn's own event or one an
+/// earlier turn's transcript refers to.
+struct EventFields<'a> {
+    id: &'a str,
+    route: &'a str,
+    event_type: &'a str,
+    delivery_id: Option<&'a str>,
+    headers: &'a str,
+    payload: &'a [u8],
+}
+
+impl<'a> EventFields<'a> {
+    fn of_stored(event: &'a StoredEvent) -> Self {
+        EventFields {
+            id: &event.id,
+            route: &event.route,
+            event_type: &event.event_type,
+            delivery_id: event.delivery_id.as_deref(),
+            headers: &event.headers,
+            payload: &event.payload,
+        }
+    }
+
+    fn of_recorded(event: &'a RecordedEvent) -> Self {
+        EventFields {
+            id: &event.id,
+            route: &event.route,
+            event_type: &event.event_type,
+            delivery_id: event.delivery_id.as_deref(),
+            headers: &event.headers,
+            payload: &event.payload,
+        }
+    }
+
+    /// Runs `render` with the template context of this event (payload and headers parsed).
+    fn with_context<T>(&self, render: impl FnOnce(&EventContext<'_>) -> T) -> T {
+        let payload: serde_json::Value =
+            serde_json::from_slice(self.payload).unwrap_or(serde_json::Value::Null);
+        let headers: BTreeMap<String, String> =
+            serde_json::from_str(self.headers).unwrap_or_default();
+        render(&EventContext {
+            payload: &payload,
+            headers: &headers,
+            event_type: self.event_type,
+            route: self.route,
+            event_id: self.id,
+            delivery_id: self.delivery_id,
+        })
+    }
 }
 
 /// Why a turn stopped before its state machine finished it.
@@ -323,28 +377,12 @@ impl Running<'_> {
             }
             Err(stop) => return self.stopped(stop, 0).await,
         };
-        let payload: serde_json::Value =
-            serde_json::from_slice(&event.payload).unwrap_or(serde_json::Value::Null);
-        let headers: BTreeMap<String, String> =
-            serde_json::from_str(&event.headers).unwrap_or_default();
-        let template_context = EventContext {
-            payload: &payload,
-            headers: &headers,
-            event_type: &event.event_type,
-            route: &event.route,
-            event_id: &event.id,
-            delivery_id: event.delivery_id.as_deref(),
-        };
-        let rendered = self
-            .settings
-            .templates
-            .text("system", &template_context)
-            .and_then(|system| {
-                self.settings
-                    .templates
-                    .text("prompt", &template_context)
-                    .map(|prompt| (system, prompt))
-            });
+        let templates = &self.settings.templates;
+        let rendered = EventFields::of_stored(event).with_context(|context| {
+            let system = templates.text("system", context)?;
+            let prompt = templates.text("prompt", context)?;
+            Ok::<_, String>((system, prompt))
+        });
         let (system, prompt_text) = match rendered {
             Ok(pair) => pair,
             Err(error) => {
@@ -369,6 +407,31 @@ impl Running<'_> {
         for row in rows {
             let Ok(entry) = serde_json::from_value::<Entry>(row.body) else {
                 continue;
+            };
+            let entry = match entry {
+                Entry::Event { event_id, template } => {
+                    let message = match &row.event {
+                        Some(recorded) => EventFields::of_recorded(recorded)
+                            .with_context(|context| templates.recorded_prompt(&template, context))
+                            .map(|prompt| {
+                                prompt::event_message(
+                                    &recorded.route,
+                                    &recorded.event_type,
+                                    &recorded.id,
+                                    &prompt,
+                                )
+                            }),
+                        None => Err(format!("event {event_id} is no longer stored")),
+                    };
+                    match message {
+                        Ok(message) => Entry::Message { message },
+                        Err(problem) => {
+                            tracing::warn!(problem = %problem, "an earlier event of the session is left out of its history");
+                            continue;
+                        }
+                    }
+                }
+                other => other,
             };
             match turns.last_mut() {
                 Some((turn_id, entries)) if *turn_id == row.turn_id => entries.push(entry),
@@ -429,8 +492,9 @@ impl Running<'_> {
             None => {
                 let new_event =
                     prompt::event_message(&event.route, &event.event_type, &event.id, &prompt_text);
-                let entry = Entry::Message {
-                    message: new_event.clone(),
+                let entry = Entry::Event {
+                    event_id: event.id.clone(),
+                    template: self.route.prompt.clone(),
                 };
                 if !self.record(&[entry], 0).await {
                     return;

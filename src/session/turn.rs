@@ -13,15 +13,22 @@ use serde_json::Value;
 
 use crate::agent::message::{Message, Role};
 use crate::agent::schema;
-use crate::store::{EventStatus, StopReason, TurnStatus};
+use crate::store::{EVENT_ENTRY, EventStatus, StopReason, TurnStatus};
 
 /// A transcript entry. Messages are what the model sees; a tool start marks a call as begun, so
-/// a crash between start and result is visible afterwards.
+/// a crash between start and result is visible afterwards. The event that starts a turn is
+/// recorded by reference: its message is rendered again from the stored event with the prompt
+/// template it was first rendered with, so the payload is kept once, in the event.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub(crate) enum Entry {
     Message {
         message: Message,
+    },
+    Event {
+        event_id: String,
+        /// The route's `prompt` template when the turn ran (a reload may change the route's).
+        template: String,
     },
     ToolStart {
         call_id: String,
@@ -40,6 +47,7 @@ impl Entry {
     pub(crate) fn kind(&self) -> &'static str {
         match self {
             Entry::Message { .. } => "message",
+            Entry::Event { .. } => EVENT_ENTRY,
             Entry::ToolStart { .. } => "tool_start",
         }
     }
@@ -135,7 +143,7 @@ pub(crate) fn unfinished_calls(transcript: &[Entry]) -> Vec<UnfinishedCall> {
                     call.key.clone_from(key);
                 }
             }
-            Entry::Message { .. } => {}
+            Entry::Message { .. } | Entry::Event { .. } => {}
         }
     }
     calls

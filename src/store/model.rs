@@ -243,6 +243,37 @@ pub(crate) struct TranscriptRow {
     pub kind: String,
     pub body: serde_json::Value,
     pub created_at: i64,
+    /// For an `event` entry, the stored event it refers to: its message is rendered from this.
+    #[serde(skip)]
+    pub event: Option<RecordedEvent>,
+}
+
+/// What a turn's event message is rendered from: the stored event, as accepted.
+#[derive(Debug, Clone)]
+pub(crate) struct RecordedEvent {
+    pub id: String,
+    pub route: String,
+    pub event_type: String,
+    pub delivery_id: Option<String>,
+    pub headers: String,
+    pub payload: Vec<u8>,
+}
+
+/// The transcript entry kind that refers to its turn's event (see `session::turn::Entry`).
+pub(crate) const EVENT_ENTRY: &str = "event";
+
+/// A session's transcript, oldest first: each row, then (for an `event` entry) the event it
+/// refers to, joined through the turn. Both backends run it, with their own placeholders for the
+/// session key and for `EVENT_ENTRY`.
+pub(super) fn transcript_query(session_key: &str, event_entry: &str) -> String {
+    format!(
+        "SELECT t.seq, t.turn_id, t.kind, t.body, t.created_at,
+                e.id, e.route, e.event_type, e.delivery_id, e.headers, e.payload
+         FROM transcript t
+         LEFT JOIN turns u ON t.kind = {event_entry} AND u.id = t.turn_id
+         LEFT JOIN events e ON e.id = u.event_id
+         WHERE t.session_key = {session_key} ORDER BY t.seq"
+    )
 }
 
 impl TranscriptRow {
@@ -253,6 +284,7 @@ impl TranscriptRow {
         kind: String,
         body: String,
         created_at: i64,
+        event: Option<RecordedEvent>,
     ) -> Self {
         TranscriptRow {
             seq,
@@ -260,6 +292,7 @@ impl TranscriptRow {
             kind,
             body: serde_json::from_str(&body).unwrap_or(serde_json::Value::String(body)),
             created_at,
+            event,
         }
     }
 }

@@ -51,7 +51,10 @@ use crate::store::{
     AcceptOutcome, Accepting, ClaimedTurn, Coordination, DeliveryAttempt, DeliveryCounts,
     Inspection, InterruptedSession, Ledger, LiveCounts, NewEvent, NodeRow, Operator, Outbox,
     PendingDelivery, Recovery, SessionRow, Settled, Settlement, StatusSummary, StoreError,
-    TranscriptRow, TurnEnd, Turns, ledger::now_rfc3339, model::StoredEvent, now_millis,
+    TranscriptRow, TurnEnd, Turns,
+    ledger::now_rfc3339,
+    model::{EVENT_ENTRY, RecordedEvent, StoredEvent, transcript_query},
+    now_millis,
     states::LIVE_COUNTS_SQL,
 };
 use connect::{Cached, bounded, tls_connector};

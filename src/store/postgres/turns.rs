@@ -275,16 +275,27 @@ impl Turns for PostgresStore {
 
     async fn transcript(&self, session_key: &str) -> Result<Vec<TranscriptRow>, StoreError> {
         let rows = self
-            .select(
-                "SELECT seq, turn_id, kind, body, created_at FROM transcript
-                 WHERE session_key = $1 ORDER BY seq",
-                &[&session_key],
-            )
+            .select(&transcript_query("$1", "$2"), &[&session_key, &EVENT_ENTRY])
             .await?;
         Ok(rows
             .into_iter()
             .map(|row| {
-                TranscriptRow::new(row.get(0), row.get(1), row.get(2), row.get(3), row.get(4))
+                let event = row.get::<_, Option<String>>(5).map(|id| RecordedEvent {
+                    id,
+                    route: row.get(6),
+                    event_type: row.get(7),
+                    delivery_id: row.get(8),
+                    headers: row.get(9),
+                    payload: row.get(10),
+                });
+                TranscriptRow::new(
+                    row.get(0),
+                    row.get(1),
+                    row.get(2),
+                    row.get(3),
+                    row.get(4),
+                    event,
+                )
             })
             .collect())
     }

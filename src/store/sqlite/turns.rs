@@ -3,7 +3,8 @@
 
 use super::*;
 use crate::store::model::{
-    ClaimedTurn, InterruptedSession, SessionRow, StoredEvent, TranscriptRow, TurnEnd,
+    ClaimedTurn, EVENT_ENTRY, InterruptedSession, RecordedEvent, SessionRow, StoredEvent,
+    TranscriptRow, TurnEnd, transcript_query,
 };
 use crate::store::states::{
     CRASHED, EVENT_RUNNING, IDLE, OPERATOR, PENDING, QUEUED, REQUEUE_STOPPED_EVENT_SQL,
@@ -189,16 +190,26 @@ pub(super) fn transcript_of(
     session_key: &str,
 ) -> rusqlite::Result<Vec<TranscriptRow>> {
     connection
-        .prepare_cached(
-            "SELECT seq, turn_id, kind, body, created_at FROM transcript WHERE session_key = ?1 ORDER BY seq",
-        )?
-        .query_map(params![session_key], |row| {
+        .prepare_cached(&transcript_query("?1", "?2"))?
+        .query_map(params![session_key, EVENT_ENTRY], |row| {
+            let event = match row.get::<_, Option<String>>(5)? {
+                Some(id) => Some(RecordedEvent {
+                    id,
+                    route: row.get(6)?,
+                    event_type: row.get(7)?,
+                    delivery_id: row.get(8)?,
+                    headers: row.get(9)?,
+                    payload: row.get(10)?,
+                }),
+                None => None,
+            };
             Ok(TranscriptRow::new(
                 row.get(0)?,
                 row.get(1)?,
                 row.get(2)?,
                 row.get(3)?,
                 row.get(4)?,
+                event,
             ))
         })?
         .collect()
