@@ -22,7 +22,11 @@ PEER_PORT=${PEER_PORT:-18788}
 for tool in wrk webhook strace sqlite3; do
     command -v "$tool" >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk webhook strace sqlite3 >/dev/null; break; }
 done
-cargo build --release --locked -q
+# BIN=path measures another build (another commit's binary) with the same script and load.
+if [ -z "${BIN:-}" ]; then
+    cargo build --release --locked -q
+    BIN=./target/release/agentgate
+fi
 cargo bench --locked -q --bench loadgen --no-run 2>/dev/null
 loadgen() { cargo bench --locked -q --bench loadgen -- "$@"; }
 
@@ -67,7 +71,7 @@ listen = "127.0.0.1:$PORT"
 path = "/hooks/bench"
 verify = { scheme = "hmac-sha256", secret = "bench-secret" }
 TOML
-    ./target/release/agentgate serve --config "$work/agentgate.toml" 2>"$work/agentgate.log" &
+    "$BIN" serve --config "$work/agentgate.toml" 2>"$work/agentgate.log" &
     pid=$!
     until curl -fs "http://127.0.0.1:$PORT/healthz" >/dev/null; do sleep 0.05; done
 }

@@ -18,7 +18,11 @@ PORT=${PORT:-18797}
 for tool in sqlite3 curl; do
     command -v "$tool" >/dev/null || { apt-get update -qq && apt-get install -y -qq sqlite3 curl >/dev/null; break; }
 done
-cargo build --release --locked -q
+# BIN=path measures another build (another commit's binary) with the same script.
+if [ -z "${BIN:-}" ]; then
+    cargo build --release --locked -q
+    BIN=./target/release/agentgate
+fi
 work=$(mktemp -d /var/tmp/agentgate-disk.XXXXXX)
 trap 'kill $(jobs -p) 2>/dev/null || true; [ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
 
@@ -44,12 +48,18 @@ deliver = { kind = "log" }
 TOML
     python3 - "$work/body.json" "$pad" <<'PY'
 import json, sys
-# A payload of about the given size, shaped like a webhook: nested objects and text.
-pad = int(sys.argv[2])
-body = {"action": "opened", "issue": {"number": 7, "title": "disk", "body": "x" * pad}}
+# A payload of about the given size, shaped like a webhook: nested objects, short strings,
+# numbers and URLs (what makes a re-rendered, re-escaped copy larger than the original).
+size = int(sys.argv[2])
+body = {"action": "opened", "repository": {"full_name": "acme/web", "id": 1296269}, "items": []}
+n = 0
+while len(json.dumps(body)) < size:
+    body["items"].append({"id": n, "name": f"item-{n}", "state": "open", "labels": ["bug", "triage"],
+                          "url": f"https://api.example.com/repos/acme/web/issues/{n}"})
+    n += 1
 open(sys.argv[1], "w").write(json.dumps(body))
 PY
-    ./target/release/agentgate serve --config "$work/agentgate.toml" 2>"$work/agentgate.log" &
+    "$BIN" serve --config "$work/agentgate.toml" 2>"$work/agentgate.log" &
     local pid=$!
     until curl -fs "http://127.0.0.1:$PORT/healthz" >/dev/null; do sleep 0.05; done
     read -r empty_pages page_size < <(pages_in_use)
@@ -70,5 +80,5 @@ events, payload, used, page = $events, $payload_bytes, $pages - $empty_pages, $p
 print(f'$label\tpayload {payload} B\t{used * page / events:,.0f} B per event\t{used * page / events / payload:.2f}x payload')"
 }
 
-[ "$SMALL" -eq 0 ] || run 1KiB "$SMALL" 960
-[ "$LARGE" -eq 0 ] || run 1MiB "$LARGE" 1048500
+[ "$SMALL" -eq 0 ] || run 1KiB "$SMALL" 1024
+[ "$LARGE" -eq 0 ] || run 1MiB "$LARGE" 1048576

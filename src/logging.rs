@@ -6,6 +6,9 @@
 //! the catalog in `packaging/` explains.
 
 use std::io::IsTerminal;
+use std::sync::LazyLock;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::time::Instant;
 
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::layer::SubscriberExt;
@@ -33,6 +36,115 @@ pub(crate) const MESSAGE_OPERATOR_RESUMED: &str = "7416ee7898a9431690ced81933602
 pub(crate) const MESSAGE_OPERATOR_SUSPENDED: &str = "edcec10b073e46c1af472b6ca6e53c23";
 /// The operator cancelled a session's running turn (`sessions cancel`).
 pub(crate) const MESSAGE_OPERATOR_CANCELLED: &str = "21225f76e7564e6d8df082b2fd4275e0";
+/// Once a minute, when anything happened: what the daemon did in that minute.
+pub(crate) const MESSAGE_SUMMARY: &str = "b9407274a51241d6a2033e70e2f89303";
+
+/// The level of the per-event lines (event accepted, turn started and completed, result
+/// delivered): `[runtime] event_log_level`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum EventLogLevel {
+    #[default]
+    Info,
+    Debug,
+}
+
+/// At most `per_second` lines a second; the rest are counted. Lock-free, because per-event
+/// lines are written on the accept path. The window is approximate at its edges (two threads
+/// may both start a new second), which only matters to within a line or two.
+pub(crate) struct LineBudget {
+    per_second: AtomicU32,
+    epoch: Instant,
+    second: AtomicU64,
+    written: AtomicU32,
+    skipped: AtomicU64,
+}
+
+impl LineBudget {
+    pub(crate) fn new(per_second: u32) -> LineBudget {
+        LineBudget {
+            per_second: AtomicU32::new(per_second),
+            epoch: Instant::now(),
+            second: AtomicU64::new(0),
+            written: AtomicU32::new(0),
+            skipped: AtomicU64::new(0),
+        }
+    }
+
+    /// `Some(lines left out since the last one admitted)` if this line may be written; 0 per
+    /// second means no limit.
+    pub(crate) fn admit(&self) -> Option<u64> {
+        self.admit_at(Instant::now())
+    }
+
+    fn admit_at(&self, now: Instant) -> Option<u64> {
+        let per_second = self.per_second.load(Ordering::Relaxed);
+        if per_second == 0 {
+            return Some(self.skipped.swap(0, Ordering::Relaxed));
+        }
+        let now = now.saturating_duration_since(self.epoch).as_secs();
+        if self.second.swap(now, Ordering::Relaxed) != now {
+            self.written.store(0, Ordering::Relaxed);
+        }
+        if self.written.fetch_add(1, Ordering::Relaxed) < per_second {
+            Some(self.skipped.swap(0, Ordering::Relaxed))
+        } else {
+            self.skipped.fetch_add(1, Ordering::Relaxed);
+            None
+        }
+    }
+}
+
+/// The per-event lines' level and budget, set at start and on every reload.
+struct EventLines {
+    debug: AtomicBool,
+    budget: LineBudget,
+}
+
+static EVENT_LINES: LazyLock<EventLines> = LazyLock::new(|| EventLines {
+    debug: AtomicBool::new(false),
+    budget: LineBudget::new(DEFAULT_EVENT_LINES_PER_SECOND),
+});
+
+/// `[runtime] event_log_max_per_second` when the config sets none.
+pub(crate) const DEFAULT_EVENT_LINES_PER_SECOND: u32 = 300;
+
+/// Applies `[runtime] event_log_level` and `event_log_max_per_second`.
+pub(crate) fn configure_event_lines(level: EventLogLevel, per_second: u32) {
+    EVENT_LINES
+        .debug
+        .store(level == EventLogLevel::Debug, Ordering::Relaxed);
+    EVENT_LINES
+        .budget
+        .per_second
+        .store(per_second, Ordering::Relaxed);
+}
+
+/// How the next per-event line is written: `None` when it is left out (over the budget; it is
+/// counted). Lines at debug are not budgeted: they reach the journal only when the operator
+/// asks for debug lines.
+pub(crate) fn event_line_level() -> Option<EventLogLevel> {
+    if EVENT_LINES.debug.load(Ordering::Relaxed) {
+        return Some(EventLogLevel::Debug);
+    }
+    if EVENT_LINES.budget.admit().is_some() {
+        return Some(EventLogLevel::Info);
+    }
+    crate::metrics::log_line_skipped();
+    None
+}
+
+/// Writes a per-event line at the operator's chosen level, within the per-event line budget
+/// (docs/reference.md, "Journal"). Takes what `tracing::info!` takes.
+macro_rules! event_line {
+    ($($line:tt)+) => {
+        match $crate::logging::event_line_level() {
+            Some($crate::logging::EventLogLevel::Info) => ::tracing::info!($($line)+),
+            Some($crate::logging::EventLogLevel::Debug) => ::tracing::debug!($($line)+),
+            None => {}
+        }
+    };
+}
+pub(crate) use event_line;
 
 /// The span of everything logged about one event: its lines carry `EVENT_ID`, `SESSION_KEY` and
 /// `ROUTE` as journal fields without repeating them.
@@ -93,4 +205,23 @@ pub(crate) fn init(target: LogTarget) {
         .with_ansi(std::io::stderr().is_terminal())
         .with_target(false)
         .try_init();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_line_budget_admits_its_rate_and_says_how_many_were_left_out() {
+        let budget = LineBudget::new(10);
+        let start = budget.epoch;
+        let admitted = (0..100)
+            .filter(|_| budget.admit_at(start).is_some())
+            .count();
+        assert_eq!(admitted, 10);
+        let next = budget.admit_at(start + std::time::Duration::from_secs(1));
+        assert_eq!(next, Some(90));
+        let unlimited = LineBudget::new(0);
+        assert!((0..1000).all(|_| unlimited.admit_at(start).is_some()));
+    }
 }

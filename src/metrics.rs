@@ -7,6 +7,7 @@
 //! protocol, never from senders (no session keys or paths as labels).
 
 use std::sync::LazyLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -17,8 +18,8 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 
 use crate::session::OperatorAction;
-use crate::store::ResumeReason;
 use crate::store::StatusSummary;
+use crate::store::{ResumeReason, TurnStatus};
 
 /// The content type of the exposition: Prometheus text format 0.0.4 (see [`legacy_text`]).
 pub(crate) const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -83,6 +84,73 @@ struct Metrics {
     outbox: Family<StateLabel, Gauge>,
     store_writable: Gauge,
     tls_handshake_failures: Counter,
+    log_lines_skipped: Counter,
+    totals: Totals,
+}
+
+/// Running totals for the journal's summary line, which needs sums across labels that a
+/// `Family` does not give.
+#[derive(Default)]
+struct Totals {
+    accepted: AtomicU64,
+    refused: AtomicU64,
+    turns_completed: AtomicU64,
+    turns_failed: AtomicU64,
+    delivered: AtomicU64,
+    delivery_failures: AtomicU64,
+}
+
+/// What the daemon did, as totals since it started (or, from `since`, over a stretch of time).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Activity {
+    pub accepted: u64,
+    pub refused: u64,
+    pub turns_completed: u64,
+    /// Turns that ended any other way (failed, interrupted by a newer event, cancelled).
+    pub turns_failed: u64,
+    pub delivered: u64,
+    /// Delivery attempts that failed (retried or given up).
+    pub delivery_failures: u64,
+    pub log_lines_skipped: u64,
+}
+
+impl Activity {
+    /// What happened between `earlier` and this.
+    pub(crate) fn since(self, earlier: Activity) -> Activity {
+        Activity {
+            accepted: self.accepted - earlier.accepted,
+            refused: self.refused - earlier.refused,
+            turns_completed: self.turns_completed - earlier.turns_completed,
+            turns_failed: self.turns_failed - earlier.turns_failed,
+            delivered: self.delivered - earlier.delivered,
+            delivery_failures: self.delivery_failures - earlier.delivery_failures,
+            log_lines_skipped: self.log_lines_skipped - earlier.log_lines_skipped,
+        }
+    }
+
+    pub(crate) fn is_quiet(&self) -> bool {
+        *self == Activity::default()
+    }
+}
+
+/// The totals so far.
+pub(crate) fn activity() -> Activity {
+    let totals = &METRICS.totals;
+    let read = |total: &AtomicU64| total.load(Ordering::Relaxed);
+    Activity {
+        accepted: read(&totals.accepted),
+        refused: read(&totals.refused),
+        turns_completed: read(&totals.turns_completed),
+        turns_failed: read(&totals.turns_failed),
+        delivered: read(&totals.delivered),
+        delivery_failures: read(&totals.delivery_failures),
+        log_lines_skipped: METRICS.log_lines_skipped.get(),
+    }
+}
+
+/// A per-event log line was left out (over `event_log_max_per_second`).
+pub(crate) fn log_line_skipped() {
+    METRICS.log_lines_skipped.inc();
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
@@ -166,6 +234,12 @@ impl Metrics {
             "Outbox rows not yet delivered, by state",
             outbox.clone(),
         );
+        let log_lines_skipped = Counter::default();
+        registry.register(
+            "log_lines_skipped",
+            "Per-event log lines left out because more came than runtime.event_log_max_per_second",
+            log_lines_skipped.clone(),
+        );
         let tls_handshake_failures = Counter::default();
         registry.register(
             "tls_handshake_failures",
@@ -212,6 +286,8 @@ impl Metrics {
             outbox,
             store_writable,
             tls_handshake_failures,
+            log_lines_skipped,
+            totals: Totals::default(),
         }
     }
 }
@@ -230,22 +306,31 @@ pub(crate) fn http_request(route: &str, code: u16) {
             code,
         })
         .inc();
+    if code >= 400 {
+        METRICS.totals.refused.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// A webhook was made durable and acknowledged `elapsed` after it arrived.
 pub(crate) fn accepted(elapsed: Duration) {
     METRICS.accept_duration.observe(elapsed.as_secs_f64());
+    METRICS.totals.accepted.fetch_add(1, Ordering::Relaxed);
 }
 
 /// A turn ended with `status` after `elapsed`.
-pub(crate) fn turn_ended(route: &str, status: &str, elapsed: Duration) {
+pub(crate) fn turn_ended(route: &str, status: TurnStatus, elapsed: Duration) {
     METRICS
         .turns
         .get_or_create(&RouteStatus {
             route: route.to_string(),
-            status: status.to_string(),
+            status: status.sql().to_string(),
         })
         .inc();
+    let total = match status {
+        TurnStatus::Completed => &METRICS.totals.turns_completed,
+        _ => &METRICS.totals.turns_failed,
+    };
+    total.fetch_add(1, Ordering::Relaxed);
     METRICS.turn_duration.observe(elapsed.as_secs_f64());
 }
 
@@ -329,6 +414,11 @@ pub(crate) fn delivery(result: DeliveryResult) {
             result: result.label().to_string(),
         })
         .inc();
+    let total = match result {
+        DeliveryResult::Delivered => &METRICS.totals.delivered,
+        DeliveryResult::Retry | DeliveryResult::Failed => &METRICS.totals.delivery_failures,
+    };
+    total.fetch_add(1, Ordering::Relaxed);
 }
 
 /// An interrupted session was settled at start.
@@ -472,7 +562,7 @@ mod tests {
     fn every_documented_family_is_exposed() {
         // Labelled families appear once they have a member.
         http_request("github", 202);
-        turn_ended("github", "completed", Duration::from_secs(2));
+        turn_ended("github", TurnStatus::Completed, Duration::from_secs(2));
         tool_call("disk_usage", "ok");
         delivery(DeliveryResult::Delivered);
         resume(ResumeOutcome::Resumed(ResumeReason::Crashed));

@@ -6,6 +6,7 @@
 //! the text shorter.
 
 use std::collections::BTreeMap;
+use std::sync::LazyLock;
 
 use minijinja::{Environment, UndefinedBehavior};
 use serde::Serialize;
@@ -108,6 +109,22 @@ fn key_part(
     }
 }
 
+/// Renders a prompt again from its stored event: `source` is the `prompt` template that the
+/// event's turn recorded (the route's own may have changed since), rendered as route prompts are.
+pub(crate) fn render_recorded_prompt(
+    source: &str,
+    context: &EventContext<'_>,
+) -> Result<String, String> {
+    static RECORDED: LazyLock<Environment<'static>> = LazyLock::new(|| {
+        let mut environment = Environment::new();
+        environment.set_undefined_behavior(UndefinedBehavior::Lenient);
+        environment
+    });
+    RECORDED
+        .render_str(source, context)
+        .map_err(|err| format!("routes.{}.prompt: {}", context.route, one_line(&err)))
+}
+
 /// One route's template texts, as its config gives them.
 pub(crate) struct TemplateSources<'a> {
     pub route: &'a str,
@@ -206,21 +223,6 @@ impl RouteTemplates {
             .map_err(|err| format!("routes.{}.{key}: {}", context.route, one_line(&err)))?;
         let text = text.trim();
         Ok((!text.is_empty()).then(|| text.to_string()))
-    }
-
-    /// Renders a past turn's prompt again from its stored event: `source` is the `prompt`
-    /// template that turn recorded, which is the route's own unless a reload changed it since.
-    pub(crate) fn recorded_prompt(
-        &self,
-        source: &str,
-        context: &EventContext<'_>,
-    ) -> Result<String, String> {
-        let name = format!("{}.prompt", context.route);
-        match self.lenient.get_template(&name) {
-            Ok(template) if template.source() == source => template.render(context),
-            _ => self.lenient.render_str(source, context),
-        }
-        .map_err(|err| format!("routes.{}.prompt: {}", context.route, one_line(&err)))
     }
 
     /// Renders the route's `system` or `prompt` text.

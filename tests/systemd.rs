@@ -313,3 +313,68 @@ fn a_crash_restart_reconciles_a_ledger_planted_before_it() {
         202
     );
 }
+
+/// A burst of events cannot push what matters out of the journal. journald drops a unit's lines
+/// past its rate limit; at 2,000 events/s for 60 s, per-event lines stay within
+/// `event_log_max_per_second` (the rest are counted in the periodic summary line instead), and a
+/// warning right after the burst is in the journal.
+#[test]
+fn a_burst_of_events_does_not_push_warnings_out_of_the_journal() {
+    let Some(machine) = Machine::boot("log_burst") else {
+        return;
+    };
+    machine.install(
+        &format!(
+            "{}\n[routes.canary]\npath = \"/canary\"\nverify = {{ scheme = \"bearer\", secret = \"canary-secret\" }}\n",
+            config("max_queued_events = 1000000")
+        ),
+        "",
+    );
+    assert_eq!(
+        machine
+            .post(r#"{"session":"warmup"}"#)
+            .expect("warm up")
+            .status,
+        202
+    );
+    let load = Load::at_rate(machine.addr(), 24, 2_000);
+    // The burst's length, not a synchronization: the load runs for this long.
+    std::thread::sleep(Duration::from_secs(60));
+    let result = load.finish();
+    assert!(
+        result.failures.is_empty(),
+        "{} failed requests: {:?}",
+        result.failures.len(),
+        &result.failures[..result.failures.len().min(5)]
+    );
+    let refused = try_request(
+        machine.addr(),
+        "POST",
+        "/canary",
+        &[("content-type", "application/json")],
+        b"{}",
+    )
+    .expect("POST /canary");
+    assert_eq!(refused.status, 401, "{refused:?}");
+    wait_for(
+        "the warning in the journal",
+        Duration::from_secs(30),
+        || {
+            machine
+                .journal("-u agentgate.service ROUTE=canary -p warning")
+                .contains("webhook refused")
+        },
+    );
+    let summaries =
+        machine.journal("-u agentgate.service MESSAGE_ID=b9407274a51241d6a2033e70e2f89303");
+    assert!(summaries.contains("events accepted"), "{summaries}");
+    assert!(
+        summaries.contains("per-event lines left out"),
+        "the burst exceeded the per-event line budget: {summaries}"
+    );
+    eprintln!(
+        "log burst: {} events accepted in 60 s ({:.0}/s)",
+        result.accepted,
+        result.accepted as f64 / 60.0
+    );
+}

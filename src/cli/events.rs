@@ -214,7 +214,7 @@ pub(super) fn sessions_follow(source: &ConfigSource, key: &str) -> Result<(), Fa
     let mut last_seq = i64::MIN;
     loop {
         let rows = state
-            .query(async |store| store.transcript(key).await)?
+            .query(async |store| crate::session::transcript(store, key).await)?
             .unwrap_or_default();
         let seen = last_seq;
         for row in rows.iter().filter(|row| row.seq > seen) {

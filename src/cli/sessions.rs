@@ -249,8 +249,12 @@ pub(super) fn sessions_show(source: &ConfigSource, key: &str, json: bool) -> Res
             None => return Err(control::no_daemon_for_unreadable_state()),
         }
     } else {
-        let found = StateAccess::open(source)?
-            .query(async |store| Ok((store.session(key).await?, store.transcript(key).await?)))?;
+        let found = StateAccess::open(source)?.query(async |store| {
+            Ok((
+                store.session(key).await?,
+                crate::session::transcript(store, key).await?,
+            ))
+        })?;
         let Some((Some(session), transcript)) = found else {
             return Err(no_session());
         };
@@ -295,11 +299,6 @@ pub(super) fn render_entry(body: &serde_json::Value) -> String {
             text(&body["name"]),
             body["arguments"],
             text(&body["call_id"])
-        ),
-        Some("event") => format!(
-            "event {} (its payload: agentgate events show {})",
-            text(&body["event_id"]),
-            text(&body["event_id"])
         ),
         Some("message") => {
             let message = &body["message"];

@@ -9,6 +9,7 @@ use std::time::Duration;
 use super::locate::Locator;
 use super::raw::*;
 use super::*;
+use crate::logging::{DEFAULT_EVENT_LINES_PER_SECOND, EventLogLevel};
 
 /// Parses and validates config text. Errors make the whole config unusable; warnings do not.
 pub(crate) fn check(
@@ -418,6 +419,22 @@ impl Checker<'_> {
                 "runtime.max_internal_turns",
                 raw.max_internal_turns,
                 8,
+            ),
+            event_log_level: self.value(
+                "runtime.event_log_level",
+                raw.event_log_level,
+                EventLogLevel::Info,
+                |level| match level.as_str() {
+                    "info" => Ok(EventLogLevel::Info),
+                    "debug" => Ok(EventLogLevel::Debug),
+                    other => Err(format!("{other:?} is not info or debug")),
+                },
+            ),
+            event_log_max_per_second: self.value(
+                "runtime.event_log_max_per_second",
+                raw.event_log_max_per_second,
+                DEFAULT_EVENT_LINES_PER_SECOND,
+                |n| u32::try_from(n).map_err(|_| format!("{n} must be a whole number, 0 or more")),
             ),
         }
     }

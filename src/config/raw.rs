@@ -65,6 +65,8 @@ pub(super) struct RawRuntime {
     pub(super) max_background_jobs: Option<i64>,
     pub(super) max_background_jobs_per_session: Option<i64>,
     pub(super) max_internal_turns: Option<i64>,
+    pub(super) event_log_level: Option<String>,
+    pub(super) event_log_max_per_second: Option<i64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::*;
+use crate::logging::EventLogLevel;
 
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Config {
@@ -68,6 +69,9 @@ pub(crate) struct RuntimeSettings {
     /// Internal turns (background job results) one external event may cause in a row; the
     /// next one ends `failed` instead of running.
     pub max_internal_turns: u32,
+    /// The level of per-event log lines, and how many a second are written at most (0: all).
+    pub event_log_level: EventLogLevel,
+    pub event_log_max_per_second: u32,
 }
 
 /// Where the state lives: SQLite in `state_dir` (one node), or PostgreSQL shared by many nodes.

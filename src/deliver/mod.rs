@@ -175,7 +175,7 @@ impl Deliverer {
         let outcome = match result {
             Ok(()) => {
                 metrics::delivery(metrics::DeliveryResult::Delivered);
-                tracing::info!(attempt, "result delivered");
+                logging::event_line!(attempt, "result delivered");
                 DeliveryAttempt::Delivered
             }
             Err(error) if attempt >= MAX_ATTEMPTS => {

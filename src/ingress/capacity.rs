@@ -129,6 +129,8 @@ mod tests {
             resume_window: Duration::from_secs(3600),
             dedup_window: Duration::from_secs(3600),
             max_queued_events,
+            event_log_level: crate::logging::EventLogLevel::Info,
+            event_log_max_per_second: crate::logging::DEFAULT_EVENT_LINES_PER_SECOND,
             min_free_disk,
             max_tool_calls_per_reply: 16,
             max_background_jobs: 16,

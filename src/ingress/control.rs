@@ -176,9 +176,7 @@ impl Control {
         else {
             return Ok(no_session(key));
         };
-        let transcript = self
-            .store
-            .transcript(key)
+        let transcript = crate::session::transcript(&self.store, key)
             .await
             .map_err(|err| err.to_string())?;
         Ok(json_response(

@@ -23,6 +23,7 @@ use serde_json::json;
 use super::capacity::{self, Capacity};
 use super::ratelimit::TokenBucket;
 use crate::config::{RouteSettings, Settings, Shared, VerifyScheme};
+use crate::logging::{self, LineBudget};
 use crate::metrics;
 use crate::session::Sessions;
 use crate::signature;
@@ -67,7 +68,9 @@ impl Routing {
 pub(crate) struct Ingress {
     /// Refusal lines are rate-limited: a flood of bad requests is counted in full
     /// (`agentgate_http_requests_total`) but cannot flood the journal.
-    refusal_log: RefusalLog,
+    /// Refusal lines, at most `REFUSAL_LINES_PER_SECOND`; the next admitted line says how many
+    /// were left out before it.
+    refusal_log: LineBudget,
     routing: Shared<Routing>,
     store: Store,
     sessions: Arc<Sessions>,
@@ -100,7 +103,7 @@ impl Ingress {
         capacity: Arc<Capacity>,
     ) -> Result<Ingress, String> {
         Ok(Ingress {
-            refusal_log: RefusalLog::default(),
+            refusal_log: LineBudget::new(REFUSAL_LINES_PER_SECOND),
             tls: Shared::new(acceptor_for(&settings)?),
             routing: Shared::new(Routing::new(settings)),
             store,
@@ -131,7 +134,7 @@ impl Ingress {
     /// refusal log's rate.
     pub(crate) fn tls_refused(&self, peer: SocketAddr, reason: &str) {
         metrics::tls_handshake_failed();
-        if let Some(suppressed) = self.refusal_log.admit(Instant::now()) {
+        if let Some(suppressed) = self.refusal_log.admit() {
             tracing::warn!(peer = %peer, reason = %reason, suppressed, "TLS handshake refused");
         }
     }
@@ -178,7 +181,7 @@ impl Ingress {
             metrics::accepted(arrived.elapsed());
         }
         if (status.is_client_error() || status.is_server_error())
-            && let Some(suppressed) = self.refusal_log.admit(Instant::now())
+            && let Some(suppressed) = self.refusal_log.admit()
         {
             let reason = response
                 .extensions()
@@ -396,7 +399,7 @@ impl Ingress {
                 self.sessions
                     .event_accepted(&self.store, &session_key, settings.on_busy)
                     .await;
-                tracing::info!(
+                logging::event_line!(
                     message_id = crate::logging::MESSAGE_ACCEPTED,
                     event_id = %event_id,
                     session_key = %session_key,
@@ -602,36 +605,7 @@ pub(crate) fn json_response(status: StatusCode, body: &serde_json::Value) -> Htt
     response
 }
 
-/// At most `REFUSAL_LINES_PER_SECOND` refusal lines a second; the next admitted line says how
-/// many were left out before it.
-#[derive(Default)]
-struct RefusalLog {
-    window: std::sync::Mutex<(Option<Instant>, u32, u64)>,
-}
-
 const REFUSAL_LINES_PER_SECOND: u32 = 10;
-
-impl RefusalLog {
-    /// `Some(lines suppressed since the last admitted one)` if this refusal may be logged.
-    fn admit(&self, now: Instant) -> Option<u64> {
-        let mut window = match self.window.lock() {
-            Ok(guard) => guard,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        let (started, logged, suppressed) = &mut *window;
-        if started.is_none_or(|at| now.duration_since(at) >= std::time::Duration::from_secs(1)) {
-            *started = Some(now);
-            *logged = 0;
-        }
-        if *logged < REFUSAL_LINES_PER_SECOND {
-            *logged += 1;
-            Some(std::mem::take(suppressed))
-        } else {
-            *suppressed += 1;
-            None
-        }
-    }
-}
 
 /// The one-line reason of a refusal, carried beside the response for the refusal's log line.
 #[derive(Clone)]
@@ -712,15 +686,5 @@ mod tests {
         );
         assert_eq!(client_address(proxy, &spoofed, &[]), "10.0.0.5:40000");
         assert_eq!(client_address(proxy, &[], &trusted), "10.0.0.5:40000");
-    }
-
-    #[test]
-    fn refusal_lines_are_rate_limited_and_say_how_many_were_left_out() {
-        let log = RefusalLog::default();
-        let start = Instant::now();
-        let admitted = (0..100).filter(|_| log.admit(start).is_some()).count();
-        assert_eq!(admitted, REFUSAL_LINES_PER_SECOND as usize);
-        let next = log.admit(start + std::time::Duration::from_secs(1));
-        assert_eq!(next, Some(100 - u64::from(REFUSAL_LINES_PER_SECOND)));
     }
 }

@@ -22,7 +22,8 @@ use tokio_util::task::TaskTracker;
 use crate::agent::mcp::McpServers;
 use crate::agent::model::Model;
 use crate::config::{
-    self, ConfigError, ConfigSource, LocatedFinding, ReloadReport, SecretCheck, Settings, Shared,
+    self, ConfigError, ConfigSource, LocatedFinding, ReloadReport, RuntimeSettings, SecretCheck,
+    Settings, Shared,
 };
 use crate::deliver::Deliverer;
 use crate::exit::Failure;
@@ -31,12 +32,15 @@ use crate::ingress::control::{self, Control, ControlListener, ReloadRequest};
 use crate::ingress::{self, Ingress, ListenError};
 use crate::session::{self, JobSlots, Sessions, TurnContext};
 use crate::store::{self, DaemonLock, Store};
+use crate::{logging, metrics};
 use drain::Drain;
 
 /// How often delivery ids older than `dedup_window` are forgotten.
 const DEDUP_PRUNE_INTERVAL: Duration = Duration::from_secs(3600);
 /// The longest pause between two retention rounds.
 const PRUNE_INTERVAL: Duration = Duration::from_secs(300);
+/// How often the summary line is written (when anything happened).
+const SUMMARY_INTERVAL: Duration = Duration::from_secs(60);
 /// `STATUS=` is refreshed this often when there is no watchdog to piggyback on.
 const STATUS_INTERVAL: Duration = Duration::from_secs(5);
 
@@ -100,6 +104,7 @@ pub(crate) fn serve(
         );
     }
     let runtime_settings = config.runtime.clone();
+    apply_log_settings(&runtime_settings);
     let server_settings = config.server.clone();
     let metrics_listen = config.server.metrics_listen;
     let state_dir = config.state_dir.clone();
@@ -230,6 +235,7 @@ pub(crate) fn serve(
         ));
         let deliverer = tokio::spawn(deliverer.run(drain.stop_delivering()));
         drain.spawn(health(daemon.clone(), drain.stop_background()));
+        drain.spawn(summarize(drain.stop_background()));
         drain.spawn(capacity::watch(
             capacity,
             store.clone(),
@@ -285,6 +291,7 @@ impl Daemon {
             Ok(settings) => {
                 config::list_changes(&self.settings.get().config, &settings.config, &mut report);
                 self.settings.replace(settings);
+                apply_log_settings(&self.settings.get().config.runtime);
                 self.ingress.reload(self.settings.get());
                 self.mcp.apply(&self.settings.get().config.mcp);
                 report.applied = true;
@@ -490,6 +497,55 @@ async fn prune(store: Store, settings: Arc<Shared<Settings>>, stop: Cancellation
             () = stop.cancelled() => {}
             () = tokio::time::sleep(pause) => {}
         }
+    }
+}
+
+fn apply_log_settings(runtime: &RuntimeSettings) {
+    logging::configure_event_lines(runtime.event_log_level, runtime.event_log_max_per_second);
+}
+
+/// Once a minute, when anything happened, one line with the minute's figures. Per-event lines
+/// may be left out under load (docs/reference.md, "Journal"); this line is not, so the journal
+/// still tells how much went through.
+async fn summarize(stop: CancellationToken) {
+    let mut last = metrics::activity();
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(SUMMARY_INTERVAL) => {}
+        }
+        let now = metrics::activity();
+        let minute = now.since(last);
+        last = now;
+        if minute.is_quiet() {
+            continue;
+        }
+        let left_out = if minute.log_lines_skipped > 0 {
+            format!(
+                "; {} per-event lines left out (runtime.event_log_max_per_second)",
+                minute.log_lines_skipped
+            )
+        } else {
+            String::new()
+        };
+        tracing::info!(
+            message_id = logging::MESSAGE_SUMMARY,
+            accepted = minute.accepted,
+            refused = minute.refused,
+            turns_completed = minute.turns_completed,
+            turns_failed = minute.turns_failed,
+            delivered = minute.delivered,
+            delivery_failures = minute.delivery_failures,
+            log_lines_skipped = minute.log_lines_skipped,
+            "in the last minute: {} events accepted, {} webhooks refused, {} turns completed, {} \
+             ended otherwise, {} results delivered, {} delivery attempts failed{left_out}",
+            minute.accepted,
+            minute.refused,
+            minute.turns_completed,
+            minute.turns_failed,
+            minute.delivered,
+            minute.delivery_failures,
+        );
     }
 }
 

@@ -22,6 +22,17 @@ use tokio_util::task::TaskTracker;
 pub(crate) use history::HistoryLimits;
 pub(crate) use runner::{JobSlots, TurnContext};
 
+/// A session's transcript as every reader sees it: each turn's event as the message the model
+/// saw (the store keeps a reference to the event, not a copy of its payload).
+pub(crate) async fn transcript(
+    store: &Store,
+    session_key: &str,
+) -> Result<Vec<crate::store::TranscriptRow>, crate::store::StoreError> {
+    let mut rows = store.transcript(session_key).await?;
+    prompt::resolve_event_rows(&mut rows);
+    Ok(rows)
+}
+
 /// The event message a turn starts from, for the `markers` fuzz target.
 #[cfg(feature = "fuzzing")]
 pub(crate) fn event_message_for_fuzzing(prompt: &str) -> String {

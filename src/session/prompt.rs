@@ -4,10 +4,15 @@
 //! that no payload can close (in any case, spacing or width), and the system text tells the model
 //! that anything between them is data, never instructions.
 
+use std::collections::BTreeMap;
+
 use crate::agent::message::{Message, Role};
 use crate::config::{DEFAULT_SYSTEM, RouteSettings};
-use crate::store::ResumeReason;
+use crate::store::{EVENT_ENTRY, RecordedEvent, ResumeReason, StoredEvent, TranscriptRow};
+use crate::template::{EventContext, render_recorded_prompt};
 use crate::untrusted;
+
+use super::turn::Entry;
 
 const EVENT_OPEN: &str = "<webhook-event";
 const EVENT_CLOSE: &str = "</webhook-event>";
@@ -52,6 +57,88 @@ pub(crate) fn event_message(
             attribute(event_id)
         ),
     )
+}
+
+/// Gives each `event` row of a transcript the message it stands for, rendered again from the
+/// stored event with the template its turn recorded, so every reader (a later turn's history,
+/// `sessions show` and `follow`, the control socket) sees what the model saw while the payload
+/// is stored once. An event that is gone, or whose prompt no longer renders, becomes a note.
+pub(crate) fn resolve_event_rows(rows: &mut [TranscriptRow]) {
+    for row in rows.iter_mut().filter(|row| row.kind == EVENT_ENTRY) {
+        let Ok(Entry::Event { event_id, template }) =
+            serde_json::from_value::<Entry>(row.body.clone())
+        else {
+            continue;
+        };
+        let message = match &row.event {
+            Some(recorded) => EventFields::of_recorded(recorded)
+                .with_context(|context| render_recorded_prompt(&template, context))
+                .map(|prompt| {
+                    event_message(&recorded.route, &recorded.event_type, &recorded.id, &prompt)
+                }),
+            None => Err("the event is no longer stored".to_string()),
+        }
+        .unwrap_or_else(|problem| {
+            Message::text(
+                Role::User,
+                format!("[agentgate] event {event_id} cannot be shown: {problem}"),
+            )
+        });
+        if let Ok(body) = serde_json::to_value(Entry::Message { message }) {
+            row.body = body;
+        }
+    }
+}
+
+/// A stored event's fields as templates see them, whether it is the turn's own event or one an
+/// earlier turn's transcript refers to.
+pub(crate) struct EventFields<'a> {
+    id: &'a str,
+    route: &'a str,
+    event_type: &'a str,
+    delivery_id: Option<&'a str>,
+    headers: &'a str,
+    payload: &'a [u8],
+}
+
+impl<'a> EventFields<'a> {
+    pub(crate) fn of_stored(event: &'a StoredEvent) -> Self {
+        EventFields {
+            id: &event.id,
+            route: &event.route,
+            event_type: &event.event_type,
+            delivery_id: event.delivery_id.as_deref(),
+            headers: &event.headers,
+            payload: &event.payload,
+        }
+    }
+
+    fn of_recorded(event: &'a RecordedEvent) -> Self {
+        EventFields {
+            id: &event.id,
+            route: &event.route,
+            event_type: &event.event_type,
+            delivery_id: event.delivery_id.as_deref(),
+            headers: &event.headers,
+            payload: &event.payload,
+        }
+    }
+
+    /// Runs `render` with the template context of this event (payload and headers parsed).
+    pub(crate) fn with_context<T>(&self, render: impl FnOnce(&EventContext<'_>) -> T) -> T {
+        let payload: serde_json::Value =
+            serde_json::from_slice(self.payload).unwrap_or(serde_json::Value::Null);
+        let headers: BTreeMap<String, String> =
+            serde_json::from_str(self.headers).unwrap_or_default();
+        render(&EventContext {
+            payload: &payload,
+            headers: &headers,
+            event_type: self.event_type,
+            route: self.route,
+            event_id: self.id,
+            delivery_id: self.delivery_id,
+        })
+    }
 }
 
 /// The note a resumed turn carries after the transcript. Non-interactive routes finish the task

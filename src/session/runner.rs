@@ -23,12 +23,9 @@ use crate::agent::message::Message;
 use crate::agent::model::{Model, ModelError};
 use crate::agent::tools::{self, ToolAbort};
 use crate::config::{RouteSettings, Settings, Shared, ToolSettings};
+use crate::logging;
 use crate::metrics;
-use crate::store::{
-    ClaimedTurn, RecordedEvent, ResumeReason, StopReason, Store, StoreError, StoredEvent, TurnEnd,
-    TurnStatus,
-};
-use crate::template::EventContext;
+use crate::store::{ClaimedTurn, ResumeReason, StopReason, Store, StoreError, TurnEnd, TurnStatus};
 
 /// What a session is told of a background job that the daemon's stop cut off.
 const BACKGROUND_JOB_INTERRUPTED: &str =
@@ -131,57 +128,6 @@ fn messages_of(entries: &[Entry]) -> Vec<Message> {
         .collect()
 }
 
-/// A stored event's fields as templates see them, whether it is the turn's own event or one an
-/// earlier turn's transcript refers to.
-struct EventFields<'a> {
-    id: &'a str,
-    route: &'a str,
-    event_type: &'a str,
-    delivery_id: Option<&'a str>,
-    headers: &'a str,
-    payload: &'a [u8],
-}
-
-impl<'a> EventFields<'a> {
-    fn of_stored(event: &'a StoredEvent) -> Self {
-        EventFields {
-            id: &event.id,
-            route: &event.route,
-            event_type: &event.event_type,
-            delivery_id: event.delivery_id.as_deref(),
-            headers: &event.headers,
-            payload: &event.payload,
-        }
-    }
-
-    fn of_recorded(event: &'a RecordedEvent) -> Self {
-        EventFields {
-            id: &event.id,
-            route: &event.route,
-            event_type: &event.event_type,
-            delivery_id: event.delivery_id.as_deref(),
-            headers: &event.headers,
-            payload: &event.payload,
-        }
-    }
-
-    /// Runs `render` with the template context of this event (payload and headers parsed).
-    fn with_context<T>(&self, render: impl FnOnce(&EventContext<'_>) -> T) -> T {
-        let payload: serde_json::Value =
-            serde_json::from_slice(self.payload).unwrap_or(serde_json::Value::Null);
-        let headers: BTreeMap<String, String> =
-            serde_json::from_str(self.headers).unwrap_or_default();
-        render(&EventContext {
-            payload: &payload,
-            headers: &headers,
-            event_type: self.event_type,
-            route: self.route,
-            event_id: self.id,
-            delivery_id: self.delivery_id,
-        })
-    }
-}
-
 /// Why a turn stopped before its state machine finished it.
 enum Stop {
     Interrupted,
@@ -245,7 +191,7 @@ impl TurnContext {
             .await;
             return;
         }
-        tracing::info!("turn started");
+        logging::event_line!("turn started");
         let running = Running {
             context: self,
             settings: &settings,
@@ -295,7 +241,7 @@ impl TurnContext {
             return;
         }
         self.deliveries.notify_one();
-        metrics::turn_ended(&event.route, turn_status.sql(), started.elapsed());
+        metrics::turn_ended(&event.route, turn_status, started.elapsed());
         if completed_resume {
             // Only after the completion is committed: the entry is the crash-loop evidence.
             if let Err(err) = self.store.clear_resume_count(&event.session_key).await {
@@ -303,7 +249,7 @@ impl TurnContext {
             }
         }
         match error {
-            None => tracing::info!(steps, "turn completed"),
+            None => logging::event_line!(steps, "turn completed"),
             Some(error) => tracing::warn!(steps, error = %error, "turn failed"),
         }
     }
@@ -378,7 +324,7 @@ impl Running<'_> {
             Err(stop) => return self.stopped(stop, 0).await,
         };
         let templates = &self.settings.templates;
-        let rendered = EventFields::of_stored(event).with_context(|context| {
+        let rendered = prompt::EventFields::of_stored(event).with_context(|context| {
             let system = templates.text("system", context)?;
             let prompt = templates.text("prompt", context)?;
             Ok::<_, String>((system, prompt))
@@ -396,7 +342,7 @@ impl Running<'_> {
         let Some(rows) = self
             .context
             .retrying(reading, |store| async move {
-                store.transcript(&event.session_key).await
+                super::transcript(&store, &event.session_key).await
             })
             .await
         else {
@@ -407,31 +353,6 @@ impl Running<'_> {
         for row in rows {
             let Ok(entry) = serde_json::from_value::<Entry>(row.body) else {
                 continue;
-            };
-            let entry = match entry {
-                Entry::Event { event_id, template } => {
-                    let message = match &row.event {
-                        Some(recorded) => EventFields::of_recorded(recorded)
-                            .with_context(|context| templates.recorded_prompt(&template, context))
-                            .map(|prompt| {
-                                prompt::event_message(
-                                    &recorded.route,
-                                    &recorded.event_type,
-                                    &recorded.id,
-                                    &prompt,
-                                )
-                            }),
-                        None => Err(format!("event {event_id} is no longer stored")),
-                    };
-                    match message {
-                        Ok(message) => Entry::Message { message },
-                        Err(problem) => {
-                            tracing::warn!(problem = %problem, "an earlier event of the session is left out of its history");
-                            continue;
-                        }
-                    }
-                }
-                other => other,
             };
             match turns.last_mut() {
                 Some((turn_id, entries)) if *turn_id == row.turn_id => entries.push(entry),
@@ -787,7 +708,7 @@ impl Running<'_> {
             .await;
         metrics::turn_ended(
             &turn.event.route,
-            TurnStatus::Interrupted.sql(),
+            TurnStatus::Interrupted,
             self.started.elapsed(),
         );
         match committed {

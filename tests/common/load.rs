@@ -25,6 +25,18 @@ pub struct Load {
 
 impl Load {
     pub fn start(addr: std::net::SocketAddr, clients: usize) -> Load {
+        Load::paced(addr, clients, None)
+    }
+
+    /// Like `start`, with the clients together aiming at `per_second` requests (each paces
+    /// itself; a client that falls behind sends at once until it has caught up).
+    pub fn at_rate(addr: std::net::SocketAddr, clients: usize, per_second: u32) -> Load {
+        Load::paced(addr, clients, Some(per_second))
+    }
+
+    fn paced(addr: std::net::SocketAddr, clients: usize, per_second: Option<u32>) -> Load {
+        let interval =
+            per_second.map(|rate| Duration::from_secs_f64(clients as f64 / f64::from(rate.max(1))));
         let stop = Arc::new(AtomicBool::new(false));
         let accepted = Arc::new(AtomicU64::new(0));
         let failures = Arc::new(Mutex::new(Vec::new()));
@@ -39,7 +51,14 @@ impl Load {
                 );
                 std::thread::spawn(move || {
                     let mut n = 0;
+                    let begun = Instant::now();
                     while !stop.load(Ordering::Relaxed) {
+                        if let Some(interval) = interval {
+                            let due = begun + interval * n;
+                            if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                                std::thread::sleep(wait);
+                            }
+                        }
                         let body = format!(r#"{{"session":"load-{client}-{n}"}}"#);
                         let started = Instant::now();
                         match try_request(
