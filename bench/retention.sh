@@ -119,7 +119,7 @@ parts.append('<polyline fill="none" stroke="#1f77b4" stroke-width="2" points="' 
 parts.append('<polyline fill="none" stroke="#d62728" stroke-width="1.5" points="' + " ".join(f"{x(a):.1f},{yp(b):.1f}" for a, b in p99) + '"/>')
 parts.append("</svg>")
 open(f"{out}.svg", "w").write("\n".join(parts))
-rates = [float(w["per_second"]) for w in windows]
+rates = [float(w["accepts_per_s"]) for w in windows]
 p99s = [float(w["p99_ms"]) for w in windows]
 refused = sum(int(w["non_202"]) for w in windows)
 half = len(size) // 2
