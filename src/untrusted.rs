@@ -82,6 +82,35 @@ fn is_hidden(c: char) -> bool {
     (c.is_control() && c != '\n' && c != '\t') || is_invisible_format(c)
 }
 
+/// Tool output as it is stored and shown to the model: hidden characters removed (as for a
+/// terminal: NULs and escape sequences carry nothing a model can use), then cut so that what is
+/// stored stays within `cap` bytes. The transcript keeps the output inside a JSON tool result,
+/// itself a JSON string in the entry, so each character is counted at what it costs after both
+/// escapes: a quote or backslash 4 bytes, a newline or tab 3. `truncated` says the tool's output
+/// was already cut when read. The cut is marked; the flag says whether there was one.
+pub(crate) fn tool_output(text: &str, truncated: bool, cap: usize) -> (String, bool) {
+    let visible = for_terminal(text);
+    let mut stored = 0;
+    let mut end = visible.len();
+    for (index, c) in visible.char_indices() {
+        stored += match c {
+            '"' | '\\' => 4,
+            '\n' | '\t' => 3,
+            _ => c.len_utf8(),
+        };
+        if stored > cap {
+            end = index;
+            break;
+        }
+    }
+    let mut kept = visible[..end].to_string();
+    let truncated = truncated || end < visible.len();
+    if truncated {
+        kept.push_str(&format!("\n[output truncated at {cap} bytes]"));
+    }
+    (kept, truncated)
+}
+
 /// The positions of every marker tag (opening or closing) a model could read in `text`.
 #[cfg(any(test, feature = "fuzzing"))]
 pub(crate) fn marker_tags(text: &str) -> Vec<usize> {
@@ -123,5 +152,22 @@ mod tests {
             "red [31mtext\nnext\tline"
         );
         assert_eq!(inside_markers("a\u{0}b\u{85}c\u{2066}d"), "abcd");
+    }
+
+    #[test]
+    fn tool_output_is_capped_in_stored_bytes_without_hidden_characters() {
+        let (nuls, cut) = tool_output(&"\0".repeat(200_000), false, 1000);
+        assert_eq!((nuls.as_str(), cut), ("", false));
+        let (quotes, cut) = tool_output(&"\"".repeat(1000), false, 1000);
+        assert!(cut);
+        assert!(quotes.starts_with(&"\"".repeat(250)) && !quotes.starts_with(&"\"".repeat(251)));
+        let entry = serde_json::json!({"message": {"content": serde_json::json!({"stdout": quotes}).to_string()}});
+        assert!(
+            entry.to_string().len() < 1000 + 200,
+            "{}",
+            entry.to_string().len()
+        );
+        let (plain, cut) = tool_output("\u{1b}[2Jok\n", false, 1000);
+        assert_eq!((plain.as_str(), cut), ("[2Jok\n", false));
     }
 }

@@ -1004,6 +1004,60 @@ deliver = {{ kind = "http", url = {{ env = "TEST_DELIVER_URL" }} }}
     assert!(errors.iter().all(|e| !e.contains("T0KEN")), "{errors:?}");
 }
 
+/// Output caps count what is stored: 200 KB of NULs on stderr and 100 KB of quotes on stdout
+/// (each escaped twice on its way into the transcript) stay within the cap as stored, the NULs
+/// removed, and the model sees the same capped text.
+#[test]
+fn tool_output_caps_count_stored_bytes() {
+    let workspace = Workspace::new();
+    let model = Stub::start(|request, _| {
+        if request.json().to_string().contains("\"tool\"") {
+            Reply::answer("done")
+        } else {
+            Reply::tool_call("noisy-1", "noisy", json!({}))
+        }
+    });
+    workspace.write_config(&format!(
+        r#"{model}
+[tools.noisy]
+description = "Writes quotes and NULs"
+command = ["/bin/sh", "-c", "head -c 200000 /dev/zero >&2; head -c 100000 /dev/zero | tr '\\0' '\"'"]
+
+[routes.alerts]
+path = "/hooks/alerts"
+verify = {{ scheme = "none" }}
+session = "noisy"
+tools = ["noisy"]
+"#,
+        model = model.model_section(),
+    ));
+    let daemon = workspace.start();
+    let posted = daemon.post_json("/hooks/alerts", &[], "{}");
+    assert_eq!(posted.status, 202, "{posted:?}");
+    assert_eq!(
+        workspace.wait_terminal(&posted.event_id(), TURN_LIMIT),
+        "completed"
+    );
+    let stored: Vec<(i64, String)> = workspace.query(
+        "SELECT length(body), body FROM transcript WHERE kind = 'message' AND body LIKE '%noisy-1%' AND body LIKE '%\"tool\"%'",
+        |row| Ok((row.get(0)?, row.get(1)?)),
+    );
+    let (length, body) = stored.first().expect("the tool result entry");
+    assert!(
+        *length < 2 * 64 * 1024 + 1024,
+        "the tool result takes {length} stored bytes"
+    );
+    assert!(!body.contains("\\u0000"), "NULs were stored");
+    assert!(body.contains("output truncated at 65536 bytes"));
+    let seen = tool_results(&model.requests());
+    let outcome: serde_json::Value = serde_json::from_str(&seen[0]).expect("the outcome JSON");
+    assert_eq!(outcome["stdout_truncated"], true);
+    assert_eq!(
+        outcome["stderr"], "\n[output truncated at 65536 bytes]",
+        "the NULs are removed; only the mark of the cut stays"
+    );
+}
+
 /// The transcript refers to a turn's event instead of keeping a copy of its payload. A later
 /// turn's request still shows the earlier event, rendered again from the stored event with the
 /// prompt template it was first rendered with, even after a reload changed the route's prompt.

@@ -195,16 +195,7 @@ fn result_text(result: &serde_json::Value) -> String {
     {
         parts.push(structured.to_string());
     }
-    let mut text = parts.join("\n");
-    if text.len() > OUTPUT_CAP {
-        let mut end = OUTPUT_CAP;
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        text.truncate(end);
-        text.push_str(&format!("\n[output truncated at {OUTPUT_CAP} bytes]"));
-    }
-    text
+    crate::untrusted::tool_output(&parts.join("\n"), false, OUTPUT_CAP).0
 }
 
 /// Servers of protocol version 2026-07-28 and later announce a changed tool list only to a

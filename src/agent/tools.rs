@@ -17,7 +17,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::ToolSettings;
 
-/// Output kept per stream; the rest is read and discarded, and the truncation is marked.
+/// Output kept per stream, counted in stored bytes (`untrusted::tool_output`); the rest is read
+/// and discarded, and the truncation is marked.
 pub(crate) const OUTPUT_CAP: usize = 64 * 1024;
 /// Between SIGTERM and SIGKILL of a tool's process group.
 const KILL_GRACE: Duration = Duration::from_secs(2);
@@ -100,12 +101,8 @@ fn signal_group(pgid: i32, signal: Signal) {
     let _ = killpg(Pid::from_raw(pgid), signal);
 }
 
-fn marked(bytes: Vec<u8>, truncated: bool) -> String {
-    let mut text = String::from_utf8_lossy(&bytes).into_owned();
-    if truncated {
-        text.push_str(&format!("\n[output truncated at {OUTPUT_CAP} bytes]"));
-    }
-    text
+fn marked(bytes: &[u8], truncated: bool) -> (String, bool) {
+    crate::untrusted::tool_output(&String::from_utf8_lossy(bytes), truncated, OUTPUT_CAP)
 }
 
 /// A command for a tool process (a command tool, an MCP server): a clean environment with only
@@ -199,7 +196,9 @@ pub(crate) async fn run(
         }
     };
     let (stdout, stdout_truncated) = collect(stdout).await;
+    let (stdout, stdout_truncated) = marked(&stdout, stdout_truncated);
     let (stderr, stderr_truncated) = collect(stderr).await;
+    let (stderr, stderr_truncated) = marked(&stderr, stderr_truncated);
     let (exit_status, signal, error) = match status {
         Ok(status) => {
             use std::os::unix::process::ExitStatusExt;
@@ -214,8 +213,8 @@ pub(crate) async fn run(
     Ok(ToolOutcome {
         exit_status,
         signal,
-        stdout: marked(stdout, stdout_truncated),
-        stderr: marked(stderr, stderr_truncated),
+        stdout,
+        stderr,
         stdout_truncated,
         stderr_truncated,
         timed_out,
