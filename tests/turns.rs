@@ -1260,6 +1260,63 @@ tools = ["probe"]
     });
 }
 
+/// A tool's own children outlive a daemon killed outside systemd (`PR_SET_PDEATHSIG` reaches only
+/// the tool itself). The next start kills them before anything else runs, and leaves alone a
+/// process that only looks alike (it names another state directory).
+#[test]
+fn the_next_start_kills_what_tools_of_a_killed_daemon_left_behind() {
+    let workspace = Workspace::new();
+    let child_file = workspace.path().join("child.pid");
+    let model = Stub::start(|request, _| {
+        if request.json().to_string().contains("\"tool\"") {
+            Reply::answer("done")
+        } else {
+            Reply::tool_call("call-1", "spawner", json!({}))
+        }
+    });
+    workspace.write_config(&format!(
+        r#"{model}
+[tools.spawner]
+description = "Starts a child and waits for it"
+command = ["/bin/sh", "-c", "sleep 300 & echo $! > {child}; wait"]
+timeout = "600s"
+
+[routes.alerts]
+path = "/hooks/alerts"
+verify = {{ scheme = "none" }}
+tools = ["spawner"]
+"#,
+        model = model.model_section(),
+        child = child_file.display(),
+    ));
+    let daemon = workspace.start();
+    let posted = daemon.post_json("/hooks/alerts", &[], "{}");
+    assert_eq!(posted.status, 202, "{posted:?}");
+    let child = wait_for_pid(&child_file);
+    daemon.kill9();
+    assert!(
+        process_alive(child),
+        "the tool's child died with the daemon"
+    );
+    let lookalike = KillOnDrop(
+        std::process::Command::new("sleep")
+            .arg("300")
+            .env("AGENTGATE_STATE_DIRECTORY", "/var/lib/elsewhere")
+            .spawn()
+            .expect("spawn a look-alike"),
+    );
+    let restarted = workspace.start();
+    wait_until("the leftover child to be killed", TURN_LIMIT, || {
+        !process_alive(child)
+    });
+    assert!(process_alive(lookalike.0.id()), "a look-alike was killed");
+    assert!(
+        restarted.log().contains("left behind"),
+        "{}",
+        restarted.log()
+    );
+}
+
 /// One model reply cannot fan out without bound: past `max_background_jobs_per_session`, further
 /// background jobs are refused with an error result the model sees, and nothing is started for
 /// them.

@@ -106,7 +106,8 @@ fn marked(bytes: &[u8], truncated: bool) -> (String, bool) {
 }
 
 /// A command for a tool process (a command tool, an MCP server): a clean environment with only
-/// `INHERITED_ENVIRONMENT`, a process group of its own, and death with the daemon.
+/// `INHERITED_ENVIRONMENT` and the daemon's `OWNER_VARIABLE`, a process group of its own, and
+/// death with the daemon.
 pub(crate) fn isolated_command(program: &str, args: &[String]) -> Command {
     let mut command = Command::new(program);
     command
@@ -119,8 +120,68 @@ pub(crate) fn isolated_command(program: &str, args: &[String]) -> Command {
         )
         .process_group(0)
         .kill_on_drop(true);
+    if let Some(owner) = OWNER.get() {
+        command.env(OWNER_VARIABLE, owner);
+    }
     crate::sys::die_with_daemon(&mut command);
     command
+}
+
+/// Names the daemon that started a tool process, in its environment (and, unless a tool clears
+/// it, in that of everything the tool starts): the state directory, which one daemon at a time
+/// holds.
+const OWNER_VARIABLE: &str = "AGENTGATE_STATE_DIRECTORY";
+
+static OWNER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// At start, before any tool runs: marks this daemon's tool processes, and kills what an
+/// earlier run of it left behind. `PR_SET_PDEATHSIG` takes a tool itself down with a daemon
+/// killed outside systemd, but not the tool's own children, and an idempotent re-run of the call
+/// must not race them. A process is killed only if its environment names this state directory,
+/// and only if its start time did not change while it was checked (a reused pid is never
+/// killed). Returns how many processes were killed.
+pub(crate) fn claim_and_reap_leftovers(state_dir: &std::path::Path) -> usize {
+    let owner = state_dir.display().to_string();
+    let _ = OWNER.set(owner.clone());
+    let wanted = format!("{OWNER_VARIABLE}={owner}");
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    let own = std::process::id();
+    let mut killed = 0;
+    for pid in entries.filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok()) {
+        if pid == own {
+            continue;
+        }
+        let Some(started) = start_time(pid) else {
+            continue;
+        };
+        // Another user's processes are not readable, and not ours.
+        let Ok(environment) = std::fs::read(format!("/proc/{pid}/environ")) else {
+            continue;
+        };
+        let ours = environment
+            .split(|byte| *byte == 0)
+            .any(|variable| variable == wanted.as_bytes());
+        let Ok(raw_pid) = i32::try_from(pid) else {
+            continue;
+        };
+        if ours
+            && start_time(pid) == Some(started)
+            && nix::sys::signal::kill(Pid::from_raw(raw_pid), Signal::SIGKILL).is_ok()
+        {
+            killed += 1;
+        }
+    }
+    killed
+}
+
+/// A process's start time (clock ticks after boot), field 22 of `/proc/PID/stat`.
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: count from its closing one.
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    after_name.split_whitespace().nth(19)?.parse().ok()
 }
 
 /// The environment variable that carries a call's idempotency key: the same when an interrupted

@@ -172,6 +172,15 @@ pub(crate) fn serve(
             ),
             Err(err) => return Err(Failure::state(format!("cannot mark crashed turns: {err}"))),
         }
+        // Before any tool or MCP server starts: what a killed earlier run left behind goes.
+        let leftovers =
+            crate::agent::tools::claim_and_reap_leftovers(&daemon.settings.get().config.state_dir);
+        if leftovers > 0 {
+            tracing::warn!(
+                count = leftovers,
+                "killed processes that tools of the previous run left behind"
+            );
+        }
         // In the background: a server that is slow to start or cannot start delays nothing.
         mcp.apply(&daemon.settings.get().config.mcp);
         let stop_accepting = drain.stop_accepting();
