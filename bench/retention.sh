@@ -21,9 +21,14 @@ for tool in sqlite3 curl; do
     command -v "$tool" >/dev/null || { apt-get update -qq && apt-get install -y -qq sqlite3 curl >/dev/null; break; }
 done
 cargo build --release --locked -q
-cargo bench --locked -q --bench loadgen --no-run 2>/dev/null
 work=$(mktemp -d /var/tmp/agentgate-retention.XXXXXX)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
+# Both binaries are copied once, so that a build in this checkout during the hour changes
+# neither (and no window waits for cargo).
+cp ./target/release/agentgate "$work/agentgate"
+loadgen=$(cargo bench --locked -q --bench loadgen --no-run --message-format=json 2>/dev/null |
+    python3 -c 'import json, sys; print([m["executable"] for m in map(json.loads, sys.stdin) if m.get("executable")][-1])')
+cp "$loadgen" "$work/loadgen"
 
 python3 - "$work" <<'PY'
 import hmac, hashlib, json, sys
@@ -45,7 +50,7 @@ path = "/hooks/soak"
 verify = { scheme = "hmac-sha256", secret = "soak-secret" }
 deliver = { kind = "log" }
 TOML
-AGENTGATE_LOG=warn ./target/release/agentgate serve --config "$work/agentgate.toml" 2>"$work/agentgate.log" &
+AGENTGATE_LOG=warn "$work/agentgate" serve --config "$work/agentgate.toml" 2>"$work/agentgate.log" &
 pid=$!
 until curl -fs "http://127.0.0.1:$PORT/healthz" >/dev/null; do sleep 0.05; done
 started=$(date +%s)
@@ -66,7 +71,7 @@ sampler >"$work/samples.tsv" &
 
 printf 'minute\taccepts_per_s\tp50_ms\tp99_ms\tnon_202\n' >"$work/windows.tsv"
 for minute in $(seq 1 "$SOAK_MINUTES"); do
-    result=$(cargo bench --locked -q --bench loadgen -- --addr "127.0.0.1:$PORT" --path /hooks/soak \
+    result=$("$work/loadgen" --addr "127.0.0.1:$PORT" --path /hooks/soak \
         --body "$work/body.json" --header "x-signature: $(cat "$work/signature")" \
         --rate "$RATE" --connections 32 --seconds 60)
     python3 - "$minute" "$result" >>"$work/windows.tsv" <<'PY'
