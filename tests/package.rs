@@ -200,6 +200,8 @@ fn install_serve_upgrade_restart_remove_purge() {
     let failures = load.finish().failures;
     assert!(failures.is_empty(), "{failures:?}");
 
+    walk_through_readme_debian(&machine);
+
     // Remove: units stop, config and state stay. Purge: the config goes, the state stays.
     machine.ok("dpkg -r agentgate");
     assert_ne!(machine.show("agentgate.socket", "ActiveState"), "active");
@@ -211,4 +213,104 @@ fn install_serve_upgrade_restart_remove_purge() {
     machine.ok("dpkg -P agentgate");
     machine
         .ok("test ! -e /etc/agentgate/agentgate.toml && test -f /var/lib/agentgate/agentgate.db");
+    // What purge leaves behind, README.Debian says how to remove.
+    machine.ok("test -d /etc/agentgate/credentials");
+    machine.ok(readme(
+        "rm -rf /etc/agentgate/credentials /etc/systemd/system/agentgate.service.d",
+    ));
+    machine.ok(readme("systemctl daemon-reload"));
+    machine.ok("test ! -e /etc/agentgate/credentials");
+}
+
+const README_DEBIAN: &str = include_str!("../packaging/README.Debian");
+
+/// A command exactly as README.Debian shows it; the test fails if the README stops showing it.
+fn readme(command: &str) -> &str {
+    assert!(
+        README_DEBIAN.lines().any(|line| line.trim() == command),
+        "README.Debian no longer shows `{command}`"
+    );
+    command
+}
+
+/// README.Debian, followed as written on the installed package: apply a config, add a
+/// credential (what `systemctl edit` would write, written directly), a signed webhook verified
+/// with it, a backup while the daemon runs, and the restore procedure.
+fn walk_through_readme_debian(machine: &Machine) {
+    machine.ok(readme("agentgate check-config"));
+    machine.ok(readme("systemctl try-reload-or-restart agentgate.service"));
+
+    machine.ok(readme("install -d -m 0700 /etc/agentgate/credentials"));
+    machine.ok(&format!(
+        "{} && {}",
+        readme("printf '%s' 'the-webhook-secret' > /etc/agentgate/credentials/github-secret"),
+        readme("chmod 0600 /etc/agentgate/credentials/github-secret")
+    ));
+    readme("systemctl edit agentgate.service");
+    let credential =
+        readme("LoadCredential=github-secret:/etc/agentgate/credentials/github-secret");
+    machine.ok(&format!(
+        "mkdir -p /etc/systemd/system/agentgate.service.d && printf '[Service]\\n{credential}\\n' > /etc/systemd/system/agentgate.service.d/override.conf && systemctl daemon-reload"
+    ));
+    machine.ok(
+        "cat >> /etc/agentgate/agentgate.toml <<'EOF'\n[routes.github]\npath = \"/hooks/github\"\nverify = { scheme = \"github\", secret = { credential = \"github-secret\" } }\nEOF",
+    );
+    machine.ok("systemctl restart agentgate.service");
+    let body = r#"{"zen":"Keep it logically awesome.","hook_id":1}"#;
+    let signature = format!(
+        "sha256={}",
+        hmac_sha256_hex(b"the-webhook-secret", body.as_bytes())
+    );
+    let signed = try_request(
+        machine.addr(),
+        "POST",
+        "/hooks/github",
+        &[
+            ("content-type", "application/json"),
+            ("x-github-event", "ping"),
+            ("x-github-delivery", "readme-walk-1"),
+            ("x-hub-signature-256", &signature),
+        ],
+        body.as_bytes(),
+    )
+    .expect("the signed webhook");
+    assert_eq!(
+        signed.status, 202,
+        "verified with the credential: {signed:?}"
+    );
+
+    let events_before = machine.status_json()["events"]["total"].clone();
+    machine.ok(readme(
+        "agentgate backup /var/backups/agentgate-$(date +%F)",
+    ));
+    let backup = machine.ok("ls -d /var/backups/agentgate-*");
+    assert_eq!(
+        machine.ok(&format!("stat -c %a {backup}")),
+        "700",
+        "the backup is readable by root only"
+    );
+    machine.ok(readme(
+        "systemctl stop agentgate.socket agentgate-control.socket agentgate.service",
+    ));
+    readme("cp /var/backups/agentgate-DATE/* /var/lib/agentgate/");
+    machine.ok(&format!("cp {backup}/* /var/lib/agentgate/"));
+    machine.ok(readme(
+        "rm -f /var/lib/agentgate/agentgate.db-wal /var/lib/agentgate/agentgate.db-shm",
+    ));
+    machine.ok(readme(
+        "chown _agentgate:_agentgate /var/lib/agentgate/agentgate.db /var/lib/agentgate/ledger.json",
+    ));
+    machine.ok(readme(
+        "systemctl start agentgate.socket agentgate-control.socket",
+    ));
+    let after = machine
+        .post(r#"{"session":"after-restore"}"#)
+        .expect("POST after restore");
+    assert_eq!(after.status, 202, "{after:?}");
+    let status = machine.status_json();
+    assert_eq!(
+        status["events"]["total"].as_u64(),
+        events_before.as_u64().map(|n| n + 1),
+        "the restored state holds every event: {status}"
+    );
 }
