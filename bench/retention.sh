@@ -3,6 +3,7 @@
 #
 #   bench/retention.sh                         # one hour at 500 events/s, retention = "5m"
 #   SOAK_MINUTES=10 RATE=500 bench/retention.sh
+#   BIN=/path/to/other/agentgate bench/retention.sh   # the same soak with another build
 #
 # The release binary on the replay model (every event runs a turn, recorded in the transcript,
 # and ends with a `log` delivery), one route verified with hmac-sha256, 1 KiB signed bodies.
@@ -20,12 +21,15 @@ OUT=${OUT:-docs/retention-soak}
 for tool in sqlite3 curl; do
     command -v "$tool" >/dev/null || { apt-get update -qq && apt-get install -y -qq sqlite3 curl >/dev/null; break; }
 done
-cargo build --release --locked -q
+if [ -z "${BIN:-}" ]; then
+    cargo build --release --locked -q
+    BIN=./target/release/agentgate
+fi
 work=$(mktemp -d /var/tmp/agentgate-retention.XXXXXX)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 # Both binaries are copied once, so that a build in this checkout during the hour changes
 # neither (and no window waits for cargo).
-cp ./target/release/agentgate "$work/agentgate"
+cp "$BIN" "$work/agentgate"
 loadgen=$(cargo bench --locked -q --bench loadgen --no-run --message-format=json 2>/dev/null |
     python3 -c 'import json, sys; print([m["executable"] for m in map(json.loads, sys.stdin) if m.get("executable")][-1])')
 cp "$loadgen" "$work/loadgen"

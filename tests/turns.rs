@@ -799,6 +799,13 @@ fn events_deliveries_tools_backup_and_follow_without_sql() {
         .query_row("SELECT count(*) FROM events", [], |row| row.get(0))
         .expect("count");
     assert_eq!(events, 2);
+    // No resume has been counted yet, so the state has no ledger; the backup still holds one
+    // (empty), so that copying it back also replaces a newer ledger.
+    let ledger: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(target.join("ledger.json")).expect("the backup holds ledger.json"),
+    )
+    .expect("the ledger copy is JSON");
+    assert_eq!(ledger["sessions"], json!({}), "{ledger}");
     let exists = workspace.cli(&["backup", target.to_str().expect("utf-8")]);
     assert!(
         !exists.status.success(),
