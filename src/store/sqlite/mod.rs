@@ -4,9 +4,6 @@
 //! pending writes, applies them in one transaction and commits once (group commit): under load one
 //! fdatasync covers many events, and a caller's future resolves only after the commit that holds
 //! its write has returned. That is what lets the listener answer 202 only for durable events.
-//!
-//! In the daemon, WAL checkpoints run on a thread of their own (see [`Checkpointer`]), so a
-//! commit never waits for pages to be copied into the database file and that file's fsync.
 
 mod accept;
 mod inspect;
@@ -149,7 +146,7 @@ impl SqliteStore {
             path: state_dir.to_path_buf(),
             source,
         })?;
-        SqliteStore::start(state_dir, Some(connection), Checkpoints::Background)
+        SqliteStore::start(state_dir, Some(connection))
     }
 
     /// For operator commands: the existing database, as it is (no migration; the writer
@@ -158,53 +155,25 @@ impl SqliteStore {
         if !StateDir::new(state_dir).database().exists() {
             return Ok(None);
         }
-        SqliteStore::start(state_dir, None, Checkpoints::OnCommit).map(Some)
+        SqliteStore::start(state_dir, None).map(Some)
     }
 
-    fn start(
-        state_dir: &Path,
-        connection: Option<Connection>,
-        checkpoints: Checkpoints,
-    ) -> Result<SqliteStore, StoreError> {
+    fn start(state_dir: &Path, connection: Option<Connection>) -> Result<SqliteStore, StoreError> {
         let database = StateDir::new(state_dir).database();
         let (sender, receiver) = mpsc::channel::<Box<dyn WriteJob>>();
         let writable = Arc::new(AtomicBool::new(true));
-        let spawn_failed = |source| StoreError::StateDir {
-            path: state_dir.to_path_buf(),
-            source,
-        };
-        let committed = match checkpoints {
-            Checkpoints::OnCommit => None,
-            Checkpoints::Background => {
-                let (committed, commits) = mpsc::sync_channel(1);
-                let checkpointer = Checkpointer {
-                    database: database.clone(),
-                };
-                std::thread::Builder::new()
-                    .name("agentgate-checkpoint".into())
-                    .spawn(move || checkpointer.run(commits))
-                    .map_err(spawn_failed)?;
-                Some(committed)
-            }
-        };
-        let mut writer = Writer {
-            connection: None,
+        let writer = Writer {
+            connection,
             database: database.clone(),
             writable: writable.clone(),
-            committed,
         };
-        if let Some(connection) = connection {
-            writer
-                .adopt(connection)
-                .map_err(|source| StoreError::Open {
-                    path: database.clone(),
-                    source,
-                })?;
-        }
         std::thread::Builder::new()
             .name("agentgate-writer".into())
             .spawn(move || writer.run(receiver))
-            .map_err(spawn_failed)?;
+            .map_err(|source| StoreError::StateDir {
+                path: state_dir.to_path_buf(),
+                source,
+            })?;
         Ok(SqliteStore {
             writer: sender,
             writable,
@@ -366,63 +335,10 @@ pub(crate) fn session_keys(
     ))
 }
 
-/// Who copies the WAL into the database file.
-enum Checkpoints {
-    /// SQLite's own: the commit that fills the WAL past 1,000 pages copies it (operator
-    /// commands, which write little and close soon).
-    OnCommit,
-    /// The [`Checkpointer`] thread (the daemon).
-    Background,
-}
-
-/// How often, at most, the checkpointer copies the WAL into the database file: under load about
-/// as often as SQLite's own threshold of 1,000 pages would.
-const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
-
-/// Copies committed pages from the WAL into the database file on a connection of its own.
-///
-/// A checkpoint writes pages all over the database file and then fsyncs it. Run by the commit
-/// that crosses SQLite's threshold, it held up that commit's batch, and every accept waiting
-/// behind it, for as long as that took; once retention frees pages across a large file, that was
-/// the slowest accept of each second. A passive checkpoint from here runs beside the writer
-/// (SQLite lets one checkpointer and one writer proceed at once), and the writer restarts the WAL
-/// from its beginning once everything in it has been copied, so it stays small.
-struct Checkpointer {
-    database: PathBuf,
-}
-
-impl Checkpointer {
-    /// Checkpoints after commits, at most once per [`CHECKPOINT_INTERVAL`]; returns when the
-    /// writer has stopped.
-    fn run(self, commits: mpsc::Receiver<()>) {
-        let mut connection = None;
-        while commits.recv().is_ok() {
-            if connection.is_none() {
-                connection = open_connection(&self.database, OpenFlags::SQLITE_OPEN_READ_WRITE)
-                    .inspect_err(|err| {
-                        tracing::warn!(database = %self.database.display(), error = %err,
-                            "cannot open a connection for checkpoints; retrying after the next commit");
-                    })
-                    .ok();
-            }
-            if let Some(open) = &connection
-                && let Err(err) = open.execute_batch("PRAGMA wal_checkpoint(PASSIVE)")
-            {
-                tracing::warn!(database = %self.database.display(), error = %err,
-                    "checkpoint failed; retrying after the next commit");
-                connection = None;
-            }
-            std::thread::sleep(CHECKPOINT_INTERVAL);
-        }
-    }
-}
-
 struct Writer {
     connection: Option<Connection>,
     database: PathBuf,
     writable: Arc<AtomicBool>,
-    /// With [`Checkpoints::Background`]: tells the checkpointer that a commit happened.
-    committed: Option<mpsc::SyncSender<()>>,
 }
 
 impl Writer {
@@ -453,12 +369,6 @@ impl Writer {
             }
             let committed = self.commit_batch(&mut batch);
             self.writable.store(committed.is_ok(), Ordering::Release);
-            if committed.is_ok()
-                && let Some(checkpointer) = &self.committed
-            {
-                // Full means a checkpoint is already due; one wake-up covers every commit.
-                let _ = checkpointer.try_send(());
-            }
             if let Err(message) = &committed {
                 tracing::error!(database = %self.database.display(), error = %message,
                     "commit failed; answering 503 until writes succeed again");
@@ -471,21 +381,11 @@ impl Writer {
         }
     }
 
-    /// Makes `connection` the writer's; with background checkpoints, its commits no longer
-    /// checkpoint.
-    fn adopt(&mut self, connection: Connection) -> rusqlite::Result<()> {
-        if self.committed.is_some() {
-            connection.pragma_update(None, "wal_autocheckpoint", 0)?;
-        }
-        self.connection = Some(connection);
-        Ok(())
-    }
-
     fn connection(&mut self) -> Result<&Connection, String> {
         if self.connection.is_none() {
             let connection = open_connection(&self.database, OpenFlags::SQLITE_OPEN_READ_WRITE)
                 .map_err(|err| err.to_string())?;
-            self.adopt(connection).map_err(|err| err.to_string())?;
+            self.connection = Some(connection);
         }
         self.connection
             .as_ref()
