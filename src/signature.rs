@@ -311,6 +311,36 @@ fn check(matched: bool) -> Result<(), VerifyError> {
     }
 }
 
+/// Every header of a webhook that `route` accepts: the content type, `delivery_id` as
+/// `Idempotency-Key`, the scheme's signature, and the event type where the scheme carries one
+/// (`event_type`, else the route's first `events` entry). What `agentgate send` posts, signed by
+/// the CLI with `--url` and by the daemon otherwise.
+pub(crate) fn webhook_headers(
+    route: &crate::config::RouteSettings,
+    body: &[u8],
+    delivery_id: &str,
+    event_type: Option<&str>,
+) -> Vec<(String, String)> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_secs());
+    let mut headers = vec![
+        ("content-type".to_string(), "application/json".to_string()),
+        ("idempotency-key".to_string(), delivery_id.to_string()),
+    ];
+    headers.extend(sign(&route.verify, body, now, delivery_id));
+    let event_type = event_type.map(str::to_string).or_else(|| {
+        route
+            .events
+            .as_ref()
+            .and_then(|events| events.first().cloned())
+    });
+    if let (Some(header), Some(event_type)) = (event_type_header(route.verify.scheme), event_type) {
+        headers.push((header.to_string(), event_type));
+    }
+    headers
+}
+
 /// The headers that carry `body` signed the way `settings` verifies it, plus the scheme's own
 /// delivery-id header where it has one (GitHub, Standard Webhooks).
 pub(crate) fn sign(

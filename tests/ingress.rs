@@ -428,6 +428,34 @@ fn send_signs_like_the_route_verifies() {
     );
 }
 
+/// `send` without `--url` goes through the running daemon, which signs with the secret it
+/// loaded (a systemd credential this command cannot read) and posts to its own listener; with no
+/// daemon it fails and says to pass `--url`.
+#[test]
+fn send_without_url_asks_the_daemon_which_holds_the_secret() {
+    let workspace = Workspace::new();
+    let credentials = workspace.path().join("credentials");
+    std::fs::create_dir(&credentials).expect("credentials dir");
+    std::fs::write(credentials.join("gh"), GITHUB_SECRET).expect("secret");
+    workspace.write_config(
+        "[routes.gh]\npath = \"/hooks/gh\"\nverify = { scheme = \"github\", secret = { credential = \"gh\" } }\nevents = [\"issues\"]\n",
+    );
+    let no_daemon = workspace.cli(&["send", "gh"]);
+    assert_eq!(no_daemon.status.code(), Some(69), "{no_daemon:?}");
+    assert!(
+        String::from_utf8_lossy(&no_daemon.stderr).contains("--url"),
+        "{no_daemon:?}"
+    );
+    let credentials_env = credentials.display().to_string();
+    let _daemon = workspace.start_with_env(&[("CREDENTIALS_DIRECTORY", credentials_env.as_str())]);
+    let sent = workspace.cli(&["send", "gh", "--data", r#"{"action":"opened"}"#]);
+    assert!(sent.status.success(), "{sent:?}");
+    let answer = String::from_utf8_lossy(&sent.stdout);
+    assert!(answer.starts_with("202 "), "{answer}");
+    let unknown = workspace.cli(&["send", "nope"]);
+    assert_eq!(unknown.status.code(), Some(78), "{unknown:?}");
+}
+
 /// Past `server.max_connections`, connections are not accepted: they wait in the kernel's backlog
 /// (not refused, not holding a descriptor of the daemon) until a slot frees, here when
 /// `header_timeout` cuts a stalled client off. The limit is logged when it is reached.

@@ -380,3 +380,258 @@ fn a_burst_of_events_does_not_push_warnings_out_of_the_journal() {
         result.accepted as f64 / 60.0
     );
 }
+
+/// Session control on the installed units, through the socket-activated control socket: a
+/// suspension made while a turn runs survives `systemctl restart` (the interrupted event is not
+/// resumed at start), `sessions resume` runs that event again while the session's next event
+/// waits (one turn per session), and `sessions cancel` kills the hung model process and ends the
+/// event `failed`, delivered; each action is journaled with its MESSAGE_ID.
+#[test]
+fn suspend_restart_resume_and_cancel_under_systemd() {
+    let Some(machine) = Machine::boot("control") else {
+        return;
+    };
+    // The model: hangs on a turn of an event that asks for it (the newest user message that
+    // names a task decides; the transcript holds the session's earlier events too), answers at
+    // once otherwise.
+    std::fs::write(
+        machine.share.path().join("model"),
+        r#"#!/usr/bin/python3
+import json, os, sys
+messages = json.load(sys.stdin)["messages"]
+for message in reversed(messages):
+    text = json.dumps(message.get("content"))
+    if message.get("role") == "user" and ("hold-me" in text or "quick" in text):
+        if "hold-me" in text:
+            os.execv("/bin/sleep", ["/bin/sleep", "300"])
+        break
+print(json.dumps({"role": "assistant", "content": "done"}))
+"#,
+    )
+    .expect("write the model");
+    machine.ok(&format!(
+        "install -m 0755 {}/model /usr/local/bin/hold-model",
+        machine.share.path().display()
+    ));
+    let model = "[model]\nbackend = \"command\"\ncommand = [\"/usr/local/bin/hold-model\"]\nrequest_timeout = \"600s\"\n";
+    let text = config("").replace("[routes.hook]", &format!("{model}\n[routes.hook]"));
+    machine.install(&text, "");
+    let cli = |command: &str| {
+        machine.ok(&format!(
+            "agentgate {command} --config /etc/agentgate/agentgate.toml"
+        ))
+    };
+    let post = |body: &str| -> String {
+        let response = machine.post(body).expect("POST");
+        assert_eq!(response.status, 202, "{response:?}");
+        response.json()["event_id"]
+            .as_str()
+            .expect("event_id")
+            .to_string()
+    };
+    let event = |id: &str| -> serde_json::Value {
+        serde_json::from_str(&cli(&format!("events show {id} --json"))).expect("events show")
+    };
+    let hung_model_runs = || machine.sh("pgrep -f '^/bin/sleep 300'").status.success();
+    let journaled = |message_id: &str| {
+        !machine
+            .journal(&format!("-u agentgate.service MESSAGE_ID={message_id}"))
+            .is_empty()
+    };
+
+    let held = post(r#"{"session":"held","task":"hold-me"}"#);
+    wait_for("the held turn to start", Duration::from_secs(30), || {
+        hung_model_runs() && event(&held)["status"] == "running"
+    });
+    cli("sessions suspend held");
+    assert!(journaled("edcec10b073e46c1af472b6ca6e53c23"));
+    let next = post(r#"{"session":"held","task":"quick"}"#);
+
+    // The restart drains (drain_timeout = 5s): the hung turn is interrupted.
+    machine.ok("systemctl restart agentgate.service");
+    let bystander = post(r#"{"session":"other","task":"quick"}"#);
+    wait_for("the bystander to complete", Duration::from_secs(30), || {
+        event(&bystander)["status"] == "completed"
+    });
+    let sessions = cli("sessions list --json");
+    assert!(sessions.contains("\"suspended\""), "{sessions}");
+    let interrupted = event(&held);
+    assert_eq!(
+        interrupted["turns"].as_array().map(Vec::len),
+        Some(1),
+        "resumed at start despite the suspension: {interrupted}"
+    );
+    assert_eq!(
+        interrupted["turns"][0]["status"], "interrupted",
+        "{interrupted}"
+    );
+    assert!(!hung_model_runs(), "the drain left the model running");
+    assert_eq!(event(&next)["status"], "queued");
+
+    // Resume: the interrupted event runs again, first; the next one waits behind it.
+    cli("sessions resume held");
+    assert!(journaled("7416ee7898a9431690ced8193360227b"));
+    wait_for(
+        "the held event to run again",
+        Duration::from_secs(30),
+        || {
+            let held = event(&held);
+            held["status"] == "running" && held["turns"].as_array().map(Vec::len) == Some(2)
+        },
+    );
+    wait_for(
+        "the model to hang again",
+        Duration::from_secs(30),
+        hung_model_runs,
+    );
+    assert_eq!(
+        event(&next)["status"],
+        "queued",
+        "two turns of one session at once"
+    );
+
+    // Cancel: the hung model process is killed, the event fails and that is delivered.
+    cli("sessions cancel held");
+    assert!(journaled("21225f76e7564e6d8df082b2fd4275e0"));
+    wait_for(
+        "the cancelled event to be delivered",
+        Duration::from_secs(30),
+        || {
+            let held = event(&held);
+            held["status"] == "failed" && held["delivery"]["status"] == "delivered"
+        },
+    );
+    let cancelled = event(&held);
+    assert!(
+        cancelled.to_string().contains("cancelled by operator"),
+        "{cancelled}"
+    );
+    assert!(!hung_model_runs(), "the cancelled turn's model still runs");
+    wait_for(
+        "the next event to complete",
+        Duration::from_secs(30),
+        || event(&next)["status"] == "completed",
+    );
+}
+
+const OPERATIONS_GUIDE: &str = include_str!("../docs/operations.md");
+
+/// A command as docs/operations.md shows it; the test fails if the guide stops showing it.
+fn guide(command: &str) -> &str {
+    assert!(
+        OPERATIONS_GUIDE.contains(command),
+        "docs/operations.md no longer shows `{command}`"
+    );
+    command
+}
+
+/// docs/operations.md, followed on the installed units: check and apply a config, the journal
+/// filters it gives, the session commands and the control socket, `status`, events and
+/// deliveries, `send`, and the backup and restore procedure. Commands run as written, except
+/// where the guide shows a placeholder (an event id, a route name, a date).
+#[test]
+fn the_operations_guide_works_as_written() {
+    let Some(machine) = Machine::boot("operations") else {
+        return;
+    };
+    machine.install(&config(""), "");
+    machine.ok(guide("agentgate check-config"));
+    machine.ok(guide("systemctl try-reload-or-restart agentgate.service"));
+    let response = machine.post(r#"{"session":"acme/web#7"}"#).expect("POST");
+    assert_eq!(response.status, 202, "{response:?}");
+    let id = response.json()["event_id"]
+        .as_str()
+        .expect("event_id")
+        .to_string();
+    let show = |id: &str| -> serde_json::Value {
+        let text = machine.ok(&format!("{} {id} --json", guide("agentgate events show")));
+        serde_json::from_str(&text).expect("events show --json")
+    };
+    wait_for("the event to be delivered", Duration::from_secs(30), || {
+        show(&id)["delivery"]["status"] == "delivered"
+    });
+
+    let session_lines = machine.ok(guide("journalctl -u agentgate SESSION_KEY='acme/web#7'"));
+    assert!(session_lines.contains("event accepted"), "{session_lines}");
+    guide("journalctl -u agentgate EVENT_ID=");
+    let event_lines = machine.ok(&format!("journalctl -u agentgate EVENT_ID={id}"));
+    assert!(event_lines.contains("turn completed"), "{event_lines}");
+    let everything = machine.ok(guide("journalctl -u 'agentgate*'"));
+    assert!(everything.contains("reconcile finished"), "{everything}");
+    let explained = machine.ok(guide("journalctl -x -u agentgate"));
+    assert!(
+        explained.contains("was verified and committed to the state"),
+        "{explained}"
+    );
+
+    let sessions = machine.ok(guide("agentgate sessions list"));
+    assert!(sessions.contains("acme/web#7"), "{sessions}");
+    let transcript = machine.ok(guide("agentgate sessions show 'acme/web#7'"));
+    assert!(transcript.contains("assistant"), "{transcript}");
+    machine.ok(guide("agentgate sessions suspend 'acme/web#7'"));
+    assert!(machine.ok("agentgate sessions list").contains("suspended"));
+    let suspended = machine
+        .post(r#"{"session":"acme/web#7"}"#)
+        .expect("POST while suspended");
+    let waiting = suspended.json()["event_id"]
+        .as_str()
+        .expect("event_id")
+        .to_string();
+    machine.ok(guide("agentgate sessions resume 'acme/web#7'"));
+    wait_for(
+        "the waiting event to complete",
+        Duration::from_secs(30),
+        || show(&waiting)["status"] == "completed",
+    );
+    machine.ok(guide("agentgate ledger show"));
+    let resumed = machine.ok(guide(
+        "curl --unix-socket /run/agentgate/control.sock -X POST http://localhost/v1/sessions/acme%2Fweb%237/resume",
+    ));
+    assert!(resumed.contains("acme/web#7"), "{resumed}");
+
+    let status = machine.ok(guide("agentgate status"));
+    assert!(status.contains("running"), "{status}");
+    assert!(status.contains("events:"), "{status}");
+    let events = machine.ok(guide("agentgate events list"));
+    assert!(events.contains(&id), "{events}");
+    let replayed = machine.ok(&format!("{} {id}", guide("agentgate events replay")));
+    assert!(!replayed.is_empty(), "replay prints the new event's id");
+    machine.ok(guide("agentgate deliveries list --failed"));
+    machine.ok(guide("agentgate deliveries retry --failed"));
+    std::fs::write(
+        machine.share.path().join("payload.json"),
+        r#"{"session":"sent-by-send"}"#,
+    )
+    .expect("write payload.json");
+    guide("agentgate send ROUTE --data @payload.json");
+    let sent = machine.ok(&format!(
+        "cd {} && agentgate send hook --data @payload.json",
+        machine.share.path().display()
+    ));
+    assert!(sent.contains("202"), "{sent}");
+
+    // Backup while running, then the restore procedure (the guide's date is an example).
+    let events_before = machine.status_json()["events"]["total"].clone();
+    machine.ok(guide("agentgate backup /var/backups/agentgate-$(date +%F)"));
+    machine.ok(guide(
+        "systemctl stop agentgate.socket agentgate-control.socket agentgate.service",
+    ));
+    guide(
+        "cp /var/backups/agentgate-2026-12-01/agentgate.db /var/backups/agentgate-2026-12-01/ledger.json /var/lib/agentgate/",
+    );
+    machine.ok("cp /var/backups/agentgate-$(date +%F)/agentgate.db /var/backups/agentgate-$(date +%F)/ledger.json /var/lib/agentgate/");
+    machine.ok(guide(
+        "rm -f /var/lib/agentgate/agentgate.db-wal /var/lib/agentgate/agentgate.db-shm",
+    ));
+    machine.ok(guide(
+        "chown _agentgate:_agentgate /var/lib/agentgate/agentgate.db /var/lib/agentgate/ledger.json",
+    ));
+    machine.ok(guide(
+        "systemctl start agentgate.socket agentgate-control.socket",
+    ));
+    let status = machine.status_json();
+    assert_eq!(
+        status["events"]["total"], events_before,
+        "the restored state holds every event: {status}"
+    );
+}

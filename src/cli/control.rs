@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Empty};
+use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 
 use crate::exit::Failure;
@@ -31,6 +31,7 @@ async fn request(
     socket: &Path,
     method: http::Method,
     path: &str,
+    body: Bytes,
 ) -> Result<Option<ControlAnswer>, Failure> {
     let Ok(stream) = tokio::net::UnixStream::connect(socket).await else {
         return Ok(None);
@@ -46,7 +47,7 @@ async fn request(
         .method(method)
         .uri(path)
         .header(http::header::HOST, "control")
-        .body(Empty::<Bytes>::new())
+        .body(Full::new(body))
         .map_err(|err| unreachable(&err))?;
     let response = sender
         .send_request(request)
@@ -99,7 +100,22 @@ impl DaemonClient {
         method: http::Method,
         path: &str,
     ) -> Result<Option<ControlAnswer>, Failure> {
-        self.block_on(request(&self.location.control_socket, method, path))
+        self.block_on(request(
+            &self.location.control_socket,
+            method,
+            path,
+            Bytes::new(),
+        ))
+    }
+
+    /// `POST path` with `body` on the control socket: `Ok(None)` when no daemon answers.
+    pub(super) fn post(&self, path: &str, body: Vec<u8>) -> Result<Option<ControlAnswer>, Failure> {
+        self.block_on(request(
+            &self.location.control_socket,
+            http::Method::POST,
+            path,
+            Bytes::from(body),
+        ))
     }
 
     pub(super) fn block_on<F: Future>(&self, future: F) -> F::Output {

@@ -1,5 +1,11 @@
-//! `send`: signs a payload the way a route verifies it and POSTs it (an HTTP client of its own).
+//! `send`: posts a payload to a route, signed the way the route verifies it.
+//!
+//! Without `--url` the running daemon does the signing and the posting (its control socket),
+//! because only it can: the route's secret is often a systemd credential that only the service
+//! reads, and under socket activation only the daemon knows the socket systemd passed. With
+//! `--url`, this command signs with the secrets it can read itself and posts there.
 
+use super::control::{DaemonClient, path_segment};
 use super::output::outln;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -20,7 +26,89 @@ pub(super) struct SendRequest {
     pub(super) event_type: Option<String>,
 }
 
+/// What the webhook listener answered.
+struct Answer {
+    url: String,
+    status: u16,
+    body: String,
+}
+
 pub(super) fn send(source: &ConfigSource, request: &SendRequest) -> Result<(), Failure> {
+    let body = match request.data.as_deref() {
+        None => b"{}".to_vec(),
+        Some(data) => match data.strip_prefix('@') {
+            Some(path) => std::fs::read(path)
+                .map_err(|err| Failure::runtime(format!("--data @{path}: {err}")))?,
+            None => data.as_bytes().to_vec(),
+        },
+    };
+    let delivery_id = request
+        .delivery_id
+        .clone()
+        .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+    let answer = match &request.url {
+        Some(base) => send_signed_here(source, request, base, body, &delivery_id)?,
+        None => send_through_daemon(source, request, body, &delivery_id)?,
+    };
+    outln!("{} {}", answer.status, answer.body.trim_end());
+    if (200..300).contains(&answer.status) {
+        Ok(())
+    } else {
+        Err(Failure::runtime(format!(
+            "POST {} answered {}",
+            answer.url, answer.status
+        )))
+    }
+}
+
+/// Asks the daemon to sign `body` with the route's secret and post it to its own listener.
+fn send_through_daemon(
+    source: &ConfigSource,
+    request: &SendRequest,
+    body: Vec<u8>,
+    delivery_id: &str,
+) -> Result<Answer, Failure> {
+    let client = DaemonClient::new(source)?;
+    let mut query = form_urlencoded::Serializer::new(String::new());
+    query.append_pair("delivery_id", delivery_id);
+    if let Some(event_type) = &request.event_type {
+        query.append_pair("event_type", event_type);
+    }
+    let path = format!(
+        "/v1/routes/{}/send?{}",
+        path_segment(&request.route),
+        query.finish()
+    );
+    let Some(answer) = client.post(&path, body)? else {
+        return Err(Failure::unavailable(format!(
+            "no daemon answers on {}: start it, or pass --url http://HOST:PORT to post to a \
+             listener yourself (signed with the route's secret, which this user must then be \
+             able to read)",
+            client.location.control_socket.display()
+        )));
+    };
+    match answer.status {
+        http::StatusCode::OK => Ok(Answer {
+            url: answer.body["url"].as_str().unwrap_or_default().to_string(),
+            status: answer.body["status"]
+                .as_u64()
+                .and_then(|status| u16::try_from(status).ok())
+                .unwrap_or_default(),
+            body: answer.body["body"].as_str().unwrap_or_default().to_string(),
+        }),
+        http::StatusCode::NOT_FOUND => Err(Failure::config(answer.message())),
+        _ => Err(Failure::unavailable(answer.message())),
+    }
+}
+
+/// Signs `body` with the route's secret as this user reads it, and posts it to `base`.
+fn send_signed_here(
+    source: &ConfigSource,
+    request: &SendRequest,
+    base: &str,
+    body: Vec<u8>,
+    delivery_id: &str,
+) -> Result<Answer, Failure> {
     let config = load_config(source, SecretCheck::Required)?.config;
     let route = config
         .routes
@@ -34,68 +122,34 @@ pub(super) fn send(source: &ConfigSource, request: &SendRequest) -> Result<(), F
                 known.join(", ")
             ))
         })?;
-    let body = match request.data.as_deref() {
-        None => b"{}".to_vec(),
-        Some(data) => match data.strip_prefix('@') {
-            Some(path) => std::fs::read(path)
-                .map_err(|err| Failure::runtime(format!("--data @{path}: {err}")))?,
-            None => data.as_bytes().to_vec(),
-        },
-    };
-    let base = request
-        .url
-        .clone()
-        .unwrap_or_else(|| format!("http://{}", config.server.listen));
     let url = format!("{}{}", base.trim_end_matches('/'), route.path);
-    let delivery_id = request
-        .delivery_id
-        .clone()
-        .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let mut builder = http::Request::post(&url)
-        .header("content-type", "application/json")
-        .header("idempotency-key", &delivery_id);
-    for (name, value) in signature::sign(&route.verify, &body, now, &delivery_id) {
+    let mut builder = http::Request::post(&url);
+    for (name, value) in
+        signature::webhook_headers(route, &body, delivery_id, request.event_type.as_deref())
+    {
         builder = builder.header(name, value);
-    }
-    let event_type = request
-        .event_type
-        .clone()
-        .or_else(|| route.events.as_ref().and_then(|e| e.first().cloned()));
-    if let (Some(header), Some(event_type)) = (
-        signature::event_type_header(route.verify.scheme),
-        event_type,
-    ) {
-        builder = builder.header(header, event_type);
     }
     let http_request = builder
         .body(Full::new(Bytes::from(body)))
         .map_err(|err| Failure::config(format!("--url {base}: {err}")))?;
     let runtime = runtime()?;
-    let (status, text) = runtime.block_on(async {
+    runtime.block_on(async {
         let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
         let response = client
             .request(http_request)
             .await
             .map_err(|err| Failure::unavailable(format!("POST {url}: {err}")))?;
-        let status = response.status();
+        let status = response.status().as_u16();
         let bytes = response
             .into_body()
             .collect()
             .await
             .map_err(|err| Failure::unavailable(format!("POST {url}: reading the answer: {err}")))?
             .to_bytes();
-        Ok::<_, Failure>((status, String::from_utf8_lossy(&bytes).into_owned()))
-    })?;
-    outln!("{} {}", status.as_u16(), text.trim_end());
-    if status.is_success() {
-        Ok(())
-    } else {
-        Err(Failure::runtime(format!(
-            "POST {url} answered {}",
-            status.as_u16()
-        )))
-    }
+        Ok(Answer {
+            url: url.clone(),
+            status,
+            body: String::from_utf8_lossy(&bytes).into_owned(),
+        })
+    })
 }

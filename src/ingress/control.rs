@@ -6,6 +6,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use http::{Method, Request, StatusCode};
+use http_body_util::BodyExt;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
@@ -84,6 +85,8 @@ fn page<T: serde::Serialize>(
     json_response(StatusCode::OK, &json!({name: rows, "next": next}))
 }
 
+/// How long `send` waits for the webhook listener's answer.
+const SEND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 /// How long `GET /v1/tools` waits for an MCP server that is still starting.
 const TOOLS_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -97,6 +100,9 @@ pub(crate) struct Control {
     pub mcp: Arc<McpServers>,
     /// To the daemon's signal loop, which carries out reloads one at a time.
     pub reload_requests: mpsc::Sender<ReloadRequest>,
+    /// Where `agentgate send` reaches the webhook listener from this machine (its address, an
+    /// unspecified one as loopback); `None` when it serves HTTPS, whose certificate names a host.
+    pub webhook_url: Option<String>,
 }
 
 impl Control {
@@ -119,6 +125,9 @@ impl Control {
             (&Method::GET, ["v1", "sessions", key]) => self.session(&percent_decode(key)).await,
             (&Method::POST, ["v1", "reload"]) => self.reload().await,
             (&Method::GET, ["v1", "tools"]) => self.tools(request.uri().query()).await,
+            (&Method::POST, ["v1", "routes", route, "send"]) => {
+                self.send(&percent_decode(route), request).await
+            }
             (&Method::POST, ["v1", "sessions", key, action]) => {
                 match OperatorAction::from_name(action) {
                     Some(action) => self.operator_action(&percent_decode(key), action).await,
@@ -146,6 +155,87 @@ impl Control {
                 "mcp": self.mcp.status(),
             }),
         ))
+    }
+
+    /// `POST /v1/routes/{route}/send[?delivery_id=ID][&event_type=T]`: `agentgate send` without
+    /// `--url`. The daemon signs the body with the route's secret and posts it to its own webhook
+    /// listener, so the command needs neither the secret (a systemd credential only the service
+    /// reads) nor the address (under socket activation only the daemon knows what systemd
+    /// passed). Answers with what the listener answered.
+    async fn send(
+        &self,
+        route_name: &str,
+        request: Request<hyper::body::Incoming>,
+    ) -> Result<HttpResponse, String> {
+        let query = Query::parse(request.uri().query());
+        let settings = self.settings.get();
+        let Some(route) = settings
+            .config
+            .routes
+            .iter()
+            .find(|route| route.name == route_name)
+        else {
+            return Ok(error(
+                StatusCode::NOT_FOUND,
+                "no_route",
+                &format!("no route {route_name:?} in the running config"),
+            ));
+        };
+        let Some(base) = &self.webhook_url else {
+            return Ok(error(
+                StatusCode::CONFLICT,
+                "https_listener",
+                "the webhook listener serves HTTPS, whose certificate names a host: pass --url https://HOST:PORT",
+            ));
+        };
+        let limit = usize::try_from(settings.config.server.max_body).unwrap_or(usize::MAX);
+        let Ok(body) = http_body_util::Limited::new(request.into_body(), limit)
+            .collect()
+            .await
+            .map(http_body_util::Collected::to_bytes)
+        else {
+            return Ok(error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                &format!("the payload is over [server] max_body ({limit} bytes) or was cut off"),
+            ));
+        };
+        let delivery_id = query
+            .get("delivery_id")
+            .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+        let headers = crate::signature::webhook_headers(
+            route,
+            &body,
+            &delivery_id,
+            query.get("event_type").as_deref(),
+        );
+        let url = format!("{base}{}", route.path);
+        let client = crate::tls::http_client()?
+            .timeout(SEND_TIMEOUT)
+            .build()
+            .map_err(|err| format!("HTTP client: {err}"))?;
+        let mut post = client.post(&url).body(body);
+        for (name, value) in headers {
+            post = post.header(name, value);
+        }
+        let answered = match post.send().await {
+            Ok(response) => {
+                let status = response.status().as_u16();
+                response.text().await.map(|text| (status, text))
+            }
+            Err(err) => Err(err),
+        };
+        Ok(match answered {
+            Ok((status, text)) => json_response(
+                StatusCode::OK,
+                &json!({"url": url, "status": status, "body": text}),
+            ),
+            Err(err) => error(
+                StatusCode::BAD_GATEWAY,
+                "listener_unreachable",
+                &format!("POST {url}: {err}"),
+            ),
+        })
     }
 
     /// `GET /v1/sessions[?limit=N][&after=KEY]`: a page of sessions in key order, and the

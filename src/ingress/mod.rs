@@ -52,6 +52,17 @@ pub(crate) enum ListenError {
     UnsignedOffLoopback { route: String, addr: SocketAddr },
 }
 
+/// The URL at which this machine reaches a listener on `addr`: an unspecified address (all
+/// addresses, as the packaged socket listens) as the loopback address of its family.
+pub(crate) fn local_url(addr: SocketAddr) -> String {
+    let ip = match addr.ip() {
+        std::net::IpAddr::V4(ip) if ip.is_unspecified() => std::net::Ipv4Addr::LOCALHOST.into(),
+        std::net::IpAddr::V6(ip) if ip.is_unspecified() => std::net::Ipv6Addr::LOCALHOST.into(),
+        ip => ip,
+    };
+    format!("http://{}", SocketAddr::new(ip, addr.port()))
+}
+
 /// The listeners, inherited or bound.
 pub(crate) struct Listeners {
     pub webhook: std::net::TcpListener,

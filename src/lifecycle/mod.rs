@@ -184,6 +184,7 @@ pub(crate) fn serve(
         // In the background: a server that is slow to start or cannot start delays nothing.
         mcp.apply(&daemon.settings.get().config.mcp);
         let stop_accepting = drain.stop_accepting();
+        let serves_https = server_settings.tls.is_some();
         let listener = tokio::spawn(async move {
             ingress::serve(
                 listeners.webhook,
@@ -200,6 +201,10 @@ pub(crate) fn serve(
             settings: daemon.settings.clone(),
             mcp,
             reload_requests,
+            webhook_url: daemon
+                .webhook_addr
+                .filter(|_| !serves_https)
+                .map(ingress::local_url),
         });
         if let Some(addr) = metrics_listen {
             // Like the control socket, a metrics address that cannot be bound is no reason to
