@@ -424,10 +424,7 @@ print(json.dumps({"role": "assistant", "content": "done"}))
     let post = |body: &str| -> String {
         let response = machine.post(body).expect("POST");
         assert_eq!(response.status, 202, "{response:?}");
-        response.json()["event_id"]
-            .as_str()
-            .expect("event_id")
-            .to_string()
+        response.event_id()
     };
     let event = |id: &str| -> serde_json::Value {
         serde_json::from_str(&cli(&format!("events show {id} --json"))).expect("events show")
@@ -539,10 +536,7 @@ fn the_operations_guide_works_as_written() {
     machine.ok(guide("systemctl try-reload-or-restart agentgate.service"));
     let response = machine.post(r#"{"session":"acme/web#7"}"#).expect("POST");
     assert_eq!(response.status, 202, "{response:?}");
-    let id = response.json()["event_id"]
-        .as_str()
-        .expect("event_id")
-        .to_string();
+    let id = response.event_id();
     let show = |id: &str| -> serde_json::Value {
         let text = machine.ok(&format!("{} {id} --json", guide("agentgate events show")));
         serde_json::from_str(&text).expect("events show --json")
@@ -573,10 +567,7 @@ fn the_operations_guide_works_as_written() {
     let suspended = machine
         .post(r#"{"session":"acme/web#7"}"#)
         .expect("POST while suspended");
-    let waiting = suspended.json()["event_id"]
-        .as_str()
-        .expect("event_id")
-        .to_string();
+    let waiting = suspended.event_id();
     machine.ok(guide("agentgate sessions resume 'acme/web#7'"));
     wait_for(
         "the waiting event to complete",

@@ -7,14 +7,10 @@
 
 use super::control::{DaemonClient, path_segment};
 use super::output::outln;
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 
 use crate::config::{ConfigSource, SecretCheck};
 use crate::exit::Failure;
-use crate::signature;
+use crate::ingress::{ListenerAnswer, post_signed_webhook};
 
 use super::*;
 
@@ -24,13 +20,6 @@ pub(super) struct SendRequest {
     pub(super) url: Option<String>,
     pub(super) delivery_id: Option<String>,
     pub(super) event_type: Option<String>,
-}
-
-/// What the webhook listener answered.
-struct Answer {
-    url: String,
-    status: u16,
-    body: String,
 }
 
 pub(super) fn send(source: &ConfigSource, request: &SendRequest) -> Result<(), Failure> {
@@ -67,7 +56,7 @@ fn send_through_daemon(
     request: &SendRequest,
     body: Vec<u8>,
     delivery_id: &str,
-) -> Result<Answer, Failure> {
+) -> Result<ListenerAnswer, Failure> {
     let client = DaemonClient::new(source)?;
     let mut query = form_urlencoded::Serializer::new(String::new());
     query.append_pair("delivery_id", delivery_id);
@@ -88,7 +77,7 @@ fn send_through_daemon(
         )));
     };
     match answer.status {
-        http::StatusCode::OK => Ok(Answer {
+        http::StatusCode::OK => Ok(ListenerAnswer {
             url: answer.body["url"].as_str().unwrap_or_default().to_string(),
             status: answer.body["status"]
                 .as_u64()
@@ -108,7 +97,7 @@ fn send_signed_here(
     base: &str,
     body: Vec<u8>,
     delivery_id: &str,
-) -> Result<Answer, Failure> {
+) -> Result<ListenerAnswer, Failure> {
     let config = load_config(source, SecretCheck::Required)?.config;
     let route = config
         .routes
@@ -123,33 +112,13 @@ fn send_signed_here(
             ))
         })?;
     let url = format!("{}{}", base.trim_end_matches('/'), route.path);
-    let mut builder = http::Request::post(&url);
-    for (name, value) in
-        signature::webhook_headers(route, &body, delivery_id, request.event_type.as_deref())
-    {
-        builder = builder.header(name, value);
-    }
-    let http_request = builder
-        .body(Full::new(Bytes::from(body)))
-        .map_err(|err| Failure::config(format!("--url {base}: {err}")))?;
-    let runtime = runtime()?;
-    runtime.block_on(async {
-        let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
-        let response = client
-            .request(http_request)
-            .await
-            .map_err(|err| Failure::unavailable(format!("POST {url}: {err}")))?;
-        let status = response.status().as_u16();
-        let bytes = response
-            .into_body()
-            .collect()
-            .await
-            .map_err(|err| Failure::unavailable(format!("POST {url}: reading the answer: {err}")))?
-            .to_bytes();
-        Ok(Answer {
-            url: url.clone(),
-            status,
-            body: String::from_utf8_lossy(&bytes).into_owned(),
-        })
-    })
+    runtime()?
+        .block_on(post_signed_webhook(
+            url,
+            route,
+            body.into(),
+            delivery_id,
+            request.event_type.as_deref(),
+        ))
+        .map_err(Failure::unavailable)
 }

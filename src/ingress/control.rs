@@ -85,8 +85,6 @@ fn page<T: serde::Serialize>(
     json_response(StatusCode::OK, &json!({name: rows, "next": next}))
 }
 
-/// How long `send` waits for the webhook listener's answer.
-const SEND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 /// How long `GET /v1/tools` waits for an MCP server that is still starting.
 const TOOLS_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -203,39 +201,16 @@ impl Control {
         let delivery_id = query
             .get("delivery_id")
             .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
-        let headers = crate::signature::webhook_headers(
-            route,
-            &body,
-            &delivery_id,
-            query.get("event_type").as_deref(),
-        );
         let url = format!("{base}{}", route.path);
-        let client = crate::tls::http_client()?
-            .timeout(SEND_TIMEOUT)
-            .build()
-            .map_err(|err| format!("HTTP client: {err}"))?;
-        let mut post = client.post(&url).body(body);
-        for (name, value) in headers {
-            post = post.header(name, value);
-        }
-        let answered = match post.send().await {
-            Ok(response) => {
-                let status = response.status().as_u16();
-                response.text().await.map(|text| (status, text))
-            }
-            Err(err) => Err(err),
-        };
-        Ok(match answered {
-            Ok((status, text)) => json_response(
-                StatusCode::OK,
-                &json!({"url": url, "status": status, "body": text}),
-            ),
-            Err(err) => error(
-                StatusCode::BAD_GATEWAY,
-                "listener_unreachable",
-                &format!("POST {url}: {err}"),
-            ),
-        })
+        let event_type = query.get("event_type");
+        Ok(
+            match super::post_signed_webhook(url, route, body, &delivery_id, event_type.as_deref())
+                .await
+            {
+                Ok(answer) => json_response(StatusCode::OK, &json!(answer)),
+                Err(message) => error(StatusCode::BAD_GATEWAY, "listener_unreachable", &message),
+            },
+        )
     }
 
     /// `GET /v1/sessions[?limit=N][&after=KEY]`: a page of sessions in key order, and the

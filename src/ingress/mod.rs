@@ -63,6 +63,48 @@ pub(crate) fn local_url(addr: SocketAddr) -> String {
     format!("http://{}", SocketAddr::new(ip, addr.port()))
 }
 
+/// What a webhook listener answered `agentgate send`.
+#[derive(Debug, serde::Serialize)]
+pub(crate) struct ListenerAnswer {
+    pub url: String,
+    pub status: u16,
+    pub body: String,
+}
+
+/// How long `agentgate send` waits for the listener's answer.
+const SEND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Posts `body` to `url` as a webhook that `route` accepts, signed with its secret (see
+/// `signature::webhook_headers`): what `agentgate send` does, from the command with `--url` and
+/// from the daemon otherwise. HTTPS is verified against the public web roots.
+pub(crate) async fn post_signed_webhook(
+    url: String,
+    route: &crate::config::RouteSettings,
+    body: bytes::Bytes,
+    delivery_id: &str,
+    event_type: Option<&str>,
+) -> Result<ListenerAnswer, String> {
+    let client = crate::tls::http_client()?
+        .timeout(SEND_TIMEOUT)
+        .build()
+        .map_err(|err| format!("HTTP client: {err}"))?;
+    let mut post = client.post(&url);
+    for (name, value) in crate::signature::webhook_headers(route, &body, delivery_id, event_type) {
+        post = post.header(name, value);
+    }
+    let response = post
+        .body(body)
+        .send()
+        .await
+        .map_err(|err| format!("POST {url}: {err}"))?;
+    let status = response.status().as_u16();
+    let body = response
+        .text()
+        .await
+        .map_err(|err| format!("POST {url}: reading the answer: {err}"))?;
+    Ok(ListenerAnswer { url, status, body })
+}
+
 /// The listeners, inherited or bound.
 pub(crate) struct Listeners {
     pub webhook: std::net::TcpListener,
