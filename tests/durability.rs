@@ -4,57 +4,11 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::time::Duration;
 
+use common::loopfs::{LoopFs, path_str, run};
 use common::*;
-
-fn run(command: &str, args: &[&str]) {
-    let status = Command::new(command)
-        .args(args)
-        .status()
-        .unwrap_or_else(|err| panic!("{command}: {err}"));
-    assert!(status.success(), "{command} {args:?} failed: {status}");
-}
-
-/// A small ext4 file system on a loop device; unmounted on drop.
-struct LoopFs {
-    mount_point: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl LoopFs {
-    fn new() -> LoopFs {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let image = dir.path().join("fs.img");
-        let mount_point = dir.path().join("mnt");
-        std::fs::create_dir(&mount_point).expect("mkdir");
-        run("truncate", &["-s", "16M", path_str(&image)]);
-        run(
-            "mkfs.ext4",
-            &["-q", "-F", "-m", "0", "-b", "4096", path_str(&image)],
-        );
-        run(
-            "mount",
-            &["-o", "loop", path_str(&image), path_str(&mount_point)],
-        );
-        LoopFs {
-            mount_point,
-            _dir: dir,
-        }
-    }
-}
-
-impl Drop for LoopFs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.mount_point).status();
-    }
-}
-
-fn path_str(path: &Path) -> &str {
-    path.to_str().expect("utf-8 path")
-}
 
 const ROUTE: &str = "[routes.hook]\npath = \"/hook\"\nverify = { scheme = \"none\" }\n";
 
@@ -107,13 +61,7 @@ fn full_disk_answers_503_never_2xx_and_recovers() {
         accepted.push(response.event_id());
     }
 
-    // Fill the file system to the last block.
-    let fill = filesystem.mount_point.join("fill");
-    let _ = Command::new("dd")
-        .args(["if=/dev/zero", "bs=4k", "status=none"])
-        .arg(format!("of={}", fill.display()))
-        .stderr(std::process::Stdio::null())
-        .status();
+    let fill = filesystem.fill();
 
     let mut refused = 0;
     for n in 5..400 {

@@ -1,28 +1,64 @@
-//! Crash soak: kill -9 at random moments during a mix of webhooks and multi-step turns (command
-//! tools and an MCP tool), then check the invariants: every acknowledged event reaches exactly
-//! one terminal status and is delivered, no non-idempotent tool call ran twice, command or MCP, SQLite's integrity check passes, the ledger
-//! is valid, and no session was resumed more than `resume_max_attempts` times.
+//! Fault soak: the faults a host really has, at random moments, in one mixed run during a mix of
+//! webhooks and multi-step turns (command tools and an MCP tool): kill -9; SIGTERM (a drain);
+//! SIGSTOP/SIGCONT pauses longer than `turn_idle_timeout`; the state file system filling up and
+//! draining again; fsync failing; a model server that hangs, closes connections unanswered or
+//! answers 500; a delivery target that flaps. Then the invariants are checked: every
+//! acknowledged event reaches exactly one terminal status and is delivered, no non-idempotent
+//! tool call ran twice, command or MCP, SQLite's integrity check passes, the ledger is valid,
+//! and no session was resumed more than `resume_max_attempts` times.
 //!
-//! `AGENTGATE_SOAK_KILLS` sets the number of kills (default 200 here; `tests/soak/run.sh` runs
-//! 1,000).
+//! `AGENTGATE_SOAK_ROUNDS` sets the number of rounds, each ending in one fault (default 100
+//! here; `tests/soak/run.sh` runs 1,000). The full disk needs root (a loop-mounted file system);
+//! elsewhere that fault is left out, and CI runs as root.
 
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::loopfs::{LoopFs, path_str};
 use common::mcp::PythonServer;
 use common::stub::{Reply, Stub};
 use common::*;
 use serde_json::json;
 
 const MAX_ATTEMPTS: usize = 3;
+const TURN_IDLE_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// The model: three tool calls per turn, each with a nonce unique to (event, step): a command
-/// tool, an MCP tool (not idempotent: it has no annotations), the command tool again; then an
-/// answer.
-fn model() -> Stub {
-    Stub::start(|request, _| {
+/// What ends a round.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Fault {
+    Kill,
+    Terminate,
+    Pause,
+    DiskFull,
+    FsyncFailure,
+    ModelTrouble,
+    TargetFlap,
+}
+
+/// Switches the test flips to make the model server and the delivery target misbehave.
+#[derive(Default)]
+struct Trouble {
+    model: AtomicBool,
+    target: AtomicBool,
+}
+
+/// The model: three tool calls per turn, each with a nonce unique to (event, step): an MCP tool
+/// (not idempotent: it has no annotations), a command tool, the command tool again; then an
+/// answer. In trouble it hangs past `request_timeout`, closes the connection unanswered, or
+/// answers 500, in turn.
+fn model(trouble: Arc<Trouble>) -> Stub {
+    Stub::start(move |request, index| {
+        if trouble.model.load(Ordering::SeqCst) {
+            return match index % 3 {
+                0 => Reply::answer("late").after(Duration::from_millis(1500)),
+                1 => Reply::hang_up(),
+                _ => Reply::raw(500, "{\"error\":\"overloaded\"}"),
+            };
+        }
         let body = request.json();
         let messages = body["messages"].as_array().cloned().unwrap_or_default();
         let event = messages
@@ -54,17 +90,37 @@ fn model() -> Stub {
     })
 }
 
+/// The delivery target: records the ids it accepted; in trouble it answers 503 or closes the
+/// connection unanswered, in turn.
+fn receiver(trouble: Arc<Trouble>, delivered: Arc<Mutex<BTreeSet<String>>>) -> Stub {
+    Stub::start(move |request, index| {
+        if trouble.target.load(Ordering::SeqCst) {
+            return if index % 2 == 0 {
+                Reply::raw(503, "")
+            } else {
+                Reply::hang_up()
+            };
+        }
+        if let (Some(id), Ok(mut delivered)) = (request.header("webhook-id"), delivered.lock()) {
+            delivered.insert(id.to_string());
+        }
+        Reply::raw(204, "")
+    })
+}
+
 fn config(workspace: &Workspace, model: &Stub, receiver: &Stub, mcp: &PythonServer) -> String {
     format!(
         r#"[runtime]
 drain_timeout = "1s"
+turn_idle_timeout = "{idle}s"
 resume_max_attempts = {MAX_ATTEMPTS}
+min_free_disk = "0"
 
 [model]
 backend = "openai"
 base_url = "{model}/v1"
 model = "soak"
-request_timeout = "10s"
+request_timeout = "1s"
 max_retries = 1
 
 [tools.effect]
@@ -79,6 +135,7 @@ verify = {{ scheme = "none" }}
 tools = ["effect", "web.shout"]
 deliver = {{ kind = "http", url = "{receiver}/results" }}
 "#,
+        idle = TURN_IDLE_TIMEOUT.as_secs(),
         mcp = mcp.config(workspace),
         model = model.url(),
         receiver = receiver.url(),
@@ -86,40 +143,146 @@ deliver = {{ kind = "http", url = "{receiver}/results" }}
     )
 }
 
-#[test]
-fn kill_dash_nine_at_random_moments_keeps_every_invariant() {
-    let kills: usize = std::env::var("AGENTGATE_SOAK_KILLS")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(200);
-    let workspace = Workspace::new();
-    let (model, receiver) = (model(), Stub::start(|_, _| Reply::raw(204, "")));
-    let mcp = PythonServer::start(&workspace);
-    workspace.write_config(&config(&workspace, &model, &receiver, &mcp));
-    let mut accepted: Vec<String> = Vec::new();
-    let mut logs = String::new();
-    for round in 0..kills {
-        let daemon = workspace.start();
-        for n in 0..2 {
-            // A request cut off by the kill has no answer: it was not acknowledged.
-            if let Ok(response) = try_request(
-                daemon.addr,
-                "POST",
-                "/hook",
-                &[("content-type", "application/json")],
-                json!({"round": round, "n": n}).to_string().as_bytes(),
-            ) && response.status == 202
-            {
-                accepted.push(response.event_id());
+/// The webhooks sent: the ids acknowledged (202) and the number refused (503 while the disk is
+/// full or fsync fails). A request cut off by a fault has no answer: it was not acknowledged.
+#[derive(Default)]
+struct Sent {
+    accepted: Vec<String>,
+    refused: usize,
+}
+
+impl Sent {
+    fn post(&mut self, addr: std::net::SocketAddr, round: usize, n: usize) {
+        if let Ok(response) = try_request(
+            addr,
+            "POST",
+            "/hook",
+            &[("content-type", "application/json")],
+            json!({"round": round, "n": n}).to_string().as_bytes(),
+        ) {
+            match response.status {
+                202 => self.accepted.push(response.event_id()),
+                503 => self.refused += 1,
+                other => panic!("round {round}: unexpected answer {other}: {response:?}"),
             }
         }
+    }
+}
+
+fn random_window() -> Duration {
+    Duration::from_millis(fastrand::u64(200..1000))
+}
+
+#[test]
+fn faults_at_random_moments_keep_every_invariant() {
+    let rounds: usize = std::env::var("AGENTGATE_SOAK_ROUNDS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(100);
+    let workspace = Workspace::new();
+    // The state on a small file system of its own, which the full-disk fault fills.
+    let filesystem =
+        root_or_skip("the full-disk fault").then(|| LoopFs::at(&workspace.state_dir()));
+    let mut faults = vec![
+        Fault::Kill,
+        Fault::Kill,
+        Fault::Kill,
+        Fault::Terminate,
+        Fault::Pause,
+        Fault::FsyncFailure,
+        Fault::ModelTrouble,
+        Fault::TargetFlap,
+    ];
+    if filesystem.is_some() {
+        faults.push(Fault::DiskFull);
+    }
+    let trouble = Arc::new(Trouble::default());
+    let delivered = Arc::new(Mutex::new(BTreeSet::new()));
+    let (model, receiver) = (
+        model(trouble.clone()),
+        receiver(trouble.clone(), delivered.clone()),
+    );
+    let mcp = PythonServer::start(&workspace);
+    workspace.write_config(&config(&workspace, &model, &receiver, &mcp));
+    let shim = failsync_shim(workspace.path());
+    let fsync_fails = workspace.path().join("fsync-fails");
+    let environment = [
+        ("LD_PRELOAD", path_str(&shim)),
+        ("FAILSYNC_FLAG", path_str(&fsync_fails)),
+    ];
+
+    let mut sent = Sent::default();
+    let mut applied: BTreeMap<Fault, usize> = BTreeMap::new();
+    let mut logs = String::new();
+    let mut running: Option<Daemon> = None;
+    for round in 0..rounds {
+        let mut daemon = running
+            .take()
+            .unwrap_or_else(|| workspace.start_with_env(&environment));
+        for n in 0..2 {
+            sent.post(daemon.addr, round, n);
+        }
         std::thread::sleep(Duration::from_millis(fastrand::u64(0..250)));
-        logs.push_str(&daemon.log());
-        daemon.kill9();
+        let fault = faults[fastrand::usize(..faults.len())];
+        *applied.entry(fault).or_default() += 1;
+        match fault {
+            Fault::Kill => {
+                logs.push_str(&daemon.log());
+                daemon.kill9();
+                continue;
+            }
+            Fault::Terminate => {
+                logs.push_str(&daemon.log());
+                let status = daemon.terminate();
+                assert!(status.success(), "round {round}: the drain ended {status}");
+                continue;
+            }
+            Fault::Pause => {
+                signal(daemon.pid(), "STOP");
+                std::thread::sleep(TURN_IDLE_TIMEOUT + Duration::from_millis(500));
+                signal(daemon.pid(), "CONT");
+            }
+            Fault::DiskFull => {
+                let fill = filesystem.as_ref().map(LoopFs::fill);
+                sent.post(daemon.addr, round, 2);
+                std::thread::sleep(random_window());
+                if let Some(fill) = fill {
+                    std::fs::remove_file(&fill).expect("free the space");
+                }
+            }
+            Fault::FsyncFailure => {
+                std::fs::write(&fsync_fails, b"").expect("make fsync fail");
+                sent.post(daemon.addr, round, 2);
+                std::thread::sleep(random_window());
+                std::fs::remove_file(&fsync_fails).expect("make fsync work");
+            }
+            Fault::ModelTrouble | Fault::TargetFlap => {
+                let switch = if fault == Fault::ModelTrouble {
+                    &trouble.model
+                } else {
+                    &trouble.target
+                };
+                switch.store(true, Ordering::SeqCst);
+                sent.post(daemon.addr, round, 2);
+                std::thread::sleep(random_window());
+                switch.store(false, Ordering::SeqCst);
+            }
+        }
+        if let Ok(Some(status)) = daemon.child.try_wait() {
+            panic!(
+                "round {round}: the daemon exited ({status}) after {fault:?}:\n{}",
+                daemon.log()
+            );
+        }
+        running = Some(daemon);
     }
 
     // A last start settles everything that is still open.
-    let daemon = workspace.start();
+    if let Some(daemon) = running.take() {
+        logs.push_str(&daemon.log());
+        daemon.kill9();
+    }
+    let daemon = workspace.start_with_env(&environment);
     let open = |workspace: &Workspace| -> i64 {
         workspace.query(
             "SELECT (SELECT count(*) FROM events WHERE status IN ('queued', 'running'))
@@ -129,7 +292,7 @@ fn kill_dash_nine_at_random_moments_keeps_every_invariant() {
     };
     wait_until(
         "every event and delivery to settle",
-        Duration::from_secs(180),
+        Duration::from_secs(300),
         || open(&workspace) == 0,
     );
     logs.push_str(&daemon.log());
@@ -148,12 +311,9 @@ fn kill_dash_nine_at_random_moments_keeps_every_invariant() {
         })
         .into_iter()
         .collect();
-    let received: BTreeSet<String> = receiver
-        .requests()
-        .iter()
-        .filter_map(|r| r.header("webhook-id").map(str::to_string))
-        .collect();
-    for id in &accepted {
+    let received = delivered.lock().map(|d| d.clone()).unwrap_or_default();
+    let mut errors: BTreeMap<String, usize> = BTreeMap::new();
+    for id in &sent.accepted {
         let status = statuses
             .get(id)
             .unwrap_or_else(|| panic!("acknowledged event {id} is missing"));
@@ -174,6 +334,10 @@ fn kill_dash_nine_at_random_moments_keeps_every_invariant() {
             status.as_str(),
             "event {id}: delivered status differs"
         );
+        if let Some(error) = delivered["error"].as_str() {
+            let kind: String = error.chars().take(60).collect();
+            *errors.entry(kind).or_default() += 1;
+        }
         assert!(
             received.contains(id),
             "event {id} never reached the receiver"
@@ -228,8 +392,9 @@ fn kill_dash_nine_at_random_moments_keeps_every_invariant() {
         m
     });
     eprintln!(
-        "soak: kills={kills} acknowledged={} outcomes={outcome:?} tool_calls={} mcp_calls={} sessions_resumed={}",
-        accepted.len(),
+        "soak: rounds={rounds} faults={applied:?} acknowledged={} refused={} outcomes={outcome:?} errors={errors:?} tool_calls={} mcp_calls={} sessions_resumed={}",
+        sent.accepted.len(),
+        sent.refused,
         seen.len(),
         mcp_seen.len(),
         resumes.len()

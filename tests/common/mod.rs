@@ -4,6 +4,7 @@
 
 pub mod fsync_lint;
 pub mod load;
+pub mod loopfs;
 pub mod machine;
 pub mod mcp;
 pub mod postgres;

@@ -34,6 +34,8 @@ pub struct Reply {
     pub headers: Vec<(String, String)>,
     pub body: String,
     pub delay: Duration,
+    /// Close the connection without an answer (a server that resets or crashes mid-request).
+    pub hang_up: bool,
 }
 
 impl Reply {
@@ -43,6 +45,7 @@ impl Reply {
             headers: Vec::new(),
             body: body.to_string(),
             delay: Duration::ZERO,
+            hang_up: false,
         }
     }
 
@@ -52,12 +55,21 @@ impl Reply {
             headers: Vec::new(),
             body: body.to_string(),
             delay: Duration::ZERO,
+            hang_up: false,
         }
     }
 
     pub fn after(mut self, delay: Duration) -> Reply {
         self.delay = delay;
         self
+    }
+
+    /// Reads the request, then closes the connection without answering.
+    pub fn hang_up() -> Reply {
+        Reply {
+            hang_up: true,
+            ..Reply::raw(0, "")
+        }
     }
 
     pub fn with_header(mut self, name: &str, value: &str) -> Reply {
@@ -184,6 +196,9 @@ fn serve(stream: TcpStream, handler: &Handler, log: &Mutex<Vec<Received>>) {
     };
     let reply = handler(&request, index);
     std::thread::sleep(reply.delay);
+    if reply.hang_up {
+        return;
+    }
     let mut response = format!(
         "HTTP/1.1 {} Stub\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n",
         reply.status,

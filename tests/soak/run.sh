@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The long crash soak: kill -9 at random moments, COUNT times (default 1,000), then check every
-# invariant (tests/soak.rs). The test suite runs the same soak with 200 kills.
+# The long fault soak: COUNT rounds (default 1,000), each ending in a fault at a random moment (kill -9,
+# SIGTERM, SIGSTOP, a full disk, failing fsync, a misbehaving model or delivery target), then check
+# every invariant (tests/soak.rs). The test suite runs the same soak with 100 rounds.
 #
 #   tests/soak/run.sh [COUNT]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-AGENTGATE_SOAK_KILLS=${1:-1000} cargo test --locked --release --test soak -- --nocapture
+AGENTGATE_SOAK_ROUNDS=${1:-1000} cargo test --locked --release --test soak -- --nocapture

@@ -1,0 +1,73 @@
+//! A small ext4 file system on a loop device (needs root), for tests that fill the state file
+//! system up.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// Runs a command and fails the test if it fails.
+pub fn run(command: &str, args: &[&str]) {
+    let status = Command::new(command)
+        .args(args)
+        .status()
+        .unwrap_or_else(|err| panic!("{command}: {err}"));
+    assert!(status.success(), "{command} {args:?} failed: {status}");
+}
+
+pub fn path_str(path: &Path) -> &str {
+    path.to_str().expect("utf-8 path")
+}
+
+/// A 16 MiB ext4 file system on a loop device; unmounted on drop.
+pub struct LoopFs {
+    pub mount_point: PathBuf,
+    _image: tempfile::TempDir,
+}
+
+impl LoopFs {
+    /// Mounted in a temporary directory of its own.
+    pub fn new() -> LoopFs {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mount_point = dir.path().join("mnt");
+        LoopFs::mounted_at(&mount_point, dir)
+    }
+
+    /// Mounted at `mount_point` (created if missing), e.g. a workspace's state directory.
+    pub fn at(mount_point: &Path) -> LoopFs {
+        LoopFs::mounted_at(mount_point, tempfile::tempdir().expect("tempdir"))
+    }
+
+    fn mounted_at(mount_point: &Path, image_dir: tempfile::TempDir) -> LoopFs {
+        let image = image_dir.path().join("fs.img");
+        std::fs::create_dir_all(mount_point).expect("mkdir");
+        run("truncate", &["-s", "16M", path_str(&image)]);
+        run(
+            "mkfs.ext4",
+            &["-q", "-F", "-m", "0", "-b", "4096", path_str(&image)],
+        );
+        run(
+            "mount",
+            &["-o", "loop", path_str(&image), path_str(mount_point)],
+        );
+        LoopFs {
+            mount_point: mount_point.to_path_buf(),
+            _image: image_dir,
+        }
+    }
+
+    /// Fills the file system to the last block; removing the returned file frees the space.
+    pub fn fill(&self) -> PathBuf {
+        let fill = self.mount_point.join("fill");
+        let _ = Command::new("dd")
+            .args(["if=/dev/zero", "bs=4k", "status=none"])
+            .arg(format!("of={}", fill.display()))
+            .stderr(Stdio::null())
+            .status();
+        fill
+    }
+}
+
+impl Drop for LoopFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.mount_point).status();
+    }
+}
