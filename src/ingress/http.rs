@@ -27,7 +27,7 @@ use crate::logging::{self, LineBudget};
 use crate::metrics;
 use crate::session::Sessions;
 use crate::signature;
-use crate::store::{AcceptOutcome, NewEvent, Store};
+use crate::store::{AcceptOutcome, Event, NewEvent, Store};
 use crate::template::EventContext;
 
 /// How long a client may take to send a body once its headers arrived, per `header_timeout`.
@@ -384,13 +384,15 @@ impl Ingress {
                 .await;
         }
         let event = NewEvent {
-            id: event_id.clone(),
-            route: settings.name.clone(),
-            session_key: session_key.clone(),
-            event_type,
-            delivery_id: delivery_id.clone(),
-            headers: headers_json,
-            payload: payload_bytes.to_vec(),
+            event: Event {
+                id: event_id.clone(),
+                route: settings.name.clone(),
+                session_key: session_key.clone(),
+                event_type,
+                delivery_id: delivery_id.clone(),
+                headers: headers_json,
+                payload: payload_bytes.to_vec(),
+            },
             dedup_since,
         };
         match self.store.accept(event).await {

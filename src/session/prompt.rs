@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use crate::agent::message::{Message, Role};
 use crate::config::{DEFAULT_SYSTEM, RouteSettings};
-use crate::store::{EVENT_ENTRY, RecordedEvent, ResumeReason, StoredEvent, TranscriptRow};
+use crate::store::{EVENT_ENTRY, Event, ResumeReason, TranscriptRow};
 use crate::template::{EventContext, render_recorded_prompt};
 use crate::untrusted;
 
@@ -71,11 +71,12 @@ pub(crate) fn resolve_event_rows(rows: &mut [TranscriptRow]) {
             continue;
         };
         let message = match &row.event {
-            Some(recorded) => EventFields::of_recorded(recorded)
-                .with_context(|context| render_recorded_prompt(&template, context))
-                .map(|prompt| {
-                    event_message(&recorded.route, &recorded.event_type, &recorded.id, &prompt)
-                }),
+            Some(recorded) => with_event_context(recorded, |context| {
+                render_recorded_prompt(&template, context)
+            })
+            .map(|prompt| {
+                event_message(&recorded.route, &recorded.event_type, &recorded.id, &prompt)
+            }),
             None => Err("the event is no longer stored".to_string()),
         }
         .unwrap_or_else(|problem| {
@@ -90,55 +91,24 @@ pub(crate) fn resolve_event_rows(rows: &mut [TranscriptRow]) {
     }
 }
 
-/// A stored event's fields as templates see them, whether it is the turn's own event or one an
-/// earlier turn's transcript refers to.
-pub(crate) struct EventFields<'a> {
-    id: &'a str,
-    route: &'a str,
-    event_type: &'a str,
-    delivery_id: Option<&'a str>,
-    headers: &'a str,
-    payload: &'a [u8],
-}
-
-impl<'a> EventFields<'a> {
-    pub(crate) fn of_stored(event: &'a StoredEvent) -> Self {
-        EventFields {
-            id: &event.id,
-            route: &event.route,
-            event_type: &event.event_type,
-            delivery_id: event.delivery_id.as_deref(),
-            headers: &event.headers,
-            payload: &event.payload,
-        }
-    }
-
-    fn of_recorded(event: &'a RecordedEvent) -> Self {
-        EventFields {
-            id: &event.id,
-            route: &event.route,
-            event_type: &event.event_type,
-            delivery_id: event.delivery_id.as_deref(),
-            headers: &event.headers,
-            payload: &event.payload,
-        }
-    }
-
-    /// Runs `render` with the template context of this event (payload and headers parsed).
-    pub(crate) fn with_context<T>(&self, render: impl FnOnce(&EventContext<'_>) -> T) -> T {
-        let payload: serde_json::Value =
-            serde_json::from_slice(self.payload).unwrap_or(serde_json::Value::Null);
-        let headers: BTreeMap<String, String> =
-            serde_json::from_str(self.headers).unwrap_or_default();
-        render(&EventContext {
-            payload: &payload,
-            headers: &headers,
-            event_type: self.event_type,
-            route: self.route,
-            event_id: self.id,
-            delivery_id: self.delivery_id,
-        })
-    }
+/// Runs `render` with the template context of a stored event (payload and headers parsed),
+/// whether it is the turn's own event or one an earlier turn's transcript refers to.
+pub(crate) fn with_event_context<T>(
+    event: &Event,
+    render: impl FnOnce(&EventContext<'_>) -> T,
+) -> T {
+    let payload: serde_json::Value =
+        serde_json::from_slice(&event.payload).unwrap_or(serde_json::Value::Null);
+    let headers: BTreeMap<String, String> =
+        serde_json::from_str(&event.headers).unwrap_or_default();
+    render(&EventContext {
+        payload: &payload,
+        headers: &headers,
+        event_type: &event.event_type,
+        route: &event.route,
+        event_id: &event.id,
+        delivery_id: event.delivery_id.as_deref(),
+    })
 }
 
 /// The note a resumed turn carries after the transcript. Non-interactive routes finish the task

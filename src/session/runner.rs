@@ -104,13 +104,13 @@ impl JobSlots {
     }
 }
 
-/// How many internal turns in a row led to `event`: 0 for a webhook, else the count its
+/// How many internal turns in a row led to the turn's event: 0 for a webhook, else the count its
 /// background job recorded when it was started.
-fn internal_chain(event: &crate::store::StoredEvent) -> u32 {
-    if !event.internal {
+fn internal_chain(turn: &ClaimedTurn) -> u32 {
+    if !turn.internal {
         return 0;
     }
-    serde_json::from_slice::<serde_json::Value>(&event.payload)
+    serde_json::from_slice::<serde_json::Value>(&turn.event.payload)
         .ok()
         .and_then(|payload| payload["chain"].as_u64())
         .and_then(|chain| u32::try_from(chain).ok())
@@ -168,7 +168,7 @@ impl TurnContext {
             return;
         };
         // A chain of internal turns (a job whose result starts the job again) ends here.
-        let chain = internal_chain(&turn.event);
+        let chain = internal_chain(&turn);
         let budget = settings.config.runtime.max_internal_turns;
         if chain > budget {
             tracing::warn!(
@@ -213,7 +213,7 @@ impl TurnContext {
         let TurnProgress { steps, started } = progress;
         let event = &turn.event;
         let completed_resume =
-            matches!(outcome, Outcome::Completed { .. }) && event.resume_reason.is_some();
+            matches!(outcome, Outcome::Completed { .. }) && turn.resume_reason.is_some();
         let (turn_status, event_status) = outcome.statuses(stop);
         let (output, error) = match outcome {
             Outcome::Completed { output } => (Some(output), None),
@@ -324,7 +324,7 @@ impl Running<'_> {
             Err(stop) => return self.stopped(stop, 0).await,
         };
         let templates = &self.settings.templates;
-        let rendered = prompt::EventFields::of_stored(event).with_context(|context| {
+        let rendered = prompt::with_event_context(event, |context| {
             let system = templates.text("system", context)?;
             let prompt = templates.text("prompt", context)?;
             Ok::<_, String>((system, prompt))
@@ -372,7 +372,7 @@ impl Running<'_> {
         let max_steps = self.settings.config.runtime.max_turn_steps;
         let max_tool_calls = self.settings.config.runtime.max_tool_calls_per_reply;
         // A run cut off before it committed anything left nothing to resume from: start afresh.
-        let resume_reason = match &event.resume_reason {
+        let resume_reason = match &self.turn.resume_reason {
             Some(reason) => {
                 let reason = *reason;
                 let Some(recorded) = self
@@ -609,7 +609,7 @@ impl Running<'_> {
     ) -> String {
         let job_id = uuid::Uuid::now_v7().to_string();
         let event = &self.turn.event;
-        let chain = internal_chain(event) + 1;
+        let chain = internal_chain(self.turn) + 1;
         let (store, sessions) = (self.context.store.clone(), self.context.sessions.clone());
         let slots = self.context.job_slots.clone();
         // Jobs end with the daemon's drain, after turns and deliveries.

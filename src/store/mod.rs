@@ -36,9 +36,9 @@ pub(crate) use inspect::{DeliveryRow, EventDetail, EventFilter, EventRow, RetryT
 pub(crate) use ledger::Ledger;
 pub(crate) use lock::{DaemonLock, LockError};
 pub(crate) use model::{
-    AcceptOutcome, ClaimedTurn, DeliveryAttempt, DeliveryCounts, EVENT_ENTRY, InterruptedSession,
-    LiveCounts, NewEvent, NodeRow, PendingDelivery, RecordedEvent, SessionRow, StatusSummary,
-    StoredEvent, TranscriptRow, TurnEnd,
+    AcceptOutcome, ClaimedTurn, DeliveryAttempt, DeliveryCounts, EVENT_ENTRY, Event,
+    InterruptedSession, LiveCounts, NewEvent, NodeRow, PendingDelivery, SessionRow, StatusSummary,
+    TranscriptRow, TurnEnd,
 };
 pub(crate) use sqlite::{backup, check_database, session_keys};
 pub(crate) use state_dir::{LEDGER_FILE, StateDir};

@@ -9,9 +9,10 @@ use super::states::{
     DeliveryState, EventStatus, NodeState, ResumeReason, SessionState, StopReason, TurnStatus,
 };
 
-/// An event verified by the listener, about to be made durable.
+/// An event as the listener verified it. The same record is made durable, claimed for a turn,
+/// and read back when a later turn's transcript refers to it.
 #[derive(Debug, Clone)]
-pub(crate) struct NewEvent {
+pub(crate) struct Event {
     pub id: String,
     pub route: String,
     pub session_key: String,
@@ -20,6 +21,12 @@ pub(crate) struct NewEvent {
     /// JSON object of the request headers (lower-case names, credentials removed).
     pub headers: String,
     pub payload: Vec<u8>,
+}
+
+/// An event about to be made durable.
+#[derive(Debug, Clone)]
+pub(crate) struct NewEvent {
+    pub event: Event,
     /// Delivery ids seen at or after this time (unix ms) count as duplicates.
     pub dedup_since: i64,
 }
@@ -110,27 +117,15 @@ impl DeliveryAttempt {
     }
 }
 
-/// A stored event, as a turn needs it.
-#[derive(Debug, Clone)]
-pub(crate) struct StoredEvent {
-    pub id: String,
-    pub route: String,
-    pub session_key: String,
-    pub event_type: String,
-    pub delivery_id: Option<String>,
-    pub headers: String,
-    pub payload: Vec<u8>,
-    /// Set when this run resumes an interrupted one.
-    pub resume_reason: Option<ResumeReason>,
-    /// Queued by agentgate itself (a background job's result), not by a sender.
-    pub internal: bool,
-}
-
 /// An event claimed for a new turn.
 #[derive(Debug, Clone)]
 pub(crate) struct ClaimedTurn {
     pub turn_id: String,
-    pub event: StoredEvent,
+    pub event: Event,
+    /// Set when this run resumes an interrupted one.
+    pub resume_reason: Option<ResumeReason>,
+    /// Queued by agentgate itself (a background job's result), not by a sender.
+    pub internal: bool,
 }
 
 /// A session left `resume_pending` by a drain or a crash.
@@ -245,18 +240,7 @@ pub(crate) struct TranscriptRow {
     pub created_at: i64,
     /// For an `event` entry, the stored event it refers to: its message is rendered from this.
     #[serde(skip)]
-    pub event: Option<RecordedEvent>,
-}
-
-/// What a turn's event message is rendered from: the stored event, as accepted.
-#[derive(Debug, Clone)]
-pub(crate) struct RecordedEvent {
-    pub id: String,
-    pub route: String,
-    pub event_type: String,
-    pub delivery_id: Option<String>,
-    pub headers: String,
-    pub payload: Vec<u8>,
+    pub event: Option<Event>,
 }
 
 /// The transcript entry kind that refers to its turn's event (see `session::turn::Entry`).
@@ -268,7 +252,7 @@ pub(crate) const EVENT_ENTRY: &str = "event";
 pub(super) fn transcript_query(session_key: &str, event_entry: &str) -> String {
     format!(
         "SELECT t.seq, t.turn_id, t.kind, t.body, t.created_at,
-                e.id, e.route, e.event_type, e.delivery_id, e.headers, e.payload
+                e.id, e.route, e.session_key, e.event_type, e.delivery_id, e.headers, e.payload
          FROM transcript t
          LEFT JOIN turns u ON t.kind = {event_entry} AND u.id = t.turn_id
          LEFT JOIN events e ON e.id = u.event_id
@@ -284,7 +268,7 @@ impl TranscriptRow {
         kind: String,
         body: String,
         created_at: i64,
-        event: Option<RecordedEvent>,
+        event: Option<Event>,
     ) -> Self {
         TranscriptRow {
             seq,

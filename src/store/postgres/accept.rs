@@ -57,11 +57,12 @@ impl PostgresStore {
         let mut with_ids: Vec<(usize, &String)> = events
             .iter()
             .enumerate()
-            .filter_map(|(index, event)| event.delivery_id.as_ref().map(|id| (index, id)))
+            .filter_map(|(index, new)| new.event.delivery_id.as_ref().map(|id| (index, id)))
             .collect();
-        with_ids.sort_by(|a, b| (&events[a.0].route, a.1).cmp(&(&events[b.0].route, b.1)));
+        with_ids
+            .sort_by(|a, b| (&events[a.0].event.route, a.1).cmp(&(&events[b.0].event.route, b.1)));
         for (index, delivery_id) in with_ids {
-            let event = events[index];
+            let (event, dedup_since) = (&events[index].event, events[index].dedup_since);
             let fresh = tx
                 .maybe_row(
                     "INSERT INTO dedup (route, delivery_id, event_id, seen_at) VALUES ($1, $2, $3, $4)
@@ -69,7 +70,7 @@ impl PostgresStore {
                          SET event_id = EXCLUDED.event_id, seen_at = EXCLUDED.seen_at
                          WHERE dedup.seen_at < $5
                      RETURNING event_id",
-                    &[&event.route, delivery_id, &event.id, &now, &event.dedup_since],
+                    &[&event.route, delivery_id, &event.id, &now, &dedup_since],
                 )
                 .await?;
             if fresh.is_none() {
@@ -84,14 +85,14 @@ impl PostgresStore {
                 };
             }
         }
-        let accepted: Vec<&NewEvent> = events
+        let accepted: Vec<&Event> = events
             .iter()
             .zip(&outcomes)
             .filter(|(_, outcome)| **outcome == AcceptOutcome::Accepted)
-            .map(|(event, _)| *event)
+            .map(|(new, _)| &new.event)
             .collect();
         if !accepted.is_empty() {
-            let column = |field: fn(&NewEvent) -> &str| -> Vec<&str> {
+            let column = |field: fn(&Event) -> &str| -> Vec<&str> {
                 accepted.iter().map(|event| field(event)).collect()
             };
             let (routes, session_keys) = (column(|e| &e.route), column(|e| &e.session_key));

@@ -53,7 +53,7 @@ use crate::store::{
     PendingDelivery, Recovery, SessionRow, Settled, Settlement, StatusSummary, StoreError,
     TranscriptRow, TurnEnd, Turns,
     ledger::now_rfc3339,
-    model::{EVENT_ENTRY, RecordedEvent, StoredEvent, transcript_query},
+    model::{EVENT_ENTRY, Event, transcript_query},
     now_millis,
     states::LIVE_COUNTS_SQL,
 };

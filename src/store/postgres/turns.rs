@@ -4,6 +4,20 @@ use super::*;
 
 /// Ends a turn's rows: the turn, its event's terminal status, its session (lease released) and
 /// its delivery, as one part of the caller's transaction.
+/// The event in the seven columns from `first` on: id, route, session key, type, delivery id,
+/// headers, payload.
+fn event_from(row: &tokio_postgres::Row, first: usize) -> Event {
+    Event {
+        id: row.get(first),
+        route: row.get(first + 1),
+        session_key: row.get(first + 2),
+        event_type: row.get(first + 3),
+        delivery_id: row.get(first + 4),
+        headers: row.get(first + 5),
+        payload: row.get(first + 6),
+    }
+}
+
 async fn finish_rows(
     tx: &deadpool_postgres::Transaction<'_>,
     end: &TurnEnd,
@@ -127,17 +141,9 @@ impl Turns for PostgresStore {
                 else {
                     continue;
                 };
-                let event = StoredEvent {
-                    id: row.get(0),
-                    route: row.get(1),
-                    session_key: row.get(2),
-                    event_type: row.get(3),
-                    delivery_id: row.get(4),
-                    headers: row.get(5),
-                    payload: row.get(6),
-                    resume_reason: row.get::<_, Option<&str>>(7).map(ResumeReason::from_sql),
-                    internal: row.get(8),
-                };
+                let event = event_from(&row, 0);
+                let resume_reason = row.get::<_, Option<&str>>(7).map(ResumeReason::from_sql);
+                let internal: bool = row.get(8);
                 let turn_id = uuid::Uuid::now_v7().to_string();
                 let now = now_millis();
                 tx.run(
@@ -165,7 +171,12 @@ impl Turns for PostgresStore {
                     ],
                 )
                 .await?;
-                claimed.push(ClaimedTurn { turn_id, event });
+                claimed.push(ClaimedTurn {
+                    turn_id,
+                    event,
+                    resume_reason,
+                    internal,
+                });
             }
             tx.commit().await?;
             Ok(claimed)
@@ -280,14 +291,7 @@ impl Turns for PostgresStore {
         Ok(rows
             .into_iter()
             .map(|row| {
-                let event = row.get::<_, Option<String>>(5).map(|id| RecordedEvent {
-                    id,
-                    route: row.get(6),
-                    event_type: row.get(7),
-                    delivery_id: row.get(8),
-                    headers: row.get(9),
-                    payload: row.get(10),
-                });
+                let event = row.get::<_, Option<String>>(5).map(|_| event_from(&row, 5));
                 TranscriptRow::new(
                     row.get(0),
                     row.get(1),

@@ -57,16 +57,15 @@ const ORIGINAL_SQL: &str =
 
 pub(super) fn accept_in(
     connection: &Connection,
-    event: &NewEvent,
+    new: &NewEvent,
 ) -> rusqlite::Result<AcceptOutcome> {
-    let now = now_millis();
+    let (event, now) = (&new.event, now_millis());
     if let Some(delivery_id) = &event.delivery_id {
         let original: Option<String> = connection
             .prepare_cached(ORIGINAL_SQL)?
-            .query_row(
-                params![event.route, delivery_id, event.dedup_since],
-                |row| row.get(0),
-            )
+            .query_row(params![event.route, delivery_id, new.dedup_since], |row| {
+                row.get(0)
+            })
             .optional()?;
         if let Some(original) = original {
             return Ok(AcceptOutcome::Duplicate { original });

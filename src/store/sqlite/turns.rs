@@ -3,8 +3,8 @@
 
 use super::*;
 use crate::store::model::{
-    ClaimedTurn, EVENT_ENTRY, InterruptedSession, RecordedEvent, SessionRow, StoredEvent,
-    TranscriptRow, TurnEnd, transcript_query,
+    ClaimedTurn, EVENT_ENTRY, Event, InterruptedSession, SessionRow, TranscriptRow, TurnEnd,
+    transcript_query,
 };
 use crate::store::states::{
     CRASHED, EVENT_RUNNING, IDLE, OPERATOR, PENDING, QUEUED, REQUEUE_STOPPED_EVENT_SQL,
@@ -82,27 +82,20 @@ pub(super) fn claim_in(
         if !still_first {
             continue;
         }
-        let event = connection
+        let (event, resume_reason, internal) = connection
             .prepare_cached(
                 "SELECT id, route, session_key, event_type, delivery_id, headers, payload, resume_reason,
                         origin <> 'webhook'
                  FROM events WHERE id = ?1",
             )?
             .query_row(params![candidate.event_id], |row| {
-                Ok(StoredEvent {
-                    id: row.get(0)?,
-                    route: row.get(1)?,
-                    session_key: row.get(2)?,
-                    event_type: row.get(3)?,
-                    delivery_id: row.get(4)?,
-                    headers: row.get(5)?,
-                    payload: row.get(6)?,
-                    resume_reason: row
-                        .get::<_, Option<String>>(7)?
+                Ok((
+                    event_from(row, 0)?,
+                    row.get::<_, Option<String>>(7)?
                         .as_deref()
                         .map(ResumeReason::from_sql),
-                    internal: row.get(8)?,
-                })
+                    row.get(8)?,
+                ))
             })?;
         let turn_id = uuid::Uuid::now_v7().to_string();
         connection
@@ -128,9 +121,28 @@ pub(super) fn claim_in(
                  WHERE key = ?1"
             ))?
             .execute(params![event.session_key, turn_id, now])?;
-        claimed.push(ClaimedTurn { turn_id, event });
+        claimed.push(ClaimedTurn {
+            turn_id,
+            event,
+            resume_reason,
+            internal,
+        });
     }
     Ok(claimed)
+}
+
+/// The event in the seven columns from `first` on: id, route, session key, type, delivery id,
+/// headers, payload.
+fn event_from(row: &rusqlite::Row<'_>, first: usize) -> rusqlite::Result<Event> {
+    Ok(Event {
+        id: row.get(first)?,
+        route: row.get(first + 1)?,
+        session_key: row.get(first + 2)?,
+        event_type: row.get(first + 3)?,
+        delivery_id: row.get(first + 4)?,
+        headers: row.get(first + 5)?,
+        payload: row.get(first + 6)?,
+    })
 }
 
 pub(super) fn finish_in(connection: &Connection, end: &TurnEnd) -> rusqlite::Result<()> {
@@ -193,14 +205,7 @@ pub(super) fn transcript_of(
         .prepare_cached(&transcript_query("?1", "?2"))?
         .query_map(params![session_key, EVENT_ENTRY], |row| {
             let event = match row.get::<_, Option<String>>(5)? {
-                Some(id) => Some(RecordedEvent {
-                    id,
-                    route: row.get(6)?,
-                    event_type: row.get(7)?,
-                    delivery_id: row.get(8)?,
-                    headers: row.get(9)?,
-                    payload: row.get(10)?,
-                }),
+                Some(_) => Some(event_from(row, 5)?),
                 None => None,
             };
             Ok(TranscriptRow::new(
