@@ -1100,6 +1100,53 @@ fn stalled_connections_neither_delay_a_valid_webhook_nor_a_running_turn() {
     }
 }
 
+/// Large bodies are read at most 64 at a time (docs/reference.md, "Threat model"). With 64
+/// senders each holding 30 kB of a 60 kB body, a small webhook is answered at once, while a valid
+/// large one waits, none of it read, until a stalled body times out (408, after the body
+/// timeout: 4 × `header_timeout`) and frees its slot; then it is accepted.
+#[test]
+fn stalled_large_bodies_hold_only_their_slots() {
+    let workspace = Workspace::new();
+    let daemon = start_github(&workspace, "");
+    let first_stalled = Instant::now();
+    let head = "POST /hooks/github HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+                x-github-event: issues\r\nx-hub-signature-256: sha256=00\r\n\
+                content-length: 60000\r\n\r\n{";
+    let stalled: Vec<TcpStream> = (0..64)
+        .map(|_| {
+            let mut stream = TcpStream::connect(daemon.addr).expect("connect");
+            stream.write_all(head.as_bytes()).expect("head");
+            stream.write_all(&[b' '; 30_000]).expect("part of the body");
+            stream
+        })
+        .collect();
+
+    let started = Instant::now();
+    let small = github_post(&daemon, ISSUE, "small-during-the-attack");
+    assert_eq!(small.status, 202, "{small:?}");
+    assert!(started.elapsed() < Duration::from_secs(1));
+
+    let large = format!(
+        r#"{{"action":"opened","repository":{{"full_name":"acme/web"}},"issue":{{"number":8}},"pad":"{}"}}"#,
+        "x".repeat(30_000)
+    );
+    let response = github_post(&daemon, &large, "large-during-the-attack");
+    let answered_after = first_stalled.elapsed();
+    assert_eq!(response.status, 202, "{response:?}");
+    // Body timeout in this workspace: 4 × header_timeout (1 s).
+    assert!(
+        answered_after >= Duration::from_secs(4),
+        "the large body was read after {answered_after:?}, while every slot was held"
+    );
+    for mut stream in stalled.into_iter().take(5) {
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        let response = read_response(&mut stream).expect("an answer");
+        assert_eq!(response.status, 408, "{response:?}");
+    }
+}
+
 /// Every config in `packaging/examples/` passes check-config, and takes its sender's payload as
 /// that sender sends it (signed by `agentgate send` the way the route verifies), with the
 /// session key its comments promise.

@@ -180,9 +180,10 @@ fn faults_at_random_moments_keep_every_invariant() {
         .and_then(|n| n.parse().ok())
         .unwrap_or(100);
     let workspace = Workspace::new();
-    // The state on a small file system of its own, which the full-disk fault fills.
-    let filesystem =
-        root_or_skip("the full-disk fault").then(|| LoopFs::at(&workspace.state_dir()));
+    // The state on a file system of its own, which the full-disk fault fills: large enough for
+    // what a long soak stores, so that it is full only while the fault lasts.
+    let filesystem = root_or_skip("the full-disk fault")
+        .then(|| LoopFs::at(&workspace.state_dir(), "256M"));
     let mut faults = vec![
         Fault::Kill,
         Fault::Kill,

@@ -17,9 +17,10 @@ use std::time::Instant;
 use bytes::Bytes;
 use http::header::{ALLOW, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::Full;
 use serde_json::json;
 
+use super::body::{BodyError, BodySlots};
 use super::capacity::{self, Capacity};
 use super::ratelimit::TokenBucket;
 use crate::config::{RouteSettings, Settings, Shared, VerifyScheme};
@@ -66,11 +67,11 @@ impl Routing {
 
 /// Everything the listener needs to answer webhooks: routes by path, templates and the store.
 pub(crate) struct Ingress {
-    /// Refusal lines are rate-limited: a flood of bad requests is counted in full
-    /// (`agentgate_http_requests_total`) but cannot flood the journal.
-    /// Refusal lines, at most `REFUSAL_LINES_PER_SECOND`; the next admitted line says how many
-    /// were left out before it.
+    /// Refusal lines, at most `REFUSAL_LINES_PER_SECOND`: a flood of bad requests is counted in
+    /// full (`agentgate_http_requests_total`) but cannot flood the journal; the next admitted
+    /// line says how many were left out before it.
     refusal_log: LineBudget,
+    body_slots: BodySlots,
     routing: Shared<Routing>,
     store: Store,
     sessions: Arc<Sessions>,
@@ -104,6 +105,7 @@ impl Ingress {
     ) -> Result<Ingress, String> {
         Ok(Ingress {
             refusal_log: LineBudget::new(REFUSAL_LINES_PER_SECOND),
+            body_slots: BodySlots::new(),
             tls: Shared::new(acceptor_for(&settings)?),
             routing: Shared::new(Routing::new(settings)),
             store,
@@ -263,29 +265,28 @@ impl Ingress {
         let (parts, body) = request.into_parts();
         let limit = usize::try_from(settings.max_body).unwrap_or(usize::MAX);
         let body_timeout = routing.settings.config.server.header_timeout * BODY_TIMEOUT_FACTOR;
-        let collected = tokio::time::timeout(body_timeout, Limited::new(body, limit).collect())
-            .await
-            .map_err(|_| {
-                error(
-                    StatusCode::REQUEST_TIMEOUT,
-                    "request_timeout",
-                    "the body did not arrive in time",
-                )
-            })?;
-        let body = match collected {
-            Ok(collected) => collected.to_bytes(),
-            Err(err)
-                if err
-                    .downcast_ref::<http_body_util::LengthLimitError>()
-                    .is_some() =>
-            {
-                return Err(too_large());
-            }
-            Err(_) => {
+        let waiting = std::sync::atomic::AtomicBool::new(false);
+        let read = self.body_slots.read(body, limit, declared_length, &waiting);
+        let body = match tokio::time::timeout(body_timeout, read).await {
+            Ok(Ok(body)) => body,
+            Ok(Err(BodyError::TooLarge)) => return Err(too_large()),
+            Ok(Err(BodyError::Unreadable)) => {
                 return Err(error(
                     StatusCode::BAD_REQUEST,
                     "bad_request",
                     "the body could not be read",
+                ));
+            }
+            Err(_) if waiting.load(std::sync::atomic::Ordering::Relaxed) => {
+                return Err(unavailable(
+                    "too many large bodies are being received; retry shortly",
+                ));
+            }
+            Err(_) => {
+                return Err(error(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "request_timeout",
+                    "the body did not arrive in time",
                 ));
             }
         };

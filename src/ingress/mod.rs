@@ -4,6 +4,7 @@
 //! bound from the config. They are taken in `main` before the async runtime starts, because the
 //! activation protocol is process-global state that must be read before any thread exists.
 
+mod body;
 pub(crate) mod capacity;
 mod connection;
 pub(crate) mod control;

@@ -17,29 +17,30 @@ pub fn path_str(path: &Path) -> &str {
     path.to_str().expect("utf-8 path")
 }
 
-/// A 16 MiB ext4 file system on a loop device; unmounted on drop.
+/// An ext4 file system on a loop device; unmounted on drop.
 pub struct LoopFs {
     pub mount_point: PathBuf,
     _image: tempfile::TempDir,
 }
 
 impl LoopFs {
-    /// Mounted in a temporary directory of its own.
+    /// 16 MiB, mounted in a temporary directory of its own.
     pub fn new() -> LoopFs {
         let dir = tempfile::tempdir().expect("tempdir");
         let mount_point = dir.path().join("mnt");
-        LoopFs::mounted_at(&mount_point, dir)
+        LoopFs::mounted_at(&mount_point, "16M", dir)
     }
 
-    /// Mounted at `mount_point` (created if missing), e.g. a workspace's state directory.
-    pub fn at(mount_point: &Path) -> LoopFs {
-        LoopFs::mounted_at(mount_point, tempfile::tempdir().expect("tempdir"))
+    /// `size` (as `truncate -s` takes it), mounted at `mount_point` (created if missing), e.g.
+    /// a workspace's state directory.
+    pub fn at(mount_point: &Path, size: &str) -> LoopFs {
+        LoopFs::mounted_at(mount_point, size, tempfile::tempdir().expect("tempdir"))
     }
 
-    fn mounted_at(mount_point: &Path, image_dir: tempfile::TempDir) -> LoopFs {
+    fn mounted_at(mount_point: &Path, size: &str, image_dir: tempfile::TempDir) -> LoopFs {
         let image = image_dir.path().join("fs.img");
         std::fs::create_dir_all(mount_point).expect("mkdir");
-        run("truncate", &["-s", "16M", path_str(&image)]);
+        run("truncate", &["-s", size, path_str(&image)]);
         run(
             "mkfs.ext4",
             &["-q", "-F", "-m", "0", "-b", "4096", path_str(&image)],

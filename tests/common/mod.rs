@@ -315,7 +315,7 @@ impl Workspace {
         let log = Arc::new(Mutex::new(String::new()));
         let stderr = child.stderr.take().expect("stderr");
         let sink = log.clone();
-        std::thread::spawn(move || {
+        let reader = std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines() {
                 let Ok(line) = line else { break };
                 if let Ok(mut text) = sink.lock() {
@@ -335,6 +335,11 @@ impl Workspace {
                 return daemon;
             }
             if let Ok(Some(status)) = daemon.child.try_wait() {
+                // What it said before it exited may still be in the pipe.
+                let read_by = Instant::now() + Duration::from_secs(2);
+                while !reader.is_finished() && Instant::now() < read_by {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
                 panic!(
                     "agentgate exited with {status} before serving:\n{}",
                     daemon.log()
