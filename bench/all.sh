@@ -3,18 +3,22 @@
 #
 #   bench/all.sh                 # RUNS=3 by default
 #
-# 1. durable accept vs Debian's webhook (bench/accept.sh, RUNS runs);
+# 1. durable accept vs Debian's webhook (bench/accept.sh, RUNS runs), and memory under stalled
+#    large bodies (bench/stalled-bodies.py);
 # 2. turns: per-step overhead at 1 and 16 concurrent turns, 1,000 concurrent turns on a slow
 #    model, time to READY with 100,000 and 1,000,000 stored events, command against MCP tool
 #    calls (benches/turns.rs, RUNS runs);
 # 3. restarts under load under a real systemd (root only);
-# 4. the crash soak with 200 kills.
+# 4. the fault soak with 100 rounds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-3}
 
 echo "== durable accept"
 RUNS=$RUNS bench/accept.sh
+
+echo "== stalled large bodies"
+for connections in 300 900; do bench/stalled-bodies.py "$connections"; done
 
 echo "== turns"
 for run in $(seq 1 "$RUNS"); do
@@ -31,7 +35,7 @@ done
 echo "== restarts under load (real systemd)"
 cargo test --locked -q --test systemd ten_restarts -- --nocapture 2>&1 | grep -E '^restarts:|not run'
 
-echo "== crash soak"
+echo "== fault soak"
 cargo test --locked -q --test soak -- --nocapture 2>&1 | grep -E '^soak:'
 
 echo "== scale-out on PostgreSQL"

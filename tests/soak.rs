@@ -182,8 +182,8 @@ fn faults_at_random_moments_keep_every_invariant() {
     let workspace = Workspace::new();
     // The state on a file system of its own, which the full-disk fault fills: large enough for
     // what a long soak stores, so that it is full only while the fault lasts.
-    let filesystem = root_or_skip("the full-disk fault")
-        .then(|| LoopFs::at(&workspace.state_dir(), "256M"));
+    let filesystem =
+        root_or_skip("the full-disk fault").then(|| LoopFs::at(&workspace.state_dir(), "256M"));
     let mut faults = vec![
         Fault::Kill,
         Fault::Kill,

@@ -1,8 +1,13 @@
 //! Delivery of terminal results from the outbox: to the journal, an HTTP endpoint (signed with
 //! Standard Webhooks headers, `webhook-id` = the event id on every attempt) or a command.
 //!
-//! Attempts back off exponentially and survive restarts (the schedule lives in SQLite). After
+//! Attempts back off exponentially and survive restarts (the schedule lives in the store). After
 //! `MAX_ATTEMPTS` a delivery is marked failed and kept, visible in `status`, never dropped.
+//!
+//! The body is not built here: the store writes it into the outbox row in the same transaction
+//! that ends the turn (`TurnEnd::delivery_body`), including the ends the store decides itself at
+//! admission (`abandoned`, `suspended`), and this module sends it byte for byte. So every attempt
+//! of a delivery, before and after restarts, carries the same body and the same signature input.
 
 use std::collections::{HashMap, HashSet};
 use std::process::Stdio;

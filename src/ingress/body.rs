@@ -54,7 +54,9 @@ impl BodySlots {
         B::Error: std::error::Error + Send + Sync + 'static,
     {
         let mut body = std::pin::pin!(Limited::new(body, limit));
-        let mut buffer = BytesMut::new();
+        // The chunks as they arrived: a body of one chunk (nearly every webhook) is never copied.
+        let mut chunks: Vec<Bytes> = Vec::new();
+        let mut received = 0;
         // `Some` once the body has waited for its slot (and holds it until the body is read).
         let mut slot = None;
         // A body that says it is large waits for its slot before any of it is read.
@@ -76,12 +78,23 @@ impl BodySlots {
             let Ok(data) = frame.into_data() else {
                 continue;
             };
-            if slot.is_none() && buffer.len() + data.len() > SMALL_BODY {
+            received += data.len();
+            if slot.is_none() && received > SMALL_BODY {
                 slot = Some(self.wait(waiting).await);
             }
-            buffer.extend_from_slice(&data);
+            chunks.push(data);
         }
-        Ok(buffer.freeze())
+        Ok(match chunks.len() {
+            0 => Bytes::new(),
+            1 => chunks.swap_remove(0),
+            _ => {
+                let mut body = BytesMut::with_capacity(received);
+                for chunk in chunks {
+                    body.extend_from_slice(&chunk);
+                }
+                body.freeze()
+            }
+        })
     }
 
     async fn wait(&self, waiting: &AtomicBool) -> Option<tokio::sync::SemaphorePermit<'_>> {
@@ -126,6 +139,40 @@ mod tests {
             Some(Bytes::from_static(b"{\"small\":true}"))
         );
         drop(taken);
+    }
+
+    /// A body that arrives in several chunks, as a chunked upload does.
+    struct Chunks(std::collections::VecDeque<Bytes>);
+
+    impl hyper::body::Body for Chunks {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+
+        fn poll_frame(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+            std::task::Poll::Ready(
+                self.0
+                    .pop_front()
+                    .map(|chunk| Ok(hyper::body::Frame::data(chunk))),
+            )
+        }
+    }
+
+    #[tokio::test]
+    async fn chunks_are_joined_in_order() {
+        let slots = BodySlots::new();
+        let chunks = Chunks(
+            [&b"{\"a\":"[..], b"[1,", b"2]}"]
+                .into_iter()
+                .map(Bytes::from_static)
+                .collect(),
+        );
+        let read = slots
+            .read(chunks, 1 << 20, None, &AtomicBool::new(false))
+            .await;
+        assert_eq!(read.ok(), Some(Bytes::from_static(b"{\"a\":[1,2]}")));
     }
 
     #[tokio::test]
