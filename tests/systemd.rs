@@ -288,13 +288,17 @@ fn a_crash_restart_reconciles_a_ledger_planted_before_it() {
         let now = machine.show("agentgate.service", "MainPID");
         now != pid && now != "0" && machine.show("agentgate.service", "ActiveState") == "active"
     });
-    let after = machine
-        .journal("-u agentgate-reconcile.service")
-        .matches("reconcile finished")
-        .count();
-    assert!(
-        after > before,
-        "reconcile did not run before the crash restart"
+    // journald may write the oneshot's last line a moment after the daemon it preceded is up.
+    wait_for(
+        "reconcile's line for the crash restart",
+        Duration::from_secs(10),
+        || {
+            machine
+                .journal("-u agentgate-reconcile.service")
+                .matches("reconcile finished")
+                .count()
+                > before
+        },
     );
     let quarantine = machine.ok("ls /var/lib/agentgate/quarantine");
     assert!(quarantine.contains("-ledger.json"), "{quarantine}");
