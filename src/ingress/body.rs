@@ -11,11 +11,12 @@
 //! the default `max_body`), where they could otherwise hold `max_connections × max_body`, and
 //! they never delay a small webhook. See docs/reference.md, "Threat model".
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http_body_util::{BodyExt, Limited};
 use tokio::sync::Semaphore;
+use tokio::time::{Instant, timeout_at};
 
 /// Bytes of a body read without a large-body slot.
 pub(super) const SMALL_BODY: usize = 16 * 1024;
@@ -29,6 +30,10 @@ pub(super) enum BodyError {
     TooLarge,
     /// The connection failed while the body arrived.
     Unreadable,
+    /// The sender did not send the body in time.
+    TimedOut,
+    /// No large-body slot came free in time: the server, not the sender, was the bottleneck.
+    NoSlot,
 }
 
 /// The large-body slots of one listener.
@@ -39,32 +44,34 @@ impl BodySlots {
         BodySlots(Semaphore::new(LARGE_BODY_SLOTS))
     }
 
-    /// Reads `body` (at most `limit` bytes; `declared` is its `Content-Length`, if any),
-    /// with `waiting` set while it waits for a slot: should the body timeout cut it off then,
-    /// the server, not the sender, was the bottleneck.
+    /// Reads `body`: at most `limit` bytes (`declared` is its `Content-Length`, if any), within
+    /// `timeout`, waiting for a slot included.
     pub(super) async fn read<B>(
         &self,
         body: B,
         limit: usize,
         declared: Option<u64>,
-        waiting: &AtomicBool,
+        timeout: Duration,
     ) -> Result<Bytes, BodyError>
     where
         B: hyper::body::Body<Data = Bytes> + Send,
         B::Error: std::error::Error + Send + Sync + 'static,
     {
+        let deadline = Instant::now() + timeout;
         let mut body = std::pin::pin!(Limited::new(body, limit));
         // The chunks as they arrived: a body of one chunk (nearly every webhook) is never copied.
         let mut chunks: Vec<Bytes> = Vec::new();
         let mut received = 0;
-        // `Some` once the body has waited for its slot (and holds it until the body is read).
+        // Held from the moment the body is known to be large until it is read.
         let mut slot = None;
         // A body that says it is large waits for its slot before any of it is read.
-        let large = |length: u64| usize::try_from(length).map_or(true, |n| n > SMALL_BODY);
-        if declared.is_some_and(large) {
-            slot = Some(self.wait(waiting).await);
+        if declared.is_some_and(|length| length > SMALL_BODY as u64) {
+            slot = Some(self.wait(deadline).await?);
         }
-        while let Some(frame) = body.frame().await {
+        while let Some(frame) = timeout_at(deadline, body.frame())
+            .await
+            .map_err(|_| BodyError::TimedOut)?
+        {
             let frame = frame.map_err(|err| {
                 if err
                     .downcast_ref::<http_body_util::LengthLimitError>()
@@ -80,7 +87,7 @@ impl BodySlots {
             };
             received += data.len();
             if slot.is_none() && received > SMALL_BODY {
-                slot = Some(self.wait(waiting).await);
+                slot = Some(self.wait(deadline).await?);
             }
             chunks.push(data);
         }
@@ -97,12 +104,12 @@ impl BodySlots {
         })
     }
 
-    async fn wait(&self, waiting: &AtomicBool) -> Option<tokio::sync::SemaphorePermit<'_>> {
-        waiting.store(true, Ordering::Relaxed);
-        // The semaphore is never closed; were it, the body would be read without a slot.
-        let permit = self.0.acquire().await.ok();
-        waiting.store(false, Ordering::Relaxed);
-        permit
+    async fn wait(&self, deadline: Instant) -> Result<tokio::sync::SemaphorePermit<'_>, BodyError> {
+        match timeout_at(deadline, self.0.acquire()).await {
+            Ok(Ok(permit)) => Ok(permit),
+            // The semaphore is never closed.
+            Ok(Err(_)) | Err(_) => Err(BodyError::NoSlot),
+        }
     }
 }
 
@@ -116,24 +123,24 @@ mod tests {
         let slots = BodySlots::new();
         let taken = slots.0.acquire_many(LARGE_BODY_SLOTS as u32).await;
         assert!(taken.is_ok());
-        let waiting = AtomicBool::new(false);
+        let wait = Duration::from_millis(50);
         let large = Full::new(Bytes::from(vec![b' '; SMALL_BODY + 1]));
-        let read = slots.read(large, 1 << 20, Some(SMALL_BODY as u64 + 1), &waiting);
-        let timed_out = tokio::time::timeout(std::time::Duration::from_millis(50), read).await;
-        assert!(timed_out.is_err(), "a large body was read without a slot");
-        assert!(waiting.load(Ordering::Relaxed));
+        let read = slots.read(large, 1 << 20, Some(SMALL_BODY as u64 + 1), wait);
+        assert!(
+            matches!(read.await, Err(BodyError::NoSlot)),
+            "a large body was read without a slot"
+        );
 
         // Undeclared length: the slot is needed once the body grows past SMALL_BODY.
-        let waiting = AtomicBool::new(false);
         let unsized_large = Full::new(Bytes::from(vec![b' '; SMALL_BODY + 1]));
-        let read = slots.read(unsized_large, 1 << 20, None, &waiting);
-        let timed_out = tokio::time::timeout(std::time::Duration::from_millis(50), read).await;
-        assert!(timed_out.is_err(), "a large body was read without a slot");
-        assert!(waiting.load(Ordering::Relaxed));
+        let read = slots.read(unsized_large, 1 << 20, None, wait);
+        assert!(
+            matches!(read.await, Err(BodyError::NoSlot)),
+            "a large body was read without a slot"
+        );
 
         let small = Full::new(Bytes::from_static(b"{\"small\":true}"));
-        let waiting = AtomicBool::new(false);
-        let read = slots.read(small, 1 << 20, Some(14), &waiting);
+        let read = slots.read(small, 1 << 20, Some(14), wait);
         assert_eq!(
             read.await.ok(),
             Some(Bytes::from_static(b"{\"small\":true}"))
@@ -170,7 +177,7 @@ mod tests {
                 .collect(),
         );
         let read = slots
-            .read(chunks, 1 << 20, None, &AtomicBool::new(false))
+            .read(chunks, 1 << 20, None, Duration::from_secs(1))
             .await;
         assert_eq!(read.ok(), Some(Bytes::from_static(b"{\"a\":[1,2]}")));
     }
@@ -179,7 +186,7 @@ mod tests {
     async fn a_body_over_the_limit_is_too_large() {
         let slots = BodySlots::new();
         let body = Full::new(Bytes::from(vec![b' '; 100]));
-        let read = slots.read(body, 10, None, &AtomicBool::new(false)).await;
+        let read = slots.read(body, 10, None, Duration::from_secs(1)).await;
         assert!(matches!(read, Err(BodyError::TooLarge)));
     }
 }

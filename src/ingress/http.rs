@@ -265,24 +265,26 @@ impl Ingress {
         let (parts, body) = request.into_parts();
         let limit = usize::try_from(settings.max_body).unwrap_or(usize::MAX);
         let body_timeout = routing.settings.config.server.header_timeout * BODY_TIMEOUT_FACTOR;
-        let waiting = std::sync::atomic::AtomicBool::new(false);
-        let read = self.body_slots.read(body, limit, declared_length, &waiting);
-        let body = match tokio::time::timeout(body_timeout, read).await {
-            Ok(Ok(body)) => body,
-            Ok(Err(BodyError::TooLarge)) => return Err(too_large()),
-            Ok(Err(BodyError::Unreadable)) => {
+        let body = match self
+            .body_slots
+            .read(body, limit, declared_length, body_timeout)
+            .await
+        {
+            Ok(body) => body,
+            Err(BodyError::TooLarge) => return Err(too_large()),
+            Err(BodyError::Unreadable) => {
                 return Err(error(
                     StatusCode::BAD_REQUEST,
                     "bad_request",
                     "the body could not be read",
                 ));
             }
-            Err(_) if waiting.load(std::sync::atomic::Ordering::Relaxed) => {
+            Err(BodyError::NoSlot) => {
                 return Err(unavailable(
                     "too many large bodies are being received; retry shortly",
                 ));
             }
-            Err(_) => {
+            Err(BodyError::TimedOut) => {
                 return Err(error(
                     StatusCode::REQUEST_TIMEOUT,
                     "request_timeout",
