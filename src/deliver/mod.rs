@@ -41,19 +41,28 @@ const MAX_IN_FLIGHT: usize = 256;
 const TRANSPORT_RETRIES: u32 = 2;
 const POLL_INTERVAL: Duration = Duration::from_secs(1);
 
+/// The deliverer's handle: whoever queues a result in the outbox rings it, so the result goes
+/// out now rather than at the next poll.
+#[derive(Clone, Default)]
+pub(crate) struct DeliveryHandle(Arc<Notify>);
+
+impl DeliveryHandle {
+    /// A result was queued in the outbox.
+    pub(crate) fn result_queued(&self) {
+        self.0.notify_one();
+    }
+}
+
+/// The deliverer task.
 pub(crate) struct Deliverer {
     store: Store,
     settings: Arc<Shared<Settings>>,
     client: reqwest::Client,
-    wake: Arc<Notify>,
+    wake: DeliveryHandle,
 }
 
 impl Deliverer {
-    pub(crate) fn new(
-        store: Store,
-        settings: Arc<Shared<Settings>>,
-        wake: Arc<Notify>,
-    ) -> Result<Deliverer, String> {
+    pub(crate) fn new(store: Store, settings: Arc<Shared<Settings>>) -> Result<Deliverer, String> {
         let client = crate::tls::http_client()?
             .timeout(ATTEMPT_TIMEOUT)
             .build()
@@ -62,8 +71,12 @@ impl Deliverer {
             store,
             settings,
             client,
-            wake,
+            wake: DeliveryHandle::default(),
         })
+    }
+
+    pub(crate) fn handle(&self) -> DeliveryHandle {
+        self.wake.clone()
     }
 
     /// Delivers due results until `shutdown`, then makes one last pass over what is due (the
@@ -145,7 +158,7 @@ impl Deliverer {
             }
             tokio::select! {
                 () = shutdown.cancelled() => {}
-                () = self.wake.notified() => {}
+                () = self.wake.0.notified() => {}
                 () = finished.notified() => {}
                 () = tokio::time::sleep(POLL_INTERVAL) => {}
             }

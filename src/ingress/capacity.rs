@@ -84,33 +84,44 @@ impl Capacity {
     }
 }
 
-/// Keeps `capacity` current until `stop`: the queued count from the store's index, and the free
-/// space of `state_dir` (`None` with a PostgreSQL store, whose disk is the server's).
-pub(crate) async fn watch(
-    capacity: std::sync::Arc<Capacity>,
-    store: Store,
-    settings: std::sync::Arc<Shared<Settings>>,
-    state_dir: Option<PathBuf>,
-    stop: CancellationToken,
-) {
-    loop {
-        let runtime = settings.get().config.runtime.clone();
-        let free_disk = state_dir.as_deref().and_then(|dir| {
+/// The task that keeps a [`Capacity`] (its handle) current.
+pub(crate) struct CapacityWatch {
+    pub capacity: std::sync::Arc<Capacity>,
+    pub store: Store,
+    pub settings: std::sync::Arc<Shared<Settings>>,
+    /// Whose free space is measured: `None` with a PostgreSQL store, whose disk is the server's.
+    pub state_dir: Option<PathBuf>,
+}
+
+impl CapacityWatch {
+    /// Refreshes the queued count from the store's index, and the free space of `state_dir`,
+    /// until `stop`.
+    pub(crate) async fn run(self, stop: CancellationToken) {
+        let CapacityWatch {
+            capacity,
+            store,
+            settings,
+            state_dir,
+        } = self;
+        loop {
+            let runtime = settings.get().config.runtime.clone();
+            let free_disk = state_dir.as_deref().and_then(|dir| {
             nix::sys::statvfs::statvfs(dir)
                 .map(|stats| stats.blocks_available() * stats.fragment_size())
                 .map_err(|err| tracing::warn!(error = %err, "cannot measure the free space of the state directory"))
                 .ok()
         });
-        match store.live_counts().await {
-            Ok(counts) => {
-                let queued = u64::try_from(counts.queued).unwrap_or(0);
-                capacity.refresh(queued, free_disk, &runtime);
+            match store.live_counts().await {
+                Ok(counts) => {
+                    let queued = u64::try_from(counts.queued).unwrap_or(0);
+                    capacity.refresh(queued, free_disk, &runtime);
+                }
+                Err(err) => tracing::warn!(error = %err, "cannot count queued events"),
             }
-            Err(err) => tracing::warn!(error = %err, "cannot count queued events"),
-        }
-        tokio::select! {
-            () = stop.cancelled() => return,
-            () = tokio::time::sleep(REFRESH) => {}
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(REFRESH) => {}
+            }
         }
     }
 }

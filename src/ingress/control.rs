@@ -437,7 +437,7 @@ fn percent_decode(text: &str) -> String {
 
 /// Serves the control socket until `shutdown`.
 /// A listener the control endpoints are served on.
-pub(crate) enum ControlListener {
+enum ControlListener {
     /// The control socket: every endpoint, governed by the socket file's permissions.
     Socket(tokio::net::UnixListener),
     /// `[server] metrics_listen`: `GET /metrics` alone, since Prometheus cannot scrape a Unix
@@ -446,7 +446,7 @@ pub(crate) enum ControlListener {
 }
 
 impl ControlListener {
-    pub(crate) fn socket(listener: std::os::unix::net::UnixListener) -> std::io::Result<Self> {
+    fn socket(listener: std::os::unix::net::UnixListener) -> std::io::Result<Self> {
         listener.set_nonblocking(true)?;
         Ok(ControlListener::Socket(tokio::net::UnixListener::from_std(
             listener,
@@ -468,44 +468,81 @@ impl ControlListener {
     }
 }
 
-/// Serves `control` on `listener` until `shutdown`.
-pub(crate) async fn serve(
+/// A control or metrics listener task.
+pub(crate) struct ControlServer {
     listener: ControlListener,
     control: Arc<Control>,
-    shutdown: CancellationToken,
-) {
-    let metrics_only = matches!(listener, ControlListener::Metrics(_));
-    let mut backoff = AcceptBackoff::default();
-    loop {
-        let stream = tokio::select! {
-            () = shutdown.cancelled() => return,
-            accepted = listener.accept() => match accepted {
-                Ok(stream) => stream,
-                Err(err) => {
-                    backoff.failed(listener.name(), &err).await;
-                    continue;
-                }
-            },
-        };
-        backoff.succeeded();
-        let control = control.clone();
-        let service = service_fn(move |request: Request<hyper::body::Incoming>| {
-            let control = control.clone();
-            async move {
-                let response = if metrics_only
-                    && !(request.method() == Method::GET && request.uri().path() == "/metrics")
-                {
-                    not_found(request.method(), request.uri().path())
-                } else {
-                    control.answer(request).await
-                };
-                Ok::<_, Infallible>(response)
+}
+
+impl ControlServer {
+    /// The control socket (when systemd passed it or it could be bound) and the metrics
+    /// listener (when `server.metrics_listen` is set and can be bound). Neither is a reason to
+    /// stop serving webhooks: what cannot be served is logged and left out.
+    pub(crate) async fn bind_all(
+        socket: Option<std::os::unix::net::UnixListener>,
+        metrics_listen: Option<std::net::SocketAddr>,
+        control: &Arc<Control>,
+    ) -> Vec<ControlServer> {
+        let mut servers = Vec::new();
+        if let Some(addr) = metrics_listen {
+            match tokio::net::TcpListener::bind(addr).await {
+                Ok(listener) => servers.push(ControlServer {
+                    listener: ControlListener::Metrics(listener),
+                    control: control.clone(),
+                }),
+                Err(err) => tracing::error!(error = %err,
+                    "cannot listen on {addr} (server.metrics_listen); metrics are on the control socket only"),
             }
-        });
-        tokio::spawn(async move {
-            let _ = http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
-        });
+        }
+        if let Some(socket) = socket {
+            match ControlListener::socket(socket) {
+                Ok(listener) => servers.push(ControlServer {
+                    listener,
+                    control: control.clone(),
+                }),
+                Err(err) => tracing::error!(error = %err,
+                    "cannot serve the control socket; the daemon serves webhooks without it"),
+            }
+        }
+        servers
+    }
+
+    /// Serves the control endpoints on the listener until `shutdown`.
+    pub(crate) async fn run(self, shutdown: CancellationToken) {
+        let ControlServer { listener, control } = self;
+        let metrics_only = matches!(listener, ControlListener::Metrics(_));
+        let mut backoff = AcceptBackoff::default();
+        loop {
+            let stream = tokio::select! {
+                () = shutdown.cancelled() => return,
+                accepted = listener.accept() => match accepted {
+                    Ok(stream) => stream,
+                    Err(err) => {
+                        backoff.failed(listener.name(), &err).await;
+                        continue;
+                    }
+                },
+            };
+            backoff.succeeded();
+            let control = control.clone();
+            let service = service_fn(move |request: Request<hyper::body::Incoming>| {
+                let control = control.clone();
+                async move {
+                    let response = if metrics_only
+                        && !(request.method() == Method::GET && request.uri().path() == "/metrics")
+                    {
+                        not_found(request.method(), request.uri().path())
+                    } else {
+                        control.answer(request).await
+                    };
+                    Ok::<_, Infallible>(response)
+                }
+            });
+            tokio::spawn(async move {
+                let _ = http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
     }
 }

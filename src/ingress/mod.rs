@@ -293,134 +293,149 @@ impl AcceptBackoff {
     }
 }
 
-/// Serves webhooks until `shutdown` fires, then stops accepting and lets in-flight requests finish
-/// (for at most `finish_within`). At most `server.max_connections` connections are open at once:
-/// past that, new ones are not accepted and wait in the kernel's backlog, so a flood of stalled
-/// connections cannot take the file descriptors that turns and the store need.
-pub(crate) async fn serve(
-    listener: std::net::TcpListener,
-    ingress: Arc<Ingress>,
-    server: &ServerSettings,
-    shutdown: CancellationToken,
-    finish_within: Duration,
-) -> std::io::Result<()> {
-    listener.set_nonblocking(true)?;
-    let listener = tokio::net::TcpListener::from_std(listener)?;
-    let graceful = GracefulShutdown::new();
-    let mut backoff = AcceptBackoff::default();
-    // hyper's header timer also runs while a keep-alive connection waits for its next request:
-    // it is the idle limit here, and `connection` enforces `header_timeout` (see there).
-    let mut http1 = http1::Builder::new();
-    http1
-        .timer(TokioTimer::new())
-        .header_read_timeout(server.keepalive_timeout)
-        .keep_alive(true);
-    let mut http2 = http2::Builder::new(TokioExecutor::new());
-    http2.timer(TokioTimer::new());
-    let header_timeout = server.header_timeout;
-    let connections = Arc::new(Semaphore::new(server.max_connections));
-    let mut at_limit_since: Option<std::time::Instant> = None;
-    loop {
-        if connections.available_permits() == 0 && at_limit_since.is_none() {
-            at_limit_since = Some(std::time::Instant::now());
-            tracing::warn!(
-                max_connections = server.max_connections,
-                "webhook connections at server.max_connections; new ones wait in the backlog"
-            );
-        }
-        let permit = tokio::select! {
-            () = shutdown.cancelled() => break,
-            permit = connections.clone().acquire_owned() => match permit {
-                Ok(permit) => permit,
-                Err(_) => break,
-            },
-        };
-        if let Some(since) = at_limit_since.take() {
-            tracing::info!(
-                waited_ms = since.elapsed().as_millis() as u64,
-                "webhook connections below server.max_connections again"
-            );
-        }
-        let (stream, peer) = tokio::select! {
-            () = shutdown.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok(pair) => pair,
-                Err(err) => {
-                    backoff.failed("webhook", &err).await;
-                    continue;
-                }
-            },
-        };
-        backoff.succeeded();
-        let _ = stream.set_nodelay(true);
-        let tls = ingress.tls_acceptor();
-        let refusals = ingress.clone();
-        let ingress = ingress.clone();
-        let clock = HeaderClock::new();
-        let answering = clock.clone();
-        let service = service_fn(move |request| {
-            let (ingress, clock) = (ingress.clone(), answering.clone());
-            clock.answering();
-            async move {
-                let response = ingress.handle(request, peer).await;
-                clock.answered();
-                response
+/// The webhook listener task. Its handle is the [`Ingress`] it serves, which a reload updates.
+pub(crate) struct WebhookListener {
+    pub listener: std::net::TcpListener,
+    pub ingress: Arc<Ingress>,
+    pub server: ServerSettings,
+    /// How long in-flight requests may take to finish once `shutdown` fired.
+    pub finish_within: Duration,
+}
+
+impl WebhookListener {
+    /// Serves webhooks until `shutdown` fires, then stops accepting and lets in-flight requests
+    /// finish (for at most `finish_within`). At most `server.max_connections` connections are
+    /// open at once: past that, new ones are not accepted and wait in the kernel's backlog, so a
+    /// flood of stalled connections cannot take the file descriptors that turns and the store
+    /// need.
+    pub(crate) async fn run(self, shutdown: CancellationToken) -> std::io::Result<()> {
+        let WebhookListener {
+            listener,
+            ingress,
+            server,
+            finish_within,
+        } = self;
+        listener.set_nonblocking(true)?;
+        let listener = tokio::net::TcpListener::from_std(listener)?;
+        let graceful = GracefulShutdown::new();
+        let mut backoff = AcceptBackoff::default();
+        // hyper's header timer also runs while a keep-alive connection waits for its next request:
+        // it is the idle limit here, and `connection` enforces `header_timeout` (see there).
+        let mut http1 = http1::Builder::new();
+        http1
+            .timer(TokioTimer::new())
+            .header_read_timeout(server.keepalive_timeout)
+            .keep_alive(true);
+        let mut http2 = http2::Builder::new(TokioExecutor::new());
+        http2.timer(TokioTimer::new());
+        let header_timeout = server.header_timeout;
+        let connections = Arc::new(Semaphore::new(server.max_connections));
+        let mut at_limit_since: Option<std::time::Instant> = None;
+        loop {
+            if connections.available_permits() == 0 && at_limit_since.is_none() {
+                at_limit_since = Some(std::time::Instant::now());
+                tracing::warn!(
+                    max_connections = server.max_connections,
+                    "webhook connections at server.max_connections; new ones wait in the backlog"
+                );
             }
-        });
-        let (http1, http2, watcher) = (http1.clone(), http2.clone(), graceful.watcher());
-        tokio::spawn(async move {
-            // Errors here are client-side (reset, timeout); nothing is lost by dropping them.
-            let opened: Option<(Box<dyn Stream>, Protocol)> = match tls {
-                Some(acceptor) => {
-                    match tokio::time::timeout(header_timeout, acceptor.accept(stream)).await {
-                        Ok(Ok(stream)) => {
-                            let protocol = if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
-                                Protocol::Http2
-                            } else {
-                                Protocol::Http1
-                            };
-                            Some((Box::new(stream), protocol))
-                        }
-                        Ok(Err(err)) => {
-                            refusals.tls_refused(peer, &err.to_string());
-                            None
-                        }
-                        Err(_) => {
-                            refusals
-                                .tls_refused(peer, "no TLS handshake within server.header_timeout");
-                            None
-                        }
-                    }
-                }
-                None => detect_protocol(&stream, header_timeout)
-                    .await
-                    .map(|protocol| (Box::new(stream) as Box<dyn Stream>, protocol)),
+            let permit = tokio::select! {
+                () = shutdown.cancelled() => break,
+                permit = connections.clone().acquire_owned() => match permit {
+                    Ok(permit) => permit,
+                    Err(_) => break,
+                },
             };
-            match opened {
-                Some((stream, Protocol::Http1)) => {
-                    let io = TokioIo::new(Clocked::new(stream, clock.clone()));
-                    let connection = watcher.watch(http1.serve_connection(io, service));
-                    tokio::select! {
-                        _ = connection => {}
-                        () = clock.overdue(header_timeout) => {}
-                    }
-                }
-                Some((stream, Protocol::Http2)) => {
-                    let connection = http2.serve_connection(TokioIo::new(stream), service);
-                    let _ = watcher.watch(connection).await;
-                }
-                None => {}
+            if let Some(since) = at_limit_since.take() {
+                tracing::info!(
+                    waited_ms = since.elapsed().as_millis() as u64,
+                    "webhook connections below server.max_connections again"
+                );
             }
-            drop(permit);
-        });
+            let (stream, peer) = tokio::select! {
+                () = shutdown.cancelled() => break,
+                accepted = listener.accept() => match accepted {
+                    Ok(pair) => pair,
+                    Err(err) => {
+                        backoff.failed("webhook", &err).await;
+                        continue;
+                    }
+                },
+            };
+            backoff.succeeded();
+            let _ = stream.set_nodelay(true);
+            let tls = ingress.tls_acceptor();
+            let refusals = ingress.clone();
+            let ingress = ingress.clone();
+            let clock = HeaderClock::new();
+            let answering = clock.clone();
+            let service = service_fn(move |request| {
+                let (ingress, clock) = (ingress.clone(), answering.clone());
+                clock.answering();
+                async move {
+                    let response = ingress.handle(request, peer).await;
+                    clock.answered();
+                    response
+                }
+            });
+            let (http1, http2, watcher) = (http1.clone(), http2.clone(), graceful.watcher());
+            tokio::spawn(async move {
+                // Errors here are client-side (reset, timeout); nothing is lost by dropping them.
+                let opened: Option<(Box<dyn Stream>, Protocol)> = match tls {
+                    Some(acceptor) => {
+                        match tokio::time::timeout(header_timeout, acceptor.accept(stream)).await {
+                            Ok(Ok(stream)) => {
+                                let protocol = if stream.get_ref().1.alpn_protocol() == Some(b"h2")
+                                {
+                                    Protocol::Http2
+                                } else {
+                                    Protocol::Http1
+                                };
+                                Some((Box::new(stream), protocol))
+                            }
+                            Ok(Err(err)) => {
+                                refusals.tls_refused(peer, &err.to_string());
+                                None
+                            }
+                            Err(_) => {
+                                refusals.tls_refused(
+                                    peer,
+                                    "no TLS handshake within server.header_timeout",
+                                );
+                                None
+                            }
+                        }
+                    }
+                    None => detect_protocol(&stream, header_timeout)
+                        .await
+                        .map(|protocol| (Box::new(stream) as Box<dyn Stream>, protocol)),
+                };
+                match opened {
+                    Some((stream, Protocol::Http1)) => {
+                        let io = TokioIo::new(Clocked::new(stream, clock.clone()));
+                        let connection = watcher.watch(http1.serve_connection(io, service));
+                        tokio::select! {
+                            _ = connection => {}
+                            () = clock.overdue(header_timeout) => {}
+                        }
+                    }
+                    Some((stream, Protocol::Http2)) => {
+                        let connection = http2.serve_connection(TokioIo::new(stream), service);
+                        let _ = watcher.watch(connection).await;
+                    }
+                    None => {}
+                }
+                drop(permit);
+            });
+        }
+        drop(listener);
+        tokio::time::sleep(FIRST_REQUEST_GRACE).await;
+        if tokio::time::timeout(finish_within, graceful.shutdown())
+            .await
+            .is_err()
+        {
+            tracing::warn!("in-flight requests did not finish in time; closing them");
+        }
+        Ok(())
     }
-    drop(listener);
-    tokio::time::sleep(FIRST_REQUEST_GRACE).await;
-    if tokio::time::timeout(finish_within, graceful.shutdown())
-        .await
-        .is_err()
-    {
-        tracing::warn!("in-flight requests did not finish in time; closing them");
-    }
-    Ok(())
 }

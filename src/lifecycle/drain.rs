@@ -14,8 +14,10 @@
 //! 6. background tool jobs are stopped, each recorded for its session, and the periodic tasks end
 //!    (`BACKGROUND_STOP`).
 //!
-//! Every long-lived task is spawned on the drain's one [`TaskTracker`] and watches one stage's
-//! token, a child of the drain's root token.
+//! Every long-lived task has the same shape: a value whose `run(shutdown)` future ends once the
+//! token it was given fires (plus, where others need to reach it, a cloneable handle such as
+//! `Sessions` or `DeliveryHandle`). [`Drain::start`] spawns it on the drain's one [`TaskTracker`]
+//! with the token of the stage that stops it, a child of the drain's root token.
 
 use std::time::{Duration, Instant};
 
@@ -64,6 +66,19 @@ impl Budgets {
     }
 }
 
+/// The stages a task can be stopped at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stage {
+    /// Stage 1: listeners stop accepting and the scheduler stops claiming.
+    StopAccepting,
+    /// Stage 4: running turns stop and are left for resume.
+    CancelTurns,
+    /// Stage 5: the deliverer sends what is due and stops.
+    FlushDeliveries,
+    /// Stage 6: background jobs and periodic tasks end.
+    StopBackground,
+}
+
 /// The daemon's shutdown: one root token with a child per stage, and one tracker for every
 /// long-lived task.
 pub(crate) struct Drain {
@@ -88,36 +103,30 @@ impl Drain {
         }
     }
 
-    /// Fires at stage 1: listeners stop accepting and the scheduler stops claiming.
-    pub(crate) fn stop_accepting(&self) -> CancellationToken {
-        self.accepting.clone()
+    /// The token that fires when `stage` begins.
+    pub(crate) fn token(&self, stage: Stage) -> CancellationToken {
+        match stage {
+            Stage::StopAccepting => &self.accepting,
+            Stage::CancelTurns => &self.turns,
+            Stage::FlushDeliveries => &self.delivering,
+            Stage::StopBackground => &self.background,
+        }
+        .clone()
     }
 
-    /// Fires at stage 4: running turns stop and are left for resume.
-    pub(crate) fn cancel_turns(&self) -> CancellationToken {
-        self.turns.clone()
-    }
-
-    /// Fires at stage 5: the deliverer sends what is in hand and stops.
-    pub(crate) fn stop_delivering(&self) -> CancellationToken {
-        self.delivering.clone()
-    }
-
-    /// Fires at stage 6: background jobs and periodic tasks end.
-    pub(crate) fn stop_background(&self) -> CancellationToken {
-        self.background.clone()
-    }
-
-    /// Spawns a long-lived task that the drain waits for at stage 6.
-    pub(crate) fn spawn<F>(&self, task: F) -> JoinHandle<F::Output>
+    /// Starts a long-lived task: `run` gets the token of the stage that stops it, and the
+    /// task runs on the drain's tracker, which stage 6 waits for.
+    pub(crate) fn start<R, F>(&self, stage: Stage, run: R) -> JoinHandle<F::Output>
     where
+        R: FnOnce(CancellationToken) -> F,
         F: Future + Send + 'static,
         F::Output: Send + 'static,
     {
-        self.tracker.spawn(task)
+        self.tracker.spawn(run(self.token(stage)))
     }
 
-    /// The tracker background tool jobs are spawned on, so that stage 6 waits for them.
+    /// The tracker background tool jobs and MCP servers are spawned on, so that stage 6 waits
+    /// for them.
     pub(crate) fn tracker(&self) -> TaskTracker {
         self.tracker.clone()
     }

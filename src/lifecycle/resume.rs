@@ -9,85 +9,93 @@
 
 use std::sync::Arc;
 
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::RuntimeSettings;
+use crate::deliver::DeliveryHandle;
 use crate::logging;
 use crate::metrics::{self, ResumeOutcome};
 use crate::session::Sessions;
 use crate::store::{InterruptedSession, Settled, Settlement, Store, now_millis};
 
-/// Settles the interrupted sessions found at start; with leases, keeps taking over those of
-/// nodes that stopped renewing them (or handed them back), and carries out other nodes' requests
-/// to interrupt this node's turns (`on_busy = "interrupt"`), until `stop` fires.
-pub(crate) async fn settle_interrupted_sessions(
-    store: Store,
-    runtime: RuntimeSettings,
-    sessions: Arc<Sessions>,
-    deliveries: Arc<Notify>,
-    stop: CancellationToken,
-) {
-    loop {
-        resume_interrupted(&store, &runtime, &sessions, &deliveries).await;
-        let Some(interval) = store.failover_interval() else {
-            return;
-        };
-        tokio::select! {
-            () = stop.cancelled() => return,
-            () = tokio::time::sleep(interval) => {}
-        }
-        match store.interrupts_requested().await {
-            Ok(keys) => {
-                for key in keys {
-                    sessions.interrupt(&key);
-                }
-            }
-            Err(err) => tracing::warn!(error = %err, "cannot read interruption requests"),
-        }
-        match store.mark_crashed_turns().await {
-            Ok(0) => {}
-            Ok(count) => tracing::warn!(
-                count,
-                "taking over turns whose node stopped renewing their leases; they resume as crashed"
-            ),
-            Err(err) => tracing::warn!(error = %err, "cannot look for expired leases"),
-        }
-    }
+/// The resume task.
+pub(crate) struct Resumer {
+    pub store: Store,
+    pub runtime: RuntimeSettings,
+    pub sessions: Arc<Sessions>,
+    pub deliveries: DeliveryHandle,
 }
 
-/// Decides and carries out what happens to each interrupted session (once per call).
-async fn resume_interrupted(
-    store: &Store,
-    runtime: &RuntimeSettings,
-    sessions: &Sessions,
-    deliveries: &tokio::sync::Notify,
-) {
-    let interrupted = match store.interrupted_sessions().await {
-        Ok(list) => list,
-        Err(err) => {
-            tracing::error!(error = %err, "cannot list interrupted sessions; none is resumed");
-            return;
+impl Resumer {
+    /// Settles the interrupted sessions found at start; with leases, keeps taking over those of
+    /// nodes that stopped renewing them (or handed them back), and carries out other nodes'
+    /// requests to interrupt this node's turns (`on_busy = "interrupt"`), until `stop` fires.
+    pub(crate) async fn run(self, stop: CancellationToken) {
+        let Resumer {
+            store, sessions, ..
+        } = &self;
+        loop {
+            self.resume_interrupted().await;
+            let Some(interval) = store.failover_interval() else {
+                return;
+            };
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(interval) => {}
+            }
+            match store.interrupts_requested().await {
+                Ok(keys) => {
+                    for key in keys {
+                        sessions.interrupt(&key);
+                    }
+                }
+                Err(err) => tracing::warn!(error = %err, "cannot read interruption requests"),
+            }
+            match store.mark_crashed_turns().await {
+                Ok(0) => {}
+                Ok(count) => tracing::warn!(
+                    count,
+                    "taking over turns whose node stopped renewing their leases; they resume as crashed"
+                ),
+                Err(err) => tracing::warn!(error = %err, "cannot look for expired leases"),
+            }
         }
-    };
-    let window_ms = i64::try_from(runtime.resume_window.as_millis()).unwrap_or(i64::MAX);
-    for session in interrupted {
-        let settlement = if now_millis() - session.started_at > window_ms {
-            Settlement::Abandon
-        } else {
-            Settlement::Admit {
-                max_attempts: runtime.resume_max_attempts,
+    }
+
+    /// Decides and carries out what happens to each interrupted session (once per call).
+    async fn resume_interrupted(&self) {
+        let Resumer {
+            store,
+            runtime,
+            sessions,
+            deliveries,
+        } = self;
+        let interrupted = match store.interrupted_sessions().await {
+            Ok(list) => list,
+            Err(err) => {
+                tracing::error!(error = %err, "cannot list interrupted sessions; none is resumed");
+                return;
             }
         };
-        match store.settle_interrupted(&session, settlement).await {
-            Ok(settled) => report(&session, &settled, runtime.resume_max_attempts),
-            Err(err) => {
-                tracing::error!(session_key = %session.session_key, event_id = %session.event_id,
+        let window_ms = i64::try_from(runtime.resume_window.as_millis()).unwrap_or(i64::MAX);
+        for session in interrupted {
+            let settlement = if now_millis() - session.started_at > window_ms {
+                Settlement::Abandon
+            } else {
+                Settlement::Admit {
+                    max_attempts: runtime.resume_max_attempts,
+                }
+            };
+            match store.settle_interrupted(&session, settlement).await {
+                Ok(settled) => report(&session, &settled, runtime.resume_max_attempts),
+                Err(err) => {
+                    tracing::error!(session_key = %session.session_key, event_id = %session.event_id,
                     error = %err, "cannot settle the interrupted session; it stays resume_pending");
+                }
             }
+            sessions.wake();
+            deliveries.result_queued();
         }
-        sessions.wake();
-        deliveries.notify_one();
     }
 }
 

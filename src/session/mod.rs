@@ -179,57 +179,80 @@ impl Sessions {
     }
 }
 
-/// Claims and starts turns until `stop_claiming` fires. Turns run on `tracker`.
-pub(crate) async fn schedule(
+/// The scheduler task. Its handle is [`Sessions`], through which ingress, resume and the
+/// operator reach it.
+pub(crate) struct Scheduler {
     context: Arc<TurnContext>,
     max_concurrent_turns: usize,
-    stop_claiming: CancellationToken,
-    tracker: TaskTracker,
-) {
-    let sessions = context.sessions.clone();
-    while !stop_claiming.is_cancelled() {
-        let free = max_concurrent_turns.saturating_sub(sessions.running_count());
-        if free > 0 {
-            match context.store.claim_turns(free).await {
-                Ok(claimed) => {
-                    for turn in claimed {
-                        let control = TurnControl::default();
-                        sessions.lock().insert(
-                            turn.event.session_key.clone(),
-                            RunningTurn {
-                                turn_id: turn.turn_id.clone(),
-                                control: control.clone(),
-                            },
-                        );
-                        let context = context.clone();
-                        let sessions = sessions.clone();
-                        let span = logging::turn_span(
-                            &turn.event.id,
-                            &turn.event.session_key,
-                            &turn.event.route,
-                            &turn.turn_id,
-                        );
-                        tracker.spawn(
-                            async move {
-                                let session_key = turn.event.session_key.clone();
-                                let turn_id = turn.turn_id.clone();
-                                context.run(turn, &control).await;
-                                sessions.finished(&session_key, &turn_id);
-                            }
-                            .instrument(span),
-                        );
+    turns: TaskTracker,
+}
+
+impl Scheduler {
+    pub(crate) fn new(context: Arc<TurnContext>, max_concurrent_turns: usize) -> Scheduler {
+        Scheduler {
+            context,
+            max_concurrent_turns,
+            turns: TaskTracker::new(),
+        }
+    }
+
+    /// The turns it started, which the drain waits for (and cancels) after it stopped claiming.
+    pub(crate) fn turns(&self) -> TaskTracker {
+        self.turns.clone()
+    }
+
+    /// Claims and starts turns until `stop_claiming` fires.
+    pub(crate) async fn run(self, stop_claiming: CancellationToken) {
+        let Scheduler {
+            context,
+            max_concurrent_turns,
+            turns: tracker,
+        } = self;
+        let sessions = context.sessions.clone();
+        while !stop_claiming.is_cancelled() {
+            let free = max_concurrent_turns.saturating_sub(sessions.running_count());
+            if free > 0 {
+                match context.store.claim_turns(free).await {
+                    Ok(claimed) => {
+                        for turn in claimed {
+                            let control = TurnControl::default();
+                            sessions.lock().insert(
+                                turn.event.session_key.clone(),
+                                RunningTurn {
+                                    turn_id: turn.turn_id.clone(),
+                                    control: control.clone(),
+                                },
+                            );
+                            let context = context.clone();
+                            let sessions = sessions.clone();
+                            let span = logging::turn_span(
+                                &turn.event.id,
+                                &turn.event.session_key,
+                                &turn.event.route,
+                                &turn.turn_id,
+                            );
+                            tracker.spawn(
+                                async move {
+                                    let session_key = turn.event.session_key.clone();
+                                    let turn_id = turn.turn_id.clone();
+                                    context.run(turn, &control).await;
+                                    sessions.finished(&session_key, &turn_id);
+                                }
+                                .instrument(span),
+                            );
+                        }
+                    }
+                    Err(err) => {
+                        tracing::warn!(error = %err, "cannot claim queued events; retrying");
+                        tokio::time::sleep(CLAIM_RETRY).await;
                     }
                 }
-                Err(err) => {
-                    tracing::warn!(error = %err, "cannot claim queued events; retrying");
-                    tokio::time::sleep(CLAIM_RETRY).await;
-                }
             }
-        }
-        tokio::select! {
-            () = sessions.wake.notified() => {}
-            () = tokio::time::sleep(IDLE_POLL) => {}
-            () = stop_claiming.cancelled() => {}
+            tokio::select! {
+                () = sessions.wake.notified() => {}
+                () = tokio::time::sleep(IDLE_POLL) => {}
+                () = stop_claiming.cancelled() => {}
+            }
         }
     }
 }

@@ -9,7 +9,6 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
@@ -23,6 +22,7 @@ use crate::agent::message::Message;
 use crate::agent::model::{Model, ModelError};
 use crate::agent::tools::{self, ToolAbort};
 use crate::config::{RouteSettings, Settings, Shared, ToolSettings};
+use crate::deliver::DeliveryHandle;
 use crate::logging;
 use crate::metrics;
 use crate::store::{ClaimedTurn, ResumeReason, StopReason, Store, StoreError, TurnEnd, TurnStatus};
@@ -45,7 +45,7 @@ pub(crate) struct TurnContext {
     pub model: Arc<Model>,
     pub sessions: Arc<Sessions>,
     /// Wakes the deliverer when a result is queued.
-    pub deliveries: Arc<Notify>,
+    pub deliveries: DeliveryHandle,
     /// Fired when the drain's time is up: running turns stop and are left for resume.
     pub cancel_turns: CancellationToken,
     /// Background tool jobs run here, so that the drain waits for them to record their end.
@@ -240,7 +240,7 @@ impl TurnContext {
         {
             return;
         }
-        self.deliveries.notify_one();
+        self.deliveries.result_queued();
         metrics::turn_ended(&event.route, turn_status, started.elapsed());
         if completed_resume {
             // Only after the completion is committed: the entry is the crash-loop evidence.

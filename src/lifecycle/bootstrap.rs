@@ -1,0 +1,141 @@
+//! Everything that happens before the daemon accepts anything, in the order it must happen.
+//!
+//! The first part runs on the main thread before the async runtime exists: inherited descriptors
+//! are marked close-on-exec before any thread could start a tool, the state directory is locked,
+//! and the sockets are taken from systemd (or bound). So every startup problem exits with its own
+//! sysexits status and one line that says what is wrong, before anything is accepted. The second
+//! part opens the store and cleans up after the previous run: turns it left running are marked
+//! crashed, processes its tools left behind are killed.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::notify;
+use crate::agent::model::Model;
+use crate::config::{self, Config, ConfigSource, LocatedFinding};
+use crate::exit::Failure;
+use crate::ingress::{self, ListenError, Listeners};
+use crate::store::{self, DaemonLock, Store};
+
+/// What the main thread prepared: the checked config, the lock on the state directory (held
+/// until the process ends), the listening sockets and the async runtime.
+pub(super) struct Bootstrap {
+    pub config: Config,
+    pub lock: DaemonLock,
+    pub listeners: Listeners,
+    pub runtime: tokio::runtime::Runtime,
+}
+
+impl Bootstrap {
+    /// Call before any thread exists.
+    pub(super) fn prepare(
+        source: &ConfigSource,
+        loaded: config::Loaded,
+    ) -> Result<Bootstrap, Failure> {
+        for finding in &loaded.warnings {
+            tracing::warn!("{}", LocatedFinding { source, finding });
+        }
+        let config = loaded.config;
+        if *source == ConfigSource::Embedded {
+            tracing::warn!(
+                "no config file at {}; running on the embedded quickstart defaults (state in {})",
+                config::DEFAULT_CONFIG_PATH,
+                config.state_dir.display()
+            );
+        }
+        raise_open_file_limit();
+        // Before any thread exists: nothing inherited from the parent reaches a tool.
+        let inherited = crate::sys::keep_inherited_descriptors_from_children();
+        if inherited > 0 {
+            tracing::debug!(
+                count = inherited,
+                "inherited descriptors marked close-on-exec"
+            );
+        }
+        store::ensure_state_dir(&config.state_dir).map_err(Failure::state)?;
+        let lock = DaemonLock::acquire(&config.state_dir).map_err(Failure::state)?;
+        let listeners = ingress::take_listeners(&config).map_err(|err| match err {
+            ListenError::Bind { .. } => Failure::unavailable(err),
+            _ => Failure::config(err),
+        })?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .thread_name("agentgate")
+            .build()
+            .map_err(|err| Failure::runtime(format!("cannot start the async runtime: {err}")))?;
+        Ok(Bootstrap {
+            config,
+            lock,
+            listeners,
+            runtime,
+        })
+    }
+}
+
+/// Opens the configured store. A database server that cannot be reached yet is waited for
+/// (the sockets stay with systemd meanwhile, so clients wait rather than being refused); a
+/// store that cannot work (bad settings, unusable state directory) is a failure at once.
+pub(super) async fn open_store(config: &Config) -> Result<Store, Failure> {
+    let mut delay = Duration::from_millis(250);
+    loop {
+        match Store::open(&config.store, &config.state_dir).await {
+            Ok(store) => return Ok(store),
+            Err(err) if err.is_transient() => {
+                tracing::warn!(error = %err, retry_in = ?delay, "cannot open the PostgreSQL store yet");
+                notify::status(&format!("waiting for PostgreSQL: {err}"));
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+            Err(err) => return Err(Failure::from(err)),
+        }
+    }
+}
+
+/// The configured model; `record` appends every reply to a cassette file.
+pub(super) fn open_model(config: &Config, record: Option<&Path>) -> Result<Arc<Model>, Failure> {
+    let model = Model::new(&config.model, record).map_err(Failure::config)?;
+    if model.is_replay() {
+        tracing::warn!(
+            "the model is a replay of recorded replies (backend = \"replay\"), not a live model"
+        );
+    }
+    Ok(Arc::new(model))
+}
+
+/// Cleans up after the previous run, before any turn, tool or MCP server starts: turns found
+/// running were cut off by a crash and resume as crashed; processes its tools left behind are
+/// killed.
+pub(super) async fn recover_previous_run(store: &Store, state_dir: &Path) -> Result<(), Failure> {
+    match store.mark_crashed_turns().await {
+        Ok(0) => {}
+        Ok(count) => tracing::warn!(
+            count,
+            "turns were running when agentgate last stopped; they are resumed as crashed"
+        ),
+        Err(err) => return Err(Failure::state(format!("cannot mark crashed turns: {err}"))),
+    }
+    let leftovers = crate::agent::tools::claim_and_reap_leftovers(state_dir);
+    if leftovers > 0 {
+        tracing::warn!(
+            count = leftovers,
+            "killed processes that tools of the previous run left behind"
+        );
+    }
+    Ok(())
+}
+
+/// Raises the soft limit on open files to the hard limit: connections, the store and tool pipes
+/// all take descriptors, and the soft default (1,024) is far below `server.max_connections`.
+fn raise_open_file_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => {
+            if let Err(err) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+                tracing::warn!(soft, hard, error = %err, "cannot raise the open-file limit");
+            }
+        }
+        Ok(_) => {}
+        Err(err) => tracing::warn!(error = %err, "cannot read the open-file limit"),
+    }
+}

@@ -1,0 +1,195 @@
+//! The daemon's periodic tasks: health (watchdog and `STATUS=`), retention, and the summary line.
+//!
+//! None of them is on the path of an event; each runs until the drain's last stage, and a round
+//! that fails is logged and tried again at the next one.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use super::notify;
+use crate::config::{Settings, Shared};
+use crate::session::Sessions;
+use crate::store::{self, Store};
+use crate::{logging, metrics};
+
+/// How often delivery ids older than `dedup_window` are forgotten.
+const DEDUP_PRUNE_INTERVAL: Duration = Duration::from_secs(3600);
+/// The longest pause between two retention rounds.
+const PRUNE_INTERVAL: Duration = Duration::from_secs(300);
+/// The pause between two retention batches.
+const PRUNE_PAUSE: Duration = Duration::from_millis(10);
+/// How often the summary line is written (when anything happened).
+const SUMMARY_INTERVAL: Duration = Duration::from_secs(60);
+/// `STATUS=` is refreshed this often when there is no watchdog to piggyback on.
+const STATUS_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Watchdog pings and `STATUS=` updates.
+pub(super) struct Health {
+    pub store: Store,
+    pub sessions: Arc<Sessions>,
+}
+
+impl Health {
+    /// Pings the watchdog and refreshes `STATUS=` until `stop`. A ping is sent only when this
+    /// task ran on time and the store's writer thread answered: a wedged event loop or writer
+    /// stops the pings, and systemd restarts the daemon.
+    pub(super) async fn run(self, stop: CancellationToken) {
+        let watchdog = notify::watchdog_interval();
+        let interval = watchdog.map_or(STATUS_INTERVAL, |w| w / 3);
+        let mut last = Instant::now();
+        notify::status(&self.status_line().await);
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(interval) => {}
+            }
+            let late = last.elapsed() > interval * 2;
+            last = Instant::now();
+            let writer_alive = tokio::time::timeout(interval, self.store.answers())
+                .await
+                .unwrap_or(false);
+            let mut status = self.status_line().await;
+            if late {
+                status = format!("event loop ran late; {status}");
+            }
+            if !writer_alive {
+                status = format!("WEDGED: the state writer does not answer; {status}");
+            }
+            notify::status(&status);
+            if watchdog.is_some() && writer_alive && !late {
+                notify::watchdog();
+            }
+        }
+    }
+
+    /// One line for `STATUS=`: what is running, queued, waiting to resume, suspended.
+    async fn status_line(&self) -> String {
+        let running = self.sessions.running_count();
+        let counts = self.store.live_counts().await.unwrap_or_default();
+        let mut line = format!(
+            "{running} running, {} queued, {} resume-pending, {} suspended",
+            counts.queued, counts.resume_pending, counts.suspended,
+        );
+        if !self.store.is_writable() {
+            line.push_str("; state NOT writable: answering 503");
+        }
+        line
+    }
+}
+
+/// Retention and dedup pruning.
+pub(super) struct Retention {
+    pub store: Store,
+    pub settings: Arc<Shared<Settings>>,
+}
+
+impl Retention {
+    /// Prunes until `stop`: finished work older than `[store] retention` is deleted batch by
+    /// batch (each a short transaction, so accepts never wait long behind it), and delivery ids
+    /// older than `dedup_window` are forgotten. Both settings are read anew each round, so a
+    /// reload applies them.
+    pub(super) async fn run(self, stop: CancellationToken) {
+        let store = &self.store;
+        let mut last_dedup_prune: Option<Instant> = None;
+        while !stop.is_cancelled() {
+            let config = &self.settings.get().config;
+            let (retention, dedup_window) = (config.retention, config.runtime.dedup_window);
+            let cutoff =
+                store::now_millis() - i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
+            let mut deleted = 0;
+            loop {
+                match store.prune_finished(cutoff).await {
+                    Ok(0) => break,
+                    Ok(count) => deleted += count,
+                    Err(err) => {
+                        tracing::warn!(error = %err, "could not delete finished work past retention");
+                        break;
+                    }
+                }
+                if stop.is_cancelled() {
+                    return;
+                }
+                // Let accepts and turns have the writer between batches: a round deletes a few
+                // thousand events a second at most, spread out, instead of holding the writer in
+                // one long stretch.
+                tokio::time::sleep(PRUNE_PAUSE).await;
+            }
+            if deleted > 0 {
+                tracing::info!(
+                    events = deleted,
+                    retention = %humantime::format_duration(retention),
+                    "deleted finished events past retention, with their turns, transcripts and deliveries"
+                );
+            }
+            if last_dedup_prune.is_none_or(|at| at.elapsed() >= DEDUP_PRUNE_INTERVAL) {
+                last_dedup_prune = Some(Instant::now());
+                let window_ms = i64::try_from(dedup_window.as_millis()).unwrap_or(i64::MAX);
+                match store.prune_dedup(store::now_millis() - window_ms).await {
+                    Ok(0) => {}
+                    Ok(count) => {
+                        tracing::info!(count, "forgot delivery ids older than dedup_window");
+                    }
+                    Err(err) => tracing::warn!(error = %err, "could not prune delivery ids"),
+                }
+            }
+            // A short retention (minutes, as in tests and soaks) is checked often; a long one
+            // every few minutes.
+            let pause = (retention / 4).clamp(Duration::from_secs(1), PRUNE_INTERVAL);
+            tokio::select! {
+                () = stop.cancelled() => {}
+                () = tokio::time::sleep(pause) => {}
+            }
+        }
+    }
+}
+
+/// Once a minute, when anything happened, one line with the minute's figures. Per-event lines
+/// may be left out under load (docs/reference.md, "Journal"); this line is not, so the journal
+/// still tells how much went through.
+pub(super) struct Summary;
+
+impl Summary {
+    pub(super) async fn run(self, stop: CancellationToken) {
+        let mut last = metrics::activity();
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(SUMMARY_INTERVAL) => {}
+            }
+            let now = metrics::activity();
+            let minute = now.since(last);
+            last = now;
+            if minute.is_quiet() {
+                continue;
+            }
+            let left_out = if minute.log_lines_skipped > 0 {
+                format!(
+                    "; {} per-event lines left out (runtime.event_log_max_per_second)",
+                    minute.log_lines_skipped
+                )
+            } else {
+                String::new()
+            };
+            tracing::info!(
+                message_id = logging::MESSAGE_SUMMARY,
+                accepted = minute.accepted,
+                refused = minute.refused,
+                turns_completed = minute.turns_completed,
+                turns_failed = minute.turns_failed,
+                delivered = minute.delivered,
+                delivery_failures = minute.delivery_failures,
+                log_lines_skipped = minute.log_lines_skipped,
+                "in the last minute: {} events accepted, {} webhooks refused, {} turns completed, \
+                 {} ended otherwise, {} results delivered, {} delivery attempts failed{left_out}",
+                minute.accepted,
+                minute.refused,
+                minute.turns_completed,
+                minute.turns_failed,
+                minute.delivered,
+                minute.delivery_failures,
+            );
+        }
+    }
+}
