@@ -1,6 +1,7 @@
 //! Never a 2xx for what is not durable: a full disk and failing fsyncs answer 503 with
 //! Retry-After, `/readyz` fails meanwhile, every 202-acknowledged event survives, and the daemon
-//! recovers on its own once writes work again.
+//! recovers on its own once writes work again. A start on a full disk waits for space instead of
+//! exiting.
 
 mod common;
 
@@ -8,6 +9,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::loopfs::{LoopFs, path_str, run};
+use common::stub::{Reply, Stub};
 use common::*;
 
 const ROUTE: &str = "[routes.hook]\npath = \"/hook\"\nverify = { scheme = \"none\" }\n";
@@ -189,4 +191,94 @@ fn a_filling_disk_gets_503_from_min_free_disk_before_the_store_fails() {
         || daemon.request("GET", "/readyz", &[], b"").status == 200,
     );
     assert_eq!(post(&daemon, 2).status, 202);
+}
+
+/// The last run was killed with a turn running, and the state file system is full when the next
+/// one starts: marking that turn crashed cannot be written. The daemon waits (saying so) instead
+/// of exiting, so that a disk that fills up and is freed does not become a restart loop; once
+/// space is freed it marks the turn, resumes the session and serves. A stop while it waits ends
+/// it at once with 0.
+#[test]
+fn a_start_on_a_full_disk_waits_for_space_then_resumes() {
+    if !root_or_skip("a_start_on_a_full_disk_waits_for_space_then_resumes") {
+        return;
+    }
+    let filesystem = LoopFs::new();
+    let workspace = Workspace::new();
+    let state_dir = filesystem.mount_point.join("state");
+    let model = Stub::start(|_, count| {
+        // The first turn hangs until its daemon is killed; the resumed one answers.
+        if count == 0 {
+            Reply::answer("never seen").after(Duration::from_secs(120))
+        } else {
+            Reply::answer("done")
+        }
+    });
+    workspace.write_config_with_state(
+        &format!(
+            "[runtime]\nmin_free_disk = \"0\"\n{}{ROUTE}",
+            model.model_section()
+        ),
+        &state_dir,
+    );
+    let daemon = workspace.start();
+    let response = post(&daemon, 0);
+    assert_eq!(response.status, 202, "{response:?}");
+    let event_id = response.event_id();
+    wait_until("the model request", Duration::from_secs(10), || {
+        !model.requests().is_empty()
+    });
+    daemon.kill9();
+
+    let fill = filesystem.fill();
+    let waiting = |daemon: &Daemon| {
+        daemon
+            .log()
+            .contains("waiting for the state to be writable")
+    };
+    let blocked = workspace.start_with(&[], || true);
+    wait_until(
+        "the start to wait for space",
+        Duration::from_secs(10),
+        || waiting(&blocked),
+    );
+    assert!(
+        process_alive(blocked.pid()),
+        "the daemon exited on a full disk:\n{}",
+        blocked.log()
+    );
+    let status = blocked.terminate();
+    assert!(status.success(), "a stop while waiting ended {status}");
+
+    let daemon = workspace.start_with(&[], || true);
+    wait_until(
+        "the start to wait for space",
+        Duration::from_secs(10),
+        || waiting(&daemon),
+    );
+    std::fs::remove_file(&fill).expect("free the space");
+    wait_until(
+        "/readyz once space is freed",
+        Duration::from_secs(20),
+        || try_request(daemon.addr, "GET", "/readyz", &[], b"").is_ok_and(|r| r.status == 200),
+    );
+    let database = state_dir.join("agentgate.db");
+    wait_until(
+        "the resumed turn to complete",
+        Duration::from_secs(20),
+        || {
+            rusqlite::Connection::open(&database)
+                .and_then(|connection| {
+                    connection.query_row(
+                        "SELECT status FROM events WHERE id = ?1",
+                        [&event_id],
+                        |row| row.get::<_, String>(0),
+                    )
+                })
+                .is_ok_and(|status| status == "completed")
+        },
+    );
+    let log = daemon.log();
+    assert!(log.contains("they are resumed as crashed"), "{log}");
+    assert!(log.contains("interrupted session resumed"), "{log}");
 }

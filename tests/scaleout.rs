@@ -433,7 +433,7 @@ fn a_draining_node_hands_its_sessions_over_without_waiting_for_the_lease() {
 fn with_postgres_down_every_node_answers_503_and_recovers() {
     let model = Stub::start(|_, _| Reply::answer("done"));
     let shape = Shape::new(2, "2s");
-    let Some(cluster) = Cluster::start("postgres_down", &model, &shape) else {
+    let Some(mut cluster) = Cluster::start("postgres_down", &model, &shape) else {
         return;
     };
     let mut acknowledged = Vec::new();
@@ -451,6 +451,26 @@ fn with_postgres_down_every_node_answers_503_and_recovers() {
         assert!(refused.header("retry-after").is_some());
         assert_eq!(daemon.request("GET", "/healthz", &[], b"").status, 200);
     }
+    // A node that starts while the database is down waits for it, and a stop meanwhile ends it
+    // at once, with 0 (nothing was accepted yet).
+    let restarted = &mut cluster.nodes[1];
+    if let Some(daemon) = restarted.daemon.take() {
+        daemon.kill9();
+    }
+    let waiting = |daemon: &Daemon| {
+        daemon
+            .log()
+            .contains("cannot open the PostgreSQL store yet")
+    };
+    let stopped = restarted.workspace.start_with(&[], || true);
+    wait_until("a start to wait for PostgreSQL", LIMIT, || {
+        waiting(&stopped)
+    });
+    let status = stopped.terminate();
+    assert!(status.success(), "a stop while waiting ended {status}");
+    let daemon = restarted.workspace.start_with(&[], || true);
+    wait_until("a start to wait for PostgreSQL", LIMIT, || waiting(&daemon));
+    restarted.daemon = Some(daemon);
     cluster.pg.start_again();
     for node in &cluster.nodes {
         let daemon = node.daemon();

@@ -106,14 +106,32 @@ pub(super) fn open_model(config: &Config, record: Option<&Path>) -> Result<Arc<M
 /// Cleans up after the previous run, before any turn, tool or MCP server starts: turns found
 /// running were cut off by a crash and resume as crashed; processes its tools left behind are
 /// killed.
+///
+/// Marking the crashed turns is a write. While the state cannot be written (a full disk, failing
+/// fsync, a database server that went away) it is tried again, with `STATUS=` saying why, rather
+/// than exiting: a disk that fills up and is freed again must not turn into a restart loop. The
+/// sockets stay with systemd meanwhile, and its start timeout bounds the wait.
 pub(super) async fn recover_previous_run(store: &Store, state_dir: &Path) -> Result<(), Failure> {
-    match store.mark_crashed_turns().await {
-        Ok(0) => {}
-        Ok(count) => tracing::warn!(
-            count,
-            "turns were running when agentgate last stopped; they are resumed as crashed"
-        ),
-        Err(err) => return Err(Failure::state(format!("cannot mark crashed turns: {err}"))),
+    let mut delay = Duration::from_millis(250);
+    loop {
+        match store.mark_crashed_turns().await {
+            Ok(0) => break,
+            Ok(count) => {
+                tracing::warn!(
+                    count,
+                    "turns were running when agentgate last stopped; they are resumed as crashed"
+                );
+                break;
+            }
+            Err(err) if err.is_write_refused() => {
+                tracing::warn!(error = %err, retry_in = ?delay,
+                    "cannot mark the turns the last run left running; waiting for the state to be writable");
+                notify::status(&format!("waiting for the state to be writable: {err}"));
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+            Err(err) => return Err(Failure::state(format!("cannot mark crashed turns: {err}"))),
+        }
     }
     let leftovers = crate::agent::tools::claim_and_reap_leftovers(state_dir);
     if leftovers > 0 {

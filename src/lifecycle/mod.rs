@@ -60,12 +60,26 @@ async fn run(
     listeners: Listeners,
     record: Option<&Path>,
 ) -> Result<(), Failure> {
-    // Before READY: a signal that arrives early is never lost.
-    let stop_signals = StopSignals::install()?;
-    let store = bootstrap::open_store(&config).await?;
+    // Before anything that can wait: a signal that arrives early is never lost.
+    let mut stop_signals = StopSignals::install()?;
+    let Some(store) = stop_signals
+        .unless_stopped(bootstrap::open_store(&config))
+        .await
+        .transpose()?
+    else {
+        tracing::info!("stopped before the store could be opened");
+        return Ok(());
+    };
     let model = bootstrap::open_model(&config, record)?;
     reload::apply_log_settings(&config.runtime);
-    bootstrap::recover_previous_run(&store, &config.state_dir).await?;
+    let recovered = stop_signals
+        .unless_stopped(bootstrap::recover_previous_run(&store, &config.state_dir))
+        .await;
+    if recovered.transpose()?.is_none() {
+        tracing::info!("stopped before the previous run's turns could be marked");
+        store.release().await;
+        return Ok(());
+    }
 
     let runtime = config.runtime.clone();
     let server = config.server.clone();

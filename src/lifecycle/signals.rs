@@ -28,6 +28,17 @@ impl StopSignals {
         })
     }
 
+    /// Runs `work` unless a stop signal arrives first. For the waits before READY (a database
+    /// server or a writable state to come back): nothing is accepted yet, so a stop then has
+    /// nothing to drain and ends the process at once.
+    pub(super) async fn unless_stopped<F: Future>(&mut self, work: F) -> Option<F::Output> {
+        tokio::select! {
+            output = work => Some(output),
+            _ = self.terminate.recv() => None,
+            _ = self.interrupt.recv() => None,
+        }
+    }
+
     /// Waits for a stop signal, carrying out reloads (SIGHUP, or a request from the control
     /// socket that waits for the report) meanwhile.
     pub(super) async fn wait(

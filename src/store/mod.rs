@@ -85,6 +85,15 @@ impl StoreError {
     pub(crate) fn is_transient(&self) -> bool {
         matches!(self, StoreError::ServerUnavailable(_))
     }
+
+    /// A write was refused for a reason outside agentgate that may clear (a full disk, failing
+    /// fsync, an unreachable database server): the same write may work later.
+    pub(crate) fn is_write_refused(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Unavailable(_) | StoreError::ServerUnavailable(_)
+        )
+    }
 }
 
 /// Unix time in milliseconds.

@@ -371,10 +371,22 @@ impl Daemon {
         self.child.id()
     }
 
-    /// Sends SIGTERM and waits for the exit status.
+    /// Sends SIGTERM and waits for the exit status; fails the test if the daemon has not exited
+    /// after the longest drain the stop sequence allows (90 s).
     pub fn terminate(mut self) -> std::process::ExitStatus {
         signal(self.child.id(), "TERM");
-        self.child.wait().expect("wait for agentgate")
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait for agentgate") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "agentgate did not exit within 90 s of SIGTERM:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// SIGKILL, as a crash would.
