@@ -6,7 +6,9 @@
 //! the model and tools of `agent`, commit every step to `store`, and end with a result that
 //! `deliver` sends from the outbox. `lifecycle` owns the daemon's bootstrap and its stop
 //! (`lifecycle::drain`); `reconcile` repairs state before a start; `cli` is the command line.
-//! `config`, `secret`, `template` and `logging` serve every layer and import none of them.
+//! `config`, `signature`, `secret`, `template`, `tls`, `logging`, `operator` (what an operator
+//! can do to a session) and `output` (stdout for commands) serve every layer and import none of
+//! them; the top-level modules import one another without a cycle (tests/layout.rs).
 
 #![deny(unsafe_code)]
 
@@ -27,6 +29,8 @@ mod ingress;
 mod lifecycle;
 mod logging;
 mod metrics;
+mod operator;
+mod output;
 mod reconcile;
 mod secret;
 mod session;

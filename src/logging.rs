@@ -10,6 +10,7 @@ use std::sync::LazyLock;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Instant;
 
+use prometheus_client::metrics::counter::Counter;
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -129,8 +130,17 @@ pub(crate) fn event_line_level() -> Option<EventLogLevel> {
     if EVENT_LINES.budget.admit().is_some() {
         return Some(EventLogLevel::Info);
     }
-    crate::metrics::log_line_skipped();
+    LINES_SKIPPED.inc();
     None
+}
+
+/// Per-event lines left out so far; `metrics` registers it (`agentgate_log_lines_skipped_total`)
+/// and the summary line reads it.
+static LINES_SKIPPED: LazyLock<Counter> = LazyLock::new(Counter::default);
+
+/// The counter of per-event lines left out (a handle on the one counter).
+pub(crate) fn lines_skipped() -> Counter {
+    LINES_SKIPPED.clone()
 }
 
 /// Writes a per-event line at the operator's chosen level, within the per-event line budget

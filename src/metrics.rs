@@ -17,7 +17,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::session::OperatorAction;
+use crate::operator::OperatorAction;
 use crate::store::StatusSummary;
 use crate::store::{ResumeReason, TurnStatus};
 
@@ -148,11 +148,6 @@ pub(crate) fn activity() -> Activity {
     }
 }
 
-/// A per-event log line was left out (over `event_log_max_per_second`).
-pub(crate) fn log_line_skipped() {
-    METRICS.log_lines_skipped.inc();
-}
-
 static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
 
 impl Metrics {
@@ -234,7 +229,8 @@ impl Metrics {
             "Outbox rows not yet delivered, by state",
             outbox.clone(),
         );
-        let log_lines_skipped = Counter::default();
+        // Counted where lines are left out, in `logging`.
+        let log_lines_skipped = crate::logging::lines_skipped();
         registry.register(
             "log_lines_skipped",
             "Per-event log lines left out because more came than runtime.event_log_max_per_second",

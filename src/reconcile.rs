@@ -5,7 +5,7 @@
 //! are moved to `quarantine/`, never deleted), and fails only when the daemon truly cannot run:
 //! an invalid config (78) or an unusable state directory (73).
 
-use crate::cli::output::outln;
+use crate::output::outln;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 

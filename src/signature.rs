@@ -311,12 +311,12 @@ fn check(matched: bool) -> Result<(), VerifyError> {
     }
 }
 
-/// Every header of a webhook that `route` accepts: the content type, `delivery_id` as
-/// `Idempotency-Key`, the scheme's signature, and the event type where the scheme carries one
-/// (`event_type`, else the route's first `events` entry). What `agentgate send` posts, signed by
-/// the CLI with `--url` and by the daemon otherwise.
+/// Every header of a webhook that a route verifying with `verify` accepts: the content type,
+/// `delivery_id` as `Idempotency-Key`, the scheme's signature, and `event_type` where the scheme
+/// carries one. What `agentgate send` posts, signed by the CLI with `--url` and by the daemon
+/// otherwise.
 pub(crate) fn webhook_headers(
-    route: &crate::config::RouteSettings,
+    verify: &VerifySettings,
     body: &[u8],
     delivery_id: &str,
     event_type: Option<&str>,
@@ -328,15 +328,9 @@ pub(crate) fn webhook_headers(
         ("content-type".to_string(), "application/json".to_string()),
         ("idempotency-key".to_string(), delivery_id.to_string()),
     ];
-    headers.extend(sign(&route.verify, body, now, delivery_id));
-    let event_type = event_type.map(str::to_string).or_else(|| {
-        route
-            .events
-            .as_ref()
-            .and_then(|events| events.first().cloned())
-    });
-    if let (Some(header), Some(event_type)) = (event_type_header(route.verify.scheme), event_type) {
-        headers.push((header.to_string(), event_type));
+    headers.extend(sign(verify, body, now, delivery_id));
+    if let (Some(header), Some(event_type)) = (event_type_header(verify.scheme), event_type) {
+        headers.push((header.to_string(), event_type.to_string()));
     }
     headers
 }

@@ -1,8 +1,11 @@
-//! TLS for every outbound connection (the model, deliveries, MCP servers over HTTP, PostgreSQL):
-//! rustls with the ring provider, configured here once so that every client verifies servers the
-//! same way and no process-wide default provider has to be installed.
+//! TLS for the webhook listener (`[server] tls`) and every outbound connection (the model,
+//! deliveries, MCP servers over HTTP, PostgreSQL): rustls with the ring provider, configured here
+//! once so that every client verifies servers the same way and no process-wide default provider
+//! has to be installed.
 
 use std::sync::Arc;
+
+use crate::secret::Secret;
 
 /// A client configuration that verifies servers against `roots`.
 pub(crate) fn client_config(
@@ -23,11 +26,16 @@ pub(crate) fn web_roots() -> rustls::RootCertStore {
     roots
 }
 
+/// `[server] tls`: the certificate chain and its private key, PEM.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct TlsSettings {
+    pub cert: Secret,
+    pub key: Secret,
+}
+
 /// The webhook socket's TLS: `settings`' certificate chain and key, HTTP/2 and HTTP/1.1 offered
 /// by ALPN. Errors name what is wrong, never the key's bytes.
-pub(crate) fn server_config(
-    settings: &crate::config::TlsSettings,
-) -> Result<Arc<rustls::ServerConfig>, String> {
+pub(crate) fn server_config(settings: &TlsSettings) -> Result<Arc<rustls::ServerConfig>, String> {
     use rustls_pki_types::pem::PemObject;
     use rustls_pki_types::{CertificateDer, PrivateKeyDer};
     let chain = CertificateDer::pem_slice_iter(settings.cert.expose())

@@ -1,8 +1,8 @@
 //! `check-config`.
 
-use super::output::outln;
 use crate::config::{self, ConfigError, ConfigSource, LocatedFinding, SecretCheck, Severity};
 use crate::exit::Failure;
+use crate::output::outln;
 
 pub(super) fn check_config(source: &ConfigSource) -> Result<(), Failure> {
     match config::load(source, SecretCheck::CredentialsOptional) {

@@ -7,13 +7,13 @@
 use std::path::Path;
 use std::time::Duration;
 
-use super::output::outln;
 use super::sessions::render_entry;
 use super::state::StateAccess;
 use crate::agent::catalog;
 use crate::agent::mcp::McpServers;
 use crate::config::{self, ConfigSource, SecretCheck, StoreSettings};
 use crate::exit::Failure;
+use crate::output::outln;
 use crate::store::{self, EventFilter, RetryTarget};
 
 /// How often `sessions follow` looks for new transcript entries.

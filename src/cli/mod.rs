@@ -9,7 +9,6 @@ mod control;
 mod events;
 mod generate;
 mod manual;
-pub(crate) mod output;
 mod send;
 mod sessions;
 mod state;
@@ -24,7 +23,7 @@ use crate::exit::Failure;
 use crate::lifecycle;
 use crate::logging;
 
-use crate::session::OperatorAction;
+use crate::operator::OperatorAction;
 use crate::store::{EventFilter, RetryTarget};
 use args::*;
 use check::check_config;

@@ -6,7 +6,7 @@
 //! `--url`, this command signs with the secrets it can read itself and posts there.
 
 use super::control::{DaemonClient, path_segment};
-use super::output::outln;
+use crate::output::outln;
 
 use crate::config::{ConfigSource, SecretCheck};
 use crate::exit::Failure;

@@ -1,10 +1,10 @@
 //! `sessions list/show/resume/suspend/cancel`, `reload` and `ledger show`: the operator's view
 //! of sessions, and the overrides.
 
-use super::output::{out, outln};
 use crate::config::ConfigSource;
 use crate::exit::Failure;
-use crate::session::OperatorAction;
+use crate::operator::OperatorAction;
+use crate::output::{out, outln};
 
 use super::control::{self, DaemonClient};
 use super::state::StateAccess;

@@ -1,6 +1,6 @@
 //! `status`: the daemon and its state in one screen, or as JSON.
 
-use super::output::{out, outln};
+use crate::output::{out, outln};
 use std::path::Path;
 
 use crate::config::ConfigSource;

@@ -763,7 +763,7 @@ impl Checker<'_> {
             |t| t.map(|t| parse_rate(&t)).transpose(),
         );
         let raw_history = raw.history.unwrap_or_default();
-        let history = crate::session::HistoryLimits {
+        let history = super::HistoryLimits {
             max_turns: self.positive(
                 &format!("{prefix}.history.max_turns"),
                 raw_history.max_turns,

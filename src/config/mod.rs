@@ -18,6 +18,7 @@ use serde::Deserialize;
 
 pub(crate) use crate::secret::{Secret, SecretSource};
 pub(crate) use crate::signature::{VerifyScheme, VerifySettings};
+pub(crate) use crate::tls::TlsSettings;
 use check::{Checker, syntax_finding};
 pub(crate) use check::{check, redacted_url};
 use locate::Locator;

@@ -23,6 +23,14 @@ pub(crate) struct Config {
     pub routes: Vec<RouteSettings>,
 }
 
+/// How much of a session's earlier turns a route shows the model (`history = { max_turns,
+/// max_bytes }`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct HistoryLimits {
+    pub max_turns: usize,
+    pub max_bytes: usize,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct ServerSettings {
     pub listen: SocketAddr,
@@ -39,13 +47,6 @@ pub(crate) struct ServerSettings {
     pub trusted_proxies: Vec<ipnet::IpNet>,
     /// A TCP address that serves `GET /metrics` alone, for Prometheus.
     pub metrics_listen: Option<SocketAddr>,
-}
-
-/// `[server] tls`: the certificate chain and its private key, PEM.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct TlsSettings {
-    pub cert: Secret,
-    pub key: Secret,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -238,7 +239,7 @@ pub(crate) struct RouteSettings {
     /// Template of the dedup key; overrides the scheme's.
     pub delivery_id: Option<String>,
     /// What of the session's earlier turns the model sees.
-    pub history: crate::session::HistoryLimits,
+    pub history: HistoryLimits,
     /// Request headers kept out of storage beyond the built-in list (lower case).
     pub hidden_headers: Vec<String>,
     pub interactive: bool,

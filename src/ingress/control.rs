@@ -22,7 +22,8 @@ use crate::agent::mcp::McpServers;
 use crate::config::{ReloadReport, Settings, Shared};
 use crate::logging;
 use crate::metrics;
-use crate::session::{OperatorAction, Sessions};
+use crate::operator::OperatorAction;
+use crate::session::Sessions;
 use crate::store::{EventFilter, StatusSummary, Store};
 
 /// How long `cancel` waits for the cancelled turn to commit its end before it answers 202.

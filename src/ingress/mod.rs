@@ -90,7 +90,17 @@ pub(crate) async fn post_signed_webhook(
         .build()
         .map_err(|err| format!("HTTP client: {err}"))?;
     let mut post = client.post(&url);
-    for (name, value) in crate::signature::webhook_headers(route, &body, delivery_id, event_type) {
+    // Without one given, the route's first `events` entry.
+    let event_type = event_type.or_else(|| {
+        route
+            .events
+            .as_ref()
+            .and_then(|events| events.first())
+            .map(String::as_str)
+    });
+    for (name, value) in
+        crate::signature::webhook_headers(&route.verify, &body, delivery_id, event_type)
+    {
         post = post.header(name, value);
     }
     let response = post

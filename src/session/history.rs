@@ -14,13 +14,7 @@
 //! cut, with a marker that says how much.
 
 use crate::agent::message::{Message, Role};
-
-/// The limits of one route.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct HistoryLimits {
-    pub max_turns: usize,
-    pub max_bytes: usize,
-}
+use crate::config::HistoryLimits;
 
 /// The messages of one earlier turn, in order.
 pub(crate) struct PastTurn {

@@ -19,7 +19,6 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub(crate) use history::HistoryLimits;
 pub(crate) use runner::{JobSlots, TurnContext};
 
 /// A session's transcript as every reader sees it: each turn's event as the message the model
@@ -50,41 +49,6 @@ use tracing::Instrument;
 const IDLE_POLL: Duration = Duration::from_secs(1);
 /// Pause after a failed claim (e.g. the disk is full) before trying again.
 const CLAIM_RETRY: Duration = Duration::from_secs(1);
-
-/// What an operator can do to a session (`agentgate sessions resume|suspend|cancel`, and the
-/// control socket's `POST /v1/sessions/{key}/{action}`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum OperatorAction {
-    /// Clear the ledger entry and let the session run again, its interrupted event first.
-    Resume,
-    /// No further turn starts until it is resumed.
-    Suspend,
-    /// Stop the running turn: its tools are killed and its event ends `failed`.
-    Cancel,
-}
-
-impl OperatorAction {
-    pub(crate) const ALL: [OperatorAction; 3] = [
-        OperatorAction::Resume,
-        OperatorAction::Suspend,
-        OperatorAction::Cancel,
-    ];
-
-    /// The name in commands, control paths, log lines and metric labels.
-    pub(crate) const fn name(self) -> &'static str {
-        match self {
-            OperatorAction::Resume => "resume",
-            OperatorAction::Suspend => "suspend",
-            OperatorAction::Cancel => "cancel",
-        }
-    }
-
-    pub(crate) fn from_name(name: &str) -> Option<OperatorAction> {
-        OperatorAction::ALL
-            .into_iter()
-            .find(|action| action.name() == name)
-    }
-}
 
 /// How a running turn is stopped early, and how whoever stopped it learns that it ended.
 #[derive(Clone, Default)]

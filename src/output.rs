@@ -1,6 +1,6 @@
-//! Standard output for commands. A reader that stops early (`agentgate sessions list | head`)
-//! closes the pipe; the command then ends quietly with status 0, never with a panic, as `println!`
-//! would on a closed pipe.
+//! Standard output for commands (the command line and `reconcile --dry-run`). A reader that stops
+//! early (`agentgate sessions list | head`) closes the pipe; the command then ends quietly with
+//! status 0, never with a panic, as `println!` would on a closed pipe.
 
 use std::io::Write;
 
@@ -26,17 +26,17 @@ pub(crate) fn write_stdout(text: std::fmt::Arguments<'_>, newline: bool) {
 /// `println!` for commands: a closed pipe ends the command quietly.
 macro_rules! outln {
     () => {
-        $crate::cli::output::write_stdout(format_args!(""), true)
+        $crate::output::write_stdout(format_args!(""), true)
     };
     ($($arg:tt)*) => {
-        $crate::cli::output::write_stdout(format_args!($($arg)*), true)
+        $crate::output::write_stdout(format_args!($($arg)*), true)
     };
 }
 
 /// `print!` for commands: a closed pipe ends the command quietly.
 macro_rules! out {
     ($($arg:tt)*) => {
-        $crate::cli::output::write_stdout(format_args!($($arg)*), false)
+        $crate::output::write_stdout(format_args!($($arg)*), false)
     };
 }
 

@@ -1,0 +1,37 @@
+//! What an operator can do to a session: the one list that the command line, the control
+//! socket, the sessions and the metrics share (each names an action the same way).
+
+/// What an operator can do to a session (`agentgate sessions resume|suspend|cancel`, and the
+/// control socket's `POST /v1/sessions/{key}/{action}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OperatorAction {
+    /// Clear the ledger entry and let the session run again, its interrupted event first.
+    Resume,
+    /// No further turn starts until it is resumed.
+    Suspend,
+    /// Stop the running turn: its tools are killed and its event ends `failed`.
+    Cancel,
+}
+
+impl OperatorAction {
+    pub(crate) const ALL: [OperatorAction; 3] = [
+        OperatorAction::Resume,
+        OperatorAction::Suspend,
+        OperatorAction::Cancel,
+    ];
+
+    /// The name in commands, control paths, log lines and metric labels.
+    pub(crate) const fn name(self) -> &'static str {
+        match self {
+            OperatorAction::Resume => "resume",
+            OperatorAction::Suspend => "suspend",
+            OperatorAction::Cancel => "cancel",
+        }
+    }
+
+    pub(crate) fn from_name(name: &str) -> Option<OperatorAction> {
+        OperatorAction::ALL
+            .into_iter()
+            .find(|action| action.name() == name)
+    }
+}
