@@ -391,35 +391,7 @@ impl WebhookListener {
             let (http1, http2, watcher) = (http1.clone(), http2.clone(), graceful.watcher());
             tokio::spawn(async move {
                 // Errors here are client-side (reset, timeout); nothing is lost by dropping them.
-                let opened: Option<(Box<dyn Stream>, Protocol)> = match tls {
-                    Some(acceptor) => {
-                        match tokio::time::timeout(header_timeout, acceptor.accept(stream)).await {
-                            Ok(Ok(stream)) => {
-                                let protocol = if stream.get_ref().1.alpn_protocol() == Some(b"h2")
-                                {
-                                    Protocol::Http2
-                                } else {
-                                    Protocol::Http1
-                                };
-                                Some((Box::new(stream), protocol))
-                            }
-                            Ok(Err(err)) => {
-                                refusals.tls_refused(peer, &err.to_string());
-                                None
-                            }
-                            Err(_) => {
-                                refusals.tls_refused(
-                                    peer,
-                                    "no TLS handshake within server.header_timeout",
-                                );
-                                None
-                            }
-                        }
-                    }
-                    None => detect_protocol(&stream, header_timeout)
-                        .await
-                        .map(|protocol| (Box::new(stream) as Box<dyn Stream>, protocol)),
-                };
+                let opened = open_connection(stream, peer, tls, header_timeout, &refusals).await;
                 match opened {
                     Some((stream, Protocol::Http1)) => {
                         let io = TokioIo::new(Clocked::new(stream, clock.clone()));
@@ -447,5 +419,40 @@ impl WebhookListener {
             tracing::warn!("in-flight requests did not finish in time; closing them");
         }
         Ok(())
+    }
+}
+
+/// Opens an accepted connection: the TLS handshake when the listener serves HTTPS (the protocol
+/// from ALPN), else the protocol from the first bytes; both within `header_timeout`. `None`
+/// when the peer did not get that far (a failed handshake is logged and counted).
+async fn open_connection(
+    stream: tokio::net::TcpStream,
+    peer: std::net::SocketAddr,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    header_timeout: Duration,
+    refusals: &Ingress,
+) -> Option<(Box<dyn Stream>, Protocol)> {
+    let Some(acceptor) = tls else {
+        return detect_protocol(&stream, header_timeout)
+            .await
+            .map(|protocol| (Box::new(stream) as Box<dyn Stream>, protocol));
+    };
+    match tokio::time::timeout(header_timeout, acceptor.accept(stream)).await {
+        Ok(Ok(stream)) => {
+            let protocol = if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
+                Protocol::Http2
+            } else {
+                Protocol::Http1
+            };
+            Some((Box::new(stream), protocol))
+        }
+        Ok(Err(err)) => {
+            refusals.tls_refused(peer, &err.to_string());
+            None
+        }
+        Err(_) => {
+            refusals.tls_refused(peer, "no TLS handshake within server.header_timeout");
+            None
+        }
     }
 }
