@@ -4,10 +4,10 @@
 //! Attempts back off exponentially and survive restarts (the schedule lives in the store). After
 //! `MAX_ATTEMPTS` a delivery is marked failed and kept, visible in `status`, never dropped.
 //!
-//! The body is not built here: the store writes it into the outbox row in the same transaction
-//! that ends the turn (`TurnEnd::delivery_body`), including the ends the store decides itself at
-//! admission (`abandoned`, `suspended`), and this module sends it byte for byte. So every attempt
-//! of a delivery, before and after restarts, carries the same body and the same signature input.
+//! The body's wire format is `body.rs`; the store renders it into the outbox row in the
+//! transaction that ends the turn, and this module sends it byte for byte.
+
+pub(crate) mod body;
 
 use std::collections::{HashMap, HashSet};
 use std::process::Stdio;

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::RuntimeSettings;
-use crate::deliver::DeliveryHandle;
+use crate::deliver::{self, DeliveryHandle};
 use crate::logging;
 use crate::metrics::{self, ResumeOutcome};
 use crate::session::Sessions;
@@ -86,7 +86,10 @@ impl Resumer {
                     max_attempts: runtime.resume_max_attempts,
                 }
             };
-            match store.settle_interrupted(&session, settlement).await {
+            match store
+                .settle_interrupted(&session, settlement, deliver::body::render)
+                .await
+            {
                 Ok(settled) => report(&session, &settled, runtime.resume_max_attempts),
                 Err(err) => {
                     tracing::error!(session_key = %session.session_key, event_id = %session.event_id,

@@ -22,7 +22,7 @@ use crate::agent::message::Message;
 use crate::agent::model::{Model, ModelError};
 use crate::agent::tools::{self, ToolAbort};
 use crate::config::{RouteSettings, Settings, Shared, ToolSettings};
-use crate::deliver::DeliveryHandle;
+use crate::deliver::{self, DeliveryHandle};
 use crate::logging;
 use crate::metrics;
 use crate::store::{ClaimedTurn, ResumeReason, StopReason, Store, StoreError, TurnEnd, TurnStatus};
@@ -234,7 +234,7 @@ impl TurnContext {
         if !self
             .commit(|store| {
                 let end = end.clone();
-                async move { store.finish_turn(end).await }
+                async move { store.finish_turn(end, deliver::body::render).await }
             })
             .await
         {

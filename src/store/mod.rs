@@ -37,8 +37,8 @@ pub(crate) use ledger::Ledger;
 pub(crate) use lock::{DaemonLock, LockError};
 pub(crate) use model::{
     AcceptOutcome, ClaimedTurn, DeliveryAttempt, DeliveryCounts, EVENT_ENTRY, Event,
-    InterruptedSession, LiveCounts, NewEvent, NodeRow, PendingDelivery, SessionRow, StatusSummary,
-    TranscriptRow, TurnEnd,
+    InterruptedSession, LiveCounts, NewEvent, NodeRow, PendingDelivery, RenderDelivery, SessionRow,
+    StatusSummary, TranscriptRow, TurnEnd,
 };
 pub(crate) use sqlite::{backup, check_database, session_keys};
 pub(crate) use state_dir::{LEDGER_FILE, StateDir};
@@ -180,8 +180,9 @@ pub(crate) trait Turns: Send + Sync {
         entries: Vec<(&'static str, String)>,
         steps: u32,
     ) -> Result<(), StoreError>;
-    /// Ends a turn: its row, its event's terminal status, its session's state and its delivery.
-    async fn finish_turn(&self, end: TurnEnd) -> Result<(), StoreError>;
+    /// Ends a turn: its row, its event's terminal status, its session's state and its delivery,
+    /// whose body `render` makes.
+    async fn finish_turn(&self, end: TurnEnd, render: RenderDelivery) -> Result<(), StoreError>;
     /// Leaves a running turn to be resumed: interrupted, its session `resume_pending` with
     /// `reason`, its event open.
     async fn interrupt_for_resume(
@@ -206,11 +207,13 @@ pub(crate) trait Recovery: Send + Sync {
     /// Sessions waiting for a resume, with their interrupted turn.
     async fn interrupted_sessions(&self) -> Result<Vec<InterruptedSession>, StoreError>;
     /// Abandons, resumes or suspends an interrupted session; a resume is counted durably in the
-    /// retry ledger before its event is queued again.
+    /// retry ledger before its event is queued again. An abandoned or suspended session's event
+    /// ends with a delivery whose body `render` makes.
     async fn settle_interrupted(
         &self,
         session: &InterruptedSession,
         settlement: Settlement,
+        render: RenderDelivery,
     ) -> Result<Settled, StoreError>;
     /// A resumed session completed: its retry ledger entry goes.
     async fn clear_resume_count(&self, session_key: &str) -> Result<(), StoreError>;

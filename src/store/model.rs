@@ -193,20 +193,6 @@ pub(crate) struct TurnEnd {
 }
 
 impl TurnEnd {
-    /// The body of this turn's outbound delivery (docs/reference.md, "Outbound deliveries").
-    pub(crate) fn delivery_body(&self) -> serde_json::Result<String> {
-        serde_json::to_string(&DeliveryBody {
-            event_id: &self.event_id,
-            route: &self.route,
-            session: &self.session_key,
-            status: self.event_status,
-            output: self.output.as_deref(),
-            error: self.error.as_deref(),
-            turn_id: &self.turn_id,
-            steps: self.steps,
-        })
-    }
-
     /// The state the session is left in.
     pub(crate) fn session_state(&self) -> SessionState {
         if self.event_status == EventStatus::Suspended {
@@ -217,18 +203,10 @@ impl TurnEnd {
     }
 }
 
-/// The body of the outbound delivery (docs/reference.md, "Outbound deliveries").
-#[derive(Debug, Clone, Serialize)]
-struct DeliveryBody<'a> {
-    pub event_id: &'a str,
-    pub route: &'a str,
-    pub session: &'a str,
-    pub status: EventStatus,
-    pub output: Option<&'a str>,
-    pub error: Option<&'a str>,
-    pub turn_id: &'a str,
-    pub steps: u32,
-}
+/// Renders the body of a turn's outbound delivery: `deliver::body::render`, which the callers
+/// that end turns hand to the store (the wire format belongs to deliver, and the store must not
+/// import it). The store calls it inside the transaction that ends the turn.
+pub(crate) type RenderDelivery = fn(&TurnEnd) -> serde_json::Result<String>;
 
 /// One transcript row.
 #[derive(Debug, Clone, Serialize)]

@@ -50,8 +50,8 @@ use crate::store::states::{
 use crate::store::{
     AcceptOutcome, Accepting, ClaimedTurn, Coordination, DeliveryAttempt, DeliveryCounts,
     Inspection, InterruptedSession, Ledger, LiveCounts, NewEvent, NodeRow, Operator, Outbox,
-    PendingDelivery, Recovery, SessionRow, Settled, Settlement, StatusSummary, StoreError,
-    TranscriptRow, TurnEnd, Turns,
+    PendingDelivery, Recovery, RenderDelivery, SessionRow, Settled, Settlement, StatusSummary,
+    StoreError, TranscriptRow, TurnEnd, Turns,
     ledger::now_rfc3339,
     model::{EVENT_ENTRY, Event, transcript_query},
     now_millis,

@@ -21,6 +21,7 @@ fn event_from(row: &tokio_postgres::Row, first: usize) -> Event {
 async fn finish_rows(
     tx: &deadpool_postgres::Transaction<'_>,
     end: &TurnEnd,
+    render: RenderDelivery,
 ) -> Result<(), StoreError> {
     let now = now_millis();
     tx.run(
@@ -64,9 +65,8 @@ async fn finish_rows(
         ],
     )
     .await?;
-    let body = end
-        .delivery_body()
-        .map_err(|err| StoreError::Unavailable(format!("delivery body: {err}")))?;
+    let body =
+        render(end).map_err(|err| StoreError::Unavailable(format!("delivery body: {err}")))?;
     tx.run(
         concatcp!("INSERT INTO deliveries (event_id, route, session_key, body, status, attempts, next_attempt_at,
                                  created_at, updated_at)
@@ -216,12 +216,12 @@ impl Turns for PostgresStore {
         .await
     }
 
-    async fn finish_turn(&self, end: TurnEnd) -> Result<(), StoreError> {
+    async fn finish_turn(&self, end: TurnEnd, render: RenderDelivery) -> Result<(), StoreError> {
         bounded(async {
             let mut client = self.client().await?;
             let tx = client.transaction().await?;
             self.hold_lease(&tx, &end.session_key).await?;
-            finish_rows(&tx, &end).await?;
+            finish_rows(&tx, &end, render).await?;
             tx.commit().await?;
             Ok(())
         })
@@ -371,6 +371,7 @@ impl Recovery for PostgresStore {
         &self,
         session: &InterruptedSession,
         settlement: Settlement,
+        render: RenderDelivery,
     ) -> Result<Settled, StoreError> {
         bounded(async {
             let mut client = self.client().await?;
@@ -389,7 +390,7 @@ impl Recovery for PostgresStore {
             }
             let max_attempts = match settlement {
                 Settlement::Abandon => {
-                    finish_rows(&tx, &session.abandoned()).await?;
+                    finish_rows(&tx, &session.abandoned(), render).await?;
                     tx.commit().await?;
                     return Ok(Settled::Abandoned);
                 }
@@ -408,7 +409,7 @@ impl Recovery for PostgresStore {
                 .get(0);
             let attempt = u64::try_from(attempt).unwrap_or(u64::MAX);
             if attempt > u64::from(max_attempts) {
-                finish_rows(&tx, &session.suspended(max_attempts)).await?;
+                finish_rows(&tx, &session.suspended(max_attempts), render).await?;
                 tx.run(
                     "DELETE FROM resume_ledger WHERE session_key = $1",
                     &[&session.session_key],

@@ -3,8 +3,8 @@
 
 use super::*;
 use crate::store::model::{
-    ClaimedTurn, EVENT_ENTRY, Event, InterruptedSession, SessionRow, TranscriptRow, TurnEnd,
-    transcript_query,
+    ClaimedTurn, EVENT_ENTRY, Event, InterruptedSession, RenderDelivery, SessionRow, TranscriptRow,
+    TurnEnd, transcript_query,
 };
 use crate::store::states::{
     CRASHED, EVENT_RUNNING, IDLE, OPERATOR, PENDING, QUEUED, REQUEUE_STOPPED_EVENT_SQL,
@@ -145,7 +145,11 @@ fn event_from(row: &rusqlite::Row<'_>, first: usize) -> rusqlite::Result<Event> 
     })
 }
 
-pub(super) fn finish_in(connection: &Connection, end: &TurnEnd) -> rusqlite::Result<()> {
+pub(super) fn finish_in(
+    connection: &Connection,
+    end: &TurnEnd,
+    render: RenderDelivery,
+) -> rusqlite::Result<()> {
     let now = now_millis();
     connection
         .prepare_cached(
@@ -184,9 +188,7 @@ pub(super) fn finish_in(connection: &Connection, end: &TurnEnd) -> rusqlite::Res
             end.reason.map(StopReason::sql),
             now
         ])?;
-    let body = end
-        .delivery_body()
-        .map_err(|err| rusqlite::Error::ToSqlConversionFailure(Box::new(err)))?;
+    let body = render(end).map_err(|err| rusqlite::Error::ToSqlConversionFailure(Box::new(err)))?;
     connection
         .prepare_cached(
             concatcp!("INSERT OR REPLACE INTO deliveries
@@ -486,8 +488,8 @@ impl Turns for SqliteStore {
             .await
     }
 
-    async fn finish_turn(&self, end: TurnEnd) -> Result<(), StoreError> {
-        self.write(move |connection| finish_in(connection, &end))
+    async fn finish_turn(&self, end: TurnEnd, render: RenderDelivery) -> Result<(), StoreError> {
+        self.write(move |connection| finish_in(connection, &end, render))
             .await
     }
 
@@ -532,11 +534,12 @@ impl Recovery for SqliteStore {
         &self,
         session: &InterruptedSession,
         settlement: Settlement,
+        render: RenderDelivery,
     ) -> Result<Settled, StoreError> {
         let max_attempts = match settlement {
             Settlement::Abandon => {
                 let end = session.abandoned();
-                self.write(move |connection| finish_in(connection, &end))
+                self.write(move |connection| finish_in(connection, &end, render))
                     .await?;
                 return Ok(Settled::Abandoned);
             }
@@ -550,7 +553,7 @@ impl Recovery for SqliteStore {
         };
         if attempt > u64::from(max_attempts) {
             let end = session.suspended(max_attempts);
-            self.write(move |connection| finish_in(connection, &end))
+            self.write(move |connection| finish_in(connection, &end, render))
                 .await?;
             // Only now that the suspension is committed does the entry go.
             if let Err(err) = self.clear_resume_count(&session.session_key).await {

@@ -1,0 +1,76 @@
+//! The body of an outbound delivery (docs/reference.md, "Outbound deliveries"): the wire format
+//! receivers parse, owned here with the rest of what deliveries send.
+//!
+//! The store calls [`render`] inside the transaction that ends a turn (it is handed the function,
+//! so the store does not import this module), including the ends it decides itself at admission
+//! (`abandoned`, `suspended`). The rendered body is kept in the outbox row and sent byte for
+//! byte, so every attempt of a delivery, before and after restarts, carries the same body and
+//! the same signature input.
+
+use serde::Serialize;
+
+use crate::store::{EventStatus, TurnEnd};
+
+/// The body of the outbound delivery of `end`.
+pub(crate) fn render(end: &TurnEnd) -> serde_json::Result<String> {
+    serde_json::to_string(&DeliveryBody {
+        event_id: &end.event_id,
+        route: &end.route,
+        session: &end.session_key,
+        status: end.event_status,
+        output: end.output.as_deref(),
+        error: end.error.as_deref(),
+        turn_id: &end.turn_id,
+        steps: end.steps,
+    })
+}
+
+#[derive(Debug, Serialize)]
+struct DeliveryBody<'a> {
+    event_id: &'a str,
+    route: &'a str,
+    session: &'a str,
+    status: EventStatus,
+    output: Option<&'a str>,
+    error: Option<&'a str>,
+    turn_id: &'a str,
+    steps: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::TurnStatus;
+
+    /// The keys and values receivers parse (docs/reference.md, "Outbound deliveries").
+    #[test]
+    fn the_body_has_exactly_the_documented_fields() {
+        let end = TurnEnd {
+            turn_id: "t-1".into(),
+            event_id: "e-1".into(),
+            session_key: "github:octo/repo#7".into(),
+            route: "github".into(),
+            turn_status: TurnStatus::Completed,
+            event_status: EventStatus::Completed,
+            reason: None,
+            output: Some("the answer".into()),
+            error: None,
+            steps: 3,
+        };
+        let body: serde_json::Value =
+            serde_json::from_str(&render(&end).expect("renders")).expect("JSON");
+        assert_eq!(
+            body,
+            serde_json::json!({
+                "event_id": "e-1",
+                "route": "github",
+                "session": "github:octo/repo#7",
+                "status": "completed",
+                "output": "the answer",
+                "error": null,
+                "turn_id": "t-1",
+                "steps": 3,
+            })
+        );
+    }
+}
