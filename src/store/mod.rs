@@ -60,8 +60,14 @@ pub(crate) enum StoreError {
         path: PathBuf,
         source: sqlite::MigrationError,
     },
+    /// A write was refused by what is under the store (a full disk, failing fsync): the same
+    /// write may work later.
     #[error("state cannot be written durably: {0}")]
     Unavailable(String),
+    /// A part of the store is gone (its writer thread, a blocking task): nothing will work
+    /// until a restart.
+    #[error("the store stopped working: {0} ended")]
+    Stopped(String),
     #[error("database query failed: {0}")]
     Query(#[from] rusqlite::Error),
     #[error("retry ledger: {0}")]
@@ -89,10 +95,15 @@ impl StoreError {
     /// A write was refused for a reason outside agentgate that may clear (a full disk, failing
     /// fsync, an unreachable database server): the same write may work later.
     pub(crate) fn is_write_refused(&self) -> bool {
-        matches!(
-            self,
-            StoreError::Unavailable(_) | StoreError::ServerUnavailable(_)
-        )
+        match self {
+            StoreError::Unavailable(_) | StoreError::ServerUnavailable(_) => true,
+            // A statement (not the commit) that met the full disk or an I/O error.
+            StoreError::Query(rusqlite::Error::SqliteFailure(failure, _)) => matches!(
+                failure.code,
+                rusqlite::ErrorCode::DiskFull | rusqlite::ErrorCode::SystemIoFailure
+            ),
+            _ => false,
+        }
     }
 }
 
@@ -355,4 +366,29 @@ pub(crate) fn ensure_state_dir(state_dir: &Path) -> Result<(), StoreError> {
             path: state_dir.to_path_buf(),
             source,
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sqlite_failure(code: std::ffi::c_int) -> StoreError {
+        StoreError::Query(rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(code),
+            None,
+        ))
+    }
+
+    /// A start waits out refused writes, and only those: a store that stopped working, or a
+    /// query that is wrong, will not get better by waiting.
+    #[test]
+    fn only_writes_that_may_work_later_count_as_refused() {
+        assert!(StoreError::Unavailable("database or disk is full".into()).is_write_refused());
+        assert!(StoreError::ServerUnavailable("connection refused".into()).is_write_refused());
+        assert!(sqlite_failure(rusqlite::ffi::SQLITE_FULL).is_write_refused());
+        assert!(sqlite_failure(rusqlite::ffi::SQLITE_IOERR).is_write_refused());
+        assert!(!StoreError::Stopped("the writer thread".into()).is_write_refused());
+        assert!(!sqlite_failure(rusqlite::ffi::SQLITE_CONSTRAINT).is_write_refused());
+        assert!(!StoreError::Setup("bad URL".into()).is_write_refused());
+    }
 }

@@ -149,10 +149,10 @@ impl Accepting for PostgresStore {
         let (reply, answer) = oneshot::channel();
         accepts
             .send((event, reply))
-            .map_err(|_| StoreError::Unavailable("the accept writers have stopped".into()))?;
+            .map_err(|_| StoreError::Stopped("the accept writers".into()))?;
         answer
             .await
-            .map_err(|_| StoreError::Unavailable("the accept writers have stopped".into()))?
+            .map_err(|_| StoreError::Stopped("the accept writers".into()))?
     }
 
     async fn enqueue_internal(

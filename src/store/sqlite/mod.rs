@@ -197,10 +197,10 @@ impl SqliteStore {
         };
         self.writer
             .send(Box::new(job))
-            .map_err(|_| StoreError::Unavailable("the writer thread has stopped".into()))?;
+            .map_err(|_| StoreError::Stopped("the writer thread".into()))?;
         answer
             .await
-            .map_err(|_| StoreError::Unavailable("the writer thread has stopped".into()))?
+            .map_err(|_| StoreError::Stopped("the writer thread".into()))?
     }
 
     /// Runs a read-only query on a connection of its own, off the async threads.
@@ -226,7 +226,7 @@ impl SqliteStore {
             result
         })
         .await
-        .map_err(|err| StoreError::Unavailable(format!("reader task failed: {err}")))?
+        .map_err(|err| StoreError::Stopped(format!("a reader task ({err})")))?
     }
 }
 
@@ -441,7 +441,7 @@ async fn with_ledger<T: Send + 'static>(
     let ledger = ledger.clone();
     tokio::task::spawn_blocking(move || operation(&ledger))
         .await
-        .map_err(|err| StoreError::Unavailable(format!("ledger task failed: {err}")))?
+        .map_err(|err| StoreError::Stopped(format!("a ledger task ({err})")))?
         .map_err(|err| StoreError::Ledger(err.to_string()))
 }
 
