@@ -197,6 +197,8 @@ impl Repair {
     }
 
     /// A missing ledger is created empty; a malformed one is quarantined, salvaged and replaced.
+    /// The daemon reads a missing ledger as an empty one, so failing to create it (a full disk)
+    /// is a warning, not a reason to keep the daemon from starting.
     fn ledger(&self) -> Result<(), String> {
         let file = LedgerFile::new(self.files.path());
         let path = file.path();
@@ -206,10 +208,13 @@ impl Repair {
             match self.files.read(&path) {
                 Ok(Some(bytes)) => Some(bytes),
                 Ok(None) => {
-                    self.act(&format!("create an empty {}", path.display()), || {
+                    let created = self.act(&format!("create an empty {}", path.display()), || {
                         file.replace(&Ledger::default())
-                    })
-                    .map_err(|err| format!("cannot create {}: {err}", path.display()))?;
+                    });
+                    if let Err(err) = created {
+                        tracing::warn!(file = %path.display(), error = %err,
+                            "cannot create an empty retry ledger; the daemon reads a missing one as empty");
+                    }
                     return Ok(());
                 }
                 Err(err) => return Err(format!("cannot read {}: {err}", path.display())),

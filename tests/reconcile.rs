@@ -364,3 +364,37 @@ fn a_linked_state_directory_works_but_a_linked_database_is_refused() {
     assert!(String::from_utf8_lossy(&serve.stderr).contains("symbolic link"));
     assert_eq!(std::fs::read(&precious).expect("precious"), b"keep me");
 }
+
+/// On a full state file system with nothing to repair, reconcile exits 0 (under systemd a
+/// failing reconcile keeps the daemon from starting at all): a missing ledger that cannot be
+/// created is a warning, since the daemon reads a missing ledger as empty.
+#[test]
+fn a_full_disk_does_not_fail_reconcile_when_the_daemon_can_start() {
+    if !root_or_skip("a_full_disk_does_not_fail_reconcile_when_the_daemon_can_start") {
+        return;
+    }
+    let filesystem = common::loopfs::LoopFs::new();
+    let workspace = Workspace::new();
+    let state_dir = filesystem.mount_point.join("state");
+    workspace.write_config_with_state(
+        &format!("[runtime]\nmin_free_disk = \"0\"\n{ROUTE}"),
+        &state_dir,
+    );
+    let daemon = workspace.start();
+    assert_eq!(daemon.post_json("/hook", &[], "{}").status, 202);
+    daemon.kill9();
+    let _ = std::fs::remove_file(state_dir.join("ledger.json"));
+
+    let fill = filesystem.fill();
+    let output = reconcile(&workspace, &[]);
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{said}");
+    assert!(
+        said.contains("cannot create an empty retry ledger"),
+        "{said}"
+    );
+
+    std::fs::remove_file(&fill).expect("free the space");
+    let daemon = workspace.start();
+    assert_eq!(daemon.post_json("/hook", &[], "{}").status, 202);
+}
