@@ -197,8 +197,9 @@ impl Repair {
     }
 
     /// A missing ledger is created empty; a malformed one is quarantined, salvaged and replaced.
-    /// The daemon reads a missing ledger as an empty one, so failing to create it (a full disk)
-    /// is a warning, not a reason to keep the daemon from starting.
+    /// The daemon reads a missing ledger as an empty one, so a full disk that keeps it from being
+    /// created is a warning, not a reason to keep the daemon from starting. Any other failure (a
+    /// planted symbolic link) stops the start.
     fn ledger(&self) -> Result<(), String> {
         let file = LedgerFile::new(self.files.path());
         let path = file.path();
@@ -211,9 +212,18 @@ impl Repair {
                     let created = self.act(&format!("create an empty {}", path.display()), || {
                         file.replace(&Ledger::default())
                     });
-                    if let Err(err) = created {
-                        tracing::warn!(file = %path.display(), error = %err,
-                            "cannot create an empty retry ledger; the daemon reads a missing one as empty");
+                    match created {
+                        Ok(()) => {}
+                        Err(err)
+                            if matches!(
+                                err.kind(),
+                                std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+                            ) =>
+                        {
+                            tracing::warn!(file = %path.display(), error = %err,
+                                "cannot create an empty retry ledger; the daemon reads a missing one as empty");
+                        }
+                        Err(err) => return Err(format!("cannot create {}: {err}", path.display())),
                     }
                     return Ok(());
                 }
