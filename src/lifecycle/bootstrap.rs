@@ -16,7 +16,11 @@ use crate::agent::model::Model;
 use crate::config::{self, Config, ConfigSource, LocatedFinding};
 use crate::exit::Failure;
 use crate::ingress::{self, ListenError, Listeners};
-use crate::store::{self, DaemonLock, Store};
+use crate::store::{self, DaemonLock, Store, StoreError};
+
+/// The first pause of the waits before READY; each next one doubles, up to `LAST_RETRY`.
+const FIRST_RETRY: Duration = Duration::from_millis(250);
+const LAST_RETRY: Duration = Duration::from_secs(5);
 
 /// What the main thread prepared: the checked config, the lock on the state directory (held
 /// until the process ends), the listening sockets and the async runtime.
@@ -77,19 +81,14 @@ impl Bootstrap {
 /// (the sockets stay with systemd meanwhile, so clients wait rather than being refused); a
 /// store that cannot work (bad settings, unusable state directory) is a failure at once.
 pub(super) async fn open_store(config: &Config) -> Result<Store, Failure> {
-    let mut delay = Duration::from_millis(250);
-    loop {
-        match Store::open(&config.store, &config.state_dir).await {
-            Ok(store) => return Ok(store),
-            Err(err) if err.is_transient() => {
-                tracing::warn!(error = %err, retry_in = ?delay, "cannot open the PostgreSQL store yet");
-                notify::status(&format!("waiting for PostgreSQL: {err}"));
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(5));
-            }
-            Err(err) => return Err(Failure::from(err)),
-        }
-    }
+    retry_while(
+        StoreError::is_transient,
+        "cannot open the PostgreSQL store yet",
+        "waiting for PostgreSQL",
+        || Store::open(&config.store, &config.state_dir),
+    )
+    .await
+    .map_err(Failure::from)
 }
 
 /// The configured model; `record` appends every reply to a cassette file.
@@ -112,26 +111,19 @@ pub(super) fn open_model(config: &Config, record: Option<&Path>) -> Result<Arc<M
 /// than exiting: a disk that fills up and is freed again must not turn into a restart loop. The
 /// sockets stay with systemd meanwhile, and its start timeout bounds the wait.
 pub(super) async fn recover_previous_run(store: &Store, state_dir: &Path) -> Result<(), Failure> {
-    let mut delay = Duration::from_millis(250);
-    loop {
-        match store.mark_crashed_turns().await {
-            Ok(0) => break,
-            Ok(count) => {
-                tracing::warn!(
-                    count,
-                    "turns were running when agentgate last stopped; they are resumed as crashed"
-                );
-                break;
-            }
-            Err(err) if err.is_write_refused() => {
-                tracing::warn!(error = %err, retry_in = ?delay,
-                    "cannot mark the turns the last run left running; waiting for the state to be writable");
-                notify::status(&format!("waiting for the state to be writable: {err}"));
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(5));
-            }
-            Err(err) => return Err(Failure::state(format!("cannot mark crashed turns: {err}"))),
-        }
+    let crashed = retry_while(
+        StoreError::is_write_refused,
+        "cannot mark the turns the last run left running; waiting for the state to be writable",
+        "waiting for the state to be writable",
+        || store.mark_crashed_turns(),
+    )
+    .await
+    .map_err(|err| Failure::state(format!("cannot mark crashed turns: {err}")))?;
+    if crashed > 0 {
+        tracing::warn!(
+            count = crashed,
+            "turns were running when agentgate last stopped; they are resumed as crashed"
+        );
     }
     let leftovers = crate::agent::tools::claim_and_reap_leftovers(state_dir);
     if leftovers > 0 {
@@ -141,6 +133,32 @@ pub(super) async fn recover_previous_run(store: &Store, state_dir: &Path) -> Res
         );
     }
     Ok(())
+}
+
+/// Runs `attempt` until it returns anything but an error that `may_clear`. Each such failure
+/// is logged as `warning` and shown in `STATUS=` after `status`; the next try follows after a
+/// pause of 250 ms, doubling up to 5 s.
+async fn retry_while<T, F>(
+    may_clear: fn(&StoreError) -> bool,
+    warning: &str,
+    status: &str,
+    mut attempt: impl FnMut() -> F,
+) -> Result<T, StoreError>
+where
+    F: Future<Output = Result<T, StoreError>>,
+{
+    let mut delay = FIRST_RETRY;
+    loop {
+        match attempt().await {
+            Err(err) if may_clear(&err) => {
+                tracing::warn!(error = %err, retry_in = ?delay, "{warning}");
+                notify::status(&format!("{status}: {err}"));
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(LAST_RETRY);
+            }
+            other => return other,
+        }
+    }
 }
 
 /// Raises the soft limit on open files to the hard limit: connections, the store and tool pipes

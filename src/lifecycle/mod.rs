@@ -72,14 +72,6 @@ async fn run(
     };
     let model = bootstrap::open_model(&config, record)?;
     reload::apply_log_settings(&config.runtime);
-    let recovered = stop_signals
-        .unless_stopped(bootstrap::recover_previous_run(&store, &config.state_dir))
-        .await;
-    if recovered.transpose()?.is_none() {
-        tracing::info!("stopped before the previous run's turns could be marked");
-        store.release().await;
-        return Ok(());
-    }
 
     let runtime = config.runtime.clone();
     let server = config.server.clone();
@@ -106,13 +98,11 @@ async fn run(
     let deliverer =
         Arc::new(Deliverer::new(store.clone(), settings.clone()).map_err(Failure::runtime)?);
     let deliveries = deliverer.handle();
-    // Stopped at stage 6, after the turns that use them. They start in the background: a server
-    // that is slow to start or cannot start delays nothing.
+    // Stopped at stage 6, after the turns that use them.
     let mcp = Arc::new(McpServers::new(
         drain.tracker(),
         drain.token(Stage::StopBackground),
     ));
-    mcp.apply(&settings.get().config.mcp);
     let (reload_requests, reloads) = tokio::sync::mpsc::channel(4);
     let control = Arc::new(Control {
         store: store.clone(),
@@ -140,6 +130,18 @@ async fn run(
         runtime.max_concurrent_turns,
     );
     let turns = scheduler.turns();
+
+    // Everything that can refuse the config has; only now is the previous run's state changed.
+    let recovered = stop_signals
+        .unless_stopped(bootstrap::recover_previous_run(&store, &state_dir))
+        .await;
+    if recovered.transpose()?.is_none() {
+        tracing::info!("stopped before the previous run's turns could be marked");
+        store.release().await;
+        return Ok(());
+    }
+    // In the background: a server that is slow to start or cannot start delays nothing.
+    mcp.apply(&settings.get().config.mcp);
 
     // The tasks, each stopped by its stage of the drain.
     let metrics_listen = server.metrics_listen;
