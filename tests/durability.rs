@@ -47,14 +47,10 @@ fn full_disk_answers_503_never_2xx_and_recovers() {
         return;
     }
     let filesystem = LoopFs::new();
-    let workspace = Workspace::new();
-    let state_dir = filesystem.mount_point.join("state");
+    let workspace = filesystem.workspace();
     // min_free_disk would refuse first (its own test is below); this is the last line of
     // defence, a store that cannot write.
-    workspace.write_config_with_state(
-        &format!("[runtime]\nmin_free_disk = \"0\"\n{ROUTE}"),
-        &state_dir,
-    );
+    workspace.write_config(&format!("[runtime]\nmin_free_disk = \"0\"\n{ROUTE}"));
     let daemon = workspace.start();
     let mut accepted = Vec::new();
     for n in 0..5 {
@@ -93,7 +89,7 @@ fn full_disk_answers_503_never_2xx_and_recovers() {
     assert_eq!(response.status, 202, "{response:?}");
     accepted.push(response.event_id());
     drop(daemon);
-    assert_all_stored(&state_dir, &accepted);
+    assert_all_stored(&workspace.state_dir(), &accepted);
 }
 
 #[test]
@@ -139,12 +135,8 @@ fn a_filling_disk_gets_503_from_min_free_disk_before_the_store_fails() {
         return;
     }
     let filesystem = LoopFs::new();
-    let workspace = Workspace::new();
-    let state_dir = filesystem.mount_point.join("state");
-    workspace.write_config_with_state(
-        &format!("[runtime]\nmin_free_disk = \"8MiB\"\n{ROUTE}"),
-        &state_dir,
-    );
+    let workspace = filesystem.workspace();
+    workspace.write_config(&format!("[runtime]\nmin_free_disk = \"8MiB\"\n{ROUTE}"));
     let daemon = workspace.start();
     let first = daemon.post_json("/hook", &[("idempotency-key", "first")], "{}");
     assert_eq!(first.status, 202, "{first:?}");
@@ -204,8 +196,7 @@ fn a_start_on_a_full_disk_waits_for_space_then_resumes() {
         return;
     }
     let filesystem = LoopFs::new();
-    let workspace = Workspace::new();
-    let state_dir = filesystem.mount_point.join("state");
+    let workspace = filesystem.workspace();
     let model = Stub::start(|_, count| {
         // The first turn hangs until its daemon is killed; the resumed one answers.
         if count == 0 {
@@ -214,13 +205,10 @@ fn a_start_on_a_full_disk_waits_for_space_then_resumes() {
             Reply::answer("done")
         }
     });
-    workspace.write_config_with_state(
-        &format!(
-            "[runtime]\nmin_free_disk = \"0\"\n{}{ROUTE}",
-            model.model_section()
-        ),
-        &state_dir,
-    );
+    workspace.write_config(&format!(
+        "[runtime]\nmin_free_disk = \"0\"\n{}{ROUTE}",
+        model.model_section()
+    ));
     let daemon = workspace.start();
     let response = post(&daemon, 0);
     assert_eq!(response.status, 202, "{response:?}");
@@ -262,21 +250,10 @@ fn a_start_on_a_full_disk_waits_for_space_then_resumes() {
         Duration::from_secs(20),
         || try_request(daemon.addr, "GET", "/readyz", &[], b"").is_ok_and(|r| r.status == 200),
     );
-    let database = state_dir.join("agentgate.db");
     wait_until(
         "the resumed turn to complete",
         Duration::from_secs(20),
-        || {
-            rusqlite::Connection::open(&database)
-                .and_then(|connection| {
-                    connection.query_row(
-                        "SELECT status FROM events WHERE id = ?1",
-                        [&event_id],
-                        |row| row.get::<_, String>(0),
-                    )
-                })
-                .is_ok_and(|status| status == "completed")
-        },
+        || workspace.event_status(&event_id) == "completed",
     );
     let log = daemon.log();
     assert!(log.contains("they are resumed as crashed"), "{log}");

@@ -374,16 +374,12 @@ fn a_full_disk_does_not_fail_reconcile_when_the_daemon_can_start() {
         return;
     }
     let filesystem = common::loopfs::LoopFs::new();
-    let workspace = Workspace::new();
-    let state_dir = filesystem.mount_point.join("state");
-    workspace.write_config_with_state(
-        &format!("[runtime]\nmin_free_disk = \"0\"\n{ROUTE}"),
-        &state_dir,
-    );
+    let workspace = filesystem.workspace();
+    workspace.write_config(&format!("[runtime]\nmin_free_disk = \"0\"\n{ROUTE}"));
     let daemon = workspace.start();
     assert_eq!(daemon.post_json("/hook", &[], "{}").status, 202);
     daemon.kill9();
-    let _ = std::fs::remove_file(state_dir.join("ledger.json"));
+    let _ = std::fs::remove_file(workspace.state_dir().join("ledger.json"));
 
     let fill = filesystem.fill();
     let output = reconcile(&workspace, &[]);

@@ -55,6 +55,14 @@ impl LoopFs {
         }
     }
 
+    /// A workspace whose state directory is `state/` on this file system.
+    pub fn workspace(&self) -> super::Workspace {
+        super::Workspace::with_state_dir(
+            tempfile::tempdir().expect("tempdir"),
+            self.mount_point.join("state"),
+        )
+    }
+
     /// Fills the file system to the last block; removing the returned file frees the space.
     pub fn fill(&self) -> PathBuf {
         let fill = self.mount_point.join("fill");

@@ -146,13 +146,22 @@ pub fn post_many(
 pub struct Workspace {
     pub dir: tempfile::TempDir,
     pub port: u16,
+    state_dir: PathBuf,
 }
 
 impl Workspace {
     pub fn new() -> Workspace {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let state_dir = dir.path().join("state");
+        Workspace::with_state_dir(dir, state_dir)
+    }
+
+    /// A workspace whose state directory is `state_dir` (e.g. on a file system of its own).
+    pub fn with_state_dir(dir: tempfile::TempDir, state_dir: PathBuf) -> Workspace {
         Workspace {
-            dir: tempfile::tempdir().expect("tempdir"),
+            dir,
             port: free_port(),
+            state_dir,
         }
     }
 
@@ -165,7 +174,7 @@ impl Workspace {
     }
 
     pub fn state_dir(&self) -> PathBuf {
-        self.path().join("state")
+        self.state_dir.clone()
     }
 
     /// Writes the config: `state_dir` and `[server] listen` are filled in, `body` is the rest.
