@@ -16,12 +16,15 @@ fn cargo_fuzz_available() -> bool {
 
 #[test]
 fn every_fuzz_target_survives_a_short_run() {
+    // `.ci/run` installs cargo-fuzz (pinned); a test never installs software. Under CI a
+    // missing cargo-fuzz is a failure, on a developer's machine a skip that says so.
     if !cargo_fuzz_available() {
-        let status = Command::new("cargo")
-            .args(["install", "--locked", "cargo-fuzz"])
-            .status()
-            .expect("cargo install cargo-fuzz");
-        assert!(status.success(), "cannot install cargo-fuzz");
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "cargo fuzz is not installed; .ci/run installs it"
+        );
+        eprintln!("skipped: cargo fuzz is not installed (`.ci/run` installs cargo-fuzz 0.13.1)");
+        return;
     }
     let seconds = std::env::var("AGENTGATE_FUZZ_SECONDS").unwrap_or_else(|_| "10".to_string());
     // Every target in fuzz/fuzz_targets, so a new one cannot be left out.

@@ -32,18 +32,61 @@ fn imports() -> BTreeMap<String, BTreeSet<String>> {
             // Unit tests may reach anywhere; only the code counts.
             let code = text.split("#[cfg(test)]\nmod tests").next().unwrap_or("");
             let targets = graph.entry(module.clone()).or_default();
-            for (at, _) in code.match_indices("crate::") {
-                let name: String = code[at + "crate::".len()..]
-                    .chars()
-                    .take_while(|c| c.is_ascii_lowercase() || *c == '_')
-                    .collect();
-                if !name.is_empty() && name != module {
-                    targets.insert(name);
-                }
-            }
+            targets.extend(modules_named(code).into_iter().filter(|name| *name != module));
         }
     }
     graph
+}
+
+/// The top-level modules `code` names as `crate::NAME`, also inside a grouped import
+/// (`use crate::{a, b::{c, d}}` names `a` and `b`).
+fn modules_named(code: &str) -> BTreeSet<String> {
+    let identifier = |text: &str| -> String {
+        text.trim_start()
+            .chars()
+            .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_')
+            .collect()
+    };
+    let mut names = BTreeSet::new();
+    for (at, _) in code.match_indices("crate::") {
+        let rest = &code[at + "crate::".len()..];
+        let Some(group) = rest.trim_start().strip_prefix('{') else {
+            names.insert(identifier(rest));
+            continue;
+        };
+        // The group's top-level items, up to its closing brace.
+        let (mut depth, mut item_start) = (0usize, 0usize);
+        for (offset, c) in group.char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' if depth == 0 => {
+                    names.insert(identifier(&group[item_start..offset]));
+                    break;
+                }
+                '}' => depth -= 1,
+                ',' if depth == 0 => {
+                    names.insert(identifier(&group[item_start..offset]));
+                    item_start = offset + 1;
+                }
+                _ => {}
+            }
+        }
+    }
+    // `crate::{self, …}` names the crate itself; a trailing comma leaves an empty item.
+    names.retain(|name| !name.is_empty() && name != "self");
+    names
+}
+
+#[test]
+fn grouped_imports_name_every_module_they_import() {
+    let names = modules_named(
+        "use crate::{logging, metrics};\nuse crate::{\n    self,\n    store::{Store, model::{A, B}},\n    session::Sessions,\n};\nfn f() { crate::cli::run() }",
+    );
+    let expected: BTreeSet<String> = ["cli", "logging", "metrics", "session", "store"]
+        .into_iter()
+        .map(String::from)
+        .collect();
+    assert_eq!(names, expected);
 }
 
 /// A cycle through `start`, if there is one (depth-first search over the import graph).
