@@ -53,10 +53,12 @@ impl fmt::Display for Failure {
 /// server cannot be reached (it may come back), 73 when the state itself cannot be used.
 impl From<crate::store::StoreError> for Failure {
     fn from(err: crate::store::StoreError) -> Failure {
-        match err {
-            crate::store::StoreError::Setup(_) => Failure::config(err),
-            _ if err.is_transient() => Failure::unavailable(err),
-            _ => Failure::state(err),
+        match err.kind() {
+            crate::store::ErrorKind::Config => Failure::config(err),
+            crate::store::ErrorKind::ServerDown => Failure::unavailable(err),
+            crate::store::ErrorKind::WriteRefused | crate::store::ErrorKind::Broken => {
+                Failure::state(err)
+            }
         }
     }
 }

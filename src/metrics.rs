@@ -452,7 +452,7 @@ pub(crate) fn render(snapshot: &Snapshot<'_>) -> String {
         metrics
             .events
             .get_or_create(&StatusLabel {
-                status: status.clone(),
+                status: status.to_string(),
             })
             .set(*count);
     }
@@ -461,7 +461,7 @@ pub(crate) fn render(snapshot: &Snapshot<'_>) -> String {
         metrics
             .sessions
             .get_or_create(&StateLabel {
-                state: state.clone(),
+                state: state.to_string(),
             })
             .set(*count);
     }
@@ -563,8 +563,14 @@ mod tests {
         delivery(DeliveryResult::Delivered);
         resume(ResumeOutcome::Resumed(ResumeReason::Crashed));
         let mut summary = StatusSummary::default();
-        summary.events.by_status.insert("queued".into(), 2);
-        summary.sessions.by_state.insert("idle".into(), 1);
+        summary
+            .events
+            .by_status
+            .insert(crate::store::EventStatus::Queued, 2);
+        summary
+            .sessions
+            .by_state
+            .insert(crate::store::SessionState::Idle, 1);
         let text = render(&Snapshot {
             summary: &summary,
             turns_running: 0,

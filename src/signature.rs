@@ -37,18 +37,36 @@ impl VerifyScheme {
         )
     }
 
+    /// Every scheme, in the order the docs list them.
+    pub(crate) const ALL: [VerifyScheme; 8] = [
+        VerifyScheme::Github,
+        VerifyScheme::Standard,
+        VerifyScheme::Stripe,
+        VerifyScheme::Slack,
+        VerifyScheme::Gitlab,
+        VerifyScheme::Bearer,
+        VerifyScheme::HmacSha256,
+        VerifyScheme::None,
+    ];
+
+    /// The scheme's name in the config (`verify.scheme`).
+    pub(crate) const fn name(self) -> &'static str {
+        match self {
+            VerifyScheme::Github => "github",
+            VerifyScheme::Standard => "standard",
+            VerifyScheme::Stripe => "stripe",
+            VerifyScheme::Slack => "slack",
+            VerifyScheme::Gitlab => "gitlab",
+            VerifyScheme::Bearer => "bearer",
+            VerifyScheme::HmacSha256 => "hmac-sha256",
+            VerifyScheme::None => "none",
+        }
+    }
+
     pub(crate) fn parse(name: &str) -> Option<VerifyScheme> {
-        Some(match name {
-            "github" => VerifyScheme::Github,
-            "standard" => VerifyScheme::Standard,
-            "stripe" => VerifyScheme::Stripe,
-            "slack" => VerifyScheme::Slack,
-            "gitlab" => VerifyScheme::Gitlab,
-            "bearer" => VerifyScheme::Bearer,
-            "hmac-sha256" => VerifyScheme::HmacSha256,
-            "none" => VerifyScheme::None,
-            _ => return None,
-        })
+        VerifyScheme::ALL
+            .into_iter()
+            .find(|scheme| scheme.name() == name)
     }
 }
 

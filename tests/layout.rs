@@ -32,7 +32,11 @@ fn imports() -> BTreeMap<String, BTreeSet<String>> {
             // Unit tests may reach anywhere; only the code counts.
             let code = text.split("#[cfg(test)]\nmod tests").next().unwrap_or("");
             let targets = graph.entry(module.clone()).or_default();
-            targets.extend(modules_named(code).into_iter().filter(|name| *name != module));
+            targets.extend(
+                modules_named(code)
+                    .into_iter()
+                    .filter(|name| *name != module),
+            );
         }
     }
     graph

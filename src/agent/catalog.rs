@@ -97,7 +97,9 @@ impl OfferedTool {
             ) => {
                 *server == connection.server && tool.as_deref().is_none_or(|wanted| wanted == name)
             }
-            _ => false,
+            (ToolRef::Command(_), Runs::Mcp { .. }) | (ToolRef::Mcp { .. }, Runs::Command(_)) => {
+                false
+            }
         }
     }
 

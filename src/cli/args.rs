@@ -5,6 +5,14 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 use crate::config::ConfigSource;
+use crate::store::EventStatus;
+
+/// `--status S`: an event status by its name.
+fn parse_event_status(name: &str) -> Result<EventStatus, String> {
+    EventStatus::from_name(name).ok_or_else(|| {
+        format!("unknown status {name:?}; use queued, running, completed, failed, abandoned or suspended")
+    })
+}
 
 #[derive(Debug, Parser)]
 #[command(
@@ -170,9 +178,9 @@ pub(super) enum EventsCommand {
     List {
         #[command(flatten)]
         config: ConfigArg,
-        /// Only events with this status (queued, running, completed, failed, ...)
-        #[arg(long, value_name = "S")]
-        status: Option<String>,
+        /// Only events with this status (queued, running, completed, failed, abandoned, suspended)
+        #[arg(long, value_name = "S", value_parser = parse_event_status)]
+        status: Option<EventStatus>,
         /// Only events of this route
         #[arg(long, value_name = "R")]
         route: Option<String>,

@@ -37,9 +37,6 @@ pub(super) fn operator_action(
             "the daemon runs but its control socket {} does not answer (server.control_socket)",
             daemon.location.control_socket.display()
         ))),
-        None if action == OperatorAction::Cancel => Err(Failure::runtime(format!(
-            "no daemon is running, so session {key:?} has no running turn to cancel"
-        ))),
         None => {
             drop(daemon);
             override_stored_state(source, key, action)
@@ -79,18 +76,31 @@ fn override_stored_state(
     key: &str,
     action: OperatorAction,
 ) -> Result<(), Failure> {
+    let resume = match action {
+        OperatorAction::Suspend => false,
+        OperatorAction::Resume => true,
+        OperatorAction::Cancel => {
+            return Err(Failure::runtime(format!(
+                "no daemon is running, so session {key:?} has no running turn to cancel"
+            )));
+        }
+    };
     let state = StateAccess::open(source)?;
     let before = state
-        .query(async |store| match action {
-            OperatorAction::Suspend => store.operator_suspend(key).await,
-            _ => store.operator_resume(key).await,
+        .query(async |store| {
+            if resume {
+                store.operator_resume(key).await
+            } else {
+                store.operator_suspend(key).await
+            }
         })?
         .flatten()
         .ok_or_else(|| Failure::runtime(format!("no session {key:?}")))?;
     state.restore_ownership()?;
-    match action {
-        OperatorAction::Suspend => outln!("session {key}: suspended (was {before})"),
-        _ => outln!("session {key}: resumed (was {before}); its ledger entry is cleared"),
+    if resume {
+        outln!("session {key}: resumed (was {before}); its ledger entry is cleared");
+    } else {
+        outln!("session {key}: suspended (was {before})");
     }
     Ok(())
 }

@@ -153,13 +153,6 @@ fn daemon_status(body: &serde_json::Value, json: bool) {
 }
 
 pub(super) fn render_status(state_dir: &Path, running: bool, summary: &StatusSummary) -> String {
-    let breakdown = |counts: &std::collections::BTreeMap<String, i64>| {
-        counts
-            .iter()
-            .map(|(name, n)| format!("{name} {n}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
     format!(
         "agentgate:  {}\ndaemon:     {}\nstate:      {}\nevents:     {} total ({})\nsessions:   {} total ({})\ndeliveries: {} pending, {} failed\n",
         crate::VERSION,
@@ -172,4 +165,13 @@ pub(super) fn render_status(state_dir: &Path, running: bool, summary: &StatusSum
         summary.deliveries.pending,
         summary.deliveries.failed,
     )
+}
+
+/// `name n, name n, ...` of a count by status or state.
+fn breakdown<K: std::fmt::Display>(counts: &std::collections::BTreeMap<K, i64>) -> String {
+    counts
+        .iter()
+        .map(|(name, n)| format!("{name} {n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }

@@ -820,8 +820,9 @@ impl Checker<'_> {
             self.error(
                 &format!("{key_path}.scheme"),
                 format!(
-                    "unknown scheme {:?}; use github, standard, stripe, slack, gitlab, bearer, hmac-sha256 or none",
-                    raw.scheme
+                    "unknown scheme {:?}; use one of {}",
+                    raw.scheme,
+                    VerifyScheme::ALL.map(VerifyScheme::name).join(", ")
                 ),
             );
             return None;

@@ -9,7 +9,7 @@
 
 use serde::Serialize;
 
-use crate::store::{EventStatus, TurnEnd};
+use crate::store::{Terminal, TurnEnd};
 
 /// The body of the outbound delivery of `end`.
 pub(crate) fn render(end: &TurnEnd) -> serde_json::Result<String> {
@@ -17,7 +17,7 @@ pub(crate) fn render(end: &TurnEnd) -> serde_json::Result<String> {
         event_id: &end.event_id,
         route: &end.route,
         session: &end.session_key,
-        status: end.event_status,
+        status: end.terminal,
         output: end.output.as_deref(),
         error: end.error.as_deref(),
         turn_id: &end.turn_id,
@@ -30,7 +30,7 @@ struct DeliveryBody<'a> {
     event_id: &'a str,
     route: &'a str,
     session: &'a str,
-    status: EventStatus,
+    status: Terminal,
     output: Option<&'a str>,
     error: Option<&'a str>,
     turn_id: &'a str,
@@ -51,7 +51,7 @@ mod tests {
             session_key: "github:octo/repo#7".into(),
             route: "github".into(),
             turn_status: TurnStatus::Completed,
-            event_status: EventStatus::Completed,
+            terminal: Terminal::Completed,
             reason: None,
             output: Some("the answer".into()),
             error: None,

@@ -24,7 +24,7 @@ use crate::logging;
 use crate::metrics;
 use crate::operator::OperatorAction;
 use crate::session::Sessions;
-use crate::store::{EventFilter, StatusSummary, Store};
+use crate::store::{EventFilter, EventStatus, StatusSummary, Store};
 
 /// How long `cancel` waits for the cancelled turn to commit its end before it answers 202.
 const CANCEL_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -259,10 +259,23 @@ impl Control {
             Ok(limit) => limit,
             Err(refusal) => return Ok(*refusal),
         };
+        let status = match query.get("status") {
+            None => None,
+            Some(name) => match EventStatus::from_name(&name) {
+                Some(status) => Some(status),
+                None => {
+                    return Ok(error(
+                        StatusCode::BAD_REQUEST,
+                        "bad_status",
+                        &format!("unknown event status {name:?}"),
+                    ));
+                }
+            },
+        };
         let events = self
             .store
             .events(EventFilter {
-                status: query.get("status"),
+                status,
                 route: query.get("route"),
                 session: query.get("session"),
                 limit: limit + 1,

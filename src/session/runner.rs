@@ -214,7 +214,7 @@ impl TurnContext {
         let event = &turn.event;
         let completed_resume =
             matches!(outcome, Outcome::Completed { .. }) && turn.resume_reason.is_some();
-        let (turn_status, event_status) = outcome.statuses(stop);
+        let (turn_status, terminal) = outcome.statuses(stop);
         let (output, error) = match outcome {
             Outcome::Completed { output } => (Some(output), None),
             Outcome::Failed { error } => (None, Some(error)),
@@ -225,7 +225,7 @@ impl TurnContext {
             session_key: event.session_key.clone(),
             route: event.route.clone(),
             turn_status,
-            event_status,
+            terminal,
             reason: stop,
             output,
             error: error.clone(),

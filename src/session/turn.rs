@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use crate::agent::message::{Message, Role};
 use crate::agent::schema;
-use crate::store::{EVENT_ENTRY, EventStatus, StopReason, TurnStatus};
+use crate::store::{EVENT_ENTRY, StopReason, Terminal, TurnStatus};
 
 /// A transcript entry. Messages are what the model sees; a tool start marks a call as begun, so
 /// a crash between start and result is visible afterwards. The event that starts a turn is
@@ -62,11 +62,11 @@ pub(crate) enum Outcome {
 impl Outcome {
     /// The statuses a turn that ended with this outcome leaves: its own and its event's. A turn
     /// stopped early (`stop`) is `interrupted`; its event still ends `failed`, which is delivered.
-    pub(crate) fn statuses(&self, stop: Option<StopReason>) -> (TurnStatus, EventStatus) {
+    pub(crate) fn statuses(&self, stop: Option<StopReason>) -> (TurnStatus, Terminal) {
         match (self, stop) {
-            (Outcome::Completed { .. }, _) => (TurnStatus::Completed, EventStatus::Completed),
-            (Outcome::Failed { .. }, None) => (TurnStatus::Failed, EventStatus::Failed),
-            (Outcome::Failed { .. }, Some(_)) => (TurnStatus::Interrupted, EventStatus::Failed),
+            (Outcome::Completed { .. }, _) => (TurnStatus::Completed, Terminal::Completed),
+            (Outcome::Failed { .. }, None) => (TurnStatus::Failed, Terminal::Failed),
+            (Outcome::Failed { .. }, Some(_)) => (TurnStatus::Interrupted, Terminal::Failed),
         }
     }
 }

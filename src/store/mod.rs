@@ -11,13 +11,16 @@
 //! Either way a write's future resolves only after its transaction committed, which is what lets
 //! the listener answer 202 only for durable events.
 
+mod admission;
 mod atomic;
-mod inspect;
+#[cfg(test)]
+mod contract;
 pub(crate) mod ledger;
 mod lock;
 mod model;
 mod postgres;
-mod retention;
+mod row;
+mod sql;
 mod sqlite;
 mod state_dir;
 pub(crate) mod states;
@@ -28,19 +31,19 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::config::StoreSettings;
 pub(crate) use states::{
-    EventStatus, NodeState, ResumeReason, SessionState, StopReason, TurnStatus,
+    EventStatus, NodeState, ResumeReason, SessionState, StopReason, Terminal, TurnStatus,
 };
 
 pub(crate) use atomic::is_stale_temp;
-pub(crate) use inspect::{DeliveryRow, EventDetail, EventFilter, EventRow, RetryTarget, TurnRow};
 pub(crate) use ledger::Ledger;
 pub(crate) use lock::{DaemonLock, LockError};
 pub(crate) use model::{
-    AcceptOutcome, ClaimedTurn, DeliveryAttempt, DeliveryCounts, EVENT_ENTRY, Event,
-    InterruptedSession, LiveCounts, NewEvent, NodeRow, PendingDelivery, RenderDelivery, SessionRow,
-    StatusSummary, TranscriptRow, TurnEnd,
+    AcceptOutcome, ClaimedTurn, DeliveryAttempt, DeliveryRow, EVENT_ENTRY, Event, EventDetail,
+    EventFilter, EventRow, InterruptedSession, LiveCounts, NewEvent, PendingDelivery,
+    RenderDelivery, RetryTarget, SessionRow, StatusSummary, TranscriptRow, TurnEnd,
 };
 pub(crate) use sqlite::{backup, check_database, session_keys};
+
 pub(crate) use state_dir::{LEDGER_FILE, StateDir};
 
 #[derive(Debug, thiserror::Error)]
@@ -83,26 +86,70 @@ pub(crate) enum StoreError {
     /// Another node took the session over (this node's lease expired): the turn must stop.
     #[error("session {session_key}: the lease is held by another node now")]
     LeaseLost { session_key: String },
+    /// A stored row does not read back as this agentgate expects (see `row.rs`).
+    #[error("stored row: column {column}: {reason}")]
+    Decode {
+        column: &'static str,
+        reason: String,
+    },
+    /// The body of a delivery could not be rendered.
+    #[error("delivery body: {0}")]
+    Render(String),
+}
+
+/// What a [`StoreError`] means for whoever met it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ErrorKind {
+    /// The store cannot work as configured: retrying will not help (exit 78).
+    Config,
+    /// The database server could not be reached or did not answer: the same request may work
+    /// later, so it is waited for (at start) or answered 503/69, never taken as broken state.
+    ServerDown,
+    /// A write was refused by what is under the store (a full disk, failing fsync): the same
+    /// write may work later.
+    WriteRefused,
+    /// The state itself, or this process's part of the store, cannot be used (exit 73).
+    Broken,
 }
 
 impl StoreError {
-    /// The database server could not be reached or did not answer: the same request may work
-    /// later, so it is waited for (at start) or answered 503/69, never taken as broken state.
+    pub(crate) fn kind(&self) -> ErrorKind {
+        match self {
+            StoreError::Setup(_) => ErrorKind::Config,
+            StoreError::ServerUnavailable(_) => ErrorKind::ServerDown,
+            StoreError::Unavailable(_) => ErrorKind::WriteRefused,
+            // A statement (not the commit) that met the full disk or an I/O error.
+            StoreError::Query(rusqlite::Error::SqliteFailure(failure, _))
+                if matches!(
+                    failure.code,
+                    rusqlite::ErrorCode::DiskFull | rusqlite::ErrorCode::SystemIoFailure
+                ) =>
+            {
+                ErrorKind::WriteRefused
+            }
+            StoreError::Query(_)
+            | StoreError::StateDir { .. }
+            | StoreError::Open { .. }
+            | StoreError::Migration { .. }
+            | StoreError::Stopped(_)
+            | StoreError::Ledger(_)
+            | StoreError::LeaseLost { .. }
+            | StoreError::Decode { .. }
+            | StoreError::Render(_) => ErrorKind::Broken,
+        }
+    }
+
+    /// See [`ErrorKind::ServerDown`].
     pub(crate) fn is_transient(&self) -> bool {
-        matches!(self, StoreError::ServerUnavailable(_))
+        self.kind() == ErrorKind::ServerDown
     }
 
     /// A write was refused for a reason outside agentgate that may clear (a full disk, failing
     /// fsync, an unreachable database server): the same write may work later.
     pub(crate) fn is_write_refused(&self) -> bool {
-        match self {
-            StoreError::Unavailable(_) | StoreError::ServerUnavailable(_) => true,
-            // A statement (not the commit) that met the full disk or an I/O error.
-            StoreError::Query(rusqlite::Error::SqliteFailure(failure, _)) => matches!(
-                failure.code,
-                rusqlite::ErrorCode::DiskFull | rusqlite::ErrorCode::SystemIoFailure
-            ),
-            _ => false,
+        match self.kind() {
+            ErrorKind::WriteRefused | ErrorKind::ServerDown => true,
+            ErrorKind::Config | ErrorKind::Broken => false,
         }
     }
 }

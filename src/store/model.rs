@@ -3,10 +3,11 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::states::{
-    DeliveryState, EventStatus, NodeState, ResumeReason, SessionState, StopReason, TurnStatus,
+    DeliveryState, EventStatus, NodeState, ResumeReason, SessionState, StopReason, Terminal,
+    TurnStatus,
 };
 
 /// An event as the listener verified it. The same record is made durable, claimed for a turn,
@@ -41,18 +42,57 @@ pub(crate) enum AcceptOutcome {
 }
 
 /// Counts for `agentgate status`.
-#[derive(Debug, Default, Serialize)]
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
 pub(crate) struct StatusSummary {
-    pub events: Counts,
-    pub sessions: Counts,
-    pub deliveries: super::DeliveryCounts,
+    pub events: EventCounts,
+    pub sessions: SessionCounts,
+    pub deliveries: DeliveryCounts,
     /// With the PostgreSQL backend: the nodes sharing the database, and their leases.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nodes: Option<Vec<NodeRow>>,
 }
 
+impl StatusSummary {
+    /// The summary out of its counts.
+    pub(crate) fn from_counts(
+        by_status: BTreeMap<EventStatus, i64>,
+        by_state: BTreeMap<SessionState, i64>,
+        deliveries: DeliveryCounts,
+        nodes: Option<Vec<NodeRow>>,
+    ) -> StatusSummary {
+        StatusSummary {
+            events: EventCounts {
+                total: by_status.values().sum(),
+                by_status,
+            },
+            sessions: SessionCounts {
+                total: by_state.values().sum(),
+                by_state,
+            },
+            deliveries,
+            nodes,
+        }
+    }
+}
+
+/// Accepted webhooks (duplicates and internal events excluded), by status.
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
+pub(crate) struct EventCounts {
+    pub total: i64,
+    #[serde(default)]
+    pub by_status: BTreeMap<EventStatus, i64>,
+}
+
+/// Sessions by state.
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
+pub(crate) struct SessionCounts {
+    pub total: i64,
+    #[serde(default)]
+    pub by_state: BTreeMap<SessionState, i64>,
+}
+
 /// A node of a PostgreSQL-backed cluster, as `status` shows it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct NodeRow {
     pub name: String,
     /// This run of the node (a restart is a new one): the owner named in leases.
@@ -63,15 +103,6 @@ pub(crate) struct NodeRow {
     pub state: NodeState,
     /// Sessions whose turn this node runs now.
     pub leases: Vec<String>,
-}
-
-#[derive(Debug, Default, Serialize)]
-pub(crate) struct Counts {
-    pub total: i64,
-    #[serde(rename = "by_status", skip_serializing_if = "BTreeMap::is_empty")]
-    pub by_status: BTreeMap<String, i64>,
-    #[serde(rename = "by_state", skip_serializing_if = "BTreeMap::is_empty")]
-    pub by_state: BTreeMap<String, i64>,
 }
 
 /// The few counts the daemon reports to systemd every few seconds. Each is an index range
@@ -93,7 +124,7 @@ pub(crate) struct PendingDelivery {
 }
 
 /// Pending and permanently failed deliveries, for `status`.
-#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
 pub(crate) struct DeliveryCounts {
     pub pending: i64,
     pub failed: i64,
@@ -142,14 +173,14 @@ pub(crate) struct InterruptedSession {
 }
 
 impl InterruptedSession {
-    fn ended(&self, event_status: EventStatus, error: String) -> TurnEnd {
+    fn ended(&self, terminal: Terminal, error: String) -> TurnEnd {
         TurnEnd {
             turn_id: self.turn_id.clone(),
             event_id: self.event_id.clone(),
             session_key: self.session_key.clone(),
             route: self.route.clone(),
             turn_status: TurnStatus::Interrupted,
-            event_status,
+            terminal,
             reason: Some(StopReason::Resume(self.reason)),
             output: None,
             error: Some(error),
@@ -163,7 +194,7 @@ impl InterruptedSession {
             "the turn was interrupted ({}) longer ago than resume_window; it is not resumed",
             self.reason
         );
-        self.ended(EventStatus::Abandoned, error)
+        self.ended(Terminal::Abandoned, error)
     }
 
     /// The end of a session that needed more than `max_attempts` resumes.
@@ -172,7 +203,7 @@ impl InterruptedSession {
             "suspended after {max_attempts} resume(s): the session was interrupted ({}) every time",
             self.reason
         );
-        self.ended(EventStatus::Suspended, error)
+        self.ended(Terminal::Suspended, error)
     }
 }
 
@@ -184,23 +215,12 @@ pub(crate) struct TurnEnd {
     pub session_key: String,
     pub route: String,
     pub turn_status: TurnStatus,
-    /// The event's terminal status: `completed`, `failed`, `abandoned` or `suspended`.
-    pub event_status: EventStatus,
+    /// How the event ends.
+    pub terminal: Terminal,
     pub reason: Option<StopReason>,
     pub output: Option<String>,
     pub error: Option<String>,
     pub steps: u32,
-}
-
-impl TurnEnd {
-    /// The state the session is left in.
-    pub(crate) fn session_state(&self) -> SessionState {
-        if self.event_status == EventStatus::Suspended {
-            SessionState::Suspended
-        } else {
-            SessionState::Idle
-        }
-    }
 }
 
 /// Renders the body of a turn's outbound delivery: `deliver::body::render`, which the callers
@@ -209,7 +229,7 @@ impl TurnEnd {
 pub(crate) type RenderDelivery = fn(&TurnEnd) -> serde_json::Result<String>;
 
 /// One transcript row.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct TranscriptRow {
     pub seq: i64,
     pub turn_id: String,
@@ -224,51 +244,96 @@ pub(crate) struct TranscriptRow {
 /// The transcript entry kind that refers to its turn's event (see `session::turn::Entry`).
 pub(crate) const EVENT_ENTRY: &str = "event";
 
-/// A session's transcript, oldest first: each row, then (for an `event` entry) the event it
-/// refers to, joined through the turn. Both backends run it, with their own placeholders for the
-/// session key and for `EVENT_ENTRY`.
-pub(super) fn transcript_query(session_key: &str, event_entry: &str) -> String {
-    format!(
-        "SELECT t.seq, t.turn_id, t.kind, t.body, t.created_at,
-                e.id, e.route, e.session_key, e.event_type, e.delivery_id, e.headers, e.payload
-         FROM transcript t
-         LEFT JOIN turns u ON t.kind = {event_entry} AND u.id = t.turn_id
-         LEFT JOIN events e ON e.id = u.event_id
-         WHERE t.session_key = {session_key} ORDER BY t.seq"
-    )
-}
-
-impl TranscriptRow {
-    /// A stored entry; its body is JSON as written (kept as text if it is not).
-    pub(super) fn new(
-        seq: i64,
-        turn_id: String,
-        kind: String,
-        body: String,
-        created_at: i64,
-        event: Option<Event>,
-    ) -> Self {
-        TranscriptRow {
-            seq,
-            turn_id,
-            kind,
-            body: serde_json::from_str(&body).unwrap_or(serde_json::Value::String(body)),
-            created_at,
-            event,
-        }
-    }
-}
-
 /// A session as `sessions list` shows it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct SessionRow {
     pub key: String,
     pub route: String,
     pub state: SessionState,
     pub reason: Option<String>,
     pub last_turn_id: Option<String>,
-    pub last_turn_status: Option<String>,
+    pub last_turn_status: Option<TurnStatus>,
     pub turns: i64,
     pub queued: i64,
     pub updated_at: i64,
+}
+
+/// `events list` filters; `None` matches everything.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct EventFilter {
+    pub status: Option<EventStatus>,
+    pub route: Option<String>,
+    pub session: Option<String>,
+    pub limit: i64,
+    /// Only events older than this one (a page's cursor: the last event of the page before).
+    pub before: Option<String>,
+}
+
+/// An accepted (or internal) event as the operator sees it, without its payload.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct EventRow {
+    pub id: String,
+    pub route: String,
+    pub session: String,
+    pub event_type: String,
+    pub status: EventStatus,
+    pub delivery_id: Option<String>,
+    /// Unix milliseconds.
+    pub received_at: i64,
+    /// `webhook`, or `background` for a background job's completion.
+    pub origin: String,
+    /// The event this one is a replay of (`events replay`).
+    pub replay_of: Option<String>,
+}
+
+/// `events show`: the event, what it carried, and what became of it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct EventDetail {
+    #[serde(flatten)]
+    pub event: EventRow,
+    /// The payload as stored: JSON when it parses, else its text.
+    pub payload: serde_json::Value,
+    /// The headers as stored (lower-case names, credentials removed).
+    pub headers: serde_json::Value,
+    pub turns: Vec<TurnRow>,
+    pub delivery: Option<DeliveryRow>,
+}
+
+/// One turn of an event.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct TurnRow {
+    pub id: String,
+    pub status: TurnStatus,
+    pub reason: Option<String>,
+    pub steps: i64,
+    pub started_at: i64,
+    pub finished_at: Option<i64>,
+    pub error: Option<String>,
+}
+
+/// One outbox row.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct DeliveryRow {
+    pub event_id: String,
+    pub route: String,
+    pub session: String,
+    pub status: DeliveryState,
+    pub attempts: i64,
+    pub next_attempt_at: i64,
+    pub last_error: Option<String>,
+    pub updated_at: i64,
+}
+
+/// Which failed deliveries `deliveries retry` sends again.
+#[derive(Debug, Clone)]
+pub(crate) enum RetryTarget {
+    One(String),
+    AllFailed,
+}
+
+/// A stored payload as JSON, or as text when it is not JSON.
+pub(crate) fn payload_value(payload: &[u8]) -> serde_json::Value {
+    serde_json::from_slice(payload).unwrap_or_else(|_| {
+        serde_json::Value::String(String::from_utf8_lossy(payload).into_owned())
+    })
 }

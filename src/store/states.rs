@@ -1,21 +1,23 @@
 //! The states of events, sessions, turns and deliveries, and why a turn is resumed.
 //!
 //! Each state is a type, and its text in the database is written in exactly one place: the
-//! `sql` function of its enum. SQL statements of both backends use the quoted constants below
-//! (built at compile time), never a literal of their own, so that a new state is one edit that
-//! the compiler then follows everywhere. docs/reference.md lists what each state means.
+//! `sql` function of its enum, matched exhaustively. SQL statements of both backends use the
+//! quoted constants below (built at compile time), never a literal of their own, so that a new
+//! state is one edit that the compiler then follows everywhere. Text read back is parsed by the
+//! same names (serde's, checked against `sql` by a test). docs/reference.md lists what each
+//! state means.
 
 use const_format::concatcp;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-/// Finds the state whose database text is `text`.
-fn parse<T: Copy>(all: &[T], sql: fn(T) -> &'static str, text: &str) -> Option<T> {
-    all.iter().copied().find(|state| sql(*state) == text)
+/// The state whose database text is `text` (its serde name, which is its `sql` text).
+fn parse<T: serde::de::DeserializeOwned>(text: &str) -> Option<T> {
+    T::deserialize(serde::de::value::StrDeserializer::<serde::de::value::Error>::new(text)).ok()
 }
 
 /// An accepted event: waiting, running as a turn, or ended in one of the terminal statuses that
 /// are delivered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum EventStatus {
     Queued,
@@ -39,8 +41,50 @@ impl EventStatus {
     }
 }
 
-/// A session: whether a turn of it may start.
+/// How an accepted event ends: each of these is delivered, exactly once per event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Terminal {
+    Completed,
+    Failed,
+    /// Interrupted longer ago than `resume_window`.
+    Abandoned,
+    /// Its session needed more resumes than `resume_max_attempts`.
+    Suspended,
+}
+
+impl Terminal {
+    pub(crate) const fn event_status(self) -> EventStatus {
+        match self {
+            Terminal::Completed => EventStatus::Completed,
+            Terminal::Failed => EventStatus::Failed,
+            Terminal::Abandoned => EventStatus::Abandoned,
+            Terminal::Suspended => EventStatus::Suspended,
+        }
+    }
+
+    /// The state the event's session is left in.
+    pub(crate) const fn session_state(self) -> SessionState {
+        match self {
+            Terminal::Completed | Terminal::Failed | Terminal::Abandoned => SessionState::Idle,
+            Terminal::Suspended => SessionState::Suspended,
+        }
+    }
+
+    /// Whether retention may delete an event that ended so, once its result is delivered. A
+    /// suspended event is kept: its session's resume runs it again. `sql::PRUNABLE_EVENTS_SQL`
+    /// lists these, which a test checks (a new status fails to compile here until it is placed).
+    #[cfg(test)]
+    pub(crate) const fn prunable(self) -> bool {
+        match self {
+            Terminal::Completed | Terminal::Failed | Terminal::Abandoned => true,
+            Terminal::Suspended => false,
+        }
+    }
+}
+
+/// A session: whether a turn of it may start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum SessionState {
     Idle,
@@ -50,6 +94,7 @@ pub(crate) enum SessionState {
 }
 
 impl SessionState {
+    #[cfg(test)]
     const ALL: [SessionState; 4] = [
         SessionState::Idle,
         SessionState::Running,
@@ -65,14 +110,10 @@ impl SessionState {
             SessionState::Suspended => "suspended",
         }
     }
-
-    pub(crate) fn from_sql(text: &str) -> Option<SessionState> {
-        parse(&SessionState::ALL, SessionState::sql, text)
-    }
 }
 
 /// One run of an event.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum TurnStatus {
     Running,
@@ -94,7 +135,7 @@ impl TurnStatus {
 }
 
 /// Why a session waits to be resumed (and why its resumed event runs again).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum ResumeReason {
     /// The process died with the turn running.
@@ -104,6 +145,7 @@ pub(crate) enum ResumeReason {
 }
 
 impl ResumeReason {
+    #[cfg(test)]
     const ALL: [ResumeReason; 2] = [ResumeReason::Crashed, ResumeReason::ShutdownTimeout];
 
     pub(crate) const fn sql(self) -> &'static str {
@@ -116,47 +158,73 @@ impl ResumeReason {
     /// A reason the database holds; an unknown one (written by a newer agentgate) counts as a
     /// crash, the reason that assumes least.
     pub(crate) fn from_sql(text: &str) -> ResumeReason {
-        parse(&ResumeReason::ALL, ResumeReason::sql, text).unwrap_or(ResumeReason::Crashed)
+        parse(text).unwrap_or(ResumeReason::Crashed)
     }
 }
 
-/// Both backends read a session's state straight into the type; text this agentgate does not know
-/// is an error (the schema check refuses a newer database before it gets here).
-impl rusqlite::types::FromSql for SessionState {
-    fn column_result(value: rusqlite::types::ValueRef<'_>) -> rusqlite::types::FromSqlResult<Self> {
-        let text = value.as_str()?;
-        SessionState::from_sql(text)
-            .ok_or_else(|| rusqlite::types::FromSqlError::Other(unknown_state(text)))
-    }
+/// Both backends read an event's status and a session's state straight into the type; text this
+/// agentgate does not know is an error (the schema check refuses a newer database before it
+/// gets here).
+macro_rules! stored_as_text {
+    ($state:ty, $what:literal) => {
+        impl rusqlite::types::FromSql for $state {
+            fn column_result(
+                value: rusqlite::types::ValueRef<'_>,
+            ) -> rusqlite::types::FromSqlResult<Self> {
+                let text = value.as_str()?;
+                parse(text)
+                    .ok_or_else(|| rusqlite::types::FromSqlError::Other(unknown_state($what, text)))
+            }
+        }
+
+        impl<'a> tokio_postgres::types::FromSql<'a> for $state {
+            fn from_sql(
+                ty: &tokio_postgres::types::Type,
+                raw: &'a [u8],
+            ) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+                let text = <&str as tokio_postgres::types::FromSql>::from_sql(ty, raw)?;
+                parse(text).ok_or_else(|| unknown_state($what, text))
+            }
+
+            fn accepts(ty: &tokio_postgres::types::Type) -> bool {
+                <&str as tokio_postgres::types::FromSql>::accepts(ty)
+            }
+        }
+    };
 }
 
-impl<'a> tokio_postgres::types::FromSql<'a> for SessionState {
-    fn from_sql(
-        ty: &tokio_postgres::types::Type,
-        raw: &'a [u8],
-    ) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
-        let text = <&str as tokio_postgres::types::FromSql>::from_sql(ty, raw)?;
-        SessionState::from_sql(text).ok_or_else(|| unknown_state(text))
-    }
+stored_as_text!(SessionState, "session state");
+stored_as_text!(EventStatus, "event status");
+stored_as_text!(TurnStatus, "turn status");
+stored_as_text!(DeliveryState, "delivery status");
 
-    fn accepts(ty: &tokio_postgres::types::Type) -> bool {
-        <&str as tokio_postgres::types::FromSql>::accepts(ty)
-    }
+fn unknown_state(what: &str, text: &str) -> Box<dyn std::error::Error + Sync + Send> {
+    format!("unknown {what} {text:?}").into()
 }
 
-fn unknown_state(text: &str) -> Box<dyn std::error::Error + Sync + Send> {
-    format!("unknown session state {text:?}").into()
+/// A state is shown (CLI, logs, metric labels) by its stored name.
+macro_rules! shown_as_text {
+    ($($state:ty),*) => {$(
+        impl std::fmt::Display for $state {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.sql())
+            }
+        }
+    )*};
 }
 
-impl std::fmt::Display for SessionState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.sql())
-    }
-}
+shown_as_text!(
+    EventStatus,
+    SessionState,
+    TurnStatus,
+    DeliveryState,
+    ResumeReason
+);
 
-impl std::fmt::Display for ResumeReason {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.sql())
+impl EventStatus {
+    /// The status named `name` (as `events list --status` and `/v1/events?status=` take it).
+    pub(crate) fn from_name(name: &str) -> Option<EventStatus> {
+        parse(name)
     }
 }
 
@@ -185,7 +253,8 @@ impl StopReason {
 }
 
 /// A result in the outbox.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub(crate) enum DeliveryState {
     Pending,
     Delivered,
@@ -204,7 +273,7 @@ impl DeliveryState {
 }
 
 /// A node of a PostgreSQL scale-out, as `status` shows it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum NodeState {
     Running,
@@ -247,86 +316,49 @@ pub(crate) const EVENT_COMPLETED: &str = concatcp!("'", EventStatus::Completed.s
 pub(crate) const EVENT_FAILED: &str = concatcp!("'", EventStatus::Failed.sql(), "'");
 pub(crate) const EVENT_ABANDONED: &str = concatcp!("'", EventStatus::Abandoned.sql(), "'");
 
-/// The counts of [`LiveCounts`], in SQL that both backends run as it is.
-pub(crate) const LIVE_COUNTS_SQL: &str = concatcp!(
-    "SELECT (SELECT count(*) FROM events WHERE status = ",
-    QUEUED,
-    "), (SELECT count(*) FROM sessions WHERE state = ",
-    RESUME_PENDING,
-    "), (SELECT count(*) FROM sessions WHERE state = ",
-    SUSPENDED,
-    ")"
-);
-
-/// `sessions resume`: the event a session was interrupted or suspended on, which runs again as a
-/// resume (its turn's reason says why it stopped); both backends run it as it is.
-pub(crate) const REQUEUE_STOPPED_EVENT_SQL: &str = concatcp!(
-    "UPDATE events SET status = ",
-    QUEUED,
-    ", resume_reason = (SELECT t.reason FROM sessions s JOIN turns t ON t.id = s.last_turn_id
-                         WHERE s.key = $1),
-       updated_at = $2
-     WHERE id = (SELECT t.event_id FROM sessions s JOIN turns t ON t.id = s.last_turn_id
-                 WHERE s.key = $1 AND t.status = ",
-    TURN_INTERRUPTED,
-    " AND t.reason IN (",
-    CRASHED,
-    ", ",
-    SHUTDOWN_TIMEOUT,
-    "))
-       AND status IN (",
-    EVENT_RUNNING,
-    ", ",
-    EVENT_SUSPENDED,
-    ")"
-);
-
-/// `sessions resume`: the session may run again, but a turn of it that still runs keeps it busy,
-/// so that no second turn ever starts beside it.
-pub(crate) const RESUME_SESSION_SQL: &str = concatcp!(
-    "UPDATE sessions SET state = CASE WHEN EXISTS
-         (SELECT 1 FROM turns WHERE session_key = $1 AND status = ",
-    TURN_RUNNING,
-    ") THEN ",
-    SESSION_RUNNING,
-    " ELSE ",
-    IDLE,
-    " END, reason = NULL, updated_at = $2 WHERE key = $1"
-);
-
-/// A session row as `sessions list` shows it; both backends run it as it is.
-pub(crate) const SESSION_SQL: &str = concatcp!(
-    "
-    SELECT s.key, s.route, s.state, s.reason, s.last_turn_id,
-           (SELECT t.status FROM turns t WHERE t.id = s.last_turn_id),
-           (SELECT count(*) FROM turns t WHERE t.session_key = s.key),
-           (SELECT count(*) FROM events e WHERE e.session_key = s.key AND e.status = ",
-    QUEUED,
-    "),
-           s.updated_at
-    FROM sessions s"
-);
-
-/// A page of sessions in key order: `$1` the last key of the page before (or NULL), `$2` limit.
-pub(crate) const SESSIONS_PAGE_SQL: &str = concatcp!(
-    SESSION_SQL,
-    " WHERE (CAST($1 AS TEXT) IS NULL OR s.key > $1) ORDER BY s.key LIMIT $2"
-);
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    const EVENT_STATUSES: [EventStatus; 6] = [
+        EventStatus::Queued,
+        EventStatus::Running,
+        EventStatus::Completed,
+        EventStatus::Failed,
+        EventStatus::Abandoned,
+        EventStatus::Suspended,
+    ];
+    const TERMINALS: [Terminal; 4] = [
+        Terminal::Completed,
+        Terminal::Failed,
+        Terminal::Abandoned,
+        Terminal::Suspended,
+    ];
+
     #[test]
     fn every_state_reads_back_what_it_writes() {
         for state in SessionState::ALL {
-            assert_eq!(SessionState::from_sql(state.sql()), Some(state));
+            assert_eq!(parse::<SessionState>(state.sql()), Some(state));
+        }
+        for status in EVENT_STATUSES {
+            assert_eq!(parse::<EventStatus>(status.sql()), Some(status));
         }
         for reason in ResumeReason::ALL {
             assert_eq!(ResumeReason::from_sql(reason.sql()), reason);
         }
-        assert_eq!(SessionState::from_sql("lost"), None);
+        assert_eq!(parse::<SessionState>("lost"), None);
         assert_eq!(QUEUED, "'queued'");
         assert_eq!(RESUME_PENDING, "'resume_pending'");
+    }
+
+    /// A terminal status is delivered under the name of the event status it leaves.
+    #[test]
+    fn terminal_statuses_are_event_statuses() {
+        for terminal in TERMINALS {
+            assert_eq!(
+                serde_json::to_value(terminal).ok(),
+                serde_json::to_value(terminal.event_status()).ok()
+            );
+        }
     }
 }

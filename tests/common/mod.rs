@@ -2,6 +2,7 @@
 //! talks to it over raw HTTP/1.1 so that tests control every byte (slow clients, chunked bodies).
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
+pub mod basics;
 pub mod fsync_lint;
 pub mod load;
 pub mod loopfs;
@@ -11,21 +12,15 @@ pub mod postgres;
 pub mod stub;
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-pub const BIN: &str = env!("CARGO_BIN_EXE_agentgate");
+pub use basics::{free_port, is_root, wait_until};
 
-pub fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-        .unwrap_or(false)
-}
+pub const BIN: &str = env!("CARGO_BIN_EXE_agentgate");
 
 /// Whether a test that needs root can run. CI runs as root, so there it must; elsewhere the test
 /// says why it did not run.
@@ -92,26 +87,6 @@ int fdatasync(int fd) {
         .expect("cc");
     assert!(status.success(), "cannot build the fsync shim");
     library
-}
-
-/// A free loopback port (bound and released; the daemon binds it again right after).
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
-}
-
-/// Waits for `condition` up to `limit`, polling; panics with `what` if it never holds.
-pub fn wait_until(what: &str, limit: Duration, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        if condition() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    panic!("timed out after {limit:?} waiting for {what}");
 }
 
 /// POSTs `count` JSON bodies (`body(n)`) to `path` over four connections at once; every one must

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use super::{free_port, is_root, wait_until};
+use super::basics::{free_port, is_root, wait_until};
 
 pub struct Postgres {
     dir: tempfile::TempDir,
@@ -85,7 +85,18 @@ impl Postgres {
             server.settings =
                 "-c ssl=on -c ssl_cert_file=server.pem -c ssl_key_file=server.key".into();
         }
-        server.start_again();
+        // The port was free when it was picked; another process may bind it before the server
+        // does, so a start that cannot bind tries another one.
+        for _ in 0..5 {
+            match server.try_start() {
+                Ok(()) => break,
+                Err(log) if log.contains("could not bind") || log.contains("already in use") => {
+                    server.port = free_port();
+                }
+                Err(log) => panic!("pg_ctl start failed: {log}"),
+            }
+        }
+        server.wait_for_connections();
         let created = server.psql("postgres", "CREATE DATABASE agentgate");
         assert!(created.is_some(), "cannot create the test database");
         Some(server)
@@ -195,6 +206,14 @@ impl Postgres {
 
     /// Starts the (stopped) server and waits until it accepts connections.
     pub fn start_again(&self) {
+        if let Err(log) = self.try_start() {
+            panic!("pg_ctl start failed: {log}");
+        }
+        self.wait_for_connections();
+    }
+
+    /// Starts the server; `Err` has what pg_ctl and the server's log said.
+    fn try_start(&self) -> Result<(), String> {
         let output = self.as_server_user(
             Command::new(self.bin.join("pg_ctl"))
                 .arg("-D")
@@ -210,7 +229,14 @@ impl Postgres {
                 ))
                 .args(["-w", "start"]),
         );
-        assert!(output.status.success(), "pg_ctl start failed: {output:?}");
+        if output.status.success() {
+            return Ok(());
+        }
+        let log = std::fs::read_to_string(self.data().join("server.log")).unwrap_or_default();
+        Err(format!("{output:?}\n{log}"))
+    }
+
+    fn wait_for_connections(&self) {
         wait_until(
             "PostgreSQL to accept connections",
             Duration::from_secs(30),

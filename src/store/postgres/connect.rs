@@ -1,6 +1,11 @@
 //! Connections: TLS, the statement cache, error conversion, and the bound on every operation.
 
-use super::*;
+use deadpool_postgres::GenericClient;
+use tokio_postgres::Row;
+use tokio_postgres::types::ToSql;
+
+use super::OPERATION_TIMEOUT;
+use crate::store::StoreError;
 
 /// A rustls connector that verifies the server against `ca_file`, else the public web roots.
 pub(super) fn tls_connector(

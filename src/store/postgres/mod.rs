@@ -14,49 +14,29 @@
 //! - Every operation is bounded in time: a database that does not answer makes the listener
 //!   answer 503, never hang and never 2xx.
 
-mod accept;
+mod accepting;
 mod connect;
-mod inspect;
-mod leases;
+mod coordination;
+mod inspection;
+mod operator;
 mod outbox;
+mod recovery;
 mod schema;
 mod turns;
 
-use crate::store::inspect::{
-    DELIVERIES_SQL, EVENT_DELIVERY_SQL, EVENT_SQL, EVENT_TURNS_SQL, EVENTS_SQL, FAILED_STATUS,
-    REPLAY_SQL, RETRY_SQL, payload_value,
-};
-use crate::store::states::{
-    CRASHED, DELIVERY_FAILED, EVENT_RUNNING, IDLE, NodeState, OPERATOR, PENDING, QUEUED,
-    RESUME_PENDING, ResumeReason, SESSION_RUNNING, SUSPENDED, SessionState, StopReason,
-    TURN_INTERRUPTED, TURN_RUNNING,
-};
-use crate::store::{DeliveryRow, EventDetail, EventFilter, EventRow, RetryTarget};
-use const_format::concatcp;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
 
-use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::PostgresSettings;
-use crate::store::states::{
-    REQUEUE_STOPPED_EVENT_SQL, RESUME_SESSION_SQL, SESSION_SQL, SESSIONS_PAGE_SQL,
-};
-use crate::store::{
-    AcceptOutcome, Accepting, ClaimedTurn, Coordination, DeliveryAttempt, DeliveryCounts,
-    Inspection, InterruptedSession, Ledger, LiveCounts, NewEvent, NodeRow, Operator, Outbox,
-    PendingDelivery, Recovery, RenderDelivery, SessionRow, Settled, Settlement, StatusSummary,
-    StoreError, TranscriptRow, TurnEnd, Turns,
-    ledger::now_rfc3339,
-    model::{EVENT_ENTRY, Event, transcript_query},
-    now_millis,
-    states::LIVE_COUNTS_SQL,
-};
+use crate::store::model::{AcceptOutcome, NewEvent};
+use crate::store::{StoreError, now_millis};
 use connect::{Cached, bounded, tls_connector};
 
 /// The longest any one database operation may take before it counts as unavailable.
@@ -184,29 +164,37 @@ impl PostgresStore {
         bounded(async { self.client().await?.run(sql, params).await }).await
     }
 
-    /// One query on a pooled connection, bounded in time.
-    async fn select(
+    /// One query on a pooled connection, bounded in time, every row decoded.
+    async fn fetch<T>(
         &self,
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
-    ) -> Result<Vec<Row>, StoreError> {
-        bounded(async { self.client().await?.rows(sql, params).await }).await
+        decode: impl Fn(&Row) -> Result<T, StoreError>,
+    ) -> Result<Vec<T>, StoreError> {
+        let rows = bounded(async { self.client().await?.rows(sql, params).await }).await?;
+        rows.iter().map(decode).collect()
     }
 
-    async fn select_one(
+    /// One query that answers at most one row.
+    async fn fetch_optional<T>(
         &self,
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
-    ) -> Result<Row, StoreError> {
-        bounded(async { self.client().await?.row(sql, params).await }).await
+        decode: impl Fn(&Row) -> Result<T, StoreError>,
+    ) -> Result<Option<T>, StoreError> {
+        let row = bounded(async { self.client().await?.maybe_row(sql, params).await }).await?;
+        row.as_ref().map(decode).transpose()
     }
 
-    async fn select_optional(
+    /// One query that answers exactly one row.
+    async fn fetch_one<T>(
         &self,
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
-    ) -> Result<Option<Row>, StoreError> {
-        bounded(async { self.client().await?.maybe_row(sql, params).await }).await
+        decode: impl Fn(&Row) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let row = bounded(async { self.client().await?.row(sql, params).await }).await?;
+        decode(&row)
     }
 
     fn set_writable(&self, writable: bool) {
@@ -218,221 +206,5 @@ impl PostgresStore {
             (false, true) => tracing::info!("PostgreSQL writes succeed again; accepting events"),
             _ => {}
         }
-    }
-}
-
-fn session_row(row: &tokio_postgres::Row) -> Result<SessionRow, StoreError> {
-    Ok(SessionRow {
-        key: row.get(0),
-        route: row.get(1),
-        state: row.try_get(2)?,
-        reason: row.get(3),
-        last_turn_id: row.get(4),
-        last_turn_status: row.get(5),
-        turns: row.get(6),
-        queued: row.get(7),
-        updated_at: row.get(8),
-    })
-}
-
-async fn grouped(
-    client: &deadpool_postgres::Client,
-    sql: &str,
-) -> Result<std::collections::BTreeMap<String, i64>, StoreError> {
-    Ok(client
-        .rows(sql, &[])
-        .await?
-        .into_iter()
-        .map(|row| (row.get(0), row.get(1)))
-        .collect())
-}
-
-#[async_trait::async_trait]
-impl Inspection for PostgresStore {
-    async fn live_counts(&self) -> Result<LiveCounts, StoreError> {
-        let row = self.select_one(LIVE_COUNTS_SQL, &[]).await?;
-        Ok(LiveCounts {
-            queued: row.get(0),
-            resume_pending: row.get(1),
-            suspended: row.get(2),
-        })
-    }
-
-    async fn status_summary(&self) -> Result<StatusSummary, StoreError> {
-        bounded(async {
-            let client = self.client().await?;
-            let by_status = grouped(
-                &client,
-                "SELECT status, count(*) FROM events WHERE origin = 'webhook' GROUP BY status",
-            )
-            .await?;
-            let by_state = grouped(
-                &client,
-                "SELECT state, count(*) FROM sessions GROUP BY state",
-            )
-            .await?;
-            let deliveries = client
-                .row(
-                    concatcp!(
-                        "SELECT count(*) FILTER (WHERE status = ",
-                        PENDING,
-                        "),
-                            count(*) FILTER (WHERE status = ",
-                        DELIVERY_FAILED,
-                        ")
-                     FROM deliveries"
-                    ),
-                    &[],
-                )
-                .await?;
-            let deliveries = DeliveryCounts {
-                pending: deliveries.get(0),
-                failed: deliveries.get(1),
-            };
-            let nodes = self.nodes(&client).await?;
-            Ok(StatusSummary::from_counts(
-                by_status,
-                by_state,
-                deliveries,
-                Some(nodes),
-            ))
-        })
-        .await
-    }
-
-    async fn sessions(&self) -> Result<Vec<SessionRow>, StoreError> {
-        let rows = self
-            .select(&format!("{SESSION_SQL} ORDER BY s.updated_at DESC"), &[])
-            .await?;
-        rows.iter().map(session_row).collect()
-    }
-
-    async fn sessions_page(
-        &self,
-        after: Option<String>,
-        limit: i64,
-    ) -> Result<Vec<SessionRow>, StoreError> {
-        let rows = self.select(SESSIONS_PAGE_SQL, &[&after, &limit]).await?;
-        rows.iter().map(session_row).collect()
-    }
-
-    async fn session(&self, key: &str) -> Result<Option<SessionRow>, StoreError> {
-        let row = self
-            .select_optional(&format!("{SESSION_SQL} WHERE s.key = $1"), &[&key])
-            .await?;
-        row.as_ref().map(session_row).transpose()
-    }
-
-    async fn events(&self, filter: EventFilter) -> Result<Vec<EventRow>, StoreError> {
-        let rows = self
-            .select(
-                EVENTS_SQL,
-                &[
-                    &filter.status,
-                    &filter.route,
-                    &filter.session,
-                    &filter.limit,
-                    &filter.before,
-                ],
-            )
-            .await?;
-        Ok(rows.iter().map(inspect::event_row).collect())
-    }
-
-    async fn event(&self, id: &str) -> Result<Option<EventDetail>, StoreError> {
-        let Some(row) = self.select_optional(EVENT_SQL, &[&id]).await? else {
-            return Ok(None);
-        };
-        let turns = self.select(EVENT_TURNS_SQL, &[&id]).await?;
-        let delivery = self.select_optional(EVENT_DELIVERY_SQL, &[&id]).await?;
-        Ok(Some(EventDetail {
-            event: inspect::event_row(&row),
-            payload: payload_value(row.get::<_, &[u8]>(9)),
-            headers: serde_json::from_str(row.get::<_, &str>(10)).unwrap_or_default(),
-            turns: turns.iter().map(inspect::turn_row).collect(),
-            delivery: delivery.as_ref().map(inspect::delivery_row),
-        }))
-    }
-
-    async fn deliveries(
-        &self,
-        failed_only: bool,
-        limit: i64,
-    ) -> Result<Vec<DeliveryRow>, StoreError> {
-        let status = failed_only.then_some(FAILED_STATUS);
-        let rows = self.select(DELIVERIES_SQL, &[&status, &limit]).await?;
-        Ok(rows.iter().map(inspect::delivery_row).collect())
-    }
-}
-
-#[async_trait::async_trait]
-impl Coordination for PostgresStore {
-    /// The heartbeat keeps running, whether or not the database answers it: a database that is
-    /// down is a 503 and a failing `/readyz`, not a wedged process for the watchdog to restart.
-    async fn answers(&self) -> bool {
-        let silent_for = now_millis() - self.shared.heartbeat_round_at.load(Ordering::Acquire);
-        let round = OPERATION_TIMEOUT + Duration::from_secs(2);
-        silent_for < i64::try_from(round.as_millis()).unwrap_or(i64::MAX)
-    }
-
-    async fn request_interrupt(&self, session_key: &str) -> Result<(), StoreError> {
-        self.execute_one(
-            concatcp!(
-                "UPDATE sessions SET interrupt_requested = true
-                 WHERE key = $1 AND state = ",
-                SESSION_RUNNING,
-                " AND lease_owner <> $2"
-            ),
-            &[&session_key, &self.shared.node_id],
-        )
-        .await?;
-        Ok(())
-    }
-
-    async fn interrupts_requested(&self) -> Result<Vec<String>, StoreError> {
-        let rows = self
-            .select(
-                "UPDATE sessions SET interrupt_requested = false
-                 WHERE lease_owner = $1 AND interrupt_requested
-                 RETURNING key",
-                &[&self.shared.node_id],
-            )
-            .await?;
-        Ok(rows.iter().map(|row| row.get(0)).collect())
-    }
-
-    async fn release(&self) {
-        self.shared.stop.cancel();
-        let released = bounded(async {
-            let client = self.client().await?;
-            client
-                .run(
-                    "UPDATE deliveries SET lease_owner = NULL, lease_expires_at = NULL WHERE lease_owner = $1",
-                    &[&self.shared.node_id],
-                )
-                .await?;
-            client
-                .run(
-                    "UPDATE nodes SET stopped_at = $2, heartbeat_at = $2 WHERE id = $1",
-                    &[&self.shared.node_id, &now_millis()],
-                )
-                .await?;
-            Ok(())
-        })
-        .await;
-        if let Err(err) = released {
-            tracing::warn!(error = %err, "cannot hand this node's delivery leases back; they expire");
-        }
-    }
-
-    fn is_writable(&self) -> bool {
-        self.shared.writable.load(Ordering::Acquire)
-    }
-
-    /// A quarter of the lease, at most a second: sessions handed back by a draining node are
-    /// picked up within about a second, expired leases within `lease_ttl` plus this.
-    fn failover_interval(&self) -> Option<Duration> {
-        let ttl = Duration::from_millis(u64::try_from(self.shared.lease_ttl_ms).unwrap_or(0));
-        Some((ttl / 4).clamp(Duration::from_millis(250), Duration::from_secs(1)))
     }
 }

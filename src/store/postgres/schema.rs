@@ -1,7 +1,10 @@
 //! The PostgreSQL schema: versioned migrations, applied under an advisory lock so that nodes
 //! starting together migrate once, and refused when the database is newer than this agentgate.
 
-use super::*;
+use super::PostgresStore;
+use super::connect::Cached;
+use crate::store::StoreError;
+use crate::store::row::StoredRow;
 
 /// Serializes migrations of concurrently starting nodes.
 const MIGRATION_LOCK: i64 = 0x6167_656e_7467_7465;
@@ -163,11 +166,11 @@ impl PostgresStore {
             .await?;
         let found: i32 = tx
             .row(
-                "SELECT COALESCE(max(version), 0) FROM agentgate_schema",
+                "SELECT COALESCE(max(version), 0) AS version FROM agentgate_schema",
                 &[],
             )
             .await?
-            .get(0);
+            .column("version")?;
         let current = MIGRATIONS.len() as i32;
         if found > current {
             return Err(StoreError::Setup(format!(

@@ -5,35 +5,32 @@
 //! fdatasync covers many events, and a caller's future resolves only after the commit that holds
 //! its write has returned. That is what lets the listener answer 202 only for durable events.
 
-mod accept;
-mod inspect;
+mod accepting;
+mod coordination;
+mod inspection;
+mod maintenance;
+mod operator;
 mod outbox;
+mod recovery;
 mod schema;
 mod turns;
 
+pub(crate) use maintenance::{backup, check_database, session_keys};
 pub(crate) use schema::MigrationError;
 
-use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use rusqlite::{Connection, OpenFlags};
+use rusqlite::types::ToSql;
+use rusqlite::{CachedStatement, Connection, OpenFlags, Row};
 use tokio::sync::oneshot;
 
-use crate::store::ledger::LedgerFile;
-use const_format::concatcp;
-
-use crate::store::state_dir;
-use crate::store::states::{RESUME_PENDING, TURN_RUNNING};
-use crate::store::{
-    Accepting, Coordination, DeliveryRow, EventDetail, EventFilter, EventRow, Inspection, Ledger,
-    LiveCounts, Operator, Outbox, Recovery, RetryTarget, SessionRow, Settled, Settlement, StateDir,
-    StatusSummary, StoreError, Turns, ensure_state_dir, now_millis,
-};
-use turns::{session_in, sessions_in, sessions_page_in};
+use super::ledger::{LedgerError, LedgerFile};
+use super::row::StoredRow;
+use super::{StateDir, StoreError, ensure_state_dir, now_millis, state_dir};
 
 /// The most writes that share one transaction.
 const MAX_BATCH: usize = 1024;
@@ -50,27 +47,28 @@ trait WriteJob: Send {
 
 struct Job<T, F> {
     work: Option<F>,
-    outcome: Option<rusqlite::Result<T>>,
+    outcome: Option<Result<T, StoreError>>,
     reply: oneshot::Sender<Result<T, StoreError>>,
 }
 
 impl<T, F> WriteJob for Job<T, F>
 where
     T: Send,
-    F: FnOnce(&Connection) -> rusqlite::Result<T> + Send,
+    F: FnOnce(&Connection) -> Result<T, StoreError> + Send,
 {
     fn apply(&mut self, connection: &Connection) {
         if let Some(work) = self.work.take() {
             // A savepoint per job: one failing write does not undo the others in the batch.
             let outcome = connection
                 .execute_batch("SAVEPOINT job")
+                .map_err(StoreError::from)
                 .and_then(|()| work(connection));
             let end = if outcome.is_ok() {
                 "RELEASE job"
             } else {
                 "ROLLBACK TO job; RELEASE job"
             };
-            let ended = connection.execute_batch(end);
+            let ended = connection.execute_batch(end).map_err(StoreError::from);
             self.outcome = Some(ended.and(outcome));
         }
     }
@@ -79,7 +77,7 @@ where
         let result = match (committed, self.outcome) {
             (Err(message), _) => Err(StoreError::Unavailable(message)),
             (Ok(()), Some(Ok(value))) => Ok(value),
-            (Ok(()), Some(Err(err))) => Err(StoreError::Query(err)),
+            (Ok(()), Some(Err(err))) => Err(err),
             (Ok(()), None) => Err(StoreError::Unavailable("write was not applied".into())),
         };
         // The caller may have gone away (client disconnected); its write is committed regardless.
@@ -187,7 +185,7 @@ impl SqliteStore {
     async fn write<T, F>(&self, work: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
-        F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
     {
         let (reply, answer) = oneshot::channel();
         let job = Job {
@@ -207,7 +205,7 @@ impl SqliteStore {
     async fn read<T, F>(&self, query: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
-        F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
     {
         let database = self.database.clone();
         let readers = self.readers.clone();
@@ -217,7 +215,7 @@ impl SqliteStore {
                 Some(connection) => connection,
                 None => open_reader(&database)?,
             };
-            let result = query(&connection).map_err(StoreError::from);
+            let result = query(&connection);
             if let Ok(mut idle) = readers.lock()
                 && idle.len() < IDLE_READERS
             {
@@ -254,85 +252,6 @@ fn open_reader(database: &Path) -> Result<Connection, StoreError> {
     })?;
     connection.busy_timeout(Duration::from_secs(5))?;
     Ok(connection)
-}
-
-/// `agentgate backup`: a consistent copy of the database (SQLite's online backup, one read
-/// transaction, so the daemon keeps writing meanwhile) and of the ledger (a whole version: it is
-/// only ever replaced by a rename; an empty ledger when there is none yet, so that a restore
-/// also replaces a newer ledger) into `target`, a new directory (0700, files 0600). Returns the
-/// files written.
-pub(crate) fn backup(state_dir: &Path, target: &Path) -> Result<Vec<PathBuf>, String> {
-    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-    let fail = |what: &str, err: &dyn std::fmt::Display| format!("{what}: {err}");
-    let state = StateDir::new(state_dir);
-    std::fs::DirBuilder::new()
-        .mode(0o700)
-        .create(target)
-        .map_err(|err| fail(&format!("cannot create {}", target.display()), &err))?;
-    let database = target.join(state_dir::DATABASE_FILE);
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&database)
-        .map_err(|err| fail(&database.display().to_string(), &err))?;
-    let source = open_reader(&state.database()).map_err(|err| err.to_string())?;
-    source
-        .backup(rusqlite::DatabaseName::Main, &database, None)
-        .map_err(|err| fail("cannot copy the database", &err))?;
-    let mut written = vec![database];
-    let ledger = state
-        .read(&state.ledger())
-        .map_err(|err| fail("cannot read the ledger", &err))?
-        .unwrap_or_else(|| super::ledger::Ledger::default().to_json());
-    let copy = target.join(state_dir::LEDGER_FILE);
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&copy)
-        .map_err(|err| fail(&copy.display().to_string(), &err))?;
-    std::io::Write::write_all(&mut file, &ledger)
-        .and_then(|()| file.sync_all())
-        .map_err(|err| fail(&copy.display().to_string(), &err))?;
-    written.push(copy);
-    StateDir::new(target)
-        .sync()
-        .map_err(|err| fail(&format!("cannot sync {}", target.display()), &err))?;
-    Ok(written)
-}
-
-/// `PRAGMA quick_check` of a database no daemon uses (reconcile): `Err` says what is wrong.
-pub(crate) fn check_database(database: &Path) -> Result<(), String> {
-    let answer = open_reader(database)
-        .and_then(|connection| {
-            Ok(connection.query_row("PRAGMA quick_check", [], |row| row.get::<_, String>(0))?)
-        })
-        .map_err(|err| err.to_string())?;
-    if answer == "ok" { Ok(()) } else { Err(answer) }
-}
-
-/// For reconcile's ledger repair: the sessions that were interrupted (waiting to resume, or with
-/// a turn left running) and every known session.
-pub(crate) fn session_keys(
-    database: &Path,
-) -> Result<(BTreeSet<String>, BTreeSet<String>), StoreError> {
-    let connection = open_reader(database)?;
-    let keys = |sql: &str| -> Result<BTreeSet<String>, StoreError> {
-        Ok(connection
-            .prepare(sql)?
-            .query_map([], |row| row.get::<_, String>(0))?
-            .collect::<rusqlite::Result<BTreeSet<String>>>()?)
-    };
-    Ok((
-        keys(concatcp!(
-            "SELECT key FROM sessions WHERE state = ",
-            RESUME_PENDING,
-            " UNION SELECT session_key FROM turns WHERE status = ",
-            TURN_RUNNING
-        ))?,
-        keys("SELECT key FROM sessions")?,
-    ))
 }
 
 struct Writer {
@@ -433,89 +352,82 @@ impl Writer {
     }
 }
 
-/// Runs a ledger operation (file I/O under an fs4 lock) off the async threads.
-async fn with_ledger<T: Send + 'static>(
-    ledger: &Arc<LedgerFile>,
-    operation: impl FnOnce(&LedgerFile) -> Result<T, super::ledger::LedgerError> + Send + 'static,
+impl SqliteStore {
+    /// Runs a ledger operation (file I/O under an fs4 lock) off the async threads; the inner
+    /// `Err` is the ledger's own refusal (malformed, unwritable).
+    async fn with_ledger<T: Send + 'static>(
+        &self,
+        operation: impl FnOnce(&LedgerFile) -> Result<T, LedgerError> + Send + 'static,
+    ) -> Result<Result<T, LedgerError>, StoreError> {
+        let ledger = self.ledger.clone();
+        tokio::task::spawn_blocking(move || operation(&ledger))
+            .await
+            .map_err(|err| StoreError::Stopped(format!("a ledger task ({err})")))
+    }
+}
+
+/// A prepared statement of `sql`, which numbers its parameters `$N` as the shared SQL does
+/// (`store::sql`), with `values` bound: SQLite takes `$N` as a name and numbers names by first
+/// appearance, so each value is bound to its name, never by position.
+fn statement<'c>(
+    connection: &'c Connection,
+    sql: &str,
+    values: &[&dyn ToSql],
+) -> Result<CachedStatement<'c>, StoreError> {
+    let mut statement = connection.prepare_cached(sql)?;
+    for (position, value) in values.iter().enumerate() {
+        if let Some(index) = statement.parameter_index(&format!("${}", position + 1))? {
+            statement.raw_bind_parameter(index, value)?;
+        }
+    }
+    Ok(statement)
+}
+
+/// Runs a statement; the number of rows it changed.
+fn execute(connection: &Connection, sql: &str, values: &[&dyn ToSql]) -> Result<usize, StoreError> {
+    Ok(statement(connection, sql, values)?.raw_execute()?)
+}
+
+/// Runs a query and decodes every row.
+fn query<T>(
+    connection: &Connection,
+    sql: &str,
+    values: &[&dyn ToSql],
+    decode: impl Fn(&Row<'_>) -> Result<T, StoreError>,
+) -> Result<Vec<T>, StoreError> {
+    let mut statement = statement(connection, sql, values)?;
+    let mut rows = statement.raw_query();
+    let mut decoded = Vec::new();
+    while let Some(row) = rows.next()? {
+        decoded.push(decode(row)?);
+    }
+    Ok(decoded)
+}
+
+/// Runs a query and decodes its first row, if any.
+fn query_optional<T>(
+    connection: &Connection,
+    sql: &str,
+    values: &[&dyn ToSql],
+    decode: impl Fn(&Row<'_>) -> Result<T, StoreError>,
+) -> Result<Option<T>, StoreError> {
+    let mut statement = statement(connection, sql, values)?;
+    let mut rows = statement.raw_query();
+    rows.next()?.map(decode).transpose()
+}
+
+/// Runs a query that answers one row.
+fn query_one<T>(
+    connection: &Connection,
+    sql: &str,
+    values: &[&dyn ToSql],
+    decode: impl Fn(&Row<'_>) -> Result<T, StoreError>,
 ) -> Result<T, StoreError> {
-    let ledger = ledger.clone();
-    tokio::task::spawn_blocking(move || operation(&ledger))
-        .await
-        .map_err(|err| StoreError::Stopped(format!("a ledger task ({err})")))?
-        .map_err(|err| StoreError::Ledger(err.to_string()))
+    query_optional(connection, sql, values, decode)?
+        .ok_or(StoreError::Query(rusqlite::Error::QueryReturnedNoRows))
 }
 
-#[async_trait::async_trait]
-impl Inspection for SqliteStore {
-    async fn live_counts(&self) -> Result<LiveCounts, StoreError> {
-        self.read(LiveCounts::query).await
-    }
-
-    async fn status_summary(&self) -> Result<StatusSummary, StoreError> {
-        self.read(StatusSummary::query).await
-    }
-
-    async fn sessions(&self) -> Result<Vec<SessionRow>, StoreError> {
-        self.read(sessions_in).await
-    }
-
-    async fn sessions_page(
-        &self,
-        after: Option<String>,
-        limit: i64,
-    ) -> Result<Vec<SessionRow>, StoreError> {
-        self.read(move |connection| sessions_page_in(connection, after.as_deref(), limit))
-            .await
-    }
-
-    async fn session(&self, key: &str) -> Result<Option<SessionRow>, StoreError> {
-        let key = key.to_string();
-        self.read(move |connection| session_in(connection, &key))
-            .await
-    }
-
-    async fn events(&self, filter: EventFilter) -> Result<Vec<EventRow>, StoreError> {
-        self.read(move |connection| inspect::events_in(connection, &filter))
-            .await
-    }
-
-    async fn event(&self, id: &str) -> Result<Option<EventDetail>, StoreError> {
-        let id = id.to_string();
-        self.read(move |connection| inspect::event_in(connection, &id))
-            .await
-    }
-
-    async fn deliveries(
-        &self,
-        failed_only: bool,
-        limit: i64,
-    ) -> Result<Vec<DeliveryRow>, StoreError> {
-        self.read(move |connection| inspect::deliveries_in(connection, failed_only, limit))
-            .await
-    }
-}
-
-#[async_trait::async_trait]
-impl Coordination for SqliteStore {
-    async fn answers(&self) -> bool {
-        self.write(|_| Ok(())).await.is_ok()
-    }
-
-    async fn request_interrupt(&self, _session_key: &str) -> Result<(), StoreError> {
-        Ok(())
-    }
-
-    async fn interrupts_requested(&self) -> Result<Vec<String>, StoreError> {
-        Ok(Vec::new())
-    }
-
-    async fn release(&self) {}
-
-    fn is_writable(&self) -> bool {
-        self.writable.load(Ordering::Acquire)
-    }
-
-    fn failover_interval(&self) -> Option<Duration> {
-        None
-    }
+/// One column of a row, by name.
+fn value<T: super::row::Column>(row: &Row<'_>, name: &'static str) -> Result<T, StoreError> {
+    row.column(name)
 }

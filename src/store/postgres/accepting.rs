@@ -1,7 +1,22 @@
-//! Group commit of accepted events: writer tasks take whatever arrived meanwhile and insert it
-//! in one transaction; each event's answer waits for that COMMIT.
+//! [`Accepting`] on PostgreSQL: group commit of accepted events (writer tasks take whatever
+//! arrived meanwhile and insert it in one transaction; each event's answer waits for that
+//! COMMIT), internal events, and retention.
 
-use super::*;
+use std::sync::Arc;
+
+use const_format::concatcp;
+use tokio::sync::{Mutex, mpsc, oneshot};
+
+use super::connect::{Cached, bounded};
+use super::{ACCEPT_BATCH, AcceptJob, PostgresStore};
+use crate::store::model::{AcceptOutcome, Event, NewEvent};
+use crate::store::row::StoredRow;
+use crate::store::sql::{
+    DELETE_EVENT_SQL, ORIGINAL_SQL, PRUNABLE_EVENTS_SQL, PRUNE_BATCH, PRUNE_DEDUP_SQL,
+    PRUNE_SESSIONS_SQL,
+};
+use crate::store::states::{IDLE, QUEUED};
+use crate::store::{Accepting, StoreError, now_millis};
 
 impl PostgresStore {
     /// Takes every pending accept (up to a batch), commits them in one transaction, answers each.
@@ -81,7 +96,7 @@ impl PostgresStore {
                     )
                     .await?;
                 outcomes[index] = AcceptOutcome::Duplicate {
-                    original: row.get(0),
+                    original: row.column("event_id")?,
                 };
             }
         }
@@ -187,29 +202,22 @@ impl Accepting for PostgresStore {
         delivery_id: &str,
         since: i64,
     ) -> Result<Option<String>, StoreError> {
-        let client = self.client().await?;
-        let row = client
-            .maybe_row(
-                "SELECT event_id FROM dedup WHERE route = $1 AND delivery_id = $2 AND seen_at >= $3",
-                &[&route, &delivery_id, &since],
-            )
-            .await?;
-        Ok(row.map(|row| row.get(0)))
+        self.fetch_optional(ORIGINAL_SQL, &[&route, &delivery_id, &since], |row| {
+            row.column("event_id")
+        })
+        .await
     }
 
     async fn prune_finished(&self, before: i64) -> Result<usize, StoreError> {
-        use crate::store::retention::{
-            DELETE_EVENT_SQL, PRUNABLE_EVENTS_SQL, PRUNE_BATCH, PRUNE_SESSIONS_SQL,
-        };
         bounded(async {
             let mut client = self.client().await?;
             let tx = client.transaction().await?;
-            let ids: Vec<String> = tx
+            let ids = tx
                 .rows(PRUNABLE_EVENTS_SQL, &[&before, &PRUNE_BATCH])
                 .await?
                 .iter()
-                .map(|row| row.get(0))
-                .collect();
+                .map(|row| row.column::<String>("id"))
+                .collect::<Result<Vec<_>, _>>()?;
             for id in &ids {
                 for sql in DELETE_EVENT_SQL {
                     tx.run(sql, &[id]).await?;
@@ -223,9 +231,7 @@ impl Accepting for PostgresStore {
     }
 
     async fn prune_dedup(&self, before: i64) -> Result<usize, StoreError> {
-        let pruned = self
-            .execute_one("DELETE FROM dedup WHERE seen_at < $1", &[&before])
-            .await?;
+        let pruned = self.execute_one(PRUNE_DEDUP_SQL, &[&before]).await?;
         Ok(pruned as usize)
     }
 }

@@ -1,0 +1,52 @@
+//! The admission rule for interrupted sessions, decided here once for both backends.
+//!
+//! docs/reference.md ("Resume"): an interrupted session outside `resume_window` is abandoned;
+//! otherwise its resume is counted in the retry ledger first, durably, and dispatched only if
+//! that count succeeded (fail closed). A count above `resume_max_attempts` suspends the session
+//! instead, and only once the suspension is committed does its count go. The backends only read
+//! and write: each implements [`AdmissionSteps`] over its own transaction (PostgreSQL: one,
+//! under the session's row lock, with the ledger as a table) or its own files (SQLite: the
+//! ledger file under its fs4 lock, then the database).
+
+use super::model::{InterruptedSession, TurnEnd};
+use super::{Settled, Settlement, StoreError};
+
+/// The reads and writes that settling one interrupted session needs.
+#[async_trait::async_trait]
+pub(super) trait AdmissionSteps: Send {
+    /// Counts one more resume of the session durably and returns the new count; `Err` with the
+    /// reason when the ledger cannot count it (then nothing is dispatched).
+    async fn count_resume(&mut self, session_key: &str) -> Result<Result<u64, String>, StoreError>;
+    /// Ends the interrupted turn and its event (abandoned or suspended), with the delivery.
+    async fn end(&mut self, end: TurnEnd) -> Result<(), StoreError>;
+    /// The session's ledger entry goes (after its suspension is recorded).
+    async fn forget_resumes(&mut self, session_key: &str) -> Result<(), StoreError>;
+    /// The interrupted event goes back to the head of its session's queue, marked as a resume.
+    async fn requeue(&mut self, session: &InterruptedSession) -> Result<(), StoreError>;
+}
+
+/// Abandons, resumes or suspends `session` by the rule above.
+pub(super) async fn settle(
+    steps: &mut impl AdmissionSteps,
+    session: &InterruptedSession,
+    settlement: Settlement,
+) -> Result<Settled, StoreError> {
+    let max_attempts = match settlement {
+        Settlement::Abandon => {
+            steps.end(session.abandoned()).await?;
+            return Ok(Settled::Abandoned);
+        }
+        Settlement::Admit { max_attempts } => max_attempts,
+    };
+    let attempt = match steps.count_resume(&session.session_key).await? {
+        Ok(attempt) => attempt,
+        Err(reason) => return Ok(Settled::Refused(reason)),
+    };
+    if attempt > u64::from(max_attempts) {
+        steps.end(session.suspended(max_attempts)).await?;
+        steps.forget_resumes(&session.session_key).await?;
+        return Ok(Settled::Suspended);
+    }
+    steps.requeue(session).await?;
+    Ok(Settled::Resumed { attempt })
+}

@@ -1,0 +1,395 @@
+//! The store's contract, one suite run against both backends: SQLite in a temporary directory,
+//! and PostgreSQL on a throwaway server (Debian's binaries, which `.ci/run` installs; elsewhere
+//! the PostgreSQL half says why it did not run). The server harness is the integration tests'
+//! own (`tests/common/postgres.rs`).
+
+#[path = "../../tests/common/basics.rs"]
+#[allow(dead_code)]
+mod basics;
+#[path = "../../tests/common/postgres.rs"]
+#[allow(dead_code)]
+mod postgres_server;
+
+use std::time::Duration;
+
+use super::model::{DeliveryAttempt, Event, NewEvent, TurnEnd};
+use super::states::{DeliveryState, EventStatus, SessionState, StopReason, Terminal, TurnStatus};
+use super::{
+    AcceptOutcome, ClaimedTurn, ErrorKind, EventFilter, ResumeReason, RetryTarget, Settled,
+    Settlement, Store, StoreError,
+};
+use crate::config::{PostgresSettings, StoreSettings};
+use crate::secret::Secret;
+
+fn event(id: &str, session: &str, delivery_id: Option<&str>) -> NewEvent {
+    NewEvent {
+        event: Event {
+            id: id.to_string(),
+            route: "hooks".into(),
+            session_key: session.to_string(),
+            event_type: "push".into(),
+            delivery_id: delivery_id.map(str::to_string),
+            headers: r#"{"x-test":"1"}"#.into(),
+            payload: br#"{"n":1}"#.to_vec(),
+        },
+        dedup_since: 0,
+    }
+}
+
+fn render(end: &TurnEnd) -> serde_json::Result<String> {
+    serde_json::to_string(&serde_json::json!({"event_id": end.event_id, "status": end.terminal}))
+}
+
+fn ended(turn: &ClaimedTurn, terminal: Terminal, turn_status: TurnStatus) -> TurnEnd {
+    TurnEnd {
+        turn_id: turn.turn_id.clone(),
+        event_id: turn.event.id.clone(),
+        session_key: turn.event.session_key.clone(),
+        route: turn.event.route.clone(),
+        turn_status,
+        terminal,
+        reason: None,
+        output: Some("done".into()),
+        error: None,
+        steps: 2,
+    }
+}
+
+async fn claim_one(store: &Store) -> ClaimedTurn {
+    let mut claimed = store.claim_turns(10).await.expect("claim");
+    assert_eq!(claimed.len(), 1, "{claimed:?}");
+    claimed.remove(0)
+}
+
+async fn event_status(store: &Store, id: &str) -> EventStatus {
+    store
+        .event(id)
+        .await
+        .expect("event")
+        .expect("the event exists")
+        .event
+        .status
+}
+
+async fn session_state(store: &Store, key: &str) -> SessionState {
+    store
+        .session(key)
+        .await
+        .expect("session")
+        .expect("the session exists")
+        .state
+}
+
+/// Accept, dedup, claim (one turn per session), steps, end, outbox.
+async fn accept_claim_finish_deliver(store: &Store) {
+    assert_eq!(
+        store
+            .accept(event("e1", "s1", Some("d1")))
+            .await
+            .expect("accept"),
+        AcceptOutcome::Accepted
+    );
+    assert_eq!(
+        store
+            .accept(event("e1-again", "s1", Some("d1")))
+            .await
+            .expect("accept"),
+        AcceptOutcome::Duplicate {
+            original: "e1".into()
+        }
+    );
+    assert_eq!(
+        store.original_of("hooks", "d1", 0).await.expect("original"),
+        Some("e1".to_string())
+    );
+    store.accept(event("e2", "s1", None)).await.expect("accept");
+    let turn = claim_one(store).await;
+    assert_eq!(turn.event.id, "e1");
+    assert_eq!(turn.event.payload, br#"{"n":1}"#);
+    assert!(turn.resume_reason.is_none() && !turn.internal);
+    // The session is busy: its second event waits.
+    assert!(store.claim_turns(10).await.expect("claim").is_empty());
+    assert_eq!(session_state(store, "s1").await, SessionState::Running);
+    store
+        .append_transcript("s1", &turn.turn_id, vec![("event", "{}".into())], 1)
+        .await
+        .expect("append");
+    assert!(store.event_has_transcript("e1").await.expect("has"));
+    let transcript = store.transcript("s1").await.expect("transcript");
+    assert_eq!(transcript.len(), 1);
+    assert_eq!(
+        transcript[0].event.as_ref().map(|e| e.id.as_str()),
+        Some("e1")
+    );
+    store
+        .finish_turn(
+            ended(&turn, Terminal::Completed, TurnStatus::Completed),
+            render,
+        )
+        .await
+        .expect("finish");
+    assert_eq!(event_status(store, "e1").await, EventStatus::Completed);
+    let due = store.due_deliveries(10, Vec::new()).await.expect("due");
+    assert_eq!(due.len(), 1);
+    assert!(due[0].body.contains("completed"), "{}", due[0].body);
+    assert!(
+        store
+            .due_deliveries(10, vec!["hooks".into()])
+            .await
+            .expect("due")
+            .is_empty(),
+        "a skipped route's deliveries are not due"
+    );
+    store
+        .record_delivery_attempt("e1", DeliveryAttempt::Delivered)
+        .await
+        .expect("record");
+    let detail = store.event("e1").await.expect("event").expect("e1");
+    assert_eq!(detail.turns.len(), 1);
+    assert_eq!(detail.turns[0].status, TurnStatus::Completed);
+    assert_eq!(
+        detail.delivery.map(|d| d.status),
+        Some(DeliveryState::Delivered)
+    );
+    assert_eq!(detail.headers["x-test"], "1");
+    let next = claim_one(store).await;
+    assert_eq!(next.event.id, "e2");
+    let summary = store.status_summary().await.expect("summary");
+    assert_eq!(summary.events.total, 2);
+    assert_eq!(
+        summary.events.by_status.get(&EventStatus::Running),
+        Some(&1)
+    );
+    assert_eq!(
+        summary.sessions.by_state.get(&SessionState::Running),
+        Some(&1)
+    );
+    let queued = store
+        .events(EventFilter {
+            status: Some(EventStatus::Completed),
+            limit: 10,
+            ..EventFilter::default()
+        })
+        .await
+        .expect("events");
+    assert_eq!(
+        queued.iter().map(|e| e.id.as_str()).collect::<Vec<_>>(),
+        ["e1"]
+    );
+}
+
+/// The count of `key`'s resumes in the retry ledger, if it has an entry.
+async fn resumes_counted(store: &Store, key: &str) -> Option<u64> {
+    let ledger = store.resume_ledger().await.expect("ledger");
+    ledger.sessions.get(key).map(|entry| entry.attempts)
+}
+
+/// Interrupts the running `turn` and settles its session with a limit of one resume.
+async fn interrupt_and_settle(store: &Store, turn: &ClaimedTurn, reason: ResumeReason) -> Settled {
+    let key = &turn.event.session_key;
+    store
+        .interrupt_for_resume(&turn.turn_id, key, reason, 1)
+        .await
+        .expect("interrupt");
+    let interrupted = store.interrupted_sessions().await.expect("interrupted");
+    assert_eq!(interrupted.len(), 1, "{interrupted:?}");
+    assert_eq!(interrupted[0].reason, reason);
+    store
+        .settle_interrupted(
+            &interrupted[0],
+            Settlement::Admit { max_attempts: 1 },
+            render,
+        )
+        .await
+        .expect("settle")
+}
+
+/// An interrupted session is resumed (counted first), then suspended past its limit.
+async fn interrupted_sessions_are_admitted_then_suspended(store: &Store) {
+    store
+        .accept(event("r1", "resumed", None))
+        .await
+        .expect("accept");
+    let turn = claim_one(store).await;
+    let settled = interrupt_and_settle(store, &turn, ResumeReason::ShutdownTimeout).await;
+    assert!(
+        matches!(settled, Settled::Resumed { attempt: 1 }),
+        "{settled:?}"
+    );
+    assert_eq!(resumes_counted(store, "resumed").await, Some(1));
+    let again = claim_one(store).await;
+    assert_eq!(again.event.id, "r1");
+    assert_eq!(again.resume_reason, Some(ResumeReason::ShutdownTimeout));
+    let settled = interrupt_and_settle(store, &again, ResumeReason::Crashed).await;
+    assert!(matches!(settled, Settled::Suspended), "{settled:?}");
+    assert_eq!(event_status(store, "r1").await, EventStatus::Suspended);
+    assert_eq!(
+        session_state(store, "resumed").await,
+        SessionState::Suspended
+    );
+    assert_eq!(
+        resumes_counted(store, "resumed").await,
+        None,
+        "the suspended session's count goes"
+    );
+}
+
+/// Outside the resume window the event ends abandoned, with its delivery.
+async fn old_interruptions_are_abandoned(store: &Store) {
+    store
+        .accept(event("a1", "abandoned", None))
+        .await
+        .expect("accept");
+    let turn = claim_one(store).await;
+    store
+        .interrupt_for_resume(&turn.turn_id, "abandoned", ResumeReason::Crashed, 0)
+        .await
+        .expect("interrupt");
+    let interrupted = store.interrupted_sessions().await.expect("interrupted");
+    let settled = store
+        .settle_interrupted(&interrupted[0], Settlement::Abandon, render)
+        .await
+        .expect("settle");
+    assert!(matches!(settled, Settled::Abandoned), "{settled:?}");
+    assert_eq!(event_status(store, "a1").await, EventStatus::Abandoned);
+    let detail = store.event("a1").await.expect("event").expect("a1");
+    assert_eq!(
+        detail.turns[0].reason.as_deref(),
+        Some(StopReason::Resume(ResumeReason::Crashed).sql())
+    );
+    assert_eq!(
+        detail.delivery.map(|d| d.status),
+        Some(DeliveryState::Pending)
+    );
+}
+
+/// Suspend, resume, replay and retry, as the operator commands use them.
+async fn operator_overrides(store: &Store) {
+    store
+        .accept(event("o1", "operated", None))
+        .await
+        .expect("accept");
+    assert_eq!(
+        store.operator_suspend("operated").await.expect("suspend"),
+        Some(SessionState::Idle)
+    );
+    assert!(store.claim_turns(10).await.expect("claim").is_empty());
+    assert_eq!(
+        store.operator_resume("operated").await.expect("resume"),
+        Some(SessionState::Suspended)
+    );
+    assert_eq!(store.operator_resume("nobody").await.expect("resume"), None);
+    let turn = claim_one(store).await;
+    store
+        .finish_turn(ended(&turn, Terminal::Failed, TurnStatus::Failed), render)
+        .await
+        .expect("finish");
+    store
+        .record_delivery_attempt(
+            "o1",
+            DeliveryAttempt::GaveUp {
+                error: "refused".into(),
+            },
+        )
+        .await
+        .expect("record");
+    assert_eq!(
+        store.deliveries(true, 10).await.expect("failed").len(),
+        1,
+        "one failed delivery"
+    );
+    assert_eq!(
+        store
+            .retry_deliveries(RetryTarget::AllFailed)
+            .await
+            .expect("retry"),
+        1
+    );
+    let copy = store
+        .replay_event("o1")
+        .await
+        .expect("replay")
+        .expect("o1 exists");
+    let replayed = store.event(&copy).await.expect("event").expect("copy");
+    assert_eq!(replayed.event.replay_of.as_deref(), Some("o1"));
+    assert_eq!(replayed.event.status, EventStatus::Queued);
+    assert_eq!(store.replay_event("missing").await.expect("replay"), None);
+}
+
+async fn run_contract(store: &Store) {
+    accept_claim_finish_deliver(store).await;
+    interrupted_sessions_are_admitted_then_suspended(store).await;
+    old_interruptions_are_abandoned(store).await;
+    operator_overrides(store).await;
+    let page = store.sessions_page(None, 2).await.expect("page");
+    assert_eq!(page.len(), 2);
+    assert!(page[0].key < page[1].key, "a page is in key order");
+}
+
+/// A row that does not read back is an error naming its column, never a panic.
+async fn assert_undecodable(store: &Store, column: &str) {
+    match store
+        .events(EventFilter {
+            limit: 10,
+            ..EventFilter::default()
+        })
+        .await
+    {
+        Err(err @ StoreError::Decode { .. }) => {
+            assert!(err.to_string().contains(column), "{err}");
+            assert_eq!(err.kind(), ErrorKind::Broken);
+        }
+        other => panic!("expected a decode error, got {other:?}"),
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+#[test]
+fn sqlite_keeps_the_contract() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    runtime().block_on(async {
+        let store = Store::open(&StoreSettings::Sqlite, dir.path())
+            .await
+            .expect("open");
+        run_contract(&store).await;
+        // SQLite keeps a text in an INTEGER column as text: it no longer reads as a number.
+        let database = dir.path().join("agentgate.db");
+        let connection = rusqlite::Connection::open(database).expect("open");
+        connection
+            .execute("UPDATE events SET received_at = 'soon' WHERE id = 'e1'", [])
+            .expect("update");
+        assert_undecodable(&store, "received_at").await;
+    });
+}
+
+#[test]
+fn postgres_keeps_the_contract() {
+    let Some(server) = postgres_server::Postgres::start("postgres_keeps_the_contract") else {
+        return;
+    };
+    let settings = StoreSettings::Postgres(PostgresSettings {
+        url: Secret::for_tests(server.url().as_bytes()),
+        node: "contract".into(),
+        lease_ttl: Duration::from_secs(30),
+        pool_size: 4,
+        ca_file: None,
+    });
+    runtime().block_on(async {
+        let store = Store::open(&settings, std::path::Path::new("/nonexistent"))
+            .await
+            .expect("open");
+        run_contract(&store).await;
+        // A NULL where a value belongs (the column lost its constraint, say by hand).
+        server.value("ALTER TABLE events ALTER COLUMN event_type DROP NOT NULL");
+        server.value("UPDATE events SET event_type = NULL WHERE id = 'e1'");
+        assert_undecodable(&store, "event_type").await;
+        store.release().await;
+    });
+}

@@ -1,0 +1,234 @@
+//! [`Coordination`] on PostgreSQL, and the nodes and leases it rests on: a node registers,
+//! renews its leases with a heartbeat, and every commit of a turn is fenced by its session's
+//! lease; on_busy interrupts reach a turn on another node through its session row.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use const_format::concatcp;
+
+use super::connect::{Cached, bounded};
+use super::{NODE_HISTORY_MS, OPERATION_TIMEOUT, PostgresStore};
+use crate::store::model::NodeRow;
+use crate::store::row::StoredRow;
+use crate::store::states::{NodeState, SESSION_RUNNING};
+use crate::store::{Coordination, StoreError, now_millis};
+
+/// `$1` the cutoff: node rows with a heartbeat since, or with a running session.
+const NODES_SQL: &str = concatcp!(
+    "SELECT n.name AS name, n.id AS id, n.pid AS pid, n.started_at AS started_at,
+            n.heartbeat_at AS heartbeat_at, n.stopped_at AS stopped_at,
+            COALESCE(array_agg(s.key ORDER BY s.key) FILTER (WHERE s.key IS NOT NULL), '{}')
+                AS leases
+     FROM nodes n
+     LEFT JOIN sessions s ON s.lease_owner = n.id AND s.state = ",
+    SESSION_RUNNING,
+    "
+     WHERE n.heartbeat_at >= $1 OR s.key IS NOT NULL
+     GROUP BY n.id ORDER BY n.name, n.started_at"
+);
+
+impl PostgresStore {
+    /// Adds this run of the node to `nodes` (and forgets runs long gone).
+    pub(super) async fn register(&self) -> Result<(), StoreError> {
+        let client = self.client().await?;
+        let now = now_millis();
+        client
+            .run(
+                "INSERT INTO nodes (id, name, pid, started_at, heartbeat_at) VALUES ($1, $2, $3, $4, $4)",
+                &[
+                    &self.shared.node_id,
+                    &self.shared.node_name,
+                    &i64::from(std::process::id()),
+                    &now,
+                ],
+            )
+            .await?;
+        client
+            .run(
+                "DELETE FROM nodes n WHERE n.heartbeat_at < $1
+                     AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.lease_owner = n.id)",
+                &[&(now - 24 * NODE_HISTORY_MS)],
+            )
+            .await?;
+        tracing::info!(node = %self.shared.node_name, node_id = %self.shared.node_id,
+            "joined the PostgreSQL store");
+        Ok(())
+    }
+
+    /// Renews this node's leases and heartbeat; its outcome is the store's writability.
+    pub(super) async fn heartbeat(self, lease_ttl: Duration) {
+        let interval = (lease_ttl / 3).min(Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                () = self.shared.stop.cancelled() => return,
+                () = tokio::time::sleep(interval) => {}
+            }
+            let renewed = bounded(self.renew()).await;
+            if let Err(err) = &renewed {
+                tracing::warn!(error = %err, "cannot renew this node's leases");
+            }
+            self.set_writable(renewed.is_ok());
+            self.shared
+                .heartbeat_round_at
+                .store(now_millis(), Ordering::Release);
+        }
+    }
+
+    pub(super) async fn renew(&self) -> Result<(), StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        let me = &self.shared.node_id;
+        tx.run(
+            "UPDATE nodes SET heartbeat_at = $2 WHERE id = $1",
+            &[me, &now_millis()],
+        )
+        .await?;
+        tx.run(
+            concatcp!(
+                "UPDATE sessions SET lease_expires_at = agentgate_now_ms() + $2
+             WHERE lease_owner = $1 AND state = ",
+                SESSION_RUNNING
+            ),
+            &[me, &self.shared.lease_ttl_ms],
+        )
+        .await?;
+        tx.run(
+            "UPDATE deliveries SET lease_expires_at = agentgate_now_ms() + $2 WHERE lease_owner = $1",
+            &[me, &self.shared.lease_ttl_ms],
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Renews the session's lease, or fails with `LeaseLost` when another node owns it now.
+    pub(super) async fn hold_lease(
+        &self,
+        tx: &deadpool_postgres::Transaction<'_>,
+        session_key: &str,
+    ) -> Result<(), StoreError> {
+        let held = tx
+            .run(
+                "UPDATE sessions SET lease_expires_at = agentgate_now_ms() + $3
+                 WHERE key = $1 AND lease_owner = $2",
+                &[
+                    &session_key,
+                    &self.shared.node_id,
+                    &self.shared.lease_ttl_ms,
+                ],
+            )
+            .await?;
+        if held == 0 {
+            return Err(StoreError::LeaseLost {
+                session_key: session_key.to_string(),
+            });
+        }
+        Ok(())
+    }
+
+    pub(super) async fn nodes(
+        &self,
+        client: &deadpool_postgres::Client,
+    ) -> Result<Vec<NodeRow>, StoreError> {
+        let now = now_millis();
+        let rows = client.rows(NODES_SQL, &[&(now - NODE_HISTORY_MS)]).await?;
+        rows.iter().map(|row| self.node(row, now)).collect()
+    }
+
+    fn node(&self, row: &tokio_postgres::Row, now: i64) -> Result<NodeRow, StoreError> {
+        let heartbeat_at: i64 = row.column("heartbeat_at")?;
+        let stopped_at: Option<i64> = row.column("stopped_at")?;
+        let state = if stopped_at.is_some() {
+            NodeState::Stopped
+        } else if now - heartbeat_at > self.shared.lease_ttl_ms {
+            NodeState::Lost
+        } else {
+            NodeState::Running
+        };
+        Ok(NodeRow {
+            name: row.column("name")?,
+            id: row.column("id")?,
+            pid: row.column("pid")?,
+            started_at: row.column("started_at")?,
+            heartbeat_at,
+            state,
+            // A text array, which only PostgreSQL has.
+            leases: row.try_get("leases").map_err(|err| StoreError::Decode {
+                column: "leases",
+                reason: err.to_string(),
+            })?,
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl Coordination for PostgresStore {
+    /// The heartbeat keeps running, whether or not the database answers it: a database that is
+    /// down is a 503 and a failing `/readyz`, not a wedged process for the watchdog to restart.
+    async fn answers(&self) -> bool {
+        let silent_for = now_millis() - self.shared.heartbeat_round_at.load(Ordering::Acquire);
+        let round = OPERATION_TIMEOUT + Duration::from_secs(2);
+        silent_for < i64::try_from(round.as_millis()).unwrap_or(i64::MAX)
+    }
+
+    async fn request_interrupt(&self, session_key: &str) -> Result<(), StoreError> {
+        self.execute_one(
+            concatcp!(
+                "UPDATE sessions SET interrupt_requested = true
+                 WHERE key = $1 AND state = ",
+                SESSION_RUNNING,
+                " AND lease_owner <> $2"
+            ),
+            &[&session_key, &self.shared.node_id],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn interrupts_requested(&self) -> Result<Vec<String>, StoreError> {
+        self.fetch(
+            "UPDATE sessions SET interrupt_requested = false
+             WHERE lease_owner = $1 AND interrupt_requested
+             RETURNING key",
+            &[&self.shared.node_id],
+            |row| row.column("key"),
+        )
+        .await
+    }
+
+    async fn release(&self) {
+        self.shared.stop.cancel();
+        let released = bounded(async {
+            let client = self.client().await?;
+            client
+                .run(
+                    "UPDATE deliveries SET lease_owner = NULL, lease_expires_at = NULL WHERE lease_owner = $1",
+                    &[&self.shared.node_id],
+                )
+                .await?;
+            client
+                .run(
+                    "UPDATE nodes SET stopped_at = $2, heartbeat_at = $2 WHERE id = $1",
+                    &[&self.shared.node_id, &now_millis()],
+                )
+                .await?;
+            Ok(())
+        })
+        .await;
+        if let Err(err) = released {
+            tracing::warn!(error = %err, "cannot hand this node's delivery leases back; they expire");
+        }
+    }
+
+    fn is_writable(&self) -> bool {
+        self.shared.writable.load(Ordering::Acquire)
+    }
+
+    /// A quarter of the lease, at most a second: sessions handed back by a draining node are
+    /// picked up within about a second, expired leases within `lease_ttl` plus this.
+    fn failover_interval(&self) -> Option<Duration> {
+        let ttl = Duration::from_millis(u64::try_from(self.shared.lease_ttl_ms).unwrap_or(0));
+        Some((ttl / 4).clamp(Duration::from_millis(250), Duration::from_secs(1)))
+    }
+}

@@ -1,0 +1,112 @@
+//! [`Inspection`] on PostgreSQL: what `status`, `sessions`, `events` and `deliveries` show, with
+//! the shared SQL (`store::sql`) and, in `status`, the nodes.
+
+use std::collections::BTreeMap;
+
+use super::PostgresStore;
+use super::connect::{Cached, bounded};
+use crate::store::model::{
+    DeliveryCounts, DeliveryRow, EventDetail, EventFilter, EventRow, LiveCounts, SessionRow,
+    StatusSummary, TurnRow,
+};
+use crate::store::row::counted;
+use crate::store::sql::{
+    DELIVERIES_SQL, DELIVERY_COUNTS_SQL, EVENT_DELIVERY_SQL, EVENT_SQL, EVENT_TURNS_SQL,
+    EVENTS_BY_STATUS_SQL, EVENTS_SQL, LIVE_COUNTS_SQL, ONE_SESSION_SQL, SESSIONS_BY_STATE_SQL,
+    SESSIONS_PAGE_SQL, SESSIONS_SQL,
+};
+use crate::store::states::{DeliveryState, EventStatus};
+use crate::store::{Inspection, StoreError};
+
+#[async_trait::async_trait]
+impl Inspection for PostgresStore {
+    async fn live_counts(&self) -> Result<LiveCounts, StoreError> {
+        self.fetch_one(LIVE_COUNTS_SQL, &[], LiveCounts::decode)
+            .await
+    }
+
+    async fn status_summary(&self) -> Result<StatusSummary, StoreError> {
+        bounded(async {
+            let client = self.client().await?;
+            let by_status = client
+                .rows(EVENTS_BY_STATUS_SQL, &[])
+                .await?
+                .iter()
+                .map(counted)
+                .collect::<Result<BTreeMap<_, _>, _>>()?;
+            let by_state = client
+                .rows(SESSIONS_BY_STATE_SQL, &[])
+                .await?
+                .iter()
+                .map(counted)
+                .collect::<Result<BTreeMap<_, _>, _>>()?;
+            let deliveries = DeliveryCounts::decode(&client.row(DELIVERY_COUNTS_SQL, &[]).await?)?;
+            let nodes = self.nodes(&client).await?;
+            Ok(StatusSummary::from_counts(
+                by_status,
+                by_state,
+                deliveries,
+                Some(nodes),
+            ))
+        })
+        .await
+    }
+
+    async fn sessions(&self) -> Result<Vec<SessionRow>, StoreError> {
+        self.fetch(SESSIONS_SQL, &[], SessionRow::decode).await
+    }
+
+    async fn sessions_page(
+        &self,
+        after: Option<String>,
+        limit: i64,
+    ) -> Result<Vec<SessionRow>, StoreError> {
+        self.fetch(SESSIONS_PAGE_SQL, &[&after, &limit], SessionRow::decode)
+            .await
+    }
+
+    async fn session(&self, key: &str) -> Result<Option<SessionRow>, StoreError> {
+        self.fetch_optional(ONE_SESSION_SQL, &[&key], SessionRow::decode)
+            .await
+    }
+
+    async fn events(&self, filter: EventFilter) -> Result<Vec<EventRow>, StoreError> {
+        let status = filter.status.map(EventStatus::sql);
+        self.fetch(
+            EVENTS_SQL,
+            &[
+                &status,
+                &filter.route,
+                &filter.session,
+                &filter.limit,
+                &filter.before,
+            ],
+            EventRow::decode,
+        )
+        .await
+    }
+
+    async fn event(&self, id: &str) -> Result<Option<EventDetail>, StoreError> {
+        let Some(mut detail) = self
+            .fetch_optional(EVENT_SQL, &[&id], EventDetail::decode)
+            .await?
+        else {
+            return Ok(None);
+        };
+        detail.turns = self.fetch(EVENT_TURNS_SQL, &[&id], TurnRow::decode).await?;
+        detail.delivery = self
+            .fetch_optional(EVENT_DELIVERY_SQL, &[&id], DeliveryRow::decode)
+            .await?;
+        Ok(Some(detail))
+    }
+
+    async fn deliveries(
+        &self,
+        failed_only: bool,
+        limit: i64,
+    ) -> Result<Vec<DeliveryRow>, StoreError> {
+        let status = failed_only.then_some(DeliveryState::Failed.sql());
+        self.fetch(DELIVERIES_SQL, &[&status, &limit], DeliveryRow::decode)
+            .await
+    }
+}

@@ -1,0 +1,346 @@
+//! The SQL both backends run as it is, grouped by the trait it serves.
+//!
+//! A statement lives here when SQLite and PostgreSQL can run the same text, so the two cannot
+//! answer differently; a statement only one backend can run lives in that backend's file for
+//! the same trait (`sqlite/turns.rs`, `postgres/turns.rs`, ...). Parameters are numbered `$N`
+//! (SQLite binds them by name, see `sqlite::bind`), `CAST($N AS TEXT)` where a parameter may be
+//! NULL, and every column a decoder reads has a name (`AS ...`), since rows are read by column
+//! name (`row.rs`).
+
+use const_format::concatcp;
+
+use super::states::{
+    CRASHED, DELIVERED, DELIVERY_FAILED, EVENT_ABANDONED, EVENT_COMPLETED, EVENT_FAILED,
+    EVENT_RUNNING, EVENT_SUSPENDED, IDLE, PENDING, QUEUED, RESUME_PENDING, SESSION_RUNNING,
+    SHUTDOWN_TIMEOUT, SUSPENDED, TURN_INTERRUPTED, TURN_RUNNING,
+};
+
+// ---- Accepting -------------------------------------------------------------------------------
+
+/// `$1` route, `$2` delivery id, `$3` the start of the dedup window: the event a delivery id was
+/// first accepted as.
+pub(crate) const ORIGINAL_SQL: &str =
+    "SELECT event_id FROM dedup WHERE route = $1 AND delivery_id = $2 AND seen_at >= $3";
+
+/// `$1` the cutoff: delivery ids last seen before it are forgotten.
+pub(crate) const PRUNE_DEDUP_SQL: &str = "DELETE FROM dedup WHERE seen_at < $1";
+
+// Retention: finished work older than `[store] retention` is deleted, so the state stops
+// growing with the traffic it has seen.
+//
+// Only finished events go (`Terminal::prunable`: completed, failed and abandoned), and only once
+// their result is delivered. A queued, running or interrupted event, a suspended one (its
+// session's resume runs it again) and any event whose result is still pending or failed in the
+// outbox stay, whatever their age. An event goes with its turns, their transcript steps and its
+// delivery; a session goes once it is idle, has no event left and has not changed within the
+// retention. Later turns of a session see only what is retained. Deletion runs in small batches,
+// each its own short transaction, so the writer is never held for long.
+
+/// Events deleted per transaction: small, because an accept that arrives meanwhile waits for it
+/// (50 events with their turns and transcripts take about a millisecond on SQLite).
+pub(crate) const PRUNE_BATCH: i64 = 50;
+
+/// `$1` the cutoff (unix ms), `$2` the batch size: finished events whose result is delivered.
+pub(crate) const PRUNABLE_EVENTS_SQL: &str = concatcp!(
+    "SELECT e.id AS id FROM events e
+     WHERE e.status IN (",
+    EVENT_COMPLETED,
+    ", ",
+    EVENT_FAILED,
+    ", ",
+    EVENT_ABANDONED,
+    ") AND e.updated_at < $1
+       AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.event_id = e.id AND d.status <> ",
+    DELIVERED,
+    ")
+     ORDER BY e.seq LIMIT $2"
+);
+
+/// `$1` an event id: its transcript steps, turns, delivery and the event itself, in that order.
+pub(crate) const DELETE_EVENT_SQL: [&str; 4] = [
+    "DELETE FROM transcript WHERE turn_id IN (SELECT id FROM turns WHERE event_id = $1)",
+    "DELETE FROM turns WHERE event_id = $1",
+    "DELETE FROM deliveries WHERE event_id = $1",
+    "DELETE FROM events WHERE id = $1",
+];
+
+/// `$1` the cutoff, `$2` the batch size: idle sessions with no event left.
+pub(crate) const PRUNE_SESSIONS_SQL: &str = concatcp!(
+    "DELETE FROM sessions WHERE key IN (
+         SELECT s.key FROM sessions s
+         WHERE s.state = ",
+    IDLE,
+    " AND s.updated_at < $1
+           AND NOT EXISTS (SELECT 1 FROM events e WHERE e.session_key = s.key)
+         LIMIT $2)"
+);
+
+// ---- Turns -----------------------------------------------------------------------------------
+
+/// The columns `Event::decode` reads, from `events`.
+pub(crate) const EVENT_COLUMNS: &str =
+    "id, route, session_key, event_type, delivery_id, headers, payload";
+
+/// The columns a claimed turn is made of: the event, why it runs again, and whether agentgate
+/// queued it itself.
+pub(crate) const CLAIM_COLUMNS: &str = concatcp!(
+    EVENT_COLUMNS,
+    ", resume_reason, origin <> 'webhook' AS internal"
+);
+
+/// `$1` turn id, `$2` status, `$3` reason, `$4` output, `$5` error, `$6` steps, `$7` now.
+pub(crate) const FINISH_TURN_SQL: &str = "UPDATE turns SET status = $2, reason = $3, output = $4, error = $5, steps = $6, finished_at = $7
+     WHERE id = $1";
+
+/// `$1` event id, `$2` its terminal status, `$3` now.
+pub(crate) const FINISH_EVENT_SQL: &str =
+    "UPDATE events SET status = $2, updated_at = $3 WHERE id = $1";
+
+/// `$1` session key, `$2` turn id, `$3` kind, `$4` body, `$5` now: one transcript entry, after
+/// the session's last.
+pub(crate) const APPEND_SQL: &str =
+    "INSERT INTO transcript (session_key, seq, turn_id, kind, body, created_at)
+     VALUES ($1, COALESCE((SELECT max(seq) FROM transcript WHERE session_key = $1), 0) + 1,
+             $2, $3, $4, $5)";
+
+/// `$1` turn id, `$2` steps.
+pub(crate) const TURN_STEPS_SQL: &str = "UPDATE turns SET steps = $2 WHERE id = $1";
+
+/// `$1` event id: whether any run of it recorded a transcript entry (a run cut off between its
+/// claim and its first commit did not: its resume must start from the event itself).
+pub(crate) const EVENT_HAS_TRANSCRIPT_SQL: &str =
+    "SELECT EXISTS (SELECT 1 FROM transcript t JOIN turns u ON u.id = t.turn_id
+                    WHERE u.event_id = $1) AS found";
+
+/// `$1` session key, `$2` the `event` entry kind: a session's transcript, oldest first, each row
+/// with (for an `event` entry) the event it refers to, joined through the turn.
+pub(crate) const TRANSCRIPT_SQL: &str =
+    "SELECT t.seq AS seq, t.turn_id AS turn_id, t.kind AS kind, t.body AS body,
+            t.created_at AS created_at,
+            e.id AS id, e.route AS route, e.session_key AS session_key,
+            e.event_type AS event_type, e.delivery_id AS delivery_id, e.headers AS headers,
+            e.payload AS payload
+     FROM transcript t
+     LEFT JOIN turns u ON t.kind = $2 AND u.id = t.turn_id
+     LEFT JOIN events e ON e.id = u.event_id
+     WHERE t.session_key = $1 ORDER BY t.seq";
+
+// ---- Recovery --------------------------------------------------------------------------------
+
+/// `$1` event id, `$2` the resume reason, `$3` now: an interrupted event goes back to the head
+/// of its session's queue, marked as a resume.
+pub(crate) const REQUEUE_EVENT_SQL: &str = concatcp!(
+    "UPDATE events SET status = ",
+    QUEUED,
+    ", resume_reason = $2, updated_at = $3 WHERE id = $1"
+);
+
+/// `$1` session key, `$2` now: the session may run its requeued event.
+pub(crate) const REQUEUE_SESSION_SQL: &str = concatcp!(
+    "UPDATE sessions SET state = ",
+    IDLE,
+    ", updated_at = $2 WHERE key = $1"
+);
+
+/// The columns `InterruptedSession::decode` reads, from `sessions s JOIN turns t` (the last
+/// turn).
+pub(crate) const INTERRUPTED_COLUMNS: &str = concatcp!(
+    "s.key AS key, s.route AS route, COALESCE(s.reason, ",
+    CRASHED,
+    ") AS reason, t.id AS turn_id, t.event_id AS event_id, t.steps AS steps,
+     t.started_at AS started_at"
+);
+
+// ---- Inspection ------------------------------------------------------------------------------
+
+/// The counts of [`LiveCounts`](super::LiveCounts).
+pub(crate) const LIVE_COUNTS_SQL: &str = concatcp!(
+    "SELECT (SELECT count(*) FROM events WHERE status = ",
+    QUEUED,
+    ") AS queued, (SELECT count(*) FROM sessions WHERE state = ",
+    RESUME_PENDING,
+    ") AS resume_pending, (SELECT count(*) FROM sessions WHERE state = ",
+    SUSPENDED,
+    ") AS suspended"
+);
+
+/// Accepted webhooks by status (internal events are not accepted ones).
+pub(crate) const EVENTS_BY_STATUS_SQL: &str =
+    "SELECT status AS name, count(*) AS n FROM events WHERE origin = 'webhook' GROUP BY status";
+
+pub(crate) const SESSIONS_BY_STATE_SQL: &str =
+    "SELECT state AS name, count(*) AS n FROM sessions GROUP BY state";
+
+pub(crate) const DELIVERY_COUNTS_SQL: &str = concatcp!(
+    "SELECT count(CASE WHEN status = ",
+    PENDING,
+    " THEN 1 END) AS pending, count(CASE WHEN status = ",
+    DELIVERY_FAILED,
+    " THEN 1 END) AS failed FROM deliveries"
+);
+
+/// A session row as `sessions list` shows it.
+pub(crate) const SESSION_SQL: &str = concatcp!(
+    "
+    SELECT s.key AS key, s.route AS route, s.state AS state, s.reason AS reason,
+           s.last_turn_id AS last_turn_id,
+           (SELECT t.status FROM turns t WHERE t.id = s.last_turn_id) AS last_turn_status,
+           (SELECT count(*) FROM turns t WHERE t.session_key = s.key) AS turns,
+           (SELECT count(*) FROM events e WHERE e.session_key = s.key AND e.status = ",
+    QUEUED,
+    ") AS queued,
+           s.updated_at AS updated_at
+    FROM sessions s"
+);
+
+/// Every session, the most recently changed first.
+pub(crate) const SESSIONS_SQL: &str = concatcp!(SESSION_SQL, " ORDER BY s.updated_at DESC");
+
+/// `$1` session key.
+pub(crate) const ONE_SESSION_SQL: &str = concatcp!(SESSION_SQL, " WHERE s.key = $1");
+
+/// A page of sessions in key order: `$1` the last key of the page before (or NULL), `$2` limit.
+pub(crate) const SESSIONS_PAGE_SQL: &str = concatcp!(
+    SESSION_SQL,
+    " WHERE (CAST($1 AS TEXT) IS NULL OR s.key > $1) ORDER BY s.key LIMIT $2"
+);
+
+/// The columns `EventRow::decode` reads.
+const EVENT_ROW_COLUMNS: &str =
+    "id, route, session_key, event_type, status, delivery_id, received_at, origin, replay_of";
+
+/// `$1` status, `$2` route, `$3` session, `$5` the event to list only older ones than (each may
+/// be NULL), `$4` limit.
+pub(crate) const EVENTS_SQL: &str = concatcp!(
+    "SELECT ",
+    EVENT_ROW_COLUMNS,
+    " FROM events
+     WHERE (CAST($1 AS TEXT) IS NULL OR status = $1)
+       AND (CAST($2 AS TEXT) IS NULL OR route = $2)
+       AND (CAST($3 AS TEXT) IS NULL OR session_key = $3)
+       AND (CAST($5 AS TEXT) IS NULL OR seq < (SELECT b.seq FROM events b WHERE b.id = $5))
+     ORDER BY seq DESC LIMIT $4"
+);
+
+/// `$1` event id: the row with its payload and headers.
+pub(crate) const EVENT_SQL: &str = concatcp!(
+    "SELECT ",
+    EVENT_ROW_COLUMNS,
+    ", payload, headers FROM events WHERE id = $1"
+);
+
+/// `$1` event id.
+pub(crate) const EVENT_TURNS_SQL: &str =
+    "SELECT id, status, reason, steps, started_at, finished_at, error
+     FROM turns WHERE event_id = $1 ORDER BY started_at";
+
+const DELIVERY_COLUMNS: &str =
+    "event_id, route, session_key, status, attempts, next_attempt_at, last_error, updated_at";
+
+/// `$1` event id.
+pub(crate) const EVENT_DELIVERY_SQL: &str = concatcp!(
+    "SELECT ",
+    DELIVERY_COLUMNS,
+    " FROM deliveries WHERE event_id = $1"
+);
+
+/// `$1` status (NULL: any), `$2` limit.
+pub(crate) const DELIVERIES_SQL: &str = concatcp!(
+    "SELECT ",
+    DELIVERY_COLUMNS,
+    " FROM deliveries WHERE (CAST($1 AS TEXT) IS NULL OR status = $1)
+     ORDER BY updated_at DESC LIMIT $2"
+);
+
+// ---- Outbox ----------------------------------------------------------------------------------
+
+/// `$1` event id, `$2` status, `$3` next attempt, `$4` last error, `$5` now. (PostgreSQL adds the
+/// lease columns to the same update.)
+pub(crate) const RECORD_ATTEMPT_SQL: &str =
+    "UPDATE deliveries SET status = $2, attempts = attempts + 1, next_attempt_at = $3,
+         last_error = $4, updated_at = $5";
+
+// ---- Operator --------------------------------------------------------------------------------
+
+/// `sessions resume`: `$1` session key, `$2` now. The event a session was interrupted or
+/// suspended on runs again as a resume (its turn's reason says why it stopped).
+pub(crate) const REQUEUE_STOPPED_EVENT_SQL: &str = concatcp!(
+    "UPDATE events SET status = ",
+    QUEUED,
+    ", resume_reason = (SELECT t.reason FROM sessions s JOIN turns t ON t.id = s.last_turn_id
+                         WHERE s.key = $1),
+       updated_at = $2
+     WHERE id = (SELECT t.event_id FROM sessions s JOIN turns t ON t.id = s.last_turn_id
+                 WHERE s.key = $1 AND t.status = ",
+    TURN_INTERRUPTED,
+    " AND t.reason IN (",
+    CRASHED,
+    ", ",
+    SHUTDOWN_TIMEOUT,
+    "))
+       AND status IN (",
+    EVENT_RUNNING,
+    ", ",
+    EVENT_SUSPENDED,
+    ")"
+);
+
+/// `sessions resume`: `$1` session key, `$2` now. The session may run again, but a turn of it
+/// that still runs keeps it busy, so that no second turn ever starts beside it.
+pub(crate) const RESUME_SESSION_SQL: &str = concatcp!(
+    "UPDATE sessions SET state = CASE WHEN EXISTS
+         (SELECT 1 FROM turns WHERE session_key = $1 AND status = ",
+    TURN_RUNNING,
+    ") THEN ",
+    SESSION_RUNNING,
+    " ELSE ",
+    IDLE,
+    " END, reason = NULL, updated_at = $2 WHERE key = $1"
+);
+
+/// `$1` session key.
+pub(crate) const SESSION_STATE_SQL: &str = "SELECT state FROM sessions WHERE key = $1";
+
+/// `$1` the original event id, `$2` the new id, `$3` now. The copy is a new queued event of the
+/// same route, session, type, headers and payload, with no delivery id (it is not a redelivery).
+pub(crate) const REPLAY_SQL: &str = concatcp!(
+    "INSERT INTO events (id, route, session_key, event_type, delivery_id, headers, payload,
+                         received_at, status, updated_at, origin, replay_of)
+     SELECT $2, route, session_key, event_type, NULL, headers, payload, $3, ",
+    QUEUED,
+    ", $3, origin, id FROM events WHERE id = $1"
+);
+
+/// `$1` event id (NULL: every failed delivery), `$2` now: a fresh attempt budget, due at once.
+pub(crate) const RETRY_SQL: &str = concatcp!(
+    "UPDATE deliveries SET status = ",
+    PENDING,
+    ", attempts = 0, next_attempt_at = $2, updated_at = $2
+     WHERE status = ",
+    DELIVERY_FAILED,
+    " AND (CAST($1 AS TEXT) IS NULL OR event_id = $1)"
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::states::Terminal;
+
+    /// Retention deletes exactly the terminal statuses `Terminal::prunable` names.
+    #[test]
+    fn retention_deletes_the_prunable_statuses_only() {
+        for terminal in [
+            Terminal::Completed,
+            Terminal::Failed,
+            Terminal::Abandoned,
+            Terminal::Suspended,
+        ] {
+            let quoted = format!("'{}'", terminal.event_status().sql());
+            assert_eq!(
+                PRUNABLE_EVENTS_SQL.contains(&quoted),
+                terminal.prunable(),
+                "{terminal:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,135 @@
+//! [`Inspection`] on SQLite: what `status`, `sessions`, `events` and `deliveries` show, read on
+//! reader connections with the shared SQL (`store::sql`).
+
+use std::collections::BTreeMap;
+
+use rusqlite::Connection;
+
+use super::{SqliteStore, query, query_one, query_optional};
+use crate::store::model::{
+    DeliveryCounts, DeliveryRow, EventDetail, EventFilter, EventRow, LiveCounts, SessionRow,
+    StatusSummary, TurnRow,
+};
+use crate::store::row::counted;
+use crate::store::sql::{
+    DELIVERIES_SQL, DELIVERY_COUNTS_SQL, EVENT_DELIVERY_SQL, EVENT_SQL, EVENT_TURNS_SQL,
+    EVENTS_BY_STATUS_SQL, EVENTS_SQL, LIVE_COUNTS_SQL, ONE_SESSION_SQL, SESSIONS_BY_STATE_SQL,
+    SESSIONS_PAGE_SQL, SESSIONS_SQL,
+};
+use crate::store::states::{DeliveryState, EventStatus};
+use crate::store::{Inspection, StoreError};
+
+fn summary_in(connection: &Connection) -> Result<StatusSummary, StoreError> {
+    let by_status: BTreeMap<_, _> =
+        query(connection, EVENTS_BY_STATUS_SQL, &[], |row| counted(row))?
+            .into_iter()
+            .collect();
+    let by_state: BTreeMap<_, _> =
+        query(connection, SESSIONS_BY_STATE_SQL, &[], |row| counted(row))?
+            .into_iter()
+            .collect();
+    let deliveries = query_one(connection, DELIVERY_COUNTS_SQL, &[], |row| {
+        DeliveryCounts::decode(row)
+    })?;
+    Ok(StatusSummary::from_counts(
+        by_status, by_state, deliveries, None,
+    ))
+}
+
+fn event_in(connection: &Connection, id: &str) -> Result<Option<EventDetail>, StoreError> {
+    let Some(mut detail) = query_optional(connection, EVENT_SQL, &[&id], |row| {
+        EventDetail::decode(row)
+    })?
+    else {
+        return Ok(None);
+    };
+    detail.turns = query(connection, EVENT_TURNS_SQL, &[&id], |row| {
+        TurnRow::decode(row)
+    })?;
+    detail.delivery = query_optional(connection, EVENT_DELIVERY_SQL, &[&id], |row| {
+        DeliveryRow::decode(row)
+    })?;
+    Ok(Some(detail))
+}
+
+#[async_trait::async_trait]
+impl Inspection for SqliteStore {
+    async fn live_counts(&self) -> Result<LiveCounts, StoreError> {
+        self.read(|connection| {
+            query_one(connection, LIVE_COUNTS_SQL, &[], |row| {
+                LiveCounts::decode(row)
+            })
+        })
+        .await
+    }
+
+    async fn status_summary(&self) -> Result<StatusSummary, StoreError> {
+        self.read(summary_in).await
+    }
+
+    async fn sessions(&self) -> Result<Vec<SessionRow>, StoreError> {
+        self.read(|connection| query(connection, SESSIONS_SQL, &[], |row| SessionRow::decode(row)))
+            .await
+    }
+
+    async fn sessions_page(
+        &self,
+        after: Option<String>,
+        limit: i64,
+    ) -> Result<Vec<SessionRow>, StoreError> {
+        self.read(move |connection| {
+            query(connection, SESSIONS_PAGE_SQL, &[&after, &limit], |row| {
+                SessionRow::decode(row)
+            })
+        })
+        .await
+    }
+
+    async fn session(&self, key: &str) -> Result<Option<SessionRow>, StoreError> {
+        let key = key.to_string();
+        self.read(move |connection| {
+            query_optional(connection, ONE_SESSION_SQL, &[&key], |row| {
+                SessionRow::decode(row)
+            })
+        })
+        .await
+    }
+
+    async fn events(&self, filter: EventFilter) -> Result<Vec<EventRow>, StoreError> {
+        self.read(move |connection| {
+            let status = filter.status.map(EventStatus::sql);
+            query(
+                connection,
+                EVENTS_SQL,
+                &[
+                    &status,
+                    &filter.route,
+                    &filter.session,
+                    &filter.limit,
+                    &filter.before,
+                ],
+                |row| EventRow::decode(row),
+            )
+        })
+        .await
+    }
+
+    async fn event(&self, id: &str) -> Result<Option<EventDetail>, StoreError> {
+        let id = id.to_string();
+        self.read(move |connection| event_in(connection, &id)).await
+    }
+
+    async fn deliveries(
+        &self,
+        failed_only: bool,
+        limit: i64,
+    ) -> Result<Vec<DeliveryRow>, StoreError> {
+        let status = failed_only.then_some(DeliveryState::Failed.sql());
+        self.read(move |connection| {
+            query(connection, DELIVERIES_SQL, &[&status, &limit], |row| {
+                DeliveryRow::decode(row)
+            })
+        })
+        .await
+    }
+}

@@ -1,0 +1,85 @@
+//! [`Operator`] on SQLite: `sessions resume|suspend`, `events replay`, `deliveries retry`.
+
+use const_format::concatcp;
+use rusqlite::Connection;
+
+use super::{SqliteStore, execute, query_optional, value};
+use crate::store::model::RetryTarget;
+use crate::store::sql::{
+    REPLAY_SQL, REQUEUE_STOPPED_EVENT_SQL, RESUME_SESSION_SQL, RETRY_SQL, SESSION_STATE_SQL,
+};
+use crate::store::states::{OPERATOR, SUSPENDED, SessionState};
+use crate::store::{Operator, Recovery, StoreError, now_millis};
+
+/// `$1` session key, `$2` now.
+const SUSPEND_SQL: &str = concatcp!(
+    "UPDATE sessions SET state = ",
+    SUSPENDED,
+    ", reason = ",
+    OPERATOR,
+    ", updated_at = $2 WHERE key = $1"
+);
+
+fn session_state(connection: &Connection, key: &str) -> Result<Option<SessionState>, StoreError> {
+    query_optional(connection, SESSION_STATE_SQL, &[&key], |row| {
+        value(row, "state")
+    })
+}
+
+/// A suspended session becomes idle again (its queued events run); an interrupted one
+/// (`resume_pending`) has its event queued again as a resume. Returns the state the session was
+/// in, or `None` if there is no such session.
+fn resume_in(connection: &Connection, key: &str) -> Result<Option<SessionState>, StoreError> {
+    let Some(state) = session_state(connection, key)? else {
+        return Ok(None);
+    };
+    let now = now_millis();
+    execute(connection, REQUEUE_STOPPED_EVENT_SQL, &[&key, &now])?;
+    execute(connection, RESUME_SESSION_SQL, &[&key, &now])?;
+    Ok(Some(state))
+}
+
+fn suspend_in(connection: &Connection, key: &str) -> Result<Option<SessionState>, StoreError> {
+    let Some(state) = session_state(connection, key)? else {
+        return Ok(None);
+    };
+    execute(connection, SUSPEND_SQL, &[&key, &now_millis()])?;
+    Ok(Some(state))
+}
+
+#[async_trait::async_trait]
+impl Operator for SqliteStore {
+    async fn operator_resume(&self, key: &str) -> Result<Option<SessionState>, StoreError> {
+        self.clear_resume_count(key).await?;
+        let key = key.to_string();
+        self.write(move |connection| resume_in(connection, &key))
+            .await
+    }
+
+    async fn operator_suspend(&self, key: &str) -> Result<Option<SessionState>, StoreError> {
+        let key = key.to_string();
+        self.write(move |connection| suspend_in(connection, &key))
+            .await
+    }
+
+    async fn replay_event(&self, id: &str) -> Result<Option<String>, StoreError> {
+        let (original, copy) = (id.to_string(), uuid::Uuid::now_v7().to_string());
+        self.write(move |connection| {
+            let inserted = execute(connection, REPLAY_SQL, &[&original, &copy, &now_millis()])?;
+            Ok((inserted == 1).then_some(copy))
+        })
+        .await
+    }
+
+    async fn retry_deliveries(&self, target: RetryTarget) -> Result<u64, StoreError> {
+        self.write(move |connection| {
+            let event_id = match &target {
+                RetryTarget::One(id) => Some(id.as_str()),
+                RetryTarget::AllFailed => None,
+            };
+            let updated = execute(connection, RETRY_SQL, &[&event_id, &now_millis()])?;
+            Ok(updated as u64)
+        })
+        .await
+    }
+}

@@ -1,0 +1,154 @@
+//! [`Recovery`] on SQLite: turns a crash cut off, and the admission of interrupted sessions
+//! through the retry ledger file (`store::admission` decides; this file reads and writes).
+
+use const_format::concatcp;
+use rusqlite::Connection;
+
+use super::turns::finish_in;
+use super::{SqliteStore, execute, query};
+use crate::store::admission::{self, AdmissionSteps};
+use crate::store::ledger::LedgerFile;
+use crate::store::model::{InterruptedSession, RenderDelivery, TurnEnd};
+use crate::store::sql::{INTERRUPTED_COLUMNS, REQUEUE_EVENT_SQL, REQUEUE_SESSION_SQL};
+use crate::store::states::{CRASHED, RESUME_PENDING, SUSPENDED, TURN_INTERRUPTED, TURN_RUNNING};
+use crate::store::{Ledger, Recovery, Settled, Settlement, StoreError, now_millis};
+
+/// `$1` now: the sessions of turns still `running` wait for a resume (an operator's suspension
+/// stays in force).
+const CRASHED_SESSIONS_SQL: &str = concatcp!(
+    "UPDATE sessions SET state = ",
+    RESUME_PENDING,
+    ", reason = ",
+    CRASHED,
+    ", updated_at = $1
+     WHERE key IN (SELECT session_key FROM turns WHERE status = ",
+    TURN_RUNNING,
+    ") AND state <> ",
+    SUSPENDED
+);
+
+/// `$1` now.
+const CRASHED_TURNS_SQL: &str = concatcp!(
+    "UPDATE turns SET status = ",
+    TURN_INTERRUPTED,
+    ", reason = ",
+    CRASHED,
+    ", finished_at = $1 WHERE status = ",
+    TURN_RUNNING
+);
+
+const INTERRUPTED_SQL: &str = concatcp!(
+    "SELECT ",
+    INTERRUPTED_COLUMNS,
+    " FROM sessions s JOIN turns t ON t.id = s.last_turn_id
+     WHERE s.state = ",
+    RESUME_PENDING,
+    " ORDER BY t.started_at"
+);
+
+/// At start, every turn still `running` was cut off by a crash.
+fn crashed_in(connection: &Connection) -> Result<usize, StoreError> {
+    let now = now_millis();
+    execute(connection, CRASHED_SESSIONS_SQL, &[&now])?;
+    execute(connection, CRASHED_TURNS_SQL, &[&now])
+}
+
+fn requeue_in(connection: &Connection, session: &InterruptedSession) -> Result<(), StoreError> {
+    let now = now_millis();
+    execute(
+        connection,
+        REQUEUE_EVENT_SQL,
+        &[&session.event_id, &session.reason.sql(), &now],
+    )?;
+    execute(
+        connection,
+        REQUEUE_SESSION_SQL,
+        &[&session.session_key, &now],
+    )?;
+    Ok(())
+}
+
+/// The steps of admission on SQLite: the count in the ledger file (under its lock, replaced by
+/// an fsync'd rename), each database change its own group-commit write.
+struct Steps<'a> {
+    store: &'a SqliteStore,
+    render: RenderDelivery,
+}
+
+#[async_trait::async_trait]
+impl AdmissionSteps for Steps<'_> {
+    async fn count_resume(&mut self, session_key: &str) -> Result<Result<u64, String>, StoreError> {
+        let key = session_key.to_string();
+        let counted = self
+            .store
+            .with_ledger(move |ledger| ledger.count_resume(&key))
+            .await?;
+        Ok(counted.map_err(|err| err.to_string()))
+    }
+
+    async fn end(&mut self, end: TurnEnd) -> Result<(), StoreError> {
+        let render = self.render;
+        self.store
+            .write(move |connection| finish_in(connection, &end, render))
+            .await
+    }
+
+    async fn forget_resumes(&mut self, session_key: &str) -> Result<(), StoreError> {
+        // The suspension is committed; an entry left behind only gives the session's next
+        // interruption fewer tries, so it is a warning, not a failure of the settlement.
+        if let Err(err) = self.store.clear_resume_count(session_key).await {
+            tracing::warn!(session_key = %session_key, error = %err,
+                "cannot remove the suspended session's ledger entry");
+        }
+        Ok(())
+    }
+
+    async fn requeue(&mut self, session: &InterruptedSession) -> Result<(), StoreError> {
+        let session = session.clone();
+        self.store
+            .write(move |connection| requeue_in(connection, &session))
+            .await
+    }
+}
+
+#[async_trait::async_trait]
+impl Recovery for SqliteStore {
+    async fn mark_crashed_turns(&self) -> Result<usize, StoreError> {
+        self.write(crashed_in).await
+    }
+
+    async fn interrupted_sessions(&self) -> Result<Vec<InterruptedSession>, StoreError> {
+        self.read(|connection| {
+            query(connection, INTERRUPTED_SQL, &[], |row| {
+                InterruptedSession::decode(row)
+            })
+        })
+        .await
+    }
+
+    async fn settle_interrupted(
+        &self,
+        session: &InterruptedSession,
+        settlement: Settlement,
+        render: RenderDelivery,
+    ) -> Result<Settled, StoreError> {
+        let mut steps = Steps {
+            store: self,
+            render,
+        };
+        admission::settle(&mut steps, session, settlement).await
+    }
+
+    async fn clear_resume_count(&self, session_key: &str) -> Result<(), StoreError> {
+        let key = session_key.to_string();
+        self.with_ledger(move |ledger| ledger.clear(&key))
+            .await?
+            .map_err(|err| StoreError::Ledger(err.to_string()))
+    }
+
+    async fn resume_ledger(&self) -> Result<Ledger, StoreError> {
+        self.with_ledger(LedgerFile::load)
+            .await?
+            .map_err(|err| StoreError::Ledger(err.to_string()))
+    }
+}
