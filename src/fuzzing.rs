@@ -2,8 +2,9 @@
 //! feeds arbitrary bytes to one parser and checks the properties that must hold for every input:
 //! no panic, and round trips that agree with themselves.
 
-use crate::config::{ConfigSource, Environment, Secret, SecretCheck, VerifyScheme, VerifySettings};
+use crate::config::{ConfigSource, Environment, Secret, SecretCheck, VerifyScheme};
 use crate::signature;
+use crate::signature::VerifySettings;
 use crate::store::ledger;
 
 /// The ledger parser and the salvage step: whatever parses survives a rewrite unchanged, and

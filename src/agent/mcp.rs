@@ -20,8 +20,6 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{Signal, killpg};
-use nix::unistd::Pid;
 use rmcp::model::{
     CallToolRequestParams, ClientCapabilities, ClientConfig, Implementation, MetaObject,
     RequestMetaObject, ServerNotification, SubscriptionFilter,
@@ -36,7 +34,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use super::tools::{OUTPUT_CAP, isolated_command};
+use super::process::{Child, ProcessGroup};
+use super::tools::OUTPUT_CAP;
 use crate::config::{McpServerSettings, McpTransport};
 
 /// How long a server may take to start and answer `initialize` and `tools/list`.
@@ -85,7 +84,8 @@ pub(crate) struct Connection {
     closed: CancellationToken,
     /// Cancels the client's service loop, which closes the transport.
     service: CancellationToken,
-    process_group: Option<i32>,
+    /// A stdio server's process group: whatever the server left running goes with it.
+    process_group: Option<ProcessGroup>,
     timeout: Duration,
 }
 
@@ -93,8 +93,7 @@ impl Drop for Connection {
     fn drop(&mut self) {
         self.service.cancel();
         if let Some(group) = self.process_group {
-            // Whatever the server left running goes with it; a group already gone is fine.
-            let _ = killpg(Pid::from_raw(group), Signal::SIGKILL);
+            group.kill();
         }
     }
 }
@@ -478,35 +477,30 @@ async fn connect(
     let service = CancellationToken::new();
     let (running, process_group) = match &settings.transport {
         McpTransport::Stdio { command, env, cwd } => {
-            let Some((program, args)) = command.split_first() else {
+            let Some(mut child) = Child::new(command) else {
                 return Err("the command is empty".to_string());
             };
-            let mut child = isolated_command(program, args);
-            child.envs(
-                env.iter().map(|(name, value)| {
-                    (name, String::from_utf8_lossy(value.expose()).into_owned())
-                }),
-            );
-            if let Some(cwd) = cwd {
-                child.current_dir(cwd);
+            for (name, value) in env {
+                child = child.env(name, String::from_utf8_lossy(value.expose()).into_owned());
             }
-            let (transport, stderr) = TokioChildProcess::builder(child)
+            if let Some(cwd) = cwd {
+                child = child.current_dir(cwd.clone());
+            }
+            let (transport, stderr) = TokioChildProcess::builder(child.command())
                 .stderr(Stdio::piped())
                 .spawn()
-                .map_err(|err| format!("cannot start {program}: {err}"))?;
-            let process_group = transport.id().map(|pid| pid as i32);
+                .map_err(|err| format!("cannot start {}: {err}", child.program()))?;
+            let process_group = ProcessGroup::led_by(transport.id());
             if let Some(stderr) = stderr {
                 tokio::spawn(log_stderr(stderr, settings.name.clone()).in_current_span());
             }
             let running = serve_client_with_ct(listener, transport, service.clone())
                 .await
                 .map_err(|err| format!("initialize failed: {err}"));
-            if running.is_err()
-                && let Some(group) = process_group
-            {
-                let _ = killpg(Pid::from_raw(group), Signal::SIGKILL);
+            if running.is_err() {
+                process_group.kill();
             }
-            (running?, process_group)
+            (running?, Some(process_group))
         }
         McpTransport::Http { url, headers } => {
             let mut default_headers = http::HeaderMap::new();
@@ -538,7 +532,7 @@ async fn connect(
         Err(error) => {
             service.cancel();
             if let Some(group) = process_group {
-                let _ = killpg(Pid::from_raw(group), Signal::SIGKILL);
+                group.kill();
             }
             return Err(error);
         }

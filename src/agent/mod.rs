@@ -4,5 +4,6 @@ pub(crate) mod catalog;
 pub(crate) mod mcp;
 pub(crate) mod message;
 pub(crate) mod model;
+pub(crate) mod process;
 pub(crate) mod schema;
 pub(crate) mod tools;

@@ -8,16 +8,15 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::json;
-use tokio::io::AsyncWriteExt;
-use tokio::process::Command;
+use tokio_util::sync::CancellationToken;
 
 use super::catalog::OfferedTool;
 use super::message::{Message, Role};
+use super::process::{Aborted, Child, Limits};
 use crate::config::{ModelBackend, ModelSettings, Secret};
 
 /// The demo cassette bundled with agentgate, used by `backend = "replay"` without a `cassette`.
@@ -25,6 +24,8 @@ const BUNDLED_CASSETTE: &str = include_str!("../../examples/triage.cassette.json
 const BACKOFF_BASE: Duration = Duration::from_millis(500);
 const BACKOFF_CAP: Duration = Duration::from_secs(30);
 const RETRY_AFTER_CAP: Duration = Duration::from_secs(120);
+/// The most a command backend may print as its reply.
+const COMMAND_REPLY_CAP: usize = 4 << 20;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum ModelError {
@@ -265,42 +266,45 @@ impl Model {
         messages: &[Message],
         tools: &[OfferedTool],
     ) -> Result<Message, ModelError> {
-        let Some((program, rest)) = argv.split_first() else {
+        let Some(child) = Child::new(argv) else {
             return Err(ModelError::Unavailable("model.command is empty".into()));
         };
-        let mut command = Command::new(program);
-        command
-            .args(rest)
-            .env_clear()
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        crate::sys::die_with_daemon(&mut command);
-        let mut child = command
-            .spawn()
-            .map_err(|err| ModelError::Unavailable(format!("cannot start {program}: {err}")))?;
+        let program = child.program().to_string();
         let input = json!({"messages": messages, "tools": tool_definitions(tools)}).to_string();
-        if let Some(mut stdin) = child.stdin.take() {
-            let _ = stdin.write_all(input.as_bytes()).await;
-        }
-        let output = tokio::time::timeout(self.request_timeout, child.wait_with_output())
+        let limits = Limits {
+            timeout: self.request_timeout,
+            output_cap: COMMAND_REPLY_CAP,
+        };
+        let output = match child
+            .run(input.into_bytes(), limits, &CancellationToken::new())
             .await
-            .map_err(|_| {
-                ModelError::Unavailable(format!(
-                    "{program} did not answer within model.request_timeout"
-                ))
-            })?
-            .map_err(|err| ModelError::Unavailable(format!("{program}: {err}")))?;
-        if !output.status.success() {
+        {
+            Ok(finished) => finished,
+            Err(Aborted::NotStarted(message)) => return Err(ModelError::Unavailable(message)),
+            Err(Aborted::Cancelled) => {
+                return Err(ModelError::Unavailable(format!("{program} was stopped")));
+            }
+        };
+        if output.timed_out {
             return Err(ModelError::Unavailable(format!(
-                "{program} exited with {}: {}",
-                output.status,
-                one_line(&String::from_utf8_lossy(&output.stderr), 200)
+                "{program} did not answer within model.request_timeout"
             )));
         }
-        let mut message: Message = serde_json::from_slice(&output.stdout).map_err(|err| {
+        let status = output
+            .status
+            .map_err(|err| ModelError::Unavailable(format!("{program}: {err}")))?;
+        if !status.success() {
+            return Err(ModelError::Unavailable(format!(
+                "{program} exited with {status}: {}",
+                one_line(&String::from_utf8_lossy(&output.stderr.bytes), 200)
+            )));
+        }
+        if output.stdout.truncated {
+            return Err(ModelError::Malformed(format!(
+                "{program} printed more than {COMMAND_REPLY_CAP} bytes"
+            )));
+        }
+        let mut message: Message = serde_json::from_slice(&output.stdout.bytes).map_err(|err| {
             ModelError::Malformed(format!("{program} printed no assistant message: {err}"))
         })?;
         message.role = Role::Assistant;

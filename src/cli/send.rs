@@ -6,13 +6,11 @@
 //! `--url`, this command signs with the secrets it can read itself and posts there.
 
 use super::control::{DaemonClient, path_segment};
-use crate::output::outln;
-
+use super::{load_config, runtime};
 use crate::config::{ConfigSource, SecretCheck};
 use crate::exit::Failure;
 use crate::ingress::{ListenerAnswer, post_signed_webhook};
-
-use super::*;
+use crate::output::outln;
 
 pub(super) struct SendRequest {
     pub(super) route: String,

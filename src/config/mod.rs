@@ -16,9 +16,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-pub(crate) use crate::secret::{Secret, SecretSource};
-pub(crate) use crate::signature::{VerifyScheme, VerifySettings};
-pub(crate) use crate::tls::TlsSettings;
+pub(crate) use crate::secret::Secret;
+pub(crate) use crate::signature::VerifyScheme;
 use check::{Checker, syntax_finding};
 pub(crate) use check::{check, redacted_url};
 use locate::Locator;
@@ -26,7 +25,6 @@ use raw::*;
 pub(crate) use reload::{ReloadReport, list_changes};
 pub(crate) use settings::*;
 pub(crate) use units::Rate;
-use units::{parse_duration, parse_rate, parse_size};
 
 /// The default location of the config file.
 pub(crate) const DEFAULT_CONFIG_PATH: &str = "/etc/agentgate/agentgate.toml";

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use super::*;
+use crate::secret::SecretSource;
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -5,8 +5,11 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::*;
+use super::units::Rate;
 use crate::logging::EventLogLevel;
+use crate::secret::Secret;
+use crate::signature::VerifySettings;
+use crate::tls::TlsSettings;
 
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Config {

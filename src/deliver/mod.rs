@@ -10,17 +10,16 @@
 pub(crate) mod body;
 
 use std::collections::{HashMap, HashSet};
-use std::process::Stdio;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use tokio::io::AsyncWriteExt;
 use tokio::sync::{Notify, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use tracing::Instrument;
 
+use crate::agent::process::{Aborted, Child, Limits};
 use crate::config::{DeliverSettings, Settings, Shared, redacted_url};
 use crate::logging;
 use crate::metrics;
@@ -31,6 +30,8 @@ use crate::store::{DeliveryAttempt, PendingDelivery, Store};
 pub(crate) const MAX_ATTEMPTS: u32 = 16;
 const BACKOFF_CAP: Duration = Duration::from_secs(600);
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(30);
+/// What of a deliver command's stderr is kept for its error.
+const COMMAND_STDERR_CAP: usize = 4096;
 /// Due deliveries fetched per round.
 const BATCH: usize = 64;
 /// Delivery attempts in flight at most, over every target.
@@ -177,17 +178,7 @@ impl Deliverer {
                 Ok(())
             }
             DeliverSettings::Http { url, key, .. } => self.post(url, key.as_ref(), &delivery).await,
-            DeliverSettings::Command { argv, .. } => {
-                // The whole attempt is bounded: a command that never reads its stdin must not
-                // hold the write forever.
-                tokio::time::timeout(ATTEMPT_TIMEOUT, run_command(argv, &delivery))
-                    .await
-                    .unwrap_or_else(|_| {
-                        Err(format!(
-                            "the deliver command did not finish within {ATTEMPT_TIMEOUT:?}"
-                        ))
-                    })
-            }
+            DeliverSettings::Command { argv, .. } => run_command(argv, &delivery).await,
         };
         let attempt = delivery.attempts + 1;
         let outcome = match result {
@@ -278,38 +269,35 @@ fn describe(err: &reqwest::Error) -> String {
     }
 }
 
+/// Runs a `command` delivery with the result on stdin. The whole attempt is bounded: a command
+/// that never reads its stdin or never exits is stopped at `ATTEMPT_TIMEOUT`.
 async fn run_command(argv: &[String], delivery: &PendingDelivery) -> Result<(), String> {
-    let Some((program, rest)) = argv.split_first() else {
+    let Some(child) = Child::new(argv) else {
         return Err("deliver.command is empty".into());
     };
-    let mut command = tokio::process::Command::new(program);
-    command
-        .args(rest)
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    crate::sys::die_with_daemon(&mut command);
-    let mut child = command
-        .spawn()
-        .map_err(|err| format!("cannot start {program}: {err}"))?;
-    if let Some(mut stdin) = child.stdin.take() {
-        let _ = stdin.write_all(delivery.body.as_bytes()).await;
+    let limits = Limits {
+        timeout: ATTEMPT_TIMEOUT,
+        output_cap: COMMAND_STDERR_CAP,
+    };
+    let input = delivery.body.clone().into_bytes();
+    let finished = match child.run(input, limits, &CancellationToken::new()).await {
+        Ok(finished) => finished,
+        Err(Aborted::NotStarted(message)) => return Err(message),
+        Err(Aborted::Cancelled) => return Err("the deliver command was stopped".into()),
+    };
+    let program = child.program();
+    if finished.timed_out {
+        return Err(format!(
+            "the deliver command did not finish within {ATTEMPT_TIMEOUT:?}"
+        ));
     }
-    let output = child
-        .wait_with_output()
-        .await
-        .map_err(|err| format!("{program}: {err}"))?;
-    if output.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "{program} exited with {}: {}",
-            output.status,
-            String::from_utf8_lossy(&output.stderr).trim()
-        ))
+    match finished.status {
+        Ok(status) if status.success() => Ok(()),
+        Ok(status) => Err(format!(
+            "{program} exited with {status}: {}",
+            String::from_utf8_lossy(&finished.stderr.bytes).trim()
+        )),
+        Err(err) => Err(format!("{program}: {err}")),
     }
 }
 

@@ -125,7 +125,7 @@ pub(super) async fn recover_previous_run(store: &Store, state_dir: &Path) -> Res
             "turns were running when agentgate last stopped; they are resumed as crashed"
         );
     }
-    let leftovers = crate::agent::tools::claim_and_reap_leftovers(state_dir);
+    let leftovers = crate::agent::process::claim_and_reap_leftovers(state_dir);
     if leftovers > 0 {
         tracing::warn!(
             count = leftovers,

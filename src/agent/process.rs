@@ -1,0 +1,457 @@
+//! The one way agentgate starts a child process: command tools, MCP servers on stdio, the
+//! command model backend and command deliveries all go through [`Child`].
+//!
+//! Why one runner: each of those runs text that a webhook payload may have shaped, so each gets
+//! the same guarantees, and a guarantee added here (the tool sandbox) reaches all of them:
+//! - argv only, never a shell;
+//! - a clean environment: only `INHERITED_ENVIRONMENT`, the daemon's owner mark and what the
+//!   caller adds (a call's idempotency key, an MCP server's configured `env`); nothing of the
+//!   daemon's own (credentials, notify and activation variables) leaks in;
+//! - a process group of its own, so that its children go with it; death with the daemon
+//!   (`PR_SET_PDEATHSIG`, `sys.rs`), and a mark that lets the next start reap what a killed
+//!   daemon left behind ([`claim_and_reap_leftovers`]);
+//! - one stop policy: on timeout or cancellation SIGTERM to the group, SIGKILL after
+//!   `KILL_GRACE`; when the leader exits, whatever it left running in its group is killed;
+//! - capped output: what is over the cap is read and discarded, and the truncation is marked.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
+
+/// Between SIGTERM and SIGKILL of a process group.
+const KILL_GRACE: Duration = Duration::from_secs(2);
+/// Environment variables a child inherits from the daemon.
+const INHERITED_ENVIRONMENT: &[&str] = &["PATH", "HOME", "LANG", "LC_ALL", "TZ", "USER", "LOGNAME"];
+/// Names the daemon that started a child process, in its environment (and, unless the child
+/// clears it, in that of everything it starts): the state directory, which one daemon at a time
+/// holds.
+const OWNER_VARIABLE: &str = "AGENTGATE_STATE_DIRECTORY";
+
+static OWNER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// A child process to start: its argv and what is added to its clean environment.
+#[derive(Debug, Clone)]
+pub(crate) struct Child {
+    program: String,
+    args: Vec<String>,
+    env: Vec<(String, OsString)>,
+    cwd: Option<PathBuf>,
+}
+
+/// What a run may take: how long, and how much of each output stream is kept.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    pub timeout: Duration,
+    pub output_cap: usize,
+}
+
+/// One output stream as kept: at most the cap, and whether more was written.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Captured {
+    pub bytes: Vec<u8>,
+    pub truncated: bool,
+}
+
+/// How a run ended.
+#[derive(Debug)]
+pub(crate) struct Finished {
+    /// The leader's exit status (`Err` if waiting for it failed).
+    pub status: std::io::Result<ExitStatus>,
+    pub stdout: Captured,
+    pub stderr: Captured,
+    /// It ran past `Limits::timeout` and was killed.
+    pub timed_out: bool,
+}
+
+/// Why a run did not finish.
+#[derive(Debug)]
+pub(crate) enum Aborted {
+    /// It could not be started (the message says why, naming the program).
+    NotStarted(String),
+    /// The caller cancelled it; its process group was killed.
+    Cancelled,
+}
+
+impl Child {
+    /// `argv[0]` with the rest as its arguments; `None` for an empty argv.
+    pub(crate) fn new(argv: &[String]) -> Option<Child> {
+        let (program, args) = argv.split_first()?;
+        Some(Child {
+            program: program.clone(),
+            args: args.to_vec(),
+            env: Vec::new(),
+            cwd: None,
+        })
+    }
+
+    pub(crate) fn program(&self) -> &str {
+        &self.program
+    }
+
+    /// Adds `name=value` to the child's environment.
+    pub(crate) fn env(mut self, name: impl Into<String>, value: impl Into<OsString>) -> Child {
+        self.env.push((name.into(), value.into()));
+        self
+    }
+
+    /// Starts the child in `dir`.
+    pub(crate) fn current_dir(mut self, dir: PathBuf) -> Child {
+        self.cwd = Some(dir);
+        self
+    }
+
+    /// The command as it is started, for a caller that drives the process itself (an MCP
+    /// server's stdio transport); it must stop the group with [`ProcessGroup`].
+    pub(crate) fn command(&self) -> tokio::process::Command {
+        let mut command = tokio::process::Command::new(&self.program);
+        command
+            .args(&self.args)
+            .env_clear()
+            .envs(
+                INHERITED_ENVIRONMENT
+                    .iter()
+                    .filter_map(|name| std::env::var_os(name).map(|value| (*name, value))),
+            )
+            .envs(self.env.iter().map(|(name, value)| (name, value)))
+            .process_group(0)
+            .kill_on_drop(true);
+        if let Some(owner) = OWNER.get() {
+            command.env(OWNER_VARIABLE, owner);
+        }
+        if let Some(cwd) = &self.cwd {
+            command.current_dir(cwd);
+        }
+        crate::sys::die_with_daemon(&mut command);
+        command
+    }
+
+    /// Runs the child with `input` on its stdin until it exits, `limits.timeout` passes (then it
+    /// is stopped and `timed_out` set) or `cancel` fires (then it is stopped and `Cancelled`
+    /// returned).
+    pub(crate) async fn run(
+        &self,
+        input: Vec<u8>,
+        limits: Limits,
+        cancel: &CancellationToken,
+    ) -> Result<Finished, Aborted> {
+        let mut command = self.command();
+        command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = command
+            .spawn()
+            .map_err(|err| Aborted::NotStarted(format!("cannot start {}: {err}", self.program)))?;
+        let group = ProcessGroup::of(&child);
+        if let Some(mut stdin) = child.stdin.take() {
+            // A child that does not read stdin closes it early; that is not an error.
+            tokio::spawn(async move {
+                let _ = stdin.write_all(&input).await;
+            });
+        }
+        let cap = limits.output_cap;
+        let stdout = child
+            .stdout
+            .take()
+            .map(|s| tokio::spawn(read_capped(s, cap)));
+        let stderr = child
+            .stderr
+            .take()
+            .map(|s| tokio::spawn(read_capped(s, cap)));
+        let mut timed_out = false;
+        let status = tokio::select! {
+            status = child.wait() => {
+                // Done: whatever it left running in its group goes with it, so that a later
+                // re-run never races a leftover of this one.
+                group.kill();
+                status
+            }
+            () = tokio::time::sleep(limits.timeout) => {
+                timed_out = true;
+                group.terminate(&mut child).await
+            }
+            () = cancel.cancelled() => {
+                let _ = group.terminate(&mut child).await;
+                return Err(Aborted::Cancelled);
+            }
+        };
+        Ok(Finished {
+            status,
+            stdout: collect(stdout).await,
+            stderr: collect(stderr).await,
+            timed_out,
+        })
+    }
+}
+
+/// What a stream reader kept. Children that escaped the group may still hold the pipe; it is
+/// not waited on forever.
+async fn collect(reader: Option<tokio::task::JoinHandle<Captured>>) -> Captured {
+    match reader {
+        Some(reader) => tokio::time::timeout(KILL_GRACE, reader)
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .unwrap_or_default(),
+        None => Captured::default(),
+    }
+}
+
+async fn read_capped<R: AsyncRead + Unpin>(mut reader: R, cap: usize) -> Captured {
+    let mut kept = Captured::default();
+    let mut buffer = [0u8; 16 * 1024];
+    loop {
+        match reader.read(&mut buffer).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                let room = cap.saturating_sub(kept.bytes.len());
+                kept.bytes.extend_from_slice(&buffer[..n.min(room)]);
+                kept.truncated |= n > room;
+            }
+        }
+    }
+    kept
+}
+
+/// A child's process group (its leader's pid), stopped as a whole.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ProcessGroup(Option<i32>);
+
+impl ProcessGroup {
+    /// The group of a child started by [`Child::command`] (it leads a group of its own).
+    pub(crate) fn of(child: &tokio::process::Child) -> ProcessGroup {
+        ProcessGroup::led_by(child.id())
+    }
+
+    /// The group led by `pid` (`None`: the child is already gone).
+    pub(crate) fn led_by(pid: Option<u32>) -> ProcessGroup {
+        ProcessGroup(
+            pid.and_then(|pid| i32::try_from(pid).ok())
+                .filter(|pid| *pid > 0),
+        )
+    }
+
+    fn signal(self, signal: Signal) {
+        if let Some(group) = self.0 {
+            // A group that is already gone (ESRCH) is what we wanted.
+            let _ = killpg(Pid::from_raw(group), signal);
+        }
+    }
+
+    /// SIGKILL to every member.
+    pub(crate) fn kill(self) {
+        self.signal(Signal::SIGKILL);
+    }
+
+    /// SIGTERM to the group, SIGKILL after the grace period; returns the leader's exit status.
+    async fn terminate(self, child: &mut tokio::process::Child) -> std::io::Result<ExitStatus> {
+        self.signal(Signal::SIGTERM);
+        let waited = tokio::time::timeout(KILL_GRACE, child.wait()).await;
+        // Whether the leader left within the grace period or not, no member outlives it.
+        self.kill();
+        match waited {
+            Ok(status) => status,
+            Err(_) => child.wait().await,
+        }
+    }
+}
+
+/// At start, before any child runs: marks this daemon's children, and kills what an earlier
+/// run of it left behind. `PR_SET_PDEATHSIG` takes a child itself down with a daemon killed
+/// outside systemd, but not the child's own children, and an idempotent re-run of a call must
+/// not race them. A process is killed only if its environment names this state directory, and
+/// only if its start time did not change while it was checked (a reused pid is never killed).
+/// Returns how many processes were killed.
+pub(crate) fn claim_and_reap_leftovers(state_dir: &std::path::Path) -> usize {
+    let owner = state_dir.display().to_string();
+    let _ = OWNER.set(owner.clone());
+    let wanted = format!("{OWNER_VARIABLE}={owner}");
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    let own = std::process::id();
+    let mut killed = 0;
+    for pid in entries.filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok()) {
+        if pid == own {
+            continue;
+        }
+        let Some(started) = start_time(pid) else {
+            continue;
+        };
+        // Another user's processes are not readable, and not ours.
+        let Ok(environment) = std::fs::read(format!("/proc/{pid}/environ")) else {
+            continue;
+        };
+        let ours = environment
+            .split(|byte| *byte == 0)
+            .any(|variable| variable == wanted.as_bytes());
+        let Ok(raw_pid) = i32::try_from(pid) else {
+            continue;
+        };
+        if ours
+            && start_time(pid) == Some(started)
+            && nix::sys::signal::kill(Pid::from_raw(raw_pid), Signal::SIGKILL).is_ok()
+        {
+            killed += 1;
+        }
+    }
+    killed
+}
+
+/// A process's start time (clock ticks after boot), field 22 of `/proc/PID/stat`.
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: count from its closing one.
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    after_name.split_whitespace().nth(19)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn child(argv: &[&str]) -> Child {
+        Child::new(&argv.iter().map(|a| (*a).to_string()).collect::<Vec<_>>()).expect("argv")
+    }
+
+    fn limits(timeout: Duration) -> Limits {
+        Limits {
+            timeout,
+            output_cap: 64 * 1024,
+        }
+    }
+
+    /// Dead means gone, or a zombie waiting for its new parent to reap it.
+    fn alive(pid: u32) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            stat.rsplit(')')
+                .next()
+                .and_then(|rest| rest.split_whitespace().next())
+                != Some("Z")
+        })
+    }
+
+    async fn wait_dead(pid: u32) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while alive(pid) {
+            assert!(std::time::Instant::now() < deadline, "{pid} still runs");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn what_a_child_leaves_running_is_killed_when_it_exits() {
+        let spawner = child(&["/bin/sh", "-c", "sleep 60 >/dev/null 2>&1 & echo $!"]);
+        let finished = spawner
+            .run(
+                Vec::new(),
+                limits(Duration::from_secs(10)),
+                &CancellationToken::new(),
+            )
+            .await
+            .expect("ran");
+        let pid: u32 = String::from_utf8_lossy(&finished.stdout.bytes)
+            .trim()
+            .parse()
+            .expect("the background pid");
+        wait_dead(pid).await;
+    }
+
+    #[tokio::test]
+    async fn a_hung_child_and_its_children_are_killed_at_the_timeout() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pid_file = dir.path().join("child.pid");
+        let script = format!("sleep 300 & echo $! > {}; wait", pid_file.display());
+        let hang = child(&["/bin/sh", "-c", &script]);
+        let finished = hang
+            .run(
+                Vec::new(),
+                limits(Duration::from_millis(300)),
+                &CancellationToken::new(),
+            )
+            .await
+            .expect("ran");
+        assert!(finished.timed_out);
+        let pid: u32 = std::fs::read_to_string(&pid_file)
+            .expect("pid file")
+            .trim()
+            .parse()
+            .expect("pid");
+        wait_dead(pid).await;
+    }
+
+    #[tokio::test]
+    async fn cancellation_stops_the_child() {
+        let hang = child(&["/bin/sleep", "300"]);
+        let cancel = CancellationToken::new();
+        let trigger = cancel.clone();
+        let started = std::time::Instant::now();
+        let run = hang.run(Vec::new(), limits(Duration::from_secs(300)), &cancel);
+        let (outcome, ()) = tokio::join!(run, async move { trigger.cancel() });
+        assert!(matches!(outcome, Err(Aborted::Cancelled)), "{outcome:?}");
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
+
+    #[tokio::test]
+    async fn output_is_capped_and_input_arrives_on_stdin() {
+        let flood = child(&["/bin/sh", "-c", "cat; head -c 100000 /dev/zero"]);
+        let finished = flood
+            .run(
+                b"in".to_vec(),
+                Limits {
+                    timeout: Duration::from_secs(10),
+                    output_cap: 10,
+                },
+                &CancellationToken::new(),
+            )
+            .await
+            .expect("ran");
+        assert_eq!(&finished.stdout.bytes[..2], b"in");
+        assert_eq!(finished.stdout.bytes.len(), 10);
+        assert!(finished.stdout.truncated);
+    }
+
+    #[tokio::test]
+    async fn the_environment_is_clean_but_for_what_is_added() {
+        let echo = child(&["/usr/bin/env"]).env("ADDED", "yes");
+        let finished = echo
+            .run(
+                Vec::new(),
+                limits(Duration::from_secs(10)),
+                &CancellationToken::new(),
+            )
+            .await
+            .expect("ran");
+        let environment = String::from_utf8_lossy(&finished.stdout.bytes).into_owned();
+        assert!(environment.contains("ADDED=yes"), "{environment}");
+        for line in environment.lines() {
+            let name = line.split('=').next().unwrap_or_default();
+            assert!(
+                name == "ADDED" || name == OWNER_VARIABLE || INHERITED_ENVIRONMENT.contains(&name),
+                "{line} leaked into the child"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_missing_program_is_not_started() {
+        let missing = child(&["/nonexistent/program"]);
+        let outcome = missing
+            .run(
+                Vec::new(),
+                limits(Duration::from_secs(1)),
+                &CancellationToken::new(),
+            )
+            .await;
+        assert!(
+            matches!(&outcome, Err(Aborted::NotStarted(message)) if message.contains("/nonexistent/program")),
+            "{outcome:?}"
+        );
+    }
+}

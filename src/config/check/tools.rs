@@ -1,0 +1,146 @@
+//! `[tools.NAME]` and `[mcp.NAME]`.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::{Checker, valid_name};
+use crate::config::raw::{RawMcp, RawTool};
+use crate::config::settings::{McpServerSettings, McpTransport, ToolSettings};
+
+impl Checker<'_> {
+    pub(super) fn tool(&mut self, name: String, raw: RawTool) -> Option<ToolSettings> {
+        let prefix = format!("tools.{name}");
+        if !valid_name(&name) {
+            self.error(
+                &prefix,
+                "tool names may use letters, digits, '_' and '-' (the model calls them by name)",
+            );
+        }
+        self.argv(&format!("{prefix}.command"), &raw.command);
+        let parameters = match raw.parameters {
+            None => serde_json::json!({"type": "object", "properties": {}}),
+            Some(value) => match serde_json::to_value(value) {
+                Ok(json) if json.get("type").and_then(|t| t.as_str()) == Some("object") => json,
+                _ => {
+                    self.error(
+                        &format!("{prefix}.parameters"),
+                        "parameters must be a JSON schema with type = \"object\"",
+                    );
+                    return None;
+                }
+            },
+        };
+        Some(ToolSettings {
+            description: raw.description.unwrap_or_default(),
+            command: raw.command,
+            parameters,
+            timeout: self.duration(
+                &format!("{prefix}.timeout"),
+                raw.timeout,
+                Duration::from_secs(30),
+            ),
+            idempotent: raw.idempotent.unwrap_or(false),
+            background: raw.background.unwrap_or(false),
+            dedupes: raw.dedupes.unwrap_or(false),
+            name,
+        })
+    }
+
+    /// `[mcp.NAME]`: exactly one transport, secrets for its environment or headers.
+    pub(super) fn mcp_server(&mut self, name: String, raw: RawMcp) -> Option<McpServerSettings> {
+        let prefix = format!("mcp.{name}");
+        if !valid_name(&name) || name.contains("__") {
+            self.error(
+                &prefix,
+                "MCP server names may use letters, digits, '_' and '-', but not \"__\" \
+                 (the model calls its tools NAME__tool)",
+            );
+        }
+        let transport = match (raw.command, raw.url) {
+            (Some(command), None) => {
+                if !raw.headers.is_empty() {
+                    self.error(
+                        &format!("{prefix}.headers"),
+                        "headers are for the HTTP transport (url); this server uses command",
+                    );
+                }
+                self.argv(&format!("{prefix}.command"), &command);
+                let mut env = BTreeMap::new();
+                for (variable, source) in &raw.env {
+                    let key = format!("{prefix}.env.{variable}");
+                    // A plain value is a setting, not a secret: no warning for it.
+                    let value = if source.is_literal() {
+                        source.load(None).ok()
+                    } else {
+                        self.secret(&key, source)
+                    };
+                    if let Some(value) = value {
+                        env.insert(variable.clone(), value);
+                    }
+                }
+                McpTransport::Stdio {
+                    command,
+                    env,
+                    cwd: raw.cwd,
+                }
+            }
+            (None, Some(url)) => {
+                for (key, set) in [("env", !raw.env.is_empty()), ("cwd", raw.cwd.is_some())] {
+                    if set {
+                        self.error(
+                            &format!("{prefix}.{key}"),
+                            format!(
+                                "{key} is for the stdio transport (command); this server uses url"
+                            ),
+                        );
+                    }
+                }
+                match url::Url::parse(&url) {
+                    Ok(parsed) if matches!(parsed.scheme(), "http" | "https") => {}
+                    _ => self.error(
+                        &format!("{prefix}.url"),
+                        format!("{url:?} is not an http:// or https:// URL"),
+                    ),
+                }
+                let mut headers = BTreeMap::new();
+                for (header, source) in &raw.headers {
+                    let key = format!("{prefix}.headers.{header}");
+                    if http::HeaderName::from_bytes(header.as_bytes()).is_err() {
+                        self.error(&key, format!("{header:?} is not a valid header name"));
+                    }
+                    if let Some(value) = self.secret(&key, source) {
+                        headers.insert(header.clone(), value);
+                    }
+                }
+                McpTransport::Http { url, headers }
+            }
+            _ => {
+                self.error(
+                    &prefix,
+                    "give exactly one transport: command (stdio) or url (streamable HTTP)",
+                );
+                return None;
+            }
+        };
+        for (list, tools) in [("idempotent", &raw.idempotent), ("dedupes", &raw.dedupes)] {
+            if let Some(both) = tools.iter().find(|tool| raw.not_idempotent.contains(tool)) {
+                self.error(
+                    &format!("{prefix}.not_idempotent"),
+                    format!("{both:?} is in both {list} and not_idempotent"),
+                );
+            }
+        }
+        Some(McpServerSettings {
+            transport,
+            timeout: self.duration(
+                &format!("{prefix}.timeout"),
+                raw.timeout,
+                Duration::from_secs(30),
+            ),
+            idempotent: raw.idempotent,
+            not_idempotent: raw.not_idempotent,
+            dedupes: raw.dedupes,
+            name,
+        })
+    }
+}
