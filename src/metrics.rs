@@ -31,6 +31,20 @@ struct RouteCode {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteCodeReason {
+    route: String,
+    code: u16,
+    /// The refusal's error code (`unauthorized`, `payload_too_large`, ...): a fixed set.
+    reason: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteTemplate {
+    route: String,
+    template: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RouteStatus {
     route: String,
     status: String,
@@ -70,6 +84,8 @@ struct StateLabel {
 struct Metrics {
     registry: Registry,
     http_requests: Family<RouteCode, Counter>,
+    refusals: Family<RouteCodeReason, Counter>,
+    template_fallbacks: Family<RouteTemplate, Counter>,
     accept_duration: Histogram,
     turns: Family<RouteStatus, Counter>,
     turn_duration: Histogram,
@@ -158,6 +174,18 @@ impl Metrics {
             "http_requests",
             "Webhook requests answered, by route and status code (route is empty for unknown paths)",
             http_requests.clone(),
+        );
+        let refusals = Family::default();
+        registry.register(
+            "refusals",
+            "Webhook requests refused (4xx, 5xx), by route, status code and reason",
+            refusals.clone(),
+        );
+        let template_fallbacks = Family::default();
+        registry.register(
+            "template_fallbacks",
+            "Verified events whose session, event_type or delivery_id template could not be evaluated, so its default was used",
+            template_fallbacks.clone(),
         );
         // 1 ms to ~16 s: an accept is an fsync'd commit; a slow one is what operators look for.
         let accept_duration = Histogram::new(exponential_buckets(0.001, 2.0, 15));
@@ -268,6 +296,8 @@ impl Metrics {
         Metrics {
             registry,
             http_requests,
+            refusals,
+            template_fallbacks,
             accept_duration,
             turns,
             turn_duration,
@@ -305,6 +335,29 @@ pub(crate) fn http_request(route: &str, code: u16) {
     if code >= 400 {
         METRICS.totals.refused.fetch_add(1, Ordering::Relaxed);
     }
+}
+
+/// A webhook request was refused with `code` for `reason` (its error code).
+pub(crate) fn refusal(route: &str, code: u16, reason: &str) {
+    METRICS
+        .refusals
+        .get_or_create(&RouteCodeReason {
+            route: route.to_string(),
+            code,
+            reason: reason.to_string(),
+        })
+        .inc();
+}
+
+/// A verified event's `template` could not be evaluated; its default was used.
+pub(crate) fn template_fallback(route: &str, template: &str) {
+    METRICS
+        .template_fallbacks
+        .get_or_create(&RouteTemplate {
+            route: route.to_string(),
+            template: template.to_string(),
+        })
+        .inc();
 }
 
 /// A webhook was made durable and acknowledged `elapsed` after it arrived.
@@ -558,6 +611,8 @@ mod tests {
     fn every_documented_family_is_exposed() {
         // Labelled families appear once they have a member.
         http_request("github", 202);
+        refusal("github", 401, "timestamp_stale");
+        template_fallback("github", "session");
         turn_ended("github", TurnStatus::Completed, Duration::from_secs(2));
         tool_call("disk_usage", "ok");
         delivery(DeliveryResult::Delivered);
@@ -578,6 +633,8 @@ mod tests {
         });
         for family in [
             "# TYPE agentgate_http_requests_total counter",
+            "# TYPE agentgate_refusals_total counter",
+            "# TYPE agentgate_template_fallbacks_total counter",
             "# TYPE agentgate_accept_duration_seconds histogram",
             "# TYPE agentgate_turns_total counter",
             "# TYPE agentgate_turn_duration_seconds histogram",

@@ -100,6 +100,20 @@ pub(crate) enum VerifyError {
     Stale,
 }
 
+impl VerifyError {
+    /// The refusal's reason label (`agentgate_refusals_total`): which check failed, so that an
+    /// operator can tell a wrong secret from a sender's clock that is off.
+    pub(crate) const fn reason(&self) -> &'static str {
+        match self {
+            VerifyError::Missing(_) => "signature_missing",
+            VerifyError::Mismatch => "signature_mismatch",
+            VerifyError::WrongToken => "token_mismatch",
+            VerifyError::Malformed(_) => "signature_malformed",
+            VerifyError::Stale => "timestamp_stale",
+        }
+    }
+}
+
 type HmacSha256 = Hmac<Sha256>;
 
 /// Standard base64 that decodes with or without `=` padding.

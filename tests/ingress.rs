@@ -83,6 +83,16 @@ fn bad_missing_and_stale_signatures_are_401_and_store_nothing() {
     );
     let missing = daemon.post_json("/hooks/github", &[("x-github-event", "issues")], ISSUE);
     assert_eq!(missing.status, 401);
+    // Each refusal is counted with the check that failed.
+    let metrics = workspace.metrics();
+    for reason in ["signature_mismatch", "signature_missing"] {
+        assert!(
+            metrics.contains(&format!(
+                r#"agentgate_refusals_total{{route="github",code="401",reason="{reason}"}} 1"#
+            )),
+            "{reason}: {metrics}"
+        );
+    }
 
     // A timestamped scheme: a signature older than five minutes is refused.
     drop(daemon);
@@ -117,6 +127,9 @@ fn bad_missing_and_stale_signatures_are_401_and_store_nothing() {
             .unwrap_or("")
             .contains("timestamp")
     );
+    assert!(workspace.metrics().contains(
+        r#"agentgate_refusals_total{route="slack",code="401",reason="timestamp_stale"} 1"#
+    ));
     assert_eq!(workspace.events_total(), 0);
 }
 
@@ -183,7 +196,8 @@ fn event_type_filter_and_session_template_errors() {
     assert_eq!(ignored.status, 200);
     assert_eq!(ignored.json()["status"], "ignored");
 
-    // `ping` passes the filter but has no issue number: the session key cannot be rendered.
+    // `ping` passes the filter but has no issue number: the session key cannot be rendered,
+    // and the authentic event is accepted into a session of its own, with a warning and a count.
     let no_key = daemon.post_json(
         "/hooks/github",
         &[
@@ -192,14 +206,20 @@ fn event_type_filter_and_session_template_errors() {
         ],
         body,
     );
-    assert_eq!(no_key.status, 400, "{no_key:?}");
-    assert!(
-        no_key.json()["message"]
-            .as_str()
-            .unwrap_or("")
-            .contains("routes.github.session")
+    assert_eq!(no_key.status, 202, "{no_key:?}");
+    assert_eq!(
+        no_key.json()["session"],
+        format!("github:{}", no_key.event_id())
     );
-    assert_eq!(workspace.events_total(), 0);
+    assert_eq!(workspace.events_total(), 1);
+    assert!(
+        workspace
+            .metrics()
+            .contains(r#"agentgate_template_fallbacks_total{route="github",template="session"} 1"#),
+        "{}",
+        workspace.metrics()
+    );
+    daemon.wait_for_log("template cannot be evaluated for this payload");
 }
 
 #[test]
@@ -652,9 +672,10 @@ verify = { scheme = "bearer", secret = "s3cret-token" }
     assert_eq!(again.json()["status"], "duplicate");
 }
 
-/// Session keys take strings and numbers only: a null field, a boolean or an object is refused
-/// (400), as are bidirectional or zero-width characters; a key longer than 512 bytes becomes
-/// its readable beginning and a digest, stable for the same key.
+/// Session keys take strings and numbers only: a null field, a boolean or an object cannot make
+/// one, nor can bidirectional or zero-width characters, and such an event is accepted into a
+/// session of its own; a key longer than 512 bytes becomes its readable beginning and a digest,
+/// stable for the same key.
 #[test]
 fn session_keys_are_strict_and_long_ones_are_shortened_stably() {
     let workspace = Workspace::new();
@@ -676,13 +697,11 @@ session = "{{ payload.group }}"
         ("{\"group\": \"a\u{200b}b\"}", "zero-width"),
     ] {
         let response = daemon.post_json("/hooks/alerts", &[], body);
-        assert_eq!(response.status, 400, "{what}: {response:?}");
-        assert!(
-            response.json()["message"]
-                .as_str()
-                .unwrap_or("")
-                .contains("routes.alerts.session"),
-            "{what}: {response:?}"
+        assert_eq!(response.status, 202, "{what}: {response:?}");
+        assert_eq!(
+            response.json()["session"],
+            format!("alerts:{}", response.event_id()),
+            "{what}"
         );
     }
     assert_eq!(

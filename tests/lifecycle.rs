@@ -3,7 +3,7 @@
 
 mod common;
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::unix::net::{UnixDatagram, UnixStream};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -119,16 +119,6 @@ fn reload_with_a_broken_config_keeps_serving_the_old_one() {
         daemon.log().contains("config reloaded")
     });
     assert_eq!(daemon.post_json("/second", &[], "{}").status, 202);
-}
-
-fn control_request(path: &std::path::Path, method: &str, target: &str) -> HttpResponse {
-    let mut stream = UnixStream::connect(path).expect("connect control socket");
-    stream
-        .write_all(format!("{method} {target} HTTP/1.1\r\nhost: control\r\nconnection: close\r\ncontent-length: 0\r\n\r\n").as_bytes())
-        .expect("write");
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).expect("read");
-    parse_response(&raw).expect("response")
 }
 
 #[test]

@@ -182,16 +182,17 @@ impl Ingress {
         if status == StatusCode::ACCEPTED {
             metrics::accepted(arrived.elapsed());
         }
+        let refusal = response.extensions().get::<RefusalReason>();
+        if let Some(reason) = refusal {
+            metrics::refusal(&route, status.as_u16(), reason.reason);
+        }
         if (status.is_client_error() || status.is_server_error())
             && let Some(suppressed) = self.refusal_log.admit()
         {
-            let reason = response
-                .extensions()
-                .get::<RefusalReason>()
-                .map_or("", |reason| reason.0.as_str());
+            let message = refusal.map_or("", |reason| reason.message.as_str());
             let peer = client_address(peer, &forwarded, trusted);
             tracing::warn!(route = %route, peer = %peer, path = %path, status = status.as_u16(),
-                reason = %reason, suppressed_before = suppressed, "webhook refused");
+                reason = %message, suppressed_before = suppressed, "webhook refused");
         }
         Ok(response)
     }
@@ -205,107 +206,13 @@ impl Ingress {
         B: hyper::body::Body<Data = Bytes> + Send,
         B::Error: std::error::Error + Send + Sync + 'static,
     {
-        let path = request.uri().path();
-        match (request.method(), path) {
-            (&Method::GET | &Method::HEAD, "/healthz") => {
-                return Ok(json_response(StatusCode::OK, &json!({"status": "ok"})));
-            }
-            (&Method::GET | &Method::HEAD, "/readyz") => {
-                let runtime = &routing.settings.config.runtime;
-                return Ok(if !self.store.is_writable() {
-                    unavailable("state cannot be written durably")
-                } else if let Some(reason) = self.capacity.refusal(runtime) {
-                    unavailable_for(&reason, capacity::RETRY_AFTER_SECONDS)
-                } else {
-                    json_response(StatusCode::OK, &json!({"status": "ready"}))
-                });
-            }
-            _ => {}
+        if let Some(health) = self.health(&request, routing) {
+            return Ok(health);
         }
-        let route = routing.routes.get(path).ok_or_else(|| {
-            error(
-                StatusCode::NOT_FOUND,
-                "not_found",
-                &format!("no route at {path}"),
-            )
-        })?;
+        let route = route_for(&request, routing)?;
         let settings = &route.settings;
-        if request.method() != Method::POST {
-            let mut response = error(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method_not_allowed",
-                &format!("{path} accepts POST only"),
-            );
-            response
-                .headers_mut()
-                .insert(ALLOW, HeaderValue::from_static("POST"));
-            return Err(response);
-        }
-        let too_large = || {
-            error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "payload_too_large",
-                &format!(
-                    "body is larger than route {}'s limit of {} bytes",
-                    settings.name, settings.max_body
-                ),
-            )
-        };
-        let declared_length = request
-            .headers()
-            .get(CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok());
-        if declared_length.is_some_and(|length| length > settings.max_body) {
-            return Err(too_large());
-        }
-        // Refused from the headers when they already decide it: the body is never read.
-        signature::precheck(&settings.verify, request.headers(), unix_seconds())
-            .map_err(|err| error(StatusCode::UNAUTHORIZED, "unauthorized", &err.to_string()))?;
-        let (parts, body) = request.into_parts();
-        let limit = usize::try_from(settings.max_body).unwrap_or(usize::MAX);
-        let body_timeout = routing.settings.config.server.header_timeout * BODY_TIMEOUT_FACTOR;
-        let body = match self
-            .body_slots
-            .read(body, limit, declared_length, body_timeout)
-            .await
-        {
-            Ok(body) => body,
-            Err(BodyError::TooLarge) => return Err(too_large()),
-            Err(BodyError::Unreadable) => {
-                return Err(error(
-                    StatusCode::BAD_REQUEST,
-                    "bad_request",
-                    "the body could not be read",
-                ));
-            }
-            Err(BodyError::NoSlot) => {
-                return Err(unavailable(
-                    "too many large bodies are being received; retry shortly",
-                ));
-            }
-            Err(BodyError::TimedOut) => {
-                return Err(error(
-                    StatusCode::REQUEST_TIMEOUT,
-                    "request_timeout",
-                    "the body did not arrive in time",
-                ));
-            }
-        };
-        let received = body;
-        let body = decode_content(&parts.headers, &received, settings.max_body)?;
-        let now = unix_seconds();
-        // A sender may sign the payload before or after compressing it: either is authentic.
-        signature::verify(&settings.verify, &parts.headers, &body, now)
-            .or_else(|err| {
-                if body == received {
-                    Err(err)
-                } else {
-                    signature::verify(&settings.verify, &parts.headers, &received, now)
-                }
-            })
-            .map_err(|err| error(StatusCode::UNAUTHORIZED, "unauthorized", &err.to_string()))?;
-        let (payload, payload_bytes) = parse_payload(&parts.headers, body, settings.verify.scheme)?;
+        let (headers, body) = self.read_verified(request, settings, routing).await?;
+        let (payload, payload_bytes) = parse_payload(&headers, body, settings.verify.scheme)?;
         if settings.verify.scheme == VerifyScheme::Slack
             && payload.get("type").and_then(|t| t.as_str()) == Some("url_verification")
         {
@@ -315,26 +222,10 @@ impl Ingress {
                 &json!({"challenge": payload.get("challenge").cloned().unwrap_or_default()}),
             ));
         }
-        let headers = visible_headers(&parts.headers, settings);
+        let visible = visible_headers(&headers, settings);
         let event_id = uuid::Uuid::now_v7().to_string();
-        let templates = &routing.settings.templates;
-        let bad_template =
-            |message: String| error(StatusCode::BAD_REQUEST, "bad_template", &message);
-        let bare = EventContext {
-            payload: &payload,
-            headers: &headers,
-            event_type: "",
-            route: &settings.name,
-            event_id: &event_id,
-            delivery_id: None,
-        };
-        let event_type = match templates
-            .optional_text("event_type", &bare)
-            .map_err(bad_template)?
-        {
-            Some(event_type) => event_type,
-            None => event_type(settings, &parts.headers, &payload),
-        };
+        let described = Described::new(routing, settings, &headers, &visible, &payload, &event_id);
+        let event_type = described.event_type();
         if let Some(events) = &settings.events
             && !events.iter().any(|e| e == &event_type)
         {
@@ -346,59 +237,107 @@ impl Ingress {
         if let Some(limiter) = &route.limiter
             && let Err(wait) = limiter.take(Instant::now())
         {
-            let mut response = error(
-                StatusCode::TOO_MANY_REQUESTS,
-                "rate_limited",
-                &format!("route {} is over its rate_limit", settings.name),
-            );
-            let seconds = wait.as_secs_f64().ceil().max(1.0) as u64;
-            if let Ok(value) = http::HeaderValue::from_str(&seconds.to_string()) {
-                response.headers_mut().insert(RETRY_AFTER, value);
-            }
-            return Err(response);
+            return Err(rate_limited(settings, wait));
         }
-        let typed = EventContext {
-            event_type: &event_type,
-            ..bare
+        let (delivery_id, session_key) = described.identity(&event_type);
+        let event = Event {
+            id: event_id.clone(),
+            route: settings.name.clone(),
+            session_key,
+            event_type,
+            delivery_id,
+            headers: serde_json::to_string(&visible).unwrap_or_else(|_| "{}".to_string()),
+            payload: payload_bytes.to_vec(),
         };
-        let delivery_id = match templates
-            .optional_text("delivery_id", &typed)
-            .map_err(bad_template)?
-        {
-            Some(id) => Some(signature::dedup_key(id)),
-            None => signature::delivery_id(settings.verify.scheme, &parts.headers, &payload),
-        };
-        let context = EventContext {
-            delivery_id: delivery_id.as_deref(),
-            ..typed
-        };
-        let session_key = routing
-            .settings
-            .templates
-            .session_key(&context)
-            .map_err(|message| error(StatusCode::BAD_REQUEST, "bad_session_key", &message))?;
-        let headers_json = serde_json::to_string(&headers).unwrap_or_else(|_| "{}".to_string());
+        self.accept(routing, settings, event).await
+    }
+
+    /// `/healthz` and `/readyz`, which every path answers before routing.
+    fn health<B>(&self, request: &Request<B>, routing: &Routing) -> Option<HttpResponse> {
+        let probe = matches!(request.method(), &Method::GET | &Method::HEAD);
+        match request.uri().path() {
+            "/healthz" if probe => Some(json_response(StatusCode::OK, &json!({"status": "ok"}))),
+            "/readyz" if probe => {
+                let runtime = &routing.settings.config.runtime;
+                Some(if !self.store.is_writable() {
+                    unavailable("state cannot be written durably")
+                } else if let Some(reason) = self.capacity.refusal(runtime) {
+                    unavailable_for(&reason, capacity::RETRY_AFTER_SECONDS)
+                } else {
+                    json_response(StatusCode::OK, &json!({"status": "ready"}))
+                })
+            }
+            _ => None,
+        }
+    }
+
+    /// The body of a request to `settings`' route, as the sender signed it, verified: the
+    /// declared length and the headers are checked before a byte of the body is read, the
+    /// body's size is bounded while it arrives, and its signature is checked before it is
+    /// parsed. Returns the request headers and the body with its content encoding removed.
+    async fn read_verified<B>(
+        &self,
+        request: Request<B>,
+        settings: &RouteSettings,
+        routing: &Routing,
+    ) -> Result<(HeaderMap, Bytes), HttpResponse>
+    where
+        B: hyper::body::Body<Data = Bytes> + Send,
+        B::Error: std::error::Error + Send + Sync + 'static,
+    {
+        let declared_length = request
+            .headers()
+            .get(CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared_length.is_some_and(|length| length > settings.max_body) {
+            return Err(too_large(settings));
+        }
+        // Refused from the headers when they already decide it: the body is never read.
+        signature::precheck(&settings.verify, request.headers(), unix_seconds())
+            .map_err(|err| unauthorized(&err))?;
+        let (parts, body) = request.into_parts();
+        let limit = usize::try_from(settings.max_body).unwrap_or(usize::MAX);
+        let body_timeout = routing.settings.config.server.header_timeout * BODY_TIMEOUT_FACTOR;
+        let received = self
+            .body_slots
+            .read(body, limit, declared_length, body_timeout)
+            .await
+            .map_err(|err| body_refused(err, settings))?;
+        let body = decode_content(&parts.headers, &received, settings.max_body)?;
+        let now = unix_seconds();
+        // A sender may sign the payload before or after compressing it: either is authentic.
+        signature::verify(&settings.verify, &parts.headers, &body, now)
+            .or_else(|err| {
+                if body == received {
+                    Err(err)
+                } else {
+                    signature::verify(&settings.verify, &parts.headers, &received, now)
+                }
+            })
+            .map_err(|err| unauthorized(&err))?;
+        Ok((parts.headers, body))
+    }
+
+    /// Makes `event` durable and answers 202, or 200 for a duplicate, or 503 when new events
+    /// are refused (backpressure, low disk) or the store cannot commit.
+    async fn accept(
+        &self,
+        routing: &Routing,
+        settings: &RouteSettings,
+        event: Event,
+    ) -> Result<HttpResponse, HttpResponse> {
         let dedup_since = crate::store::now_millis()
             - i64::try_from(routing.settings.config.runtime.dedup_window.as_millis())
                 .unwrap_or(i64::MAX);
         if let Some(reason) = self.capacity.refusal(&routing.settings.config.runtime) {
             return self
-                .refuse_new(settings, delivery_id.as_deref(), dedup_since, &reason)
+                .refuse_new(settings, event.delivery_id.as_deref(), dedup_since, &reason)
                 .await;
         }
-        let event = NewEvent {
-            event: Event {
-                id: event_id.clone(),
-                route: settings.name.clone(),
-                session_key: session_key.clone(),
-                event_type,
-                delivery_id: delivery_id.clone(),
-                headers: headers_json,
-                payload: payload_bytes.to_vec(),
-            },
-            dedup_since,
-        };
-        match self.store.accept(event).await {
+        let (event_id, session_key) = (event.id.clone(), event.session_key.clone());
+        let delivery_id = event.delivery_id.clone().unwrap_or_default();
+        match self.store.accept(NewEvent { event, dedup_since }).await {
             Ok(AcceptOutcome::Accepted) => {
                 self.capacity.accepted();
                 self.sessions
@@ -409,7 +348,7 @@ impl Ingress {
                     event_id = %event_id,
                     session_key = %session_key,
                     route = %settings.name,
-                    delivery_id = delivery_id.as_deref().unwrap_or(""),
+                    delivery_id = %delivery_id,
                     "event accepted"
                 );
                 Ok(json_response(
@@ -426,6 +365,157 @@ impl Ingress {
                 Err(unavailable("state cannot be written durably"))
             }
         }
+    }
+}
+
+/// The route at the request's path, which takes POST only.
+fn route_for<'r, B>(request: &Request<B>, routing: &'r Routing) -> Result<&'r Route, HttpResponse> {
+    let path = request.uri().path();
+    let route = routing.routes.get(path).ok_or_else(|| {
+        error(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            &format!("no route at {path}"),
+        )
+    })?;
+    if request.method() != Method::POST {
+        let mut response = error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            &format!("{path} accepts POST only"),
+        );
+        response
+            .headers_mut()
+            .insert(ALLOW, HeaderValue::from_static("POST"));
+        return Err(response);
+    }
+    Ok(route)
+}
+
+fn too_large(settings: &RouteSettings) -> HttpResponse {
+    error(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "payload_too_large",
+        &format!(
+            "body is larger than route {}'s limit of {} bytes",
+            settings.name, settings.max_body
+        ),
+    )
+}
+
+fn body_refused(err: BodyError, settings: &RouteSettings) -> HttpResponse {
+    match err {
+        BodyError::TooLarge => too_large(settings),
+        BodyError::Unreadable => error(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            "the body could not be read",
+        ),
+        BodyError::NoSlot => unavailable("too many large bodies are being received; retry shortly"),
+        BodyError::TimedOut => error(
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            "the body did not arrive in time",
+        ),
+    }
+}
+
+fn rate_limited(settings: &RouteSettings, wait: std::time::Duration) -> HttpResponse {
+    let mut response = error(
+        StatusCode::TOO_MANY_REQUESTS,
+        "rate_limited",
+        &format!("route {} is over its rate_limit", settings.name),
+    );
+    let seconds = wait.as_secs_f64().ceil().max(1.0) as u64;
+    if let Ok(value) = http::HeaderValue::from_str(&seconds.to_string()) {
+        response.headers_mut().insert(RETRY_AFTER, value);
+    }
+    response
+}
+
+/// What the route's templates (or its scheme's defaults) make of a verified event.
+///
+/// docs/reference.md, "Templates": a template that cannot be evaluated for this payload (an
+/// undefined field, a type error) falls back (`event_type` and `delivery_id` to the scheme's,
+/// `session` to the event's own session `<route>:<event_id>`), with a warning and a count: an
+/// authentic sender is never refused for the shape of its payload, since senders disable hooks
+/// and drop notifications after 4xx answers.
+struct Described<'a> {
+    templates: &'a crate::template::RouteTemplates,
+    settings: &'a RouteSettings,
+    headers: &'a HeaderMap,
+    context: EventContext<'a>,
+}
+
+impl<'a> Described<'a> {
+    fn new(
+        routing: &'a Routing,
+        settings: &'a RouteSettings,
+        headers: &'a HeaderMap,
+        visible: &'a BTreeMap<String, String>,
+        payload: &'a serde_json::Value,
+        event_id: &'a str,
+    ) -> Described<'a> {
+        Described {
+            templates: &routing.settings.templates,
+            settings,
+            headers,
+            context: EventContext {
+                payload,
+                headers: visible,
+                event_type: "",
+                route: &settings.name,
+                event_id,
+                delivery_id: None,
+            },
+        }
+    }
+
+    fn fallback(&self, template: &'static str, problem: &str) {
+        metrics::template_fallback(&self.settings.name, template);
+        tracing::warn!(route = %self.settings.name, event_id = %self.context.event_id, template,
+            problem = %problem, "template cannot be evaluated for this payload; using its default");
+    }
+
+    fn event_type(&self) -> String {
+        self.templates
+            .optional_text("event_type", &self.context)
+            .unwrap_or_else(|problem| {
+                self.fallback("event_type", &problem);
+                None
+            })
+            .unwrap_or_else(|| event_type(self.settings, self.headers, self.context.payload))
+    }
+
+    /// The event's dedup key and session key, once its type is known.
+    fn identity(&self, event_type: &str) -> (Option<String>, String) {
+        let typed = EventContext {
+            event_type,
+            ..self.context
+        };
+        let delivery_id = self
+            .templates
+            .optional_text("delivery_id", &typed)
+            .unwrap_or_else(|problem| {
+                self.fallback("delivery_id", &problem);
+                None
+            })
+            .map(signature::dedup_key)
+            .or_else(|| {
+                signature::delivery_id(self.settings.verify.scheme, self.headers, typed.payload)
+            });
+        let context = EventContext {
+            delivery_id: delivery_id.as_deref(),
+            ..typed
+        };
+        let session_key = self
+            .templates
+            .session_key(&context)
+            .unwrap_or_else(|problem| {
+                self.fallback("session", &problem);
+                format!("{}:{}", self.settings.name, context.event_id)
+            });
+        (delivery_id, session_key)
     }
 }
 
@@ -612,9 +702,14 @@ pub(crate) fn json_response(status: StatusCode, body: &serde_json::Value) -> Htt
 
 const REFUSAL_LINES_PER_SECOND: u32 = 10;
 
-/// The one-line reason of a refusal, carried beside the response for the refusal's log line.
+/// Why a request was refused, carried beside the response for the refusal's log line and its
+/// count: the reason label (a fixed set: the error code, or the check that failed) and the
+/// one-line message.
 #[derive(Clone)]
-struct RefusalReason(String);
+struct RefusalReason {
+    reason: &'static str,
+    message: String,
+}
 
 const X_FORWARDED_FOR: &str = "x-forwarded-for";
 
@@ -644,12 +739,33 @@ fn client_address(peer: SocketAddr, forwarded: &[HeaderValue], trusted: &[ipnet:
         .map_or_else(|| peer.to_string(), |ip| format!("{ip} (via {peer})"))
 }
 
-pub(crate) fn error(status: StatusCode, code: &str, message: &str) -> HttpResponse {
+pub(crate) fn error(status: StatusCode, code: &'static str, message: &str) -> HttpResponse {
+    refused(status, code, code, message)
+}
+
+/// A refusal whose count's `reason` says more than its error code.
+fn refused(
+    status: StatusCode,
+    code: &'static str,
+    reason: &'static str,
+    message: &str,
+) -> HttpResponse {
     let mut response = json_response(status, &json!({"error": code, "message": message}));
+    response.extensions_mut().insert(RefusalReason {
+        reason,
+        message: message.to_string(),
+    });
     response
-        .extensions_mut()
-        .insert(RefusalReason(message.to_string()));
-    response
+}
+
+/// 401, counted with the check that failed as its reason.
+fn unauthorized(err: &signature::VerifyError) -> HttpResponse {
+    refused(
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+        err.reason(),
+        &err.to_string(),
+    )
 }
 
 fn unavailable(message: &str) -> HttpResponse {

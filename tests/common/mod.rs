@@ -183,6 +183,11 @@ impl Workspace {
             .expect("run agentgate")
     }
 
+    /// `GET /metrics` on the control socket: the exposition's text.
+    pub fn metrics(&self) -> String {
+        control_request(&self.path().join("control.sock"), "GET", "/metrics").body
+    }
+
     /// `agentgate status --json`.
     pub fn status(&self) -> serde_json::Value {
         let output = self.cli(&["status", "--json"]);
@@ -355,6 +360,15 @@ impl Daemon {
         self.child.id()
     }
 
+    /// Waits until the daemon's log says `text` (up to 10 s).
+    pub fn wait_for_log(&self, text: &str) {
+        wait_until(
+            &format!("the log to say {text:?}"),
+            Duration::from_secs(10),
+            || self.log().contains(text),
+        );
+    }
+
     /// Sends SIGTERM and waits for the exit status; fails the test if the daemon has not exited
     /// after the longest drain the stop sequence allows (90 s).
     pub fn terminate(mut self) -> std::process::ExitStatus {
@@ -504,6 +518,17 @@ pub fn read_response(stream: &mut TcpStream) -> std::io::Result<HttpResponse> {
     let mut raw = Vec::new();
     stream.read_to_end(&mut raw)?;
     parse_response(&raw)
+}
+
+/// One request on a control socket (Unix), its connection closed after the answer.
+pub fn control_request(path: &std::path::Path, method: &str, target: &str) -> HttpResponse {
+    let mut stream = std::os::unix::net::UnixStream::connect(path).expect("connect control socket");
+    stream
+        .write_all(format!("{method} {target} HTTP/1.1\r\nhost: control\r\nconnection: close\r\ncontent-length: 0\r\n\r\n").as_bytes())
+        .expect("write");
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).expect("read");
+    parse_response(&raw).expect("response")
 }
 
 pub fn parse_response(raw: &[u8]) -> std::io::Result<HttpResponse> {
