@@ -5,6 +5,7 @@
 //! A turn builds its catalog once, when it starts, and keeps it: a reload or a server that
 //! changes its tools affects the next turn, never a call in flight.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -219,6 +220,22 @@ impl Catalog {
 
     pub(crate) fn get(&self, name: &str) -> Option<&OfferedTool> {
         self.tools.iter().find(|tool| tool.name == name)
+    }
+
+    /// Each tool's parameter schema, by the name the model calls it.
+    pub(crate) fn schemas(&self) -> BTreeMap<String, serde_json::Value> {
+        self.tools
+            .iter()
+            .map(|tool| (tool.name.clone(), tool.parameters.clone()))
+            .collect()
+    }
+
+    /// The MCP server of each tool that has one, by the name the model calls it.
+    pub(crate) fn mcp_servers(&self) -> BTreeMap<String, String> {
+        self.tools
+            .iter()
+            .filter_map(|tool| Some((tool.name.clone(), tool.mcp_server()?.to_string())))
+            .collect()
     }
 
     pub(crate) fn tools(&self) -> &[OfferedTool] {

@@ -329,16 +329,7 @@ impl WebhookListener {
         let listener = tokio::net::TcpListener::from_std(listener)?;
         let graceful = GracefulShutdown::new();
         let mut backoff = AcceptBackoff::default();
-        // hyper's header timer also runs while a keep-alive connection waits for its next request:
-        // it is the idle limit here, and `connection` enforces `header_timeout` (see there).
-        let mut http1 = http1::Builder::new();
-        http1
-            .timer(TokioTimer::new())
-            .header_read_timeout(server.keepalive_timeout)
-            .keep_alive(true);
-        let mut http2 = http2::Builder::new(TokioExecutor::new());
-        http2.timer(TokioTimer::new());
-        let header_timeout = server.header_timeout;
+        let protocols = Protocols::for_server(&server);
         let connections = Arc::new(Semaphore::new(server.max_connections));
         let mut at_limit_since: Option<std::time::Instant> = None;
         loop {
@@ -374,39 +365,10 @@ impl WebhookListener {
             };
             backoff.succeeded();
             let _ = stream.set_nodelay(true);
-            let tls = ingress.tls_acceptor();
-            let refusals = ingress.clone();
-            let ingress = ingress.clone();
-            let clock = HeaderClock::new();
-            let answering = clock.clone();
-            let service = service_fn(move |request| {
-                let (ingress, clock) = (ingress.clone(), answering.clone());
-                clock.answering();
-                async move {
-                    let response = ingress.handle(request, peer).await;
-                    clock.answered();
-                    response
-                }
-            });
-            let (http1, http2, watcher) = (http1.clone(), http2.clone(), graceful.watcher());
+            let (ingress, protocols, watcher) =
+                (ingress.clone(), protocols.clone(), graceful.watcher());
             tokio::spawn(async move {
-                // Errors here are client-side (reset, timeout); nothing is lost by dropping them.
-                let opened = open_connection(stream, peer, tls, header_timeout, &refusals).await;
-                match opened {
-                    Some((stream, Protocol::Http1)) => {
-                        let io = TokioIo::new(Clocked::new(stream, clock.clone()));
-                        let connection = watcher.watch(http1.serve_connection(io, service));
-                        tokio::select! {
-                            _ = connection => {}
-                            () = clock.overdue(header_timeout) => {}
-                        }
-                    }
-                    Some((stream, Protocol::Http2)) => {
-                        let connection = http2.serve_connection(TokioIo::new(stream), service);
-                        let _ = watcher.watch(connection).await;
-                    }
-                    None => {}
-                }
+                protocols.serve(stream, peer, ingress, watcher).await;
                 drop(permit);
             });
         }
@@ -419,6 +381,72 @@ impl WebhookListener {
             tracing::warn!("in-flight requests did not finish in time; closing them");
         }
         Ok(())
+    }
+}
+
+/// How one webhook connection is served: the HTTP/1.1 and HTTP/2 connection settings.
+#[derive(Clone)]
+struct Protocols {
+    http1: http1::Builder,
+    http2: http2::Builder<TokioExecutor>,
+    header_timeout: Duration,
+}
+
+impl Protocols {
+    fn for_server(server: &ServerSettings) -> Protocols {
+        // hyper's header timer also runs while a keep-alive connection waits for its next request:
+        // it is the idle limit here, and `connection` enforces `header_timeout` (see there).
+        let mut http1 = http1::Builder::new();
+        http1
+            .timer(TokioTimer::new())
+            .header_read_timeout(server.keepalive_timeout)
+            .keep_alive(true);
+        let mut http2 = http2::Builder::new(TokioExecutor::new());
+        http2.timer(TokioTimer::new());
+        Protocols {
+            http1,
+            http2,
+            header_timeout: server.header_timeout,
+        }
+    }
+
+    /// Serves an accepted connection until it closes. Errors here are client-side (reset,
+    /// timeout); nothing is lost by dropping them.
+    async fn serve(
+        self,
+        stream: tokio::net::TcpStream,
+        peer: std::net::SocketAddr,
+        ingress: Arc<Ingress>,
+        watcher: hyper_util::server::graceful::Watcher,
+    ) {
+        let clock = HeaderClock::new();
+        let tls = ingress.tls_acceptor();
+        let opened = open_connection(stream, peer, tls, self.header_timeout, &ingress).await;
+        let answering = clock.clone();
+        let service = service_fn(move |request| {
+            let (ingress, clock) = (ingress.clone(), answering.clone());
+            clock.answering();
+            async move {
+                let response = ingress.handle(request, peer).await;
+                clock.answered();
+                response
+            }
+        });
+        match opened {
+            Some((stream, Protocol::Http1)) => {
+                let io = TokioIo::new(Clocked::new(stream, clock.clone()));
+                let connection = watcher.watch(self.http1.serve_connection(io, service));
+                tokio::select! {
+                    _ = connection => {}
+                    () = clock.overdue(self.header_timeout) => {}
+                }
+            }
+            Some((stream, Protocol::Http2)) => {
+                let connection = self.http2.serve_connection(TokioIo::new(stream), service);
+                let _ = watcher.watch(connection).await;
+            }
+            None => {}
+        }
     }
 }
 

@@ -22,13 +22,16 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::agent::mcp::McpServers;
-use crate::config::{self, Config, ConfigSource, Settings, Shared, StoreSettings};
+use crate::config::{
+    self, Config, ConfigSource, RuntimeSettings, ServerSettings, Settings, Shared, StoreSettings,
+};
 use crate::deliver::Deliverer;
 use crate::exit::Failure;
 use crate::ingress::capacity::{Capacity, CapacityWatch};
 use crate::ingress::control::{Control, ControlServer};
 use crate::ingress::{self, Ingress, Listeners, WebhookListener};
 use crate::session::{JobSlots, Scheduler, Sessions, TurnContext};
+use crate::store::Store;
 use bootstrap::Bootstrap;
 use drain::{Budgets, Drain, Stage, Stages};
 use periodic::{Health, Retention, Summary};
@@ -52,8 +55,8 @@ pub(crate) fn serve(
     runtime.block_on(run(source, config, listeners, record))
 }
 
-/// Opens the store, starts every task on the drain, says READY, serves until a stop signal,
-/// and drains.
+/// Opens the store, wires the handles, recovers the previous run, starts every task on the
+/// drain, says READY, serves until a stop signal, and drains.
 async fn run(
     source: &ConfigSource,
     config: Config,
@@ -72,64 +75,10 @@ async fn run(
     };
     let model = bootstrap::open_model(&config, record)?;
     reload::apply_log_settings(&config.runtime);
-
-    let runtime = config.runtime.clone();
-    let server = config.server.clone();
-    let budgets = Budgets::new(runtime.drain_timeout);
+    let drain = Drain::new();
     let webhook_addr = listeners.webhook.local_addr().ok();
     let state_dir = config.state_dir.clone();
-    // With PostgreSQL the events live on the database server's disk, not in the state directory.
-    let measured_disk = matches!(config.store, StoreSettings::Sqlite).then(|| state_dir.clone());
-    let settings = Arc::new(Shared::new(Settings::new(config).map_err(Failure::config)?));
-
-    // The handles the tasks share.
-    let drain = Drain::new();
-    let sessions = Arc::new(Sessions::default());
-    let capacity = Arc::new(Capacity::new());
-    let ingress = Arc::new(
-        Ingress::new(
-            settings.get(),
-            store.clone(),
-            sessions.clone(),
-            capacity.clone(),
-        )
-        .map_err(Failure::config)?,
-    );
-    let deliverer =
-        Arc::new(Deliverer::new(store.clone(), settings.clone()).map_err(Failure::runtime)?);
-    let deliveries = deliverer.handle();
-    // Stopped at stage 6, after the turns that use them.
-    let mcp = Arc::new(McpServers::new(
-        drain.tracker(),
-        drain.token(Stage::StopBackground),
-    ));
-    let (reload_requests, reloads) = tokio::sync::mpsc::channel(4);
-    let control = Arc::new(Control {
-        store: store.clone(),
-        sessions: sessions.clone(),
-        settings: settings.clone(),
-        mcp: mcp.clone(),
-        reload_requests,
-        webhook_url: webhook_addr
-            .filter(|_| server.tls.is_none())
-            .map(ingress::local_url),
-    });
-    let scheduler = Scheduler::new(
-        Arc::new(TurnContext {
-            store: store.clone(),
-            settings: settings.clone(),
-            model,
-            sessions: sessions.clone(),
-            deliveries: deliveries.clone(),
-            cancel_turns: drain.token(Stage::CancelTurns),
-            background_jobs: drain.tracker(),
-            stop_background_jobs: drain.token(Stage::StopBackground),
-            job_slots: Arc::new(JobSlots::default()),
-            mcp: mcp.clone(),
-        }),
-        runtime.max_concurrent_turns,
-    );
-    let turns = scheduler.turns();
+    let wired = Wired::new(config, store.clone(), model, &drain, webhook_addr)?;
 
     // Everything that can refuse the config has; only now is the previous run's state changed.
     let recovered = stop_signals
@@ -141,75 +90,201 @@ async fn run(
         return Ok(());
     }
     // In the background: a server that is slow to start or cannot start delays nothing.
-    mcp.apply(&settings.get().config.mcp);
-
-    // The tasks, each stopped by its stage of the drain.
-    let metrics_listen = server.metrics_listen;
-    let listener = WebhookListener {
-        listener: listeners.webhook,
-        ingress: ingress.clone(),
-        server,
-        finish_within: budgets.requests,
-    };
-    let listener = drain.start(Stage::StopAccepting, |stop| listener.run(stop));
-    for control_server in ControlServer::bind_all(listeners.control, metrics_listen, &control).await
-    {
-        drain.start(Stage::StopAccepting, |stop| control_server.run(stop));
-    }
-    let resumer = Resumer {
-        store: store.clone(),
-        runtime,
-        sessions: sessions.clone(),
-        deliveries,
-    };
-    drain.start(Stage::StopAccepting, |stop| resumer.run(stop));
-    let scheduler = drain.start(Stage::StopAccepting, |stop| scheduler.run(stop));
-    let deliverer = drain.start(Stage::FlushDeliveries, |stop| deliverer.run(stop));
-    let retention = Retention {
-        store: store.clone(),
-        settings: settings.clone(),
-    };
-    drain.start(Stage::StopBackground, |stop| retention.run(stop));
-    let health = Health {
-        store: store.clone(),
-        sessions,
-    };
-    drain.start(Stage::StopBackground, |stop| health.run(stop));
-    drain.start(Stage::StopBackground, |stop| Summary.run(stop));
-    let capacity_watch = CapacityWatch {
-        capacity,
-        store: store.clone(),
-        settings: settings.clone(),
-        state_dir: measured_disk,
-    };
-    drain.start(Stage::StopBackground, |stop| capacity_watch.run(stop));
+    wired.mcp.apply(&wired.settings.get().config.mcp);
+    let budgets = Budgets::new(wired.runtime.drain_timeout);
+    let activated = listeners.activated;
+    let Serving {
+        stages,
+        reloader,
+        reloads,
+    } = wired.start(source, &drain, listeners, budgets).await;
 
     tracing::info!(
         version = crate::VERSION,
         listen = %webhook_addr.map(|addr| addr.to_string()).unwrap_or_default(),
-        socket_activated = listeners.activated,
+        socket_activated = activated,
         state_dir = %state_dir.display(),
         "agentgate {} is accepting webhooks", crate::VERSION
     );
     // READY first; the live counts follow from the health task.
     notify::ready("accepting webhooks");
-
-    let reloader = Reloader {
-        source: source.clone(),
-        settings,
-        ingress,
-        mcp,
-        webhook_addr,
-    };
     stop_signals.wait(&reloader, reloads).await;
 
-    let stages = Stages {
-        listener,
-        scheduler,
-        turns,
-        deliverer,
-    };
     let drained = drain.run(budgets, stages).await;
     store.release().await;
     drained.map_err(Failure::runtime)
+}
+
+/// The handles the daemon's tasks share, built from the config before anything runs; building
+/// them is what can still refuse the config (exit 78).
+struct Wired {
+    store: Store,
+    settings: Arc<Shared<Settings>>,
+    runtime: RuntimeSettings,
+    server: ServerSettings,
+    /// The state directory when its file system holds the events (SQLite): its free space is
+    /// watched. With PostgreSQL the events live on the database server's disk.
+    measured_disk: Option<std::path::PathBuf>,
+    webhook_addr: Option<std::net::SocketAddr>,
+    sessions: Arc<Sessions>,
+    capacity: Arc<Capacity>,
+    ingress: Arc<Ingress>,
+    deliverer: Arc<Deliverer>,
+    mcp: Arc<McpServers>,
+    control: Arc<Control>,
+    reloads: tokio::sync::mpsc::Receiver<ingress::control::ReloadRequest>,
+    scheduler: Scheduler,
+}
+
+impl Wired {
+    fn new(
+        config: Config,
+        store: Store,
+        model: Arc<crate::agent::model::Model>,
+        drain: &Drain,
+        webhook_addr: Option<std::net::SocketAddr>,
+    ) -> Result<Wired, Failure> {
+        let runtime = config.runtime.clone();
+        let server = config.server.clone();
+        let measured_disk =
+            matches!(config.store, StoreSettings::Sqlite).then(|| config.state_dir.clone());
+        let settings = Arc::new(Shared::new(Settings::new(config).map_err(Failure::config)?));
+        let sessions = Arc::new(Sessions::default());
+        let capacity = Arc::new(Capacity::new());
+        let ingress = Arc::new(
+            Ingress::new(
+                settings.get(),
+                store.clone(),
+                sessions.clone(),
+                capacity.clone(),
+            )
+            .map_err(Failure::config)?,
+        );
+        let deliverer =
+            Arc::new(Deliverer::new(store.clone(), settings.clone()).map_err(Failure::runtime)?);
+        // Stopped at stage 6, after the turns that use them.
+        let mcp = Arc::new(McpServers::new(
+            drain.tracker(),
+            drain.token(Stage::StopBackground),
+        ));
+        let (reload_requests, reloads) = tokio::sync::mpsc::channel(4);
+        let control = Arc::new(Control {
+            store: store.clone(),
+            sessions: sessions.clone(),
+            settings: settings.clone(),
+            mcp: mcp.clone(),
+            reload_requests,
+            webhook_url: webhook_addr
+                .filter(|_| server.tls.is_none())
+                .map(ingress::local_url),
+        });
+        let scheduler = Scheduler::new(
+            Arc::new(TurnContext {
+                store: store.clone(),
+                settings: settings.clone(),
+                model,
+                sessions: sessions.clone(),
+                deliveries: deliverer.handle(),
+                cancel_turns: drain.token(Stage::CancelTurns),
+                background_jobs: drain.tracker(),
+                stop_background_jobs: drain.token(Stage::StopBackground),
+                job_slots: Arc::new(JobSlots::default()),
+                mcp: mcp.clone(),
+            }),
+            runtime.max_concurrent_turns,
+        );
+        Ok(Wired {
+            store,
+            settings,
+            runtime,
+            server,
+            measured_disk,
+            webhook_addr,
+            sessions,
+            capacity,
+            ingress,
+            deliverer,
+            mcp,
+            control,
+            reloads,
+            scheduler,
+        })
+    }
+
+    /// Starts every task on the drain, each with the token of the stage that stops it.
+    async fn start(
+        self,
+        source: &ConfigSource,
+        drain: &Drain,
+        listeners: Listeners,
+        budgets: Budgets,
+    ) -> Serving {
+        let turns = self.scheduler.turns();
+        let listener = WebhookListener {
+            listener: listeners.webhook,
+            ingress: self.ingress.clone(),
+            server: self.server.clone(),
+            finish_within: budgets.requests,
+        };
+        let listener = drain.start(Stage::StopAccepting, |stop| listener.run(stop));
+        let control_servers =
+            ControlServer::bind_all(listeners.control, self.server.metrics_listen, &self.control)
+                .await;
+        for control_server in control_servers {
+            drain.start(Stage::StopAccepting, |stop| control_server.run(stop));
+        }
+        let resumer = Resumer {
+            store: self.store.clone(),
+            runtime: self.runtime,
+            sessions: self.sessions.clone(),
+            deliveries: self.deliverer.handle(),
+        };
+        drain.start(Stage::StopAccepting, |stop| resumer.run(stop));
+        let scheduler = self.scheduler;
+        let scheduler = drain.start(Stage::StopAccepting, |stop| scheduler.run(stop));
+        let deliverer = self.deliverer;
+        let deliverer = drain.start(Stage::FlushDeliveries, |stop| deliverer.run(stop));
+        let retention = Retention {
+            store: self.store.clone(),
+            settings: self.settings.clone(),
+        };
+        drain.start(Stage::StopBackground, |stop| retention.run(stop));
+        let health = Health {
+            store: self.store.clone(),
+            sessions: self.sessions,
+        };
+        drain.start(Stage::StopBackground, |stop| health.run(stop));
+        drain.start(Stage::StopBackground, |stop| Summary.run(stop));
+        let capacity_watch = CapacityWatch {
+            capacity: self.capacity,
+            store: self.store,
+            settings: self.settings.clone(),
+            state_dir: self.measured_disk,
+        };
+        drain.start(Stage::StopBackground, |stop| capacity_watch.run(stop));
+        let reloader = Reloader {
+            source: source.clone(),
+            settings: self.settings,
+            ingress: self.ingress,
+            mcp: self.mcp,
+            webhook_addr: self.webhook_addr,
+        };
+        Serving {
+            stages: Stages {
+                listener,
+                scheduler,
+                turns,
+                deliverer,
+            },
+            reloader,
+            reloads: self.reloads,
+        }
+    }
+}
+
+/// A daemon whose tasks run: what the drain waits for, and what carries out reloads meanwhile.
+struct Serving {
+    stages: Stages,
+    reloader: Reloader,
+    reloads: tokio::sync::mpsc::Receiver<ingress::control::ReloadRequest>,
 }

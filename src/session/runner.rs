@@ -5,7 +5,7 @@
 //! same commit), interrupted by a newer event (`on_busy = "interrupt"`: failed, delivered), or
 //! cancelled by the drain (left `resume_pending` for the next start).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -290,6 +290,9 @@ impl TurnContext {
     }
 }
 
+/// What a failed transcript read retries, in its log line.
+const READING: &str = "read the session's transcript";
+
 /// How far a turn got: its model calls so far, and when it was claimed.
 #[derive(Clone, Copy)]
 struct TurnProgress {
@@ -305,88 +308,21 @@ impl Running<'_> {
         }
     }
 
-    /// Builds the conversation, commits the new event's message, then runs the machine.
+    /// Builds the conversation, commits the new event's message, then runs the machine. Each
+    /// step returns `None` when the turn already ended (stopped, failed, or its commit was
+    /// given up because the turns are being cancelled).
     async fn drive(&self) {
-        let event = &self.turn.event;
-        let offered = Catalog::for_route(
-            self.route,
-            &self.settings.config,
-            &self.context.mcp,
-            MCP_START_WAIT,
-        );
-        let catalog = match self.guarded(offered).await {
-            Ok((catalog, problems)) => {
-                for problem in problems {
-                    tracing::warn!(problem = %problem, "a tool of the route is not offered in this turn");
-                }
-                catalog
-            }
-            Err(stop) => return self.stopped(stop, 0).await,
-        };
-        let templates = &self.settings.templates;
-        let rendered = prompt::with_event_context(event, |context| {
-            let system = templates.text("system", context)?;
-            let prompt = templates.text("prompt", context)?;
-            Ok::<_, String>((system, prompt))
-        });
-        let (system, prompt_text) = match rendered {
-            Ok(pair) => pair,
-            Err(error) => {
-                self.context
-                    .finish(self.turn, Outcome::Failed { error }, None, self.progress(0))
-                    .await;
-                return;
-            }
-        };
-        let reading = "read the session's transcript";
-        let Some(rows) = self
-            .context
-            .retrying(reading, |store| async move {
-                super::transcript(&store, &event.session_key).await
-            })
-            .await
-        else {
+        let Some(catalog) = self.offered_tools().await else {
             return;
         };
-        // The transcript's entries, grouped by turn, oldest first.
-        let mut turns: Vec<(String, Vec<Entry>)> = Vec::new();
-        for row in rows {
-            let Ok(entry) = serde_json::from_value::<Entry>(row.body) else {
-                continue;
-            };
-            match turns.last_mut() {
-                Some((turn_id, entries)) if *turn_id == row.turn_id => entries.push(entry),
-                _ => turns.push((row.turn_id, vec![entry])),
-            }
-        }
-        let schemas = catalog
-            .tools()
-            .iter()
-            .map(|tool| (tool.name.clone(), tool.parameters.clone()))
-            .collect();
-        let mcp_servers: BTreeMap<String, String> = catalog
-            .tools()
-            .iter()
-            .filter_map(|tool| Some((tool.name.clone(), tool.mcp_server()?.to_string())))
-            .collect();
-        let max_steps = self.settings.config.runtime.max_turn_steps;
-        let max_tool_calls = self.settings.config.runtime.max_tool_calls_per_reply;
-        // A run cut off before it committed anything left nothing to resume from: start afresh.
-        let resume_reason = match &self.turn.resume_reason {
-            Some(reason) => {
-                let reason = *reason;
-                let Some(recorded) = self
-                    .context
-                    .retrying(reading, |store| async move {
-                        store.event_has_transcript(&event.id).await
-                    })
-                    .await
-                else {
-                    return;
-                };
-                recorded.then_some(reason)
-            }
-            None => None,
+        let Some((system, prompt_text)) = self.rendered_texts().await else {
+            return;
+        };
+        let Some(mut turns) = self.past_turns().await else {
+            return;
+        };
+        let Some(resume_reason) = self.resume_reason().await else {
+            return;
         };
         // A resumed turn continues the last one: that one is shown whole, whatever the limits.
         let interrupted = if resume_reason.is_some() {
@@ -409,10 +345,19 @@ impl Running<'_> {
                 .chain(messages_of(&interrupted))
                 .map(|message| history::bounded(message, message_cap)),
         );
-        let (mut machine, first) = match resume_reason {
+        let machine = |messages| {
+            TurnMachine::new(
+                self.settings.config.runtime.max_turn_steps,
+                messages,
+                catalog.schemas(),
+            )
+            .limit_tool_calls(self.settings.config.runtime.max_tool_calls_per_reply)
+            .call_keys(&self.turn.turn_id)
+            .mcp_servers(catalog.mcp_servers())
+        };
+        let (machine, first) = match resume_reason {
             None => {
-                let new_event =
-                    prompt::event_message(&event.route, &event.event_type, &event.id, &prompt_text);
+                let event = &self.turn.event;
                 let entry = Entry::Event {
                     event_id: event.id.clone(),
                     template: self.route.prompt.clone(),
@@ -420,19 +365,15 @@ impl Running<'_> {
                 if !self.record(&[entry], 0).await {
                     return;
                 }
+                let new_event =
+                    prompt::event_message(&event.route, &event.event_type, &event.id, &prompt_text);
                 messages.push(history::bounded(new_event, message_cap));
-                let mut machine = TurnMachine::new(max_steps, messages, schemas)
-                    .limit_tool_calls(max_tool_calls)
-                    .call_keys(&self.turn.turn_id)
-                    .mcp_servers(mcp_servers);
+                let mut machine = machine(messages);
                 let first = machine.start();
                 (machine, first)
             }
             Some(reason) => {
-                let mut machine = TurnMachine::new(max_steps, messages, schemas)
-                    .limit_tool_calls(max_tool_calls)
-                    .call_keys(&self.turn.turn_id)
-                    .mcp_servers(mcp_servers);
+                let mut machine = machine(messages);
                 // A tool that is no longer offered is not known to be safe to run again.
                 let first = machine.start_resumed(
                     unfinished_calls(&interrupted),
@@ -442,6 +383,92 @@ impl Running<'_> {
                 (machine, first)
             }
         };
+        self.run(machine, first, &catalog).await;
+    }
+
+    /// The tools the route offers in this turn (an MCP server still starting is waited for).
+    async fn offered_tools(&self) -> Option<Catalog> {
+        let offered = Catalog::for_route(
+            self.route,
+            &self.settings.config,
+            &self.context.mcp,
+            MCP_START_WAIT,
+        );
+        match self.guarded(offered).await {
+            Ok((catalog, problems)) => {
+                for problem in problems {
+                    tracing::warn!(problem = %problem, "a tool of the route is not offered in this turn");
+                }
+                Some(catalog)
+            }
+            Err(stop) => {
+                self.stopped(stop, 0).await;
+                None
+            }
+        }
+    }
+
+    /// The route's `system` and `prompt` texts for this event; a template that fails ends the
+    /// turn `failed` with the template's error.
+    async fn rendered_texts(&self) -> Option<(String, String)> {
+        let templates = &self.settings.templates;
+        let rendered = prompt::with_event_context(&self.turn.event, |context| {
+            let system = templates.text("system", context)?;
+            let prompt = templates.text("prompt", context)?;
+            Ok::<_, String>((system, prompt))
+        });
+        match rendered {
+            Ok(pair) => Some(pair),
+            Err(error) => {
+                self.context
+                    .finish(self.turn, Outcome::Failed { error }, None, self.progress(0))
+                    .await;
+                None
+            }
+        }
+    }
+
+    /// The session's transcript entries, grouped by turn, oldest first.
+    async fn past_turns(&self) -> Option<Vec<(String, Vec<Entry>)>> {
+        let key = &self.turn.event.session_key;
+        let rows = self
+            .context
+            .retrying(READING, |store| async move {
+                super::transcript(&store, key).await
+            })
+            .await?;
+        let mut turns: Vec<(String, Vec<Entry>)> = Vec::new();
+        for row in rows {
+            let Ok(entry) = serde_json::from_value::<Entry>(row.body) else {
+                continue;
+            };
+            match turns.last_mut() {
+                Some((turn_id, entries)) if *turn_id == row.turn_id => entries.push(entry),
+                Some(_) | None => turns.push((row.turn_id, vec![entry])),
+            }
+        }
+        Some(turns)
+    }
+
+    /// Why this run resumes an interrupted one, if it does. A run cut off before it committed
+    /// anything left nothing to resume from: it starts afresh.
+    async fn resume_reason(&self) -> Option<Option<ResumeReason>> {
+        let Some(reason) = self.turn.resume_reason else {
+            return Some(None);
+        };
+        let event_id = &self.turn.event.id;
+        let recorded = self
+            .context
+            .retrying(READING, |store| async move {
+                store.event_has_transcript(event_id).await
+            })
+            .await?;
+        Some(recorded.then_some(reason))
+    }
+
+    /// Carries out the machine's actions in order, feeding each result back, until it finishes
+    /// or the turn is stopped.
+    async fn run(&self, mut machine: TurnMachine, first: Vec<Action>, catalog: &Catalog) {
         let mut actions: VecDeque<Action> = first.into();
         while let Some(action) = actions.pop_front() {
             let input = match action {
@@ -465,14 +492,14 @@ impl Running<'_> {
                         .await;
                     return;
                 }
-                Action::CallModel => self.call_model(machine.messages(), &catalog).await,
+                Action::CallModel => self.call_model(machine.messages(), catalog).await,
                 Action::RunTool {
                     call_id,
                     name,
                     arguments,
                     key,
                 } => {
-                    self.run_tool(&catalog, call_id, &name, &arguments, &key)
+                    self.run_tool(catalog, call_id, &name, &arguments, &key)
                         .await
                 }
             };

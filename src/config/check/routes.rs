@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use super::{Checker, DEFAULT_DELIVERY_CONCURRENCY, redacted_url, valid_name};
-use crate::config::raw::{RawDeliver, RawRoute, RawVerify};
+use crate::config::raw::{RawDeliver, RawHistory, RawRoute, RawVerify};
 use crate::config::settings::{
     DEFAULT_PROMPT, DeliverSettings, McpServerSettings, OnBusy, RouteSettings, ServerSettings,
     ToolRef, ToolSettings,
@@ -22,26 +22,8 @@ impl Checker<'_> {
         mcp: &BTreeMap<String, McpServerSettings>,
     ) -> Option<RouteSettings> {
         let prefix = format!("routes.{name}");
-        if !valid_name(&name) {
-            self.error(
-                &prefix,
-                "route names may use letters, digits, '_' and '-' (they appear in session keys and on the command line)",
-            );
-        }
-        if !raw.path.starts_with('/') || raw.path.contains(char::is_whitespace) {
-            self.error(
-                &format!("{prefix}.path"),
-                format!(
-                    "{:?} must be an absolute URL path such as /hooks/github",
-                    raw.path
-                ),
-            );
-        } else if matches!(raw.path.as_str(), "/healthz" | "/readyz") {
-            self.error(
-                &format!("{prefix}.path"),
-                format!("{} is reserved for health checks", raw.path),
-            );
-        }
+        self.route_name_and_path(&prefix, &name, &raw.path);
+        self.route_templates(&prefix, &raw);
         let verify = self.verify(&prefix, raw.verify, server.as_ref())?;
         if let Some(events) = &raw.events
             && events.is_empty()
@@ -51,19 +33,6 @@ impl Checker<'_> {
                 "an empty events list ignores everything; remove the key to accept all",
             );
         }
-        for (key, template) in [
-            ("session", raw.session.as_deref()),
-            ("system", raw.system.as_deref()),
-            ("prompt", raw.prompt.as_deref()),
-            ("event_type", raw.event_type.as_deref()),
-            ("delivery_id", raw.delivery_id.as_deref()),
-        ] {
-            if let Some(template) = template
-                && let Err(err) = crate::template::validate(template)
-            {
-                self.error(&format!("{prefix}.{key}"), format!("template error: {err}"));
-            }
-        }
         if raw.events.is_some() && raw.event_type.is_none() && !verify.scheme.has_event_type() {
             self.error(
                 &format!("{prefix}.events"),
@@ -72,55 +41,8 @@ impl Checker<'_> {
                  event_type = \"{{ payload.FIELD }}\" naming where the type is",
             );
         }
-        // The system text sits outside the event markers: event data there could instruct the
-        // model as the operator does.
-        if let Some(system) = raw.system.as_deref() {
-            let used = crate::template::event_data_used(system);
-            if !used.is_empty() {
-                self.error(
-                    &format!("{prefix}.system"),
-                    format!(
-                        "system may not use event data ({}): it is outside the event markers, \
-                         where the model takes it as the operator's instructions; put event data \
-                         in prompt",
-                        used.join(", ")
-                    ),
-                );
-            }
-        }
-        let tool_refs: Vec<ToolRef> = raw
-            .tools
-            .iter()
-            .map(|entry| ToolRef::parse(entry))
-            .collect();
-        for (entry, tool) in raw.tools.iter().zip(&tool_refs) {
-            match tool {
-                ToolRef::Command(name) if !tools.contains_key(name) => self.error(
-                    &format!("{prefix}.tools"),
-                    format!("tool {name:?} is not defined under [tools]"),
-                ),
-                ToolRef::Mcp { server, tool } if !mcp.contains_key(server) => self.error(
-                    &format!("{prefix}.tools"),
-                    format!("{entry:?} names the MCP server {server:?}, which has no [mcp.{server}] table"),
-                ),
-                ToolRef::Mcp { tool: Some(tool), .. } if tool.is_empty() => self.error(
-                    &format!("{prefix}.tools"),
-                    format!("{entry:?} names no tool; use \"SERVER.tool\" or \"SERVER.*\""),
-                ),
-                _ => {}
-            }
-        }
-        let on_busy = match raw.on_busy.as_deref() {
-            None | Some("queue") => OnBusy::Queue,
-            Some("interrupt") => OnBusy::Interrupt,
-            Some(other) => {
-                self.error(
-                    &format!("{prefix}.on_busy"),
-                    format!("{other:?} is not queue or interrupt"),
-                );
-                OnBusy::Queue
-            }
-        };
+        let tool_refs = self.route_tools(&prefix, &raw.tools, tools, mcp);
+        let on_busy = self.on_busy(&prefix, raw.on_busy.as_deref());
         let deliver = match raw.deliver {
             None => DeliverSettings::Log,
             Some(raw) => self.deliver(&prefix, raw)?,
@@ -131,21 +53,7 @@ impl Checker<'_> {
             None,
             |t| t.map(|t| parse_rate(&t)).transpose(),
         );
-        let raw_history = raw.history.unwrap_or_default();
-        let history = crate::config::HistoryLimits {
-            max_turns: self.positive(
-                &format!("{prefix}.history.max_turns"),
-                raw_history.max_turns,
-                20,
-            ) as usize,
-            max_bytes: usize::try_from(self.value(
-                &format!("{prefix}.history.max_bytes"),
-                raw_history.max_bytes,
-                256 << 10,
-                |t| parse_size(&t),
-            ))
-            .unwrap_or(usize::MAX),
-        };
+        let history = self.history(&prefix, raw.history.unwrap_or_default());
         let default_max_body = server.as_ref().map_or(1 << 20, |s| s.max_body);
         let max_body = self.value(
             &format!("{prefix}.max_body"),
@@ -176,6 +84,118 @@ impl Checker<'_> {
             max_body,
             name,
         })
+    }
+
+    fn route_name_and_path(&mut self, prefix: &str, name: &str, path: &str) {
+        if !valid_name(name) {
+            self.error(
+                prefix,
+                "route names may use letters, digits, '_' and '-' (they appear in session keys and on the command line)",
+            );
+        }
+        if !path.starts_with('/') || path.contains(char::is_whitespace) {
+            self.error(
+                &format!("{prefix}.path"),
+                format!("{path:?} must be an absolute URL path such as /hooks/github"),
+            );
+        } else if matches!(path, "/healthz" | "/readyz") {
+            self.error(
+                &format!("{prefix}.path"),
+                format!("{path} is reserved for health checks"),
+            );
+        }
+    }
+
+    /// Every template compiles, and `system` uses no event data: the system text sits outside
+    /// the event markers, where event data could instruct the model as the operator does.
+    fn route_templates(&mut self, prefix: &str, raw: &RawRoute) {
+        for (key, template) in [
+            ("session", raw.session.as_deref()),
+            ("system", raw.system.as_deref()),
+            ("prompt", raw.prompt.as_deref()),
+            ("event_type", raw.event_type.as_deref()),
+            ("delivery_id", raw.delivery_id.as_deref()),
+        ] {
+            if let Some(template) = template
+                && let Err(err) = crate::template::validate(template)
+            {
+                self.error(&format!("{prefix}.{key}"), format!("template error: {err}"));
+            }
+        }
+        if let Some(system) = raw.system.as_deref() {
+            let used = crate::template::event_data_used(system);
+            if !used.is_empty() {
+                self.error(
+                    &format!("{prefix}.system"),
+                    format!(
+                        "system may not use event data ({}): it is outside the event markers, \
+                         where the model takes it as the operator's instructions; put event data \
+                         in prompt",
+                        used.join(", ")
+                    ),
+                );
+            }
+        }
+    }
+
+    /// The route's `tools` entries, each naming a defined tool or MCP server.
+    fn route_tools(
+        &mut self,
+        prefix: &str,
+        entries: &[String],
+        tools: &BTreeMap<String, ToolSettings>,
+        mcp: &BTreeMap<String, McpServerSettings>,
+    ) -> Vec<ToolRef> {
+        let tool_refs: Vec<ToolRef> = entries.iter().map(|entry| ToolRef::parse(entry)).collect();
+        for (entry, tool) in entries.iter().zip(&tool_refs) {
+            let problem = match tool {
+                ToolRef::Command(name) if !tools.contains_key(name) => {
+                    Some(format!("tool {name:?} is not defined under [tools]"))
+                }
+                ToolRef::Command(_) => None,
+                ToolRef::Mcp { server, .. } if !mcp.contains_key(server) => Some(format!(
+                    "{entry:?} names the MCP server {server:?}, which has no [mcp.{server}] table"
+                )),
+                ToolRef::Mcp {
+                    tool: Some(tool), ..
+                } if tool.is_empty() => Some(format!(
+                    "{entry:?} names no tool; use \"SERVER.tool\" or \"SERVER.*\""
+                )),
+                ToolRef::Mcp { .. } => None,
+            };
+            if let Some(problem) = problem {
+                self.error(&format!("{prefix}.tools"), problem);
+            }
+        }
+        tool_refs
+    }
+
+    fn on_busy(&mut self, prefix: &str, raw: Option<&str>) -> OnBusy {
+        match raw {
+            None | Some("queue") => OnBusy::Queue,
+            Some("interrupt") => OnBusy::Interrupt,
+            Some(other) => {
+                self.error(
+                    &format!("{prefix}.on_busy"),
+                    format!("{other:?} is not queue or interrupt"),
+                );
+                OnBusy::Queue
+            }
+        }
+    }
+
+    fn history(&mut self, prefix: &str, raw: RawHistory) -> crate::config::HistoryLimits {
+        crate::config::HistoryLimits {
+            max_turns: self.positive(&format!("{prefix}.history.max_turns"), raw.max_turns, 20)
+                as usize,
+            max_bytes: usize::try_from(self.value(
+                &format!("{prefix}.history.max_bytes"),
+                raw.max_bytes,
+                256 << 10,
+                |t| parse_size(&t),
+            ))
+            .unwrap_or(usize::MAX),
+        }
     }
 
     fn verify(
