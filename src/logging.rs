@@ -42,7 +42,8 @@ pub(crate) const MESSAGE_SUMMARY: &str = "b9407274a51241d6a2033e70e2f89303";
 
 /// The level of the per-event lines (event accepted, turn started and completed, result
 /// delivered): `[runtime] event_log_level`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 pub(crate) enum EventLogLevel {
     #[default]
     Info,

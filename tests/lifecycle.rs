@@ -8,6 +8,7 @@ use std::os::unix::net::{UnixDatagram, UnixStream};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::stub::{Reply, Stub};
 use common::*;
 
 const ROUTE: &str = "[routes.hook]\npath = \"/hook\"\nverify = { scheme = \"none\" }\n";
@@ -295,11 +296,11 @@ fn reload_reports_what_changed_and_refuses_a_bad_config_with_78() {
     let output = workspace.cli(&["reload"]);
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{output:?}");
-    assert!(stdout.contains("changed routes.second"), "{stdout}");
     assert!(
-        stdout.contains("waiting for a restart: runtime (max_concurrent_turns"),
+        stdout.contains("changed runtime.max_concurrent_turns, routes.second"),
         "{stdout}"
     );
+    assert!(!stdout.contains("waiting for a restart"), "{stdout}");
     assert_eq!(daemon.post_json("/second", &[], "{}").status, 202);
 
     // A delivery secret that is not a Standard Webhooks secret: refused, old config kept.
@@ -325,6 +326,111 @@ fn reload_reports_what_changed_and_refuses_a_bad_config_with_78() {
     wait_until("the refusal's log line", Duration::from_secs(10), || {
         daemon.log().contains("config reload refused")
     });
+}
+
+/// Every `[runtime]` key, as docs/reference.md lists them.
+const RUNTIME_KEYS: [(&str, &str); 15] = [
+    ("max_concurrent_turns", "7"),
+    ("max_turn_steps", "9"),
+    ("drain_timeout", "\"1s\""),
+    ("turn_idle_timeout", "\"4m\""),
+    ("resume_max_attempts", "5"),
+    ("resume_window", "\"5h\""),
+    ("dedup_window", "\"6d\""),
+    ("max_tool_calls_per_reply", "15"),
+    ("max_background_jobs", "15"),
+    ("max_background_jobs_per_session", "3"),
+    ("max_internal_turns", "7"),
+    ("max_queued_events", "99999"),
+    ("min_free_disk", "\"1000000GB\""),
+    ("event_log_level", "\"debug\""),
+    ("event_log_max_per_second", "299"),
+];
+
+/// A reload applies every `[runtime]` key at once, and its report says so for each: changed
+/// now, none waiting for a restart. Checked against what the daemon then does: a new
+/// `min_free_disk` refuses webhooks at once, and a new `drain_timeout` bounds the next drain
+/// (the daemon started with one of 60 s).
+#[test]
+fn every_runtime_key_applies_at_once_and_the_reload_says_so() {
+    let workspace = Workspace::new();
+    let model = Stub::start(|request, _| {
+        if request.json().to_string().contains("\"role\":\"tool\"") {
+            Reply::answer("done")
+        } else {
+            Reply::tool_call("call_1", "slow", serde_json::json!({}))
+        }
+    });
+    let write = |runtime: &str| {
+        workspace.write_config(&format!(
+            "[runtime]\n{runtime}\n\n{}\n[tools.slow]\ndescription = \"slow\"\ncommand = [\"/bin/sleep\", \"30\"]\ntimeout = \"60s\"\n\n{ROUTE}tools = [\"slow\"]\n",
+            model.model_section()
+        ));
+    };
+    write("drain_timeout = \"60s\"\nmin_free_disk = \"0\"");
+    let daemon = workspace.start();
+    let every: Vec<String> = RUNTIME_KEYS
+        .iter()
+        .map(|(key, value)| format!("{key} = {value}"))
+        .collect();
+    write(&every.join("\n"));
+    let output = workspace.cli(&["reload"]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{output:?}");
+    let changed = stdout
+        .lines()
+        .find_map(|line| line.strip_prefix("reloaded: changed "))
+        .unwrap_or_else(|| panic!("no changed line: {stdout}"));
+    for (key, _) in RUNTIME_KEYS {
+        assert!(
+            changed
+                .split(", ")
+                .any(|name| name == format!("runtime.{key}")),
+            "runtime.{key} is not reported as applied: {stdout}"
+        );
+    }
+    assert!(!stdout.contains("waiting for a restart"), "{stdout}");
+    wait_until(
+        "min_free_disk to refuse webhooks",
+        Duration::from_secs(10),
+        || daemon.request("GET", "/readyz", &[], b"").status == 503,
+    );
+
+    // Webhooks are taken again; the drain now has 1 s for the running turn, not 60.
+    let mut relaxed = every.clone();
+    relaxed.retain(|line| !line.starts_with("min_free_disk"));
+    relaxed.push("min_free_disk = \"0\"".into());
+    write(&relaxed.join("\n"));
+    assert!(workspace.cli(&["reload"]).status.success());
+    wait_until(
+        "webhooks to be accepted again",
+        Duration::from_secs(10),
+        || daemon.request("GET", "/readyz", &[], b"").status == 200,
+    );
+    let event = daemon.post_json("/hook", &[], "{}").event_id();
+    wait_until("the slow tool to start", Duration::from_secs(10), || {
+        !model.requests().is_empty()
+            && workspace
+                .query(
+                    "SELECT count(*) FROM transcript WHERE kind = 'tool_start'",
+                    |row| row.get::<_, i64>(0),
+                )
+                .first()
+                == Some(&1)
+    });
+    let stopping = Instant::now();
+    assert!(daemon.terminate().success());
+    assert!(
+        stopping.elapsed() < Duration::from_secs(30),
+        "the drain took {:?}: the reloaded drain_timeout (1s) did not apply",
+        stopping.elapsed()
+    );
+    assert_eq!(workspace.event_status(&event), "running");
+    let reason: Vec<String> = workspace.query(
+        "SELECT reason FROM sessions WHERE state = 'resume_pending'",
+        |row| row.get(0),
+    );
+    assert_eq!(reason, ["shutdown_timeout"]);
 }
 
 #[test]

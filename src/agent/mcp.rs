@@ -76,6 +76,20 @@ pub(crate) enum ServerState {
     },
 }
 
+/// An MCP server as `status` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub(crate) enum McpServerStatus {
+    Starting,
+    Ready {
+        tools: usize,
+    },
+    /// Its tools are not offered; the supervisor tries again after a backoff.
+    Down {
+        error: String,
+    },
+}
+
 /// A live connection to one server. Dropping the last reference stops the server.
 pub(crate) struct Connection {
     pub server: String,
@@ -327,18 +341,18 @@ impl McpServers {
     }
 
     /// Each server's state, for `status`.
-    pub(crate) fn status(&self) -> BTreeMap<String, serde_json::Value> {
+    pub(crate) fn status(&self) -> BTreeMap<String, McpServerStatus> {
         self.servers()
             .iter()
             .map(|(name, supervised)| {
                 let state = match &*supervised.state.borrow() {
-                    ServerState::Starting => serde_json::json!({"state": "starting"}),
+                    ServerState::Starting => McpServerStatus::Starting,
                     ServerState::Ready { tools, .. } => {
-                        serde_json::json!({"state": "ready", "tools": tools.len()})
+                        McpServerStatus::Ready { tools: tools.len() }
                     }
-                    ServerState::Down { error } => {
-                        serde_json::json!({"state": "down", "error": error})
-                    }
+                    ServerState::Down { error } => McpServerStatus::Down {
+                        error: error.clone(),
+                    },
                 };
                 (name.clone(), state)
             })

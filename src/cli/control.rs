@@ -9,6 +9,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 
 use crate::exit::Failure;
+use crate::ingress::api::ErrorBody;
 
 /// One answer of the control socket: the status code and the JSON body.
 pub(super) struct ControlAnswer {
@@ -19,9 +20,20 @@ pub(super) struct ControlAnswer {
 impl ControlAnswer {
     /// The daemon's one-line message for a refusal (`{"error", "message"}`).
     pub(super) fn message(&self) -> String {
-        self.body["message"]
-            .as_str()
-            .map_or_else(|| self.body.to_string(), str::to_string)
+        match self.document::<ErrorBody>() {
+            Ok(refusal) => refusal.message,
+            Err(_) => self.body.to_string(),
+        }
+    }
+
+    /// The body as the document the control API defines for it (`ingress::api`).
+    pub(super) fn document<T: serde::de::DeserializeOwned>(&self) -> Result<T, Failure> {
+        serde_json::from_value(self.body.clone()).map_err(|err| {
+            Failure::runtime(format!(
+                "the daemon answered a document this agentgate does not read ({err}); is it \
+                 another version?"
+            ))
+        })
     }
 }
 

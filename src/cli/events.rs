@@ -13,6 +13,7 @@ use crate::agent::catalog;
 use crate::agent::mcp::McpServers;
 use crate::config::{self, ConfigSource, SecretCheck, StoreSettings};
 use crate::exit::Failure;
+use crate::ingress::api::ToolsDocument;
 use crate::output::outln;
 use crate::store::{self, EventFilter, RetryTarget};
 
@@ -250,14 +251,8 @@ pub(super) fn tools_list(
     };
     let (tools, problems) = match answer {
         Some(answer) if answer.status.is_success() => {
-            let lines = |value: &serde_json::Value| value.as_array().cloned().unwrap_or_default();
-            (
-                lines(&answer.body["tools"]),
-                lines(&answer.body["problems"])
-                    .iter()
-                    .filter_map(|line| line.as_str().map(str::to_string))
-                    .collect(),
-            )
+            let listing = answer.document::<ToolsDocument>()?;
+            (listing.tools, listing.problems)
         }
         Some(answer) if answer.status == http::StatusCode::NOT_FOUND => {
             return Err(Failure::config(format!("{} ({source})", answer.message())));

@@ -75,14 +75,7 @@ fn send_through_daemon(
         )));
     };
     match answer.status {
-        http::StatusCode::OK => Ok(ListenerAnswer {
-            url: answer.body["url"].as_str().unwrap_or_default().to_string(),
-            status: answer.body["status"]
-                .as_u64()
-                .and_then(|status| u16::try_from(status).ok())
-                .unwrap_or_default(),
-            body: answer.body["body"].as_str().unwrap_or_default().to_string(),
-        }),
+        http::StatusCode::OK => answer.document::<ListenerAnswer>(),
         http::StatusCode::NOT_FOUND => Err(Failure::config(answer.message())),
         _ => Err(Failure::unavailable(answer.message())),
     }

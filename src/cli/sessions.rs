@@ -8,6 +8,11 @@ use crate::output::{out, outln};
 
 use super::control::{self, DaemonClient};
 use super::state::StateAccess;
+use crate::agent::message::Role;
+use crate::config::ReloadReport;
+use crate::ingress::api::{OperatorAnswer, SessionDocument, SessionsPage};
+use crate::session::turn::Entry;
+use crate::store::SessionRow;
 
 /// `sessions resume|suspend|cancel KEY`. While the daemon runs, it carries the action out itself
 /// (over the control socket), so that it acts at once, logs the action and counts it. Without a
@@ -49,24 +54,35 @@ fn report_action(
     action: OperatorAction,
     answer: &control::ControlAnswer,
 ) -> Result<(), Failure> {
-    let previous = answer.body["previous_state"].as_str().unwrap_or("?");
+    let done = || answer.document::<OperatorAnswer>();
     match (answer.status.as_u16(), action) {
-        (200, OperatorAction::Resume) => {
-            outln!("session {key}: resumed (was {previous}); its ledger entry is cleared");
+        (200, OperatorAction::Resume) => outln!(
+            "session {key}: resumed (was {}); its ledger entry is cleared",
+            shown(done()?.previous_state)
+        ),
+        (200, OperatorAction::Suspend) => {
+            outln!(
+                "session {key}: suspended (was {})",
+                shown(done()?.previous_state)
+            );
         }
-        (200, OperatorAction::Suspend) => outln!("session {key}: suspended (was {previous})"),
         (200, OperatorAction::Cancel) => outln!(
             "session {key}: turn {} cancelled; its event ended failed (cancelled by operator)",
-            answer.body["turn_id"].as_str().unwrap_or("?")
+            shown(done()?.turn_id)
         ),
         (202, OperatorAction::Cancel) => outln!(
             "session {key}: turn {} is being cancelled; it has not committed its end yet",
-            answer.body["turn_id"].as_str().unwrap_or("?")
+            shown(done()?.turn_id)
         ),
         (503, _) => return Err(Failure::temporary(answer.message())),
         _ => return Err(Failure::runtime(answer.message())),
     }
     Ok(())
+}
+
+/// A value the daemon may leave out, as a line shows it.
+fn shown<T: std::fmt::Display>(value: Option<T>) -> String {
+    value.map_or_else(|| "?".to_string(), |value| value.to_string())
 }
 
 /// Resume or suspend with no daemon running: the stored state is changed directly, and the next
@@ -117,46 +133,34 @@ pub(super) fn reload(source: &ConfigSource) -> Result<(), Failure> {
                 daemon.location.control_socket.display()
             ))
         })?;
-    let lines = |name: &str| -> Vec<String> {
-        answer.body[name]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|line| line.as_str().map(str::to_string))
-            .collect()
-    };
-    for finding in lines("findings") {
+    if answer.status == http::StatusCode::SERVICE_UNAVAILABLE {
+        return Err(Failure::temporary(answer.message()));
+    }
+    let report = answer.document::<ReloadReport>()?;
+    for finding in &report.findings {
         outln!("{finding}");
     }
-    match answer.status.as_u16() {
-        200 => {
-            let changed = lines("changed");
-            let at_restart = lines("at_restart");
-            outln!(
-                "reloaded: {}",
-                if changed.is_empty() {
-                    "no setting that applies now changed".to_string()
-                } else {
-                    format!("changed {}", changed.join(", "))
-                }
-            );
-            if !at_restart.is_empty() {
-                outln!(
-                    "changed but waiting for a restart: {}",
-                    at_restart.join(", ")
-                );
-            }
-            Ok(())
-        }
-        422 => Err(Failure::config(format!(
+    if !report.applied {
+        return Err(Failure::config(format!(
             "reload refused, still serving on the previous config: {}",
-            answer.body["refused"]
-                .as_str()
-                .unwrap_or("see the findings")
-        ))),
-        503 => Err(Failure::temporary(answer.message())),
-        _ => Err(Failure::runtime(answer.message())),
+            report.refused.as_deref().unwrap_or("see the findings")
+        )));
     }
+    outln!(
+        "reloaded: {}",
+        if report.changed.is_empty() {
+            "no setting that applies now changed".to_string()
+        } else {
+            format!("changed {}", report.changed.join(", "))
+        }
+    );
+    if !report.at_restart.is_empty() {
+        outln!(
+            "changed but waiting for a restart: {}",
+            report.at_restart.join(", ")
+        );
+    }
+    Ok(())
 }
 
 pub(super) fn ledger_show(source: &ConfigSource, json: bool) -> Result<(), Failure> {
@@ -176,7 +180,7 @@ pub(super) fn ledger_show(source: &ConfigSource, json: bool) -> Result<(), Failu
 
 /// Every session, from the daemon's pages, newest first; `None` when no daemon answers. For
 /// users who cannot read the state files.
-fn sessions_from_daemon(daemon: &DaemonClient) -> Result<Option<Vec<serde_json::Value>>, Failure> {
+fn sessions_from_daemon(daemon: &DaemonClient) -> Result<Option<Vec<SessionRow>>, Failure> {
     let mut sessions = Vec::new();
     let mut path = "/v1/sessions?limit=1000".to_string();
     loop {
@@ -186,23 +190,19 @@ fn sessions_from_daemon(daemon: &DaemonClient) -> Result<Option<Vec<serde_json::
         if !answer.status.is_success() {
             return Err(Failure::unavailable(answer.message()));
         }
-        sessions.extend(
-            answer.body["sessions"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default(),
-        );
-        match answer.body["next"].as_str() {
+        let page = answer.document::<SessionsPage>()?;
+        sessions.extend(page.sessions);
+        match page.next {
             Some(next) => {
                 path = format!(
                     "/v1/sessions?limit=1000&after={}",
-                    control::path_segment(next)
+                    control::path_segment(&next)
                 );
             }
             None => break,
         }
     }
-    sessions.sort_by_key(|session| std::cmp::Reverse(session["updated_at"].as_i64()));
+    sessions.sort_by_key(|session| std::cmp::Reverse(session.updated_at));
     Ok(Some(sessions))
 }
 
@@ -214,9 +214,6 @@ pub(super) fn sessions_list(source: &ConfigSource, json: bool) -> Result<(), Fai
         StateAccess::open(source)?
             .query(async |store| store.sessions().await)?
             .unwrap_or_default()
-            .iter()
-            .map(|session| serde_json::json!(session))
-            .collect()
     };
     if json {
         outln!("{:#}", serde_json::json!(sessions));
@@ -230,16 +227,17 @@ pub(super) fn sessions_list(source: &ConfigSource, json: bool) -> Result<(), Fai
         "TURNS",
         "QUEUED"
     );
-    for s in sessions {
-        let text = |name: &str| s[name].as_str().unwrap_or("-").to_string();
+    for session in sessions {
         outln!(
             "{:<40} {:<16} {:<15} {:>5} {:>6}  {}",
-            text("key"),
-            text("route"),
-            text("state"),
-            s["turns"],
-            s["queued"],
-            text("last_turn_status")
+            crate::untrusted::for_terminal(&session.key),
+            session.route,
+            session.state,
+            session.turns,
+            session.queued,
+            session
+                .last_turn_status
+                .map_or_else(|| "-".to_string(), |status| status.to_string())
         );
     }
     Ok(())
@@ -254,7 +252,7 @@ pub(super) fn sessions_show(source: &ConfigSource, key: &str, json: bool) -> Res
             Some(answer) if answer.status == http::StatusCode::NOT_FOUND => {
                 return Err(no_session());
             }
-            Some(answer) if answer.status.is_success() => answer.body,
+            Some(answer) if answer.status.is_success() => answer.document::<SessionDocument>()?,
             Some(answer) => return Err(Failure::unavailable(answer.message())),
             None => return Err(control::no_daemon_for_unreadable_state()),
         }
@@ -268,69 +266,80 @@ pub(super) fn sessions_show(source: &ConfigSource, key: &str, json: bool) -> Res
         let Some((Some(session), transcript)) = found else {
             return Err(no_session());
         };
-        serde_json::json!({"session": session, "transcript": transcript})
+        SessionDocument {
+            session,
+            transcript,
+        }
     };
     if json {
-        outln!("{shown:#}");
+        outln!("{:#}", serde_json::json!(shown));
         return Ok(());
     }
-    let session = &shown["session"];
+    let session = &shown.session;
     outln!(
         "session {}  route {}  state {}{}  turns {}",
-        session["key"].as_str().unwrap_or(key),
-        session["route"].as_str().unwrap_or("-"),
-        session["state"].as_str().unwrap_or("-"),
-        session["reason"]
-            .as_str()
+        crate::untrusted::for_terminal(&session.key),
+        session.route,
+        session.state,
+        session
+            .reason
+            .as_deref()
             .map(|r| format!(" ({r})"))
             .unwrap_or_default(),
-        session["turns"]
+        session.turns
     );
-    for row in shown["transcript"].as_array().into_iter().flatten() {
-        outln!("{}", render_entry(&row["body"]));
+    for row in &shown.transcript {
+        outln!("{}", render_entry(&row.body));
     }
     Ok(())
 }
 
 /// One transcript entry as a readable block: who said what, which tool ran with what. Payload and
-/// tool text reach a terminal here, so control characters (escape sequences) are removed.
+/// tool text reach a terminal here, so control characters (escape sequences) are removed. An
+/// entry this agentgate does not know is shown as its JSON.
 pub(super) fn render_entry(body: &serde_json::Value) -> String {
-    let text = |v: &serde_json::Value| crate::untrusted::for_terminal(v.as_str().unwrap_or(""));
-    match body["kind"].as_str() {
-        Some("tool_start") => format!(
+    let text = crate::untrusted::for_terminal;
+    let Ok(entry) = serde_json::from_value::<Entry>(body.clone()) else {
+        return text(&body.to_string());
+    };
+    match entry {
+        Entry::ToolStart {
+            call_id,
+            name,
+            arguments,
+            mcp_server,
+            ..
+        } => format!(
             "  -> {} {} {} [{}]",
-            match body["mcp_server"].as_str() {
-                Some(server) => format!(
-                    "mcp tool (server {})",
-                    crate::untrusted::for_terminal(server)
-                ),
+            match mcp_server {
+                Some(server) => format!("mcp tool (server {})", text(&server)),
                 None => "tool".to_string(),
             },
-            text(&body["name"]),
-            body["arguments"],
-            text(&body["call_id"])
+            text(&name),
+            text(&arguments.to_string()),
+            text(&call_id)
         ),
-        Some("message") => {
-            let message = &body["message"];
-            let role = text(&message["role"]);
-            let mut block = match role.as_str() {
-                "tool" => format!(
-                    "  <- tool result [{}]: {}",
-                    text(&message["tool_call_id"]),
-                    text(&message["content"])
+        Entry::Message { message } => {
+            let content = text(message.content.as_deref().unwrap_or(""));
+            let mut block = match message.role {
+                Role::Tool => format!(
+                    "  <- tool result [{}]: {content}",
+                    text(message.tool_call_id.as_deref().unwrap_or(""))
                 ),
-                _ => format!("{role}: {}", text(&message["content"])),
+                Role::System => format!("system: {content}"),
+                Role::User => format!("user: {content}"),
+                Role::Assistant => format!("assistant: {content}"),
             };
-            for call in message["tool_calls"].as_array().into_iter().flatten() {
+            for call in &message.tool_calls {
                 block.push_str(&format!(
                     "\n  assistant calls {}({}) [{}]",
-                    text(&call["function"]["name"]),
-                    text(&call["function"]["arguments"]),
-                    text(&call["id"])
+                    text(&call.function.name),
+                    text(&call.function.arguments),
+                    text(&call.id)
                 ));
             }
             block
         }
-        _ => body.to_string(),
+        Entry::Event { event_id, .. } => format!("event {}", text(&event_id)),
     }
 }

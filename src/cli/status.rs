@@ -1,29 +1,46 @@
-//! `status`: the daemon and its state in one screen, or as JSON.
+//! `status`: the daemon and its state in one screen, or as JSON (`ingress::api::StatusDocument`,
+//! the same document the control socket's `/v1/status` answers).
 
-use crate::output::{out, outln};
-use std::path::Path;
-
+use crate::agent::mcp::McpServerStatus;
 use crate::config::ConfigSource;
 use crate::exit::Failure;
-use crate::store::NodeState;
-use crate::store::{DaemonLock, StatusSummary};
+use crate::ingress::api::{Accepting, DaemonStatus, LedgerStatus, StatusDocument};
+use crate::output::{out, outln};
+use crate::store::{DaemonLock, NodeState};
 
 use super::control::DaemonClient;
 use super::state::StateAccess;
 
 pub(super) fn status(source: &ConfigSource, json: bool) -> Result<(), Failure> {
-    // A user who may not read the state (a member of the daemon's group) gets the daemon's own
-    // summary from the control socket.
     let daemon = DaemonClient::new(source)?;
-    if daemon.state_unreadable() {
-        return match daemon.request(http::Method::GET, "/v1/status")? {
-            Some(answer) if answer.status.is_success() => {
-                daemon_status(&answer.body, json);
-                Ok(())
-            }
-            _ => Err(super::control::no_daemon_for_unreadable_state()),
-        };
+    let document = if daemon.state_unreadable() {
+        // A user who may not read the state (a member of the daemon's group) gets the daemon's
+        // own document from the control socket, without the ledger, which only the state holds.
+        let mut document = daemons_document(&daemon)?
+            .ok_or_else(super::control::no_daemon_for_unreadable_state)?;
+        document.ledger = Some(LedgerStatus {
+            valid: None,
+            sessions: None,
+            error: Some("the state is not readable by this user".into()),
+        });
+        document
+    } else {
+        document_from_state(source, &daemon)?
+    };
+    if json {
+        outln!("{:#}", serde_json::json!(document));
+    } else {
+        out!("{}", render(&document));
     }
+    Ok(())
+}
+
+/// The document read from the state itself, with what only the running daemon knows (its MCP
+/// servers, whether it accepts webhooks now) asked of it when it runs.
+fn document_from_state(
+    source: &ConfigSource,
+    daemon: &DaemonClient,
+) -> Result<StatusDocument, Failure> {
     let state = StateAccess::open(source)?;
     let summary = state
         .query(async |store| store.status_summary().await)?
@@ -36,135 +53,120 @@ pub(super) fn status(source: &ConfigSource, json: bool) -> Result<(), Failure> {
             .any(|node| node.state == NodeState::Running);
     // The ledger as the next resume will see it: a malformed one blocks every resume.
     let ledger = match state.query(async |store| store.resume_ledger().await) {
-        Ok(ledger) => serde_json::json!({
-            "sessions": ledger.map_or(0, |ledger| ledger.sessions.len()),
-            "valid": true
-        }),
-        Err(err) => serde_json::json!({"valid": false, "error": err.to_string()}),
+        Ok(ledger) => LedgerStatus {
+            valid: Some(true),
+            sessions: Some(ledger.map_or(0, |ledger| ledger.sessions.len())),
+            error: None,
+        },
+        Err(err) => LedgerStatus {
+            valid: Some(false),
+            sessions: None,
+            error: Some(err.to_string()),
+        },
     };
-    let mcp = if running {
-        mcp_servers(&daemon)
+    // Only a running daemon is asked: under socket activation a connection starts a stopped one.
+    let live = if running {
+        daemons_document(daemon).ok().flatten()
     } else {
-        serde_json::Value::Null
+        None
     };
-    if json {
-        let document = serde_json::json!({
-            "version": crate::VERSION,
-            "daemon": {"running": running},
-            "state_dir": state.state_dir,
-            "events": summary.events,
-            "sessions": summary.sessions,
-            "deliveries": summary.deliveries,
-            "ledger": ledger,
-            "nodes": summary.nodes,
-            "mcp": mcp,
-        });
-        outln!("{document:#}");
-    } else {
-        out!("{}", render_status(&state.state_dir, running, &summary));
-        match ledger["valid"].as_bool() {
-            Some(true) => outln!(
-                "ledger:     {} session(s) with resume counts",
-                ledger["sessions"]
-            ),
-            _ => outln!(
-                "ledger:     UNUSABLE, no resume is dispatched: {}",
-                ledger["error"].as_str().unwrap_or("")
-            ),
-        }
-        for (name, server) in mcp.as_object().into_iter().flatten() {
-            match server["state"].as_str() {
-                Some("ready") => outln!("mcp:        {name} ready ({} tools)", server["tools"]),
-                Some("down") => outln!(
-                    "mcp:        {name} DOWN, its tools are not offered: {}",
-                    server["error"].as_str().unwrap_or("")
-                ),
-                other => outln!("mcp:        {name} {}", other.unwrap_or("unknown")),
+    let accepting = live.as_ref().map_or_else(
+        || Accepting::refused("the daemon is not running"),
+        |live| live.accepting.clone(),
+    );
+    let mut document = StatusDocument::of(
+        summary,
+        DaemonStatus {
+            running,
+            pid: live.as_ref().and_then(|live| live.daemon.pid),
+            writable: live.as_ref().and_then(|live| live.daemon.writable),
+        },
+        accepting,
+    );
+    document.state_dir = Some(state.state_dir.clone());
+    document.ledger = Some(ledger);
+    document.turns = live.as_ref().and_then(|live| live.turns);
+    document.mcp = live.and_then(|live| live.mcp);
+    Ok(document)
+}
+
+/// The running daemon's `/v1/status`; `None` when it does not answer.
+fn daemons_document(daemon: &DaemonClient) -> Result<Option<StatusDocument>, Failure> {
+    match daemon.request(http::Method::GET, "/v1/status")? {
+        Some(answer) if answer.status.is_success() => Ok(Some(answer.document()?)),
+        Some(answer) => Err(Failure::unavailable(answer.message())),
+        None => Ok(None),
+    }
+}
+
+fn render(document: &StatusDocument) -> String {
+    let mut text = format!("agentgate:  {}\n", crate::VERSION);
+    let daemon = match (document.daemon.running, document.daemon.pid) {
+        (true, Some(pid)) => format!("running (pid {pid})"),
+        (true, None) => "running".to_string(),
+        (false, _) => "not running".to_string(),
+    };
+    text.push_str(&format!("daemon:     {daemon}\n"));
+    if let Some(state_dir) = &document.state_dir {
+        text.push_str(&format!("state:      {}\n", state_dir.display()));
+    }
+    text.push_str(&format!(
+        "events:     {} total ({})\nsessions:   {} total ({})\ndeliveries: {} pending, {} failed\n",
+        document.events.total,
+        breakdown(&document.events.by_status),
+        document.sessions.total,
+        breakdown(&document.sessions.by_state),
+        document.deliveries.pending,
+        document.deliveries.failed,
+    ));
+    match (&document.accepting, document.daemon.running) {
+        (Accepting { ok: true, .. }, _) => text.push_str("accepting:  yes\n"),
+        (Accepting { reason, .. }, true) => text.push_str(&format!(
+            "accepting:  NO, webhooks get 503: {}\n",
+            reason.as_deref().unwrap_or("")
+        )),
+        (Accepting { .. }, false) => {}
+    }
+    if let Some(ledger) = &document.ledger {
+        text.push_str(&ledger_line(ledger));
+    }
+    for (name, server) in document.mcp.iter().flatten() {
+        text.push_str(&match server {
+            McpServerStatus::Ready { tools } => {
+                format!("mcp:        {name} ready ({tools} tools)\n")
             }
-        }
-        for node in summary.nodes.iter().flatten() {
-            outln!(
-                "node:       {} ({}, pid {}, {}) leases: {}",
-                node.name,
-                node.id,
-                node.pid,
-                node.state,
-                if node.leases.is_empty() {
-                    "none".to_string()
-                } else {
-                    node.leases.join(", ")
-                }
-            );
-        }
+            McpServerStatus::Down { error } => {
+                format!("mcp:        {name} DOWN, its tools are not offered: {error}\n")
+            }
+            McpServerStatus::Starting => format!("mcp:        {name} starting\n"),
+        });
     }
-    Ok(())
+    for node in document.nodes.iter().flatten() {
+        let leases = if node.leases.is_empty() {
+            "none".to_string()
+        } else {
+            node.leases.join(", ")
+        };
+        text.push_str(&format!(
+            "node:       {} ({}, pid {}, {}) leases: {leases}\n",
+            node.name, node.id, node.pid, node.state
+        ));
+    }
+    text
 }
 
-/// The running daemon's MCP servers and their states, from its control socket; null when it
-/// does not answer.
-fn mcp_servers(daemon: &DaemonClient) -> serde_json::Value {
-    match daemon.request(http::Method::GET, "/v1/status") {
-        Ok(Some(answer)) if answer.status.is_success() => answer.body["mcp"].clone(),
-        _ => serde_json::Value::Null,
+fn ledger_line(ledger: &LedgerStatus) -> String {
+    match ledger.valid {
+        Some(true) => format!(
+            "ledger:     {} session(s) with resume counts\n",
+            ledger.sessions.unwrap_or(0)
+        ),
+        Some(false) => format!(
+            "ledger:     UNUSABLE, no resume is dispatched: {}\n",
+            ledger.error.as_deref().unwrap_or("")
+        ),
+        None => "ledger:     not shown: the state is not readable by this user\n".to_string(),
     }
-}
-
-/// `status` from the daemon's `/v1/status`, for a user who cannot read the state: the same
-/// document, without the ledger, which only the state holds.
-fn daemon_status(body: &serde_json::Value, json: bool) {
-    let mut document = body.clone();
-    document["version"] = serde_json::json!(crate::VERSION);
-    document["ledger"] =
-        serde_json::json!({"valid": null, "error": "the state is not readable by this user"});
-    if json {
-        outln!("{document:#}");
-        return;
-    }
-    let breakdown = |counts: &serde_json::Value| {
-        counts
-            .as_object()
-            .map(|counts| {
-                counts
-                    .iter()
-                    .map(|(name, n)| format!("{name} {n}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            })
-            .unwrap_or_default()
-    };
-    outln!("agentgate:  {}", crate::VERSION);
-    outln!("daemon:     running (pid {})", body["daemon"]["pid"]);
-    outln!(
-        "events:     {} total ({})",
-        body["events"]["total"],
-        breakdown(&body["events"]["by_status"])
-    );
-    outln!(
-        "sessions:   {} total ({})",
-        body["sessions"]["total"],
-        breakdown(&body["sessions"]["by_state"])
-    );
-    outln!(
-        "deliveries: {} pending, {} failed",
-        body["deliveries"]["pending"],
-        body["deliveries"]["failed"]
-    );
-    outln!("ledger:     not shown: the state is not readable by this user");
-}
-
-pub(super) fn render_status(state_dir: &Path, running: bool, summary: &StatusSummary) -> String {
-    format!(
-        "agentgate:  {}\ndaemon:     {}\nstate:      {}\nevents:     {} total ({})\nsessions:   {} total ({})\ndeliveries: {} pending, {} failed\n",
-        crate::VERSION,
-        if running { "running" } else { "not running" },
-        state_dir.display(),
-        summary.events.total,
-        breakdown(&summary.events.by_status),
-        summary.sessions.total,
-        breakdown(&summary.sessions.by_state),
-        summary.deliveries.pending,
-        summary.deliveries.failed,
-    )
 }
 
 /// `name n, name n, ...` of a count by status or state.

@@ -1,23 +1,23 @@
 //! What a reload changes, and what it reports back to `agentgate reload`.
 //!
-//! A reload applies routes and tools at once (a running turn keeps the snapshot it started with)
-//! but some settings are fixed for the daemon's life: the state directory and store, the
-//! listeners, the model backend, the drain and resume settings. The report names both kinds, so
-//! an operator knows whether a restart is still needed.
+//! A reload applies routes, tools and every `[runtime]` key at once (a running turn keeps the
+//! snapshot it started with), but some settings are fixed for the daemon's life: the state
+//! directory and store, the listeners, the model backend. The report names both kinds, so an
+//! operator knows whether a restart is still needed.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-use super::Config;
+use super::{Config, RuntimeSettings};
 
 /// The answer to a reload request.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub(crate) struct ReloadReport {
     /// The new config is in effect.
     pub(crate) applied: bool,
     /// Every finding of the new config, one line each (`file:line: severity: key: message`).
     pub(crate) findings: Vec<String>,
     /// Why the new config was refused (`applied` is false).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) refused: Option<String>,
     /// Settings that changed and are in effect now.
     pub(crate) changed: Vec<String>,
@@ -61,31 +61,12 @@ pub(crate) fn list_changes(old: &Config, new: &Config, report: &mut ReloadReport
     compare("store", old.store != new.store, false);
     compare("model", old.model != new.model, false);
     compare("store.retention", old.retention != new.retention, true);
-    let (was, now) = (&old.runtime, &new.runtime);
-    compare(
-        "runtime.max_turn_steps",
-        was.max_turn_steps != now.max_turn_steps,
-        true,
-    );
-    compare(
-        "runtime.turn_idle_timeout",
-        was.turn_idle_timeout != now.turn_idle_timeout,
-        true,
-    );
-    compare(
-        "runtime.dedup_window",
-        was.dedup_window != now.dedup_window,
-        true,
-    );
-    let mut restart_only = was.clone();
-    restart_only.max_turn_steps = now.max_turn_steps;
-    restart_only.turn_idle_timeout = now.turn_idle_timeout;
-    restart_only.dedup_window = now.dedup_window;
-    compare(
-        "runtime (max_concurrent_turns, drain_timeout, resume_*)",
-        restart_only != *now,
-        false,
-    );
+    // Every `[runtime]` key is read from the settings in effect where it is used (the
+    // scheduler's claim, the drain, the resumes, each turn and request), never kept from the
+    // start: each one that differs applies now.
+    for key in runtime_keys_that_differ(&old.runtime, &new.runtime) {
+        compare(&format!("runtime.{key}"), true, true);
+    }
     for (name, tool) in &old.tools {
         compare(
             &format!("tools.{name}"),
@@ -120,4 +101,18 @@ pub(crate) fn list_changes(old: &Config, new: &Config, report: &mut ReloadReport
     }
     report.changed = changed;
     report.at_restart = at_restart;
+}
+
+/// The names of the `[runtime]` keys whose values differ, as serde names them (the config's
+/// names): a key added to `RuntimeSettings` is listed without an edit here.
+fn runtime_keys_that_differ(old: &RuntimeSettings, new: &RuntimeSettings) -> Vec<String> {
+    let fields = |runtime: &RuntimeSettings| match serde_json::to_value(runtime) {
+        Ok(serde_json::Value::Object(fields)) => fields,
+        Ok(_) | Err(_) => serde_json::Map::new(),
+    };
+    let (old, new) = (fields(old), fields(new));
+    new.iter()
+        .filter(|(key, value)| old.get(*key) != Some(value))
+        .map(|(key, _)| key.clone())
+        .collect()
 }

@@ -52,7 +52,10 @@ pub(crate) struct ServerSettings {
     pub metrics_listen: Option<SocketAddr>,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+/// `[runtime]`. Every key applies at once on a reload: code reads these from the settings in
+/// effect where it uses them, and keeps no copy from the start (the reload report,
+/// `config::list_changes`, relies on it).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub(crate) struct RuntimeSettings {
     pub max_concurrent_turns: usize,
     pub max_turn_steps: u32,

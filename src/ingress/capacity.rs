@@ -104,7 +104,8 @@ impl CapacityWatch {
             state_dir,
         } = self;
         loop {
-            let runtime = settings.get().config.runtime.clone();
+            let current = settings.get();
+            let runtime = &current.config.runtime;
             let free_disk = state_dir.as_deref().and_then(|dir| {
             nix::sys::statvfs::statvfs(dir)
                 .map(|stats| stats.blocks_available() * stats.fragment_size())
@@ -114,7 +115,7 @@ impl CapacityWatch {
             match store.live_counts().await {
                 Ok(counts) => {
                     let queued = u64::try_from(counts.queued).unwrap_or(0);
-                    capacity.refresh(queued, free_disk, &runtime);
+                    capacity.refresh(queued, free_disk, runtime);
                 }
                 Err(err) => tracing::warn!(error = %err, "cannot count queued events"),
             }

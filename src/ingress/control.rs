@@ -15,6 +15,11 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::AcceptBackoff;
+use super::api::{
+    Accepting, DaemonStatus, EventsPage, OperatorAnswer, SessionDocument, SessionsPage,
+    StatusDocument, ToolsDocument, TurnCounts,
+};
+use super::capacity::Capacity;
 use super::connection::Stream;
 use super::http::{HttpResponse, error, json_response};
 use crate::agent::catalog;
@@ -24,7 +29,16 @@ use crate::logging;
 use crate::metrics;
 use crate::operator::OperatorAction;
 use crate::session::Sessions;
-use crate::store::{EventFilter, EventStatus, StatusSummary, Store};
+use crate::store::{EventFilter, EventStatus, StatusSummary, Store, StoreError};
+
+/// Why the control socket could not answer a request (503).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ControlError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("the daemon is stopping")]
+    Stopping,
+}
 
 /// How long `cancel` waits for the cancelled turn to commit its end before it answers 202.
 const CANCEL_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -68,14 +82,13 @@ impl Query {
     }
 }
 
-/// A page of `rows` under `name`, with the cursor of the next page (`null` on the last one).
-/// `rows` was fetched with one more than `limit`, which tells whether there is a next page.
-fn page<T: serde::Serialize>(
-    name: &str,
+/// A page of `rows`, fetched with one more than `limit` (which tells whether there is a next
+/// page), and the cursor of the next page (`None` on the last one).
+fn page<T>(
     mut rows: Vec<T>,
     limit: i64,
     cursor: impl Fn(&T) -> String,
-) -> HttpResponse {
+) -> (Vec<T>, Option<String>) {
     let limit = usize::try_from(limit).unwrap_or(usize::MAX);
     let next = if rows.len() > limit {
         rows.truncate(limit);
@@ -83,7 +96,7 @@ fn page<T: serde::Serialize>(
     } else {
         None
     };
-    json_response(StatusCode::OK, &json!({name: rows, "next": next}))
+    (rows, next)
 }
 
 /// How long `GET /v1/tools` waits for an MCP server that is still starting.
@@ -96,6 +109,7 @@ pub(crate) struct Control {
     pub store: Store,
     pub sessions: Arc<Sessions>,
     pub settings: Arc<Shared<Settings>>,
+    pub capacity: Arc<Capacity>,
     pub mcp: Arc<McpServers>,
     /// To the daemon's signal loop, which carries out reloads one at a time.
     pub reload_requests: mpsc::Sender<ReloadRequest>,
@@ -105,11 +119,8 @@ pub(crate) struct Control {
 }
 
 impl Control {
-    async fn summary(&self) -> Result<StatusSummary, String> {
-        self.store
-            .status_summary()
-            .await
-            .map_err(|err| err.to_string())
+    async fn summary(&self) -> Result<StatusSummary, ControlError> {
+        Ok(self.store.status_summary().await?)
     }
 
     async fn answer(&self, request: Request<hyper::body::Incoming>) -> HttpResponse {
@@ -135,25 +146,35 @@ impl Control {
             }
             _ => Ok(not_found(&method, &path)),
         };
-        result.unwrap_or_else(|message| {
-            error(StatusCode::SERVICE_UNAVAILABLE, "unavailable", &message)
+        result.unwrap_or_else(|err| {
+            error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                &err.to_string(),
+            )
         })
     }
 
-    async fn status(&self) -> Result<HttpResponse, String> {
+    async fn status(&self) -> Result<HttpResponse, ControlError> {
         let summary = self.summary().await?;
-        Ok(json_response(
-            StatusCode::OK,
-            &json!({
-                "daemon": {"running": true, "pid": std::process::id(), "version": crate::VERSION, "writable": self.store.is_writable()},
-                "events": summary.events,
-                "sessions": summary.sessions,
-                "turns": {"running": self.sessions.running_count()},
-                "deliveries": summary.deliveries,
-                "nodes": summary.nodes,
-                "mcp": self.mcp.status(),
-            }),
-        ))
+        let writable = self.store.is_writable();
+        let runtime = &self.settings.get().config.runtime;
+        let accepting = if writable {
+            Accepting::from_refusal(self.capacity.refusal(runtime))
+        } else {
+            Accepting::refused("the state cannot be written durably")
+        };
+        let daemon = DaemonStatus {
+            running: true,
+            pid: Some(std::process::id()),
+            writable: Some(writable),
+        };
+        let mut document = StatusDocument::of(summary, daemon, accepting);
+        document.turns = Some(TurnCounts {
+            running: self.sessions.running_count(),
+        });
+        document.mcp = Some(self.mcp.status());
+        Ok(json_response(StatusCode::OK, &json!(document)))
     }
 
     /// `POST /v1/routes/{route}/send[?delivery_id=ID][&event_type=T]`: `agentgate send` without
@@ -165,7 +186,7 @@ impl Control {
         &self,
         route_name: &str,
         request: Request<hyper::body::Incoming>,
-    ) -> Result<HttpResponse, String> {
+    ) -> Result<HttpResponse, ControlError> {
         let query = Query::parse(request.uri().query());
         let settings = self.settings.get();
         let Some(route) = settings
@@ -216,7 +237,7 @@ impl Control {
 
     /// `GET /v1/sessions[?limit=N][&after=KEY]`: a page of sessions in key order, and the
     /// cursor of the next page (`null` on the last one).
-    async fn sessions(&self, query: Option<&str>) -> Result<HttpResponse, String> {
+    async fn sessions(&self, query: Option<&str>) -> Result<HttpResponse, ControlError> {
         let query = Query::parse(query);
         let limit = match query.limit() {
             Ok(limit) => limit,
@@ -225,35 +246,32 @@ impl Control {
         let sessions = self
             .store
             .sessions_page(query.get("after"), limit + 1)
-            .await
-            .map_err(|err| err.to_string())?;
-        Ok(page("sessions", sessions, limit, |session| {
-            session.key.clone()
-        }))
+            .await?;
+        let (sessions, next) = page(sessions, limit, |session| session.key.clone());
+        Ok(json_response(
+            StatusCode::OK,
+            &json!(SessionsPage { sessions, next }),
+        ))
     }
 
     /// `GET /v1/sessions/{key}`: the session and its transcript, as `sessions show --json`.
-    async fn session(&self, key: &str) -> Result<HttpResponse, String> {
-        let Some(session) = self
-            .store
-            .session(key)
-            .await
-            .map_err(|err| err.to_string())?
-        else {
+    async fn session(&self, key: &str) -> Result<HttpResponse, ControlError> {
+        let Some(session) = self.store.session(key).await? else {
             return Ok(no_session(key));
         };
-        let transcript = crate::session::transcript(&self.store, key)
-            .await
-            .map_err(|err| err.to_string())?;
+        let transcript = crate::session::transcript(&self.store, key).await?;
         Ok(json_response(
             StatusCode::OK,
-            &json!({"session": session, "transcript": transcript}),
+            &json!(SessionDocument {
+                session,
+                transcript
+            }),
         ))
     }
 
     /// `GET /v1/events[?status=S][&route=R][&session=KEY][&limit=N][&before=ID]`: a page of
     /// events, newest first, and the cursor of the next page (`null` on the last one).
-    async fn events(&self, query: Option<&str>) -> Result<HttpResponse, String> {
+    async fn events(&self, query: Option<&str>) -> Result<HttpResponse, ControlError> {
         let query = Query::parse(query);
         let limit = match query.limit() {
             Ok(limit) => limit,
@@ -281,28 +299,30 @@ impl Control {
                 limit: limit + 1,
                 before: query.get("before"),
             })
-            .await
-            .map_err(|err| err.to_string())?;
-        Ok(page("events", events, limit, |event| event.id.clone()))
+            .await?;
+        let (events, next) = page(events, limit, |event| event.id.clone());
+        Ok(json_response(
+            StatusCode::OK,
+            &json!(EventsPage { events, next }),
+        ))
     }
 
     /// `GET /v1/tools[?route=R]`: what `agentgate tools list` shows, from the running servers.
-    async fn tools(&self, query: Option<&str>) -> Result<HttpResponse, String> {
+    async fn tools(&self, query: Option<&str>) -> Result<HttpResponse, ControlError> {
         let route = Query::parse(query).get("route");
         let settings = self.settings.get();
         Ok(
             match catalog::listing(&settings.config, &self.mcp, route.as_deref(), TOOLS_WAIT).await
             {
-                Ok((tools, problems)) => json_response(
-                    StatusCode::OK,
-                    &json!({"tools": tools, "problems": problems}),
-                ),
+                Ok((tools, problems)) => {
+                    json_response(StatusCode::OK, &json!(ToolsDocument { tools, problems }))
+                }
                 Err(message) => error(StatusCode::NOT_FOUND, "no_route", &message),
             },
         )
     }
 
-    async fn metrics(&self) -> Result<HttpResponse, String> {
+    async fn metrics(&self) -> Result<HttpResponse, ControlError> {
         let summary = self.summary().await?;
         let text = metrics::render(&metrics::Snapshot {
             summary: &summary,
@@ -319,15 +339,13 @@ impl Control {
 
     /// `POST /v1/reload`: 200 with the report when the new config is in effect, 422 with the
     /// report (its findings and the reason) when it was refused.
-    async fn reload(&self) -> Result<HttpResponse, String> {
+    async fn reload(&self) -> Result<HttpResponse, ControlError> {
         let (requester, answer) = oneshot::channel();
         self.reload_requests
             .send(requester)
             .await
-            .map_err(|_| "the daemon is stopping; no reload".to_string())?;
-        let report = answer
-            .await
-            .map_err(|_| "the daemon is stopping; no reload".to_string())?;
+            .map_err(|_| ControlError::Stopping)?;
+        let report = answer.await.map_err(|_| ControlError::Stopping)?;
         let status = if report.applied {
             StatusCode::OK
         } else {
@@ -342,13 +360,12 @@ impl Control {
         &self,
         key: &str,
         action: OperatorAction,
-    ) -> Result<HttpResponse, String> {
+    ) -> Result<HttpResponse, ControlError> {
         let previous = match action {
             OperatorAction::Resume => self.store.operator_resume(key).await,
             OperatorAction::Suspend => self.store.operator_suspend(key).await,
             OperatorAction::Cancel => return self.cancel(key).await,
-        }
-        .map_err(|err| err.to_string())?;
+        }?;
         let Some(previous) = previous else {
             return Ok(no_session(key));
         };
@@ -369,19 +386,19 @@ impl Control {
         }
         Ok(json_response(
             StatusCode::OK,
-            &json!({"session": key, "action": action.name(), "previous_state": previous}),
+            &json!(OperatorAnswer {
+                session: key.to_string(),
+                action: action.name().to_string(),
+                previous_state: Some(previous),
+                turn_id: None,
+                ended: None,
+            }),
         ))
     }
 
     /// Cancels the session's running turn and waits (briefly) until its end is committed.
-    async fn cancel(&self, key: &str) -> Result<HttpResponse, String> {
-        if self
-            .store
-            .session(key)
-            .await
-            .map_err(|err| err.to_string())?
-            .is_none()
-        {
+    async fn cancel(&self, key: &str) -> Result<HttpResponse, ControlError> {
+        if self.store.session(key).await?.is_none() {
             return Ok(no_session(key));
         }
         let Some((turn_id, ended)) = self.sessions.cancel(key) else {
@@ -406,7 +423,13 @@ impl Control {
             } else {
                 StatusCode::ACCEPTED
             },
-            &json!({"session": key, "action": "cancel", "turn_id": turn_id, "ended": ended}),
+            &json!(OperatorAnswer {
+                session: key.to_string(),
+                action: OperatorAction::Cancel.name().to_string(),
+                previous_state: None,
+                turn_id: Some(turn_id),
+                ended: Some(ended),
+            }),
         ))
     }
 }

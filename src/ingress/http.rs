@@ -20,6 +20,7 @@ use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use serde_json::json;
 
+use super::api::ErrorBody;
 use super::body::{BodyError, BodySlots};
 use super::capacity::{self, Capacity};
 use super::ratelimit::TokenBucket;
@@ -750,7 +751,11 @@ fn refused(
     reason: &'static str,
     message: &str,
 ) -> HttpResponse {
-    let mut response = json_response(status, &json!({"error": code, "message": message}));
+    let body = ErrorBody {
+        error: code.to_string(),
+        message: message.to_string(),
+    };
+    let mut response = json_response(status, &json!(body));
     response.extensions_mut().insert(RefusalReason {
         reason,
         message: message.to_string(),

@@ -4,6 +4,7 @@
 //! bound from the config. They are taken in `main` before the async runtime starts, because the
 //! activation protocol is process-global state that must be read before any thread exists.
 
+pub(crate) mod api;
 mod body;
 pub(crate) mod capacity;
 mod connection;
@@ -64,13 +65,7 @@ pub(crate) fn local_url(addr: SocketAddr) -> String {
     format!("http://{}", SocketAddr::new(ip, addr.port()))
 }
 
-/// What a webhook listener answered `agentgate send`.
-#[derive(Debug, serde::Serialize)]
-pub(crate) struct ListenerAnswer {
-    pub url: String,
-    pub status: u16,
-    pub body: String,
-}
+pub(crate) use api::ListenerAnswer;
 
 /// How long `agentgate send` waits for the listener's answer.
 const SEND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);

@@ -28,7 +28,7 @@ use tokio_util::task::TaskTracker;
 use super::notify;
 
 /// Stage 2: how long in-flight HTTP requests may take to finish.
-const REQUEST_FINISH: Duration = Duration::from_secs(10);
+pub(super) const REQUEST_FINISH: Duration = Duration::from_secs(10);
 /// Stage 4: how long cancelled turns get to commit their `resume_pending` state.
 const CANCEL_COMMIT: Duration = Duration::from_secs(10);
 /// Stage 5: how long due deliveries may take; an attempt cut off is repeated at the next start.

@@ -22,9 +22,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::agent::mcp::McpServers;
-use crate::config::{
-    self, Config, ConfigSource, RuntimeSettings, ServerSettings, Settings, Shared, StoreSettings,
-};
+use crate::config::{self, Config, ConfigSource, ServerSettings, Settings, Shared, StoreSettings};
 use crate::deliver::Deliverer;
 use crate::exit::Failure;
 use crate::ingress::capacity::{Capacity, CapacityWatch};
@@ -91,13 +89,13 @@ async fn run(
     }
     // In the background: a server that is slow to start or cannot start delays nothing.
     wired.mcp.apply(&wired.settings.get().config.mcp);
-    let budgets = Budgets::new(wired.runtime.drain_timeout);
+    let settings = wired.settings.clone();
     let activated = listeners.activated;
     let Serving {
         stages,
         reloader,
         reloads,
-    } = wired.start(source, &drain, listeners, budgets).await;
+    } = wired.start(source, &drain, listeners).await;
 
     tracing::info!(
         version = crate::VERSION,
@@ -110,6 +108,8 @@ async fn run(
     notify::ready("accepting webhooks");
     stop_signals.wait(&reloader, reloads).await;
 
+    // The drain's budgets as the config says now (a reload may have changed drain_timeout).
+    let budgets = Budgets::new(settings.get().config.runtime.drain_timeout);
     let drained = drain.run(budgets, stages).await;
     store.release().await;
     drained.map_err(Failure::runtime)
@@ -120,7 +120,6 @@ async fn run(
 struct Wired {
     store: Store,
     settings: Arc<Shared<Settings>>,
-    runtime: RuntimeSettings,
     server: ServerSettings,
     /// The state directory when its file system holds the events (SQLite): its free space is
     /// watched. With PostgreSQL the events live on the database server's disk.
@@ -144,7 +143,6 @@ impl Wired {
         drain: &Drain,
         webhook_addr: Option<std::net::SocketAddr>,
     ) -> Result<Wired, Failure> {
-        let runtime = config.runtime.clone();
         let server = config.server.clone();
         let measured_disk =
             matches!(config.store, StoreSettings::Sqlite).then(|| config.state_dir.clone());
@@ -172,31 +170,28 @@ impl Wired {
             store: store.clone(),
             sessions: sessions.clone(),
             settings: settings.clone(),
+            capacity: capacity.clone(),
             mcp: mcp.clone(),
             reload_requests,
             webhook_url: webhook_addr
                 .filter(|_| server.tls.is_none())
                 .map(ingress::local_url),
         });
-        let scheduler = Scheduler::new(
-            Arc::new(TurnContext {
-                store: store.clone(),
-                settings: settings.clone(),
-                model,
-                sessions: sessions.clone(),
-                deliveries: deliverer.handle(),
-                cancel_turns: drain.token(Stage::CancelTurns),
-                background_jobs: drain.tracker(),
-                stop_background_jobs: drain.token(Stage::StopBackground),
-                job_slots: Arc::new(JobSlots::default()),
-                mcp: mcp.clone(),
-            }),
-            runtime.max_concurrent_turns,
-        );
+        let scheduler = Scheduler::new(Arc::new(TurnContext {
+            store: store.clone(),
+            settings: settings.clone(),
+            model,
+            sessions: sessions.clone(),
+            deliveries: deliverer.handle(),
+            cancel_turns: drain.token(Stage::CancelTurns),
+            background_jobs: drain.tracker(),
+            stop_background_jobs: drain.token(Stage::StopBackground),
+            job_slots: Arc::new(JobSlots::default()),
+            mcp: mcp.clone(),
+        }));
         Ok(Wired {
             store,
             settings,
-            runtime,
             server,
             measured_disk,
             webhook_addr,
@@ -212,19 +207,13 @@ impl Wired {
     }
 
     /// Starts every task on the drain, each with the token of the stage that stops it.
-    async fn start(
-        self,
-        source: &ConfigSource,
-        drain: &Drain,
-        listeners: Listeners,
-        budgets: Budgets,
-    ) -> Serving {
+    async fn start(self, source: &ConfigSource, drain: &Drain, listeners: Listeners) -> Serving {
         let turns = self.scheduler.turns();
         let listener = WebhookListener {
             listener: listeners.webhook,
             ingress: self.ingress.clone(),
             server: self.server.clone(),
-            finish_within: budgets.requests,
+            finish_within: drain::REQUEST_FINISH,
         };
         let listener = drain.start(Stage::StopAccepting, |stop| listener.run(stop));
         let control_servers =
@@ -235,7 +224,7 @@ impl Wired {
         }
         let resumer = Resumer {
             store: self.store.clone(),
-            runtime: self.runtime,
+            settings: self.settings.clone(),
             sessions: self.sessions.clone(),
             deliveries: self.deliverer.handle(),
         };

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::config::RuntimeSettings;
+use crate::config::{Settings, Shared};
 use crate::deliver::{self, DeliveryHandle};
 use crate::logging;
 use crate::metrics::{self, ResumeOutcome};
@@ -21,7 +21,8 @@ use crate::store::{InterruptedSession, Settled, Settlement, Store, now_millis};
 /// The resume task.
 pub(crate) struct Resumer {
     pub store: Store,
-    pub runtime: RuntimeSettings,
+    /// Read at every settlement: `resume_window` and `resume_max_attempts` apply at once.
+    pub settings: Arc<Shared<Settings>>,
     pub sessions: Arc<Sessions>,
     pub deliveries: DeliveryHandle,
 }
@@ -66,10 +67,12 @@ impl Resumer {
     async fn resume_interrupted(&self) {
         let Resumer {
             store,
-            runtime,
+            settings,
             sessions,
             deliveries,
         } = self;
+        let settings = settings.get();
+        let runtime = &settings.config.runtime;
         let interrupted = match store.interrupted_sessions().await {
             Ok(list) => list,
             Err(err) => {

@@ -147,15 +147,13 @@ impl Sessions {
 /// operator reach it.
 pub(crate) struct Scheduler {
     context: Arc<TurnContext>,
-    max_concurrent_turns: usize,
     turns: TaskTracker,
 }
 
 impl Scheduler {
-    pub(crate) fn new(context: Arc<TurnContext>, max_concurrent_turns: usize) -> Scheduler {
+    pub(crate) fn new(context: Arc<TurnContext>) -> Scheduler {
         Scheduler {
             context,
-            max_concurrent_turns,
             turns: TaskTracker::new(),
         }
     }
@@ -169,12 +167,13 @@ impl Scheduler {
     pub(crate) async fn run(self, stop_claiming: CancellationToken) {
         let Scheduler {
             context,
-            max_concurrent_turns,
             turns: tracker,
         } = self;
         let sessions = context.sessions.clone();
         while !stop_claiming.is_cancelled() {
-            let free = max_concurrent_turns.saturating_sub(sessions.running_count());
+            // Read each round: a reload that changes the limit applies to the next claim.
+            let limit = context.settings.get().config.runtime.max_concurrent_turns;
+            let free = limit.saturating_sub(sessions.running_count());
             if free > 0 {
                 match context.store.claim_turns(free).await {
                     Ok(claimed) => {

@@ -38,9 +38,10 @@ pub(crate) use atomic::is_stale_temp;
 pub(crate) use ledger::Ledger;
 pub(crate) use lock::{DaemonLock, LockError};
 pub(crate) use model::{
-    AcceptOutcome, ClaimedTurn, DeliveryAttempt, DeliveryRow, EVENT_ENTRY, Event, EventDetail,
-    EventFilter, EventRow, InterruptedSession, LiveCounts, NewEvent, PendingDelivery,
-    RenderDelivery, RetryTarget, SessionRow, StatusSummary, TranscriptRow, TurnEnd,
+    AcceptOutcome, ClaimedTurn, DeliveryAttempt, DeliveryCounts, DeliveryRow, EVENT_ENTRY, Event,
+    EventCounts, EventDetail, EventFilter, EventRow, InterruptedSession, LiveCounts, NewEvent,
+    NodeRow, PendingDelivery, RenderDelivery, RetryTarget, SessionCounts, SessionRow,
+    StatusSummary, TranscriptRow, TurnEnd,
 };
 pub(crate) use sqlite::{backup, check_database, session_keys};
 

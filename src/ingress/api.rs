@@ -1,0 +1,172 @@
+//! The documents the control socket exchanges with the CLI (and `status --json` prints): typed
+//! on both sides, so a field the daemon renames or drops is a compile error in the CLI rather
+//! than a `null` an operator reads. docs/reference.md ("Control socket") lists them.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::agent::mcp::McpServerStatus;
+
+use crate::store::{
+    DeliveryCounts, EventCounts, EventRow, NodeRow, SessionCounts, SessionRow, SessionState,
+    StatusSummary, TranscriptRow,
+};
+
+/// `GET /v1/status`, and `agentgate status --json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct StatusDocument {
+    pub version: String,
+    pub daemon: DaemonStatus,
+    /// Where the state is (the CLI's view; the daemon leaves it out).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_dir: Option<PathBuf>,
+    pub events: EventCounts,
+    pub sessions: SessionCounts,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turns: Option<TurnCounts>,
+    pub deliveries: DeliveryCounts,
+    /// Whether a webhook would be accepted now, and why not.
+    pub accepting: Accepting,
+    /// The retry ledger as the next resume will see it (only the state holds it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ledger: Option<LedgerStatus>,
+    /// With the PostgreSQL backend: the nodes sharing the database.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<Vec<NodeRow>>,
+    /// The running daemon's MCP servers, by name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mcp: Option<BTreeMap<String, McpServerStatus>>,
+}
+
+impl StatusDocument {
+    /// The document of `summary`, with the rest to fill in.
+    pub(crate) fn of(summary: StatusSummary, daemon: DaemonStatus, accepting: Accepting) -> Self {
+        StatusDocument {
+            version: crate::VERSION.to_string(),
+            daemon,
+            state_dir: None,
+            events: summary.events,
+            sessions: summary.sessions,
+            turns: None,
+            deliveries: summary.deliveries,
+            accepting,
+            ledger: None,
+            nodes: summary.nodes,
+            mcp: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct DaemonStatus {
+    pub running: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    /// Whether the store takes writes now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub writable: Option<bool>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub(crate) struct TurnCounts {
+    pub running: usize,
+}
+
+/// Whether a webhook would be accepted now (the state writable, not over `max_queued_events`,
+/// not below `min_free_disk`), and why not.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Accepting {
+    pub ok: bool,
+    pub reason: Option<String>,
+}
+
+impl Accepting {
+    pub(crate) fn refused(reason: impl Into<String>) -> Accepting {
+        Accepting {
+            ok: false,
+            reason: Some(reason.into()),
+        }
+    }
+
+    pub(crate) fn from_refusal(refusal: Option<String>) -> Accepting {
+        Accepting {
+            ok: refusal.is_none(),
+            reason: refusal,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct LedgerStatus {
+    /// `false`: malformed or unreadable, and no resume is dispatched; `None`: not known to this
+    /// user (the state is not readable by it).
+    pub valid: Option<bool>,
+    /// Sessions with resume counts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sessions: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// `GET /v1/sessions`: a page of sessions in key order.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct SessionsPage {
+    pub sessions: Vec<SessionRow>,
+    /// The cursor of the next page (`?after=`), `None` on the last one.
+    pub next: Option<String>,
+}
+
+/// `GET /v1/events`: a page of events, newest first.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct EventsPage {
+    pub events: Vec<EventRow>,
+    /// The cursor of the next page (`?before=`), `None` on the last one.
+    pub next: Option<String>,
+}
+
+/// `GET /v1/sessions/{key}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct SessionDocument {
+    pub session: SessionRow,
+    pub transcript: Vec<TranscriptRow>,
+}
+
+/// `POST /v1/sessions/{key}/{resume|suspend|cancel}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct OperatorAnswer {
+    pub session: String,
+    pub action: String,
+    /// Resume and suspend: the state the session was in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_state: Option<SessionState>,
+    /// Cancel: the turn cancelled, and whether its end is committed yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended: Option<bool>,
+}
+
+/// `GET /v1/tools`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct ToolsDocument {
+    pub tools: Vec<serde_json::Value>,
+    pub problems: Vec<String>,
+}
+
+/// `POST /v1/routes/{route}/send` (and `agentgate send --url`): what the webhook listener
+/// answered.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct ListenerAnswer {
+    pub url: String,
+    pub status: u16,
+    pub body: String,
+}
+
+/// Every refusal: `{"error": CODE, "message": LINE}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct ErrorBody {
+    pub error: String,
+    pub message: String,
+}
