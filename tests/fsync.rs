@@ -29,17 +29,14 @@ session = "{{ payload.session }}"
 
 fn traced(workspace: &Workspace, trace: &std::path::Path) -> Child {
     let log = std::fs::File::create(trace.with_extension("log")).expect("daemon log");
-    Command::new("strace")
-        .args(["-f", "-yy", "-s", "64", "-e"])
-        .arg(format!("trace={TRACED}"))
-        .arg("-o")
-        .arg(trace)
-        .arg(BIN)
-        .args(["serve", "--config"])
-        .arg(workspace.config_path())
+    let filter = format!("trace={TRACED}");
+    let trace = trace.display().to_string();
+    workspace
+        .serve_command(&[
+            "strace", "-f", "-yy", "-s", "64", "-e", &filter, "-o", &trace,
+        ])
         .env("AGENTGATE_LOG", "info")
         .env_remove("NOTIFY_SOCKET")
-        .env_remove("LISTEN_FDS")
         .env_remove("JOURNAL_STREAM")
         .stdout(Stdio::null())
         .stderr(log)
@@ -71,6 +68,18 @@ fn post(workspace: &Workspace, session: &str) -> u16 {
     )
     .expect("POST")
     .status
+}
+
+/// Waits until the turn's model command runs, a child of the daemon: the turn is in its model
+/// call, where the kill below is meant to find it.
+fn wait_for_model_process(workspace: &Workspace) {
+    let pid = daemon_pid(workspace);
+    wait_until("the model process", Duration::from_secs(10), || {
+        Command::new("pgrep")
+            .args(["-P", &pid, "sleep"])
+            .output()
+            .is_ok_and(|output| output.status.success())
+    });
 }
 
 fn daemon_pid(workspace: &Workspace) -> String {
@@ -117,7 +126,7 @@ fn no_acknowledgement_precedes_its_fdatasync() {
     wait_until("the turn to start", Duration::from_secs(10), || {
         workspace.query("SELECT count(*) FROM turns", |r| r.get::<_, i64>(0))[0] == 1
     });
-    std::thread::sleep(Duration::from_millis(300));
+    wait_for_model_process(&workspace);
     for n in 0..20 {
         assert_eq!(post(&workspace, &format!("s{n}")), 202);
     }
@@ -152,7 +161,10 @@ fn no_acknowledgement_precedes_its_fdatasync() {
         "the resume was not counted; the daemon said:\n{}",
         std::fs::read_to_string(&second_log).unwrap_or_default()
     );
-    std::thread::sleep(Duration::from_millis(300));
+    wait_until("the resumed turn to start", Duration::from_secs(10), || {
+        workspace.query("SELECT count(*) FROM turns", |r| r.get::<_, i64>(0))[0] == 2
+    });
+    wait_for_model_process(&workspace);
     for n in 20..30 {
         assert_eq!(post(&workspace, &format!("s{n}")), 202);
     }

@@ -992,8 +992,8 @@ fn https_on_an_inherited_socket_serves_http1_and_http2_and_a_sighup_takes_a_rene
         key.display().to_string(),
     ));
     let url = format!("https://127.0.0.1:{}/hook", workspace.port);
-    // On a socket systemd passes, as in production.
-    let daemon = workspace.start_activated(|| curl_post(&url, &cert, "--http1.1").1 == "202");
+    // On a socket passed as systemd passes it, as in production.
+    let daemon = workspace.start_with(&[], || curl_post(&url, &cert, "--http1.1").1 == "202");
     let (version, code, log) = curl_post(&url, &cert, "--http2");
     assert_eq!((version.as_str(), code.as_str()), ("2", "202"), "{log}");
     assert!(log.contains("CN=first"), "{log}");

@@ -187,6 +187,8 @@ fn sessions_and_events_on_the_control_socket_come_in_pages() {
 fn control_socket_serves_status_metrics_and_overrides() {
     use std::os::unix::fs::PermissionsExt;
     let workspace = Workspace::new();
+    // The daemon binds its sockets itself here, so that the control socket's mode is its own.
+    workspace.release_port();
     let socket = workspace.path().join("control.sock");
     let text = format!(
         "state_dir = {:?}\n[server]\nlisten = \"127.0.0.1:{}\"\ncontrol_socket = {:?}\n[model]\nbackend = \"replay\"\n{ROUTE}session = \"{{{{ payload.s }}}}\"\n",
@@ -437,6 +439,8 @@ fn every_runtime_key_applies_at_once_and_the_reload_says_so() {
 fn socket_activation_takes_the_named_socket_and_refuses_unknown_names() {
     let workspace = Workspace::new();
     workspace.write_config(ROUTE);
+    // systemd-socket-activate binds the port itself.
+    workspace.release_port();
     let address = format!("127.0.0.1:{}", workspace.port);
     let mut activator = Command::new("systemd-socket-activate")
         .args([
@@ -471,6 +475,7 @@ fn socket_activation_takes_the_named_socket_and_refuses_unknown_names() {
 
     let workspace = Workspace::new();
     workspace.write_config(ROUTE);
+    workspace.release_port();
     let address = format!("127.0.0.1:{}", workspace.port);
     let mut wrong = Command::new("systemd-socket-activate")
         .args(["-l", &address, "--fdname=http"])

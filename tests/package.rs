@@ -163,9 +163,10 @@ fn install_serve_upgrade_restart_remove_purge() {
     let socket_invocation = machine.show("agentgate.socket", "InvocationID");
     let service_pid = machine.show("agentgate.service", "MainPID");
     let load = Load::start(machine.addr(), 3);
-    std::thread::sleep(Duration::from_millis(500));
+    load.wait_accepted(20);
     machine.ok(&format!("dpkg -i {}", upgrade.display()));
-    std::thread::sleep(Duration::from_millis(500));
+    // The upgraded daemon takes the load too.
+    load.wait_accepted(20);
     let result = load.finish();
     let failures = result.failures;
     assert!(

@@ -248,7 +248,10 @@ fn planted_symbolic_links_are_never_followed() {
         );
         if case.name == "agentgate.lock" {
             // The daemon refuses it too, rather than truncating the target to write its pid.
-            let serve = workspace.cli(&["serve"]);
+            let serve = workspace
+                .serve_command(&[])
+                .output()
+                .expect("run agentgate serve");
             assert_eq!(serve.status.code(), Some(73));
             assert!(String::from_utf8_lossy(&serve.stderr).contains("symbolic link"));
             assert_eq!(std::fs::read(&precious).expect("precious"), b"keep me");
@@ -359,7 +362,10 @@ fn a_linked_state_directory_works_but_a_linked_database_is_refused() {
     std::fs::write(&precious, b"keep me").expect("precious");
     std::fs::remove_file(real.join("agentgate.db")).expect("remove the database");
     std::os::unix::fs::symlink(&precious, real.join("agentgate.db")).expect("plant the link");
-    let serve = workspace.cli(&["serve"]);
+    let serve = workspace
+        .serve_command(&[])
+        .output()
+        .expect("run agentgate serve");
     assert_eq!(serve.status.code(), Some(73));
     assert!(String::from_utf8_lossy(&serve.stderr).contains("symbolic link"));
     assert_eq!(std::fs::read(&precious).expect("precious"), b"keep me");

@@ -420,7 +420,18 @@ fn an_interruption_older_than_resume_window_is_abandoned_and_delivered() {
     let workspace = Workspace::new();
     let (model, receiver) = (tool_then_answer("slow_side_effect"), receiver());
     let event_id = crash_one_turn(&workspace, &model, &receiver, "resume_window = \"1s\"");
-    std::thread::sleep(Duration::from_millis(1100));
+    // Until the interrupted turn started longer ago than resume_window, by the clock the daemon
+    // compares with.
+    wait_until("resume_window to pass", LIMIT, || {
+        let started: Vec<i64> = workspace.query(
+            &format!("SELECT started_at FROM turns WHERE event_id = '{event_id}'"),
+            |row| row.get(0),
+        );
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        started.first().is_some_and(|at| now - at > 1_000)
+    });
     let daemon = workspace.start();
     assert_eq!(workspace.wait_terminal(&event_id, LIMIT), "abandoned");
     assert_eq!(delivered(&receiver, &event_id)["status"], "abandoned");

@@ -863,11 +863,9 @@ fn an_unusable_database_url_is_a_configuration_error_that_keeps_the_url_secret()
         "[store]\nbackend = \"postgres\"\nurl = {{ file = {:?} }}\n",
         url_file.display().to_string()
     ));
-    let output = std::process::Command::new(common::BIN)
-        .args(["serve", "--config"])
-        .arg(workspace.config_path())
+    let output = workspace
+        .serve_command(&[])
         .env_remove("NOTIFY_SOCKET")
-        .env_remove("LISTEN_FDS")
         .output()
         .expect("run agentgate serve");
     assert_eq!(output.status.code(), Some(78), "{output:?}");

@@ -92,6 +92,32 @@ pub(crate) const CLAIM_COLUMNS: &str = concatcp!(
 pub(crate) const FINISH_TURN_SQL: &str = "UPDATE turns SET status = $2, reason = $3, output = $4, error = $5, steps = $6, finished_at = $7
      WHERE id = $1";
 
+/// `$1` event id, `$2` now.
+pub(crate) const START_EVENT_SQL: &str = concatcp!(
+    "UPDATE events SET status = ",
+    EVENT_RUNNING,
+    ", resume_reason = NULL, updated_at = $2 WHERE id = $1"
+);
+/// `$1` turn id, `$2` reason, `$3` steps, `$4` now.
+pub(crate) const INTERRUPT_TURN_SQL: &str = concatcp!(
+    "UPDATE turns SET status = ",
+    TURN_INTERRUPTED,
+    ", reason = $2, steps = $3, finished_at = $4 WHERE id = $1"
+);
+/// `$1` session key, `$2` its state after the turn, `$3` reason, `$4` now: the start of the
+/// update (PostgreSQL also releases the lease). An operator's suspension made while the turn
+/// ran stays in force.
+pub(crate) const END_SESSION_SET: &str = concatcp!(
+    "UPDATE sessions SET state = CASE WHEN state = ",
+    SUSPENDED,
+    " THEN ",
+    SUSPENDED,
+    " ELSE $2 END,
+         reason = CASE WHEN state = ",
+    SUSPENDED,
+    " THEN reason ELSE $3 END, updated_at = $4"
+);
+
 /// `$1` event id, `$2` its terminal status, `$3` now.
 pub(crate) const FINISH_EVENT_SQL: &str =
     "UPDATE events SET status = $2, updated_at = $3 WHERE id = $1";

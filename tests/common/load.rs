@@ -94,6 +94,17 @@ impl Load {
         }
     }
 
+    /// Waits until `more` requests past those accepted so far were accepted: the load is
+    /// flowing (up to 30 s).
+    pub fn wait_accepted(&self, more: u64) {
+        let target = self.accepted.load(Ordering::Relaxed) + more;
+        super::wait_until(
+            &format!("{more} more accepted requests"),
+            Duration::from_secs(30),
+            || self.accepted.load(Ordering::Relaxed) >= target,
+        );
+    }
+
     /// Stops the clients and reports.
     pub fn finish(self) -> LoadResult {
         self.stop.store(true, Ordering::Relaxed);

@@ -12,7 +12,10 @@ pub mod postgres;
 pub mod stub;
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::unix::net::UnixListener;
+
+use command_fds::{CommandFdExt, FdMapping};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
@@ -117,11 +120,17 @@ pub fn post_many(
     });
 }
 
-/// A test's own config directory and state directory.
+/// A test's own config directory and state directory, and its webhook socket.
 pub struct Workspace {
     pub dir: tempfile::TempDir,
     pub port: u16,
     state_dir: PathBuf,
+    /// The webhook socket, bound with the workspace (its port is in the config), and the
+    /// control socket (`control.sock` in the workspace), bound at the first start (before it,
+    /// no daemon answers there); both kept for the workspace's life and passed to every daemon
+    /// it starts (socket activation, as systemd does), so that no other test can take the port
+    /// between a daemon's runs. `None` once released for a test that has the daemon bind them.
+    sockets: Mutex<Option<(TcpListener, Option<UnixListener>)>>,
 }
 
 impl Workspace {
@@ -133,10 +142,23 @@ impl Workspace {
 
     /// A workspace whose state directory is `state_dir` (e.g. on a file system of its own).
     pub fn with_state_dir(dir: tempfile::TempDir, state_dir: PathBuf) -> Workspace {
+        let webhook = TcpListener::bind("127.0.0.1:0").expect("a loopback socket");
+        let port = webhook.local_addr().expect("its address").port();
         Workspace {
             dir,
-            port: free_port(),
+            port,
             state_dir,
+            sockets: Mutex::new(Some((webhook, None))),
+        }
+    }
+
+    /// Closes the workspace's sockets, for a test that has them bound otherwise (by
+    /// `systemd-socket-activate`, or by the daemon itself from `[server]`).
+    pub fn release_port(&self) {
+        if let Ok(mut sockets) = self.sockets.lock()
+            && let Some((_, Some(_))) = sockets.take()
+        {
+            let _ = std::fs::remove_file(self.path().join("control.sock"));
         }
     }
 
@@ -267,21 +289,64 @@ impl Workspace {
 
     /// Starts `agentgate serve` and waits until `ready` says it serves.
     pub fn start_with(&self, env: &[(&str, &str)], ready: impl FnMut() -> bool) -> Daemon {
-        let mut command = Command::new(BIN);
-        command.arg("serve").arg("--config").arg(self.config_path());
-        self.spawn(command, env, ready)
+        self.spawn(self.serve_command(&[]), env, ready)
     }
 
-    /// Starts `agentgate serve` under `systemd-socket-activate`, which binds the webhook address
-    /// and passes it as the socket named `webhook`, as systemd does; the daemon starts with the
-    /// first connection, which `ready` makes.
-    pub fn start_activated(&self, ready: impl FnMut() -> bool) -> Daemon {
-        let mut command = Command::new("systemd-socket-activate");
+    /// `agentgate serve` with this workspace's config, run by `wrapper` (e.g. `strace ...`) if
+    /// one is given. The workspace's sockets are passed as systemd passes them (fds 3 and 4,
+    /// named `webhook` and `control`; a shell sets `LISTEN_PID` to its own pid and execs the
+    /// daemon, which keeps it); once they are released, the daemon binds `[server] listen` and
+    /// `control_socket` itself.
+    pub fn serve_command(&self, wrapper: &[&str]) -> Command {
+        let passed = self.sockets.lock().ok().and_then(|mut sockets| {
+            let (webhook, control) = sockets.as_mut()?;
+            let control = control.get_or_insert_with(|| {
+                let path = self.path().join("control.sock");
+                let control = UnixListener::bind(&path).expect("the control socket");
+                std::fs::set_permissions(
+                    &path,
+                    std::os::unix::fs::PermissionsExt::from_mode(0o660),
+                )
+                .expect("chmod the control socket");
+                control
+            });
+            Some((
+                webhook.try_clone().expect("a copy of the webhook socket"),
+                control.try_clone().expect("a copy of the control socket"),
+            ))
+        });
+        let mut argv: Vec<std::ffi::OsString> = wrapper.iter().map(Into::into).collect();
+        if passed.is_some() {
+            argv.extend(["/bin/sh", "-c", "LISTEN_PID=$$ exec \"$0\" \"$@\""].map(Into::into));
+        }
+        argv.extend([BIN, "serve", "--config"].map(Into::into));
+        argv.push(self.config_path().into());
+        let mut command = Command::new(&argv[0]);
+        command.args(&argv[1..]).env_remove("LISTEN_PID");
+        match passed {
+            Some((webhook, control)) => {
+                command
+                    .env("LISTEN_FDS", "2")
+                    .env("LISTEN_FDNAMES", "webhook:control")
+                    .fd_mappings(vec![
+                        FdMapping {
+                            parent_fd: webhook.into(),
+                            child_fd: 3,
+                        },
+                        FdMapping {
+                            parent_fd: control.into(),
+                            child_fd: 4,
+                        },
+                    ])
+                    .expect("two mappings");
+            }
+            None => {
+                command
+                    .env_remove("LISTEN_FDS")
+                    .env_remove("LISTEN_FDNAMES");
+            }
+        }
         command
-            .args(["-l", &self.addr().to_string(), "--fdname=webhook"])
-            .args(["-E", "AGENTGATE_LOG=info", BIN, "serve", "--config"])
-            .arg(self.config_path());
-        self.spawn(command, &[], ready)
     }
 
     fn spawn(
@@ -292,7 +357,6 @@ impl Workspace {
     ) -> Daemon {
         command
             .env_remove("NOTIFY_SOCKET")
-            .env_remove("LISTEN_FDS")
             .env_remove("JOURNAL_STREAM")
             .env("AGENTGATE_LOG", "info")
             .stdout(Stdio::null())

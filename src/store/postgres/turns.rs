@@ -8,12 +8,12 @@ use super::connect::{Cached, bounded};
 use crate::store::model::{ClaimedTurn, EVENT_ENTRY, RenderDelivery, TranscriptRow, TurnEnd};
 use crate::store::row::StoredRow;
 use crate::store::sql::{
-    APPEND_SQL, CLAIM_COLUMNS, EVENT_HAS_TRANSCRIPT_SQL, FINISH_EVENT_SQL, FINISH_TURN_SQL,
-    TRANSCRIPT_SQL, TURN_STEPS_SQL,
+    APPEND_SQL, CLAIM_COLUMNS, END_SESSION_SET, EVENT_HAS_TRANSCRIPT_SQL, FINISH_EVENT_SQL,
+    FINISH_TURN_SQL, INTERRUPT_TURN_SQL, START_EVENT_SQL, TRANSCRIPT_SQL, TURN_STEPS_SQL,
 };
 use crate::store::states::{
-    EVENT_RUNNING, IDLE, PENDING, QUEUED, RESUME_PENDING, ResumeReason, SESSION_RUNNING, SUSPENDED,
-    StopReason, TURN_INTERRUPTED, TURN_RUNNING,
+    IDLE, PENDING, QUEUED, RESUME_PENDING, ResumeReason, SESSION_RUNNING, SUSPENDED, StopReason,
+    TURN_RUNNING,
 };
 use crate::store::{StoreError, Turns, now_millis};
 
@@ -38,13 +38,6 @@ const HEAD_EVENT_SQL: &str = concatcp!(
     " ORDER BY seq LIMIT 1"
 );
 
-/// `$1` event id, `$2` now.
-const START_EVENT_SQL: &str = concatcp!(
-    "UPDATE events SET status = ",
-    EVENT_RUNNING,
-    ", resume_reason = NULL, updated_at = $2 WHERE id = $1"
-);
-
 /// `$1` turn id, `$2` session key, `$3` event id, `$4` now, `$5` node name.
 const START_TURN_SQL: &str = concatcp!(
     "INSERT INTO turns (id, session_key, event_id, status, started_at, node)
@@ -63,19 +56,10 @@ const START_SESSION_SQL: &str = concatcp!(
      WHERE key = $1"
 );
 
-/// `$1` session key, `$2` its state after the turn, `$3` reason, `$4` now; the lease is
-/// released. An operator's suspension made while the turn ran stays in force.
+/// The lease goes with the turn's end.
 const END_SESSION_SQL: &str = concatcp!(
-    "UPDATE sessions SET state = CASE WHEN state = ",
-    SUSPENDED,
-    " THEN ",
-    SUSPENDED,
-    " ELSE $2 END,
-         reason = CASE WHEN state = ",
-    SUSPENDED,
-    " THEN reason ELSE $3 END, updated_at = $4,
-         lease_owner = NULL, lease_expires_at = NULL
-     WHERE key = $1"
+    END_SESSION_SET,
+    ", lease_owner = NULL, lease_expires_at = NULL WHERE key = $1"
 );
 
 /// `$1` event id, `$2` route, `$3` session key, `$4` body, `$5` now.
@@ -90,13 +74,6 @@ const QUEUE_DELIVERY_SQL: &str = concatcp!(
     ", attempts = 0,
          next_attempt_at = EXCLUDED.next_attempt_at, updated_at = EXCLUDED.updated_at,
          lease_owner = NULL, lease_expires_at = NULL"
-);
-
-/// `$1` turn id, `$2` reason, `$3` steps, `$4` now.
-const INTERRUPT_TURN_SQL: &str = concatcp!(
-    "UPDATE turns SET status = ",
-    TURN_INTERRUPTED,
-    ", reason = $2, steps = $3, finished_at = $4 WHERE id = $1"
 );
 
 /// `$1` session key, `$2` reason, `$3` now. The lease goes with it: another node resumes the

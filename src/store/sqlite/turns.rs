@@ -7,12 +7,12 @@ use rusqlite::Connection;
 use super::{SqliteStore, execute, query, query_one, value};
 use crate::store::model::{ClaimedTurn, EVENT_ENTRY, RenderDelivery, TranscriptRow, TurnEnd};
 use crate::store::sql::{
-    APPEND_SQL, CLAIM_COLUMNS, EVENT_HAS_TRANSCRIPT_SQL, FINISH_EVENT_SQL, FINISH_TURN_SQL,
-    TRANSCRIPT_SQL, TURN_STEPS_SQL,
+    APPEND_SQL, CLAIM_COLUMNS, END_SESSION_SET, EVENT_HAS_TRANSCRIPT_SQL, FINISH_EVENT_SQL,
+    FINISH_TURN_SQL, INTERRUPT_TURN_SQL, START_EVENT_SQL, TRANSCRIPT_SQL, TURN_STEPS_SQL,
 };
 use crate::store::states::{
-    EVENT_RUNNING, IDLE, PENDING, QUEUED, RESUME_PENDING, ResumeReason, SESSION_RUNNING, SUSPENDED,
-    StopReason, TURN_INTERRUPTED, TURN_RUNNING,
+    IDLE, PENDING, QUEUED, RESUME_PENDING, ResumeReason, SESSION_RUNNING, SUSPENDED, StopReason,
+    TURN_RUNNING,
 };
 use crate::store::{StoreError, Turns, now_millis};
 
@@ -48,13 +48,6 @@ const STILL_FIRST_SQL: &str = concatcp!(
 
 const CLAIMED_EVENT_SQL: &str = concatcp!("SELECT ", CLAIM_COLUMNS, " FROM events WHERE id = $1");
 
-/// `$1` event id, `$2` now.
-const START_EVENT_SQL: &str = concatcp!(
-    "UPDATE events SET status = ",
-    EVENT_RUNNING,
-    ", resume_reason = NULL, updated_at = $2 WHERE id = $1"
-);
-
 /// `$1` turn id, `$2` session key, `$3` event id, `$4` now.
 const START_TURN_SQL: &str = concatcp!(
     "INSERT INTO turns (id, session_key, event_id, status, started_at)
@@ -70,19 +63,7 @@ const START_SESSION_SQL: &str = concatcp!(
     ", reason = NULL, last_turn_id = $2, updated_at = $3 WHERE key = $1"
 );
 
-/// `$1` session key, `$2` its state after the turn, `$3` reason, `$4` now. An operator's
-/// suspension made while the turn ran stays in force.
-const END_SESSION_SQL: &str = concatcp!(
-    "UPDATE sessions SET state = CASE WHEN state = ",
-    SUSPENDED,
-    " THEN ",
-    SUSPENDED,
-    " ELSE $2 END,
-         reason = CASE WHEN state = ",
-    SUSPENDED,
-    " THEN reason ELSE $3 END, updated_at = $4
-     WHERE key = $1"
-);
+const END_SESSION_SQL: &str = concatcp!(END_SESSION_SET, " WHERE key = $1");
 
 /// `$1` event id, `$2` route, `$3` session key, `$4` body, `$5` now.
 const QUEUE_DELIVERY_SQL: &str = concatcp!(
@@ -91,13 +72,6 @@ const QUEUE_DELIVERY_SQL: &str = concatcp!(
      VALUES ($1, $2, $3, $4, ",
     PENDING,
     ", 0, $5, $5, $5)"
-);
-
-/// `$1` turn id, `$2` reason, `$3` steps, `$4` now.
-const INTERRUPT_TURN_SQL: &str = concatcp!(
-    "UPDATE turns SET status = ",
-    TURN_INTERRUPTED,
-    ", reason = $2, steps = $3, finished_at = $4 WHERE id = $1"
 );
 
 /// `$1` session key, `$2` reason, `$3` now. An operator's suspension stays in force: the
