@@ -33,6 +33,7 @@ mod operator;
 mod output;
 mod reconcile;
 mod secret;
+mod sender;
 mod session;
 mod signature;
 mod store;

@@ -9,7 +9,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use hmac::{Hmac, Mac};
 use http::HeaderMap;
-use sha2::{Digest, Sha256};
+use sha2::Sha256;
 use subtle::ConstantTimeEq;
 
 use crate::secret::Secret;
@@ -437,98 +437,6 @@ pub(crate) fn event_type_header(scheme: VerifyScheme) -> Option<&'static str> {
         VerifyScheme::Gitlab => Some("x-gitlab-event"),
         _ => None,
     }
-}
-
-/// The sender's delivery id: the scheme's header, else `Idempotency-Key`, else none.
-pub(crate) fn delivery_id(
-    scheme: VerifyScheme,
-    headers: &HeaderMap,
-    payload: &serde_json::Value,
-) -> Option<String> {
-    let from_header = |name: &str| {
-        headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::trim)
-            .filter(|v| !v.is_empty())
-            .map(str::to_string)
-    };
-    let scheme_id = match scheme {
-        VerifyScheme::Github => from_header("x-github-delivery"),
-        VerifyScheme::Standard => from_header("webhook-id").or_else(|| from_header("svix-id")),
-        VerifyScheme::Stripe => payload_text(payload, &["id"]),
-        VerifyScheme::Slack => payload_text(payload, &["event_id"]),
-        VerifyScheme::Gitlab => from_header("x-gitlab-event-uuid"),
-        _ => None,
-    };
-    scheme_id
-        .or_else(|| from_header("idempotency-key"))
-        .map(dedup_key)
-}
-
-/// A delivery id as it is stored: a key of any length deduplicates, a long one by its digest.
-pub(crate) fn dedup_key(id: String) -> String {
-    if id.len() > MAX_STORED_DELIVERY_ID {
-        format!("sha256:{}", hex::encode(Sha256::digest(id.as_bytes())))
-    } else {
-        id
-    }
-}
-
-/// Delivery ids longer than this are stored (and deduplicated) by their SHA-256.
-const MAX_STORED_DELIVERY_ID: usize = 256;
-
-/// The string at `path` in the payload, if there is one.
-fn payload_text(payload: &serde_json::Value, path: &[&str]) -> Option<String> {
-    path.iter()
-        .try_fold(payload, |value, key| value.get(key))
-        .and_then(serde_json::Value::as_str)
-        .map(str::to_string)
-}
-
-/// The event type a scheme names, from the payload (`stripe`, `standard`: `type`; `slack`: the
-/// inner event's type, else `type`, else a slash command's name), or `payload.type` for schemes
-/// without one. Header-borne types (GitHub, GitLab) are read by [`event_type_header`].
-pub(crate) fn payload_event_type(
-    scheme: VerifyScheme,
-    payload: &serde_json::Value,
-) -> Option<String> {
-    match scheme {
-        VerifyScheme::Slack => payload_text(payload, &["event", "type"])
-            .or_else(|| payload_text(payload, &["type"]))
-            .or_else(|| payload_text(payload, &["command"])),
-        _ => payload_text(payload, &["type"]),
-    }
-}
-
-/// Headers that carry credentials or signatures (lower case): they are never stored, never shown
-/// to templates or the model. A route's `hidden_headers` adds to them, and so does its
-/// `hmac-sha256` header.
-pub(crate) const HIDDEN_HEADERS: &[&str] = &[
-    "authorization",
-    "proxy-authorization",
-    "cookie",
-    "set-cookie",
-    "x-api-key",
-    "api-key",
-    "x-auth-token",
-    "x-access-token",
-    "x-gitlab-token",
-    "x-hub-signature",
-    "x-hub-signature-256",
-    "stripe-signature",
-    "x-slack-signature",
-    "webhook-signature",
-    "svix-signature",
-    "x-signature",
-];
-
-/// Whether `name` (lower case) is kept out of storage for a route verified by `settings` that
-/// also hides `extra`.
-pub(crate) fn is_hidden_header(name: &str, settings: &VerifySettings, extra: &[String]) -> bool {
-    HIDDEN_HEADERS.contains(&name)
-        || settings.header.eq_ignore_ascii_case(name)
-        || extra.iter().any(|hidden| hidden.eq_ignore_ascii_case(name))
 }
 
 #[cfg(test)]

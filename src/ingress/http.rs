@@ -23,10 +23,12 @@ use serde_json::json;
 use super::api::ErrorBody;
 use super::body::{BodyError, BodySlots};
 use super::capacity::{self, Capacity};
+use super::payload::{decode_content, parse_payload};
 use super::ratelimit::TokenBucket;
 use crate::config::{RouteSettings, Settings, Shared, VerifyScheme};
 use crate::logging::{self, LineBudget};
 use crate::metrics;
+use crate::sender;
 use crate::session::Sessions;
 use crate::signature;
 use crate::store::{AcceptOutcome, Event, NewEvent, Store};
@@ -501,9 +503,9 @@ impl<'a> Described<'a> {
                 self.fallback("delivery_id", &problem);
                 None
             })
-            .map(signature::dedup_key)
+            .map(sender::dedup_key)
             .or_else(|| {
-                signature::delivery_id(self.settings.verify.scheme, self.headers, typed.payload)
+                sender::delivery_id(self.settings.verify.scheme, self.headers, typed.payload)
             });
         let context = EventContext {
             delivery_id: delivery_id.as_deref(),
@@ -551,116 +553,6 @@ fn unix_seconds() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// Decodes the body as JSON: `application/json` (or `+json`, or no content type), or a form with a
-/// `payload` field holding JSON (GitHub's form-encoded deliveries). Returns the value and its bytes.
-/// The body with its `Content-Encoding` removed: `gzip` is inflated, with `max_body` applied to
-/// the inflated size (413), so a small compressed body cannot expand without bound.
-fn decode_content(headers: &HeaderMap, body: &Bytes, max_body: u64) -> Result<Bytes, HttpResponse> {
-    let encoding = headers
-        .get(http::header::CONTENT_ENCODING)
-        .and_then(|v| v.to_str().ok())
-        .map(|v| v.trim().to_ascii_lowercase())
-        .unwrap_or_default();
-    match encoding.as_str() {
-        "" | "identity" => Ok(body.clone()),
-        "gzip" | "x-gzip" => {
-            use std::io::Read;
-            let mut inflated = Vec::new();
-            let read = flate2::read::GzDecoder::new(&body[..])
-                .take(max_body.saturating_add(1))
-                .read_to_end(&mut inflated);
-            match read {
-                Ok(_) if inflated.len() as u64 > max_body => Err(error(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "payload_too_large",
-                    &format!(
-                        "the inflated body is larger than the route's limit of {max_body} bytes"
-                    ),
-                )),
-                Ok(_) => Ok(Bytes::from(inflated)),
-                Err(err) => Err(error(
-                    StatusCode::BAD_REQUEST,
-                    "bad_encoding",
-                    &format!("the gzip body cannot be inflated: {err}"),
-                )),
-            }
-        }
-        other => Err(error(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "unsupported_encoding",
-            &format!("content encoding {other} is not supported (gzip is)"),
-        )),
-    }
-}
-
-/// The JSON payload of a body. Form bodies carry it in a `payload` field (GitHub, Slack
-/// interactivity); on a `slack` route a form without one is a slash command, whose fields become
-/// the payload object.
-pub(super) fn parse_payload(
-    headers: &HeaderMap,
-    body: Bytes,
-    scheme: VerifyScheme,
-) -> Result<(serde_json::Value, Bytes), HttpResponse> {
-    let content_type = headers
-        .get(CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .map(|v| {
-            v.split(';')
-                .next()
-                .unwrap_or("")
-                .trim()
-                .to_ascii_lowercase()
-        })
-        .unwrap_or_default();
-    let json_bytes = if content_type.is_empty()
-        || content_type == "application/json"
-        || content_type.ends_with("+json")
-    {
-        body
-    } else if content_type == "application/x-www-form-urlencoded" {
-        let payload = form_urlencoded::parse(&body)
-            .find(|(name, _)| name == "payload")
-            .map(|(_, value)| value.into_owned());
-        match payload {
-            Some(payload) => Bytes::from(payload),
-            None if scheme == VerifyScheme::Slack => {
-                let fields: serde_json::Map<String, serde_json::Value> =
-                    form_urlencoded::parse(&body)
-                        .map(|(name, value)| {
-                            (
-                                name.into_owned(),
-                                serde_json::Value::String(value.into_owned()),
-                            )
-                        })
-                        .collect();
-                let value = serde_json::Value::Object(fields);
-                return Ok((value.clone(), Bytes::from(value.to_string())));
-            }
-            None => {
-                return Err(error(
-                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                    "unsupported_media_type",
-                    "a form-encoded body must carry JSON in a payload field",
-                ));
-            }
-        }
-    } else {
-        return Err(error(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "unsupported_media_type",
-            &format!("content type {content_type} is not JSON"),
-        ));
-    };
-    let value = serde_json::from_slice(&json_bytes).map_err(|err| {
-        error(
-            StatusCode::BAD_REQUEST,
-            "malformed_json",
-            &format!("body is not valid JSON: {err}"),
-        )
-    })?;
-    Ok((value, json_bytes))
-}
-
 /// The scheme's event header, else the type its payload names, else "".
 fn event_type(
     settings: &RouteSettings,
@@ -671,7 +563,7 @@ fn event_type(
         .and_then(|name| headers.get(name))
         .and_then(|v| v.to_str().ok())
         .map(str::to_string)
-        .or_else(|| signature::payload_event_type(settings.verify.scheme, payload))
+        .or_else(|| sender::payload_event_type(settings.verify.scheme, payload))
         .unwrap_or_default()
 }
 
@@ -680,7 +572,7 @@ fn visible_headers(headers: &HeaderMap, route: &RouteSettings) -> BTreeMap<Strin
     headers
         .iter()
         .filter(|(name, _)| {
-            !signature::is_hidden_header(name.as_str(), &route.verify, &route.hidden_headers)
+            !sender::is_hidden_header(name.as_str(), &route.verify, &route.hidden_headers)
         })
         .map(|(name, value)| {
             (

@@ -10,6 +10,7 @@ pub(crate) mod capacity;
 mod connection;
 pub(crate) mod control;
 mod http;
+mod payload;
 mod ratelimit;
 
 use std::net::SocketAddr;
@@ -32,7 +33,7 @@ use connection::{Clocked, HeaderClock, Protocol, Stream, detect_protocol};
 /// Body parsing, for the `request` fuzz target.
 #[cfg(feature = "fuzzing")]
 pub(crate) fn parse_for_fuzzing(headers: &::http::HeaderMap, body: bytes::Bytes) {
-    let _ = self::http::parse_payload(headers, body, VerifyScheme::Slack);
+    let _ = self::payload::parse_payload(headers, body, VerifyScheme::Slack);
 }
 
 /// After "stop accepting", connections accepted just before may not have sent their request yet;
