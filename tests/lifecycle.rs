@@ -330,6 +330,66 @@ fn reload_reports_what_changed_and_refuses_a_bad_config_with_78() {
     });
 }
 
+/// A model that calls the tool `slow` (30 s), then answers.
+fn slow_tool_model() -> Stub {
+    Stub::start(|request, _| {
+        if request.json().to_string().contains("\"role\":\"tool\"") {
+            Reply::answer("done")
+        } else {
+            Reply::tool_call("call_1", "slow", serde_json::json!({}))
+        }
+    })
+}
+
+/// A config whose route's turns run `slow`, with `runtime` in `[runtime]`.
+fn write_slow_turn_config(workspace: &Workspace, model: &Stub, runtime: &str) {
+    workspace.write_config(&format!(
+        "[runtime]\n{runtime}\n\n{}\n[tools.slow]\ndescription = \"slow\"\ncommand = [\"/bin/sleep\", \"30\"]\ntimeout = \"60s\"\n\n{ROUTE}tools = [\"slow\"]\n",
+        model.model_section()
+    ));
+}
+
+/// Waits until `count` turns ran their `slow` tool.
+fn wait_for_tool_starts(workspace: &Workspace, count: i64) {
+    wait_until("the slow tool to start", Duration::from_secs(10), || {
+        workspace
+            .query("SELECT count(*) FROM transcript WHERE kind = 'tool_start'", |row| {
+                row.get::<_, i64>(0)
+            })
+            .first()
+            == Some(&count)
+    });
+}
+
+/// A stopping daemon keeps accepting webhooks while its running turns finish: a sender is
+/// acknowledged at once, durably, and its event runs in the next process; the listener closes
+/// only after the turns' drain_timeout.
+#[test]
+fn a_draining_daemon_keeps_acknowledging_webhooks() {
+    let workspace = Workspace::new();
+    let model = slow_tool_model();
+    write_slow_turn_config(&workspace, &model, "drain_timeout = \"3s\"");
+    let daemon = workspace.start();
+    daemon.post_json("/hook", &[], "{}").event_id();
+    wait_for_tool_starts(&workspace, 1);
+    signal(daemon.pid(), "TERM");
+    daemon.wait_for_log("stopping: no new turns");
+    let sent = Instant::now();
+    let during = daemon.post_json("/hook", &[], "{}");
+    assert_eq!(during.status, 202, "{during:?}");
+    assert!(
+        sent.elapsed() < Duration::from_secs(1),
+        "the sender waited {:?} during the drain",
+        sent.elapsed()
+    );
+    let queued = during.event_id();
+    assert!(daemon.terminate().success());
+    assert_eq!(workspace.event_status(&queued), "queued");
+    // The next process runs it.
+    let _daemon = workspace.start();
+    wait_for_tool_starts(&workspace, 2);
+}
+
 /// Every `[runtime]` key, as docs/reference.md lists them.
 const RUNTIME_KEYS: [(&str, &str); 15] = [
     ("max_concurrent_turns", "7"),
@@ -356,19 +416,8 @@ const RUNTIME_KEYS: [(&str, &str); 15] = [
 #[test]
 fn every_runtime_key_applies_at_once_and_the_reload_says_so() {
     let workspace = Workspace::new();
-    let model = Stub::start(|request, _| {
-        if request.json().to_string().contains("\"role\":\"tool\"") {
-            Reply::answer("done")
-        } else {
-            Reply::tool_call("call_1", "slow", serde_json::json!({}))
-        }
-    });
-    let write = |runtime: &str| {
-        workspace.write_config(&format!(
-            "[runtime]\n{runtime}\n\n{}\n[tools.slow]\ndescription = \"slow\"\ncommand = [\"/bin/sleep\", \"30\"]\ntimeout = \"60s\"\n\n{ROUTE}tools = [\"slow\"]\n",
-            model.model_section()
-        ));
-    };
+    let model = slow_tool_model();
+    let write = |runtime: &str| write_slow_turn_config(&workspace, &model, runtime);
     write("drain_timeout = \"60s\"\nmin_free_disk = \"0\"");
     let daemon = workspace.start();
     let every: Vec<String> = RUNTIME_KEYS

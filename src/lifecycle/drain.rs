@@ -5,10 +5,12 @@
 //! drain runs fixed stages in order, each with a written budget, and what a stage cannot finish in
 //! its budget is left in durable state for the next start:
 //!
-//! 1. stop accepting: listeners close (systemd keeps the sockets, clients wait) and the scheduler
-//!    claims no new turn;
-//! 2. in-flight HTTP requests finish (`REQUEST_FINISH`);
-//! 3. running turns finish (`drain_timeout`);
+//! 1. stop claiming: the scheduler and the resumes start no new turn, but webhooks are still
+//!    accepted and acknowledged (durably, as always: their turns run in the next process), so a
+//!    restart never makes a sender wait;
+//! 2. running turns finish (`drain_timeout`);
+//! 3. stop accepting: listeners close (systemd keeps the sockets, clients wait for the next
+//!    process) and in-flight HTTP requests finish (`REQUEST_FINISH`);
 //! 4. turns still running are cancelled and commit `resume_pending` (`CANCEL_COMMIT`);
 //! 5. the outbox flushes what is due (`DELIVERY_FLUSH`); undelivered results stay in the outbox;
 //! 6. background tool jobs are stopped, each recorded for its session, and the periodic tasks end
@@ -27,7 +29,7 @@ use tokio_util::task::TaskTracker;
 
 use super::notify;
 
-/// Stage 2: how long in-flight HTTP requests may take to finish.
+/// Stage 3: how long in-flight HTTP requests may take to finish.
 pub(super) const REQUEST_FINISH: Duration = Duration::from_secs(10);
 /// Stage 4: how long cancelled turns get to commit their `resume_pending` state.
 const CANCEL_COMMIT: Duration = Duration::from_secs(10);
@@ -69,7 +71,9 @@ impl Budgets {
 /// The stages a task can be stopped at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Stage {
-    /// Stage 1: listeners stop accepting and the scheduler stops claiming.
+    /// Stage 1: the scheduler and the resumes stop claiming.
+    StopClaiming,
+    /// Stage 3: listeners stop accepting.
     StopAccepting,
     /// Stage 4: running turns stop and are left for resume.
     CancelTurns,
@@ -83,6 +87,7 @@ pub(crate) enum Stage {
 /// long-lived task.
 pub(crate) struct Drain {
     root: CancellationToken,
+    claiming: CancellationToken,
     accepting: CancellationToken,
     turns: CancellationToken,
     delivering: CancellationToken,
@@ -94,6 +99,7 @@ impl Drain {
     pub(crate) fn new() -> Drain {
         let root = CancellationToken::new();
         Drain {
+            claiming: root.child_token(),
             accepting: root.child_token(),
             turns: root.child_token(),
             delivering: root.child_token(),
@@ -106,6 +112,7 @@ impl Drain {
     /// The token that fires when `stage` begins.
     pub(crate) fn token(&self, stage: Stage) -> CancellationToken {
         match stage {
+            Stage::StopClaiming => &self.claiming,
             Stage::StopAccepting => &self.accepting,
             Stage::CancelTurns => &self.turns,
             Stage::FlushDeliveries => &self.delivering,
@@ -131,8 +138,8 @@ impl Drain {
         self.tracker.clone()
     }
 
-    /// Runs the stages in order. `listener`, `scheduler` and `deliverer` are the tasks of stages
-    /// 1–2, 3 and 5; `turns` tracks the running turns.
+    /// Runs the stages in order. `scheduler`, `listener` and `deliverer` are the tasks of stages
+    /// 1, 3 and 5; `turns` tracks the running turns.
     pub(crate) async fn run(&self, budgets: Budgets, stages: Stages) -> Result<(), String> {
         let started = Instant::now();
         let deadline = started + budgets.total();
@@ -151,19 +158,22 @@ impl Drain {
         notify::stopping();
         tracing::info!(
             budget = ?budgets.total(),
-            "stopping: no new connections; finishing in-flight requests and running turns"
+            "stopping: no new turns; webhooks are still accepted while the running turns finish"
         );
 
-        // 1. Stop accepting.
-        self.accepting.cancel();
+        // 1. Stop claiming.
+        self.claiming.cancel();
         let _ = stages.scheduler.await;
 
-        // 2 and 3 overlap: requests finish while turns run on.
+        // 2. Running turns finish, up to drain_timeout, while webhooks are still accepted.
         stages.turns.close();
-        if tokio::time::timeout(budgets.turns, stages.turns.wait())
+        let finished = tokio::time::timeout(budgets.turns, stages.turns.wait())
             .await
-            .is_err()
-        {
+            .is_ok();
+
+        // 3. Stop accepting; in-flight requests finish meanwhile.
+        self.accepting.cancel();
+        if !finished {
             tracing::warn!(
                 running = stages.turns.len(),
                 "drain_timeout reached; cancelling the turns still running"
@@ -220,11 +230,11 @@ impl Drain {
 
 /// The tasks the drain stops in order.
 pub(crate) struct Stages {
-    /// The webhook listener; resolves once in-flight requests finished (stage 2).
+    /// The webhook listener; resolves once in-flight requests finished (stage 3).
     pub listener: JoinHandle<std::io::Result<()>>,
     /// The scheduler; resolves once it stopped claiming (stage 1).
     pub scheduler: JoinHandle<()>,
-    /// The running turns (stages 3 and 4).
+    /// The running turns (stages 2 and 4).
     pub turns: TaskTracker,
     /// The deliverer (stage 5).
     pub deliverer: JoinHandle<()>,

@@ -6,9 +6,10 @@
 //! token of the stage that stops it: the webhook listener (ingress), the control and metrics
 //! listeners (ingress/control), `resume.rs`, the scheduler (session), the deliverer (deliver) and
 //! `periodic.rs`. While it serves, `signals.rs` waits for a stop and carries out reloads
-//! (`reload.rs`); the stop is `drain.rs`: no new connections (systemd keeps the socket, so
-//! clients wait for the next instance), in-flight requests finish, running turns get
-//! `drain_timeout`, and what is still running then is left `resume_pending` for the next start.
+//! (`reload.rs`); the stop is `drain.rs`: no new turns, running turns get `drain_timeout` while
+//! webhooks are still accepted, then no new connections (systemd keeps the socket, so clients
+//! wait for the next instance), in-flight requests finish, and what is still running is left
+//! `resume_pending` for the next start.
 
 mod bootstrap;
 mod drain;
@@ -228,9 +229,9 @@ impl Wired {
             sessions: self.sessions.clone(),
             deliveries: self.deliverer.handle(),
         };
-        drain.start(Stage::StopAccepting, |stop| resumer.run(stop));
+        drain.start(Stage::StopClaiming, |stop| resumer.run(stop));
         let scheduler = self.scheduler;
-        let scheduler = drain.start(Stage::StopAccepting, |stop| scheduler.run(stop));
+        let scheduler = drain.start(Stage::StopClaiming, |stop| scheduler.run(stop));
         let deliverer = self.deliverer;
         let deliverer = drain.start(Stage::FlushDeliveries, |stop| deliverer.run(stop));
         let retention = Retention {
