@@ -353,9 +353,10 @@ fn write_slow_turn_config(workspace: &Workspace, model: &Stub, runtime: &str) {
 fn wait_for_tool_starts(workspace: &Workspace, count: i64) {
     wait_until("the slow tool to start", Duration::from_secs(10), || {
         workspace
-            .query("SELECT count(*) FROM transcript WHERE kind = 'tool_start'", |row| {
-                row.get::<_, i64>(0)
-            })
+            .query(
+                "SELECT count(*) FROM transcript WHERE kind = 'tool_start'",
+                |row| row.get::<_, i64>(0),
+            )
             .first()
             == Some(&count)
     });

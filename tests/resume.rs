@@ -76,6 +76,12 @@ command = ["/bin/sh", "-c", "echo ran >> {marks}/lookup.runs; [ $(wc -l < {marks
 timeout = "60s"
 idempotent = true
 
+[tools.flaky_lookup]
+description = "Reads something; hangs on its first two runs"
+command = ["/bin/sh", "-c", "echo ran >> {marks}/flaky.runs; [ $(wc -l < {marks}/flaky.runs) -ge 3 ] || sleep 30"]
+timeout = "60s"
+idempotent = true
+
 [tools.keyed_write]
 description = "Changes something, slowly, once per call key"
 command = ["/bin/sh", "-c", "echo \"$AGENTGATE_TOOL_CALL_ID\" >> {marks}/keyed.runs; if [ $(grep -cx \"$AGENTGATE_TOOL_CALL_ID\" {marks}/keyed.runs) -gt 1 ]; then echo already done; else sleep 30; fi"]
@@ -91,7 +97,7 @@ background = true
 path = "/hook"
 verify = {{ scheme = "none" }}
 session = "{{{{ payload.session }}}}"
-tools = ["slow_side_effect", "slow_lookup", "keyed_write", "report"]
+tools = ["slow_side_effect", "slow_lookup", "flaky_lookup", "keyed_write", "report"]
 deliver = {{ kind = "http", url = "{receiver}/results" }}
 {extra_route}
 "#,
@@ -257,6 +263,42 @@ fn sigkill_mid_turn_resumes_as_crashed_and_reruns_an_idempotent_tool() {
     assert!(daemon.log().contains("reason=crashed"), "{}", daemon.log());
     // The completed resume cleared the ledger entry it had counted.
     assert!(ledger(&workspace)["sessions"].get("crash").is_none());
+}
+
+/// An idempotent call cut off twice (by two crashes, in the original run and in its first
+/// resume) is run a third time, not dropped: every call the model sees has exactly one result,
+/// in every request, whatever crashed when.
+#[test]
+fn an_idempotent_call_cut_off_twice_runs_again_and_every_call_has_one_result() {
+    let workspace = Workspace::new();
+    let (model, receiver) = (tool_then_answer("flaky_lookup"), receiver());
+    workspace.write_config(&config(&workspace, &model, &receiver, "", ""));
+    let mut daemon = workspace.start();
+    let event_id = post(&daemon, "twice");
+    for run in 1..=2 {
+        wait_for_runs(&workspace, "flaky.runs", run);
+        daemon.kill9();
+        daemon = workspace.start();
+    }
+    assert_eq!(workspace.wait_terminal(&event_id, LIMIT), "completed");
+    assert_eq!(runs(&workspace, "flaky.runs"), 3);
+    for request in model.requests() {
+        let messages = messages(&request);
+        for call in messages
+            .iter()
+            .flat_map(|m| m["tool_calls"].as_array().cloned().unwrap_or_default())
+        {
+            let answers = messages
+                .iter()
+                .filter(|m| m["role"] == "tool" && m["tool_call_id"] == call["id"])
+                .count();
+            assert_eq!(
+                answers, 1,
+                "call {call} has {answers} results in {messages:?}"
+            );
+        }
+    }
+    drop(daemon);
 }
 
 #[test]

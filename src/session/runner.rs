@@ -13,7 +13,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use super::turn::{Action, Entry, Input, Outcome, TurnMachine, unfinished_calls};
+use super::turn::{
+    Action, Entry, Input, Outcome, TurnMachine, settle_unanswered, unfinished_calls,
+};
 use super::{Sessions, TurnControl};
 use super::{history, prompt};
 use crate::agent::catalog::{Catalog, Runs};
@@ -326,16 +328,18 @@ impl Running<'_> {
         };
         // A resumed turn continues the last one: that one is shown whole, whatever the limits.
         let interrupted = if resume_reason.is_some() {
-            turns.pop().map(|(_, entries)| entries).unwrap_or_default()
+            turns.pop().unwrap_or_default()
         } else {
             Vec::new()
         };
         let limits = self.route.history;
         let message_cap = (limits.max_bytes / 2).max(1024);
+        // A past turn that ended with a call unanswered (it failed or was cancelled mid-call)
+        // still shows every call with a result: the API refuses a call without one.
         let past = turns
             .into_iter()
-            .map(|(_, entries)| history::PastTurn {
-                messages: messages_of(&entries),
+            .map(|entries| history::PastTurn {
+                messages: settle_unanswered(messages_of(&entries)),
             })
             .collect();
         let mut messages = vec![prompt::system_message(self.route, &system)];
@@ -428,8 +432,11 @@ impl Running<'_> {
         }
     }
 
-    /// The session's transcript entries, grouped by turn, oldest first.
-    async fn past_turns(&self) -> Option<Vec<(String, Vec<Entry>)>> {
+    /// The session's transcript entries, grouped by event, oldest first: a group starts with
+    /// the entry of its event, and the resumes of that event continue it (a resumed run records
+    /// no event entry of its own), so a call made in one run and re-run in a later one stays
+    /// with its result, or is settled, whichever run was cut off.
+    async fn past_turns(&self) -> Option<Vec<Vec<Entry>>> {
         let key = &self.turn.event.session_key;
         let rows = self
             .context
@@ -437,14 +444,14 @@ impl Running<'_> {
                 super::transcript(&store, key).await
             })
             .await?;
-        let mut turns: Vec<(String, Vec<Entry>)> = Vec::new();
+        let mut turns: Vec<Vec<Entry>> = Vec::new();
         for row in rows {
             let Ok(entry) = serde_json::from_value::<Entry>(row.body) else {
                 continue;
             };
             match turns.last_mut() {
-                Some((turn_id, entries)) if *turn_id == row.turn_id => entries.push(entry),
-                Some(_) | None => turns.push((row.turn_id, vec![entry])),
+                Some(entries) if !matches!(entry, Entry::Event { .. }) => entries.push(entry),
+                Some(_) | None => turns.push(vec![entry]),
             }
         }
         Some(turns)

@@ -149,6 +149,38 @@ pub(crate) fn unfinished_calls(transcript: &[Entry]) -> Vec<UnfinishedCall> {
     calls
 }
 
+/// `messages` with a result for every call: a call of an assistant message that no tool message
+/// answers before the conversation moves on (its turn failed, or was cancelled, mid-call) gets
+/// one that says so, right after the results it has. Chat APIs refuse a call without a result,
+/// and the model must not take an unanswered call for one that did nothing.
+pub(crate) fn settle_unanswered(messages: Vec<Message>) -> Vec<Message> {
+    let mut settled = Vec::with_capacity(messages.len());
+    let mut open: Vec<String> = Vec::new();
+    let close = |open: &mut Vec<String>, settled: &mut Vec<Message>| {
+        for call_id in open.drain(..) {
+            settled.push(Message::tool_result(&call_id, UNANSWERED_RESULT));
+        }
+    };
+    for message in messages {
+        match message.role {
+            Role::Tool => {
+                open.retain(|id| Some(id) != message.tool_call_id.as_ref());
+            }
+            Role::Assistant | Role::User | Role::System => {
+                close(&mut open, &mut settled);
+                open.extend(message.tool_calls.iter().map(|call| call.id.clone()));
+            }
+        }
+        settled.push(message);
+    }
+    close(&mut open, &mut settled);
+    settled
+}
+
+/// The result shown for a call of an earlier turn that recorded none.
+const UNANSWERED_RESULT: &str =
+    "no result was recorded: the turn ended before this call finished, so its outcome is unknown";
+
 /// The result recorded for a non-idempotent call that was cut off while it ran.
 pub(crate) fn interrupted_result(name: &str) -> String {
     format!(
@@ -673,6 +705,42 @@ mod tests {
         assert_eq!(keys, ["turn-9.1", "turn-9.2"]);
         assert!(actions.iter().any(|action| matches!(action,
             Action::Record(Entry::ToolStart { mcp_server: Some(server), .. }) if server == "disks")));
+    }
+
+    #[test]
+    fn a_call_no_result_answers_is_settled_before_the_conversation_goes_on() {
+        let messages = vec![
+            Message::text(Role::User, "go"),
+            call("c1", "lookup", "{}"),
+            Message::text(Role::User, "next"),
+            call("c2", "lookup", "{}"),
+            Message::tool_result("c2", "ok"),
+            call("c3", "lookup", "{}"),
+        ];
+        let settled = settle_unanswered(messages);
+        let shape: Vec<(Role, Option<&str>)> = settled
+            .iter()
+            .map(|m| (m.role, m.tool_call_id.as_deref()))
+            .collect();
+        assert_eq!(
+            shape,
+            [
+                (Role::User, None),
+                (Role::Assistant, None),
+                (Role::Tool, Some("c1")),
+                (Role::User, None),
+                (Role::Assistant, None),
+                (Role::Tool, Some("c2")),
+                (Role::Assistant, None),
+                (Role::Tool, Some("c3")),
+            ]
+        );
+        assert!(
+            settled[2]
+                .content
+                .as_deref()
+                .is_some_and(|text| text.contains("no result was recorded"))
+        );
     }
 
     #[test]
