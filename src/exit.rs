@@ -15,6 +15,11 @@ impl Failure {
         Failure::with_code(1, message)
     }
 
+    /// 2: the command line was not usable.
+    pub(crate) fn usage(message: impl fmt::Display) -> Failure {
+        Failure::with_code(2, message)
+    }
+
     /// 69: a needed service is unavailable.
     pub(crate) fn unavailable(message: impl fmt::Display) -> Failure {
         Failure::with_code(69, message)
@@ -33,6 +38,11 @@ impl Failure {
     /// 78: configuration error.
     pub(crate) fn config(message: impl fmt::Display) -> Failure {
         Failure::with_code(78, message)
+    }
+
+    /// Whether this is a configuration error (78).
+    pub(crate) fn is_config(&self) -> bool {
+        self.code == 78
     }
 
     fn with_code(code: u8, message: impl fmt::Display) -> Failure {

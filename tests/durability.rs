@@ -187,9 +187,9 @@ fn a_filling_disk_gets_503_from_min_free_disk_before_the_store_fails() {
 
 /// The last run was killed with a turn running, and the state file system is full when the next
 /// one starts: marking that turn crashed cannot be written. The daemon waits (saying so) instead
-/// of exiting, so that a disk that fills up and is freed does not become a restart loop; once
-/// space is freed it marks the turn, resumes the session and serves. A stop while it waits ends
-/// it at once with 0.
+/// of exiting, so that a disk that fills up and is freed does not become a restart loop, and
+/// answers webhooks 503 meanwhile; once space is freed it marks the turn, resumes the session
+/// and serves. A stop while it waits ends it at once with 0.
 #[test]
 fn a_start_on_a_full_disk_waits_for_space_then_resumes() {
     if !root_or_skip("a_start_on_a_full_disk_waits_for_space_then_resumes") {
@@ -244,6 +244,10 @@ fn a_start_on_a_full_disk_waits_for_space_then_resumes() {
         Duration::from_secs(10),
         || waiting(&daemon),
     );
+    // While it waits, senders are answered (503, try again later), not left without an answer.
+    let answer = post(&daemon, 1);
+    assert_eq!(answer.status, 503, "{answer:?}");
+    assert_eq!(answer.header("retry-after"), Some("30"), "{answer:?}");
     std::fs::remove_file(&fill).expect("free the space");
     wait_until(
         "/readyz once space is freed",

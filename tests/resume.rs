@@ -330,6 +330,61 @@ fn sigkill_mid_call_reruns_a_tool_that_dedupes_with_the_same_call_key() {
     );
 }
 
+/// How many model requests mention `text`.
+fn calls_about(model: &Stub, text: &str) -> usize {
+    model
+        .requests()
+        .iter()
+        .filter(|r| r.json().to_string().contains(text))
+        .count()
+}
+
+/// A slow, legitimate turn that runs whenever a poison session kills the process is not
+/// suspended with it: the crash that cut both off counts against neither, each resumes alone,
+/// and only the crashes of the poison session while it ran alone count.
+#[test]
+fn a_crash_loop_suspends_the_poison_session_and_not_the_turn_beside_it() {
+    let workspace = Workspace::new();
+    let model = Stub::start(|request, _| {
+        let text = request.json().to_string();
+        if text.contains("poison") {
+            Reply::answer("never seen").after(Duration::from_secs(120))
+        } else {
+            // Slow on every run: whenever the poison session crashes, it is running.
+            Reply::answer("looked into it").after(Duration::from_secs(3))
+        }
+    });
+    let receiver = receiver();
+    workspace.write_config(&config(&workspace, &model, &receiver, "", ""));
+    let mut daemon = workspace.start();
+    let bystander = post(&daemon, "bystander");
+    wait_until("the bystander to reach the model", LIMIT, || {
+        calls_about(&model, "bystander") >= 1
+    });
+    let poison = post(&daemon, "poison");
+    // The first run crashes beside the bystander (counted against neither); its resume runs
+    // alone and crashes (counted: 1); three more counted crashes suspend it.
+    for run in 1..=5 {
+        wait_until(
+            &format!("poison run {run} to reach the model"),
+            LIMIT,
+            || calls_about(&model, "poison") >= run,
+        );
+        if run == 2 {
+            let log = daemon.log();
+            assert!(log.contains("resumed alone"), "{log}");
+        }
+        daemon.kill9();
+        daemon = workspace.start();
+    }
+    assert_eq!(workspace.wait_terminal(&poison, LIMIT), "suspended");
+    assert_eq!(workspace.wait_terminal(&bystander, LIMIT), "completed");
+    assert_eq!(delivered(&receiver, &bystander)["status"], "completed");
+    assert_eq!(calls_about(&model, "poison"), 5);
+    let ledger = ledger(&workspace);
+    assert!(ledger["sessions"].get("bystander").is_none(), "{ledger}");
+}
+
 #[test]
 fn a_session_that_kills_the_process_every_time_is_suspended_and_others_keep_working() {
     let workspace = Workspace::new();

@@ -122,6 +122,7 @@ base_url = "{model}/v1"
 model = "soak"
 request_timeout = "1s"
 max_retries = 1
+outage_wait = "1s"
 
 [tools.effect]
 description = "A side effect that must never run twice for one call"

@@ -68,8 +68,22 @@ deliver = {{ kind = "http", url = "{receiver}/results", secret = "{DELIVER_SECRE
 }
 
 fn start(model: Stub, receiver: Stub, route_extra: &str, runtime_extra: &str) -> (Setup, Daemon) {
+    let text = config(&model, &receiver, route_extra, runtime_extra);
+    start_with_config(model, receiver, &text)
+}
+
+/// As `start`, with `model_retries` in place of the `[model]` section's `max_retries = 2`
+/// line, and `runtime_extra` in `[runtime]`.
+fn start_with_model(model: Stub, model_retries: &str, runtime_extra: &str) -> (Setup, Daemon) {
+    let receiver = receiver();
+    let text = config(&model, &receiver, "", runtime_extra)
+        .replace("max_retries = 2\n", &format!("{model_retries}\n"));
+    start_with_config(model, receiver, &text)
+}
+
+fn start_with_config(model: Stub, receiver: Stub, text: &str) -> (Setup, Daemon) {
     let workspace = Workspace::new();
-    workspace.write_config(&config(&model, &receiver, route_extra, runtime_extra));
+    workspace.write_config(text);
     let daemon = workspace.start_with_env(&[("TEST_MODEL_KEY", "sk-test-123")]);
     (
         Setup {
@@ -289,9 +303,10 @@ fn model_errors_are_retried_then_succeed_or_fail_clearly() {
     assert_eq!(setup.model.requests().len(), 3);
     drop(daemon);
 
-    // A model server that is down: retried, then the turn fails with a clear error.
+    // A model server that is down: retried, then (with no outage_wait) the turn fails with a
+    // clear error.
     let down = Stub::scripted(vec![Reply::raw(503, "{}")]);
-    let (setup, daemon) = start(down, receiver(), "", "");
+    let (setup, daemon) = start_with_model(down, "max_retries = 2\noutage_wait = \"0s\"", "");
     let event_id = post(&daemon, "down");
     assert_eq!(
         setup.workspace.wait_terminal(&event_id, TURN_LIMIT),
@@ -309,6 +324,55 @@ fn model_errors_are_retried_then_succeed_or_fail_clearly() {
         setup.model.requests().len(),
         3,
         "one try and max_retries = 2"
+    );
+}
+
+/// A model that is down for a while, longer than turn_idle_timeout, is waited for: the turn
+/// completes once it answers again, and the wait uses no step. Past outage_wait the turn fails
+/// and says why.
+#[test]
+fn a_model_outage_shorter_than_outage_wait_costs_a_delay_not_the_event() {
+    let flapping = Stub::start(|_, count| {
+        if count < 3 {
+            Reply::raw(503, "{}")
+        } else {
+            Reply::answer("back")
+        }
+    });
+    let (setup, daemon) = start_with_model(
+        flapping,
+        "max_retries = 0\noutage_wait = \"60s\"",
+        "turn_idle_timeout = \"1s\"",
+    );
+    let event_id = post(&daemon, "outage");
+    assert_eq!(
+        setup.workspace.wait_terminal(&event_id, TURN_LIMIT),
+        "completed"
+    );
+    let body = wait_delivery(&setup.receiver, &event_id).json();
+    assert_eq!(
+        (body["output"].as_str(), body["steps"].as_u64()),
+        (Some("back"), Some(1)),
+        "{body}"
+    );
+    assert_eq!(setup.model.requests().len(), 4);
+    assert!(daemon.log().contains("the model answers again"));
+    drop(daemon);
+
+    let down = Stub::start(|_, _| Reply::raw(503, "{}"));
+    let (setup, daemon) = start_with_model(down, "max_retries = 0\noutage_wait = \"2s\"", "");
+    let event_id = post(&daemon, "long-outage");
+    assert_eq!(
+        setup.workspace.wait_terminal(&event_id, TURN_LIMIT),
+        "failed"
+    );
+    let body = wait_delivery(&setup.receiver, &event_id).json();
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("model.outage_wait"),
+        "{body}"
     );
 }
 
@@ -704,6 +768,61 @@ fn cli_json(workspace: &Workspace, args: &[&str]) -> serde_json::Value {
     let output = workspace.cli(args);
     assert!(output.status.success(), "{args:?}: {output:?}");
     serde_json::from_slice(&output.stdout).expect("JSON output")
+}
+
+/// After an outage, the events it failed are replayed in bulk: `events replay --status failed
+/// --since 1h` copies each failed event of the window (and nothing else), the copies run, and
+/// each original lists its copy.
+#[test]
+fn failed_events_are_replayed_in_bulk_after_an_outage() {
+    let up = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let model_up = up.clone();
+    let model = Stub::start(move |_, _| {
+        if model_up.load(std::sync::atomic::Ordering::SeqCst) {
+            Reply::answer("looked into it")
+        } else {
+            Reply::raw(503, "{}")
+        }
+    });
+    let (setup, daemon) = start_with_model(model, "max_retries = 0\noutage_wait = \"0s\"", "");
+    let workspace = &setup.workspace;
+    let failed: Vec<String> = (1..=2)
+        .map(|n| post(&daemon, &format!("down/{n}")))
+        .collect();
+    for id in &failed {
+        assert_eq!(workspace.wait_terminal(id, TURN_LIMIT), "failed");
+    }
+    up.store(true, std::sync::atomic::Ordering::SeqCst);
+    let fine = post(&daemon, "fine");
+    assert_eq!(workspace.wait_terminal(&fine, TURN_LIMIT), "completed");
+
+    let none = workspace.cli(&[
+        "events", "replay", "--status", "failed", "--route", "nosuch",
+    ]);
+    assert!(none.status.success(), "{none:?}");
+    assert!(none.stdout.is_empty(), "{none:?}");
+    let replay = workspace.cli(&["events", "replay", "--status", "failed", "--since", "1h"]);
+    assert!(replay.status.success(), "{replay:?}");
+    let pairs: Vec<(String, String)> = String::from_utf8_lossy(&replay.stdout)
+        .lines()
+        .filter_map(|line| line.split_once(' '))
+        .map(|(original, copy)| (original.to_string(), copy.to_string()))
+        .collect();
+    let mut originals: Vec<&str> = pairs
+        .iter()
+        .map(|(original, _)| original.as_str())
+        .collect();
+    originals.sort_unstable();
+    let mut expected: Vec<&str> = failed.iter().map(String::as_str).collect();
+    expected.sort_unstable();
+    assert_eq!(originals, expected, "{replay:?}");
+    for (original, copy) in &pairs {
+        assert_eq!(workspace.wait_terminal(copy, TURN_LIMIT), "completed");
+        let shown = cli_json(workspace, &["events", "show", original, "--json"]);
+        assert_eq!(shown["replayed_as"], json!([copy]), "{shown}");
+    }
+    let usage = workspace.cli(&["events", "replay"]);
+    assert_eq!(usage.status.code(), Some(2), "{usage:?}");
 }
 
 /// The operator commands answer without SQL: events are listed, shown with their turns and
@@ -1228,16 +1347,12 @@ tools = ["probe"]
         fds = fds_file.display(),
         pid = pid_file.display(),
     ));
+    // The workspace's sockets, passed as systemd passes them, and fd 7 left open by the parent.
     let mut daemon = KillOnDrop(
-        std::process::Command::new("/bin/sh")
-            .arg("-c")
-            .arg(format!(
-                "exec 7</etc/hostname; exec {BIN} serve --config {}",
-                workspace.config_path().display()
-            ))
+        workspace
+            .serve_command(&["/bin/sh", "-c", "exec 7</etc/hostname; exec \"$0\" \"$@\""])
             .env("AGENTGATE_LOG", "warn")
             .env_remove("NOTIFY_SOCKET")
-            .env_remove("LISTEN_FDS")
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()

@@ -70,6 +70,7 @@ pub(crate) struct Model {
     backend: Backend,
     request_timeout: Duration,
     max_retries: u32,
+    outage_wait: Duration,
     recorder: Option<Mutex<std::fs::File>>,
     /// `max_concurrent_requests`: a burst of turns queues here, in order, instead of
     /// overloading the model server.
@@ -150,6 +151,7 @@ impl Model {
             backend,
             request_timeout: settings.request_timeout,
             max_retries: settings.max_retries,
+            outage_wait: settings.outage_wait,
             recorder,
             slots: Arc::new(tokio::sync::Semaphore::new(
                 settings
@@ -171,6 +173,12 @@ impl Model {
     }
 
     /// Whether this is a replay (its replies are labelled as such wherever they are shown).
+    /// `model.outage_wait`: how long a turn waits for the model when it is unavailable after
+    /// its retries, before the turn fails.
+    pub(crate) fn outage_wait(&self) -> Duration {
+        self.outage_wait
+    }
+
     pub(crate) fn is_replay(&self) -> bool {
         matches!(self.backend, Backend::Replay { .. })
     }

@@ -14,6 +14,10 @@ fn parse_event_status(name: &str) -> Result<EventStatus, String> {
     })
 }
 
+fn parse_since(text: &str) -> Result<std::time::Duration, String> {
+    crate::config::parse_duration(text)
+}
+
 #[derive(Debug, Parser)]
 #[command(
     name = "agentgate",
@@ -201,11 +205,26 @@ pub(super) enum EventsCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Accept a copy of the event as a new one; prints the new event id
+    /// Accept a copy of an event (or of each event --status selects) as a new one; prints the
+    /// new event id (in bulk: one "ORIGINAL COPY" line per event)
     Replay {
         #[command(flatten)]
         config: ConfigArg,
-        id: String,
+        /// The event to replay
+        #[arg(required_unless_present = "status", conflicts_with_all = ["status", "since", "route"])]
+        id: Option<String>,
+        /// Replay every event with this status (e.g. failed)
+        #[arg(long, value_name = "S", value_parser = parse_event_status)]
+        status: Option<EventStatus>,
+        /// Only events received within this long (e.g. 1h)
+        #[arg(long, value_name = "DURATION", value_parser = parse_since)]
+        since: Option<std::time::Duration>,
+        /// Only events of this route
+        #[arg(long, value_name = "R")]
+        route: Option<String>,
+        /// In bulk, replay at most this many (the newest); says so when more matched
+        #[arg(long, value_name = "N", default_value_t = 1000)]
+        limit: usize,
     },
 }
 

@@ -15,7 +15,7 @@ use crate::config::{self, ConfigSource, SecretCheck, StoreSettings};
 use crate::exit::Failure;
 use crate::ingress::api::ToolsDocument;
 use crate::output::outln;
-use crate::store::{self, EventFilter, RetryTarget};
+use crate::store::{self, EventFilter, EventStatus, RetryTarget};
 
 /// How often `sessions follow` looks for new transcript entries.
 const FOLLOW_POLL: Duration = Duration::from_millis(250);
@@ -95,6 +95,9 @@ pub(super) fn events_show(source: &ConfigSource, id: &str, json: bool) -> Result
     if let Some(original) = &event.replay_of {
         outln!("replay of {original}");
     }
+    if !detail.replayed_as.is_empty() {
+        outln!("replayed as {}", detail.replayed_as.join(", "));
+    }
     outln!("headers {}", detail.headers);
     outln!("payload {}", detail.payload);
     for turn in &detail.turns {
@@ -139,6 +142,87 @@ pub(super) fn events_replay(source: &ConfigSource, id: &str) -> Result<(), Failu
     state.restore_ownership()?;
     outln!("{copy}");
     Ok(())
+}
+
+/// Which events `events replay --status` copies.
+pub(super) struct ReplaySelection {
+    pub status: EventStatus,
+    /// Received within this long.
+    pub since: Option<std::time::Duration>,
+    pub route: Option<String>,
+    /// Replayed at most, newest first.
+    pub limit: usize,
+}
+
+/// Events read per page while selecting.
+const REPLAY_PAGE: usize = 500;
+
+/// `events replay --status S [--since D] [--route R]`: a copy of each selected event, newest
+/// first, at most `limit`; prints "ORIGINAL COPY" per event, then how many.
+pub(super) fn events_replay_matching(
+    source: &ConfigSource,
+    selection: &ReplaySelection,
+) -> Result<(), Failure> {
+    let state = StateAccess::open(source)?;
+    let (selected, more) = state
+        .query(async |store| select_for_replay(store, selection).await)?
+        .unwrap_or_default();
+    let mut replayed = 0;
+    for original in &selected {
+        let copy = state.query(async |store| store.replay_event(original).await)?;
+        if let Some(Some(copy)) = copy {
+            outln!("{original} {copy}");
+            replayed += 1;
+        }
+    }
+    state.restore_ownership()?;
+    eprintln!(
+        "replayed {replayed} {} event(s){}",
+        selection.status,
+        if more {
+            format!("; more matched (raise --limit above {})", selection.limit)
+        } else {
+            String::new()
+        }
+    );
+    Ok(())
+}
+
+/// The ids `selection` picks, newest first, and whether more matched than its limit.
+async fn select_for_replay(
+    store: &crate::store::Store,
+    selection: &ReplaySelection,
+) -> Result<(Vec<String>, bool), crate::store::StoreError> {
+    let cutoff = selection.since.map(|since| {
+        crate::store::now_millis() - i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
+    });
+    let mut selected = Vec::new();
+    let mut before = None;
+    loop {
+        let page = store
+            .events(EventFilter {
+                status: Some(selection.status),
+                route: selection.route.clone(),
+                session: None,
+                limit: REPLAY_PAGE as i64,
+                before: before.take(),
+            })
+            .await?;
+        let full = page.len() == REPLAY_PAGE;
+        for event in page {
+            if cutoff.is_some_and(|cutoff| event.received_at < cutoff) {
+                return Ok((selected, false));
+            }
+            if selected.len() == selection.limit {
+                return Ok((selected, true));
+            }
+            before = Some(event.id.clone());
+            selected.push(event.id);
+        }
+        if !full {
+            return Ok((selected, false));
+        }
+    }
 }
 
 pub(super) fn deliveries_list(

@@ -98,8 +98,11 @@ fn run(command: Command) -> Result<(), Failure> {
     match command {
         Command::Serve { config, record } => {
             let source = config.source();
-            let loaded = load_config(&source, SecretCheck::Required)?;
-            lifecycle::serve(&source, loaded, record.as_deref())
+            lifecycle::serve(
+                &source,
+                || load_config(&source, SecretCheck::Required),
+                record.as_deref(),
+            )
         }
         Command::CheckConfig(config) => check_config(&config.source()),
         Command::Status { config, json } => status(&config.source(), json),
@@ -164,9 +167,28 @@ fn run(command: Command) -> Result<(), Failure> {
         Command::Events(EventsCommand::Show { config, id, json }) => {
             events::events_show(&config.source(), &id, json)
         }
-        Command::Events(EventsCommand::Replay { config, id }) => {
-            events::events_replay(&config.source(), &id)
-        }
+        Command::Events(EventsCommand::Replay {
+            config,
+            id,
+            status,
+            since,
+            route,
+            limit,
+        }) => match (id, status) {
+            (Some(id), _) => events::events_replay(&config.source(), &id),
+            (None, Some(status)) => events::events_replay_matching(
+                &config.source(),
+                &events::ReplaySelection {
+                    status,
+                    since,
+                    route,
+                    limit,
+                },
+            ),
+            (None, None) => Err(Failure::usage(
+                "events replay needs an event id or --status",
+            )),
+        },
         Command::Deliveries(DeliveriesCommand::List {
             config,
             failed,

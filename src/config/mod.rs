@@ -24,7 +24,7 @@ use locate::Locator;
 use raw::*;
 pub(crate) use reload::{ReloadReport, list_changes};
 pub(crate) use settings::*;
-pub(crate) use units::Rate;
+pub(crate) use units::{Rate, parse_duration};
 
 /// The default location of the config file.
 pub(crate) const DEFAULT_CONFIG_PATH: &str = "/etc/agentgate/agentgate.toml";
@@ -115,11 +115,25 @@ pub(crate) enum ConfigError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("config {source_name} has {} error(s)", count_errors(.findings))]
+    #[error("{}", describe_invalid(.source_name, .findings))]
     Invalid {
         source_name: ConfigSource,
         findings: Vec<Finding>,
     },
+}
+
+/// One line for an invalid config: how many errors, and the first in full (file, line, key),
+/// so that `STATUS=` and the exit line say what to fix.
+fn describe_invalid(source: &ConfigSource, findings: &[Finding]) -> String {
+    let count = count_errors(findings);
+    match findings.iter().find(|f| f.severity == Severity::Error) {
+        Some(finding) if count > 1 => format!(
+            "config {source} has {count} errors, the first: {}",
+            LocatedFinding { source, finding }
+        ),
+        Some(finding) => format!("{}", LocatedFinding { source, finding }),
+        None => format!("config {source} has {count} error(s)"),
+    }
 }
 
 fn count_errors(findings: &[Finding]) -> usize {

@@ -78,6 +78,7 @@ pub(super) struct RawModel {
     pub(super) api_key: Option<SecretSource>,
     pub(super) request_timeout: Option<String>,
     pub(super) max_retries: Option<i64>,
+    pub(super) outage_wait: Option<String>,
     pub(super) command: Option<Vec<String>>,
     pub(super) cassette: Option<PathBuf>,
     pub(super) max_concurrent_requests: Option<i64>,

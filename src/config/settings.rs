@@ -123,6 +123,8 @@ pub(crate) struct ModelSettings {
     pub backend: ModelBackend,
     pub request_timeout: Duration,
     pub max_retries: u32,
+    /// How long a turn waits for a model that is unavailable after its retries.
+    pub outage_wait: Duration,
     /// Requests in flight to the model at most, whatever the number of running turns.
     pub max_concurrent_requests: usize,
 }

@@ -670,7 +670,7 @@ fn unavailable(message: &str) -> HttpResponse {
 }
 
 /// 503 with `Retry-After: seconds`.
-fn unavailable_for(message: &str, seconds: u64) -> HttpResponse {
+pub(super) fn unavailable_for(message: &str, seconds: u64) -> HttpResponse {
     let mut response = error(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message);
     response
         .headers_mut()

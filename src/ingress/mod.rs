@@ -12,6 +12,7 @@ pub(crate) mod control;
 mod http;
 mod payload;
 mod ratelimit;
+pub(crate) mod standby;
 
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
@@ -120,19 +121,29 @@ pub(crate) struct Listeners {
     pub activated: bool,
 }
 
-struct Inherited {
-    webhook: std::net::TcpListener,
-    control: Option<std::os::unix::net::UnixListener>,
+impl Listeners {
+    /// Copies of the same sockets (close-on-exec), for answering on while the daemon cannot.
+    pub(crate) fn try_clone(&self) -> std::io::Result<Listeners> {
+        Ok(Listeners {
+            webhook: self.webhook.try_clone()?,
+            control: self
+                .control
+                .as_ref()
+                .map(std::os::unix::net::UnixListener::try_clone)
+                .transpose()?,
+            activated: self.activated,
+        })
+    }
 }
 
-/// Takes the sockets systemd passed by name, or binds `server.listen`. Call before any thread exists.
-pub(crate) fn take_listeners(config: &Config) -> Result<Listeners, ListenError> {
-    let listeners = if let Some(inherited) = inherited_sockets()? {
-        Listeners {
-            webhook: inherited.webhook,
-            control: inherited.control,
-            activated: true,
-        }
+/// The sockets systemd passed (`inherited_sockets`), or else binds `server.listen` and the
+/// control socket. Call before any thread exists.
+pub(crate) fn take_listeners(
+    config: &Config,
+    inherited: Option<Listeners>,
+) -> Result<Listeners, ListenError> {
+    let listeners = if let Some(inherited) = inherited {
+        inherited
     } else {
         let addr = config.server.listen;
         let webhook = std::net::TcpListener::bind(addr)
@@ -202,8 +213,9 @@ fn bind_control_socket(path: &Path) -> Option<std::os::unix::net::UnixListener> 
 /// Reads `LISTEN_PID`/`LISTEN_FDS`/`LISTEN_FDNAMES` and takes the sockets named `webhook` and
 /// `control`. The names come from `sd-notify`; `listenfd` checks each fd's socket type and takes
 /// ownership of it. Both read (and `listenfd` clears) process-global environment, which is why
-/// this runs before any thread exists.
-fn inherited_sockets() -> Result<Option<Inherited>, ListenError> {
+/// this runs before any thread exists, and before the config is read: a config that cannot be
+/// used still leaves the daemon its sockets to answer on (`standby`).
+pub(crate) fn inherited_sockets() -> Result<Option<Listeners>, ListenError> {
     let named: Vec<(RawFd, String)> = sd_notify::listen_fds_with_names()
         .map_err(|err| ListenError::Activation(format!("LISTEN_FDS/LISTEN_FDNAMES: {err}")))?
         .collect();
@@ -252,7 +264,11 @@ fn inherited_sockets() -> Result<Option<Inherited>, ListenError> {
             "no socket named webhook among LISTEN_FDNAMES={names_text:?}; set FileDescriptorName=webhook"
         ))
     })?;
-    Ok(Some(Inherited { webhook, control }))
+    Ok(Some(Listeners {
+        webhook,
+        control,
+        activated: true,
+    }))
 }
 
 /// What a listener does when `accept` fails (EMFILE, ENFILE, ENOBUFS): such errors repeat at once

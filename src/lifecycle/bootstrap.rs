@@ -2,16 +2,18 @@
 //!
 //! The first part runs on the main thread before the async runtime exists: inherited descriptors
 //! are marked close-on-exec before any thread could start a tool, the state directory is locked,
-//! and the sockets are taken from systemd (or bound). So every startup problem exits with its own
-//! sysexits status and one line that says what is wrong, before anything is accepted. The second
-//! part opens the store and cleans up after the previous run: turns it left running are marked
-//! crashed, processes its tools left behind are killed.
+//! and the sockets systemd passed (taken before the config was read) are used, or the configured
+//! ones bound. So every startup problem exits with its own sysexits status and one line that
+//! says what is wrong, before anything is accepted (a config error under socket activation is
+//! held instead: `standby.rs`). The second part opens the store and cleans up after the previous
+//! run: turns it left running are marked crashed, processes its tools left behind are killed;
+//! while either waits, `standby.rs` answers 503.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::notify;
+use super::standby::Standby;
 use crate::agent::model::Model;
 use crate::config::{self, Config, ConfigSource, LocatedFinding};
 use crate::exit::Failure;
@@ -36,6 +38,7 @@ impl Bootstrap {
     pub(super) fn prepare(
         source: &ConfigSource,
         loaded: config::Loaded,
+        inherited: Option<Listeners>,
     ) -> Result<Bootstrap, Failure> {
         for finding in &loaded.warnings {
             tracing::warn!("{}", LocatedFinding { source, finding });
@@ -50,16 +53,13 @@ impl Bootstrap {
         }
         raise_open_file_limit();
         // Before any thread exists: nothing inherited from the parent reaches a tool.
-        let inherited = crate::sys::keep_inherited_descriptors_from_children();
-        if inherited > 0 {
-            tracing::debug!(
-                count = inherited,
-                "inherited descriptors marked close-on-exec"
-            );
+        let marked = crate::sys::keep_inherited_descriptors_from_children();
+        if marked > 0 {
+            tracing::debug!(count = marked, "inherited descriptors marked close-on-exec");
         }
         store::ensure_state_dir(&config.state_dir).map_err(Failure::state)?;
         let lock = DaemonLock::acquire(&config.state_dir).map_err(Failure::state)?;
-        let listeners = ingress::take_listeners(&config).map_err(|err| match err {
+        let listeners = ingress::take_listeners(&config, inherited).map_err(|err| match err {
             ListenError::Bind { .. } => Failure::unavailable(err),
             _ => Failure::config(err),
         })?;
@@ -80,8 +80,9 @@ impl Bootstrap {
 /// Opens the configured store. A database server that cannot be reached yet is waited for
 /// (the sockets stay with systemd meanwhile, so clients wait rather than being refused); a
 /// store that cannot work (bad settings, unusable state directory) is a failure at once.
-pub(super) async fn open_store(config: &Config) -> Result<Store, Failure> {
+pub(super) async fn open_store(config: &Config, standby: &mut Standby) -> Result<Store, Failure> {
     retry_while(
+        standby,
         StoreError::is_transient,
         "cannot open the PostgreSQL store yet",
         "waiting for PostgreSQL",
@@ -110,8 +111,13 @@ pub(super) fn open_model(config: &Config, record: Option<&Path>) -> Result<Arc<M
 /// fsync, a database server that went away) it is tried again, with `STATUS=` saying why, rather
 /// than exiting: a disk that fills up and is freed again must not turn into a restart loop. The
 /// sockets stay with systemd meanwhile, and its start timeout bounds the wait.
-pub(super) async fn recover_previous_run(store: &Store, state_dir: &Path) -> Result<(), Failure> {
+pub(super) async fn recover_previous_run(
+    store: &Store,
+    state_dir: &Path,
+    standby: &mut Standby,
+) -> Result<(), Failure> {
     let crashed = retry_while(
+        standby,
         StoreError::is_write_refused,
         "cannot mark the turns the last run left running; waiting for the state to be writable",
         "waiting for the state to be writable",
@@ -136,9 +142,10 @@ pub(super) async fn recover_previous_run(store: &Store, state_dir: &Path) -> Res
 }
 
 /// Runs `attempt` until it returns anything but an error that `may_clear`. Each such failure
-/// is logged as `warning` and shown in `STATUS=` after `status`; the next try follows after a
-/// pause of 250 ms, doubling up to 5 s.
+/// is logged as `warning` and, after `status`, shown in `STATUS=` and answered with 503 by
+/// `standby`; the next try follows after a pause of 250 ms, doubling up to 5 s.
 async fn retry_while<T, F>(
+    standby: &mut Standby,
     may_clear: fn(&StoreError) -> bool,
     warning: &str,
     status: &str,
@@ -152,7 +159,7 @@ where
         match attempt().await {
             Err(err) if may_clear(&err) => {
                 tracing::warn!(error = %err, retry_in = ?delay, "{warning}");
-                notify::status(&format!("{status}: {err}"));
+                standby.waiting(&format!("not serving yet: {status}: {err}"));
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(LAST_RETRY);
             }

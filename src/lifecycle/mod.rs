@@ -18,6 +18,7 @@ mod periodic;
 mod reload;
 mod resume;
 mod signals;
+mod standby;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -37,21 +38,38 @@ use periodic::{Health, Retention, Summary};
 use reload::Reloader;
 use resume::Resumer;
 use signals::StopSignals;
+use standby::Standby;
 
-/// `agentgate serve` with the config loaded from `source` (which a reload reads again): runs
-/// until SIGTERM or SIGINT. `record` appends every model reply to a cassette file.
+/// `agentgate serve` with the config `load` reads from `source` (which a reload reads again):
+/// runs until SIGTERM or SIGINT. `record` appends every model reply to a cassette file.
+///
+/// The sockets systemd passed are taken first, before the config is read: a config error under
+/// socket activation by a service manager (sockets passed and `NOTIFY_SOCKET` set) is then held
+/// (`standby::hold`) rather than exited on, since an exit would let the next connection start
+/// the service again, in a loop. Otherwise it exits 78 as any other command does.
 pub(crate) fn serve(
     source: &ConfigSource,
-    loaded: config::Loaded,
+    load: impl FnOnce() -> Result<config::Loaded, Failure>,
     record: Option<&Path>,
 ) -> Result<(), Failure> {
-    let Bootstrap {
-        config,
-        lock: _lock,
-        listeners,
-        runtime,
-    } = Bootstrap::prepare(source, loaded)?;
-    runtime.block_on(run(source, config, listeners, record))
+    let inherited = ingress::inherited_sockets().map_err(Failure::config)?;
+    let spare = inherited
+        .as_ref()
+        .filter(|_| notify::supervised())
+        .and_then(|listeners| listeners.try_clone().ok());
+    let started = load().and_then(|loaded| {
+        let Bootstrap {
+            config,
+            lock: _lock,
+            listeners,
+            runtime,
+        } = Bootstrap::prepare(source, loaded, inherited)?;
+        runtime.block_on(run(source, config, listeners, record))
+    });
+    match (started, spare) {
+        (Err(failure), Some(spare)) if failure.is_config() => standby::hold(spare, &failure),
+        (started, _) => started,
+    }
 }
 
 /// Opens the store, wires the handles, recovers the previous run, starts every task on the
@@ -64,8 +82,9 @@ async fn run(
 ) -> Result<(), Failure> {
     // Before anything that can wait: a signal that arrives early is never lost.
     let mut stop_signals = StopSignals::install()?;
+    let mut standby = Standby::new(&listeners);
     let Some(store) = stop_signals
-        .unless_stopped(bootstrap::open_store(&config))
+        .unless_stopped(bootstrap::open_store(&config, &mut standby))
         .await
         .transpose()?
     else {
@@ -81,7 +100,11 @@ async fn run(
 
     // Everything that can refuse the config has; only now is the previous run's state changed.
     let recovered = stop_signals
-        .unless_stopped(bootstrap::recover_previous_run(&store, &state_dir))
+        .unless_stopped(bootstrap::recover_previous_run(
+            &store,
+            &state_dir,
+            &mut standby,
+        ))
         .await;
     if recovered.transpose()?.is_none() {
         tracing::info!("stopped before the previous run's turns could be marked");
@@ -92,6 +115,8 @@ async fn run(
     wired.mcp.apply(&wired.settings.get().config.mcp);
     let settings = wired.settings.clone();
     let activated = listeners.activated;
+    // The daemon's own listeners take every connection from here on.
+    standby.end().await;
     let Serving {
         stages,
         reloader,

@@ -52,6 +52,11 @@ pub(crate) fn extend_timeout(by: Duration) {
     send(&[NotifyState::ExtendTimeoutUsec(micros)]);
 }
 
+/// Whether a service manager waits for this process's notifications (`NOTIFY_SOCKET` is set).
+pub(crate) fn supervised() -> bool {
+    std::env::var_os("NOTIFY_SOCKET").is_some()
+}
+
 /// The watchdog interval systemd expects pings within, if it watches this process.
 pub(crate) fn watchdog_interval() -> Option<Duration> {
     sd_notify::watchdog_enabled().filter(|interval| !interval.is_zero())

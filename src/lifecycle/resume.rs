@@ -108,7 +108,9 @@ impl Resumer {
 /// Logs and counts how an interrupted session was settled.
 fn report(session: &InterruptedSession, settled: &Settled, max_attempts: u32) {
     match settled {
-        Settled::Resumed { .. } => metrics::resume(ResumeOutcome::Resumed(session.reason)),
+        Settled::Resumed { .. } | Settled::ResumedAlone { .. } => {
+            metrics::resume(ResumeOutcome::Resumed(session.reason));
+        }
         Settled::Abandoned => metrics::resume(ResumeOutcome::Abandoned),
         Settled::Suspended => metrics::resume(ResumeOutcome::Suspended),
         Settled::Refused(_) => metrics::resume(ResumeOutcome::Refused),
@@ -136,6 +138,13 @@ fn report(session: &InterruptedSession, settled: &Settled, max_attempts: u32) {
         Settled::Resumed { attempt } => tracing::info!(message_id = logging::MESSAGE_RESUMED,
             session_key = %session_key, event_id = %event_id, route = %route, turn_id = %turn_id,
             reason = %reason, attempt, max_attempts, "interrupted session resumed"),
+        Settled::ResumedAlone {
+            attempts,
+            crashed_with,
+        } => tracing::info!(message_id = logging::MESSAGE_RESUMED,
+            session_key = %session_key, event_id = %event_id, route = %route, turn_id = %turn_id,
+            reason = %reason, attempts, max_attempts, crashed_with,
+            "interrupted session resumed alone: the crash cut off {crashed_with} turns, so it is not counted against this one"),
         Settled::NotInterrupted => tracing::debug!(session_key = %session_key,
             "interrupted session already settled elsewhere"),
     }

@@ -42,7 +42,7 @@ pub(crate) fn event_message_for_fuzzing(prompt: &str) -> String {
 
 use crate::config::OnBusy;
 use crate::logging;
-use crate::store::Store;
+use crate::store::{Claim, ClaimedTurn, Store};
 use tracing::Instrument;
 
 /// How often the scheduler looks for work even without a wake-up (a safety net, not the trigger).
@@ -65,6 +65,8 @@ pub(crate) struct TurnControl {
 struct RunningTurn {
     turn_id: String,
     control: TurnControl,
+    /// It runs alone: nothing else is claimed until it ends.
+    alone: bool,
 }
 
 /// Shared between the listener (which reports new events) and the scheduler.
@@ -128,6 +130,10 @@ impl Sessions {
         self.lock().len()
     }
 
+    fn running_alone(&self) -> bool {
+        self.lock().values().any(|turn| turn.alone)
+    }
+
     /// The turn ended. The session may already run its next turn, so only this turn is removed.
     fn finished(&self, session_key: &str, turn_id: &str) {
         let mut running = self.lock();
@@ -165,50 +171,20 @@ impl Scheduler {
 
     /// Claims and starts turns until `stop_claiming` fires.
     pub(crate) async fn run(self, stop_claiming: CancellationToken) {
-        let Scheduler {
-            context,
-            turns: tracker,
-        } = self;
-        let sessions = context.sessions.clone();
+        let sessions = self.context.sessions.clone();
         while !stop_claiming.is_cancelled() {
-            // Read each round: a reload that changes the limit applies to the next claim.
-            let limit = context.settings.get().config.runtime.max_concurrent_turns;
-            let free = limit.saturating_sub(sessions.running_count());
-            if free > 0 {
-                match context.store.claim_turns(free).await {
-                    Ok(claimed) => {
-                        for turn in claimed {
-                            let control = TurnControl::default();
-                            sessions.lock().insert(
-                                turn.event.session_key.clone(),
-                                RunningTurn {
-                                    turn_id: turn.turn_id.clone(),
-                                    control: control.clone(),
-                                },
-                            );
-                            let context = context.clone();
-                            let sessions = sessions.clone();
-                            let span = logging::turn_span(
-                                &turn.event.id,
-                                &turn.event.session_key,
-                                &turn.event.route,
-                                &turn.turn_id,
-                            );
-                            tracker.spawn(
-                                async move {
-                                    let session_key = turn.event.session_key.clone();
-                                    let turn_id = turn.turn_id.clone();
-                                    context.run(turn, &control).await;
-                                    sessions.finished(&session_key, &turn_id);
-                                }
-                                .instrument(span),
-                            );
-                        }
-                    }
+            match self.next_claim().await {
+                Ok(Some(claim)) => match self.context.store.claim_turns(claim).await {
+                    Ok(claimed) => claimed.into_iter().for_each(|turn| self.start(turn)),
                     Err(err) => {
                         tracing::warn!(error = %err, "cannot claim queued events; retrying");
                         tokio::time::sleep(CLAIM_RETRY).await;
                     }
+                },
+                Ok(None) => {}
+                Err(err) => {
+                    tracing::warn!(error = %err, "cannot look for turns that must run alone; retrying");
+                    tokio::time::sleep(CLAIM_RETRY).await;
                 }
             }
             tokio::select! {
@@ -217,5 +193,87 @@ impl Scheduler {
                 () = stop_claiming.cancelled() => {}
             }
         }
+    }
+
+    /// What this round claims, by [`plan_claim`].
+    async fn next_claim(&self) -> Result<Option<Claim>, crate::store::StoreError> {
+        let sessions = &self.context.sessions;
+        if sessions.running_alone() {
+            return Ok(None);
+        }
+        let waiting_alone = self.context.store.waiting_to_run_alone().await?;
+        // Read each round: a reload that changes the limit applies to the next claim.
+        let limit = self
+            .context
+            .settings
+            .get()
+            .config
+            .runtime
+            .max_concurrent_turns;
+        Ok(plan_claim(sessions.running_count(), waiting_alone, limit))
+    }
+
+    /// Runs a claimed turn on the tracker the drain waits for.
+    fn start(&self, turn: ClaimedTurn) {
+        let control = TurnControl::default();
+        let sessions = self.context.sessions.clone();
+        sessions.lock().insert(
+            turn.event.session_key.clone(),
+            RunningTurn {
+                turn_id: turn.turn_id.clone(),
+                control: control.clone(),
+                alone: turn.alone,
+            },
+        );
+        if turn.alone {
+            tracing::info!(session_key = %turn.event.session_key, event_id = %turn.event.id,
+                "resuming alone: the crash that interrupted this turn cut off others too");
+        }
+        let context = self.context.clone();
+        let span = logging::turn_span(
+            &turn.event.id,
+            &turn.event.session_key,
+            &turn.event.route,
+            &turn.turn_id,
+        );
+        self.turns.spawn(
+            async move {
+                let session_key = turn.event.session_key.clone();
+                let turn_id = turn.turn_id.clone();
+                context.run(turn, &control).await;
+                sessions.finished(&session_key, &turn_id);
+            }
+            .instrument(span),
+        );
+    }
+}
+
+/// What one round claims, with `running` turns on this node (none of them alone) and
+/// `waiting_alone` saying whether a turn that must run alone waits (docs/reference.md, "Crash
+/// loops and bystanders"): that turn once nothing runs, and nothing else until it has started;
+/// otherwise the free slots of `limit`.
+fn plan_claim(running: usize, waiting_alone: bool, limit: usize) -> Option<Claim> {
+    if waiting_alone {
+        return (running == 0).then_some(Claim::Alone);
+    }
+    let free = limit.saturating_sub(running);
+    (free > 0).then_some(Claim::Beside(free))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_turn_that_must_run_alone_waits_for_the_others_and_holds_back_new_ones() {
+        assert_eq!(plan_claim(0, false, 16), Some(Claim::Beside(16)));
+        assert_eq!(plan_claim(3, false, 16), Some(Claim::Beside(13)));
+        assert_eq!(plan_claim(16, false, 16), None);
+        assert_eq!(
+            plan_claim(3, true, 16),
+            None,
+            "the running turns finish first"
+        );
+        assert_eq!(plan_claim(0, true, 16), Some(Claim::Alone));
     }
 }

@@ -36,6 +36,10 @@ const BACKGROUND_JOB_INTERRUPTED: &str =
 /// Pause between attempts to commit a step while the store cannot write.
 const COMMIT_RETRY: Duration = Duration::from_secs(1);
 
+/// The first pause of a turn waiting out a model outage; each next one doubles, up to the last.
+const OUTAGE_FIRST_PAUSE: Duration = Duration::from_millis(500);
+const OUTAGE_LAST_PAUSE: Duration = Duration::from_secs(30);
+
 /// How long a turn waits for an MCP server it offers tools of that is still starting.
 const MCP_START_WAIT: Duration = Duration::from_secs(30);
 
@@ -553,25 +557,65 @@ impl Running<'_> {
         }
     }
 
+    /// Waits for `work` unless the turn is interrupted or cancelled. For waits that are not a
+    /// lack of progress (a model slot, an outage): they do not count toward turn_idle_timeout.
+    async fn unless_stopped<T>(
+        &self,
+        work: impl std::future::Future<Output = T>,
+    ) -> Result<T, Stop> {
+        tokio::select! {
+            result = work => Ok(result),
+            () = self.control.interrupt.cancelled() => Err(Stop::Interrupted),
+            () = self.control.cancel.cancelled() => Err(Stop::Cancelled),
+            () = self.context.cancel_turns.cancelled() => Err(Stop::Shutdown),
+        }
+    }
+
+    /// One model step. A model that is unavailable after its retries is waited for, with
+    /// backoff, for up to `model.outage_wait` from its first failure (docs/reference.md,
+    /// "Model outages"): a short outage costs a delay, not the event. The wait uses no step.
     async fn call_model(&self, messages: &[Message], catalog: &Catalog) -> Result<Input, Stop> {
-        // Waiting for a model slot is not a lack of progress: it does not count toward
-        // turn_idle_timeout, but the turn can still be interrupted or cancelled meanwhile.
-        let _slot = tokio::select! {
-            slot = self.context.model.slot() => slot,
-            () = self.control.interrupt.cancelled() => return Err(Stop::Interrupted),
-            () = self.control.cancel.cancelled() => return Err(Stop::Cancelled),
-            () = self.context.cancel_turns.cancelled() => return Err(Stop::Shutdown),
-        };
-        let asked = Instant::now();
-        let reply = self
-            .guarded(self.context.model.complete(messages, catalog.tools()))
-            .await?;
-        metrics::model_request(asked.elapsed());
-        Ok(match reply {
-            Ok(message) => Input::ModelReplied(message),
-            Err(ModelError::Malformed(reason)) => Input::ModelMalformed(reason),
-            Err(err @ ModelError::Unavailable(_)) => Input::ModelUnavailable(err.to_string()),
-        })
+        let model = &self.context.model;
+        let mut outage: Option<(Instant, Duration)> = None;
+        loop {
+            let reply = {
+                let _slot = self.unless_stopped(model.slot()).await?;
+                let asked = Instant::now();
+                let reply = self
+                    .guarded(model.complete(messages, catalog.tools()))
+                    .await?;
+                metrics::model_request(asked.elapsed());
+                reply
+            };
+            let err = match reply {
+                Ok(message) => {
+                    if let Some((since, _)) = outage {
+                        tracing::info!(
+                            waited_ms = since.elapsed().as_millis() as u64,
+                            "the model answers again; the turn goes on"
+                        );
+                    }
+                    return Ok(Input::ModelReplied(message));
+                }
+                Err(ModelError::Malformed(reason)) => return Ok(Input::ModelMalformed(reason)),
+                Err(err @ ModelError::Unavailable(_)) => err,
+            };
+            let (since, pause) = outage.get_or_insert_with(|| {
+                tracing::warn!(error = %err, outage_wait = ?model.outage_wait(),
+                    "the model is unavailable; the turn waits for it (model.outage_wait)");
+                (Instant::now(), OUTAGE_FIRST_PAUSE)
+            });
+            let left = model.outage_wait().saturating_sub(since.elapsed());
+            if left.is_zero() {
+                return Ok(Input::ModelUnavailable(format!(
+                    "{err}; waited {:?} for it (model.outage_wait)",
+                    model.outage_wait()
+                )));
+            }
+            self.unless_stopped(tokio::time::sleep((*pause).min(left)))
+                .await?;
+            *pause = (*pause * 2).min(OUTAGE_LAST_PAUSE);
+        }
     }
 
     async fn run_tool(

@@ -12,7 +12,7 @@ mod postgres_server;
 
 use std::time::Duration;
 
-use super::model::{DeliveryAttempt, Event, NewEvent, TurnEnd};
+use super::model::{Claim, DeliveryAttempt, Event, InterruptedSession, NewEvent, TurnEnd};
 use super::states::{DeliveryState, EventStatus, SessionState, StopReason, Terminal, TurnStatus};
 use super::{
     AcceptOutcome, ClaimedTurn, ErrorKind, EventFilter, ResumeReason, RetryTarget, Settled,
@@ -56,7 +56,7 @@ fn ended(turn: &ClaimedTurn, terminal: Terminal, turn_status: TurnStatus) -> Tur
 }
 
 async fn claim_one(store: &Store) -> ClaimedTurn {
-    let mut claimed = store.claim_turns(10).await.expect("claim");
+    let mut claimed = store.claim_turns(Claim::Beside(10)).await.expect("claim");
     assert_eq!(claimed.len(), 1, "{claimed:?}");
     claimed.remove(0)
 }
@@ -108,7 +108,13 @@ async fn accept_claim_finish_deliver(store: &Store) {
     assert_eq!(turn.event.payload, br#"{"n":1}"#);
     assert!(turn.resume_reason.is_none() && !turn.internal);
     // The session is busy: its second event waits.
-    assert!(store.claim_turns(10).await.expect("claim").is_empty());
+    assert!(
+        store
+            .claim_turns(Claim::Beside(10))
+            .await
+            .expect("claim")
+            .is_empty()
+    );
     assert_eq!(session_state(store, "s1").await, SessionState::Running);
     store
         .append_transcript("s1", &turn.turn_id, vec![("event", "{}".into())], 1)
@@ -176,6 +182,13 @@ async fn accept_claim_finish_deliver(store: &Store) {
         queued.iter().map(|e| e.id.as_str()).collect::<Vec<_>>(),
         ["e1"]
     );
+    store
+        .finish_turn(
+            ended(&next, Terminal::Completed, TurnStatus::Completed),
+            render,
+        )
+        .await
+        .expect("finish");
 }
 
 /// The count of `key`'s resumes in the retry ledger, if it has an entry.
@@ -273,7 +286,13 @@ async fn operator_overrides(store: &Store) {
         store.operator_suspend("operated").await.expect("suspend"),
         Some(SessionState::Idle)
     );
-    assert!(store.claim_turns(10).await.expect("claim").is_empty());
+    assert!(
+        store
+            .claim_turns(Claim::Beside(10))
+            .await
+            .expect("claim")
+            .is_empty()
+    );
     assert_eq!(
         store.operator_resume("operated").await.expect("resume"),
         Some(SessionState::Suspended)
@@ -316,10 +335,104 @@ async fn operator_overrides(store: &Store) {
     assert_eq!(store.replay_event("missing").await.expect("replay"), None);
 }
 
-async fn run_contract(store: &Store) {
+/// Marks the turns that `crash` left behind and returns the interrupted sessions, oldest first.
+async fn crashed(store: &Store, crash: &impl Fn(), cut_off: usize) -> Vec<InterruptedSession> {
+    crash();
+    assert_eq!(store.mark_crashed_turns().await.expect("mark"), cut_off);
+    store.interrupted_sessions().await.expect("interrupted")
+}
+
+async fn settle(store: &Store, session: &InterruptedSession) -> Settled {
+    store
+        .settle_interrupted(session, Settlement::Admit { max_attempts: 1 }, render)
+        .await
+        .expect("settle")
+}
+
+/// A crash that cut off two turns counts against neither: each resumes alone, recorded in the
+/// ledger but not counted, and holds back other claims until it runs. A crash while one runs
+/// alone is pinned on it and counts.
+async fn only_a_crash_of_a_turn_that_ran_alone_counts(store: &Store, crash: impl Fn()) {
+    for (id, key) in [("c1", "crash-a"), ("c2", "crash-b")] {
+        store.accept(event(id, key, None)).await.expect("accept");
+    }
+    assert_eq!(
+        store
+            .claim_turns(Claim::Beside(10))
+            .await
+            .expect("claim")
+            .len(),
+        2
+    );
+    let interrupted = crashed(store, &crash, 2).await;
+    assert_eq!(interrupted.len(), 2, "{interrupted:?}");
+    for session in &interrupted {
+        assert!(!session.is_pinned(), "{session:?}");
+        let settled = settle(store, session).await;
+        assert!(
+            matches!(
+                settled,
+                Settled::ResumedAlone {
+                    attempts: 0,
+                    crashed_with: 2
+                }
+            ),
+            "{settled:?}"
+        );
+        assert_eq!(resumes_counted(store, &session.session_key).await, Some(0));
+    }
+    assert!(store.waiting_to_run_alone().await.expect("waiting"));
+    assert!(
+        store
+            .claim_turns(Claim::Beside(10))
+            .await
+            .expect("claim")
+            .is_empty()
+    );
+    let alone = store.claim_turns(Claim::Alone).await.expect("claim alone");
+    assert_eq!(alone.len(), 1, "{alone:?}");
+    assert!(alone[0].alone);
+    assert_eq!(alone[0].event.id, "c1");
+
+    let interrupted = crashed(store, &crash, 1).await;
+    assert_eq!(interrupted[0].session_key, "crash-a");
+    assert!(interrupted[0].is_pinned());
+    let settled = settle(store, &interrupted[0]).await;
+    assert!(
+        matches!(settled, Settled::Resumed { attempt: 1 }),
+        "{settled:?}"
+    );
+
+    // crash-b still runs alone first; then crash-a's counted resume runs beside others.
+    let next = store.claim_turns(Claim::Alone).await.expect("claim alone");
+    assert_eq!(
+        next.iter().map(|t| t.event.id.as_str()).collect::<Vec<_>>(),
+        ["c2"]
+    );
+    store
+        .finish_turn(
+            ended(&next[0], Terminal::Completed, TurnStatus::Completed),
+            render,
+        )
+        .await
+        .expect("finish");
+    assert!(!store.waiting_to_run_alone().await.expect("waiting"));
+    let last = claim_one(store).await;
+    assert_eq!((last.event.id.as_str(), last.alone), ("c1", false));
+    store
+        .finish_turn(
+            ended(&last, Terminal::Completed, TurnStatus::Completed),
+            render,
+        )
+        .await
+        .expect("finish");
+}
+
+async fn run_contract(store: &Store, crash: impl Fn()) {
     accept_claim_finish_deliver(store).await;
     interrupted_sessions_are_admitted_then_suspended(store).await;
     old_interruptions_are_abandoned(store).await;
+    only_a_crash_of_a_turn_that_ran_alone_counts(store, crash).await;
     operator_overrides(store).await;
     let page = store.sessions_page(None, 2).await.expect("page");
     assert_eq!(page.len(), 2);
@@ -358,7 +471,8 @@ fn sqlite_keeps_the_contract() {
         let store = Store::open(&StoreSettings::Sqlite, dir.path())
             .await
             .expect("open");
-        run_contract(&store).await;
+        // The next start marks every turn still running: nothing to do to crash.
+        run_contract(&store, || {}).await;
         // SQLite keeps a text in an INTEGER column as text: it no longer reads as a number.
         let database = dir.path().join("agentgate.db");
         let connection = rusqlite::Connection::open(database).expect("open");
@@ -385,7 +499,14 @@ fn postgres_keeps_the_contract() {
         let store = Store::open(&settings, std::path::Path::new("/nonexistent"))
             .await
             .expect("open");
-        run_contract(&store).await;
+        // Another node's leases expire: its turns were cut off by its crash.
+        run_contract(&store, || {
+            server.value(
+                "UPDATE sessions SET lease_owner = 'dead-node', lease_expires_at = 0 \
+                 WHERE state = 'running'",
+            );
+        })
+        .await;
         // A NULL where a value belongs (the column lost its constraint, say by hand).
         server.value("ALTER TABLE events ALTER COLUMN event_type DROP NOT NULL");
         server.value("UPDATE events SET event_type = NULL WHERE id = 'e1'");

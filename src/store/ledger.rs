@@ -243,10 +243,12 @@ impl LedgerFile {
         atomic::replace(self.dir.path(), LEDGER_FILE, &ledger.to_json())
     }
 
-    /// Counts one more resume of `session`, durably, and returns the new count.
-    pub(crate) fn count_resume(&self, session: &str) -> Result<u64, LedgerError> {
+    /// Records one more resume of `session`, durably, adding it to the count when `counts`,
+    /// and returns the count.
+    pub(crate) fn record_resume(&self, session: &str, counts: bool) -> Result<u64, LedgerError> {
         self.update(|ledger| {
-            let attempts = ledger.sessions.get(session).map_or(0, |e| e.attempts) + 1;
+            let attempts =
+                ledger.sessions.get(session).map_or(0, |e| e.attempts) + u64::from(counts);
             ledger.set(session, attempts);
             (true, attempts)
         })
@@ -313,14 +315,16 @@ mod tests {
     fn counting_is_durable_and_refused_on_a_malformed_file() {
         let dir = tempfile::tempdir().expect("tempdir");
         let file = LedgerFile::new(dir.path());
-        assert_eq!(file.count_resume("s").expect("count"), 1);
-        assert_eq!(file.count_resume("s").expect("count"), 2);
+        assert_eq!(file.record_resume("s", true).expect("count"), 1);
+        assert_eq!(file.record_resume("s", true).expect("count"), 2);
+        // A resume that does not count is still written (and so refused on a bad file).
+        assert_eq!(file.record_resume("s", false).expect("record"), 2);
         assert_eq!(file.load().expect("load").sessions["s"].attempts, 2);
         file.clear("s").expect("clear");
         assert!(file.load().expect("load").sessions.is_empty());
         std::fs::write(file.path(), b"{oops").expect("corrupt");
         assert!(matches!(
-            file.count_resume("s"),
+            file.record_resume("s", false),
             Err(LedgerError::Malformed { .. })
         ));
         assert_eq!(

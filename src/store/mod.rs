@@ -38,9 +38,9 @@ pub(crate) use atomic::is_stale_temp;
 pub(crate) use ledger::Ledger;
 pub(crate) use lock::{DaemonLock, LockError};
 pub(crate) use model::{
-    AcceptOutcome, ClaimedTurn, DeliveryAttempt, DeliveryCounts, DeliveryRow, EVENT_ENTRY, Event,
-    EventCounts, EventDetail, EventFilter, EventRow, InterruptedSession, LiveCounts, NewEvent,
-    NodeRow, PendingDelivery, RenderDelivery, RetryTarget, SessionCounts, SessionRow,
+    AcceptOutcome, Claim, ClaimedTurn, DeliveryAttempt, DeliveryCounts, DeliveryRow, EVENT_ENTRY,
+    Event, EventCounts, EventDetail, EventFilter, EventRow, InterruptedSession, LiveCounts,
+    NewEvent, NodeRow, PendingDelivery, RenderDelivery, RetryTarget, SessionCounts, SessionRow,
     StatusSummary, TranscriptRow, TurnEnd,
 };
 pub(crate) use sqlite::{backup, check_database, session_keys};
@@ -179,6 +179,12 @@ pub(crate) enum Settled {
     Resumed {
         attempt: u64,
     },
+    /// Queued again to run alone, not counted: the crash cut off `crashed_with` turns, so it
+    /// cannot be pinned on this one. `attempts` is the session's count so far.
+    ResumedAlone {
+        attempts: u64,
+        crashed_with: u32,
+    },
     Suspended,
     /// The retry ledger could not count the resume, so nothing was dispatched (fail closed).
     Refused(String),
@@ -229,8 +235,13 @@ pub(crate) trait Accepting: Send + Sync {
 /// Claiming events as turns and committing their steps and ends.
 #[async_trait::async_trait]
 pub(crate) trait Turns: Send + Sync {
-    /// Claims up to `limit` events, the oldest queued one of each idle session, oldest first.
-    async fn claim_turns(&self, limit: usize) -> Result<Vec<ClaimedTurn>, StoreError>;
+    /// Claims events, the oldest queued one of each idle session, oldest first: with
+    /// `Claim::Beside(limit)` up to `limit` that may run beside others, with `Claim::Alone` the
+    /// oldest that must run alone.
+    async fn claim_turns(&self, claim: Claim) -> Result<Vec<ClaimedTurn>, StoreError>;
+    /// Whether an event that must run alone is the next of an idle session (claims of others
+    /// wait while one does, so that it can run alone).
+    async fn waiting_to_run_alone(&self) -> Result<bool, StoreError>;
     /// Commits transcript entries of a running turn, in order, in one transaction.
     async fn append_transcript(
         &self,

@@ -157,6 +157,18 @@ pub(crate) struct ClaimedTurn {
     pub resume_reason: Option<ResumeReason>,
     /// Queued by agentgate itself (a background job's result), not by a sender.
     pub internal: bool,
+    /// Runs with no other turn beside it on this node (a resume after a crash that cut off
+    /// several turns), so that a crash during it is pinned on it.
+    pub alone: bool,
+}
+
+/// Which queued events a claim takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Claim {
+    /// Up to this many events that may run beside others.
+    Beside(usize),
+    /// The oldest event that must run alone, if its session is idle.
+    Alone,
 }
 
 /// A session left `resume_pending` by a drain or a crash.
@@ -170,9 +182,24 @@ pub(crate) struct InterruptedSession {
     pub steps: u32,
     /// When the interrupted turn started (unix ms).
     pub started_at: i64,
+    /// How many turns the crash that cut this one off cut off in all, itself included (on
+    /// PostgreSQL: of the node that died). 1 for a drain's interruption, and for turns marked
+    /// before this was recorded.
+    pub crashed_with: u32,
 }
 
 impl InterruptedSession {
+    /// Whether this interruption can be pinned on the session and so counts toward
+    /// `resume_max_attempts`: a drain's always; a crash only when the turn ran alone, since a
+    /// crash that cut off several turns may have been caused by any of them
+    /// (docs/reference.md, "Crash loops and bystanders").
+    pub(crate) fn is_pinned(&self) -> bool {
+        match self.reason {
+            ResumeReason::ShutdownTimeout => true,
+            ResumeReason::Crashed => self.crashed_with <= 1,
+        }
+    }
+
     fn ended(&self, terminal: Terminal, error: String) -> TurnEnd {
         TurnEnd {
             turn_id: self.turn_id.clone(),
@@ -297,6 +324,8 @@ pub(crate) struct EventDetail {
     pub headers: serde_json::Value,
     pub turns: Vec<TurnRow>,
     pub delivery: Option<DeliveryRow>,
+    /// The copies `events replay` made of this event, oldest first.
+    pub replayed_as: Vec<String>,
 }
 
 /// One turn of an event.

@@ -86,6 +86,7 @@ impl ClaimedTurn {
             event: Event::decode(row)?,
             resume_reason: reason.as_deref().map(ResumeReason::from_sql),
             internal: row.column("internal")?,
+            alone: row.column("run_alone")?,
         })
     }
 }
@@ -118,6 +119,7 @@ impl InterruptedSession {
             event_id: row.column("event_id")?,
             steps: row.number("steps")?,
             started_at: row.column("started_at")?,
+            crashed_with: row.number("crashed_with")?,
         })
     }
 }
@@ -228,6 +230,7 @@ impl super::model::EventDetail {
             headers: serde_json::from_str(&headers).unwrap_or_default(),
             turns: Vec::new(),
             delivery: None,
+            replayed_as: Vec::new(),
         })
     }
 }

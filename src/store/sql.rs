@@ -81,11 +81,11 @@ pub(crate) const PRUNE_SESSIONS_SQL: &str = concatcp!(
 pub(crate) const EVENT_COLUMNS: &str =
     "id, route, session_key, event_type, delivery_id, headers, payload";
 
-/// The columns a claimed turn is made of: the event, why it runs again, and whether agentgate
-/// queued it itself.
+/// The columns a claimed turn is made of: the event, why it runs again, whether agentgate
+/// queued it itself, and whether it must run alone.
 pub(crate) const CLAIM_COLUMNS: &str = concatcp!(
     EVENT_COLUMNS,
-    ", resume_reason, origin <> 'webhook' AS internal"
+    ", resume_reason, origin <> 'webhook' AS internal, run_alone"
 );
 
 /// `$1` turn id, `$2` status, `$3` reason, `$4` output, `$5` error, `$6` steps, `$7` now.
@@ -96,7 +96,7 @@ pub(crate) const FINISH_TURN_SQL: &str = "UPDATE turns SET status = $2, reason =
 pub(crate) const START_EVENT_SQL: &str = concatcp!(
     "UPDATE events SET status = ",
     EVENT_RUNNING,
-    ", resume_reason = NULL, updated_at = $2 WHERE id = $1"
+    ", resume_reason = NULL, run_alone = false, updated_at = $2 WHERE id = $1"
 );
 /// `$1` turn id, `$2` reason, `$3` steps, `$4` now.
 pub(crate) const INTERRUPT_TURN_SQL: &str = concatcp!(
@@ -153,12 +153,12 @@ pub(crate) const TRANSCRIPT_SQL: &str =
 
 // ---- Recovery --------------------------------------------------------------------------------
 
-/// `$1` event id, `$2` the resume reason, `$3` now: an interrupted event goes back to the head
-/// of its session's queue, marked as a resume.
+/// `$1` event id, `$2` the resume reason, `$3` now, `$4` whether it must run alone: an
+/// interrupted event goes back to the head of its session's queue, marked as a resume.
 pub(crate) const REQUEUE_EVENT_SQL: &str = concatcp!(
     "UPDATE events SET status = ",
     QUEUED,
-    ", resume_reason = $2, updated_at = $3 WHERE id = $1"
+    ", resume_reason = $2, run_alone = $4, updated_at = $3 WHERE id = $1"
 );
 
 /// `$1` session key, `$2` now: the session may run its requeued event.
@@ -174,7 +174,7 @@ pub(crate) const INTERRUPTED_COLUMNS: &str = concatcp!(
     "s.key AS key, s.route AS route, COALESCE(s.reason, ",
     CRASHED,
     ") AS reason, t.id AS turn_id, t.event_id AS event_id, t.steps AS steps,
-     t.started_at AS started_at"
+     t.started_at AS started_at, COALESCE(t.crashed_with, 1) AS crashed_with"
 );
 
 // ---- Inspection ------------------------------------------------------------------------------
@@ -254,6 +254,10 @@ pub(crate) const EVENT_SQL: &str = concatcp!(
     EVENT_ROW_COLUMNS,
     ", payload, headers FROM events WHERE id = $1"
 );
+
+/// `$1` event id: the copies `events replay` made of it.
+pub(crate) const EVENT_REPLAYS_SQL: &str =
+    "SELECT id FROM events WHERE replay_of = $1 ORDER BY received_at, id";
 
 /// `$1` event id.
 pub(crate) const EVENT_TURNS_SQL: &str =

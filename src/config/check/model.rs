@@ -5,6 +5,7 @@ use std::time::Duration;
 use super::Checker;
 use crate::config::raw::RawModel;
 use crate::config::settings::{ModelBackend, ModelSettings};
+use crate::config::units::parse_duration;
 
 impl Checker<'_> {
     pub(super) fn model(&mut self, raw: RawModel) -> Option<ModelSettings> {
@@ -68,6 +69,13 @@ impl Checker<'_> {
             max_retries: self.value("model.max_retries", raw.max_retries, 4, |n| {
                 u32::try_from(n).map_err(|_| format!("{n} must be zero or more"))
             }),
+            // Zero is allowed: the turn fails as soon as the retries are spent.
+            outage_wait: self.value(
+                "model.outage_wait",
+                raw.outage_wait,
+                Duration::from_secs(600),
+                |text| parse_duration(&text),
+            ),
             max_concurrent_requests: self.positive(
                 "model.max_concurrent_requests",
                 raw.max_concurrent_requests,

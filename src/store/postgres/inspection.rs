@@ -9,11 +9,12 @@ use crate::store::model::{
     DeliveryCounts, DeliveryRow, EventDetail, EventFilter, EventRow, LiveCounts, SessionRow,
     StatusSummary, TurnRow,
 };
+use crate::store::row::StoredRow;
 use crate::store::row::counted;
 use crate::store::sql::{
-    DELIVERIES_SQL, DELIVERY_COUNTS_SQL, EVENT_DELIVERY_SQL, EVENT_SQL, EVENT_TURNS_SQL,
-    EVENTS_BY_STATUS_SQL, EVENTS_SQL, LIVE_COUNTS_SQL, ONE_SESSION_SQL, SESSIONS_BY_STATE_SQL,
-    SESSIONS_PAGE_SQL, SESSIONS_SQL,
+    DELIVERIES_SQL, DELIVERY_COUNTS_SQL, EVENT_DELIVERY_SQL, EVENT_REPLAYS_SQL, EVENT_SQL,
+    EVENT_TURNS_SQL, EVENTS_BY_STATUS_SQL, EVENTS_SQL, LIVE_COUNTS_SQL, ONE_SESSION_SQL,
+    SESSIONS_BY_STATE_SQL, SESSIONS_PAGE_SQL, SESSIONS_SQL,
 };
 use crate::store::states::{DeliveryState, EventStatus};
 use crate::store::{Inspection, StoreError};
@@ -96,6 +97,9 @@ impl Inspection for PostgresStore {
         detail.turns = self.fetch(EVENT_TURNS_SQL, &[&id], TurnRow::decode).await?;
         detail.delivery = self
             .fetch_optional(EVENT_DELIVERY_SQL, &[&id], DeliveryRow::decode)
+            .await?;
+        detail.replayed_as = self
+            .fetch(EVENT_REPLAYS_SQL, &[&id], |row| row.column("id"))
             .await?;
         Ok(Some(detail))
     }

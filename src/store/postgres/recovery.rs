@@ -18,25 +18,38 @@ use crate::store::states::{
 };
 use crate::store::{Ledger, Recovery, Settled, Settlement, StoreError, now_millis};
 
-/// `$1` now: the running sessions whose lease expired, and their turns, were cut off.
+/// `$1` now: the running sessions of a node whose leases have all expired, and their turns,
+/// were cut off by one crash of that node (a node id is one process), which each turn records
+/// with how many it cut off. Waiting for the node's last lease keeps the turns one crash cut
+/// off together; a session another node is settling right now is skipped.
 const LOST_TURNS_SQL: &str = concatcp!(
-    "WITH lost AS (
+    "WITH dead AS (
+         SELECT s.key, s.lease_owner FROM sessions s
+         WHERE s.state = ",
+    SESSION_RUNNING,
+    " AND s.lease_expires_at < agentgate_now_ms()
+           AND NOT EXISTS (SELECT 1 FROM sessions o
+                           WHERE o.lease_owner = s.lease_owner AND o.state = ",
+    SESSION_RUNNING,
+    "                            AND o.lease_expires_at >= agentgate_now_ms())
+         FOR UPDATE OF s SKIP LOCKED),
+     together AS (SELECT lease_owner, count(*) AS cut FROM dead GROUP BY lease_owner),
+     lost AS (
          UPDATE sessions SET state = ",
     RESUME_PENDING,
     ", reason = ",
     CRASHED,
     ", updated_at = $1,
              lease_owner = NULL, lease_expires_at = NULL
-         WHERE state = ",
-    SESSION_RUNNING,
-    " AND lease_expires_at < agentgate_now_ms()
-         RETURNING last_turn_id)
+         FROM dead WHERE sessions.key = dead.key
+         RETURNING sessions.last_turn_id, dead.lease_owner)
      UPDATE turns SET status = ",
     TURN_INTERRUPTED,
     ", reason = ",
     CRASHED,
-    ", finished_at = $1
-     FROM lost WHERE turns.id = lost.last_turn_id AND turns.status = ",
+    ", finished_at = $1, crashed_with = together.cut
+     FROM lost JOIN together ON together.lease_owner = lost.lease_owner
+     WHERE turns.id = lost.last_turn_id AND turns.status = ",
     TURN_RUNNING
 );
 
@@ -61,11 +74,12 @@ const LOCK_INTERRUPTED_SQL: &str = concatcp!(
      FOR UPDATE SKIP LOCKED"
 );
 
-/// `$1` session key, `$2` now (RFC 3339): one more resume, counted under the row's lock.
-const COUNT_RESUME_SQL: &str =
-    "INSERT INTO resume_ledger (session_key, attempts, last_attempt) VALUES ($1, 1, $2)
+/// `$1` session key, `$2` now (RFC 3339), `$3` what it adds to the count (1, or 0 for a resume
+/// that does not count): one more resume, recorded under the row's lock.
+const RECORD_RESUME_SQL: &str =
+    "INSERT INTO resume_ledger (session_key, attempts, last_attempt) VALUES ($1, $3, $2)
      ON CONFLICT (session_key) DO UPDATE
-         SET attempts = resume_ledger.attempts + 1, last_attempt = EXCLUDED.last_attempt
+         SET attempts = resume_ledger.attempts + $3, last_attempt = EXCLUDED.last_attempt
      RETURNING attempts";
 
 /// `$1` session key.
@@ -83,10 +97,15 @@ struct Steps<'a> {
 
 #[async_trait::async_trait]
 impl AdmissionSteps for Steps<'_> {
-    async fn count_resume(&mut self, session_key: &str) -> Result<Result<u64, String>, StoreError> {
+    async fn record_resume(
+        &mut self,
+        session_key: &str,
+        counts: bool,
+    ) -> Result<Result<u64, String>, StoreError> {
+        let added = i64::from(counts);
         let row = self
             .tx
-            .row(COUNT_RESUME_SQL, &[&session_key, &now_rfc3339()])
+            .row(RECORD_RESUME_SQL, &[&session_key, &now_rfc3339(), &added])
             .await?;
         Ok(Ok(row.number("attempts")?))
     }
@@ -100,12 +119,16 @@ impl AdmissionSteps for Steps<'_> {
         Ok(())
     }
 
-    async fn requeue(&mut self, session: &InterruptedSession) -> Result<(), StoreError> {
+    async fn requeue(
+        &mut self,
+        session: &InterruptedSession,
+        alone: bool,
+    ) -> Result<(), StoreError> {
         let now = now_millis();
         self.tx
             .run(
                 REQUEUE_EVENT_SQL,
-                &[&session.event_id, &session.reason.sql(), &now],
+                &[&session.event_id, &session.reason.sql(), &now, &alone],
             )
             .await?;
         self.tx

@@ -154,6 +154,12 @@ const MIGRATIONS: &[&str] = &[
     "ALTER TABLE events ADD COLUMN replay_of TEXT;",
     // 5: retention deletes old idle sessions by age.
     "CREATE INDEX sessions_by_age ON sessions (state, updated_at);",
+    // 6: crash loops pin only what ran alone, and an event's replays are found from it, as in
+    // the SQLite schema.
+    "ALTER TABLE turns ADD COLUMN crashed_with BIGINT;
+    ALTER TABLE events ADD COLUMN run_alone BOOLEAN NOT NULL DEFAULT false;
+    CREATE INDEX events_to_run_alone ON events (seq) WHERE status = 'queued' AND run_alone;
+    CREATE INDEX events_by_replay_of ON events (replay_of) WHERE replay_of IS NOT NULL;",
 ];
 
 impl PostgresStore {

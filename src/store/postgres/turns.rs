@@ -5,7 +5,9 @@ use const_format::concatcp;
 
 use super::PostgresStore;
 use super::connect::{Cached, bounded};
-use crate::store::model::{ClaimedTurn, EVENT_ENTRY, RenderDelivery, TranscriptRow, TurnEnd};
+use crate::store::model::{
+    Claim, ClaimedTurn, EVENT_ENTRY, RenderDelivery, TranscriptRow, TurnEnd,
+};
 use crate::store::row::StoredRow;
 use crate::store::sql::{
     APPEND_SQL, CLAIM_COLUMNS, END_SESSION_SET, EVENT_HAS_TRANSCRIPT_SQL, FINISH_EVENT_SQL,
@@ -27,6 +29,30 @@ const RUNNABLE_SESSIONS_SQL: &str = concatcp!(
     " AND s.queue_head IS NOT NULL
      ORDER BY s.queue_head LIMIT $1
      FOR UPDATE OF s SKIP LOCKED"
+);
+
+/// The session of the oldest event that must run alone and is the next of an idle session,
+/// from the partial index of such events (a few at most, after a crash), unless another node is
+/// claiming it right now. `$1` limit (so that it reads as the runnable sessions do).
+const ALONE_SESSIONS_SQL: &str = concatcp!(
+    "SELECT s.key AS key FROM events e JOIN sessions s ON s.key = e.session_key
+     WHERE e.status = ",
+    QUEUED,
+    " AND e.run_alone AND s.state = ",
+    IDLE,
+    " AND s.queue_head = e.seq
+     ORDER BY e.seq LIMIT $1
+     FOR UPDATE OF s SKIP LOCKED"
+);
+
+/// The same, only to look: no lock.
+const ALONE_WAITING_SQL: &str = concatcp!(
+    "SELECT EXISTS (SELECT 1 FROM events e JOIN sessions s ON s.key = e.session_key
+     WHERE e.status = ",
+    QUEUED,
+    " AND e.run_alone AND s.state = ",
+    IDLE,
+    " AND s.queue_head = e.seq) AS waiting"
 );
 
 /// `$1` session key: its oldest queued event.
@@ -142,10 +168,14 @@ impl PostgresStore {
     async fn claim_in(
         &self,
         tx: &deadpool_postgres::Transaction<'_>,
-        limit: usize,
+        claim: Claim,
     ) -> Result<Vec<ClaimedTurn>, StoreError> {
+        let (sql, limit) = match claim {
+            Claim::Beside(limit) => (RUNNABLE_SESSIONS_SQL, limit),
+            Claim::Alone => (ALONE_SESSIONS_SQL, 1),
+        };
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let sessions = tx.rows(RUNNABLE_SESSIONS_SQL, &[&limit]).await?;
+        let sessions = tx.rows(sql, &[&limit]).await?;
         let mut claimed = Vec::with_capacity(sessions.len());
         for session in sessions {
             let session_key: String = session.column("key")?;
@@ -153,6 +183,9 @@ impl PostgresStore {
                 continue;
             };
             let turn = ClaimedTurn::decode(&row, uuid::Uuid::now_v7().to_string())?;
+            if turn.alone != (claim == Claim::Alone) {
+                continue;
+            }
             let (event, now) = (&turn.event, now_millis());
             tx.run(START_EVENT_SQL, &[&event.id, &now]).await?;
             tx.run(
@@ -185,15 +218,20 @@ impl PostgresStore {
 
 #[async_trait::async_trait]
 impl Turns for PostgresStore {
-    async fn claim_turns(&self, limit: usize) -> Result<Vec<ClaimedTurn>, StoreError> {
+    async fn claim_turns(&self, claim: Claim) -> Result<Vec<ClaimedTurn>, StoreError> {
         bounded(async {
             let mut client = self.client().await?;
             let tx = client.transaction().await?;
-            let claimed = self.claim_in(&tx, limit).await?;
+            let claimed = self.claim_in(&tx, claim).await?;
             tx.commit().await?;
             Ok(claimed)
         })
         .await
+    }
+
+    async fn waiting_to_run_alone(&self) -> Result<bool, StoreError> {
+        self.fetch_one(ALONE_WAITING_SQL, &[], |row| row.column("waiting"))
+            .await
     }
 
     async fn append_transcript(

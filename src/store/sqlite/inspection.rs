@@ -5,16 +5,16 @@ use std::collections::BTreeMap;
 
 use rusqlite::Connection;
 
-use super::{SqliteStore, query, query_one, query_optional};
+use super::{SqliteStore, query, query_one, query_optional, value};
 use crate::store::model::{
     DeliveryCounts, DeliveryRow, EventDetail, EventFilter, EventRow, LiveCounts, SessionRow,
     StatusSummary, TurnRow,
 };
 use crate::store::row::counted;
 use crate::store::sql::{
-    DELIVERIES_SQL, DELIVERY_COUNTS_SQL, EVENT_DELIVERY_SQL, EVENT_SQL, EVENT_TURNS_SQL,
-    EVENTS_BY_STATUS_SQL, EVENTS_SQL, LIVE_COUNTS_SQL, ONE_SESSION_SQL, SESSIONS_BY_STATE_SQL,
-    SESSIONS_PAGE_SQL, SESSIONS_SQL,
+    DELIVERIES_SQL, DELIVERY_COUNTS_SQL, EVENT_DELIVERY_SQL, EVENT_REPLAYS_SQL, EVENT_SQL,
+    EVENT_TURNS_SQL, EVENTS_BY_STATUS_SQL, EVENTS_SQL, LIVE_COUNTS_SQL, ONE_SESSION_SQL,
+    SESSIONS_BY_STATE_SQL, SESSIONS_PAGE_SQL, SESSIONS_SQL,
 };
 use crate::store::states::{DeliveryState, EventStatus};
 use crate::store::{Inspection, StoreError};
@@ -48,6 +48,9 @@ fn event_in(connection: &Connection, id: &str) -> Result<Option<EventDetail>, St
     })?;
     detail.delivery = query_optional(connection, EVENT_DELIVERY_SQL, &[&id], |row| {
         DeliveryRow::decode(row)
+    })?;
+    detail.replayed_as = query(connection, EVENT_REPLAYS_SQL, &[&id], |row| {
+        value(row, "id")
     })?;
     Ok(Some(detail))
 }

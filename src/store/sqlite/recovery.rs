@@ -5,7 +5,7 @@ use const_format::concatcp;
 use rusqlite::Connection;
 
 use super::turns::finish_in;
-use super::{SqliteStore, execute, query};
+use super::{SqliteStore, execute, query, query_one, value};
 use crate::store::admission::{self, AdmissionSteps};
 use crate::store::ledger::LedgerFile;
 use crate::store::model::{InterruptedSession, RenderDelivery, TurnEnd};
@@ -27,13 +27,13 @@ const CRASHED_SESSIONS_SQL: &str = concatcp!(
     SUSPENDED
 );
 
-/// `$1` now.
+/// `$1` now, `$2` how many turns the crash cut off.
 const CRASHED_TURNS_SQL: &str = concatcp!(
     "UPDATE turns SET status = ",
     TURN_INTERRUPTED,
     ", reason = ",
     CRASHED,
-    ", finished_at = $1 WHERE status = ",
+    ", finished_at = $1, crashed_with = $2 WHERE status = ",
     TURN_RUNNING
 );
 
@@ -46,19 +46,31 @@ const INTERRUPTED_SQL: &str = concatcp!(
     " ORDER BY t.started_at"
 );
 
-/// At start, every turn still `running` was cut off by a crash.
+const RUNNING_TURNS_SQL: &str = concatcp!(
+    "SELECT count(*) AS running FROM turns WHERE status = ",
+    TURN_RUNNING
+);
+
+/// At start, every turn still `running` was cut off by one crash, which each records.
 fn crashed_in(connection: &Connection) -> Result<usize, StoreError> {
     let now = now_millis();
+    let together: i64 = query_one(connection, RUNNING_TURNS_SQL, &[], |row| {
+        value(row, "running")
+    })?;
     execute(connection, CRASHED_SESSIONS_SQL, &[&now])?;
-    execute(connection, CRASHED_TURNS_SQL, &[&now])
+    execute(connection, CRASHED_TURNS_SQL, &[&now, &together])
 }
 
-fn requeue_in(connection: &Connection, session: &InterruptedSession) -> Result<(), StoreError> {
+fn requeue_in(
+    connection: &Connection,
+    session: &InterruptedSession,
+    alone: bool,
+) -> Result<(), StoreError> {
     let now = now_millis();
     execute(
         connection,
         REQUEUE_EVENT_SQL,
-        &[&session.event_id, &session.reason.sql(), &now],
+        &[&session.event_id, &session.reason.sql(), &now, &alone],
     )?;
     execute(
         connection,
@@ -77,11 +89,15 @@ struct Steps<'a> {
 
 #[async_trait::async_trait]
 impl AdmissionSteps for Steps<'_> {
-    async fn count_resume(&mut self, session_key: &str) -> Result<Result<u64, String>, StoreError> {
+    async fn record_resume(
+        &mut self,
+        session_key: &str,
+        counts: bool,
+    ) -> Result<Result<u64, String>, StoreError> {
         let key = session_key.to_string();
         let counted = self
             .store
-            .with_ledger(move |ledger| ledger.count_resume(&key))
+            .with_ledger(move |ledger| ledger.record_resume(&key, counts))
             .await?;
         Ok(counted.map_err(|err| err.to_string()))
     }
@@ -103,10 +119,14 @@ impl AdmissionSteps for Steps<'_> {
         Ok(())
     }
 
-    async fn requeue(&mut self, session: &InterruptedSession) -> Result<(), StoreError> {
+    async fn requeue(
+        &mut self,
+        session: &InterruptedSession,
+        alone: bool,
+    ) -> Result<(), StoreError> {
         let session = session.clone();
         self.store
-            .write(move |connection| requeue_in(connection, &session))
+            .write(move |connection| requeue_in(connection, &session, alone))
             .await
     }
 }

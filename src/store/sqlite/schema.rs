@@ -122,6 +122,14 @@ const MIGRATIONS: &[&str] = &[
     // 8: retention deletes an event's transcript steps by turn, and old idle sessions by age.
     "CREATE INDEX transcript_by_turn ON transcript(turn_id);
     CREATE INDEX sessions_by_age ON sessions(state, updated_at);",
+    // 9: crash loops pin only what ran alone. A crashed turn records how many turns the crash
+    // cut off (NULL for turns marked before: counted, as they were); a resume after a crash that
+    // cut off several runs alone, found through a small partial index. An event's replays are
+    // found from it (`events show`).
+    "ALTER TABLE turns ADD COLUMN crashed_with INTEGER;
+    ALTER TABLE events ADD COLUMN run_alone INTEGER NOT NULL DEFAULT 0;
+    CREATE INDEX events_to_run_alone ON events(seq) WHERE status = 'queued' AND run_alone = 1;
+    CREATE INDEX events_by_replay_of ON events(replay_of) WHERE replay_of IS NOT NULL;",
 ];
 
 /// The schema version this build writes.

@@ -5,7 +5,9 @@ use const_format::concatcp;
 use rusqlite::Connection;
 
 use super::{SqliteStore, execute, query, query_one, value};
-use crate::store::model::{ClaimedTurn, EVENT_ENTRY, RenderDelivery, TranscriptRow, TurnEnd};
+use crate::store::model::{
+    Claim, ClaimedTurn, EVENT_ENTRY, RenderDelivery, TranscriptRow, TurnEnd,
+};
 use crate::store::sql::{
     APPEND_SQL, CLAIM_COLUMNS, END_SESSION_SET, EVENT_HAS_TRANSCRIPT_SQL, FINISH_EVENT_SQL,
     FINISH_TURN_SQL, INTERRUPT_TURN_SQL, START_EVENT_SQL, TRANSCRIPT_SQL, TURN_STEPS_SQL,
@@ -16,18 +18,33 @@ use crate::store::states::{
 };
 use crate::store::{StoreError, Turns, now_millis};
 
-/// Candidates for the next turns: the oldest queued event of each idle session, oldest first.
-/// Read on a reader connection, so a long backlog costs the writer (and so accepts) nothing;
-/// sessions that cannot run (busy, suspended, resume-pending) are never read, so a deep queue
-/// behind them costs nothing here. `$1` limit.
+/// Candidates for the next turns: the oldest queued event of each idle session, oldest first,
+/// unless it must run alone. Read on a reader connection, so a long backlog costs the writer
+/// (and so accepts) nothing; sessions that cannot run (busy, suspended, resume-pending) are
+/// never read, so a deep queue behind them costs nothing here. `$1` limit.
 const CANDIDATES_SQL: &str = concatcp!(
     "
     SELECT e.id AS id, e.seq AS seq, e.session_key AS session_key
     FROM sessions s JOIN events e ON e.seq = s.queue_head
     WHERE s.state = ",
     IDLE,
-    " AND s.queue_head IS NOT NULL
+    " AND s.queue_head IS NOT NULL AND e.run_alone = 0
     ORDER BY s.queue_head
+    LIMIT $1"
+);
+
+/// The oldest event that must run alone and is the next of an idle session, from the partial
+/// index of such events (a few at most, after a crash). `$1` limit.
+const ALONE_CANDIDATES_SQL: &str = concatcp!(
+    "
+    SELECT e.id AS id, e.seq AS seq, e.session_key AS session_key
+    FROM events e JOIN sessions s ON s.key = e.session_key
+    WHERE e.status = ",
+    QUEUED,
+    " AND e.run_alone = 1 AND s.state = ",
+    IDLE,
+    " AND s.queue_head = e.seq
+    ORDER BY e.seq
     LIMIT $1"
 );
 
@@ -91,9 +108,13 @@ struct Candidate {
     session_key: String,
 }
 
-fn candidates_in(connection: &Connection, limit: usize) -> Result<Vec<Candidate>, StoreError> {
+fn candidates_in(connection: &Connection, claim: Claim) -> Result<Vec<Candidate>, StoreError> {
+    let (sql, limit) = match claim {
+        Claim::Beside(limit) => (CANDIDATES_SQL, limit),
+        Claim::Alone => (ALONE_CANDIDATES_SQL, 1),
+    };
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-    query(connection, CANDIDATES_SQL, &[&limit], |row| {
+    query(connection, sql, &[&limit], |row| {
         Ok(Candidate {
             event_id: value(row, "id")?,
             seq: value(row, "seq")?,
@@ -231,15 +252,22 @@ fn interrupt_in(
 
 #[async_trait::async_trait]
 impl Turns for SqliteStore {
-    async fn claim_turns(&self, limit: usize) -> Result<Vec<ClaimedTurn>, StoreError> {
+    async fn claim_turns(&self, claim: Claim) -> Result<Vec<ClaimedTurn>, StoreError> {
         let candidates = self
-            .read(move |connection| candidates_in(connection, limit))
+            .read(move |connection| candidates_in(connection, claim))
             .await?;
         if candidates.is_empty() {
             return Ok(Vec::new());
         }
         self.write(move |connection| claim_in(connection, &candidates))
             .await
+    }
+
+    async fn waiting_to_run_alone(&self) -> Result<bool, StoreError> {
+        let found = self
+            .read(|connection| candidates_in(connection, Claim::Alone))
+            .await?;
+        Ok(!found.is_empty())
     }
 
     async fn append_transcript(
