@@ -32,6 +32,7 @@ mod metrics;
 mod operator;
 mod output;
 mod reconcile;
+mod schema;
 mod secret;
 mod sender;
 mod session;

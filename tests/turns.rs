@@ -376,6 +376,56 @@ fn a_model_outage_shorter_than_outage_wait_costs_a_delay_not_the_event() {
     );
 }
 
+/// The tool's schema is the operator's word on what may reach it: a call whose arguments break
+/// it (a `pattern` here) is not run, the model is told why and can correct itself, and the
+/// refusal is logged, without the value, and counted.
+#[test]
+fn arguments_outside_the_schema_never_reach_the_tool() {
+    let model = Stub::scripted(vec![
+        Reply::tool_call("bad", "report", json!({"path": "/etc/shadow"})),
+        Reply::tool_call("good", "report", json!({"path": "/srv/reports/q3.txt"})),
+        Reply::answer("done"),
+    ]);
+    let receiver = receiver();
+    let workspace = Workspace::new();
+    let received = workspace.path().join("report.args");
+    let text = config(&model, &receiver, "", "").replace("tools = [", "tools = [\"report\", ")
+        + &format!(
+            r#"
+[tools.report]
+description = "Reads a report"
+command = ["/bin/sh", "-c", "cat >> {received}; echo >> {received}"]
+parameters = {{ type = "object", properties = {{ path = {{ type = "string", pattern = "^/srv/reports/[a-z0-9-]+\\.txt$", maxLength = 64 }} }}, required = ["path"], additionalProperties = false }}
+"#,
+            received = received.display()
+        );
+    let (setup, daemon) = start_with_config(model, receiver, &text);
+    let event_id = post(&daemon, "schema");
+    assert_eq!(
+        setup.workspace.wait_terminal(&event_id, TURN_LIMIT),
+        "completed"
+    );
+    let reached = std::fs::read_to_string(&received).expect("the good call ran");
+    assert_eq!(reached.trim(), r#"{"path":"/srv/reports/q3.txt"}"#);
+    let results = tool_results(&setup.model.requests());
+    assert!(
+        results[0].contains("not run") && results[0].contains("does not match"),
+        "{results:?}"
+    );
+    let log = daemon.log();
+    let refusal = log
+        .lines()
+        .find(|line| line.contains("tool call refused"))
+        .unwrap_or_else(|| panic!("no refusal line:\n{log}"));
+    assert!(refusal.contains("at arguments/path"), "{refusal}");
+    assert!(!refusal.contains("/etc/shadow"), "{refusal}");
+    let metrics = setup.workspace.metrics();
+    assert!(
+        metrics.contains(r#"agentgate_tool_calls_total{tool="report",result="invalid"} 1"#),
+        "{metrics}"
+    );
+}
+
 #[test]
 fn tools_that_hang_flood_or_fail_are_contained() {
     let model = Stub::scripted(vec![

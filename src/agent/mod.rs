@@ -5,5 +5,4 @@ pub(crate) mod mcp;
 pub(crate) mod message;
 pub(crate) mod model;
 pub(crate) mod process;
-pub(crate) mod schema;
 pub(crate) mod tools;

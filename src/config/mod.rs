@@ -312,6 +312,32 @@ mod tests {
     }
 
     #[test]
+    fn a_tool_schema_must_be_valid_and_its_strings_bounded() {
+        let tool = |parameters: &str| {
+            findings(&format!(
+                "[tools.read]\ncommand = [\"/bin/cat\"]\nparameters = {parameters}\n"
+            ))
+        };
+        let invalid = tool(r#"{ type = "object", properties = { n = { type = "nonsense" } } }"#);
+        assert!(
+            invalid.iter().any(|f| f.severity == Severity::Error
+                && f.key == "tools.read.parameters"
+                && f.message.contains("not a valid JSON Schema")),
+            "{invalid:?}"
+        );
+        let free = tool(r#"{ type = "object", properties = { path = { type = "string" } } }"#);
+        assert!(
+            free.iter().any(|f| f.severity == Severity::Warning
+                && f.key == "tools.read.parameters.properties.path"),
+            "{free:?}"
+        );
+        let bounded = tool(
+            r#"{ type = "object", properties = { path = { type = "string", pattern = "^/srv/" } } }"#,
+        );
+        assert!(bounded.is_empty(), "{bounded:?}");
+    }
+
+    #[test]
     fn unknown_key_is_an_error_with_its_line() {
         let found = findings("[server]\nlisten = \"127.0.0.1:1\"\nlisen = \"x\"\n");
         assert_eq!(found.len(), 1, "{found:?}");

@@ -503,6 +503,12 @@ impl Running<'_> {
                         .await;
                     return;
                 }
+                Action::Refused(refused) => {
+                    metrics::tool_call(&refused.tool, refused.reason.label());
+                    tracing::warn!(tool = %refused.tool, reason = refused.reason.label(),
+                        detail = %refused.detail, "tool call refused; the model is told why");
+                    continue;
+                }
                 Action::CallModel => self.call_model(machine.messages(), catalog).await,
                 Action::RunTool {
                     call_id,

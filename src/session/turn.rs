@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::agent::message::{Message, Role};
-use crate::agent::schema;
+use crate::schema;
 use crate::store::{EVENT_ENTRY, StopReason, Terminal, TurnStatus};
 
 /// A transcript entry. Messages are what the model sees; a tool start marks a call as begun, so
@@ -85,6 +85,40 @@ pub(crate) enum Action {
         key: String,
     },
     Finish(Outcome),
+    /// A call the model asked for was not run (its result, which says why, is recorded):
+    /// log and count it.
+    Refused(RefusedCall),
+}
+
+/// A tool call the turn refused to run.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct RefusedCall {
+    pub tool: String,
+    pub reason: CallRefusal,
+    /// Why, for the journal: without the argument values.
+    pub detail: String,
+}
+
+/// Why a tool call was not run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CallRefusal {
+    /// The route offers no tool of that name.
+    UnknownTool,
+    /// The arguments are not JSON.
+    NotJson,
+    /// The arguments do not match the tool's parameter schema.
+    InvalidArguments,
+}
+
+impl CallRefusal {
+    /// The `result` label of `agentgate_tool_calls_total`.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            CallRefusal::UnknownTool => "unknown_tool",
+            CallRefusal::NotJson => "not_json",
+            CallRefusal::InvalidArguments => "invalid",
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -281,18 +315,8 @@ impl TurnMachine {
                 actions.push(self.record(Message::tool_result(&call.call_id, result)));
                 continue;
             }
-            match self.check_call(&call.name, &call.arguments) {
-                Ok(arguments) => self.pending.push_back(PendingCall {
-                    call_id: call.call_id,
-                    name: call.name,
-                    arguments,
-                    key: call.key,
-                }),
-                Err(problem) => actions.push(self.record(Message::tool_result(
-                    &call.call_id,
-                    format!("error: {problem}"),
-                ))),
-            }
+            let arguments = call.arguments.clone();
+            actions.extend(self.admit(call.call_id, call.name, &arguments, call.key));
         }
         self.note = Some(note);
         actions.extend(self.after_tools());
@@ -364,44 +388,83 @@ impl TurnMachine {
                 )));
                 continue;
             }
-            match self.check_call(&name, &call.function.arguments) {
-                Ok(arguments) => self.pending.push_back(PendingCall {
-                    call_id: call.id,
-                    name,
-                    arguments,
-                    key: None,
-                }),
-                Err(problem) => {
-                    actions.push(
-                        self.record(Message::tool_result(&call.id, format!("error: {problem}"))),
-                    );
-                }
-            }
+            actions.extend(self.admit(call.id, name, &call.function.arguments, None));
         }
         actions.extend(self.after_tools());
         actions
     }
 
-    fn check_call(&self, name: &str, arguments: &str) -> Result<Value, String> {
+    /// Queues the call to run, or records for the model why it is not run and reports the
+    /// refusal: a tool this route does not offer, arguments that are not JSON or do not match
+    /// the tool's schema.
+    fn admit(
+        &mut self,
+        call_id: String,
+        name: String,
+        arguments: &str,
+        key: Option<String>,
+    ) -> Vec<Action> {
+        match self.check_call(&name, arguments) {
+            Ok(arguments) => {
+                self.pending.push_back(PendingCall {
+                    call_id,
+                    name,
+                    arguments,
+                    key,
+                });
+                Vec::new()
+            }
+            Err((reason, for_model, detail)) => vec![
+                self.record(Message::tool_result(
+                    &call_id,
+                    format!("error: {for_model}"),
+                )),
+                Action::Refused(RefusedCall {
+                    tool: name,
+                    reason,
+                    detail,
+                }),
+            ],
+        }
+    }
+
+    /// The call's arguments, or why it may not run: the reason, what the model is told, and
+    /// what the journal is told.
+    fn check_call(
+        &self,
+        name: &str,
+        arguments: &str,
+    ) -> Result<Value, (CallRefusal, String, String)> {
         let Some(parameters) = self.tools.get(name) else {
             let known: Vec<&str> = self.tools.keys().map(String::as_str).collect();
-            return Err(format!(
+            let problem = format!(
                 "tool {name:?} is not available on this route (available: {})",
                 if known.is_empty() {
                     "none".to_string()
                 } else {
                     known.join(", ")
                 }
-            ));
+            );
+            return Err((CallRefusal::UnknownTool, problem.clone(), problem));
         };
         let arguments: Value = if arguments.trim().is_empty() {
             Value::Object(Default::default())
         } else {
-            serde_json::from_str(arguments)
-                .map_err(|err| format!("the arguments are not valid JSON: {err}"))?
+            serde_json::from_str(arguments).map_err(|err| {
+                let problem = format!("the arguments are not valid JSON: {err}");
+                (CallRefusal::NotJson, problem.clone(), problem)
+            })?
         };
-        schema::validate(parameters, &arguments)
-            .map_err(|err| format!("the arguments do not match the tool's parameters: {err}"))?;
+        schema::validate(parameters, &arguments).map_err(|mismatch| {
+            (
+                CallRefusal::InvalidArguments,
+                format!(
+                    "not run: the arguments do not match the tool's parameters: {}",
+                    mismatch.for_model
+                ),
+                mismatch.for_log,
+            )
+        })?;
         Ok(arguments)
     }
 
@@ -487,6 +550,7 @@ mod tests {
                 Action::RunTool { .. } => "run_tool",
                 Action::Finish(Outcome::Completed { .. }) => "completed",
                 Action::Finish(Outcome::Failed { .. }) => "failed",
+                Action::Refused(_) => "refused",
             })
             .collect()
     }
@@ -510,9 +574,25 @@ mod tests {
 
     #[test]
     fn unknown_tool_and_bad_arguments_become_tool_errors_the_model_sees() {
+        let refused = |actions: &[Action]| -> Vec<(String, CallRefusal)> {
+            actions
+                .iter()
+                .filter_map(|action| match action {
+                    Action::Refused(r) => Some((r.tool.clone(), r.reason)),
+                    _ => None,
+                })
+                .collect()
+        };
         let mut m = machine(5);
         let actions = m.on(Input::ModelReplied(call("c1", "rm_rf", "{}")));
-        assert_eq!(kinds(&actions), ["message", "message", "call_model"]);
+        assert_eq!(
+            kinds(&actions),
+            ["message", "message", "refused", "call_model"]
+        );
+        assert_eq!(
+            refused(&actions),
+            [("rm_rf".to_string(), CallRefusal::UnknownTool)]
+        );
         assert!(
             m.messages()[2]
                 .content
@@ -520,14 +600,24 @@ mod tests {
                 .is_some_and(|c| c.contains("not available"))
         );
         let actions = m.on(Input::ModelReplied(call("c2", "df", "{not json")));
-        assert_eq!(kinds(&actions), ["message", "message", "call_model"]);
+        assert_eq!(
+            refused(&actions),
+            [("df".to_string(), CallRefusal::NotJson)]
+        );
         let actions = m.on(Input::ModelReplied(call("c3", "df", r#"{"path": 3}"#)));
-        assert_eq!(kinds(&actions), ["message", "message", "call_model"]);
+        assert_eq!(
+            kinds(&actions),
+            ["message", "message", "refused", "call_model"]
+        );
+        assert_eq!(
+            refused(&actions),
+            [("df".to_string(), CallRefusal::InvalidArguments)]
+        );
         assert!(
             m.messages()
                 .last()
                 .and_then(|x| x.content.clone())
-                .is_some_and(|c| c.contains("must be of type string"))
+                .is_some_and(|c| c.contains("not run") && c.contains("is not of type \"string\""))
         );
     }
 

@@ -30,6 +30,7 @@ impl Checker<'_> {
                 }
             },
         };
+        self.parameter_schema(&format!("{prefix}.parameters"), &parameters);
         Some(ToolSettings {
             description: raw.description.unwrap_or_default(),
             command: raw.command,
@@ -44,6 +45,27 @@ impl Checker<'_> {
             dedupes: raw.dedupes.unwrap_or(false),
             name,
         })
+    }
+
+    /// A command tool's `parameters`: a valid draft 2020-12 schema (an error otherwise), whose
+    /// strings are bounded. A free string parameter reaches the tool as whatever the model
+    /// (and so a payload) puts there; `enum`, `pattern`, `maxLength`, `const` or `format` bound
+    /// it, and one with none of them is a warning.
+    fn parameter_schema(&mut self, key: &str, parameters: &serde_json::Value) {
+        if let Err(err) = crate::schema::compile(parameters) {
+            self.error(
+                key,
+                format!("not a valid JSON Schema (draft 2020-12): {err}"),
+            );
+            return;
+        }
+        for path in crate::schema::unbounded_strings(parameters) {
+            self.warn(
+                &format!("{key}{path}"),
+                "a string parameter with no enum, pattern, maxLength, const or format: \
+                 the tool receives any text the model writes; bound it",
+            );
+        }
     }
 
     /// `[mcp.NAME]`: exactly one transport, secrets for its environment or headers.
