@@ -426,6 +426,29 @@ parameters = {{ type = "object", properties = {{ path = {{ type = "string", patt
     );
 }
 
+/// `history = { max_turns = 2 }`: the fourth turn of a session sees the newest earlier turns
+/// that fit (dropped in steps of half the bound, so one here), each whole, after a note of
+/// what was left out.
+#[test]
+fn the_history_bound_counts_the_turns_of_a_session() {
+    let model = Stub::start(|_, _| Reply::answer("noted"));
+    let (setup, daemon) = start(model, receiver(), "history = { max_turns = 2 }", "");
+    for n in 1..=4 {
+        let body = json!({"session": "long", "alert": format!("alert number {n}")}).to_string();
+        let response = daemon.post_json("/hooks/alerts", &[], &body);
+        assert_eq!(response.status, 202, "{response:?}");
+        let id = response.event_id();
+        assert_eq!(setup.workspace.wait_terminal(&id, TURN_LIMIT), "completed");
+    }
+    let requests = setup.model.requests();
+    let last = requests.last().expect("a request").json().to_string();
+    assert!(last.contains("1 earlier turn(s) of this session"), "{last}");
+    assert!(!last.contains("alert number 1"), "{last}");
+    for n in 2..=4 {
+        assert!(last.contains(&format!("alert number {n}")), "{last}");
+    }
+}
+
 #[test]
 fn tools_that_hang_flood_or_fail_are_contained() {
     let model = Stub::scripted(vec![

@@ -27,7 +27,9 @@ use crate::config::{RouteSettings, Settings, Shared, ToolSettings};
 use crate::deliver::{self, DeliveryHandle};
 use crate::logging;
 use crate::metrics;
-use crate::store::{ClaimedTurn, ResumeReason, StopReason, Store, StoreError, TurnEnd, TurnStatus};
+use crate::store::{
+    ClaimedTurn, EVENT_ENTRY, ResumeReason, StopReason, Store, StoreError, TurnEnd, TurnStatus,
+};
 
 /// What a session is told of a background job that the daemon's stop cut off.
 const BACKGROUND_JOB_INTERRUPTED: &str =
@@ -450,11 +452,14 @@ impl Running<'_> {
             .await?;
         let mut turns: Vec<Vec<Entry>> = Vec::new();
         for row in rows {
+            // An event row's body is already the message the model saw; its kind still says
+            // that a new event, and so a new group, starts here.
+            let starts_group = row.kind == EVENT_ENTRY;
             let Ok(entry) = serde_json::from_value::<Entry>(row.body) else {
                 continue;
             };
             match turns.last_mut() {
-                Some(entries) if !matches!(entry, Entry::Event { .. }) => entries.push(entry),
+                Some(entries) if !starts_group => entries.push(entry),
                 Some(_) | None => turns.push(vec![entry]),
             }
         }
