@@ -32,10 +32,10 @@ pub(crate) async fn transcript(
     Ok(rows)
 }
 
-/// The event message a turn starts from, for the `markers` fuzz target.
+/// The event message a turn starts from with markers of `nonce`, for the `markers` fuzz target.
 #[cfg(feature = "fuzzing")]
-pub(crate) fn event_message_for_fuzzing(prompt: &str) -> String {
-    prompt::event_message("route", "type", "id", prompt)
+pub(crate) fn event_message_for_fuzzing(prompt: &str, nonce: &str) -> String {
+    prompt::event_message("route", "type", "id", prompt, nonce)
         .content
         .unwrap_or_default()
 }

@@ -368,15 +368,22 @@ impl Running<'_> {
         let (machine, first) = match resume_reason {
             None => {
                 let event = &self.turn.event;
+                let nonce = prompt::new_nonce();
                 let entry = Entry::Event {
                     event_id: event.id.clone(),
                     template: self.route.prompt.clone(),
+                    nonce: Some(nonce.clone()),
                 };
                 if !self.record(&[entry], 0).await {
                     return;
                 }
-                let new_event =
-                    prompt::event_message(&event.route, &event.event_type, &event.id, &prompt_text);
+                let new_event = prompt::event_message(
+                    &event.route,
+                    &event.event_type,
+                    &event.id,
+                    &prompt_text,
+                    &nonce,
+                );
                 messages.push(history::bounded(new_event, message_cap));
                 let mut machine = machine(messages);
                 let first = machine.start();

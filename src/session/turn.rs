@@ -29,6 +29,9 @@ pub(crate) enum Entry {
         event_id: String,
         /// The route's `prompt` template when the turn ran (a reload may change the route's).
         template: String,
+        /// The nonce of the event's markers (none for events recorded before nonces were).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        nonce: Option<String>,
     },
     ToolStart {
         call_id: String,
