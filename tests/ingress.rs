@@ -1066,9 +1066,10 @@ fn stalled_connections_neither_delay_a_valid_webhook_nor_a_running_turn() {
     });
     let marker = workspace.path().join("tool.ran");
     workspace.write_config(&format!(
-        "{}\n[tools.marker]\ncommand = [\"/usr/bin/touch\", {:?}]\n\n{}",
+        "{}\n[tools.marker]\ncommand = [\"/usr/bin/touch\", {:?}]\nwritable = [{:?}]\n\n{}",
         model.model_section(),
         marker.display().to_string(),
+        workspace.path().display().to_string(),
         github_config("tools = [\"marker\"]"),
     ));
     let daemon = workspace.start_with_env(&[("TEST_GITHUB_SECRET", GITHUB_SECRET)]);

@@ -119,9 +119,12 @@ fn a_filesystem_tool_reads_a_file_and_its_result_reaches_the_model_and_the_trans
         }
     });
     workspace.write_config(&format!(
-        "{}\n[mcp.fs]\ncommand = [{:?}, {:?}]\n\n{}",
+        // The server's directory is under the host's /tmp, which the sandbox replaces with a
+        // private one: it is shared with the server as a writable path.
+        "{}\n[mcp.fs]\ncommand = [{:?}, {:?}]\nwritable = [{:?}]\n\n{}",
         model.model_section(),
         node_server("mcp-server-filesystem"),
+        files.display().to_string(),
         files.display().to_string(),
         route(r#"["fs.read_text_file", "fs.list_directory"]"#),
     ));

@@ -34,7 +34,7 @@ fn tool_then_answer(tool: &'static str) -> Stub {
         let last = last_text(request);
         if request.json().to_string().contains("bystander") {
             Reply::answer("fine")
-        } else if last.starts_with("[agentgate]") {
+        } else if last.starts_with("[agentgate]") && last.contains("interrupted") {
             if last.contains("restored") {
                 Reply::answer(
                     "The session was restored after an interruption. What should I do next?",
@@ -68,23 +68,27 @@ max_turn_steps = 8
 [tools.slow_side_effect]
 description = "Changes something, slowly"
 command = ["/bin/sh", "-c", "echo ran >> {marks}/side_effect.runs; sleep 30"]
+writable = ["{marks}"]
 timeout = "60s"
 
 [tools.slow_lookup]
 description = "Reads something, slowly"
 command = ["/bin/sh", "-c", "echo ran >> {marks}/lookup.runs; [ $(wc -l < {marks}/lookup.runs) -ge 2 ] || sleep 30"]
+writable = ["{marks}"]
 timeout = "60s"
 idempotent = true
 
 [tools.flaky_lookup]
 description = "Reads something; hangs on its first two runs"
 command = ["/bin/sh", "-c", "echo ran >> {marks}/flaky.runs; [ $(wc -l < {marks}/flaky.runs) -ge 3 ] || sleep 30"]
+writable = ["{marks}"]
 timeout = "60s"
 idempotent = true
 
 [tools.keyed_write]
 description = "Changes something, slowly, once per call key"
 command = ["/bin/sh", "-c", "echo \"$AGENTGATE_TOOL_CALL_ID\" >> {marks}/keyed.runs; if [ $(grep -cx \"$AGENTGATE_TOOL_CALL_ID\" {marks}/keyed.runs) -gt 1 ]; then echo already done; else sleep 30; fi"]
+writable = ["{marks}"]
 timeout = "60s"
 dedupes = true
 

@@ -127,6 +127,7 @@ outage_wait = "1s"
 [tools.effect]
 description = "A side effect that must never run twice for one call"
 command = ["/bin/sh", "-c", "a=$(cat); printf '%s\n' \"$a\" >> {log}; sleep 0.03"]
+writable = ["{dir}"]
 parameters = {{ type = "object", properties = {{ nonce = {{ type = "string" }} }}, required = ["nonce"] }}
 
 {mcp}
@@ -141,6 +142,7 @@ deliver = {{ kind = "http", url = "{receiver}/results" }}
         model = model.url(),
         receiver = receiver.url(),
         log = workspace.path().join("effects.log").display(),
+        dir = workspace.path().display(),
     )
 }
 

@@ -143,6 +143,29 @@ fn transcript_roles(setup: &Setup, session: &str) -> Vec<String> {
         .collect()
 }
 
+/// The host pid of the one process whose argv is exactly `argv`, once it runs. A sandboxed tool
+/// sees only its own pid namespace, so it cannot say its pid itself; a test gives it an argv of
+/// its own (a `sleep` with a duration no other test uses) and finds it here.
+fn wait_for_argv(argv: &[&str]) -> u32 {
+    let wanted: Vec<u8> = argv
+        .iter()
+        .flat_map(|arg| [arg.as_bytes(), b"\0"].concat())
+        .collect();
+    let mut found = 0;
+    wait_until(&format!("a process running {argv:?}"), TURN_LIMIT, || {
+        found = std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+            .find(|pid| {
+                std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|line| line == wanted)
+            })
+            .unwrap_or(0);
+        found > 0
+    });
+    found
+}
+
 /// The pid a tool wrote into `path` once it started.
 fn wait_for_pid(path: &std::path::Path) -> u32 {
     let mut pid = 0;
@@ -397,9 +420,11 @@ fn arguments_outside_the_schema_never_reach_the_tool() {
 [tools.report]
 description = "Reads a report"
 command = ["/bin/sh", "-c", "cat >> {received}; echo >> {received}"]
+writable = ["{dir}"]
 parameters = {{ type = "object", properties = {{ path = {{ type = "string", pattern = "^/srv/reports/[a-z0-9-]+\\.txt$", maxLength = 64 }} }}, required = ["path"], additionalProperties = false }}
 "#,
-            received = received.display()
+            received = received.display(),
+            dir = workspace.path().display(),
         );
     let (setup, daemon) = start_with_config(model, receiver, &text);
     let event_id = post(&daemon, "schema");
@@ -663,7 +688,6 @@ fn a_background_job_cut_off_by_the_drain_is_reported_to_its_session() {
 #[test]
 fn sessions_cancel_kills_the_running_tool_and_delivers_the_failure() {
     let workspace = Workspace::new();
-    let pid_file = workspace.path().join("tool.pid");
     let model = Stub::start(|request, _| {
         let body = request.json().to_string();
         if body.contains("after cancel") {
@@ -677,7 +701,7 @@ fn sessions_cancel_kills_the_running_tool_and_delivers_the_failure() {
         r#"{model}
 [tools.sleeper]
 description = "Sleeps for a long time"
-command = ["/bin/sh", "-c", "echo $$ > {pid}; exec sleep 300"]
+command = ["/bin/sleep", "300.664"]
 timeout = "600s"
 
 [routes.alerts]
@@ -689,11 +713,10 @@ deliver = {{ kind = "http", url = "{receiver}/results", secret = "{DELIVER_SECRE
 "#,
         model = model.model_section(),
         receiver = receiver.url(),
-        pid = pid_file.display(),
     ));
     let daemon = workspace.start();
     let hung = post(&daemon, "stuck");
-    let tool_pid = wait_for_pid(&pid_file);
+    let tool_pid = wait_for_argv(&["/bin/sleep", "300.664"]);
     assert!(process_alive(tool_pid));
 
     let output = workspace.cli(&["sessions", "cancel", "stuck"]);
@@ -1422,7 +1445,6 @@ fn history_keeps_model_requests_within_the_budget() {
 #[test]
 fn tools_inherit_no_parent_descriptors_and_die_with_the_daemon() {
     let workspace = Workspace::new();
-    let pid_file = workspace.path().join("tool.pid");
     let fds_file = workspace.path().join("tool.fds");
     let model = Stub::start(|request, _| {
         if request.json().to_string().contains("\"tool\"") {
@@ -1435,7 +1457,8 @@ fn tools_inherit_no_parent_descriptors_and_die_with_the_daemon() {
         r#"{model}
 [tools.probe]
 description = "Lists its descriptors, then sleeps"
-command = ["/bin/sh", "-c", "ls /proc/self/fd > {fds}; echo $$ > {pid}; exec sleep 300"]
+command = ["/bin/sh", "-c", "ls /proc/self/fd > {fds}; exec /bin/sleep 300.1423"]
+writable = ["{dir}"]
 timeout = "600s"
 
 [routes.alerts]
@@ -1445,7 +1468,7 @@ tools = ["probe"]
 "#,
         model = model.model_section(),
         fds = fds_file.display(),
-        pid = pid_file.display(),
+        dir = workspace.path().display(),
     ));
     // The workspace's sockets, passed as systemd passes them, and fd 7 left open by the parent.
     let mut daemon = KillOnDrop(
@@ -1470,7 +1493,7 @@ tools = ["probe"]
     )
     .expect("POST");
     assert_eq!(posted.status, 202);
-    let tool_pid = wait_for_pid(&pid_file);
+    let tool_pid = wait_for_argv(&["/bin/sleep", "300.1423"]);
     let fds = std::fs::read_to_string(&fds_file).expect("the tool's descriptors");
     let listed: Vec<&str> = fds.split_whitespace().collect();
     assert!(!listed.contains(&"7"), "the tool got fd 7: {listed:?}");
@@ -1502,6 +1525,8 @@ fn the_next_start_kills_what_tools_of_a_killed_daemon_left_behind() {
 description = "Starts a child and waits for it"
 command = ["/bin/sh", "-c", "sleep 300 & echo $! > {child}; wait"]
 timeout = "600s"
+# What a tool leaves behind outside a sandbox; inside one, its pid namespace ends with it.
+sandbox = "none"
 
 [routes.alerts]
 path = "/hooks/alerts"
@@ -1570,6 +1595,7 @@ max_background_jobs_per_session = 3
 [tools.job]
 description = "A slow background job"
 command = ["/bin/sh", "-c", "echo started >> {started}; sleep 30"]
+writable = ["{dir}"]
 background = true
 timeout = "60s"
 
@@ -1580,6 +1606,7 @@ tools = ["job"]
 "#,
         model = model.model_section(),
         started = started_file.display(),
+        dir = workspace.path().display(),
     ));
     let daemon = workspace.start();
     let response = daemon.post_json("/hooks/alerts", &[], "{}");

@@ -36,7 +36,7 @@ use tracing::Instrument;
 
 use super::process::{Child, ProcessGroup};
 use super::tools::OUTPUT_CAP;
-use crate::config::{McpServerSettings, McpTransport};
+use crate::config::{HiddenPaths, McpServerSettings, McpTransport};
 
 /// How long a server may take to start and answer `initialize` and `tools/list`.
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -283,7 +283,7 @@ impl McpServers {
 
     /// Starts the servers of `config` that are not running, stops those it no longer has, and
     /// restarts those whose settings changed. Turns keep the connections they hold.
-    pub(crate) fn apply(&self, config: &BTreeMap<String, McpServerSettings>) {
+    pub(crate) fn apply(&self, config: &BTreeMap<String, McpServerSettings>, hidden: &HiddenPaths) {
         let mut servers = self.servers();
         servers.retain(|name, supervised| {
             let keep = config.get(name) == Some(&supervised.settings);
@@ -299,8 +299,9 @@ impl McpServers {
             let (state, watcher) = watch::channel(ServerState::Starting);
             let stop = self.stop.child_token();
             let span = tracing::info_span!("mcp", mcp_server = %name);
-            self.tracker
-                .spawn(supervise(settings.clone(), state, stop.clone()).instrument(span));
+            self.tracker.spawn(
+                supervise(settings.clone(), hidden.clone(), state, stop.clone()).instrument(span),
+            );
             servers.insert(
                 name.clone(),
                 Supervised {
@@ -364,6 +365,7 @@ impl McpServers {
 /// server goes away (or cannot start), try again after a backoff.
 async fn supervise(
     settings: McpServerSettings,
+    hidden: HiddenPaths,
     state: watch::Sender<ServerState>,
     stop: CancellationToken,
 ) {
@@ -373,7 +375,7 @@ async fn supervise(
         let tools_changed = Arc::new(Notify::new());
         let started = Instant::now();
         let connected = tokio::select! {
-            connected = tokio::time::timeout(STARTUP_TIMEOUT, connect(&settings, tools_changed.clone())) => {
+            connected = tokio::time::timeout(STARTUP_TIMEOUT, connect(&settings, &hidden, tools_changed.clone())) => {
                 connected.unwrap_or_else(|_| Err(format!("it did not answer within {STARTUP_TIMEOUT:?}")))
             }
             () = stop.cancelled() => return,
@@ -483,6 +485,7 @@ async fn list_tools(peer: &Peer<RoleClient>) -> Result<Vec<McpTool>, String> {
 /// Starts (stdio) or reaches (HTTP) the server and lists its tools.
 async fn connect(
     settings: &McpServerSettings,
+    hidden: &HiddenPaths,
     tools_changed: Arc<Notify>,
 ) -> Result<(Connection, Vec<McpTool>), String> {
     let listener = Listener {
@@ -490,7 +493,12 @@ async fn connect(
     };
     let service = CancellationToken::new();
     let (running, process_group) = match &settings.transport {
-        McpTransport::Stdio { command, env, cwd } => {
+        McpTransport::Stdio {
+            command,
+            env,
+            cwd,
+            sandbox,
+        } => {
             let Some(mut child) = Child::new(command) else {
                 return Err("the command is empty".to_string());
             };
@@ -500,6 +508,12 @@ async fn connect(
             if let Some(cwd) = cwd {
                 child = child.current_dir(cwd.clone());
             }
+            let child = super::sandbox::confine(child, sandbox, hidden)
+                .map_err(|not_confined| not_confined.to_string())?;
+            tracing::info!(
+                sandbox = super::sandbox::mechanism(sandbox),
+                "starting the MCP server"
+            );
             let (transport, stderr) = TokioChildProcess::builder(child.command())
                 .stderr(Stdio::piped())
                 .spawn()

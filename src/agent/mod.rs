@@ -5,4 +5,5 @@ pub(crate) mod mcp;
 pub(crate) mod message;
 pub(crate) mod model;
 pub(crate) mod process;
+pub(crate) mod sandbox;
 pub(crate) mod tools;

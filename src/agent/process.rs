@@ -42,6 +42,8 @@ pub(crate) struct Child {
     args: Vec<String>,
     env: Vec<(String, OsString)>,
     cwd: Option<PathBuf>,
+    /// The program errors name, when `program` is a sandbox that starts it.
+    shown_as: Option<String>,
 }
 
 /// What a run may take: how long, and how much of each output stream is kept.
@@ -87,11 +89,35 @@ impl Child {
             args: args.to_vec(),
             env: Vec::new(),
             cwd: None,
+            shown_as: None,
         })
     }
 
     pub(crate) fn program(&self) -> &str {
-        &self.program
+        self.shown_as.as_deref().unwrap_or(&self.program)
+    }
+
+    /// The directory it starts in, if not the daemon's.
+    pub(crate) fn working_dir(&self) -> Option<&std::path::Path> {
+        self.cwd.as_deref()
+    }
+
+    /// The same child, started through `wrapper` (a sandbox's argv, ending where the child's
+    /// own argv begins). Errors still name the child's own program.
+    pub(crate) fn within(self, wrapper: Vec<String>) -> Child {
+        let mut wrapper = wrapper.into_iter();
+        let Some(program) = wrapper.next() else {
+            return self;
+        };
+        let mut args: Vec<String> = wrapper.collect();
+        args.push(self.program.clone());
+        args.extend(self.args);
+        Child {
+            program,
+            args,
+            shown_as: self.shown_as.or(Some(self.program)),
+            ..self
+        }
     }
 
     /// Adds `name=value` to the child's environment.
@@ -145,9 +171,9 @@ impl Child {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        let mut child = command
-            .spawn()
-            .map_err(|err| Aborted::NotStarted(format!("cannot start {}: {err}", self.program)))?;
+        let mut child = command.spawn().map_err(|err| {
+            Aborted::NotStarted(format!("cannot start {}: {err}", self.program()))
+        })?;
         let group = ProcessGroup::of(&child);
         if let Some(mut stdin) = child.stdin.take() {
             // A child that does not read stdin closes it early; that is not an error.

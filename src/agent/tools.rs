@@ -6,7 +6,8 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use super::process::{Aborted, Child, Limits};
-use crate::config::ToolSettings;
+use super::sandbox;
+use crate::config::{HiddenPaths, ToolSettings};
 
 /// Output kept per stream, counted in stored bytes (`untrusted::tool_output`); the rest is read
 /// and discarded, and the truncation is marked.
@@ -79,6 +80,7 @@ pub(crate) const CALL_KEY_VARIABLE: &str = "AGENTGATE_TOOL_CALL_ID";
 /// group is killed and `Cancelled` returned).
 pub(crate) async fn run(
     tool: &ToolSettings,
+    hidden: &HiddenPaths,
     arguments: &serde_json::Value,
     key: &str,
     cancel: &CancellationToken,
@@ -88,6 +90,14 @@ pub(crate) async fn run(
             "the tool has no command".into(),
         ));
     };
+    let child = match sandbox::confine(child, &tool.sandbox, hidden) {
+        Ok(child) => child,
+        Err(not_confined) => {
+            tracing::error!(tool = %tool.name, error = %not_confined, "tool not run");
+            return Ok(ToolOutcome::failed_to_start(not_confined.to_string()));
+        }
+    };
+    tracing::debug!(tool = %tool.name, sandbox = sandbox::mechanism(&tool.sandbox), "running the tool");
     let limits = Limits {
         timeout: tool.timeout,
         output_cap: OUTPUT_CAP,
@@ -138,9 +148,15 @@ mod tests {
 
     /// Runs `tool` with no arguments and nothing cancelling it.
     async fn run_alone(tool: &ToolSettings) -> ToolOutcome {
-        run(tool, &serde_json::json!({}), "k", &CancellationToken::new())
-            .await
-            .expect("the tool ran")
+        run(
+            tool,
+            &HiddenPaths::default(),
+            &serde_json::json!({}),
+            "k",
+            &CancellationToken::new(),
+        )
+        .await
+        .expect("the tool ran")
     }
 
     fn tool(command: &[&str], timeout: Duration) -> ToolSettings {
@@ -156,6 +172,8 @@ mod tests {
             idempotent: false,
             background: false,
             dedupes: false,
+            // The runner itself; the sandbox has tests of its own, with the real binary.
+            sandbox: crate::config::Sandboxing::Off,
         }
     }
 
@@ -180,6 +198,7 @@ mod tests {
         );
         let outcome = run(
             &cat,
+            &HiddenPaths::default(),
             &serde_json::json!({"x": 1}),
             "turn.1",
             &CancellationToken::new(),

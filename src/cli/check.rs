@@ -1,5 +1,6 @@
 //! `check-config`.
 
+use crate::agent::sandbox::{self, Availability};
 use crate::config::{self, ConfigError, ConfigSource, LocatedFinding, SecretCheck, Severity};
 use crate::exit::Failure;
 use crate::output::outln;
@@ -9,6 +10,17 @@ pub(super) fn check_config(source: &ConfigSource) -> Result<(), Failure> {
         Ok(loaded) => {
             for finding in &loaded.warnings {
                 outln!("{}", LocatedFinding { source, finding });
+            }
+            // A machine property, not the file's: said after the file's findings.
+            let strict = config::strict_children(&loaded.config);
+            if let (Availability::Unavailable(reason), false) =
+                (sandbox::availability(), strict.is_empty())
+            {
+                outln!(
+                    "{source}: warning: no tool sandbox can be set up here ({reason}); these run \
+                     only sandboxed and will fail: {}",
+                    strict.join(", ")
+                );
             }
             outln!(
                 "{source}: ok ({} route(s), {} tool(s), {} MCP server(s), {} warning(s))",

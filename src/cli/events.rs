@@ -351,7 +351,7 @@ pub(super) fn tools_list(
                 let tracker = tokio_util::task::TaskTracker::new();
                 let stop = tokio_util::sync::CancellationToken::new();
                 let servers = McpServers::new(tracker.clone(), stop.clone());
-                servers.apply(&config.mcp);
+                servers.apply(&config.mcp, &config.hidden);
                 let listed =
                     catalog::listing(&config, &servers, route, TOOLS_LIST_START_WAIT).await;
                 stop.cancel();

@@ -86,6 +86,7 @@ fn document_from_state(
     document.state_dir = Some(state.state_dir.clone());
     document.ledger = Some(ledger);
     document.turns = live.as_ref().and_then(|live| live.turns);
+    document.sandbox = live.as_ref().and_then(|live| live.sandbox.clone());
     document.mcp = live.and_then(|live| live.mcp);
     Ok(document)
 }
@@ -129,6 +130,16 @@ fn render(document: &StatusDocument) -> String {
     }
     if let Some(ledger) = &document.ledger {
         text.push_str(&ledger_line(ledger));
+    }
+    if let Some(sandbox) = &document.sandbox {
+        text.push_str(&if sandbox.available {
+            format!("sandbox:    {} ({})\n", sandbox.mechanism, sandbox.detail)
+        } else {
+            format!(
+                "sandbox:    UNAVAILABLE, strict tools do not run: {}\n",
+                sandbox.detail
+            )
+        });
     }
     for (name, server) in document.mcp.iter().flatten() {
         text.push_str(&match server {

@@ -232,6 +232,7 @@ pub(crate) fn state_location(source: &ConfigSource) -> Result<StateLocation, Con
             locator: &locator,
             findings: Vec::new(),
             environment,
+            secret_files: Vec::new(),
         };
         // An operator command runs no turns: the default pool for max_concurrent_turns = 16
         // is plenty.

@@ -106,6 +106,9 @@ pub(super) struct RawTool {
     pub(super) idempotent: Option<bool>,
     pub(super) background: Option<bool>,
     pub(super) dedupes: Option<bool>,
+    pub(super) sandbox: Option<String>,
+    pub(super) network: Option<bool>,
+    pub(super) writable: Option<Vec<PathBuf>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -125,6 +128,9 @@ pub(super) struct RawMcp {
     pub(super) not_idempotent: Vec<String>,
     #[serde(default)]
     pub(super) dedupes: Vec<String>,
+    pub(super) sandbox: Option<String>,
+    pub(super) network: Option<bool>,
+    pub(super) writable: Option<Vec<PathBuf>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -174,4 +180,7 @@ pub(super) struct RawDeliver {
     pub(super) secret: Option<SecretSource>,
     pub(super) command: Option<Vec<String>>,
     pub(super) concurrency: Option<i64>,
+    pub(super) sandbox: Option<String>,
+    pub(super) network: Option<bool>,
+    pub(super) writable: Option<Vec<PathBuf>>,
 }

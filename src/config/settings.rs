@@ -24,6 +24,62 @@ pub(crate) struct Config {
     /// `[mcp.NAME]`: MCP servers whose tools routes may offer.
     pub mcp: BTreeMap<String, McpServerSettings>,
     pub routes: Vec<RouteSettings>,
+    /// What no sandboxed process may see.
+    pub hidden: HiddenPaths,
+}
+
+/// What a child process (a command tool, a stdio MCP server, a command delivery) may reach:
+/// `sandbox`, `network` and `writable` (docs/tools.md, "Sandbox").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Sandboxing {
+    /// In a bubblewrap sandbox: nothing of [`HiddenPaths`], a private `/tmp`, the rest of the
+    /// file system read-only but for `writable`, no privileges, and no network unless `network`.
+    Strict {
+        network: bool,
+        writable: Vec<PathBuf>,
+    },
+    /// As the daemon's user, with everything it can reach (`sandbox = "none"`).
+    Off,
+}
+
+/// The children of `config` that run only sandboxed, by their config key.
+pub(crate) fn strict_children(config: &Config) -> Vec<String> {
+    let strict = |sandbox: &Sandboxing| matches!(sandbox, Sandboxing::Strict { .. });
+    let tools = config
+        .tools
+        .values()
+        .filter(|tool| strict(&tool.sandbox))
+        .map(|tool| format!("tools.{}", tool.name));
+    let servers = config
+        .mcp
+        .values()
+        .filter_map(|server| match &server.transport {
+            McpTransport::Stdio { sandbox, .. } if strict(sandbox) => {
+                Some(format!("mcp.{}", server.name))
+            }
+            McpTransport::Stdio { .. } | McpTransport::Http { .. } => None,
+        });
+    let deliveries = config
+        .routes
+        .iter()
+        .filter_map(|route| match &route.deliver {
+            DeliverSettings::Command { sandbox, .. } if strict(sandbox) => {
+                Some(format!("routes.{}.deliver", route.name))
+            }
+            DeliverSettings::Command { .. }
+            | DeliverSettings::Log
+            | DeliverSettings::Http { .. } => None,
+        });
+    tools.chain(servers).chain(deliveries).collect()
+}
+
+/// The paths a sandboxed process never sees, whatever its `writable` says: the state directory
+/// (every session's transcript and payload), the credentials directory, the control socket, the
+/// config file and every secret file the config names. Paths that do not exist are skipped.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct HiddenPaths {
+    pub dirs: Vec<PathBuf>,
+    pub files: Vec<PathBuf>,
 }
 
 /// How much of a session's earlier turns a route shows the model (`history = { max_turns,
@@ -138,6 +194,7 @@ pub(crate) struct ToolSettings {
     pub timeout: Duration,
     pub idempotent: bool,
     pub background: bool,
+    pub sandbox: Sandboxing,
     /// The tool honours its call's key (`AGENTGATE_TOOL_CALL_ID`), so a re-run after an
     /// interruption has no second effect.
     pub dedupes: bool,
@@ -165,6 +222,7 @@ pub(crate) enum McpTransport {
         command: Vec<String>,
         env: BTreeMap<String, Secret>,
         cwd: Option<PathBuf>,
+        sandbox: Sandboxing,
     },
     /// The streamable HTTP transport.
     Http {
@@ -219,6 +277,7 @@ pub(crate) enum DeliverSettings {
     Command {
         argv: Vec<String>,
         concurrency: usize,
+        sandbox: Sandboxing,
     },
 }
 

@@ -20,7 +20,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::agent::process::{Aborted, Child, Limits};
-use crate::config::{DeliverSettings, Settings, Shared, redacted_url};
+use crate::agent::sandbox::confine;
+use crate::config::{DeliverSettings, HiddenPaths, Sandboxing, Settings, Shared, redacted_url};
 use crate::logging;
 use crate::metrics;
 use crate::signature::standard_signature;
@@ -178,7 +179,10 @@ impl Deliverer {
                 Ok(())
             }
             DeliverSettings::Http { url, key, .. } => self.post(url, key.as_ref(), &delivery).await,
-            DeliverSettings::Command { argv, .. } => run_command(argv, &delivery).await,
+            DeliverSettings::Command { argv, sandbox, .. } => {
+                let hidden = self.settings.get().config.hidden.clone();
+                run_command(argv, sandbox, &hidden, &delivery).await
+            }
         };
         let attempt = delivery.attempts + 1;
         let outcome = match result {
@@ -271,10 +275,16 @@ fn describe(err: &reqwest::Error) -> String {
 
 /// Runs a `command` delivery with the result on stdin. The whole attempt is bounded: a command
 /// that never reads its stdin or never exits is stopped at `ATTEMPT_TIMEOUT`.
-async fn run_command(argv: &[String], delivery: &PendingDelivery) -> Result<(), String> {
+async fn run_command(
+    argv: &[String],
+    sandbox: &Sandboxing,
+    hidden: &HiddenPaths,
+    delivery: &PendingDelivery,
+) -> Result<(), String> {
     let Some(child) = Child::new(argv) else {
         return Err("deliver.command is empty".into());
     };
+    let child = confine(child, sandbox, hidden).map_err(|not_confined| not_confined.to_string())?;
     let limits = Limits {
         timeout: ATTEMPT_TIMEOUT,
         output_cap: COMMAND_STDERR_CAP,

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::agent::mcp::McpServerStatus;
+use crate::agent::sandbox::{self, Availability};
 
 use crate::store::{
     DeliveryCounts, EventCounts, EventRow, NodeRow, SessionCounts, SessionRow, SessionState,
@@ -38,6 +39,34 @@ pub(crate) struct StatusDocument {
     /// The running daemon's MCP servers, by name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mcp: Option<BTreeMap<String, McpServerStatus>>,
+    /// Whether the running daemon can sandbox its tools (`sandbox = "strict"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<SandboxStatus>,
+}
+
+/// The tool sandbox as the daemon found it at start.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct SandboxStatus {
+    pub available: bool,
+    /// `bubblewrap`.
+    pub mechanism: String,
+    /// Its version when available, else why it is not.
+    pub detail: String,
+}
+
+impl SandboxStatus {
+    /// What [`sandbox::availability`] found.
+    pub(crate) fn probed() -> SandboxStatus {
+        let (available, detail) = match sandbox::availability() {
+            Availability::Ready { version, .. } => (true, version.clone()),
+            Availability::Unavailable(reason) => (false, reason.clone()),
+        };
+        SandboxStatus {
+            available,
+            mechanism: "bubblewrap".to_string(),
+            detail,
+        }
+    }
 }
 
 impl StatusDocument {
@@ -55,6 +84,7 @@ impl StatusDocument {
             ledger: None,
             nodes: summary.nodes,
             mcp: None,
+            sandbox: None,
         }
     }
 }

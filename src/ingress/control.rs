@@ -16,8 +16,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::AcceptBackoff;
 use super::api::{
-    Accepting, DaemonStatus, EventsPage, OperatorAnswer, SessionDocument, SessionsPage,
-    StatusDocument, ToolsDocument, TurnCounts,
+    Accepting, DaemonStatus, EventsPage, OperatorAnswer, SandboxStatus, SessionDocument,
+    SessionsPage, StatusDocument, ToolsDocument, TurnCounts,
 };
 use super::capacity::Capacity;
 use super::connection::Stream;
@@ -174,6 +174,7 @@ impl Control {
             running: self.sessions.running_count(),
         });
         document.mcp = Some(self.mcp.status());
+        document.sandbox = Some(SandboxStatus::probed());
         Ok(json_response(StatusCode::OK, &json!(document)))
     }
 

@@ -52,6 +52,7 @@ impl Bootstrap {
             );
         }
         raise_open_file_limit();
+        report_sandbox(&config);
         // Before any thread exists: nothing inherited from the parent reaches a tool.
         let marked = crate::sys::keep_inherited_descriptors_from_children();
         if marked > 0 {
@@ -164,6 +165,23 @@ where
                 delay = (delay * 2).min(LAST_RETRY);
             }
             other => return other,
+        }
+    }
+}
+
+/// Probes the tool sandbox (before any thread: the probe waits for a process) and says what it
+/// found; without one, every strict child of the config is named, since none of them will run.
+fn report_sandbox(config: &Config) {
+    match crate::agent::sandbox::availability() {
+        crate::agent::sandbox::Availability::Ready { version, .. } => {
+            tracing::info!(sandbox = "bubblewrap", version = %version, "tool sandbox ready");
+        }
+        crate::agent::sandbox::Availability::Unavailable(reason) => {
+            let strict = config::strict_children(config);
+            if !strict.is_empty() {
+                tracing::error!(reason = %reason, children = %strict.join(", "),
+                    "no tool sandbox: these run only sandboxed and will fail until one can be set up");
+            }
         }
     }
 }

@@ -112,7 +112,8 @@ async fn run(
         return Ok(());
     }
     // In the background: a server that is slow to start or cannot start delays nothing.
-    wired.mcp.apply(&wired.settings.get().config.mcp);
+    let config = &wired.settings.get().config;
+    wired.mcp.apply(&config.mcp, &config.hidden);
     let settings = wired.settings.clone();
     let activated = listeners.activated;
     // The daemon's own listeners take every connection from here on.

@@ -38,7 +38,8 @@ impl Reloader {
                 self.settings.replace(settings);
                 apply_log_settings(&self.settings.get().config.runtime);
                 self.ingress.reload(self.settings.get());
-                self.mcp.apply(&self.settings.get().config.mcp);
+                let config = &self.settings.get().config;
+                self.mcp.apply(&config.mcp, &config.hidden);
                 report.applied = true;
                 tracing::info!(
                     routes = self.settings.get().config.routes.len(),

@@ -680,7 +680,13 @@ impl Running<'_> {
         let kill = CancellationToken::new();
         let _kill_on_exit = kill.clone().drop_guard();
         let outcome = self
-            .guarded(tools::run(tool, arguments, key, &kill))
+            .guarded(tools::run(
+                tool,
+                &self.settings.config.hidden,
+                arguments,
+                key,
+                &kill,
+            ))
             .await?;
         let result = match outcome {
             Ok(outcome) => {
@@ -711,6 +717,7 @@ impl Running<'_> {
         // Jobs end with the daemon's drain, after turns and deliveries.
         let kill = self.context.stop_background_jobs.child_token();
         let (tool, arguments, key) = (tool.clone(), arguments.clone(), key.to_string());
+        let hidden = self.settings.config.hidden.clone();
         let (session_key, route, job) = (
             event.session_key.clone(),
             event.route.clone(),
@@ -722,7 +729,7 @@ impl Running<'_> {
             async move {
                 // A job cut off by the drain is still reported to its session, so the agent learns
                 // that it did not finish rather than waiting for a result that never comes.
-                let outcome = tools::run(&tool, &arguments, &key, &kill).await;
+                let outcome = tools::run(&tool, &hidden, &arguments, &key, &kill).await;
                 slots.release(&session_key);
                 let payload = match outcome {
                     Ok(outcome) => {

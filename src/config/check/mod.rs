@@ -4,6 +4,7 @@
 
 mod model;
 mod routes;
+mod sandbox;
 mod server;
 mod tools;
 
@@ -18,7 +19,7 @@ use super::{
     Config, ConfigError, ConfigSource, Environment, Finding, Loaded, SecretCheck, Severity,
     count_errors, resolve_state_dir,
 };
-use crate::secret::{Secret, SecretSource};
+use crate::secret::{Secret, SecretReference, SecretSource};
 
 /// Parses and validates config text. Errors make the whole config unusable; warnings do not.
 pub(crate) fn check(
@@ -40,8 +41,12 @@ pub(crate) fn check(
         locator: &locator,
         findings: Vec::new(),
         environment,
+        secret_files: Vec::new(),
     };
-    let config = checker.config(raw);
+    let mut config = checker.config(raw);
+    if let (Some(config), ConfigSource::File(path)) = (config.as_mut(), &source) {
+        config.hidden.files.push(path.clone());
+    }
     let mut findings = checker.findings;
     findings.sort_by_key(|f| (f.line.unwrap_or(0), f.severity));
     match config {
@@ -70,6 +75,8 @@ pub(super) struct Checker<'a> {
     pub(super) locator: &'a Locator,
     pub(super) findings: Vec<Finding>,
     pub(super) environment: &'a Environment<'a>,
+    /// Every `{ file = PATH }` secret seen so far: sandboxed processes never see them.
+    pub(super) secret_files: Vec<std::path::PathBuf>,
 }
 
 impl Checker<'_> {
@@ -134,6 +141,9 @@ impl Checker<'_> {
                 key,
                 "a literal secret in the config file; prefer { credential = \"NAME\" }",
             );
+        }
+        if let SecretSource::Reference(SecretReference::File(path)) = source {
+            self.secret_files.push(path.clone());
         }
         if self.environment.secrets == SecretCheck::CredentialsOptional
             && self.environment.credentials_dir.is_none()
@@ -202,9 +212,12 @@ impl Checker<'_> {
                 routes.push(route);
             }
         }
+        let server = server?;
+        let hidden = self.hidden_paths(&state_dir, Some(&server.control_socket));
         Some(Config {
+            hidden,
             state_dir,
-            server: server?,
+            server,
             runtime,
             model: model?,
             store: store?,

@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 
+use super::sandbox::RawSandbox;
 use super::{Checker, DEFAULT_DELIVERY_CONCURRENCY, redacted_url, valid_name};
 use crate::config::raw::{RawDeliver, RawHistory, RawRoute, RawVerify};
 use crate::config::settings::{
@@ -358,7 +359,19 @@ impl Checker<'_> {
                     raw.concurrency,
                     DEFAULT_DELIVERY_CONCURRENCY,
                 ) as usize;
-                Some(DeliverSettings::Command { argv, concurrency })
+                let sandbox = self.sandboxing(
+                    &key_path,
+                    RawSandbox {
+                        sandbox: raw.sandbox,
+                        network: raw.network,
+                        writable: raw.writable,
+                    },
+                );
+                Some(DeliverSettings::Command {
+                    argv,
+                    concurrency,
+                    sandbox,
+                })
             }
             other => {
                 self.error(

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use super::sandbox::RawSandbox;
 use super::{Checker, valid_name};
 use crate::config::raw::{RawMcp, RawTool};
 use crate::config::settings::{McpServerSettings, McpTransport, ToolSettings};
@@ -42,6 +43,14 @@ impl Checker<'_> {
             ),
             idempotent: raw.idempotent.unwrap_or(false),
             background: raw.background.unwrap_or(false),
+            sandbox: self.sandboxing(
+                &prefix,
+                RawSandbox {
+                    sandbox: raw.sandbox,
+                    network: raw.network,
+                    writable: raw.writable,
+                },
+            ),
             dedupes: raw.dedupes.unwrap_or(false),
             name,
         })
@@ -104,10 +113,24 @@ impl Checker<'_> {
                     command,
                     env,
                     cwd: raw.cwd,
+                    sandbox: self.sandboxing(
+                        &prefix,
+                        RawSandbox {
+                            sandbox: raw.sandbox,
+                            network: raw.network,
+                            writable: raw.writable,
+                        },
+                    ),
                 }
             }
             (None, Some(url)) => {
-                for (key, set) in [("env", !raw.env.is_empty()), ("cwd", raw.cwd.is_some())] {
+                for (key, set) in [
+                    ("env", !raw.env.is_empty()),
+                    ("cwd", raw.cwd.is_some()),
+                    ("sandbox", raw.sandbox.is_some()),
+                    ("network", raw.network.is_some()),
+                    ("writable", raw.writable.is_some()),
+                ] {
                     if set {
                         self.error(
                             &format!("{prefix}.{key}"),

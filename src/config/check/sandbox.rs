@@ -1,0 +1,82 @@
+//! `sandbox`, `network` and `writable` of command tools, stdio MCP servers and command
+//! deliveries, and the paths no sandboxed process may see (docs/tools.md, "Sandbox").
+
+use std::path::PathBuf;
+
+use super::Checker;
+use crate::config::settings::{HiddenPaths, Sandboxing};
+
+/// The three keys as the config file has them.
+pub(super) struct RawSandbox {
+    pub sandbox: Option<String>,
+    pub network: Option<bool>,
+    pub writable: Option<Vec<PathBuf>>,
+}
+
+impl Checker<'_> {
+    /// The sandboxing of the child that `prefix` configures: strict unless it says otherwise.
+    pub(super) fn sandboxing(&mut self, prefix: &str, raw: RawSandbox) -> Sandboxing {
+        match raw.sandbox.as_deref() {
+            None | Some("strict") => {}
+            Some("none") => {
+                for (key, set) in [
+                    ("network", raw.network.is_some()),
+                    ("writable", raw.writable.is_some()),
+                ] {
+                    if set {
+                        self.warn(
+                            &format!("{prefix}.{key}"),
+                            "has no effect with sandbox = \"none\"",
+                        );
+                    }
+                }
+                self.warn(
+                    &format!("{prefix}.sandbox"),
+                    "sandbox = \"none\": it runs as the daemon's user and can read the state \
+                     (every session's payloads and transcripts), the credentials and the control \
+                     socket; a prompt-injected model can make it do so",
+                );
+                return Sandboxing::Off;
+            }
+            Some(other) => {
+                self.error(
+                    &format!("{prefix}.sandbox"),
+                    format!("unknown sandbox {other:?}; use strict or none"),
+                );
+            }
+        }
+        let writable = raw.writable.unwrap_or_default();
+        for path in &writable {
+            let key = format!("{prefix}.writable");
+            if !path.is_absolute() {
+                self.error(&key, format!("{} is not an absolute path", path.display()));
+            } else if !path.exists() {
+                self.warn(
+                    &key,
+                    format!(
+                        "{} does not exist; the tool cannot write there until it does",
+                        path.display()
+                    ),
+                );
+            }
+        }
+        Sandboxing::Strict {
+            network: raw.network.unwrap_or(false),
+            writable,
+        }
+    }
+
+    /// What no sandboxed process may see: the state directory, the credentials directory, the
+    /// control socket, the config file and every secret file the config names.
+    pub(super) fn hidden_paths(
+        &self,
+        state_dir: &std::path::Path,
+        control_socket: Option<&std::path::Path>,
+    ) -> HiddenPaths {
+        let mut dirs = vec![state_dir.to_path_buf()];
+        dirs.extend(self.environment.credentials_dir.map(PathBuf::from));
+        let mut files = self.secret_files.clone();
+        files.extend(control_socket.map(std::path::Path::to_path_buf));
+        HiddenPaths { dirs, files }
+    }
+}

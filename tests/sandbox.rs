@@ -1,0 +1,268 @@
+//! Tools run least-privileged (docs/tools.md, "Sandbox"): the real binary runs a tool that tries
+//! every escape a prompt-injected model could ask of it, and each fails while the same tool's
+//! legitimate work succeeds. The same probe with `sandbox = "none"` escapes each time, which shows
+//! that the probe can see an escape.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use common::stub::{Reply, Stub};
+use common::*;
+use serde_json::{Value, json};
+
+const LIMIT: Duration = Duration::from_secs(30);
+const TOKEN: &str = "bearer-token-7d1c";
+const DELIVER_SECRET: &str = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
+
+/// Tries each escape and each legitimate action, and writes what happened, as JSON, to its last
+/// argument: "done" or "refused: <why>".
+const PROBE: &str = r#"
+import json, socket, sys
+db, credential, secret, control, outside, work, port, report = sys.argv[1:9]
+
+def read(path, expected=None):
+    with open(path, "rb") as f:
+        data = f.read()
+    if not data or (expected is not None and expected not in data):
+        raise OSError("not the file's content")
+
+def write(path):
+    with open(path, "w") as f:
+        f.write("written")
+
+def unix(path):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(2)
+    s.connect(path)
+    s.close()
+
+def tcp(port):
+    s = socket.create_connection(("127.0.0.1", int(port)), timeout=2)
+    s.close()
+
+def attempt(action):
+    try:
+        action()
+        return "done"
+    except Exception as err:
+        return "refused: %s: %s" % (type(err).__name__, err)
+
+results = {
+    "read_database": attempt(lambda: read(db, b"SQLite format 3")),
+    "read_credential": attempt(lambda: read(credential, b"bearer-token")),
+    "read_secret_file": attempt(lambda: read(secret, b"whsec_")),
+    "connect_control_socket": attempt(lambda: unix(control)),
+    "write_outside_writable": attempt(lambda: write(outside)),
+    "reach_loopback": attempt(lambda: tcp(port)),
+    "write_in_writable": attempt(lambda: write(work + "/legit.txt")),
+    "read_system_file": attempt(lambda: read("/etc/os-release")),
+    "write_private_tmp": attempt(lambda: write("/tmp/agentgate-probe-" + report.split("/")[-1])),
+}
+with open(report, "w") as f:
+    json.dump(results, f)
+print("probed")
+"#;
+
+/// A file on the host's disk (not under `/tmp`, which a sandbox replaces) that no tool may write.
+fn outside(workspace: &Workspace, name: &str) -> std::path::PathBuf {
+    let unique = workspace
+        .path()
+        .file_name()
+        .expect("a name")
+        .to_string_lossy()
+        .to_string();
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("outside-{unique}-{name}.txt"))
+}
+
+/// The probe tool's table: `name`, with `extra` keys (sandbox, network). Its writable path is the
+/// whole workspace, which holds the state, the credentials, the secret file and the control
+/// socket: what is hidden stays hidden inside a writable path.
+fn probe_tool(workspace: &Workspace, name: &str, extra: &str, port: u16) -> String {
+    let path = workspace.path();
+    let work = path.join("work");
+    let args = [
+        workspace.state_dir().join("agentgate.db"),
+        path.join("credentials").join("token"),
+        path.join("deliver.secret"),
+        path.join("control.sock"),
+        outside(workspace, name),
+        work.clone(),
+        port.to_string().into(),
+        work.join(format!("{name}.json")),
+    ];
+    let argv: Vec<String> = ["/usr/bin/python3".into(), work.join("probe.py")]
+        .iter()
+        .chain(&args)
+        .map(|arg| format!("{:?}", arg.display().to_string()))
+        .collect();
+    format!(
+        "[tools.{name}]\ndescription = \"Probes what it can reach\"\ncommand = [{}]\nwritable = [{:?}]\ntimeout = \"20s\"\n{extra}\n",
+        argv.join(", "),
+        path.display().to_string()
+    )
+}
+
+fn report(workspace: &Workspace, name: &str) -> BTreeMap<String, String> {
+    let path = workspace.path().join("work").join(format!("{name}.json"));
+    let text =
+        std::fs::read_to_string(&path).unwrap_or_else(|err| panic!("{name}'s report: {err}"));
+    let value: Value = serde_json::from_str(&text).expect("a JSON report");
+    value
+        .as_object()
+        .expect("an object")
+        .iter()
+        .map(|(key, value)| (key.clone(), value.as_str().unwrap_or("").to_string()))
+        .collect()
+}
+
+fn escapes(report: &BTreeMap<String, String>) -> Vec<&str> {
+    [
+        "read_database",
+        "read_credential",
+        "read_secret_file",
+        "connect_control_socket",
+        "write_outside_writable",
+        "reach_loopback",
+    ]
+    .into_iter()
+    .filter(|escape| report.get(*escape).map(String::as_str) == Some("done"))
+    .collect()
+}
+
+fn prepare(workspace: &Workspace) {
+    let path = workspace.path();
+    std::fs::create_dir_all(path.join("work")).expect("work dir");
+    std::fs::write(path.join("work").join("probe.py"), PROBE).expect("probe");
+    std::fs::create_dir_all(path.join("credentials")).expect("credentials dir");
+    std::fs::write(path.join("credentials").join("token"), TOKEN).expect("credential");
+    std::fs::write(path.join("deliver.secret"), DELIVER_SECRET).expect("secret file");
+}
+
+#[test]
+fn a_sandboxed_tool_reaches_only_what_the_operator_allowed() {
+    let workspace = Workspace::new();
+    prepare(&workspace);
+    let model = Stub::scripted(vec![
+        Reply::tool_call("c1", "strict", json!({})),
+        Reply::tool_call("c2", "networked", json!({})),
+        Reply::tool_call("c3", "unconfined", json!({})),
+        Reply::answer("probed"),
+    ]);
+    let receiver = Stub::start(|_, _| Reply::raw(204, ""));
+    let port = model
+        .url()
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("port");
+    let tools = [
+        probe_tool(&workspace, "strict", "", port),
+        probe_tool(&workspace, "networked", "network = true", port),
+        probe_tool(&workspace, "unconfined", "sandbox = \"none\"", port),
+    ]
+    .concat();
+    workspace.write_config(&format!(
+        r#"{model}
+{tools}
+[routes.hook]
+path = "/hook"
+verify = {{ scheme = "bearer", secret = {{ credential = "token" }} }}
+tools = ["strict", "networked", "unconfined"]
+deliver = {{ kind = "http", url = "{receiver}/results", secret = {{ file = {secret:?} }} }}
+"#,
+        model = model.model_section(),
+        receiver = receiver.url(),
+        secret = workspace
+            .path()
+            .join("deliver.secret")
+            .display()
+            .to_string(),
+    ));
+    let credentials = workspace.path().join("credentials");
+    let daemon = workspace.start_with_env(&[(
+        "CREDENTIALS_DIRECTORY",
+        credentials.to_str().expect("utf-8"),
+    )]);
+    let posted = daemon.post_json(
+        "/hook",
+        &[("authorization", &format!("Bearer {TOKEN}"))],
+        "{}",
+    );
+    assert_eq!(posted.status, 202, "{posted:?}");
+    assert_eq!(
+        workspace.wait_terminal(&posted.event_id(), LIMIT),
+        "completed"
+    );
+
+    let strict = report(&workspace, "strict");
+    assert_eq!(escapes(&strict), Vec::<&str>::new(), "{strict:#?}");
+    for legitimate in ["write_in_writable", "read_system_file", "write_private_tmp"] {
+        assert_eq!(strict[legitimate], "done", "{legitimate}: {strict:#?}");
+    }
+    assert!(!outside(&workspace, "strict").exists());
+    assert!(
+        !Path::new("/tmp/agentgate-probe-strict.json").exists(),
+        "its /tmp is its own"
+    );
+
+    let networked = report(&workspace, "networked");
+    assert_eq!(escapes(&networked), ["reach_loopback"], "{networked:#?}");
+
+    // The same probe, unconfined, escapes every time: the probe sees escapes.
+    let unconfined = report(&workspace, "unconfined");
+    assert_eq!(escapes(&unconfined).len(), 6, "{unconfined:#?}");
+    let _ = std::fs::remove_file("/tmp/agentgate-probe-unconfined.json");
+    for name in ["strict", "networked", "unconfined"] {
+        let _ = std::fs::remove_file(outside(&workspace, name));
+    }
+    let log = daemon.log();
+    assert!(log.contains("sandbox=\"bubblewrap\""), "{log}");
+}
+
+/// A strict tool whose sandbox cannot be set up does not run, and never runs unconfined: the
+/// model is told why, and `status` and the journal say so. (Here bubblewrap is named by
+/// AGENTGATE_BWRAP as a program that does not exist.)
+#[test]
+fn a_strict_tool_without_a_sandbox_fails_and_says_why() {
+    let workspace = Workspace::new();
+    prepare(&workspace);
+    let marker = workspace.path().join("work").join("ran");
+    let model = Stub::scripted(vec![
+        Reply::tool_call("c1", "touch", json!({})),
+        Reply::answer("done"),
+    ]);
+    workspace.write_config(&format!(
+        r#"{model}
+[tools.touch]
+command = ["/usr/bin/touch", {marker:?}]
+writable = [{work:?}]
+
+[routes.hook]
+path = "/hook"
+verify = {{ scheme = "none" }}
+tools = ["touch"]
+"#,
+        model = model.model_section(),
+        marker = marker.display().to_string(),
+        work = workspace.path().join("work").display().to_string(),
+    ));
+    let daemon = workspace.start_with_env(&[("AGENTGATE_BWRAP", "/nonexistent/bwrap")]);
+    let posted = daemon.post_json("/hook", &[], "{}");
+    assert_eq!(
+        workspace.wait_terminal(&posted.event_id(), LIMIT),
+        "completed"
+    );
+    assert!(!marker.exists(), "the tool ran without a sandbox");
+    let requests = model.requests();
+    let last = requests.last().expect("a request").json().to_string();
+    assert!(
+        last.contains("not run: the sandbox cannot be set up"),
+        "{last}"
+    );
+    let status = workspace.status();
+    assert_eq!(status["sandbox"]["available"], false, "{status}");
+    assert!(daemon.log().contains("no tool sandbox"), "{}", daemon.log());
+}
