@@ -8,7 +8,8 @@
 //! 3. time from start to READY=1 with N stored events (N from AGENTGATE_BENCH_EVENTS, default
 //!    100,000);
 //! 4. tool calls: 1,000 calls of a tool that echoes its arguments, as a command tool (`/bin/cat`)
-//!    and as an MCP tool (the reference server's `echo` over stdio, warm), one turn at a time.
+//!    and as an MCP tool (the reference server's `echo` over stdio, warm), one turn at a time,
+//!    each in its sandbox (the default) and with `sandbox = "none"`.
 //!    Each sample is the time from one model request to the next within a turn: one model round
 //!    trip, two commits and the tool call, so the difference between the two kinds is the
 //!    difference between their calls. Needs the servers of `tests/mcp/install`.
@@ -329,17 +330,36 @@ fn tool_calls() {
     let everything = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/mcp/node_modules/.bin/mcp-server-everything");
     assert!(everything.exists(), "run tests/mcp/install first");
+    let command = |sandbox: &str| {
+        format!(
+            "[tools.echo_args]\ncommand = [\"/bin/cat\"]\nparameters = {{ type = \"object\", properties = {{ message = {{ type = \"string\", maxLength = 64 }} }} }}\nsandbox = \"{sandbox}\"\n"
+        )
+    };
+    let server = |sandbox: &str| {
+        format!(
+            "[mcp.everything]\ncommand = [{:?}, \"stdio\"]\nsandbox = \"{sandbox}\"\n",
+            everything.display().to_string()
+        )
+    };
+    // Each kind sandboxed (the default) and not: the difference is what the sandbox costs.
     let kinds = [
+        ("command", "echo_args", command("strict"), "[\"echo_args\"]"),
         (
-            "command",
+            "command-unconfined",
             "echo_args",
-            "[tools.echo_args]\ncommand = [\"/bin/cat\"]\nparameters = { type = \"object\", properties = { message = { type = \"string\" } } }\n".to_string(),
+            command("none"),
             "[\"echo_args\"]",
         ),
         (
             "mcp",
             "everything__echo",
-            format!("[mcp.everything]\ncommand = [{:?}, \"stdio\"]\n", everything.display().to_string()),
+            server("strict"),
+            "[\"everything.echo\"]",
+        ),
+        (
+            "mcp-unconfined",
+            "everything__echo",
+            server("none"),
             "[\"everything.echo\"]",
         ),
     ];

@@ -138,8 +138,11 @@ fn install_serve_upgrade_restart_remove_purge() {
         verify.status.success() && complaints.trim().is_empty(),
         "systemd-analyze verify: {complaints}"
     );
+    // 2.7 here, 2.0 before tools were sandboxed: the service may now create the namespaces,
+    // mounts and netlink socket its tools' sandboxes need, and keeps /proc uncovered for theirs
+    // (systemd/agentgate.service says which settings that costs and why it is worth it).
     let (score, security) = machine.security_score();
-    assert!(score <= 2.0, "{security}");
+    assert!(score <= 2.8, "{security}");
 
     // The operator adds a route (the conffile is theirs to edit) and sends the first webhook.
     machine.ok(&format!(

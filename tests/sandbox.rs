@@ -17,54 +17,8 @@ const LIMIT: Duration = Duration::from_secs(30);
 const TOKEN: &str = "bearer-token-7d1c";
 const DELIVER_SECRET: &str = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
 
-/// Tries each escape and each legitimate action, and writes what happened, as JSON, to its last
-/// argument: "done" or "refused: <why>".
-const PROBE: &str = r#"
-import json, socket, sys
-db, credential, secret, control, outside, work, port, report = sys.argv[1:9]
-
-def read(path, expected=None):
-    with open(path, "rb") as f:
-        data = f.read()
-    if not data or (expected is not None and expected not in data):
-        raise OSError("not the file's content")
-
-def write(path):
-    with open(path, "w") as f:
-        f.write("written")
-
-def unix(path):
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(2)
-    s.connect(path)
-    s.close()
-
-def tcp(port):
-    s = socket.create_connection(("127.0.0.1", int(port)), timeout=2)
-    s.close()
-
-def attempt(action):
-    try:
-        action()
-        return "done"
-    except Exception as err:
-        return "refused: %s: %s" % (type(err).__name__, err)
-
-results = {
-    "read_database": attempt(lambda: read(db, b"SQLite format 3")),
-    "read_credential": attempt(lambda: read(credential, b"bearer-token")),
-    "read_secret_file": attempt(lambda: read(secret, b"whsec_")),
-    "connect_control_socket": attempt(lambda: unix(control)),
-    "write_outside_writable": attempt(lambda: write(outside)),
-    "reach_loopback": attempt(lambda: tcp(port)),
-    "write_in_writable": attempt(lambda: write(work + "/legit.txt")),
-    "read_system_file": attempt(lambda: read("/etc/os-release")),
-    "write_private_tmp": attempt(lambda: write("/tmp/agentgate-probe-" + report.split("/")[-1])),
-}
-with open(report, "w") as f:
-    json.dump(results, f)
-print("probed")
-"#;
+/// Tries each escape and each legitimate action (tests/common/escape-probe.py).
+const PROBE: &str = include_str!("common/escape-probe.py");
 
 /// A file on the host's disk (not under `/tmp`, which a sandbox replaces) that no tool may write.
 fn outside(workspace: &Workspace, name: &str) -> std::path::PathBuf {
@@ -265,4 +219,42 @@ tools = ["touch"]
     let status = workspace.status();
     assert_eq!(status["sandbox"]["available"], false, "{status}");
     assert!(daemon.log().contains("no tool sandbox"), "{}", daemon.log());
+}
+
+/// The agent cannot loosen its own leash: `check-config` flags a config file others may write,
+/// and a tool whose writable path holds what configures agentgate.
+#[test]
+fn check_config_flags_what_a_tool_or_another_user_could_rewrite() {
+    use std::os::unix::fs::PermissionsExt;
+    let workspace = Workspace::new();
+    let config = format!(
+        "[tools.editor]\ncommand = [\"/bin/true\"]\nwritable = [{:?}]\n\n[routes.hook]\npath = \"/hook\"\nverify = {{ scheme = \"none\" }}\ntools = [\"editor\"]\n",
+        workspace.path().display().to_string()
+    );
+    workspace.write_config(&config);
+    let checked = workspace.cli(&["check-config"]);
+    let said = String::from_utf8_lossy(&checked.stdout).into_owned();
+    assert!(checked.status.success(), "{checked:?}");
+    assert!(
+        said.contains("tools.editor.writable includes")
+            && said.contains(&workspace.config_path().display().to_string()),
+        "{said}"
+    );
+    if is_root() {
+        // Written by root, 0644: nobody else may rewrite it.
+        assert!(
+            !said.contains("is writable by a user other than root"),
+            "{said}"
+        );
+    }
+    std::fs::set_permissions(
+        workspace.config_path(),
+        std::fs::Permissions::from_mode(0o666),
+    )
+    .expect("chmod");
+    let said = String::from_utf8_lossy(&workspace.cli(&["check-config"]).stdout).into_owned();
+    assert!(
+        said.contains("is writable by a user other than root"),
+        "{said}"
+    );
 }

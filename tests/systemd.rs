@@ -66,8 +66,11 @@ fn cold_start_by_socket_activation_with_journal_fields_and_catalog() {
         explained.contains("was verified and committed to the state"),
         "{explained}"
     );
+    // 2.7 here, 2.0 before tools were sandboxed: the service may now create the namespaces,
+    // mounts and netlink socket its tools' sandboxes need, and keeps /proc uncovered for theirs
+    // (systemd/agentgate.service says which settings that costs and why it is worth it).
     let (score, security) = machine.security_score();
-    assert!(score <= 2.0, "{security}");
+    assert!(score <= 2.8, "{security}");
     let pid = machine.show("agentgate.service", "MainPID");
     let environment = machine.ok(&format!("tr '\\0' '\\n' < /proc/{pid}/environ"));
     assert!(!environment.contains("LISTEN_FDS=") || environment.contains("LISTEN_FDNAMES"));
@@ -316,6 +319,111 @@ fn a_config_error_holds_the_sockets_and_a_restart_after_the_fix_serves() {
             .expect("POST")
             .status,
         202
+    );
+}
+
+/// The packaged service sandboxes its tools (docs/tools.md, "Sandbox"): a tool asked to read
+/// the database, a credential and the config, to connect to the control socket and the webhook
+/// socket, and to write under /etc, fails at each, while it reads the system's files and writes
+/// its private /tmp.
+/// The `stdout` of the first tool result anywhere in `value` (a transcript document).
+fn tool_stdout(value: &serde_json::Value) -> Option<String> {
+    match value {
+        serde_json::Value::Object(fields) => {
+            if fields.get("role").and_then(|r| r.as_str()) == Some("tool") {
+                let content = fields.get("content")?.as_str()?;
+                let outcome: serde_json::Value = serde_json::from_str(content).ok()?;
+                return outcome["stdout"].as_str().map(str::to_string);
+            }
+            fields.values().find_map(tool_stdout)
+        }
+        serde_json::Value::Array(items) => items.iter().find_map(tool_stdout),
+        _ => None,
+    }
+}
+
+#[test]
+fn the_packaged_service_runs_tools_in_a_sandbox() {
+    let Some(machine) = Machine::boot("sandbox") else {
+        return;
+    };
+    let share = machine.share.path();
+    std::fs::write(
+        share.join("model"),
+        r#"#!/usr/bin/python3
+import json, sys
+messages = json.load(sys.stdin)["messages"]
+if any(m.get("role") == "tool" for m in messages):
+    print(json.dumps({"role": "assistant", "content": "probed"}))
+else:
+    call = {"id": "c1", "type": "function", "function": {"name": "probe", "arguments": "{}"}}
+    print(json.dumps({"role": "assistant", "content": None, "tool_calls": [call]}))
+"#,
+    )
+    .expect("write the model");
+    std::fs::write(
+        share.join("probe.py"),
+        include_str!("common/escape-probe.py"),
+    )
+    .expect("write the probe");
+    machine.ok(&format!(
+        "install -m 0755 {share}/model /usr/local/bin/probe-model && \
+         install -m 0644 {share}/probe.py /usr/local/lib/escape-probe.py && \
+         mkdir -p /etc/agentgate && printf 'token-1' > /etc/agentgate/token",
+        share = share.display()
+    ));
+    let text = config("")
+        .replace(
+            "[routes.hook]",
+            "[model]\nbackend = \"command\"\ncommand = [\"/usr/local/bin/probe-model\"]\n\n\
+             [tools.probe]\ncommand = [\"/usr/bin/python3\", \"/usr/local/lib/escape-probe.py\", \
+             \"/var/lib/agentgate/agentgate.db\", \"/run/credentials/agentgate.service/token\", \
+             \"/etc/agentgate/agentgate.toml\", \"/run/agentgate/control.sock\", \
+             \"/etc/agentgate/written\", \"/tmp\", \"PORT\"]\n\n[routes.hook]",
+        )
+        .replace(
+            "verify = { scheme = \"none\" }",
+            "verify = { scheme = \"bearer\", secret = { credential = \"token\" } }\ntools = [\"probe\"]",
+        );
+    let text = text.replace("PORT", &machine.addr().port().to_string());
+    machine.install(&text, "LoadCredential=token:/etc/agentgate/token");
+    let answer = machine
+        .post_with(
+            r#"{"session":"probe"}"#,
+            &[("authorization", "Bearer token-1")],
+        )
+        .expect("POST");
+    assert_eq!(answer.status, 202, "{answer:?}");
+    let id = answer.event_id();
+    let show = |what: &str| {
+        machine.ok(&format!(
+            "agentgate {what} --json --config /etc/agentgate/agentgate.toml"
+        ))
+    };
+    wait_for("the probe's turn to end", Duration::from_secs(30), || {
+        show(&format!("events show {id}")).contains("\"status\": \"completed\"")
+    });
+    let transcript: serde_json::Value =
+        serde_json::from_str(&show("sessions show probe")).expect("the transcript");
+    let report = tool_stdout(&transcript)
+        .and_then(|stdout| serde_json::from_str::<serde_json::Value>(&stdout).ok())
+        .unwrap_or_else(|| panic!("no probe report in {transcript:#}"));
+    let legitimate = ["write_in_writable", "read_system_file", "write_private_tmp"];
+    for (escape, outcome) in report.as_object().expect("a report") {
+        let expected = if legitimate.contains(&escape.as_str()) {
+            "done"
+        } else {
+            "refused"
+        };
+        assert!(
+            outcome.as_str().is_some_and(|o| o.starts_with(expected)),
+            "{escape}: {outcome} in {report:#}"
+        );
+    }
+    assert!(
+        machine
+            .journal("-u agentgate.service")
+            .contains("tool sandbox ready")
     );
 }
 

@@ -81,6 +81,22 @@ fn start_with_model(model: Stub, model_retries: &str, runtime_extra: &str) -> (S
     start_with_config(model, receiver, &text)
 }
 
+/// Runs one event with `model` (and `model_retries` in its section): the turn fails, and its
+/// delivered error says `expected`. Returns the model, for its requests.
+fn fails_saying(model: Stub, model_retries: &str, expected: &str) -> Stub {
+    let (setup, daemon) = start_with_model(model, model_retries, "");
+    let event_id = post(&daemon, "down");
+    assert_eq!(
+        setup.workspace.wait_terminal(&event_id, TURN_LIMIT),
+        "failed"
+    );
+    let body = wait_delivery(&setup.receiver, &event_id).json();
+    let error = body["error"].as_str().unwrap_or("");
+    assert!(error.contains(expected), "{body}");
+    drop(daemon);
+    setup.model
+}
+
 fn start_with_config(model: Stub, receiver: Stub, text: &str) -> (Setup, Daemon) {
     let workspace = Workspace::new();
     workspace.write_config(text);
@@ -331,25 +347,12 @@ fn model_errors_are_retried_then_succeed_or_fail_clearly() {
     // A model server that is down: retried, then (with no outage_wait) the turn fails with a
     // clear error.
     let down = Stub::scripted(vec![Reply::raw(503, "{}")]);
-    let (setup, daemon) = start_with_model(down, "max_retries = 2\noutage_wait = \"0s\"", "");
-    let event_id = post(&daemon, "down");
-    assert_eq!(
-        setup.workspace.wait_terminal(&event_id, TURN_LIMIT),
-        "failed"
+    let model = fails_saying(
+        down,
+        "max_retries = 2\noutage_wait = \"0s\"",
+        "answered 503",
     );
-    let body = wait_delivery(&setup.receiver, &event_id).json();
-    assert!(
-        body["error"]
-            .as_str()
-            .unwrap_or("")
-            .contains("answered 503"),
-        "{body}"
-    );
-    assert_eq!(
-        setup.model.requests().len(),
-        3,
-        "one try and max_retries = 2"
-    );
+    assert_eq!(model.requests().len(), 3, "one try and max_retries = 2");
 }
 
 /// A model that is down for a while, longer than turn_idle_timeout, is waited for: the turn
@@ -385,19 +388,10 @@ fn a_model_outage_shorter_than_outage_wait_costs_a_delay_not_the_event() {
     drop(daemon);
 
     let down = Stub::start(|_, _| Reply::raw(503, "{}"));
-    let (setup, daemon) = start_with_model(down, "max_retries = 0\noutage_wait = \"2s\"", "");
-    let event_id = post(&daemon, "long-outage");
-    assert_eq!(
-        setup.workspace.wait_terminal(&event_id, TURN_LIMIT),
-        "failed"
-    );
-    let body = wait_delivery(&setup.receiver, &event_id).json();
-    assert!(
-        body["error"]
-            .as_str()
-            .unwrap_or("")
-            .contains("model.outage_wait"),
-        "{body}"
+    fails_saying(
+        down,
+        "max_retries = 0\noutage_wait = \"2s\"",
+        "model.outage_wait",
     );
 }
 

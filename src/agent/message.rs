@@ -69,6 +69,24 @@ impl Message {
         }
     }
 
+    /// An assistant message that asks for one call of `name`.
+    #[cfg(test)]
+    pub(crate) fn asking_for(id: &str, name: &str, arguments: &str) -> Message {
+        Message {
+            role: Role::Assistant,
+            content: None,
+            tool_calls: vec![ToolCall {
+                id: id.into(),
+                kind: "function".into(),
+                function: FunctionCall {
+                    name: name.into(),
+                    arguments: arguments.into(),
+                },
+            }],
+            tool_call_id: None,
+        }
+    }
+
     pub(crate) fn tool_result(call_id: &str, content: impl Into<String>) -> Message {
         Message {
             role: Role::Tool,

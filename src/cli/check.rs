@@ -11,6 +11,9 @@ pub(super) fn check_config(source: &ConfigSource) -> Result<(), Failure> {
             for finding in &loaded.warnings {
                 outln!("{}", LocatedFinding { source, finding });
             }
+            for finding in config::loosened(&loaded.config, source, config::Writer::AnyoneButRoot) {
+                outln!("{source}: warning: {finding}");
+            }
             // A machine property, not the file's: said after the file's findings.
             let strict = config::strict_children(&loaded.config);
             if let (Availability::Unavailable(reason), false) =

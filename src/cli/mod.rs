@@ -146,49 +146,7 @@ fn run(command: Command) -> Result<(), Failure> {
         Command::Sessions(SessionsCommand::Follow { config, key }) => {
             events::sessions_follow(&config.source(), &key)
         }
-        Command::Events(EventsCommand::List {
-            config,
-            status,
-            route,
-            session,
-            limit,
-            json,
-        }) => events::events_list(
-            &config.source(),
-            EventFilter {
-                status,
-                route,
-                session,
-                limit,
-                before: None,
-            },
-            json,
-        ),
-        Command::Events(EventsCommand::Show { config, id, json }) => {
-            events::events_show(&config.source(), &id, json)
-        }
-        Command::Events(EventsCommand::Replay {
-            config,
-            id,
-            status,
-            since,
-            route,
-            limit,
-        }) => match (id, status) {
-            (Some(id), _) => events::events_replay(&config.source(), &id),
-            (None, Some(status)) => events::events_replay_matching(
-                &config.source(),
-                &events::ReplaySelection {
-                    status,
-                    since,
-                    route,
-                    limit,
-                },
-            ),
-            (None, None) => Err(Failure::usage(
-                "events replay needs an event id or --status",
-            )),
-        },
+        Command::Events(command) => events_command(command),
         Command::Deliveries(DeliveriesCommand::List {
             config,
             failed,
@@ -212,5 +170,54 @@ fn run(command: Command) -> Result<(), Failure> {
             ledger_show(&config.source(), json)
         }
         Command::Generate(what) => generate(what),
+    }
+}
+
+/// `agentgate events …`.
+fn events_command(command: EventsCommand) -> Result<(), Failure> {
+    match command {
+        EventsCommand::List {
+            config,
+            status,
+            route,
+            session,
+            limit,
+            json,
+        } => events::events_list(
+            &config.source(),
+            EventFilter {
+                status,
+                route,
+                session,
+                limit,
+                before: None,
+            },
+            json,
+        ),
+        EventsCommand::Show { config, id, json } => {
+            events::events_show(&config.source(), &id, json)
+        }
+        EventsCommand::Replay {
+            config,
+            id,
+            status,
+            since,
+            route,
+            limit,
+        } => match (id, status) {
+            (Some(id), _) => events::events_replay(&config.source(), &id),
+            (None, Some(status)) => events::events_replay_matching(
+                &config.source(),
+                &events::ReplaySelection {
+                    status,
+                    since,
+                    route,
+                    limit,
+                },
+            ),
+            (None, None) => Err(Failure::usage(
+                "events replay needs an event id or --status",
+            )),
+        },
     }
 }

@@ -5,6 +5,7 @@
 //! the line it is on, so an operator fixes all of them in one edit instead of one per restart.
 
 mod check;
+mod leash;
 mod locate;
 mod raw;
 mod reload;
@@ -20,6 +21,7 @@ pub(crate) use crate::secret::Secret;
 pub(crate) use crate::signature::VerifyScheme;
 use check::{Checker, syntax_finding};
 pub(crate) use check::{check, redacted_url};
+pub(crate) use leash::{Writer, loosened};
 use locate::Locator;
 use raw::*;
 pub(crate) use reload::{ReloadReport, list_changes};

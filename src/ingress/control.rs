@@ -21,7 +21,7 @@ use super::api::{
 };
 use super::capacity::Capacity;
 use super::connection::Stream;
-use super::http::{HttpResponse, error, json_response};
+use super::response::{HttpResponse, error, json_response};
 use crate::agent::catalog;
 use crate::agent::mcp::McpServers;
 use crate::config::{ReloadReport, Settings, Shared};

@@ -15,16 +15,17 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use http::header::{ALLOW, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
-use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
-use http_body_util::Full;
+use http::header::{ALLOW, CONTENT_LENGTH, RETRY_AFTER};
+use http::{HeaderMap, HeaderValue, Method, Request, StatusCode};
 use serde_json::json;
 
-use super::api::ErrorBody;
 use super::body::{BodyError, BodySlots};
 use super::capacity::{self, Capacity};
 use super::payload::{decode_content, parse_payload};
 use super::ratelimit::TokenBucket;
+use super::response::{
+    HttpResponse, RefusalReason, error, json_response, refused, unavailable_for,
+};
 use crate::config::{RouteSettings, Settings, Shared, VerifyScheme};
 use crate::logging::{self, LineBudget};
 use crate::metrics;
@@ -36,8 +37,6 @@ use crate::template::EventContext;
 
 /// How long a client may take to send a body once its headers arrived, per `header_timeout`.
 const BODY_TIMEOUT_FACTOR: u32 = 4;
-
-pub(crate) type HttpResponse = Response<Full<Bytes>>;
 
 struct Route {
     settings: RouteSettings,
@@ -583,26 +582,7 @@ fn visible_headers(headers: &HeaderMap, route: &RouteSettings) -> BTreeMap<Strin
         .collect()
 }
 
-pub(crate) fn json_response(status: StatusCode, body: &serde_json::Value) -> HttpResponse {
-    let mut response = Response::new(Full::new(Bytes::from(body.to_string())));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        CONTENT_TYPE,
-        http::HeaderValue::from_static("application/json"),
-    );
-    response
-}
-
 const REFUSAL_LINES_PER_SECOND: u32 = 10;
-
-/// Why a request was refused, carried beside the response for the refusal's log line and its
-/// count: the reason label (a fixed set: the error code, or the check that failed) and the
-/// one-line message.
-#[derive(Clone)]
-struct RefusalReason {
-    reason: &'static str,
-    message: String,
-}
 
 const X_FORWARDED_FOR: &str = "x-forwarded-for";
 
@@ -632,29 +612,6 @@ fn client_address(peer: SocketAddr, forwarded: &[HeaderValue], trusted: &[ipnet:
         .map_or_else(|| peer.to_string(), |ip| format!("{ip} (via {peer})"))
 }
 
-pub(crate) fn error(status: StatusCode, code: &'static str, message: &str) -> HttpResponse {
-    refused(status, code, code, message)
-}
-
-/// A refusal whose count's `reason` says more than its error code.
-fn refused(
-    status: StatusCode,
-    code: &'static str,
-    reason: &'static str,
-    message: &str,
-) -> HttpResponse {
-    let body = ErrorBody {
-        error: code.to_string(),
-        message: message.to_string(),
-    };
-    let mut response = json_response(status, &json!(body));
-    response.extensions_mut().insert(RefusalReason {
-        reason,
-        message: message.to_string(),
-    });
-    response
-}
-
 /// 401, counted with the check that failed as its reason.
 fn unauthorized(err: &signature::VerifyError) -> HttpResponse {
     refused(
@@ -667,15 +624,6 @@ fn unauthorized(err: &signature::VerifyError) -> HttpResponse {
 
 fn unavailable(message: &str) -> HttpResponse {
     unavailable_for(message, 1)
-}
-
-/// 503 with `Retry-After: seconds`.
-pub(super) fn unavailable_for(message: &str, seconds: u64) -> HttpResponse {
-    let mut response = error(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message);
-    response
-        .headers_mut()
-        .insert(RETRY_AFTER, http::HeaderValue::from(seconds));
-    response
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@ pub(crate) mod control;
 mod http;
 mod payload;
 mod ratelimit;
+mod response;
 pub(crate) mod standby;
 
 use std::net::SocketAddr;

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use http::header::CONTENT_TYPE;
 use http::{HeaderMap, StatusCode};
 
-use super::http::{HttpResponse, error};
+use super::response::{HttpResponse, error};
 use crate::signature::VerifyScheme;
 
 /// Decodes the body as JSON: `application/json` (or `+json`, or no content type), or a form with a

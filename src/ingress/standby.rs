@@ -23,7 +23,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::http::{HttpResponse, unavailable_for};
+use super::response::{HttpResponse, unavailable_for};
 use super::{AcceptBackoff, Listeners};
 use crate::metrics;
 

@@ -53,6 +53,9 @@ impl Bootstrap {
         }
         raise_open_file_limit();
         report_sandbox(&config);
+        for finding in config::loosened(&config, source, config::Writer::ThisProcess) {
+            tracing::warn!("{finding}");
+        }
         // Before any thread exists: nothing inherited from the parent reaches a tool.
         let marked = crate::sys::keep_inherited_descriptors_from_children();
         if marked > 0 {

@@ -7,8 +7,10 @@
 //! events waiting behind a busy or suspended session never delay another session's.
 
 mod history;
+mod jobs;
 mod prompt;
 mod runner;
+mod transcript;
 pub(crate) mod turn;
 
 use std::collections::HashMap;
@@ -19,7 +21,8 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub(crate) use runner::{JobSlots, TurnContext};
+pub(crate) use jobs::JobSlots;
+pub(crate) use runner::TurnContext;
 
 /// A session's transcript as every reader sees it: each turn's event as the message the model
 /// saw (the store keeps a reference to the event, not a copy of its payload).

@@ -11,11 +11,10 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::Instrument;
 
-use super::turn::{
-    Action, Entry, Input, Outcome, TurnMachine, settle_unanswered, unfinished_calls,
-};
+use super::jobs::{self, Job, JobSlots, internal_chain};
+use super::transcript::{settle_unanswered, unfinished_calls};
+use super::turn::{Action, Entry, Input, Outcome, TurnMachine};
 use super::{Sessions, TurnControl};
 use super::{history, prompt};
 use crate::agent::catalog::{Catalog, Runs};
@@ -23,17 +22,13 @@ use crate::agent::mcp::McpServers;
 use crate::agent::message::Message;
 use crate::agent::model::{Model, ModelError};
 use crate::agent::tools::{self, ToolAbort};
-use crate::config::{RouteSettings, Settings, Shared, ToolSettings};
+use crate::config::{RouteSettings, Settings, Shared};
 use crate::deliver::{self, DeliveryHandle};
 use crate::logging;
 use crate::metrics;
 use crate::store::{
     ClaimedTurn, EVENT_ENTRY, ResumeReason, StopReason, Store, StoreError, TurnEnd, TurnStatus,
 };
-
-/// What a session is told of a background job that the daemon's stop cut off.
-const BACKGROUND_JOB_INTERRUPTED: &str =
-    "interrupted: agentgate stopped while the job ran; it was killed and its outcome is unknown";
 
 /// Pause between attempts to commit a step while the store cannot write.
 const COMMIT_RETRY: Duration = Duration::from_secs(1);
@@ -64,65 +59,6 @@ pub(crate) struct TurnContext {
     pub job_slots: Arc<JobSlots>,
     /// The MCP servers whose tools routes offer.
     pub mcp: Arc<McpServers>,
-}
-
-/// Background jobs running now, by session.
-#[derive(Default)]
-pub(crate) struct JobSlots(std::sync::Mutex<std::collections::HashMap<String, usize>>);
-
-impl JobSlots {
-    /// Takes a background job slot for `session_key`, or says why there is none.
-    fn take(
-        &self,
-        session_key: &str,
-        runtime: &crate::config::RuntimeSettings,
-    ) -> Result<(), String> {
-        let mut jobs = match self.0.lock() {
-            Ok(guard) => guard,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        let total: usize = jobs.values().sum();
-        let mine = jobs.get(session_key).copied().unwrap_or(0);
-        if total >= runtime.max_background_jobs {
-            return Err(format!(
-                "{total} background jobs are running (runtime.max_background_jobs)"
-            ));
-        }
-        if mine >= runtime.max_background_jobs_per_session {
-            return Err(format!(
-                "this session already runs {mine} background jobs \
-                 (runtime.max_background_jobs_per_session); wait for one to report back"
-            ));
-        }
-        *jobs.entry(session_key.to_string()).or_default() += 1;
-        Ok(())
-    }
-
-    fn release(&self, session_key: &str) {
-        let mut jobs = match self.0.lock() {
-            Ok(guard) => guard,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        if let Some(count) = jobs.get_mut(session_key) {
-            *count = count.saturating_sub(1);
-            if *count == 0 {
-                jobs.remove(session_key);
-            }
-        }
-    }
-}
-
-/// How many internal turns in a row led to the turn's event: 0 for a webhook, else the count its
-/// background job recorded when it was started.
-fn internal_chain(turn: &ClaimedTurn) -> u32 {
-    if !turn.internal {
-        return 0;
-    }
-    serde_json::from_slice::<serde_json::Value>(&turn.event.payload)
-        .ok()
-        .and_then(|payload| payload["chain"].as_u64())
-        .and_then(|chain| u32::try_from(chain).ok())
-        .unwrap_or(1)
 }
 
 /// The conversation messages among transcript entries (tool starts are bookkeeping).
@@ -668,7 +604,18 @@ impl Running<'_> {
                 .job_slots
                 .take(&self.turn.event.session_key, runtime)
             {
-                Ok(()) => self.start_background_job(tool, arguments, key),
+                Ok(()) => jobs::start(
+                    self.context,
+                    Job {
+                        tool: tool.clone(),
+                        hidden: self.settings.config.hidden.clone(),
+                        arguments: arguments.clone(),
+                        key: key.to_string(),
+                        session_key: self.turn.event.session_key.clone(),
+                        route: self.turn.event.route.clone(),
+                        chain: internal_chain(self.turn) + 1,
+                    },
+                ),
                 Err(why) => {
                     tracing::warn!(tool = %tool.name, reason = %why, "background job refused");
                     format!("error: background job not started: {why}")
@@ -699,74 +646,6 @@ impl Running<'_> {
             }
         };
         Ok(Input::ToolFinished { call_id, result })
-    }
-
-    /// Starts a `background = true` tool detached from the turn. Its completion comes back to the
-    /// session as an internal event; the turn gets the job id at once.
-    fn start_background_job(
-        &self,
-        tool: &ToolSettings,
-        arguments: &serde_json::Value,
-        key: &str,
-    ) -> String {
-        let job_id = uuid::Uuid::now_v7().to_string();
-        let event = &self.turn.event;
-        let chain = internal_chain(self.turn) + 1;
-        let (store, sessions) = (self.context.store.clone(), self.context.sessions.clone());
-        let slots = self.context.job_slots.clone();
-        // Jobs end with the daemon's drain, after turns and deliveries.
-        let kill = self.context.stop_background_jobs.child_token();
-        let (tool, arguments, key) = (tool.clone(), arguments.clone(), key.to_string());
-        let hidden = self.settings.config.hidden.clone();
-        let (session_key, route, job) = (
-            event.session_key.clone(),
-            event.route.clone(),
-            job_id.clone(),
-        );
-        // The job's lines carry the fields of the turn that started it.
-        let span = tracing::Span::current();
-        self.context.background_jobs.spawn(
-            async move {
-                // A job cut off by the drain is still reported to its session, so the agent learns
-                // that it did not finish rather than waiting for a result that never comes.
-                let outcome = tools::run(&tool, &hidden, &arguments, &key, &kill).await;
-                slots.release(&session_key);
-                let payload = match outcome {
-                    Ok(outcome) => {
-                        metrics::tool_call(&tool.name, outcome.result());
-                        serde_json::json!({"job_id": job, "tool": tool.name, "outcome": outcome,
-                            "chain": chain})
-                    }
-                    Err(ToolAbort::Cancelled) => {
-                        metrics::tool_call(&tool.name, "cancelled");
-                        tracing::warn!(job_id = %job, tool = %tool.name,
-                        "background job interrupted by the shutdown; its session is told");
-                        serde_json::json!({"job_id": job, "tool": tool.name, "outcome": null,
-                        "error": BACKGROUND_JOB_INTERRUPTED, "chain": chain})
-                    }
-                };
-                match store
-                    .enqueue_internal(&session_key, &route, "background_job", payload)
-                    .await
-                {
-                    Ok(event_id) => {
-                        tracing::info!(queued_event_id = %event_id, job_id = %job,
-                        "background job ended; its result is queued for the session");
-                        sessions.wake();
-                    }
-                    Err(err) => {
-                        tracing::error!(job_id = %job, error = %err,
-                    "cannot queue the background job's result");
-                    }
-                }
-            }
-            .instrument(span),
-        );
-        serde_json::json!({
-            "job_id": job_id,
-            "status": "started in the background; its result arrives later as a new event in this session",
-        })
-        .to_string()
     }
 
     async fn stopped(&self, stop: Stop, steps: u32) {

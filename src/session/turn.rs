@@ -8,53 +8,13 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub(crate) use super::transcript::Entry;
+use super::transcript::{UnfinishedCall, interrupted_result};
 use crate::agent::message::{Message, Role};
 use crate::schema;
-use crate::store::{EVENT_ENTRY, StopReason, Terminal, TurnStatus};
-
-/// A transcript entry. Messages are what the model sees; a tool start marks a call as begun, so
-/// a crash between start and result is visible afterwards. The event that starts a turn is
-/// recorded by reference: its message is rendered again from the stored event with the prompt
-/// template it was first rendered with, so the payload is kept once, in the event.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub(crate) enum Entry {
-    Message {
-        message: Message,
-    },
-    Event {
-        event_id: String,
-        /// The route's `prompt` template when the turn ran (a reload may change the route's).
-        template: String,
-        /// The nonce of the event's markers (none for events recorded before nonces were).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        nonce: Option<String>,
-    },
-    ToolStart {
-        call_id: String,
-        name: String,
-        arguments: Value,
-        /// The call's idempotency key: the same when an interrupted call is run again.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        key: Option<String>,
-        /// The MCP server the tool comes from, if any.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        mcp_server: Option<String>,
-    },
-}
-
-impl Entry {
-    pub(crate) fn kind(&self) -> &'static str {
-        match self {
-            Entry::Message { .. } => "message",
-            Entry::Event { .. } => EVENT_ENTRY,
-            Entry::ToolStart { .. } => "tool_start",
-        }
-    }
-}
+use crate::store::{StopReason, Terminal, TurnStatus};
 
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Outcome {
@@ -143,88 +103,6 @@ struct PendingCall {
     arguments: Value,
     /// The key of the interrupted run this call repeats; a new call gets a new one.
     key: Option<String>,
-}
-
-/// A tool call the interrupted run asked for but has no recorded result.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct UnfinishedCall {
-    pub call_id: String,
-    pub name: String,
-    pub arguments: String,
-    /// Its start was recorded: it may have run, in part or in full.
-    pub started: bool,
-    /// The key its recorded start carried.
-    pub key: Option<String>,
-}
-
-/// The calls in `transcript` (in order) that have no recorded result.
-pub(crate) fn unfinished_calls(transcript: &[Entry]) -> Vec<UnfinishedCall> {
-    let mut calls: Vec<UnfinishedCall> = Vec::new();
-    for entry in transcript {
-        match entry {
-            Entry::Message { message } if message.role == Role::Assistant => {
-                calls.extend(message.tool_calls.iter().map(|call| UnfinishedCall {
-                    call_id: call.id.clone(),
-                    name: call.function.name.clone(),
-                    arguments: call.function.arguments.clone(),
-                    started: false,
-                    key: None,
-                }));
-            }
-            Entry::Message { message } if message.role == Role::Tool => {
-                calls.retain(|call| Some(&call.call_id) != message.tool_call_id.as_ref());
-            }
-            Entry::ToolStart { call_id, key, .. } => {
-                for call in calls.iter_mut().filter(|call| &call.call_id == call_id) {
-                    call.started = true;
-                    call.key.clone_from(key);
-                }
-            }
-            Entry::Message { .. } | Entry::Event { .. } => {}
-        }
-    }
-    calls
-}
-
-/// `messages` with a result for every call: a call of an assistant message that no tool message
-/// answers before the conversation moves on (its turn failed, or was cancelled, mid-call) gets
-/// one that says so, right after the results it has. Chat APIs refuse a call without a result,
-/// and the model must not take an unanswered call for one that did nothing.
-pub(crate) fn settle_unanswered(messages: Vec<Message>) -> Vec<Message> {
-    let mut settled = Vec::with_capacity(messages.len());
-    let mut open: Vec<String> = Vec::new();
-    let close = |open: &mut Vec<String>, settled: &mut Vec<Message>| {
-        for call_id in open.drain(..) {
-            settled.push(Message::tool_result(&call_id, UNANSWERED_RESULT));
-        }
-    };
-    for message in messages {
-        match message.role {
-            Role::Tool => {
-                open.retain(|id| Some(id) != message.tool_call_id.as_ref());
-            }
-            Role::Assistant | Role::User | Role::System => {
-                close(&mut open, &mut settled);
-                open.extend(message.tool_calls.iter().map(|call| call.id.clone()));
-            }
-        }
-        settled.push(message);
-    }
-    close(&mut open, &mut settled);
-    settled
-}
-
-/// The result shown for a call of an earlier turn that recorded none.
-const UNANSWERED_RESULT: &str =
-    "no result was recorded: the turn ended before this call finished, so its outcome is unknown";
-
-/// The result recorded for a non-idempotent call that was cut off while it ran.
-pub(crate) fn interrupted_result(name: &str) -> String {
-    format!(
-        "interrupted: agentgate stopped while the tool {name:?} was running, so its outcome is unknown \
-         (it may have completed, in part or in full). It was not run again because it is not marked \
-         idempotent. Check its effect before you repeat it."
-    )
 }
 
 /// One turn's state.
@@ -516,8 +394,8 @@ impl TurnMachine {
 
 #[cfg(test)]
 mod tests {
+    use super::super::transcript::unfinished_calls;
     use super::*;
-    use crate::agent::message::{FunctionCall, ToolCall};
     use serde_json::json;
 
     fn machine(max_steps: u32) -> TurnMachine {
@@ -529,19 +407,7 @@ mod tests {
     }
 
     fn call(id: &str, name: &str, arguments: &str) -> Message {
-        Message {
-            role: Role::Assistant,
-            content: None,
-            tool_calls: vec![ToolCall {
-                id: id.into(),
-                kind: "function".into(),
-                function: FunctionCall {
-                    name: name.into(),
-                    arguments: arguments.into(),
-                },
-            }],
-            tool_call_id: None,
-        }
+        Message::asking_for(id, name, arguments)
     }
 
     fn kinds(actions: &[Action]) -> Vec<&'static str> {
@@ -798,42 +664,6 @@ mod tests {
         assert_eq!(keys, ["turn-9.1", "turn-9.2"]);
         assert!(actions.iter().any(|action| matches!(action,
             Action::Record(Entry::ToolStart { mcp_server: Some(server), .. }) if server == "disks")));
-    }
-
-    #[test]
-    fn a_call_no_result_answers_is_settled_before_the_conversation_goes_on() {
-        let messages = vec![
-            Message::text(Role::User, "go"),
-            call("c1", "lookup", "{}"),
-            Message::text(Role::User, "next"),
-            call("c2", "lookup", "{}"),
-            Message::tool_result("c2", "ok"),
-            call("c3", "lookup", "{}"),
-        ];
-        let settled = settle_unanswered(messages);
-        let shape: Vec<(Role, Option<&str>)> = settled
-            .iter()
-            .map(|m| (m.role, m.tool_call_id.as_deref()))
-            .collect();
-        assert_eq!(
-            shape,
-            [
-                (Role::User, None),
-                (Role::Assistant, None),
-                (Role::Tool, Some("c1")),
-                (Role::User, None),
-                (Role::Assistant, None),
-                (Role::Tool, Some("c2")),
-                (Role::Assistant, None),
-                (Role::Tool, Some("c3")),
-            ]
-        );
-        assert!(
-            settled[2]
-                .content
-                .as_deref()
-                .is_some_and(|text| text.contains("no result was recorded"))
-        );
     }
 
     #[test]

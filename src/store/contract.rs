@@ -55,6 +55,22 @@ fn ended(turn: &ClaimedTurn, terminal: Terminal, turn_status: TurnStatus) -> Tur
     }
 }
 
+async fn assert_nothing_to_claim(store: &Store) {
+    let claimed = store.claim_turns(Claim::Beside(10)).await.expect("claim");
+    assert!(claimed.is_empty(), "{claimed:?}");
+}
+
+/// Ends `turn` completed.
+async fn complete(store: &Store, turn: &ClaimedTurn) {
+    store
+        .finish_turn(
+            ended(turn, Terminal::Completed, TurnStatus::Completed),
+            render,
+        )
+        .await
+        .expect("finish");
+}
+
 async fn claim_one(store: &Store) -> ClaimedTurn {
     let mut claimed = store.claim_turns(Claim::Beside(10)).await.expect("claim");
     assert_eq!(claimed.len(), 1, "{claimed:?}");
@@ -108,13 +124,7 @@ async fn accept_claim_finish_deliver(store: &Store) {
     assert_eq!(turn.event.payload, br#"{"n":1}"#);
     assert!(turn.resume_reason.is_none() && !turn.internal);
     // The session is busy: its second event waits.
-    assert!(
-        store
-            .claim_turns(Claim::Beside(10))
-            .await
-            .expect("claim")
-            .is_empty()
-    );
+    assert_nothing_to_claim(store).await;
     assert_eq!(session_state(store, "s1").await, SessionState::Running);
     store
         .append_transcript("s1", &turn.turn_id, vec![("event", "{}".into())], 1)
@@ -127,13 +137,7 @@ async fn accept_claim_finish_deliver(store: &Store) {
         transcript[0].event.as_ref().map(|e| e.id.as_str()),
         Some("e1")
     );
-    store
-        .finish_turn(
-            ended(&turn, Terminal::Completed, TurnStatus::Completed),
-            render,
-        )
-        .await
-        .expect("finish");
+    complete(store, &turn).await;
     assert_eq!(event_status(store, "e1").await, EventStatus::Completed);
     let due = store.due_deliveries(10, Vec::new()).await.expect("due");
     assert_eq!(due.len(), 1);
@@ -158,6 +162,11 @@ async fn accept_claim_finish_deliver(store: &Store) {
         Some(DeliveryState::Delivered)
     );
     assert_eq!(detail.headers["x-test"], "1");
+    the_session_s_next_event_runs_after_it(store).await;
+}
+
+/// After e1's turn, s1's queued e2 is claimed; the counts say so; it ends.
+async fn the_session_s_next_event_runs_after_it(store: &Store) {
     let next = claim_one(store).await;
     assert_eq!(next.event.id, "e2");
     let summary = store.status_summary().await.expect("summary");
@@ -182,13 +191,7 @@ async fn accept_claim_finish_deliver(store: &Store) {
         queued.iter().map(|e| e.id.as_str()).collect::<Vec<_>>(),
         ["e1"]
     );
-    store
-        .finish_turn(
-            ended(&next, Terminal::Completed, TurnStatus::Completed),
-            render,
-        )
-        .await
-        .expect("finish");
+    complete(store, &next).await;
 }
 
 /// The count of `key`'s resumes in the retry ledger, if it has an entry.
@@ -286,13 +289,7 @@ async fn operator_overrides(store: &Store) {
         store.operator_suspend("operated").await.expect("suspend"),
         Some(SessionState::Idle)
     );
-    assert!(
-        store
-            .claim_turns(Claim::Beside(10))
-            .await
-            .expect("claim")
-            .is_empty()
-    );
+    assert_nothing_to_claim(store).await;
     assert_eq!(
         store.operator_resume("operated").await.expect("resume"),
         Some(SessionState::Suspended)
@@ -382,13 +379,7 @@ async fn only_a_crash_of_a_turn_that_ran_alone_counts(store: &Store, crash: impl
         assert_eq!(resumes_counted(store, &session.session_key).await, Some(0));
     }
     assert!(store.waiting_to_run_alone().await.expect("waiting"));
-    assert!(
-        store
-            .claim_turns(Claim::Beside(10))
-            .await
-            .expect("claim")
-            .is_empty()
-    );
+    assert_nothing_to_claim(store).await;
     let alone = store.claim_turns(Claim::Alone).await.expect("claim alone");
     assert_eq!(alone.len(), 1, "{alone:?}");
     assert!(alone[0].alone);
@@ -409,23 +400,11 @@ async fn only_a_crash_of_a_turn_that_ran_alone_counts(store: &Store, crash: impl
         next.iter().map(|t| t.event.id.as_str()).collect::<Vec<_>>(),
         ["c2"]
     );
-    store
-        .finish_turn(
-            ended(&next[0], Terminal::Completed, TurnStatus::Completed),
-            render,
-        )
-        .await
-        .expect("finish");
+    complete(store, &next[0]).await;
     assert!(!store.waiting_to_run_alone().await.expect("waiting"));
     let last = claim_one(store).await;
     assert_eq!((last.event.id.as_str(), last.alone), ("c1", false));
-    store
-        .finish_turn(
-            ended(&last, Terminal::Completed, TurnStatus::Completed),
-            render,
-        )
-        .await
-        .expect("finish");
+    complete(store, &last).await;
 }
 
 async fn run_contract(store: &Store, crash: impl Fn()) {

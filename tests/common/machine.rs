@@ -117,13 +117,14 @@ systemctl enable --now agentgate.socket agentgate-control.socket
     }
 
     pub fn post(&self, body: &str) -> std::io::Result<HttpResponse> {
-        try_request(
-            self.addr(),
-            "POST",
-            "/hook",
-            &[("content-type", "application/json")],
-            body.as_bytes(),
-        )
+        self.post_with(body, &[])
+    }
+
+    /// `post` with `headers` besides its content type.
+    pub fn post_with(&self, body: &str, headers: &[(&str, &str)]) -> std::io::Result<HttpResponse> {
+        let mut all = vec![("content-type", "application/json")];
+        all.extend_from_slice(headers);
+        try_request(self.addr(), "POST", "/hook", &all, body.as_bytes())
     }
 
     pub fn status_json(&self) -> serde_json::Value {

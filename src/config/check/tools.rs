@@ -77,8 +77,55 @@ impl Checker<'_> {
         }
     }
 
+    /// A stdio server's transport: its argv, its environment (plain values or secrets), its
+    /// working directory and its sandboxing.
+    fn stdio_transport(
+        &mut self,
+        prefix: &str,
+        command: Vec<String>,
+        raw: &mut RawMcp,
+    ) -> McpTransport {
+        if !raw.headers.is_empty() {
+            self.error(
+                &format!("{prefix}.headers"),
+                "headers are for the HTTP transport (url); this server uses command",
+            );
+        }
+        self.argv(&format!("{prefix}.command"), &command);
+        let mut env = BTreeMap::new();
+        for (variable, source) in &raw.env {
+            let key = format!("{prefix}.env.{variable}");
+            // A plain value is a setting, not a secret: no warning for it.
+            let value = if source.is_literal() {
+                source.load(None).ok()
+            } else {
+                self.secret(&key, source)
+            };
+            if let Some(value) = value {
+                env.insert(variable.clone(), value);
+            }
+        }
+        McpTransport::Stdio {
+            command,
+            env,
+            cwd: raw.cwd.take(),
+            sandbox: self.sandboxing(
+                prefix,
+                RawSandbox {
+                    sandbox: raw.sandbox.take(),
+                    network: raw.network,
+                    writable: raw.writable.take(),
+                },
+            ),
+        }
+    }
+
     /// `[mcp.NAME]`: exactly one transport, secrets for its environment or headers.
-    pub(super) fn mcp_server(&mut self, name: String, raw: RawMcp) -> Option<McpServerSettings> {
+    pub(super) fn mcp_server(
+        &mut self,
+        name: String,
+        mut raw: RawMcp,
+    ) -> Option<McpServerSettings> {
         let prefix = format!("mcp.{name}");
         if !valid_name(&name) || name.contains("__") {
             self.error(
@@ -87,42 +134,8 @@ impl Checker<'_> {
                  (the model calls its tools NAME__tool)",
             );
         }
-        let transport = match (raw.command, raw.url) {
-            (Some(command), None) => {
-                if !raw.headers.is_empty() {
-                    self.error(
-                        &format!("{prefix}.headers"),
-                        "headers are for the HTTP transport (url); this server uses command",
-                    );
-                }
-                self.argv(&format!("{prefix}.command"), &command);
-                let mut env = BTreeMap::new();
-                for (variable, source) in &raw.env {
-                    let key = format!("{prefix}.env.{variable}");
-                    // A plain value is a setting, not a secret: no warning for it.
-                    let value = if source.is_literal() {
-                        source.load(None).ok()
-                    } else {
-                        self.secret(&key, source)
-                    };
-                    if let Some(value) = value {
-                        env.insert(variable.clone(), value);
-                    }
-                }
-                McpTransport::Stdio {
-                    command,
-                    env,
-                    cwd: raw.cwd,
-                    sandbox: self.sandboxing(
-                        &prefix,
-                        RawSandbox {
-                            sandbox: raw.sandbox,
-                            network: raw.network,
-                            writable: raw.writable,
-                        },
-                    ),
-                }
-            }
+        let transport = match (raw.command.take(), raw.url.take()) {
+            (Some(command), None) => self.stdio_transport(&prefix, command, &mut raw),
             (None, Some(url)) => {
                 for (key, set) in [
                     ("env", !raw.env.is_empty()),

@@ -1,0 +1,174 @@
+//! A session's transcript as turns read it back: the entries a turn commits, and what a resume
+//! and every later turn make of them. An interrupted run leaves calls without results; a resume
+//! must know which (to re-run or settle them), and every request must show each call with
+//! exactly one result, whatever crashed when, since chat APIs refuse a call without one.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::agent::message::{Message, Role};
+use crate::store::EVENT_ENTRY;
+
+/// A transcript entry. Messages are what the model sees; a tool start marks a call as begun, so
+/// a crash between start and result is visible afterwards. The event that starts a turn is
+/// recorded by reference: its message is rendered again from the stored event with the prompt
+/// template it was first rendered with, so the payload is kept once, in the event.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub(crate) enum Entry {
+    Message {
+        message: Message,
+    },
+    Event {
+        event_id: String,
+        /// The route's `prompt` template when the turn ran (a reload may change the route's).
+        template: String,
+        /// The nonce of the event's markers (none for events recorded before nonces were).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        nonce: Option<String>,
+    },
+    ToolStart {
+        call_id: String,
+        name: String,
+        arguments: Value,
+        /// The call's idempotency key: the same when an interrupted call is run again.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        key: Option<String>,
+        /// The MCP server the tool comes from, if any.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mcp_server: Option<String>,
+    },
+}
+
+impl Entry {
+    pub(crate) fn kind(&self) -> &'static str {
+        match self {
+            Entry::Message { .. } => "message",
+            Entry::Event { .. } => EVENT_ENTRY,
+            Entry::ToolStart { .. } => "tool_start",
+        }
+    }
+}
+
+/// A tool call the interrupted run asked for but has no recorded result.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct UnfinishedCall {
+    pub call_id: String,
+    pub name: String,
+    pub arguments: String,
+    /// Its start was recorded: it may have run, in part or in full.
+    pub started: bool,
+    /// The key its recorded start carried.
+    pub key: Option<String>,
+}
+
+/// The calls in `transcript` (in order) that have no recorded result.
+pub(crate) fn unfinished_calls(transcript: &[Entry]) -> Vec<UnfinishedCall> {
+    let mut calls: Vec<UnfinishedCall> = Vec::new();
+    for entry in transcript {
+        match entry {
+            Entry::Message { message } if message.role == Role::Assistant => {
+                calls.extend(message.tool_calls.iter().map(|call| UnfinishedCall {
+                    call_id: call.id.clone(),
+                    name: call.function.name.clone(),
+                    arguments: call.function.arguments.clone(),
+                    started: false,
+                    key: None,
+                }));
+            }
+            Entry::Message { message } if message.role == Role::Tool => {
+                calls.retain(|call| Some(&call.call_id) != message.tool_call_id.as_ref());
+            }
+            Entry::ToolStart { call_id, key, .. } => {
+                for call in calls.iter_mut().filter(|call| &call.call_id == call_id) {
+                    call.started = true;
+                    call.key.clone_from(key);
+                }
+            }
+            Entry::Message { .. } | Entry::Event { .. } => {}
+        }
+    }
+    calls
+}
+
+/// `messages` with a result for every call: a call of an assistant message that no tool message
+/// answers before the conversation moves on (its turn failed, or was cancelled, mid-call) gets
+/// one that says so, right after the results it has. Chat APIs refuse a call without a result,
+/// and the model must not take an unanswered call for one that did nothing.
+pub(crate) fn settle_unanswered(messages: Vec<Message>) -> Vec<Message> {
+    let mut settled = Vec::with_capacity(messages.len());
+    let mut open: Vec<String> = Vec::new();
+    let close = |open: &mut Vec<String>, settled: &mut Vec<Message>| {
+        for call_id in open.drain(..) {
+            settled.push(Message::tool_result(&call_id, UNANSWERED_RESULT));
+        }
+    };
+    for message in messages {
+        match message.role {
+            Role::Tool => {
+                open.retain(|id| Some(id) != message.tool_call_id.as_ref());
+            }
+            Role::Assistant | Role::User | Role::System => {
+                close(&mut open, &mut settled);
+                open.extend(message.tool_calls.iter().map(|call| call.id.clone()));
+            }
+        }
+        settled.push(message);
+    }
+    close(&mut open, &mut settled);
+    settled
+}
+
+/// The result shown for a call of an earlier turn that recorded none.
+const UNANSWERED_RESULT: &str =
+    "no result was recorded: the turn ended before this call finished, so its outcome is unknown";
+
+/// The result recorded for a non-idempotent call that was cut off while it ran.
+pub(crate) fn interrupted_result(name: &str) -> String {
+    format!(
+        "interrupted: agentgate stopped while the tool {name:?} was running, so its outcome is unknown \
+         (it may have completed, in part or in full). It was not run again because it is not marked \
+         idempotent. Check its effect before you repeat it."
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_call_no_result_answers_is_settled_before_the_conversation_goes_on() {
+        let messages = vec![
+            Message::text(Role::User, "go"),
+            Message::asking_for("c1", "lookup", "{}"),
+            Message::text(Role::User, "next"),
+            Message::asking_for("c2", "lookup", "{}"),
+            Message::tool_result("c2", "ok"),
+            Message::asking_for("c3", "lookup", "{}"),
+        ];
+        let settled = settle_unanswered(messages);
+        let shape: Vec<(Role, Option<&str>)> = settled
+            .iter()
+            .map(|m| (m.role, m.tool_call_id.as_deref()))
+            .collect();
+        assert_eq!(
+            shape,
+            [
+                (Role::User, None),
+                (Role::Assistant, None),
+                (Role::Tool, Some("c1")),
+                (Role::User, None),
+                (Role::Assistant, None),
+                (Role::Tool, Some("c2")),
+                (Role::Assistant, None),
+                (Role::Tool, Some("c3")),
+            ]
+        );
+        assert!(
+            settled[2]
+                .content
+                .as_deref()
+                .is_some_and(|text| text.contains("no result was recorded"))
+        );
+    }
+}
