@@ -99,6 +99,7 @@ struct Metrics {
     turns_running: Gauge,
     outbox: Family<StateLabel, Gauge>,
     store_writable: Gauge,
+    accepting: Gauge,
     tls_handshake_failures: Counter,
     log_lines_skipped: Counter,
     totals: Totals,
@@ -276,6 +277,12 @@ impl Metrics {
             "1 while events can be made durable",
             store_writable.clone(),
         );
+        let accepting = Gauge::default();
+        registry.register(
+            "accepting",
+            "1 while a webhook would be accepted (state writable, free disk above min_free_disk, queue below max_queued_events)",
+            accepting.clone(),
+        );
         // Label values known in advance start at 0: a series that appears with its first event
         // would hide that event from `increase()` and `rate()`, and from the alerts built on them.
         for result in DeliveryResult::ALL {
@@ -311,6 +318,7 @@ impl Metrics {
             turns_running,
             outbox,
             store_writable,
+            accepting,
             tls_handshake_failures,
             log_lines_skipped,
             totals: Totals::default(),
@@ -495,6 +503,8 @@ pub(crate) struct Snapshot<'a> {
     pub(crate) summary: &'a StatusSummary,
     pub(crate) turns_running: usize,
     pub(crate) store_writable: bool,
+    /// Whether a webhook would be accepted now.
+    pub(crate) accepting: bool,
 }
 
 /// The text exposition, with the gauges set from `snapshot`.
@@ -535,6 +545,7 @@ pub(crate) fn render(snapshot: &Snapshot<'_>) -> String {
     metrics
         .store_writable
         .set(i64::from(snapshot.store_writable));
+    metrics.accepting.set(i64::from(snapshot.accepting));
     let mut text = String::new();
     // Writing into a String cannot fail.
     let _ = prometheus_client::encoding::text::encode(&mut text, &metrics.registry);
@@ -630,9 +641,11 @@ mod tests {
             summary: &summary,
             turns_running: 0,
             store_writable: true,
+            accepting: true,
         });
         for family in [
             "# TYPE agentgate_http_requests_total counter",
+            "# TYPE agentgate_accepting gauge",
             "# TYPE agentgate_refusals_total counter",
             "# TYPE agentgate_template_fallbacks_total counter",
             "# TYPE agentgate_accept_duration_seconds histogram",

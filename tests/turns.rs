@@ -552,6 +552,91 @@ fn on_busy_interrupt_cancels_the_running_turn() {
     );
 }
 
+/// After a receiver outage the backlog does not wait on backoff timers: `deliveries list
+/// --pending` shows each waiting result and its next attempt; the first result the receiver
+/// takes again brings the route's other waiting results forward; `deliveries retry --pending`
+/// sends what still waits, now.
+#[test]
+fn a_receiver_back_from_an_outage_gets_the_backlog_at_once() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let up = Arc::new(AtomicBool::new(false));
+    let receiver_up = up.clone();
+    let receiver = Stub::start(move |_, _| {
+        if receiver_up.load(Ordering::SeqCst) {
+            Reply::raw(204, "")
+        } else {
+            Reply::raw(503, "")
+        }
+    });
+    let model = Stub::start(|_, _| Reply::answer("result"));
+    let (setup, daemon) = start(model, receiver, "", "");
+    let workspace = &setup.workspace;
+    let database = rusqlite::Connection::open(workspace.state_dir().join("agentgate.db"))
+        .expect("open the database");
+    database
+        .busy_timeout(Duration::from_secs(5))
+        .expect("busy timeout");
+    // Results that failed once and now wait an hour (as after a long outage).
+    let backlog = |ids: &[String]| {
+        for id in ids {
+            assert_eq!(workspace.wait_terminal(id, TURN_LIMIT), "completed");
+        }
+        wait_until("a failed attempt of each", TURN_LIMIT, || {
+            cli_json(workspace, &["deliveries", "list", "--pending", "--json"])
+                .as_array()
+                .is_some_and(|pending| {
+                    pending.len() == ids.len()
+                        && pending.iter().all(|d| d["attempts"].as_i64() >= Some(1))
+                })
+        });
+        database
+            .execute(
+                "UPDATE deliveries SET next_attempt_at = next_attempt_at + 3600000 WHERE status = 'pending'",
+                [],
+            )
+            .expect("push the backlog out");
+    };
+    let delivered = |id: &str| {
+        database
+            .query_row(
+                "SELECT status FROM deliveries WHERE event_id = ?1",
+                [id],
+                |row| row.get::<_, String>(0),
+            )
+            .is_ok_and(|status| status == "delivered")
+    };
+
+    let waiting: Vec<String> = (1..=3).map(|n| post(&daemon, &format!("w{n}"))).collect();
+    backlog(&waiting);
+    let listed = workspace.cli(&["deliveries", "list", "--pending"]);
+    let text = String::from_utf8_lossy(&listed.stdout);
+    assert!(
+        text.contains("NEXT ATTEMPT") && text.contains(&waiting[0]),
+        "{text}"
+    );
+    up.store(true, Ordering::SeqCst);
+    let fresh = post(&daemon, "fresh");
+    wait_until("the backlog, brought forward", TURN_LIMIT, || {
+        delivered(&fresh) && waiting.iter().all(|id| delivered(id))
+    });
+    assert!(daemon.log().contains("its waiting results are sent now"));
+
+    up.store(false, Ordering::SeqCst);
+    let stuck: Vec<String> = (1..=2).map(|n| post(&daemon, &format!("s{n}"))).collect();
+    backlog(&stuck);
+    up.store(true, Ordering::SeqCst);
+    let retried = workspace.cli(&["deliveries", "retry", "--pending"]);
+    assert!(retried.status.success(), "{retried:?}");
+    assert!(
+        String::from_utf8_lossy(&retried.stdout).contains("2 pending deliveries are due now"),
+        "{retried:?}"
+    );
+    wait_until("the retried backlog", TURN_LIMIT, || {
+        stuck.iter().all(|id| delivered(id))
+    });
+}
+
 #[test]
 fn failed_deliveries_are_retried_across_a_restart() {
     let model = Stub::scripted(vec![Reply::answer("result")]);

@@ -230,28 +230,35 @@ pub(super) enum EventsCommand {
 
 #[derive(Debug, Subcommand)]
 pub(super) enum DeliveriesCommand {
-    /// Deliveries, newest first
+    /// Deliveries, newest first, with each pending one's next attempt
     List {
         #[command(flatten)]
         config: ConfigArg,
         /// Only the failed ones
-        #[arg(long)]
+        #[arg(long, conflicts_with = "pending")]
         failed: bool,
+        /// Only the pending ones
+        #[arg(long)]
+        pending: bool,
         /// At most this many
         #[arg(long, value_name = "N", default_value_t = 100)]
         limit: i64,
         #[arg(long)]
         json: bool,
     },
-    /// Send a failed delivery (ID, the event id) or every failed one again, with a fresh attempt budget
+    /// Send a failed delivery (ID, the event id) or every failed one again, with a fresh attempt
+    /// budget; or every pending one now instead of at its backoff's end
     Retry {
         #[command(flatten)]
         config: ConfigArg,
-        #[arg(required_unless_present = "failed", conflicts_with = "failed")]
+        #[arg(required_unless_present_any = ["failed", "pending"], conflicts_with_all = ["failed", "pending"])]
         id: Option<String>,
         /// Every failed delivery
-        #[arg(long)]
+        #[arg(long, conflicts_with = "pending")]
         failed: bool,
+        /// Every pending delivery, now
+        #[arg(long)]
+        pending: bool,
     },
 }
 

@@ -15,7 +15,7 @@ use crate::config::{self, ConfigSource, SecretCheck, StoreSettings};
 use crate::exit::Failure;
 use crate::ingress::api::ToolsDocument;
 use crate::output::outln;
-use crate::store::{self, EventFilter, EventStatus, RetryTarget};
+use crate::store::{self, DeliveryState, EventFilter, EventStatus, RetryTarget};
 
 /// How often `sessions follow` looks for new transcript entries.
 const FOLLOW_POLL: Duration = Duration::from_millis(250);
@@ -227,33 +227,39 @@ async fn select_for_replay(
 
 pub(super) fn deliveries_list(
     source: &ConfigSource,
-    failed_only: bool,
+    state: Option<DeliveryState>,
     limit: i64,
     json: bool,
 ) -> Result<(), Failure> {
     let deliveries = StateAccess::open(source)?
-        .query(async |store| store.deliveries(failed_only, limit).await)?
+        .query(async |store| store.deliveries(state, limit).await)?
         .unwrap_or_default();
     if json {
         json_out(&deliveries);
         return Ok(());
     }
     outln!(
-        "{:<36}  {:<9}  {:>8}  {:<16}  {:<20}  LAST ERROR",
+        "{:<36}  {:<9}  {:>8}  {:<16}  {:<20}  {:<20}  LAST ERROR",
         "EVENT",
         "STATUS",
         "ATTEMPTS",
         "ROUTE",
-        "UPDATED"
+        "UPDATED",
+        "NEXT ATTEMPT"
     );
     for delivery in deliveries {
+        let next = match delivery.status {
+            DeliveryState::Pending => time(delivery.next_attempt_at),
+            DeliveryState::Delivered | DeliveryState::Failed => "-".to_string(),
+        };
         outln!(
-            "{:<36}  {:<9}  {:>8}  {:<16}  {:<20}  {}",
+            "{:<36}  {:<9}  {:>8}  {:<16}  {:<20}  {:<20}  {}",
             delivery.event_id,
             delivery.status,
             delivery.attempts,
             delivery.route,
             time(delivery.updated_at),
+            next,
             delivery.last_error.as_deref().unwrap_or("-")
         );
     }
@@ -262,24 +268,24 @@ pub(super) fn deliveries_list(
 
 pub(super) fn deliveries_retry(source: &ConfigSource, target: RetryTarget) -> Result<(), Failure> {
     let state = StateAccess::open(source)?;
-    let one = match &target {
-        RetryTarget::One(id) => Some(id.clone()),
-        RetryTarget::AllFailed => None,
-    };
     let count = state
-        .query(async |store| store.retry_deliveries(target).await)?
+        .query(async |store| store.retry_deliveries(target.clone()).await)?
         .unwrap_or(0);
     state.restore_ownership()?;
-    match one {
-        Some(id) if count == 0 => Err(Failure::runtime(format!(
+    match target {
+        RetryTarget::One(id) if count == 0 => Err(Failure::runtime(format!(
             "no failed delivery for event {id:?} (see `agentgate deliveries list --failed`)"
         ))),
-        Some(id) => {
+        RetryTarget::One(id) => {
             outln!("delivery of event {id}: queued again with a fresh attempt budget");
             Ok(())
         }
-        None => {
+        RetryTarget::AllFailed => {
             outln!("{count} failed deliveries queued again with a fresh attempt budget");
+            Ok(())
+        }
+        RetryTarget::Pending { .. } => {
+            outln!("{count} pending deliveries are due now");
             Ok(())
         }
     }

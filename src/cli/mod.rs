@@ -24,7 +24,7 @@ use crate::lifecycle;
 use crate::logging;
 
 use crate::operator::OperatorAction;
-use crate::store::{EventFilter, RetryTarget};
+use crate::store::{DeliveryState, EventFilter, RetryTarget};
 use args::*;
 use check::check_config;
 use generate::generate;
@@ -150,13 +150,32 @@ fn run(command: Command) -> Result<(), Failure> {
         Command::Deliveries(DeliveriesCommand::List {
             config,
             failed,
+            pending,
             limit,
             json,
-        }) => events::deliveries_list(&config.source(), failed, limit, json),
-        Command::Deliveries(DeliveriesCommand::Retry { config, id, failed }) => {
-            let target = match (id, failed) {
-                (Some(id), false) => RetryTarget::One(id),
-                _ => RetryTarget::AllFailed,
+        }) => {
+            let state = match (failed, pending) {
+                (true, _) => Some(DeliveryState::Failed),
+                (false, true) => Some(DeliveryState::Pending),
+                (false, false) => None,
+            };
+            events::deliveries_list(&config.source(), state, limit, json)
+        }
+        Command::Deliveries(DeliveriesCommand::Retry {
+            config,
+            id,
+            failed,
+            pending,
+        }) => {
+            let target = match (id, pending) {
+                (Some(id), _) => RetryTarget::One(id),
+                (None, true) => RetryTarget::Pending { route: None },
+                (None, false) if failed => RetryTarget::AllFailed,
+                (None, false) => {
+                    return Err(Failure::usage(
+                        "deliveries retry needs ID, --failed or --pending",
+                    ));
+                }
             };
             events::deliveries_retry(&config.source(), target)
         }

@@ -25,7 +25,7 @@ use crate::config::{DeliverSettings, HiddenPaths, Sandboxing, Settings, Shared, 
 use crate::logging;
 use crate::metrics;
 use crate::signature::standard_signature;
-use crate::store::{DeliveryAttempt, PendingDelivery, Store};
+use crate::store::{DeliveryAttempt, PendingDelivery, RetryTarget, Store};
 
 /// Attempts before a delivery is marked failed (about 1.5 hours of retries).
 pub(crate) const MAX_ATTEMPTS: u32 = 16;
@@ -42,6 +42,8 @@ const MAX_IN_FLIGHT: usize = 256;
 /// a backoff for it is what made connection-closing receivers slow.
 const TRANSPORT_RETRIES: u32 = 2;
 const POLL_INTERVAL: Duration = Duration::from_secs(1);
+/// A route's repeated failures are logged at most this often, with how many were left out.
+const FAILURE_LINE_EVERY: Duration = Duration::from_secs(10);
 
 /// The deliverer's handle: whoever queues a result in the outbox rings it, so the result goes
 /// out now rather than at the next poll.
@@ -61,6 +63,8 @@ pub(crate) struct Deliverer {
     settings: Arc<Shared<Settings>>,
     client: reqwest::Client,
     wake: DeliveryHandle,
+    /// When each route's last "will retry" line was written, and how many were left out since.
+    failure_lines: Mutex<HashMap<String, (std::time::Instant, u64)>>,
 }
 
 impl Deliverer {
@@ -74,6 +78,7 @@ impl Deliverer {
             settings,
             client,
             wake: DeliveryHandle::default(),
+            failure_lines: Mutex::default(),
         })
     }
 
@@ -189,6 +194,11 @@ impl Deliverer {
             Ok(()) => {
                 metrics::delivery(metrics::DeliveryResult::Delivered);
                 logging::event_line!(attempt, "result delivered");
+                // It had failed, or the route's target has failed here since: the target is back.
+                let failed_here = lock(&self.failure_lines).remove(&delivery.route).is_some();
+                if attempt > 1 || failed_here {
+                    self.target_answers_again(&delivery.route).await;
+                }
                 DeliveryAttempt::Delivered
             }
             Err(error) if attempt >= MAX_ATTEMPTS => {
@@ -200,8 +210,10 @@ impl Deliverer {
             Err(error) => {
                 metrics::delivery(metrics::DeliveryResult::Retry);
                 let delay = backoff(attempt);
-                tracing::warn!(attempt, retry_in_s = delay.as_secs(), error = %error,
-                    "delivery failed; will retry");
+                if let Some(left_out) = self.failure_line_due(&delivery.route) {
+                    tracing::warn!(attempt, retry_in_s = delay.as_secs(), error = %error,
+                        left_out, "delivery failed; will retry");
+                }
                 DeliveryAttempt::Retry {
                     at: crate::store::now_millis() + delay.as_millis() as i64,
                     error,
@@ -215,6 +227,46 @@ impl Deliverer {
         {
             // The attempt is repeated later: delivery is at least once.
             tracing::warn!(error = %err, "cannot record the delivery attempt");
+        }
+    }
+
+    /// A route's target answered a delivery that had failed before: its other waiting results
+    /// are sent now instead of each at the end of its own backoff.
+    async fn target_answers_again(&self, route: &str) {
+        let target = RetryTarget::Pending {
+            route: Some(route.to_string()),
+        };
+        match self.store.retry_deliveries(target).await {
+            Ok(0) => {}
+            Ok(count) => {
+                tracing::info!(route = %route, count,
+                    "the delivery target answers again; its waiting results are sent now");
+                self.wake.result_queued();
+            }
+            Err(err) => tracing::warn!(route = %route, error = %err,
+                "cannot bring the route's waiting deliveries forward"),
+        }
+    }
+
+    /// Whether a "will retry" line of `route` is due (at most one every `FAILURE_LINE_EVERY`),
+    /// and if so how many were left out since the last.
+    fn failure_line_due(&self, route: &str) -> Option<u64> {
+        let mut lines = lock(&self.failure_lines);
+        let now = std::time::Instant::now();
+        match lines.get_mut(route) {
+            Some((last, left_out)) if now.duration_since(*last) < FAILURE_LINE_EVERY => {
+                *left_out += 1;
+                None
+            }
+            Some((last, left_out)) => {
+                let skipped = std::mem::take(left_out);
+                *last = now;
+                Some(skipped)
+            }
+            None => {
+                lines.insert(route.to_string(), (now, 0));
+                Some(0)
+            }
         }
     }
 

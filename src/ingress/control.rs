@@ -155,15 +155,20 @@ impl Control {
         })
     }
 
-    async fn status(&self) -> Result<HttpResponse, ControlError> {
-        let summary = self.summary().await?;
-        let writable = self.store.is_writable();
-        let runtime = &self.settings.get().config.runtime;
-        let accepting = if writable {
+    /// Whether a webhook would be accepted now, and why not.
+    fn accepting(&self) -> Accepting {
+        if self.store.is_writable() {
+            let runtime = &self.settings.get().config.runtime;
             Accepting::from_refusal(self.capacity.refusal(runtime))
         } else {
             Accepting::refused("the state cannot be written durably")
-        };
+        }
+    }
+
+    async fn status(&self) -> Result<HttpResponse, ControlError> {
+        let summary = self.summary().await?;
+        let writable = self.store.is_writable();
+        let accepting = self.accepting();
         let daemon = DaemonStatus {
             running: true,
             pid: Some(std::process::id()),
@@ -329,6 +334,7 @@ impl Control {
             summary: &summary,
             turns_running: self.sessions.running_count(),
             store_writable: self.store.is_writable(),
+            accepting: self.accepting().ok,
         });
         let mut response = http::Response::new(http_body_util::Full::new(bytes::Bytes::from(text)));
         response.headers_mut().insert(

@@ -310,7 +310,11 @@ async fn operator_overrides(store: &Store) {
         .await
         .expect("record");
     assert_eq!(
-        store.deliveries(true, 10).await.expect("failed").len(),
+        store
+            .deliveries(Some(DeliveryState::Failed), 10)
+            .await
+            .expect("failed")
+            .len(),
         1,
         "one failed delivery"
     );

@@ -31,7 +31,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::config::StoreSettings;
 pub(crate) use states::{
-    EventStatus, NodeState, ResumeReason, SessionState, StopReason, Terminal, TurnStatus,
+    DeliveryState, EventStatus, NodeState, ResumeReason, SessionState, StopReason, Terminal,
+    TurnStatus,
 };
 
 pub(crate) use atomic::is_stale_temp;
@@ -329,10 +330,10 @@ pub(crate) trait Inspection: Send + Sync {
     async fn events(&self, filter: EventFilter) -> Result<Vec<EventRow>, StoreError>;
     /// `events show`.
     async fn event(&self, id: &str) -> Result<Option<EventDetail>, StoreError>;
-    /// `deliveries list`: newest first; only failed ones with `failed_only`.
+    /// `deliveries list`: newest first; only those in `state`, when given.
     async fn deliveries(
         &self,
-        failed_only: bool,
+        state: Option<DeliveryState>,
         limit: i64,
     ) -> Result<Vec<DeliveryRow>, StoreError>;
 }
@@ -348,8 +349,8 @@ pub(crate) trait Operator: Send + Sync {
     /// `events replay ID`: queues a copy of the event as a new one that records what it
     /// replays. Returns the new event id, `None` if there is no such event.
     async fn replay_event(&self, id: &str) -> Result<Option<String>, StoreError>;
-    /// `deliveries retry`: failed deliveries get a fresh attempt budget and are due at once.
-    /// Returns how many.
+    /// `deliveries retry`: failed deliveries get a fresh attempt budget and are due at once;
+    /// pending ones are due at once. Returns how many.
     async fn retry_deliveries(&self, target: RetryTarget) -> Result<u64, StoreError>;
 }
 

@@ -353,11 +353,16 @@ pub(crate) struct DeliveryRow {
     pub updated_at: i64,
 }
 
-/// Which failed deliveries `deliveries retry` sends again.
+/// Which deliveries `deliveries retry` sends again.
 #[derive(Debug, Clone)]
 pub(crate) enum RetryTarget {
+    /// This failed one, with a fresh attempt budget.
     One(String),
+    /// Every failed one, each with a fresh attempt budget.
     AllFailed,
+    /// The pending ones (of one route, or all), now instead of at their backoff's end; they keep
+    /// their attempt counts.
+    Pending { route: Option<String> },
 }
 
 /// A stored payload as JSON, or as text when it is not JSON.

@@ -351,6 +351,14 @@ pub(crate) const RETRY_SQL: &str = concatcp!(
     " AND (CAST($1 AS TEXT) IS NULL OR event_id = $1)"
 );
 
+/// `$1` route (NULL: every route), `$2` now: pending deliveries are due now.
+pub(crate) const SEND_PENDING_NOW_SQL: &str = concatcp!(
+    "UPDATE deliveries SET next_attempt_at = $2, updated_at = $2
+     WHERE status = ",
+    PENDING,
+    " AND next_attempt_at > $2 AND (CAST($1 AS TEXT) IS NULL OR route = $1)"
+);
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -106,10 +106,10 @@ impl Inspection for PostgresStore {
 
     async fn deliveries(
         &self,
-        failed_only: bool,
+        state: Option<DeliveryState>,
         limit: i64,
     ) -> Result<Vec<DeliveryRow>, StoreError> {
-        let status = failed_only.then_some(DeliveryState::Failed.sql());
+        let status = state.map(DeliveryState::sql);
         self.fetch(DELIVERIES_SQL, &[&status, &limit], DeliveryRow::decode)
             .await
     }

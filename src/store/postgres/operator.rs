@@ -8,7 +8,9 @@ use super::connect::{Cached, bounded};
 use super::recovery::FORGET_RESUMES_SQL;
 use crate::store::model::RetryTarget;
 use crate::store::row::StoredRow;
-use crate::store::sql::{REPLAY_SQL, REQUEUE_STOPPED_EVENT_SQL, RESUME_SESSION_SQL, RETRY_SQL};
+use crate::store::sql::{
+    REPLAY_SQL, REQUEUE_STOPPED_EVENT_SQL, RESUME_SESSION_SQL, RETRY_SQL, SEND_PENDING_NOW_SQL,
+};
 use crate::store::states::{OPERATOR, SUSPENDED, SessionState};
 use crate::store::{Operator, StoreError, now_millis};
 
@@ -62,11 +64,17 @@ impl Operator for PostgresStore {
     }
 
     async fn retry_deliveries(&self, target: RetryTarget) -> Result<u64, StoreError> {
-        let event_id = match &target {
-            RetryTarget::One(id) => Some(id.as_str()),
-            RetryTarget::AllFailed => None,
-        };
-        self.execute_one(RETRY_SQL, &[&event_id, &now_millis()])
-            .await
+        let now = now_millis();
+        match &target {
+            RetryTarget::One(id) => {
+                self.execute_one(RETRY_SQL, &[&Some(id.as_str()), &now])
+                    .await
+            }
+            RetryTarget::AllFailed => self.execute_one(RETRY_SQL, &[&None::<&str>, &now]).await,
+            RetryTarget::Pending { route } => {
+                self.execute_one(SEND_PENDING_NOW_SQL, &[&route.as_deref(), &now])
+                    .await
+            }
+        }
     }
 }

@@ -124,10 +124,10 @@ impl Inspection for SqliteStore {
 
     async fn deliveries(
         &self,
-        failed_only: bool,
+        state: Option<DeliveryState>,
         limit: i64,
     ) -> Result<Vec<DeliveryRow>, StoreError> {
-        let status = failed_only.then_some(DeliveryState::Failed.sql());
+        let status = state.map(DeliveryState::sql);
         self.read(move |connection| {
             query(connection, DELIVERIES_SQL, &[&status, &limit], |row| {
                 DeliveryRow::decode(row)

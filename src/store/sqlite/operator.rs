@@ -6,7 +6,8 @@ use rusqlite::Connection;
 use super::{SqliteStore, execute, query_optional, value};
 use crate::store::model::RetryTarget;
 use crate::store::sql::{
-    REPLAY_SQL, REQUEUE_STOPPED_EVENT_SQL, RESUME_SESSION_SQL, RETRY_SQL, SESSION_STATE_SQL,
+    REPLAY_SQL, REQUEUE_STOPPED_EVENT_SQL, RESUME_SESSION_SQL, RETRY_SQL, SEND_PENDING_NOW_SQL,
+    SESSION_STATE_SQL,
 };
 use crate::store::states::{OPERATOR, SUSPENDED, SessionState};
 use crate::store::{Operator, Recovery, StoreError, now_millis};
@@ -73,11 +74,16 @@ impl Operator for SqliteStore {
 
     async fn retry_deliveries(&self, target: RetryTarget) -> Result<u64, StoreError> {
         self.write(move |connection| {
-            let event_id = match &target {
-                RetryTarget::One(id) => Some(id.as_str()),
-                RetryTarget::AllFailed => None,
+            let now = now_millis();
+            let updated = match &target {
+                RetryTarget::One(id) => {
+                    execute(connection, RETRY_SQL, &[&Some(id.as_str()), &now])?
+                }
+                RetryTarget::AllFailed => execute(connection, RETRY_SQL, &[&None::<&str>, &now])?,
+                RetryTarget::Pending { route } => {
+                    execute(connection, SEND_PENDING_NOW_SQL, &[&route.as_deref(), &now])?
+                }
             };
-            let updated = execute(connection, RETRY_SQL, &[&event_id, &now_millis()])?;
             Ok(updated as u64)
         })
         .await
