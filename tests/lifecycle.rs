@@ -860,8 +860,8 @@ fn the_man_pages_render_cleanly_and_carry_the_reference() {
 }
 
 /// A user who may use the control socket (mode 0660, the daemon's group) but cannot read the
-/// state directory still runs `sessions list`, `sessions show` and `status`: they go through the
-/// daemon.
+/// state directory still runs `sessions list`, `sessions show`, `events list`, `events show` and
+/// `status`: they go through the daemon.
 #[test]
 fn sessions_go_through_the_control_socket_for_users_who_cannot_read_the_state() {
     use std::os::unix::fs::PermissionsExt;
@@ -923,4 +923,18 @@ fn sessions_go_through_the_control_socket_for_users_who_cannot_read_the_state() 
     let missing = as_group_member(&["sessions", "show", "nope"]);
     assert!(!missing.status.success());
     assert!(String::from_utf8_lossy(&missing.stderr).contains("no session \"nope\""));
+    let events = as_group_member(&["events", "list", "--status", "completed", "--json"]);
+    assert!(events.status.success(), "{events:?}");
+    assert!(
+        String::from_utf8_lossy(&events.stdout).contains(&event_id),
+        "{events:?}"
+    );
+    let event = as_group_member(&["events", "show", &event_id]);
+    assert!(event.status.success(), "{event:?}");
+    assert!(
+        String::from_utf8_lossy(&event.stdout).contains("status completed"),
+        "{event:?}"
+    );
+    let unknown = as_group_member(&["events", "show", "nope"]);
+    assert!(String::from_utf8_lossy(&unknown.stderr).contains("no event \"nope\""));
 }

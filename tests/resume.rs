@@ -714,6 +714,23 @@ fn resuming_a_session_suspended_mid_turn_never_runs_two_turns_at_once() {
 /// resume) when the operator resumes the session.
 #[test]
 fn a_suspension_outlives_a_crash_and_its_interrupted_event_runs_on_resume() {
+    suspension_outlives(Interruption::Crash);
+}
+
+/// As after a crash, so after a drain that cut the turn off.
+#[test]
+fn a_suspension_outlives_a_drain_and_its_interrupted_event_runs_on_resume() {
+    suspension_outlives(Interruption::Drain);
+}
+
+enum Interruption {
+    Crash,
+    Drain,
+}
+
+/// A session suspended while its turn runs, then the turn cut off: the suspension holds across
+/// the restart, the event waits queued, and `sessions resume` runs it from its transcript.
+fn suspension_outlives(interruption: Interruption) {
     let workspace = Workspace::new();
     let held_calls = Arc::new(AtomicUsize::new(0));
     let counter = held_calls.clone();
@@ -735,7 +752,10 @@ fn a_suspension_outlives_a_crash_and_its_interrupted_event_runs_on_resume() {
     });
     let output = workspace.cli(&["sessions", "suspend", "held"]);
     assert!(output.status.success(), "{output:?}");
-    daemon.kill9();
+    match interruption {
+        Interruption::Crash => daemon.kill9(),
+        Interruption::Drain => assert!(daemon.terminate().success()),
+    }
 
     let daemon = workspace.start();
     let state = |workspace: &Workspace| -> Vec<String> {
@@ -744,6 +764,8 @@ fn a_suspension_outlives_a_crash_and_its_interrupted_event_runs_on_resume() {
         })
     };
     assert_eq!(state(&workspace), ["suspended"]);
+    // Nothing runs it until the operator resumes the session: it waits, queued, not "running".
+    assert_eq!(workspace.event_status(&held), "queued");
     let bystander = post(&daemon, "bystander");
     assert_eq!(workspace.wait_terminal(&bystander, LIMIT), "completed");
     assert_eq!(state(&workspace), ["suspended"]);

@@ -7,15 +7,16 @@
 use std::path::Path;
 use std::time::Duration;
 
+use super::control::{self, DaemonClient};
 use super::sessions::render_entry;
 use super::state::StateAccess;
 use crate::agent::catalog;
 use crate::agent::mcp::McpServers;
 use crate::config::{self, ConfigSource, SecretCheck, StoreSettings};
 use crate::exit::Failure;
-use crate::ingress::api::ToolsDocument;
+use crate::ingress::api::{EventsPage, ToolsDocument};
 use crate::output::outln;
-use crate::store::{self, DeliveryState, EventFilter, EventStatus, RetryTarget};
+use crate::store::{self, DeliveryState, EventDetail, EventFilter, EventStatus, RetryTarget};
 
 /// How often `sessions follow` looks for new transcript entries.
 const FOLLOW_POLL: Duration = Duration::from_millis(250);
@@ -39,9 +40,29 @@ pub(super) fn events_list(
     filter: EventFilter,
     json: bool,
 ) -> Result<(), Failure> {
-    let events = StateAccess::open(source)?
-        .query(async |store| store.events(filter).await)?
-        .unwrap_or_default();
+    let daemon = DaemonClient::new(source)?;
+    let events = if daemon.state_unreadable() {
+        // A member of the daemon's group: the running daemon answers for the state.
+        let mut path = format!("/v1/events?limit={}", filter.limit);
+        for (name, value) in [
+            ("status", filter.status.map(|status| status.to_string())),
+            ("route", filter.route),
+            ("session", filter.session),
+        ] {
+            if let Some(value) = value {
+                path.push_str(&format!("&{name}={}", control::path_segment(&value)));
+            }
+        }
+        match daemon.request(http::Method::GET, &path)? {
+            Some(answer) if answer.status.is_success() => answer.document::<EventsPage>()?.events,
+            Some(answer) => return Err(Failure::unavailable(answer.message())),
+            None => return Err(control::no_daemon_for_unreadable_state()),
+        }
+    } else {
+        StateAccess::open(source)?
+            .query(async |store| store.events(filter).await)?
+            .unwrap_or_default()
+    };
     if json {
         json_out(&events);
         return Ok(());
@@ -69,10 +90,22 @@ pub(super) fn events_list(
 }
 
 pub(super) fn events_show(source: &ConfigSource, id: &str, json: bool) -> Result<(), Failure> {
-    let detail = StateAccess::open(source)?
-        .query(async |store| store.event(id).await)?
-        .flatten()
-        .ok_or_else(|| Failure::runtime(format!("no event {id:?}")))?;
+    let no_event = || Failure::runtime(format!("no event {id:?}"));
+    let daemon = DaemonClient::new(source)?;
+    let detail = if daemon.state_unreadable() {
+        let path = format!("/v1/events/{}", control::path_segment(id));
+        match daemon.request(http::Method::GET, &path)? {
+            Some(answer) if answer.status == http::StatusCode::NOT_FOUND => return Err(no_event()),
+            Some(answer) if answer.status.is_success() => answer.document::<EventDetail>()?,
+            Some(answer) => return Err(Failure::unavailable(answer.message())),
+            None => return Err(control::no_daemon_for_unreadable_state()),
+        }
+    } else {
+        StateAccess::open(source)?
+            .query(async |store| store.event(id).await)?
+            .flatten()
+            .ok_or_else(no_event)?
+    };
     if json {
         json_out(&detail);
         return Ok(());

@@ -132,6 +132,7 @@ impl Control {
             (&Method::GET, ["v1", "status"]) => self.status().await,
             (&Method::GET, ["v1", "sessions"]) => self.sessions(request.uri().query()).await,
             (&Method::GET, ["v1", "events"]) => self.events(request.uri().query()).await,
+            (&Method::GET, ["v1", "events", id]) => self.event(&percent_decode(id)).await,
             (&Method::GET, ["v1", "sessions", key]) => self.session(&percent_decode(key)).await,
             (&Method::POST, ["v1", "reload"]) => self.reload().await,
             (&Method::GET, ["v1", "tools"]) => self.tools(request.uri().query()).await,
@@ -273,6 +274,18 @@ impl Control {
                 transcript
             }),
         ))
+    }
+
+    /// `GET /v1/events/{id}`: the event as `events show --json` shows it; `404` if unknown.
+    async fn event(&self, id: &str) -> Result<HttpResponse, ControlError> {
+        match self.store.event(id).await? {
+            Some(detail) => Ok(json_response(StatusCode::OK, &json!(detail))),
+            None => Ok(error(
+                StatusCode::NOT_FOUND,
+                "no_event",
+                &format!("no event {id:?}"),
+            )),
+        }
     }
 
     /// `GET /v1/events[?status=S][&route=R][&session=KEY][&limit=N][&before=ID]`: a page of

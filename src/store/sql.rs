@@ -161,6 +161,19 @@ pub(crate) const REQUEUE_EVENT_SQL: &str = concatcp!(
     ", resume_reason = $2, run_alone = $4, updated_at = $3 WHERE id = $1"
 );
 
+/// `$1` turn id, `$2` the resume reason, `$3` session key, `$4` now: the interrupted turn's event
+/// of a session an operator suspended waits, queued as a resume, for `sessions resume` (rather
+/// than reading `running` while nothing runs it).
+pub(crate) const SUSPENDED_EVENT_WAITS_SQL: &str = concatcp!(
+    "UPDATE events SET status = ",
+    QUEUED,
+    ", resume_reason = $2, updated_at = $4
+     WHERE id = (SELECT event_id FROM turns WHERE id = $1)
+       AND EXISTS (SELECT 1 FROM sessions WHERE key = $3 AND state = ",
+    SUSPENDED,
+    ")"
+);
+
 /// `$1` session key, `$2` now: the session may run its requeued event.
 pub(crate) const REQUEUE_SESSION_SQL: &str = concatcp!(
     "UPDATE sessions SET state = ",

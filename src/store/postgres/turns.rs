@@ -11,7 +11,8 @@ use crate::store::model::{
 use crate::store::row::StoredRow;
 use crate::store::sql::{
     APPEND_SQL, CLAIM_COLUMNS, END_SESSION_SET, EVENT_HAS_TRANSCRIPT_SQL, FINISH_EVENT_SQL,
-    FINISH_TURN_SQL, INTERRUPT_TURN_SQL, START_EVENT_SQL, TRANSCRIPT_SQL, TURN_STEPS_SQL,
+    FINISH_TURN_SQL, INTERRUPT_TURN_SQL, START_EVENT_SQL, SUSPENDED_EVENT_WAITS_SQL,
+    TRANSCRIPT_SQL, TURN_STEPS_SQL,
 };
 use crate::store::states::{
     IDLE, PENDING, QUEUED, RESUME_PENDING, ResumeReason, SESSION_RUNNING, SUSPENDED, StopReason,
@@ -290,6 +291,11 @@ impl Turns for PostgresStore {
             .await?;
             tx.run(INTERRUPT_SESSION_SQL, &[&session_key, &reason, &now])
                 .await?;
+            tx.run(
+                SUSPENDED_EVENT_WAITS_SQL,
+                &[&turn_id, &reason, &session_key, &now],
+            )
+            .await?;
             tx.commit().await?;
             Ok(())
         })

@@ -10,7 +10,9 @@ use crate::store::admission::{self, AdmissionSteps};
 use crate::store::ledger::LedgerFile;
 use crate::store::model::{InterruptedSession, RenderDelivery, TurnEnd};
 use crate::store::sql::{INTERRUPTED_COLUMNS, REQUEUE_EVENT_SQL, REQUEUE_SESSION_SQL};
-use crate::store::states::{CRASHED, RESUME_PENDING, SUSPENDED, TURN_INTERRUPTED, TURN_RUNNING};
+use crate::store::states::{
+    CRASHED, QUEUED, RESUME_PENDING, SUSPENDED, TURN_INTERRUPTED, TURN_RUNNING,
+};
 use crate::store::{Ledger, Recovery, Settled, Settlement, StoreError, now_millis};
 
 /// `$1` now: the sessions of turns still `running` wait for a resume (an operator's suspension
@@ -51,12 +53,29 @@ const RUNNING_TURNS_SQL: &str = concatcp!(
     TURN_RUNNING
 );
 
+/// `$1` now: the events of turns still `running` in sessions an operator suspended wait, queued
+/// as crash resumes, for `sessions resume`.
+const CRASHED_SUSPENDED_EVENTS_SQL: &str = concatcp!(
+    "UPDATE events SET status = ",
+    QUEUED,
+    ", resume_reason = ",
+    CRASHED,
+    ", updated_at = $1
+     WHERE id IN (SELECT t.event_id FROM turns t JOIN sessions s ON s.key = t.session_key
+                  WHERE t.status = ",
+    TURN_RUNNING,
+    " AND s.state = ",
+    SUSPENDED,
+    ")"
+);
+
 /// At start, every turn still `running` was cut off by one crash, which each records.
 fn crashed_in(connection: &Connection) -> Result<usize, StoreError> {
     let now = now_millis();
     let together: i64 = query_one(connection, RUNNING_TURNS_SQL, &[], |row| {
         value(row, "running")
     })?;
+    execute(connection, CRASHED_SUSPENDED_EVENTS_SQL, &[&now])?;
     execute(connection, CRASHED_SESSIONS_SQL, &[&now])?;
     execute(connection, CRASHED_TURNS_SQL, &[&now, &together])
 }

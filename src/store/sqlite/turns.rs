@@ -10,7 +10,8 @@ use crate::store::model::{
 };
 use crate::store::sql::{
     APPEND_SQL, CLAIM_COLUMNS, END_SESSION_SET, EVENT_HAS_TRANSCRIPT_SQL, FINISH_EVENT_SQL,
-    FINISH_TURN_SQL, INTERRUPT_TURN_SQL, START_EVENT_SQL, TRANSCRIPT_SQL, TURN_STEPS_SQL,
+    FINISH_TURN_SQL, INTERRUPT_TURN_SQL, START_EVENT_SQL, SUSPENDED_EVENT_WAITS_SQL,
+    TRANSCRIPT_SQL, TURN_STEPS_SQL,
 };
 use crate::store::states::{
     IDLE, PENDING, QUEUED, RESUME_PENDING, ResumeReason, SESSION_RUNNING, SUSPENDED, StopReason,
@@ -246,6 +247,11 @@ fn interrupt_in(
         connection,
         INTERRUPT_SESSION_SQL,
         &[&session_key, &reason, &now],
+    )?;
+    execute(
+        connection,
+        SUSPENDED_EVENT_WAITS_SQL,
+        &[&turn_id, &reason, &session_key, &now],
     )?;
     Ok(())
 }
