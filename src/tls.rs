@@ -63,5 +63,5 @@ pub(crate) fn http_client() -> Result<reqwest::ClientBuilder, String> {
     let config = client_config(web_roots()).map_err(|err| format!("TLS setup: {err}"))?;
     Ok(reqwest::Client::builder()
         .use_preconfigured_tls(config)
-        .user_agent(concat!("agentgate/", env!("CARGO_PKG_VERSION"))))
+        .user_agent(format!("agentgate/{}", crate::VERSION)))
 }

@@ -772,6 +772,11 @@ fn the_operations_guide_works_as_written() {
     machine.ok(guide(
         "systemctl stop agentgate.socket agentgate-control.socket agentgate.service",
     ));
+    // As on a fresh install: no state directory yet.
+    machine.ok("rm -rf /var/lib/agentgate");
+    machine.ok(guide(
+        "install -d -o _agentgate -g _agentgate -m 0750 /var/lib/agentgate",
+    ));
     guide(
         "cp /var/backups/agentgate-2026-12-01/agentgate.db /var/backups/agentgate-2026-12-01/ledger.json /var/lib/agentgate/",
     );

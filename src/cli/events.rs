@@ -451,5 +451,11 @@ pub(super) fn backup(source: &ConfigSource, target: &Path) -> Result<(), Failure
     for file in written {
         outln!("{}", file.display());
     }
+    // On stderr: stdout lists exactly the files written.
+    eprintln!(
+        "not in the backup (save them with the system's configuration): the config ({source}), \
+         the credentials and secret files it names, and systemd drop-ins \
+         (`systemctl cat agentgate.service agentgate.socket`)"
+    );
     Ok(())
 }
