@@ -94,6 +94,28 @@ fn notify_protocol_ready_status_watchdog_reload_stopping_and_extend() {
     drop(daemon);
 }
 
+/// Low-disk refusals are visible: below `min_free_disk` every webhook gets 503, and `STATUS=`
+/// (so `systemctl status`), `status --json` and `agentgate_accepting` say so.
+#[test]
+fn refusing_for_low_disk_shows_in_status_and_metrics() {
+    let workspace = Workspace::new();
+    workspace.write_config(&format!(
+        "[runtime]\nmin_free_disk = \"1000000GB\"\n\n{ROUTE}"
+    ));
+    let mut notify = NotifySocket::new(&workspace);
+    let daemon = workspace.start_with_env(&[
+        ("NOTIFY_SOCKET", notify.path.to_str().expect("path")),
+        ("WATCHDOG_USEC", "600000"),
+    ]);
+    let refused = daemon.post_json("/hook", &[], "{}");
+    assert_eq!(refused.status, 503, "{refused:?}");
+    let status = notify.expect("refusing webhooks (503)", Duration::from_secs(10));
+    assert!(status.contains("min_free_disk"), "{status}");
+    assert_eq!(workspace.status()["accepting"]["ok"], false);
+    let metrics = workspace.metrics();
+    assert!(metrics.contains("agentgate_accepting 0"), "{metrics}");
+}
+
 #[test]
 fn reload_with_a_broken_config_keeps_serving_the_old_one() {
     let workspace = Workspace::new();

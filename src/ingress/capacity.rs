@@ -97,32 +97,35 @@ impl CapacityWatch {
     /// Refreshes the queued count from the store's index, and the free space of `state_dir`,
     /// until `stop`.
     pub(crate) async fn run(self, stop: CancellationToken) {
-        let CapacityWatch {
-            capacity,
-            store,
-            settings,
-            state_dir,
-        } = self;
         loop {
-            let current = settings.get();
-            let runtime = &current.config.runtime;
-            let free_disk = state_dir.as_deref().and_then(|dir| {
-            nix::sys::statvfs::statvfs(dir)
-                .map(|stats| stats.blocks_available() * stats.fragment_size())
-                .map_err(|err| tracing::warn!(error = %err, "cannot measure the free space of the state directory"))
-                .ok()
-        });
-            match store.live_counts().await {
-                Ok(counts) => {
-                    let queued = u64::try_from(counts.queued).unwrap_or(0);
-                    capacity.refresh(queued, free_disk, runtime);
-                }
-                Err(err) => tracing::warn!(error = %err, "cannot count queued events"),
-            }
+            self.measure().await;
             tokio::select! {
                 () = stop.cancelled() => return,
                 () = tokio::time::sleep(REFRESH) => {}
             }
+        }
+    }
+
+    /// Measures once. Also called before the listener takes its first connection, so that a
+    /// start below `min_free_disk` or over `max_queued_events` refuses from the first webhook.
+    pub(crate) async fn measure(&self) {
+        let current = self.settings.get();
+        let runtime = &current.config.runtime;
+        let free_disk = self.state_dir.as_deref().and_then(|dir| {
+            nix::sys::statvfs::statvfs(dir)
+                .map(|stats| stats.blocks_available() * stats.fragment_size())
+                .map_err(|err| {
+                    tracing::warn!(error = %err,
+                        "cannot measure the free space of the state directory");
+                })
+                .ok()
+        });
+        match self.store.live_counts().await {
+            Ok(counts) => {
+                let queued = u64::try_from(counts.queued).unwrap_or(0);
+                self.capacity.refresh(queued, free_disk, runtime);
+            }
+            Err(err) => tracing::warn!(error = %err, "cannot count queued events"),
         }
     }
 }

@@ -236,6 +236,15 @@ impl Wired {
     /// Starts every task on the drain, each with the token of the stage that stops it.
     async fn start(self, source: &ConfigSource, drain: &Drain, listeners: Listeners) -> Serving {
         let turns = self.scheduler.turns();
+        let capacity_watch = CapacityWatch {
+            capacity: self.capacity.clone(),
+            store: self.store.clone(),
+            settings: self.settings.clone(),
+            state_dir: self.measured_disk.clone(),
+        };
+        // Before the first connection: the limits hold from the first webhook.
+        capacity_watch.measure().await;
+        drain.start(Stage::StopBackground, |stop| capacity_watch.run(stop));
         let listener = WebhookListener {
             listener: listeners.webhook,
             ingress: self.ingress.clone(),
@@ -268,16 +277,12 @@ impl Wired {
         let health = Health {
             store: self.store.clone(),
             sessions: self.sessions,
+            capacity: self.capacity.clone(),
+            settings: self.settings.clone(),
         };
         drain.start(Stage::StopBackground, |stop| health.run(stop));
         drain.start(Stage::StopBackground, |stop| Summary.run(stop));
-        let capacity_watch = CapacityWatch {
-            capacity: self.capacity,
-            store: self.store,
-            settings: self.settings.clone(),
-            state_dir: self.measured_disk,
-        };
-        drain.start(Stage::StopBackground, |stop| capacity_watch.run(stop));
+
         let reloader = Reloader {
             source: source.clone(),
             settings: self.settings,

@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::notify;
 use crate::config::{Settings, Shared};
+use crate::ingress::capacity::Capacity;
 use crate::session::Sessions;
 use crate::store::{self, Store};
 use crate::{logging, metrics};
@@ -29,6 +30,9 @@ const STATUS_INTERVAL: Duration = Duration::from_secs(5);
 pub(super) struct Health {
     pub store: Store,
     pub sessions: Arc<Sessions>,
+    /// Whether webhooks are refused for space or backlog, read with the settings in effect.
+    pub capacity: Arc<Capacity>,
+    pub settings: Arc<Shared<Settings>>,
 }
 
 impl Health {
@@ -74,6 +78,8 @@ impl Health {
         );
         if !self.store.is_writable() {
             line.push_str("; state NOT writable: answering 503");
+        } else if let Some(refusal) = self.capacity.refusal(&self.settings.get().config.runtime) {
+            line.push_str(&format!("; refusing webhooks (503): {refusal}"));
         }
         line
     }
