@@ -903,9 +903,16 @@ fn sessions_go_through_the_control_socket_for_users_who_cannot_read_the_state() 
         workspace.wait_terminal(&event_id, Duration::from_secs(30)),
         "completed"
     );
+    // As the package lays it out: the directory is the group's to list (0750), the database
+    // the service's alone (0600).
     std::fs::set_permissions(
         workspace.state_dir(),
-        std::fs::Permissions::from_mode(0o700),
+        std::fs::Permissions::from_mode(0o750),
+    )
+    .expect("chmod");
+    std::fs::set_permissions(
+        workspace.state_dir().join("agentgate.db"),
+        std::fs::Permissions::from_mode(0o600),
     )
     .expect("chmod");
     // uid nobody, in the socket's group (root's, in this test).
@@ -920,13 +927,13 @@ fn sessions_go_through_the_control_socket_for_users_who_cannot_read_the_state() 
             .expect("setpriv")
     };
     let denied = std::process::Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=0", "--clear-groups", "ls"])
-        .arg(workspace.state_dir())
+        .args(["--reuid=65534", "--regid=0", "--clear-groups", "cat"])
+        .arg(workspace.state_dir().join("agentgate.db"))
         .output()
-        .expect("setpriv ls");
+        .expect("setpriv cat");
     assert!(
         !denied.status.success(),
-        "the state directory is readable: {denied:?}"
+        "the database is readable: {denied:?}"
     );
     let listed = as_group_member(&["sessions", "list", "--json"]);
     assert!(listed.status.success(), "{listed:?}");

@@ -99,10 +99,19 @@ impl DaemonClient {
         crate::store::DaemonLock::is_held(&self.location.state_dir)
     }
 
-    /// Whether the state directory exists but this user may not read it. Then `sessions` and
+    /// Whether the state exists but this user may not use it. Then `sessions`, `events` and
     /// `status` ask the daemon instead: members of the `_agentgate` group may use its socket.
+    /// The packaged state directory is group-readable (0750) but its database is the service's
+    /// alone (0600), and a reader of a WAL database writes its shared-memory file: so the
+    /// database must be readable and writable here, not only the directory listable.
     pub(super) fn state_unreadable(&self) -> bool {
-        matches!(std::fs::read_dir(&self.location.state_dir),
+        use nix::unistd::{AccessFlags, access};
+        let state_dir = &self.location.state_dir;
+        let database = state_dir.join("agentgate.db");
+        if database.exists() {
+            return access(&database, AccessFlags::R_OK | AccessFlags::W_OK).is_err();
+        }
+        matches!(std::fs::read_dir(state_dir),
             Err(err) if err.kind() == std::io::ErrorKind::PermissionDenied)
     }
 
