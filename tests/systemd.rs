@@ -546,6 +546,145 @@ fn a_burst_of_events_does_not_push_warnings_out_of_the_journal() {
     );
 }
 
+/// `systemctl restart` while a turn runs: the stopping daemon keeps answering webhooks during
+/// its drain (their turns run in the next process), so a sender is not kept waiting by a
+/// restart; the interrupted turn and the new event both end in the next process.
+#[test]
+fn a_restart_while_a_turn_runs_keeps_answering_webhooks() {
+    let Some(machine) = Machine::boot("restartturn") else {
+        return;
+    };
+    std::fs::write(
+        machine.share.path().join("model"),
+        r#"#!/usr/bin/python3
+import json, os, sys
+messages = json.load(sys.stdin)["messages"]
+text = json.dumps(messages)
+if "hold-me" in text and "[agentgate] The previous run" not in text:
+    os.execv("/bin/sleep", ["/bin/sleep", "300"])
+print(json.dumps({"role": "assistant", "content": "done"}))
+"#,
+    )
+    .expect("write the model");
+    machine.ok(&format!(
+        "install -m 0755 {}/model /usr/local/bin/hold-model",
+        machine.share.path().display()
+    ));
+    let model = "[model]\nbackend = \"command\"\ncommand = [\"/usr/local/bin/hold-model\"]\nrequest_timeout = \"600s\"\n";
+    machine.install(
+        &config("").replace("[routes.hook]", &format!("{model}\n[routes.hook]")),
+        "",
+    );
+    let held = machine
+        .post(r#"{"session":"held","task":"hold-me"}"#)
+        .expect("POST");
+    assert_eq!(held.status, 202, "{held:?}");
+    wait_for("the held turn to run", Duration::from_secs(30), || {
+        machine.sh("pgrep -f '^/bin/sleep 300'").status.success()
+    });
+    machine.ok("systemctl --no-block restart agentgate.service");
+    wait_for("the drain to begin", Duration::from_secs(10), || {
+        machine.show("agentgate.service", "ActiveState") == "deactivating"
+    });
+    let asked = Instant::now();
+    let during = machine
+        .post(r#"{"session":"other"}"#)
+        .expect("POST during the drain");
+    let waited = asked.elapsed();
+    assert_eq!(during.status, 202, "{during:?}");
+    assert!(waited < Duration::from_secs(2), "answered after {waited:?}");
+    assert_eq!(
+        machine.show("agentgate.service", "ActiveState"),
+        "deactivating",
+        "answered by the stopping daemon"
+    );
+    let ended = |id: &str| {
+        machine
+            .ok(&format!(
+                "agentgate events show {id} --json --config /etc/agentgate/agentgate.toml"
+            ))
+            .contains("\"status\": \"completed\"")
+    };
+    wait_for("both events to complete", Duration::from_secs(60), || {
+        ended(&held.event_id()) && ended(&during.event_id())
+    });
+}
+
+/// A start on a full state file system (a crash left a turn running, and marking it is a
+/// write): the unit starts anyway, says why it waits in its status, answers webhooks 503 with
+/// `Retry-After`, and `systemctl restart` does not hang; once space is freed it resumes the turn.
+#[test]
+fn a_start_on_a_full_disk_answers_503_and_resumes_once_freed() {
+    let Some(machine) = Machine::boot("fulldisk") else {
+        return;
+    };
+    std::fs::write(
+        machine.share.path().join("model"),
+        r#"#!/usr/bin/python3
+import json, os, sys
+text = json.dumps(json.load(sys.stdin)["messages"])
+if "hold-me" in text and "[agentgate] The previous run" not in text:
+    os.execv("/bin/sleep", ["/bin/sleep", "300"])
+print(json.dumps({"role": "assistant", "content": "done"}))
+"#,
+    )
+    .expect("write the model");
+    machine.ok(&format!(
+        "install -m 0755 {}/model /usr/local/bin/hold-model && \
+         mkdir -p /var/lib/agentgate && mount -t tmpfs -o size=16m tmpfs /var/lib/agentgate",
+        machine.share.path().display()
+    ));
+    let model = "[model]\nbackend = \"command\"\ncommand = [\"/usr/local/bin/hold-model\"]\nrequest_timeout = \"600s\"\n";
+    let text = config("min_free_disk = \"0\"")
+        .replace("[routes.hook]", &format!("{model}\n[routes.hook]"));
+    machine.install(&text, "");
+    let held = machine
+        .post(r#"{"session":"held","task":"hold-me"}"#)
+        .expect("POST");
+    assert_eq!(held.status, 202, "{held:?}");
+    wait_for("the held turn to run", Duration::from_secs(30), || {
+        machine.sh("pgrep -f '^/bin/sleep 300'").status.success()
+    });
+    // The disk fills up, then the daemon is killed: its next start must mark the turn crashed.
+    let _ = machine.sh("dd if=/dev/zero of=/var/lib/agentgate/fill bs=1M 2>/dev/null");
+    machine.ok("systemctl kill -s KILL agentgate.service");
+    wait_for(
+        "the restart to wait for space",
+        Duration::from_secs(30),
+        || {
+            machine
+                .show("agentgate.service", "StatusText")
+                .contains("waiting for the state to be writable")
+        },
+    );
+    assert_eq!(machine.show("agentgate.service", "ActiveState"), "active");
+    let refused = machine
+        .post(r#"{"session":"later"}"#)
+        .expect("POST while full");
+    assert_eq!(refused.status, 503, "{refused:?}");
+    assert_eq!(refused.header("retry-after"), Some("30"), "{refused:?}");
+    let asked = Instant::now();
+    machine.ok("systemctl restart agentgate.service");
+    assert!(
+        asked.elapsed() < Duration::from_secs(15),
+        "restart took {:?}",
+        asked.elapsed()
+    );
+    machine.ok("rm /var/lib/agentgate/fill");
+    wait_for(
+        "the held event to resume and complete",
+        Duration::from_secs(60),
+        || {
+            machine
+                .ok(&format!(
+                    "agentgate events show {} --json --config /etc/agentgate/agentgate.toml",
+                    held.event_id()
+                ))
+                .contains("\"status\": \"completed\"")
+        },
+    );
+}
+
 /// Session control on the installed units, through the socket-activated control socket: a
 /// suspension made while a turn runs survives `systemctl restart` (the interrupted event is not
 /// resumed at start), `sessions resume` runs that event again while the session's next event
