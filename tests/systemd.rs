@@ -685,6 +685,41 @@ print(json.dumps({"role": "assistant", "content": "done"}))
     );
 }
 
+/// A member of the `_agentgate` group (who may use the control socket, mode 0660, but not the
+/// service's database) reads the state through the daemon: `status`, `sessions`, `events`.
+#[test]
+fn a_member_of_the_daemon_s_group_reads_through_the_control_socket() {
+    let Some(machine) = Machine::boot("groupmember") else {
+        return;
+    };
+    machine.install(&config(""), "");
+    let posted = machine.post(r#"{"session":"shown"}"#).expect("POST");
+    assert_eq!(posted.status, 202, "{posted:?}");
+    let id = posted.event_id();
+    wait_for("the event to complete", Duration::from_secs(30), || {
+        machine.status_json()["events"]["by_status"]["completed"] == 1
+    });
+    machine.ok("useradd --no-create-home --groups _agentgate agentgate-reader");
+    let as_member = |command: &str| {
+        machine.sh(&format!(
+            "runuser -u agentgate-reader -- agentgate {command} --config /etc/agentgate/agentgate.toml"
+        ))
+    };
+    for command in [
+        "status --json",
+        "sessions list",
+        &format!("events show {id}"),
+    ] {
+        let output = as_member(command);
+        assert!(output.status.success(), "{command}: {output:?}");
+    }
+    let listed = as_member("sessions list --json");
+    assert!(
+        String::from_utf8_lossy(&listed.stdout).contains("shown"),
+        "{listed:?}"
+    );
+}
+
 /// Session control on the installed units, through the socket-activated control socket: a
 /// suspension made while a turn runs survives `systemctl restart` (the interrupted event is not
 /// resumed at start), `sessions resume` runs that event again while the session's next event
