@@ -30,7 +30,7 @@ use crate::exit::Failure;
 use crate::ingress::capacity::{Capacity, CapacityWatch};
 use crate::ingress::control::{Control, ControlServer};
 use crate::ingress::{self, Ingress, Listeners, WebhookListener};
-use crate::session::{JobSlots, Scheduler, Sessions, TurnContext};
+use crate::session::{BackgroundJobs, JobSlots, Scheduler, Sessions, TurnContext};
 use crate::store::Store;
 use bootstrap::Bootstrap;
 use drain::{Budgets, Drain, Stage, Stages};
@@ -211,9 +211,13 @@ impl Wired {
             sessions: sessions.clone(),
             deliveries: deliverer.handle(),
             cancel_turns: drain.token(Stage::CancelTurns),
-            background_jobs: drain.tracker(),
-            stop_background_jobs: drain.token(Stage::StopBackground),
-            job_slots: Arc::new(JobSlots::default()),
+            jobs: BackgroundJobs {
+                store: store.clone(),
+                sessions: sessions.clone(),
+                tracker: drain.tracker(),
+                stop: drain.token(Stage::StopBackground),
+                slots: Arc::new(JobSlots::default()),
+            },
             mcp: mcp.clone(),
         }));
         Ok(Wired {

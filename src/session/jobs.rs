@@ -5,15 +5,32 @@
 
 use tracing::Instrument;
 
-use super::runner::TurnContext;
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::Sessions;
 use crate::agent::tools::{self, ToolAbort};
-use crate::config::{HiddenPaths, ToolSettings};
+use crate::config::{HiddenPaths, RuntimeSettings, ToolSettings};
 use crate::metrics;
-use crate::store::ClaimedTurn;
+use crate::store::{ClaimedTurn, Store};
 
 /// What a session is told of a background job that the daemon's stop cut off.
 const BACKGROUND_JOB_INTERRUPTED: &str =
     "interrupted: agentgate stopped while the job ran; it was killed and its outcome is unknown";
+
+/// Where background jobs run, and what bounds them.
+pub(crate) struct BackgroundJobs {
+    pub store: Store,
+    pub sessions: Arc<Sessions>,
+    /// The drain waits here for jobs to record their end.
+    pub tracker: TaskTracker,
+    /// Fired when the drain stops background jobs (after turns and deliveries).
+    pub stop: CancellationToken,
+    /// Jobs running now, bounded in all and per session.
+    pub slots: Arc<JobSlots>,
+}
 
 /// Background jobs running now, by session.
 #[derive(Default)]
@@ -21,11 +38,7 @@ pub(crate) struct JobSlots(std::sync::Mutex<std::collections::HashMap<String, us
 
 impl JobSlots {
     /// Takes a background job slot for `session_key`, or says why there is none.
-    pub(super) fn take(
-        &self,
-        session_key: &str,
-        runtime: &crate::config::RuntimeSettings,
-    ) -> Result<(), String> {
+    fn take(&self, session_key: &str, runtime: &RuntimeSettings) -> Result<(), String> {
         let mut jobs = match self.0.lock() {
             Ok(guard) => guard,
             Err(poisoned) => poisoned.into_inner(),
@@ -86,48 +99,62 @@ pub(super) struct Job {
     pub chain: u32,
 }
 
-/// Starts `job` detached from the turn, on the tracker the drain stops last (after turns and
-/// deliveries); returns what the turn records as the tool's result: the job id.
-pub(super) fn start(context: &TurnContext, job: Job) -> String {
-    let job_id = uuid::Uuid::now_v7().to_string();
-    let kill = context.stop_background_jobs.child_token();
-    let (store, sessions, slots) = (
-        context.store.clone(),
-        context.sessions.clone(),
-        context.job_slots.clone(),
-    );
-    let id = job_id.clone();
-    // The job's lines carry the fields of the turn that started it.
-    let span = tracing::Span::current();
-    context.background_jobs.spawn(
-        async move {
-            // A job cut off by the drain is still reported to its session, so the agent learns
-            // that it did not finish rather than waiting for a result that never comes.
-            let outcome = tools::run(&job.tool, &job.hidden, &job.arguments, &job.key, &kill).await;
-            slots.release(&job.session_key);
-            let payload = report(&id, &job, outcome);
-            match store
-                .enqueue_internal(&job.session_key, &job.route, "background_job", payload)
-                .await
-            {
-                Ok(event_id) => {
-                    tracing::info!(queued_event_id = %event_id, job_id = %id,
-                        "background job ended; its result is queued for the session");
-                    sessions.wake();
-                }
-                Err(err) => {
-                    tracing::error!(job_id = %id, error = %err,
-                        "cannot queue the background job's result");
-                }
+impl BackgroundJobs {
+    /// Starts `job` detached from the turn, if a slot is free; returns what the turn records as
+    /// the tool's result: the job id, or why the job was not started.
+    pub(super) fn start(&self, job: Job, runtime: &RuntimeSettings) -> String {
+        match self.slots.take(&job.session_key, runtime) {
+            Ok(()) => self.spawn(job),
+            Err(why) => {
+                tracing::warn!(tool = %job.tool.name, reason = %why, "background job refused");
+                format!("error: background job not started: {why}")
             }
         }
-        .instrument(span),
-    );
-    serde_json::json!({
+    }
+
+    /// Runs `job` on the tracker the drain stops last (after turns and deliveries).
+    fn spawn(&self, job: Job) -> String {
+        let job_id = uuid::Uuid::now_v7().to_string();
+        let kill = self.stop.child_token();
+        let (store, sessions, slots) = (
+            self.store.clone(),
+            self.sessions.clone(),
+            self.slots.clone(),
+        );
+        let id = job_id.clone();
+        // The job's lines carry the fields of the turn that started it.
+        let span = tracing::Span::current();
+        self.tracker.spawn(
+            async move {
+                // A job cut off by the drain is still reported to its session, so the agent learns
+                // that it did not finish rather than waiting for a result that never comes.
+                let outcome =
+                    tools::run(&job.tool, &job.hidden, &job.arguments, &job.key, &kill).await;
+                slots.release(&job.session_key);
+                let payload = report(&id, &job, outcome);
+                match store
+                    .enqueue_internal(&job.session_key, &job.route, "background_job", payload)
+                    .await
+                {
+                    Ok(event_id) => {
+                        tracing::info!(queued_event_id = %event_id, job_id = %id,
+                        "background job ended; its result is queued for the session");
+                        sessions.wake();
+                    }
+                    Err(err) => {
+                        tracing::error!(job_id = %id, error = %err,
+                        "cannot queue the background job's result");
+                    }
+                }
+            }
+            .instrument(span),
+        );
+        serde_json::json!({
         "job_id": job_id,
         "status": "started in the background; its result arrives later as a new event in this session",
     })
     .to_string()
+    }
 }
 
 /// The internal event's payload for how job `id` ended.

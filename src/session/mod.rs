@@ -21,7 +21,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub(crate) use jobs::JobSlots;
+pub(crate) use jobs::{BackgroundJobs, JobSlots};
 pub(crate) use runner::TurnContext;
 
 /// A session's transcript as every reader sees it: each turn's event as the message the model

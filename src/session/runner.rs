@@ -10,9 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
-use super::jobs::{self, Job, JobSlots, internal_chain};
+use super::jobs::{BackgroundJobs, Job, internal_chain};
 use super::transcript::{settle_unanswered, unfinished_calls};
 use super::turn::{Action, Entry, Input, Outcome, TurnMachine};
 use super::{Sessions, TurnControl};
@@ -51,12 +50,8 @@ pub(crate) struct TurnContext {
     pub deliveries: DeliveryHandle,
     /// Fired when the drain's time is up: running turns stop and are left for resume.
     pub cancel_turns: CancellationToken,
-    /// Background tool jobs run here, so that the drain waits for them to record their end.
-    pub background_jobs: TaskTracker,
-    /// Fired when the drain stops background jobs (after turns and deliveries).
-    pub stop_background_jobs: CancellationToken,
-    /// Background jobs running now, bounded in all and per session.
-    pub job_slots: Arc<JobSlots>,
+    /// Where `background = true` tools run.
+    pub jobs: BackgroundJobs,
     /// The MCP servers whose tools routes offer.
     pub mcp: Arc<McpServers>,
 }
@@ -598,29 +593,16 @@ impl Running<'_> {
             Some(Runs::Command(tool)) => tool,
         };
         if tool.background {
-            let runtime = &self.settings.config.runtime;
-            let result = match self
-                .context
-                .job_slots
-                .take(&self.turn.event.session_key, runtime)
-            {
-                Ok(()) => jobs::start(
-                    self.context,
-                    Job {
-                        tool: tool.clone(),
-                        hidden: self.settings.config.hidden.clone(),
-                        arguments: arguments.clone(),
-                        key: key.to_string(),
-                        session_key: self.turn.event.session_key.clone(),
-                        route: self.turn.event.route.clone(),
-                        chain: internal_chain(self.turn) + 1,
-                    },
-                ),
-                Err(why) => {
-                    tracing::warn!(tool = %tool.name, reason = %why, "background job refused");
-                    format!("error: background job not started: {why}")
-                }
+            let job = Job {
+                tool: tool.clone(),
+                hidden: self.settings.config.hidden.clone(),
+                arguments: arguments.clone(),
+                key: key.to_string(),
+                session_key: self.turn.event.session_key.clone(),
+                route: self.turn.event.route.clone(),
+                chain: internal_chain(self.turn) + 1,
             };
+            let result = self.context.jobs.start(job, &self.settings.config.runtime);
             return Ok(Input::ToolFinished { call_id, result });
         }
         // The tool process is killed when the turn is interrupted or cancelled.
