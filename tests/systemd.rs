@@ -546,20 +546,14 @@ fn a_burst_of_events_does_not_push_warnings_out_of_the_journal() {
     );
 }
 
-/// `systemctl restart` while a turn runs: the stopping daemon keeps answering webhooks during
-/// its drain (their turns run in the next process), so a sender is not kept waiting by a
-/// restart; the interrupted turn and the new event both end in the next process.
-#[test]
-fn a_restart_while_a_turn_runs_keeps_answering_webhooks() {
-    let Some(machine) = Machine::boot("restartturn") else {
-        return;
-    };
+/// Installs a command model that hangs on an event asking to be held ("hold-me"), unless it is
+/// the resumed run, and answers at once otherwise. Returns its `[model]` section.
+fn install_hold_model(machine: &Machine) -> &'static str {
     std::fs::write(
         machine.share.path().join("model"),
         r#"#!/usr/bin/python3
 import json, os, sys
-messages = json.load(sys.stdin)["messages"]
-text = json.dumps(messages)
+text = json.dumps(json.load(sys.stdin)["messages"])
 if "hold-me" in text and "[agentgate] The previous run" not in text:
     os.execv("/bin/sleep", ["/bin/sleep", "300"])
 print(json.dumps({"role": "assistant", "content": "done"}))
@@ -570,7 +564,18 @@ print(json.dumps({"role": "assistant", "content": "done"}))
         "install -m 0755 {}/model /usr/local/bin/hold-model",
         machine.share.path().display()
     ));
-    let model = "[model]\nbackend = \"command\"\ncommand = [\"/usr/local/bin/hold-model\"]\nrequest_timeout = \"600s\"\n";
+    "[model]\nbackend = \"command\"\ncommand = [\"/usr/local/bin/hold-model\"]\nrequest_timeout = \"600s\"\n"
+}
+
+/// `systemctl restart` while a turn runs: the stopping daemon keeps answering webhooks during
+/// its drain (their turns run in the next process), so a sender is not kept waiting by a
+/// restart; the interrupted turn and the new event both end in the next process.
+#[test]
+fn a_restart_while_a_turn_runs_keeps_answering_webhooks() {
+    let Some(machine) = Machine::boot("restartturn") else {
+        return;
+    };
+    let model = install_hold_model(&machine);
     machine.install(
         &config("").replace("[routes.hook]", &format!("{model}\n[routes.hook]")),
         "",
@@ -618,23 +623,9 @@ fn a_start_on_a_full_disk_answers_503_and_resumes_once_freed() {
     let Some(machine) = Machine::boot("fulldisk") else {
         return;
     };
-    std::fs::write(
-        machine.share.path().join("model"),
-        r#"#!/usr/bin/python3
-import json, os, sys
-text = json.dumps(json.load(sys.stdin)["messages"])
-if "hold-me" in text and "[agentgate] The previous run" not in text:
-    os.execv("/bin/sleep", ["/bin/sleep", "300"])
-print(json.dumps({"role": "assistant", "content": "done"}))
-"#,
-    )
-    .expect("write the model");
-    machine.ok(&format!(
-        "install -m 0755 {}/model /usr/local/bin/hold-model && \
-         mkdir -p /var/lib/agentgate && mount -t tmpfs -o size=16m tmpfs /var/lib/agentgate",
-        machine.share.path().display()
-    ));
-    let model = "[model]\nbackend = \"command\"\ncommand = [\"/usr/local/bin/hold-model\"]\nrequest_timeout = \"600s\"\n";
+    let model = install_hold_model(&machine);
+    machine
+        .ok("mkdir -p /var/lib/agentgate && mount -t tmpfs -o size=16m tmpfs /var/lib/agentgate");
     let text = config("min_free_disk = \"0\"")
         .replace("[routes.hook]", &format!("{model}\n[routes.hook]"));
     machine.install(&text, "");
