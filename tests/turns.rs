@@ -470,6 +470,84 @@ fn the_history_bound_counts_the_turns_of_a_session() {
     }
 }
 
+/// A small local model's habits: `[model] params` reach every request; a tool call written as
+/// the reply's content is taken as that call; a model that repeats the same call is stopped
+/// after `max_repeated_tool_calls`, and its last step, offered no tools, ends the turn with an
+/// answer instead of a failure.
+#[test]
+fn a_looping_model_that_writes_calls_as_text_still_ends_with_an_answer() {
+    let model = Stub::start(|request, _| {
+        let body = request.json();
+        if body.get("tools").is_none() {
+            Reply::answer("final answer from what the tool said")
+        } else {
+            Reply::answer(
+                r#"```json
+{"name": "echo", "arguments": {"text": "same"}}
+```"#,
+            )
+        }
+    });
+    let (setup, daemon) = start_with_model(
+        model,
+        "max_retries = 2\ntool_calls_in_content = true\nparams = { temperature = 0.2, max_tokens = 256, top_k = 40 }",
+        "max_repeated_tool_calls = 2",
+    );
+    let event_id = post(&daemon, "loop");
+    assert_eq!(
+        setup.workspace.wait_terminal(&event_id, TURN_LIMIT),
+        "completed"
+    );
+    let body = wait_delivery(&setup.receiver, &event_id).json();
+    assert_eq!(
+        body["output"], "final answer from what the tool said",
+        "{body}"
+    );
+    let requests = setup.model.requests();
+    assert_eq!(requests.len(), 6, "max_turn_steps");
+    for request in &requests {
+        let body = request.json();
+        assert_eq!(
+            (body["temperature"].as_f64(), body["max_tokens"].as_u64()),
+            (Some(0.2), Some(256))
+        );
+        assert_eq!(body["top_k"], 40);
+    }
+    assert!(
+        requests[5].json().get("tools").is_none(),
+        "the last step offers no tools"
+    );
+    let results = tool_results(&requests);
+    let ran = results.iter().filter(|r| r.contains("\"stdout\"")).count();
+    let repeated = results
+        .iter()
+        .filter(|r| r.contains("already ran 2 time(s)"))
+        .count();
+    assert_eq!((ran, repeated), (2, 3), "{results:?}");
+    let metrics = setup.workspace.metrics();
+    assert!(
+        metrics.contains(r#"agentgate_tool_calls_total{tool="echo",result="repeated"} 3"#),
+        "{metrics}"
+    );
+}
+
+/// agentgate's own request keys cannot be overridden, and well-known parameters are typed.
+#[test]
+fn check_config_refuses_params_that_would_override_the_request() {
+    let workspace = Workspace::new();
+    workspace.write_config(
+        "[model]\nbackend = \"replay\"\nparams = { model = \"other\", temperature = \"hot\" }\n",
+    );
+    let checked = workspace.cli(&["check-config"]);
+    let said = String::from_utf8_lossy(&checked.stdout);
+    assert_eq!(checked.status.code(), Some(78), "{checked:?}");
+    assert!(
+        said.contains("model.params.model") && said.contains("cannot be overridden"),
+        "{said}"
+    );
+    assert!(said.contains("model.params.temperature"), "{said}");
+}
+
 #[test]
 fn tools_that_hang_flood_or_fail_are_contained() {
     let model = Stub::scripted(vec![

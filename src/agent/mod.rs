@@ -6,4 +6,5 @@ pub(crate) mod message;
 pub(crate) mod model;
 pub(crate) mod process;
 pub(crate) mod sandbox;
+mod textcall;
 pub(crate) mod tools;

@@ -71,6 +71,9 @@ pub(crate) struct Model {
     request_timeout: Duration,
     max_retries: u32,
     outage_wait: Duration,
+    /// `[model] params`, merged into every chat request.
+    params: serde_json::Map<String, serde_json::Value>,
+    tool_calls_in_content: bool,
     recorder: Option<Mutex<std::fs::File>>,
     /// `max_concurrent_requests`: a burst of turns queues here, in order, instead of
     /// overloading the model server.
@@ -152,6 +155,8 @@ impl Model {
             request_timeout: settings.request_timeout,
             max_retries: settings.max_retries,
             outage_wait: settings.outage_wait,
+            params: settings.params.clone(),
+            tool_calls_in_content: settings.tool_calls_in_content,
             recorder,
             slots: Arc::new(tokio::sync::Semaphore::new(
                 settings
@@ -196,7 +201,7 @@ impl Model {
                 model,
                 api_key,
             } => {
-                let body = request_body(model, messages, tools);
+                let body = request_body(model, &self.params, messages, tools);
                 self.complete_http(client, url, api_key.as_ref(), &body)
                     .await
             }
@@ -209,6 +214,10 @@ impl Model {
         {
             // Recording is best effort: a failed write must not fail the turn.
             let _ = writeln!(file, "{line}");
+        }
+        if self.tool_calls_in_content {
+            let offered: Vec<&str> = tools.iter().map(|tool| tool.name.as_str()).collect();
+            return Ok(super::textcall::call_in_content(reply, &offered));
         }
         Ok(reply)
     }
@@ -360,8 +369,17 @@ fn tool_definitions(tools: &[OfferedTool]) -> Vec<serde_json::Value> {
         .collect()
 }
 
-fn request_body(model: &str, messages: &[Message], tools: &[OfferedTool]) -> serde_json::Value {
-    let mut body = json!({"model": model, "messages": messages});
+/// A Chat Completions request: `params` (`[model] params`, checked to hold none of the keys set
+/// here), then the model, the messages and the tools.
+fn request_body(
+    model: &str,
+    params: &serde_json::Map<String, serde_json::Value>,
+    messages: &[Message],
+    tools: &[OfferedTool],
+) -> serde_json::Value {
+    let mut body = serde_json::Value::Object(params.clone());
+    body["model"] = json!(model);
+    body["messages"] = json!(messages);
     if !tools.is_empty() {
         body["tools"] = serde_json::Value::Array(tool_definitions(tools));
     }

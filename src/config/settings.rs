@@ -126,6 +126,8 @@ pub(crate) struct RuntimeSettings {
     pub min_free_disk: u64,
     /// Tool calls of one model reply that run; the rest get an error result.
     pub max_tool_calls_per_reply: usize,
+    /// Identical calls (same tool, same arguments) one turn runs; later ones are not run.
+    pub max_repeated_tool_calls: u32,
     /// Background jobs running at once, in all and per session.
     pub max_background_jobs: usize,
     pub max_background_jobs_per_session: usize,
@@ -181,6 +183,10 @@ pub(crate) struct ModelSettings {
     pub max_retries: u32,
     /// How long a turn waits for a model that is unavailable after its retries.
     pub outage_wait: Duration,
+    /// Merged into every chat request (`[model] params`): temperature, max_tokens and the like.
+    pub params: serde_json::Map<String, serde_json::Value>,
+    /// A reply whose whole content is one JSON call of an offered tool is taken as that call.
+    pub tool_calls_in_content: bool,
     /// Requests in flight to the model at most, whatever the number of running turns.
     pub max_concurrent_requests: usize,
 }

@@ -148,6 +148,7 @@ mod tests {
             event_log_max_per_second: crate::logging::DEFAULT_EVENT_LINES_PER_SECOND,
             min_free_disk,
             max_tool_calls_per_reply: 16,
+            max_repeated_tool_calls: 2,
             max_background_jobs: 16,
             max_background_jobs_per_session: 4,
             max_internal_turns: 8,

@@ -16,7 +16,7 @@ use super::transcript::{settle_unanswered, unfinished_calls};
 use super::turn::{Action, Entry, Input, Outcome, TurnMachine};
 use super::{Sessions, TurnControl};
 use super::{history, prompt};
-use crate::agent::catalog::{Catalog, Runs};
+use crate::agent::catalog::{Catalog, OfferedTool, Runs};
 use crate::agent::mcp::McpServers;
 use crate::agent::message::Message;
 use crate::agent::model::{Model, ModelError};
@@ -293,6 +293,7 @@ impl Running<'_> {
                 catalog.schemas(),
             )
             .limit_tool_calls(self.settings.config.runtime.max_tool_calls_per_reply)
+            .limit_repeated_calls(self.settings.config.runtime.max_repeated_tool_calls)
             .call_keys(&self.turn.turn_id)
             .mcp_servers(catalog.mcp_servers())
         };
@@ -452,7 +453,10 @@ impl Running<'_> {
                         detail = %refused.detail, "tool call refused; the model is told why");
                     continue;
                 }
-                Action::CallModel => self.call_model(machine.messages(), catalog).await,
+                Action::CallModel { offer_tools } => {
+                    let tools = if offer_tools { catalog.tools() } else { &[] };
+                    self.call_model(machine.messages(), tools).await
+                }
                 Action::RunTool {
                     call_id,
                     name,
@@ -523,16 +527,14 @@ impl Running<'_> {
     /// One model step. A model that is unavailable after its retries is waited for, with
     /// backoff, for up to `model.outage_wait` from its first failure (docs/reference.md,
     /// "Model outages"): a short outage costs a delay, not the event. The wait uses no step.
-    async fn call_model(&self, messages: &[Message], catalog: &Catalog) -> Result<Input, Stop> {
+    async fn call_model(&self, messages: &[Message], tools: &[OfferedTool]) -> Result<Input, Stop> {
         let model = &self.context.model;
         let mut outage: Option<(Instant, Duration)> = None;
         loop {
             let reply = {
                 let _slot = self.unless_stopped(model.slot()).await?;
                 let asked = Instant::now();
-                let reply = self
-                    .guarded(model.complete(messages, catalog.tools()))
-                    .await?;
+                let reply = self.guarded(model.complete(messages, tools)).await?;
                 metrics::model_request(asked.elapsed());
                 reply
             };

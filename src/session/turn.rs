@@ -38,8 +38,11 @@ impl Outcome {
 pub(crate) enum Action {
     /// Commit this entry before going on.
     Record(Entry),
-    /// Ask the model, with the conversation so far.
-    CallModel,
+    /// Ask the model, with the conversation so far; without tools on the turn's last step, so
+    /// that it answers with what it has.
+    CallModel {
+        offer_tools: bool,
+    },
     RunTool {
         call_id: String,
         name: String,
@@ -71,6 +74,8 @@ pub(crate) enum CallRefusal {
     NotJson,
     /// The arguments do not match the tool's parameter schema.
     InvalidArguments,
+    /// The same call already ran as often as one turn allows.
+    Repeated,
 }
 
 impl CallRefusal {
@@ -80,6 +85,7 @@ impl CallRefusal {
             CallRefusal::UnknownTool => "unknown_tool",
             CallRefusal::NotJson => "not_json",
             CallRefusal::InvalidArguments => "invalid",
+            CallRefusal::Repeated => "repeated",
         }
     }
 }
@@ -105,11 +111,20 @@ struct PendingCall {
     key: Option<String>,
 }
 
+/// The note before a turn's last model request, which offers no tools.
+const LAST_STEP_NOTE: &str = "[agentgate] This is the last step of this turn \
+(runtime.max_turn_steps): no more tools can be called. Give your final answer now, with what \
+you have found so far.";
+
 /// One turn's state.
 pub(crate) struct TurnMachine {
     max_steps: u32,
     /// Tool calls of one reply that run; the rest get an error result.
     max_tool_calls: usize,
+    /// Identical calls one turn runs; later ones are not run.
+    max_repeated_calls: u32,
+    /// How often each call (tool, canonical arguments) ran in this turn.
+    repeats: BTreeMap<(String, String), u32>,
     steps: u32,
     messages: Vec<Message>,
     tools: BTreeMap<String, Value>,
@@ -134,6 +149,8 @@ impl TurnMachine {
         TurnMachine {
             max_steps,
             max_tool_calls: usize::MAX,
+            max_repeated_calls: u32::MAX,
+            repeats: BTreeMap::new(),
             steps: 0,
             messages,
             tools,
@@ -160,6 +177,12 @@ impl TurnMachine {
 
     /// Runs at most `max` tool calls of one reply; the rest get an error result saying so, so
     /// that one reply cannot fan out without bound.
+    /// Identical calls (same tool, same arguments) that one turn runs; later ones are not run.
+    pub(crate) fn limit_repeated_calls(mut self, max: u32) -> TurnMachine {
+        self.max_repeated_calls = max;
+        self
+    }
+
     pub(crate) fn limit_tool_calls(mut self, max: usize) -> TurnMachine {
         self.max_tool_calls = max;
         self
@@ -176,7 +199,7 @@ impl TurnMachine {
     }
 
     pub(crate) fn start(&mut self) -> Vec<Action> {
-        vec![Action::CallModel]
+        self.ask_model()
     }
 
     /// Starts a resumed turn. Unfinished calls are settled first: a started call of a tool that
@@ -237,6 +260,9 @@ impl TurnMachine {
     }
 
     fn on_reply(&mut self, reply: Message) -> Vec<Action> {
+        if !reply.tool_calls.is_empty() && self.steps >= self.max_steps {
+            return self.past_the_last_step(reply);
+        }
         if reply.tool_calls.is_empty() {
             return if let Some(output) = reply.visible_text().map(str::to_string) {
                 vec![
@@ -285,7 +311,10 @@ impl TurnMachine {
         arguments: &str,
         key: Option<String>,
     ) -> Vec<Action> {
-        match self.check_call(&name, arguments) {
+        let checked = self
+            .check_call(&name, arguments)
+            .and_then(|arguments| self.count_repeat(&name, arguments));
+        match checked {
             Ok(arguments) => {
                 self.pending.push_back(PendingCall {
                     call_id,
@@ -307,6 +336,33 @@ impl TurnMachine {
                 }),
             ],
         }
+    }
+
+    /// `arguments` again if this exact call (tool and arguments) has not yet run as often as a
+    /// turn allows; counts it.
+    fn count_repeat(
+        &mut self,
+        name: &str,
+        arguments: Value,
+    ) -> Result<Value, (CallRefusal, String, String)> {
+        let ran = self
+            .repeats
+            .entry((name.to_string(), arguments.to_string()))
+            .or_insert(0);
+        if *ran >= self.max_repeated_calls {
+            let times = self.max_repeated_calls;
+            return Err((
+                CallRefusal::Repeated,
+                format!(
+                    "not run: this exact call (the same tool with the same arguments) already ran \
+                     {times} time(s) in this turn, and its result is above. Use that result, call \
+                     with other arguments, or give your final answer."
+                ),
+                format!("the same call already ran {times} time(s) in this turn"),
+            ));
+        }
+        *ran += 1;
+        Ok(arguments)
     }
 
     /// The call's arguments, or why it may not run: the reason, what the model is told, and
@@ -387,7 +443,43 @@ impl TurnMachine {
         if let Some(note) = self.note.take() {
             actions.push(self.record(note));
         }
-        actions.push(Action::CallModel);
+        actions.extend(self.ask_model());
+        actions
+    }
+
+    /// The next model request; the turn's last one offers no tools and asks for the answer.
+    fn ask_model(&mut self) -> Vec<Action> {
+        if self.steps + 1 < self.max_steps {
+            return vec![Action::CallModel { offer_tools: true }];
+        }
+        vec![
+            self.record(Message::text(Role::User, LAST_STEP_NOTE)),
+            Action::CallModel { offer_tools: false },
+        ]
+    }
+
+    /// A reply to the last step that still calls tools: none of them runs (each gets a result
+    /// that says so, so the transcript has one for every call), and the turn ends with the
+    /// reply's text if it has any.
+    fn past_the_last_step(&mut self, reply: Message) -> Vec<Action> {
+        let output = reply.visible_text().map(str::to_string);
+        let calls: Vec<String> = reply.tool_calls.iter().map(|c| c.id.clone()).collect();
+        let mut actions = vec![self.record(reply)];
+        for call_id in calls {
+            actions.push(self.record(Message::tool_result(
+                &call_id,
+                "error: not run: the turn reached its last step (runtime.max_turn_steps)",
+            )));
+        }
+        actions.push(Action::Finish(match output {
+            Some(output) => Outcome::Completed { output },
+            None => Outcome::Failed {
+                error: format!(
+                    "max_turn_steps ({}) reached: the model still called tools when asked for its answer",
+                    self.max_steps
+                ),
+            },
+        }));
         actions
     }
 }
@@ -415,7 +507,8 @@ mod tests {
             .iter()
             .map(|a| match a {
                 Action::Record(e) => e.kind(),
-                Action::CallModel => "call_model",
+                Action::CallModel { offer_tools: true } => "call_model",
+                Action::CallModel { offer_tools: false } => "last_call",
                 Action::RunTool { .. } => "run_tool",
                 Action::Finish(Outcome::Completed { .. }) => "completed",
                 Action::Finish(Outcome::Failed { .. }) => "failed",
@@ -427,7 +520,7 @@ mod tests {
     #[test]
     fn tool_call_then_answer() {
         let mut m = machine(5);
-        assert_eq!(m.start(), vec![Action::CallModel]);
+        assert_eq!(m.start(), vec![Action::CallModel { offer_tools: true }]);
         let actions = m.on(Input::ModelReplied(call("c1", "df", r#"{"path":"/"}"#)));
         assert_eq!(kinds(&actions), ["message", "tool_start", "run_tool"]);
         let actions = m.on(Input::ToolFinished {
@@ -496,9 +589,74 @@ mod tests {
         let actions = m.on(Input::ModelReplied(Message::text(Role::Assistant, "  ")));
         assert_eq!(kinds(&actions), ["message", "message", "call_model"]);
         let actions = m.on(Input::ModelMalformed("not JSON".into()));
-        assert_eq!(kinds(&actions), ["message", "call_model"]);
+        // The third request is the turn's last: a note, and no tools offered.
+        assert_eq!(kinds(&actions), ["message", "message", "last_call"]);
         let actions = m.on(Input::ModelMalformed("not JSON".into()));
         assert_eq!(kinds(&actions), ["message", "failed"]);
+    }
+
+    #[test]
+    fn the_last_step_offers_no_tools_and_its_answer_ends_the_turn() {
+        let mut m = machine(2);
+        m.start();
+        let actions = m.on(Input::ModelReplied(call("c1", "df", r#"{"path":"/"}"#)));
+        assert_eq!(kinds(&actions), ["message", "tool_start", "run_tool"]);
+        let actions = m.on(Input::ToolFinished {
+            call_id: "c1".into(),
+            result: "42%".into(),
+        });
+        assert_eq!(kinds(&actions), ["message", "message", "last_call"]);
+        assert!(
+            m.messages()
+                .last()
+                .and_then(|note| note.content.as_deref())
+                .is_some_and(|note| note.contains("last step"))
+        );
+        let actions = m.on(Input::ModelReplied(Message::text(
+            Role::Assistant,
+            "42% used",
+        )));
+        assert_eq!(kinds(&actions), ["message", "completed"]);
+    }
+
+    #[test]
+    fn a_last_reply_that_still_calls_tools_runs_none_and_each_call_gets_a_result() {
+        let mut m = machine(1);
+        assert_eq!(kinds(&m.start()), ["message", "last_call"]);
+        let actions = m.on(Input::ModelReplied(call("c1", "df", r#"{"path":"/"}"#)));
+        assert_eq!(kinds(&actions), ["message", "message", "failed"]);
+        assert_eq!(
+            m.messages().last().and_then(|r| r.tool_call_id.as_deref()),
+            Some("c1")
+        );
+    }
+
+    #[test]
+    fn an_identical_call_past_the_limit_is_not_run() {
+        let mut m = machine(10).limit_repeated_calls(2);
+        m.start();
+        for n in 0..2 {
+            let id = format!("c{n}");
+            let actions = m.on(Input::ModelReplied(call(&id, "df", r#"{"path":"/"}"#)));
+            assert_eq!(
+                kinds(&actions),
+                ["message", "tool_start", "run_tool"],
+                "call {n}"
+            );
+            m.on(Input::ToolFinished {
+                call_id: id,
+                result: "42%".into(),
+            });
+        }
+        // The same arguments written differently are the same call.
+        let actions = m.on(Input::ModelReplied(call("c2", "df", r#"{ "path" : "/" }"#)));
+        assert_eq!(
+            kinds(&actions),
+            ["message", "message", "refused", "call_model"]
+        );
+        assert!(matches!(&actions[2], Action::Refused(r) if r.reason == CallRefusal::Repeated));
+        let actions = m.on(Input::ModelReplied(call("c3", "df", r#"{"path":"/var"}"#)));
+        assert_eq!(kinds(&actions), ["message", "tool_start", "run_tool"]);
     }
 
     #[test]

@@ -7,7 +7,70 @@ use crate::config::raw::RawModel;
 use crate::config::settings::{ModelBackend, ModelSettings};
 use crate::config::units::parse_duration;
 
+/// Keys of a chat request that agentgate sets itself: `[model] params` may not change them.
+const OWN_REQUEST_KEYS: [&str; 5] = ["model", "messages", "tools", "tool_choice", "stream"];
+
+/// `[model] params` keys whose type servers check, and what it must be.
+const TYPED_PARAMS: [(&str, ParamType); 6] = [
+    ("temperature", ParamType::Number),
+    ("top_p", ParamType::Number),
+    ("presence_penalty", ParamType::Number),
+    ("frequency_penalty", ParamType::Number),
+    ("max_tokens", ParamType::Count),
+    ("seed", ParamType::Count),
+];
+
+#[derive(Clone, Copy)]
+enum ParamType {
+    Number,
+    /// A whole number, zero or more.
+    Count,
+}
+
 impl Checker<'_> {
+    /// `[model] params`: a table of JSON values merged into every chat request, none of them a
+    /// key agentgate sets, the well-known ones of their type.
+    fn model_params(
+        &mut self,
+        raw: Option<toml::Value>,
+    ) -> serde_json::Map<String, serde_json::Value> {
+        let Some(raw) = raw else {
+            return serde_json::Map::new();
+        };
+        let Ok(serde_json::Value::Object(params)) = serde_json::to_value(raw) else {
+            self.error("model.params", "params must be a table of request fields");
+            return serde_json::Map::new();
+        };
+        for key in params.keys() {
+            if OWN_REQUEST_KEYS.contains(&key.as_str()) {
+                self.error(
+                    &format!("model.params.{key}"),
+                    format!("{key} is set by agentgate and cannot be overridden"),
+                );
+            }
+        }
+        for (key, kind) in TYPED_PARAMS {
+            let Some(value) = params.get(key) else {
+                continue;
+            };
+            let fits = match kind {
+                ParamType::Number => value.is_number(),
+                ParamType::Count => value.as_u64().is_some(),
+            };
+            if !fits {
+                let expected = match kind {
+                    ParamType::Number => "a number",
+                    ParamType::Count => "a whole number, zero or more",
+                };
+                self.error(
+                    &format!("model.params.{key}"),
+                    format!("{key} must be {expected}, not {value}"),
+                );
+            }
+        }
+        params
+    }
+
     pub(super) fn model(&mut self, raw: RawModel) -> Option<ModelSettings> {
         let backend_name = raw.backend.as_deref().unwrap_or("replay");
         let api_key = raw
@@ -69,6 +132,8 @@ impl Checker<'_> {
             max_retries: self.value("model.max_retries", raw.max_retries, 4, |n| {
                 u32::try_from(n).map_err(|_| format!("{n} must be zero or more"))
             }),
+            params: self.model_params(raw.params),
+            tool_calls_in_content: raw.tool_calls_in_content.unwrap_or(false),
             // Zero is allowed: the turn fails as soon as the retries are spent.
             outage_wait: self.value(
                 "model.outage_wait",

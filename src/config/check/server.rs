@@ -211,6 +211,11 @@ impl Checker<'_> {
                 raw.max_tool_calls_per_reply,
                 16,
             ) as usize,
+            max_repeated_tool_calls: self.positive(
+                "runtime.max_repeated_tool_calls",
+                raw.max_repeated_tool_calls,
+                2,
+            ),
             max_background_jobs: self.positive(
                 "runtime.max_background_jobs",
                 raw.max_background_jobs,
