@@ -43,6 +43,7 @@ mod sys;
 mod template;
 mod tls;
 mod untrusted;
+mod usage;
 
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;

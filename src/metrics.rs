@@ -20,6 +20,7 @@ use prometheus_client::registry::{Registry, Unit};
 use crate::operator::OperatorAction;
 use crate::store::StatusSummary;
 use crate::store::{ResumeReason, TurnStatus};
+use crate::usage::{Price, Spent};
 
 /// The content type of the exposition: Prometheus text format 0.0.4 (see [`legacy_text`]).
 pub(crate) const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -48,6 +49,17 @@ struct RouteTemplate {
 struct RouteStatus {
     route: String,
     status: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteKind {
+    route: String,
+    kind: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteLabel {
+    route: String,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -90,6 +102,9 @@ struct Metrics {
     turns: Family<RouteStatus, Counter>,
     turn_duration: Histogram,
     model_request_duration: Histogram,
+    model_tokens: Family<RouteKind, Counter>,
+    model_cost: Family<RouteLabel, Counter<f64, AtomicU64>>,
+    replies_without_usage: Family<RouteLabel, Counter>,
     tool_calls: Family<ToolResult, Counter>,
     deliveries: Family<ResultLabel, Counter>,
     resumes: Family<ReasonLabel, Counter>,
@@ -218,6 +233,25 @@ impl Metrics {
             Unit::Seconds,
             model_request_duration.clone(),
         );
+        let model_tokens = Family::default();
+        registry.register(
+            "model_tokens",
+            "Tokens of model replies as the server reported them, by route and kind \
+             (input, cached_input: the cached part of input, output)",
+            model_tokens.clone(),
+        );
+        let model_cost = Family::default();
+        registry.register(
+            "model_cost_usd",
+            "What model replies cost in US dollars at [model] price, by route",
+            model_cost.clone(),
+        );
+        let replies_without_usage = Family::default();
+        registry.register(
+            "model_replies_without_usage",
+            "Model replies that reported no usage (their tokens are unknown), by route",
+            replies_without_usage.clone(),
+        );
         let tool_calls = Family::default();
         registry.register(
             "tool_calls",
@@ -309,6 +343,9 @@ impl Metrics {
             turns,
             turn_duration,
             model_request_duration,
+            model_tokens,
+            model_cost,
+            replies_without_usage,
             tool_calls,
             deliveries,
             resumes,
@@ -396,6 +433,38 @@ pub(crate) fn model_request(elapsed: Duration) {
     METRICS
         .model_request_duration
         .observe(elapsed.as_secs_f64());
+}
+
+/// A model reply spent `step` (at `price`, when there is one).
+pub(crate) fn model_usage(route: &str, step: Spent, price: Option<&Price>) {
+    let usage = step.usage;
+    let kinds = [
+        ("input", usage.input_tokens),
+        ("cached_input", usage.cached_input_tokens),
+        ("output", usage.output_tokens),
+    ];
+    for (kind, tokens) in kinds {
+        let label = RouteKind {
+            route: route.to_string(),
+            kind,
+        };
+        METRICS.model_tokens.get_or_create(&label).inc_by(tokens);
+    }
+    let route = RouteLabel {
+        route: route.to_string(),
+    };
+    if step.unknown_steps > 0 {
+        METRICS
+            .replies_without_usage
+            .get_or_create(&route)
+            .inc_by(step.unknown_steps);
+    }
+    if let Some(price) = price {
+        METRICS
+            .model_cost
+            .get_or_create(&route)
+            .inc_by(usage.cost(price));
+    }
 }
 
 /// A tool call ended with `result`.

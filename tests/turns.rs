@@ -531,6 +531,88 @@ fn a_looping_model_that_writes_calls_as_text_still_ends_with_an_answer() {
     );
 }
 
+/// What replies spend is committed with each step and shown everywhere: the delivery, `events
+/// show`, `sessions show`, `status`, `agentgate usage` and the metrics, priced at `[model]
+/// price`. A reply without `usage` is counted as unknown, not as zero tokens.
+#[test]
+fn what_replies_spend_is_recorded_and_shown_everywhere() {
+    let model = Stub::start(|request, _| {
+        let text = request.json().to_string();
+        if text.contains("no-usage") {
+            Reply::answer("answered without usage")
+        } else if text.contains(r#""role":"tool""#) {
+            Reply::answer("the tool said same").with_usage(1200, 1000, 30)
+        } else {
+            Reply::tool_call("c1", "echo", json!({"text": "same"})).with_usage(1000, 800, 20)
+        }
+    });
+    let (setup, daemon) = start_with_model(
+        model,
+        "max_retries = 2\nprice = { input_per_mtok = 2.0, cached_input_per_mtok = 0.5, output_per_mtok = 8.0 }",
+        "",
+    );
+    let event_id = post(&daemon, "spender");
+    let ended = setup.workspace.wait_terminal(&event_id, TURN_LIMIT);
+    let body = wait_delivery(&setup.receiver, &event_id).json();
+    assert_eq!(ended, "completed", "{body}");
+    // 400 uncached input at $2, 1800 cached at $0.5, 50 output at $8 per million.
+    let cost = (400.0 * 2.0 + 1800.0 * 0.5 + 50.0 * 8.0) / 1e6;
+    let expected = json!({"input_tokens": 2200, "cached_input_tokens": 1800,
+        "output_tokens": 50, "cost_usd": cost});
+    assert_eq!(body["usage"], expected, "{body}");
+    let shown = setup
+        .workspace
+        .cli_json(&["events", "show", &event_id, "--json"]);
+    assert_eq!(shown["usage"], expected, "{shown}");
+    let session = setup
+        .workspace
+        .cli_json(&["sessions", "show", "spender", "--json"]);
+    assert_eq!(session["session"]["usage"], expected, "{session}");
+
+    let unknown = post(&daemon, "no-usage");
+    assert_eq!(
+        setup.workspace.wait_terminal(&unknown, TURN_LIMIT),
+        "completed"
+    );
+    let shown = setup
+        .workspace
+        .cli_json(&["events", "show", &unknown, "--json"]);
+    assert_eq!(shown["usage"]["input_tokens"], 0, "{shown}");
+    assert_eq!(
+        shown["usage"]["unknown_steps"], 1,
+        "counted as unknown: {shown}"
+    );
+
+    let status = setup.workspace.cli_json(&["status", "--json"]);
+    assert_eq!(status["usage"]["today"]["input_tokens"], 2200, "{status}");
+    assert_eq!(status["usage"]["today"]["unknown_steps"], 1, "{status}");
+    let usage = setup
+        .workspace
+        .cli_json(&["usage", "--json", "--route", "alerts"]);
+    assert_eq!(usage["total"]["output_tokens"], 50, "{usage}");
+    assert_eq!(usage["days"].as_array().map(Vec::len), Some(1), "{usage}");
+    let other = setup
+        .workspace
+        .cli_json(&["usage", "--json", "--route", "nothing"]);
+    assert_eq!(other["total"]["input_tokens"], 0, "{other}");
+
+    let metrics = setup.workspace.metrics();
+    for line in [
+        r#"agentgate_model_tokens_total{route="alerts",kind="input"} 2200"#,
+        r#"agentgate_model_tokens_total{route="alerts",kind="cached_input"} 1800"#,
+        r#"agentgate_model_tokens_total{route="alerts",kind="output"} 50"#,
+        r#"agentgate_model_replies_without_usage_total{route="alerts"} 1"#,
+    ] {
+        assert!(metrics.contains(line), "{line} in {metrics}");
+    }
+    assert!(
+        metrics.contains(&format!(
+            r#"agentgate_model_cost_usd_total{{route="alerts"}} {cost}"#
+        )),
+        "{metrics}"
+    );
+}
+
 /// agentgate's own request keys cannot be overridden, and well-known parameters are typed.
 #[test]
 fn check_config_refuses_params_that_would_override_the_request() {

@@ -18,6 +18,7 @@ use super::catalog::OfferedTool;
 use super::message::{Message, Role};
 use super::process::{Aborted, Child, Limits};
 use crate::config::{ModelBackend, ModelSettings, Secret};
+use crate::usage::Usage;
 
 /// The demo cassette bundled with agentgate, used by `backend = "replay"` without a `cassette`.
 const BUNDLED_CASSETTE: &str = include_str!("../../examples/triage.cassette.jsonl");
@@ -63,6 +64,13 @@ enum Backend {
     Replay {
         replies: Vec<Message>,
     },
+}
+
+/// A model's answer: the assistant message, and the tokens it cost when the server says.
+#[derive(Debug, Clone)]
+pub(crate) struct Reply {
+    pub message: Message,
+    pub usage: Option<Usage>,
 }
 
 /// A configured model. Cheap to share behind an `Arc`.
@@ -177,13 +185,13 @@ impl Model {
         }
     }
 
-    /// Whether this is a replay (its replies are labelled as such wherever they are shown).
     /// `model.outage_wait`: how long a turn waits for the model when it is unavailable after
     /// its retries, before the turn fails.
     pub(crate) fn outage_wait(&self) -> Duration {
         self.outage_wait
     }
 
+    /// Whether this is a replay (its replies are labelled as such wherever they are shown).
     pub(crate) fn is_replay(&self) -> bool {
         matches!(self.backend, Backend::Replay { .. })
     }
@@ -193,8 +201,8 @@ impl Model {
         &self,
         messages: &[Message],
         tools: &[OfferedTool],
-    ) -> Result<Message, ModelError> {
-        let reply = match &self.backend {
+    ) -> Result<Reply, ModelError> {
+        let (reply, usage) = match &self.backend {
             Backend::OpenAi {
                 client,
                 url,
@@ -205,8 +213,11 @@ impl Model {
                 self.complete_http(client, url, api_key.as_ref(), &body)
                     .await
             }
-            Backend::Command { argv } => self.complete_command(argv, messages, tools).await,
-            Backend::Replay { replies } => Ok(replay(replies, messages)),
+            Backend::Command { argv } => self
+                .complete_command(argv, messages, tools)
+                .await
+                .map(|message| (message, None)),
+            Backend::Replay { replies } => Ok((replay(replies, messages), None)),
         }?;
         if let Some(recorder) = &self.recorder
             && let Ok(mut file) = recorder.lock()
@@ -215,11 +226,13 @@ impl Model {
             // Recording is best effort: a failed write must not fail the turn.
             let _ = writeln!(file, "{line}");
         }
-        if self.tool_calls_in_content {
+        let message = if self.tool_calls_in_content {
             let offered: Vec<&str> = tools.iter().map(|tool| tool.name.as_str()).collect();
-            return Ok(super::textcall::call_in_content(reply, &offered));
-        }
-        Ok(reply)
+            super::textcall::call_in_content(reply, &offered)
+        } else {
+            reply
+        };
+        Ok(Reply { message, usage })
     }
 
     async fn complete_http(
@@ -228,7 +241,7 @@ impl Model {
         url: &str,
         api_key: Option<&Secret>,
         body: &serde_json::Value,
-    ) -> Result<Message, ModelError> {
+    ) -> Result<(Message, Option<Usage>), ModelError> {
         let mut attempt = 0;
         loop {
             let mut request = client.post(url).json(body);
@@ -386,8 +399,8 @@ fn request_body(
     body
 }
 
-/// Reads `choices[0].message` of a Chat Completions response.
-fn parse_completion(bytes: &[u8]) -> Result<Message, ModelError> {
+/// Reads `choices[0].message` of a Chat Completions response, and its `usage`.
+fn parse_completion(bytes: &[u8]) -> Result<(Message, Option<Usage>), ModelError> {
     let value: serde_json::Value = serde_json::from_slice(bytes)
         .map_err(|err| ModelError::Malformed(format!("not JSON: {err}")))?;
     let message = value
@@ -397,7 +410,7 @@ fn parse_completion(bytes: &[u8]) -> Result<Message, ModelError> {
     let mut message: Message = serde_json::from_value(message)
         .map_err(|err| ModelError::Malformed(format!("choices[0].message: {err}")))?;
     message.role = Role::Assistant;
-    Ok(message)
+    Ok((message, Usage::of_reply(&value)))
 }
 
 /// The cassette reply for this point of the turn: the n-th reply, where n counts the assistant
@@ -442,10 +455,11 @@ mod tests {
 
     #[test]
     fn completion_parsing() {
-        let ok =
+        let (ok, usage) =
             parse_completion(br#"{"choices":[{"message":{"role":"assistant","content":"hi"}}]}"#)
                 .expect("valid");
         assert_eq!(ok.visible_text(), Some("hi"));
+        assert_eq!(usage, None);
         assert!(matches!(
             parse_completion(b"<html>"),
             Err(ModelError::Malformed(_))

@@ -90,6 +90,20 @@ pub(super) enum Command {
     /// The tools routes offer
     #[command(subcommand)]
     Tools(ToolsCommand),
+    /// Tokens and cost by route and UTC day, against the budgets
+    Usage {
+        #[command(flatten)]
+        config: ConfigArg,
+        /// Only this route
+        #[arg(long, value_name = "R")]
+        route: Option<String>,
+        /// From the UTC day this long ago (e.g. 30d) [default: the last 7 days]
+        #[arg(long, value_name = "DURATION", value_parser = parse_since)]
+        since: Option<std::time::Duration>,
+        /// Print JSON
+        #[arg(long)]
+        json: bool,
+    },
     /// Copy the state (database and ledger) into the new directory PATH while the daemon runs
     Backup {
         #[command(flatten)]

@@ -101,10 +101,13 @@ pub(super) fn events_show(source: &ConfigSource, id: &str, json: bool) -> Result
             None => return Err(control::no_daemon_for_unreadable_state()),
         }
     } else {
-        StateAccess::open(source)?
+        let state = StateAccess::open(source)?;
+        let mut detail = state
             .query(async |store| store.event(id).await)?
             .flatten()
-            .ok_or_else(no_event)?
+            .ok_or_else(no_event)?;
+        detail.usage = detail.usage.priced(state.price.as_ref());
+        detail
     };
     if json {
         json_out(&detail);
@@ -163,6 +166,7 @@ pub(super) fn events_show(source: &ConfigSource, id: &str, json: bool) -> Result
         ),
         None => outln!("delivery none yet"),
     }
+    outln!("usage {}", detail.usage);
     Ok(())
 }
 

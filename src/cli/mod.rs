@@ -13,6 +13,7 @@ mod send;
 mod sessions;
 mod state;
 mod status;
+mod usage;
 
 use std::process::ExitCode;
 
@@ -106,6 +107,12 @@ fn run(command: Command) -> Result<(), Failure> {
         }
         Command::CheckConfig(config) => check_config(&config.source()),
         Command::Status { config, json } => status(&config.source(), json),
+        Command::Usage {
+            config,
+            route,
+            since,
+            json,
+        } => usage::usage(&config.source(), route, since, json),
         Command::Send {
             config,
             route,

@@ -257,15 +257,19 @@ pub(super) fn sessions_show(source: &ConfigSource, key: &str, json: bool) -> Res
             None => return Err(control::no_daemon_for_unreadable_state()),
         }
     } else {
-        let found = StateAccess::open(source)?.query(async |store| {
+        let state = StateAccess::open(source)?;
+        let found = state.query(async |store| {
             Ok((
                 store.session(key).await?,
                 crate::session::transcript(store, key).await?,
             ))
         })?;
-        let Some((Some(session), transcript)) = found else {
+        let Some((Some(mut session), transcript)) = found else {
             return Err(no_session());
         };
+        session.usage = session
+            .usage
+            .map(|usage| usage.priced(state.price.as_ref()));
         SessionDocument {
             session,
             transcript,
@@ -288,6 +292,9 @@ pub(super) fn sessions_show(source: &ConfigSource, key: &str, json: bool) -> Res
             .unwrap_or_default(),
         session.turns
     );
+    if let Some(usage) = &session.usage {
+        outln!("usage {usage}");
+    }
     for row in &shown.transcript {
         outln!("{}", render_entry(&row.body));
     }

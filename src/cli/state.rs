@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use crate::config::{self, ConfigSource};
 use crate::exit::Failure;
 use crate::store::{Store, StoreError};
+use crate::usage::Price;
 
 /// Operator access to the configured store, opened as it is: a missing SQLite database is
 /// "nothing stored yet", never created by a command that only looks.
@@ -12,6 +13,8 @@ pub(super) struct StateAccess {
     pub(super) state_dir: PathBuf,
     pub(super) store: Option<Store>,
     pub(super) runtime: tokio::runtime::Runtime,
+    /// `[model] price`: the cost of usage shown.
+    pub(super) price: Option<Price>,
 }
 
 impl StateAccess {
@@ -25,6 +28,7 @@ impl StateAccess {
             state_dir: location.state_dir,
             store,
             runtime,
+            price: location.price,
         })
     }
 

@@ -82,6 +82,7 @@ fn document_from_state(
             writable: live.as_ref().and_then(|live| live.daemon.writable),
         },
         accepting,
+        state.price.as_ref(),
     );
     document.state_dir = Some(state.state_dir.clone());
     document.ledger = Some(ledger);
@@ -128,6 +129,7 @@ fn render(document: &StatusDocument) -> String {
         )),
         (Accepting { .. }, false) => {}
     }
+    text.push_str(&format!("usage:      today {}\n", document.usage.today));
     if let Some(ledger) = &document.ledger {
         text.push_str(&ledger_line(ledger));
     }

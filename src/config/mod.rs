@@ -206,10 +206,12 @@ pub(crate) struct StateLocation {
     pub(crate) store: StoreSettings,
     /// `[server] control_socket`, where a running daemon takes operator requests.
     pub(crate) control_socket: PathBuf,
+    /// `[model] price`, for the cost of what the state shows.
+    pub(crate) price: Option<crate::usage::Price>,
 }
 
 /// Where the state is, for the operator commands (`status`, `sessions`, `ledger`, `reload`): only
-/// `state_dir`, `[store]` and `server.control_socket` are read, so a config with errors
+/// `state_dir`, `[store]`, `server.control_socket` and `model.price` are read, so a config with errors
 /// elsewhere (or route secrets that only the service can read) does not hide the state.
 pub(crate) fn state_location(source: &ConfigSource) -> Result<StateLocation, ConfigError> {
     #[derive(Deserialize)]
@@ -217,11 +219,16 @@ pub(crate) fn state_location(source: &ConfigSource) -> Result<StateLocation, Con
         control_socket: Option<PathBuf>,
     }
     #[derive(Deserialize)]
+    struct ModelOnly {
+        price: Option<RawPrice>,
+    }
+    #[derive(Deserialize)]
     struct StateOnly {
         state_dir: Option<PathBuf>,
         #[serde(default)]
         store: RawStore,
         server: Option<ServerOnly>,
+        model: Option<ModelOnly>,
     }
     let text = read_source(source)?;
     let locator = Locator::new(&text);
@@ -238,14 +245,22 @@ pub(crate) fn state_location(source: &ConfigSource) -> Result<StateLocation, Con
         };
         // An operator command runs no turns: the default pool for max_concurrent_turns = 16
         // is plenty.
-        match checker.store(parsed.store, 16) {
-            Some(store) if count_errors(&checker.findings) == 0 => Ok(StateLocation {
+        let store = checker.store(parsed.store, 16);
+        let store_errors = count_errors(&checker.findings);
+        // A price with an error shows no cost; it does not hide the state.
+        let price = parsed
+            .model
+            .and_then(|model| model.price)
+            .and_then(|price| checker.price(price));
+        match store {
+            Some(store) if store_errors == 0 => Ok(StateLocation {
                 state_dir: resolve_state_dir(parsed.state_dir, environment.state_directory),
                 store,
                 control_socket: parsed
                     .server
                     .and_then(|server| server.control_socket)
                     .unwrap_or_else(|| PathBuf::from(DEFAULT_CONTROL_SOCKET)),
+                price,
             }),
             _ => Err(ConfigError::Invalid {
                 source_name: source.clone(),

@@ -82,9 +82,19 @@ pub(super) struct RawModel {
     pub(super) outage_wait: Option<String>,
     pub(super) params: Option<toml::Value>,
     pub(super) tool_calls_in_content: Option<bool>,
+    pub(super) price: Option<RawPrice>,
     pub(super) command: Option<Vec<String>>,
     pub(super) cassette: Option<PathBuf>,
     pub(super) max_concurrent_requests: Option<i64>,
+}
+
+/// `[model] price`: US dollars per million tokens.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPrice {
+    pub(super) input_per_mtok: Option<f64>,
+    pub(super) cached_input_per_mtok: Option<f64>,
+    pub(super) output_per_mtok: Option<f64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

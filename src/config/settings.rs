@@ -10,6 +10,7 @@ use crate::logging::EventLogLevel;
 use crate::secret::Secret;
 use crate::signature::VerifySettings;
 use crate::tls::TlsSettings;
+use crate::usage::Price;
 
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Config {
@@ -187,6 +188,8 @@ pub(crate) struct ModelSettings {
     pub params: serde_json::Map<String, serde_json::Value>,
     /// A reply whose whole content is one JSON call of an offered tool is taken as that call.
     pub tool_calls_in_content: bool,
+    /// What tokens cost (`[model] price`), for cost figures and dollar budgets.
+    pub price: Option<Price>,
     /// Requests in flight to the model at most, whatever the number of running turns.
     pub max_concurrent_requests: usize,
 }

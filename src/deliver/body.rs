@@ -9,10 +9,16 @@
 
 use serde::Serialize;
 
-use crate::store::{Terminal, TurnEnd};
+use crate::store::{RenderDelivery, Terminal, TurnEnd};
+use crate::usage::{Price, UsageReport};
 
-/// The body of the outbound delivery of `end`.
-pub(crate) fn render(end: &TurnEnd) -> serde_json::Result<String> {
+/// What the store renders delivery bodies with, showing cost at `price`.
+pub(crate) fn renderer(price: Option<Price>) -> RenderDelivery {
+    RenderDelivery { render, price }
+}
+
+/// The body of the outbound delivery of `end`, whose event's turns spent `usage`.
+fn render(end: &TurnEnd, usage: &UsageReport) -> serde_json::Result<String> {
     serde_json::to_string(&DeliveryBody {
         event_id: &end.event_id,
         route: &end.route,
@@ -22,6 +28,12 @@ pub(crate) fn render(end: &TurnEnd) -> serde_json::Result<String> {
         error: end.error.as_deref(),
         turn_id: &end.turn_id,
         steps: end.steps,
+        usage: DeliveryUsage {
+            input_tokens: usage.input_tokens,
+            cached_input_tokens: usage.cached_input_tokens,
+            output_tokens: usage.output_tokens,
+            cost_usd: usage.cost_usd,
+        },
     })
 }
 
@@ -35,6 +47,17 @@ struct DeliveryBody<'a> {
     error: Option<&'a str>,
     turn_id: &'a str,
     steps: u32,
+    usage: DeliveryUsage,
+}
+
+/// The `usage` of a delivery: exactly the documented keys (a count of replies without usage is
+/// not part of the wire format; it is in `events show`).
+#[derive(Debug, Serialize)]
+struct DeliveryUsage {
+    input_tokens: u64,
+    cached_input_tokens: u64,
+    output_tokens: u64,
+    cost_usd: Option<f64>,
 }
 
 #[cfg(test)]
@@ -57,8 +80,15 @@ mod tests {
             error: None,
             steps: 3,
         };
+        let usage = UsageReport {
+            input_tokens: 1200,
+            cached_input_tokens: 1000,
+            output_tokens: 80,
+            cost_usd: Some(0.5),
+            unknown_steps: 1,
+        };
         let body: serde_json::Value =
-            serde_json::from_str(&render(&end).expect("renders")).expect("JSON");
+            serde_json::from_str(&render(&end, &usage).expect("renders")).expect("JSON");
         assert_eq!(
             body,
             serde_json::json!({
@@ -70,6 +100,8 @@ mod tests {
                 "error": null,
                 "turn_id": "t-1",
                 "steps": 3,
+                "usage": {"input_tokens": 1200, "cached_input_tokens": 1000,
+                    "output_tokens": 80, "cost_usd": 0.5},
             })
         );
     }

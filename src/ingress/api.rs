@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::agent::mcp::McpServerStatus;
 use crate::agent::sandbox::{self, Availability};
+use crate::usage::{DAY_MS, Price, UsageDay, UsageReport, UsageToday};
 
 use crate::store::{
     DeliveryCounts, EventCounts, EventRow, NodeRow, SessionCounts, SessionRow, SessionState,
@@ -42,6 +43,9 @@ pub(crate) struct StatusDocument {
     /// Whether the running daemon can sandbox its tools (`sandbox = "strict"`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox: Option<SandboxStatus>,
+    /// What model replies spent today (UTC).
+    #[serde(default)]
+    pub usage: UsageToday,
 }
 
 /// The tool sandbox as the daemon found it at start.
@@ -71,7 +75,13 @@ impl SandboxStatus {
 
 impl StatusDocument {
     /// The document of `summary`, with the rest to fill in.
-    pub(crate) fn of(summary: StatusSummary, daemon: DaemonStatus, accepting: Accepting) -> Self {
+    /// The document of `summary`, its usage priced at `price`.
+    pub(crate) fn of(
+        summary: StatusSummary,
+        daemon: DaemonStatus,
+        accepting: Accepting,
+        price: Option<&Price>,
+    ) -> Self {
         StatusDocument {
             version: crate::VERSION.to_string(),
             daemon,
@@ -85,6 +95,9 @@ impl StatusDocument {
             nodes: summary.nodes,
             mcp: None,
             sandbox: None,
+            usage: UsageToday {
+                today: summary.usage.today.priced(price),
+            },
         }
     }
 }
@@ -199,4 +212,60 @@ pub(crate) struct ListenerAnswer {
 pub(crate) struct ErrorBody {
     pub error: String,
     pub message: String,
+}
+
+/// `agentgate usage --json` and `GET /v1/usage`: what model replies spent, by route and UTC day.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct UsageDocument {
+    /// The first UTC day counted (YYYY-MM-DD).
+    pub since: String,
+    /// One row per route and day, oldest day first.
+    pub days: Vec<UsageDayRow>,
+    /// Every row summed.
+    pub total: UsageReport,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct UsageDayRow {
+    /// YYYY-MM-DD (UTC).
+    pub day: String,
+    pub route: String,
+    #[serde(flatten)]
+    pub usage: UsageReport,
+}
+
+impl UsageDocument {
+    /// The document of `days` (counted from `since`, unix ms), of `route` alone when given,
+    /// priced at `price`.
+    pub(crate) fn of(
+        days: Vec<UsageDay>,
+        since: i64,
+        route: Option<&str>,
+        price: Option<&Price>,
+    ) -> UsageDocument {
+        let days: Vec<UsageDay> = days
+            .into_iter()
+            .filter(|day| route.is_none_or(|route| day.route == route))
+            .collect();
+        let total = UsageReport::of(UsageDay::total(&days), price);
+        UsageDocument {
+            since: utc_date(since),
+            days: days
+                .into_iter()
+                .map(|day| UsageDayRow {
+                    day: utc_date(day.day * DAY_MS),
+                    route: day.route,
+                    usage: UsageReport::of(day.spent, price),
+                })
+                .collect(),
+            total,
+        }
+    }
+}
+
+/// The UTC date (YYYY-MM-DD) of `millis` since the epoch.
+fn utc_date(millis: i64) -> String {
+    let since_epoch = std::time::Duration::from_millis(u64::try_from(millis).unwrap_or(0));
+    let stamp = humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + since_epoch).to_string();
+    stamp.get(..10).unwrap_or(&stamp).to_string()
 }

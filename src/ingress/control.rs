@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use super::AcceptBackoff;
 use super::api::{
     Accepting, DaemonStatus, EventsPage, OperatorAnswer, SandboxStatus, SessionDocument,
-    SessionsPage, StatusDocument, ToolsDocument, TurnCounts,
+    SessionsPage, StatusDocument, ToolsDocument, TurnCounts, UsageDocument,
 };
 use super::capacity::Capacity;
 use super::connection::Stream;
@@ -136,6 +136,7 @@ impl Control {
             (&Method::GET, ["v1", "sessions", key]) => self.session(&percent_decode(key)).await,
             (&Method::POST, ["v1", "reload"]) => self.reload().await,
             (&Method::GET, ["v1", "tools"]) => self.tools(request.uri().query()).await,
+            (&Method::GET, ["v1", "usage"]) => self.usage(request.uri().query()).await,
             (&Method::POST, ["v1", "routes", route, "send"]) => {
                 self.send(&percent_decode(route), request).await
             }
@@ -175,7 +176,8 @@ impl Control {
             pid: Some(std::process::id()),
             writable: Some(writable),
         };
-        let mut document = StatusDocument::of(summary, daemon, accepting);
+        let price = self.settings.get().config.model.price;
+        let mut document = StatusDocument::of(summary, daemon, accepting, price.as_ref());
         document.turns = Some(TurnCounts {
             running: self.sessions.running_count(),
         });
@@ -263,9 +265,11 @@ impl Control {
 
     /// `GET /v1/sessions/{key}`: the session and its transcript, as `sessions show --json`.
     async fn session(&self, key: &str) -> Result<HttpResponse, ControlError> {
-        let Some(session) = self.store.session(key).await? else {
+        let Some(mut session) = self.store.session(key).await? else {
             return Ok(no_session(key));
         };
+        let price = self.settings.get().config.model.price;
+        session.usage = session.usage.map(|usage| usage.priced(price.as_ref()));
         let transcript = crate::session::transcript(&self.store, key).await?;
         Ok(json_response(
             StatusCode::OK,
@@ -276,10 +280,36 @@ impl Control {
         ))
     }
 
+    /// `GET /v1/usage?since=MS[&route=R]`: `agentgate usage --json` from the first UTC day of
+    /// `since` (unix ms; default: the last 7 days).
+    async fn usage(&self, query: Option<&str>) -> Result<HttpResponse, ControlError> {
+        let query = Query::parse(query);
+        let since = match query.get("since").map(|text| text.parse::<i64>()) {
+            None => crate::usage::default_usage_since(crate::store::now_millis()),
+            Some(Ok(since)) => crate::usage::day_start(since),
+            Some(Err(_)) => {
+                return Ok(error(
+                    StatusCode::BAD_REQUEST,
+                    "bad_since",
+                    "since must be a time in unix milliseconds",
+                ));
+            }
+        };
+        let days = self.store.usage_by_day(since).await?;
+        let price = self.settings.get().config.model.price;
+        let route = query.get("route");
+        let document = UsageDocument::of(days, since, route.as_deref(), price.as_ref());
+        Ok(json_response(StatusCode::OK, &json!(document)))
+    }
+
     /// `GET /v1/events/{id}`: the event as `events show --json` shows it; `404` if unknown.
     async fn event(&self, id: &str) -> Result<HttpResponse, ControlError> {
         match self.store.event(id).await? {
-            Some(detail) => Ok(json_response(StatusCode::OK, &json!(detail))),
+            Some(mut detail) => {
+                let price = self.settings.get().config.model.price;
+                detail.usage = detail.usage.priced(price.as_ref());
+                Ok(json_response(StatusCode::OK, &json!(detail)))
+            }
             None => Ok(error(
                 StatusCode::NOT_FOUND,
                 "no_event",

@@ -73,6 +73,7 @@ impl Resumer {
         } = self;
         let settings = settings.get();
         let runtime = &settings.config.runtime;
+        let price = settings.config.model.price;
         let interrupted = match store.interrupted_sessions().await {
             Ok(list) => list,
             Err(err) => {
@@ -90,7 +91,7 @@ impl Resumer {
                 }
             };
             match store
-                .settle_interrupted(&session, settlement, deliver::body::render)
+                .settle_interrupted(&session, settlement, deliver::body::renderer(price))
                 .await
             {
                 Ok(settled) => report(&session, &settled, runtime.resume_max_attempts),

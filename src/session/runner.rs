@@ -28,6 +28,7 @@ use crate::metrics;
 use crate::store::{
     ClaimedTurn, EVENT_ENTRY, ResumeReason, StopReason, Store, StoreError, TurnEnd, TurnStatus,
 };
+use crate::usage::Spent;
 
 /// Pause between attempts to commit a step while the store cannot write.
 const COMMIT_RETRY: Duration = Duration::from_secs(1);
@@ -170,10 +171,11 @@ impl TurnContext {
             error: error.clone(),
             steps,
         };
+        let price = self.settings.get().config.model.price;
         if !self
             .commit(|store| {
                 let end = end.clone();
-                async move { store.finish_turn(end, deliver::body::render).await }
+                async move { store.finish_turn(end, deliver::body::renderer(price)).await }
             })
             .await
         {
@@ -306,7 +308,7 @@ impl Running<'_> {
                     template: self.route.prompt.clone(),
                     nonce: Some(nonce.clone()),
                 };
-                if !self.record(&[entry], 0).await {
+                if !self.record(&[entry], 0, Spent::default()).await {
                     return;
                 }
                 let new_event = prompt::event_message(
@@ -425,6 +427,8 @@ impl Running<'_> {
     /// or the turn is stopped.
     async fn run(&self, mut machine: TurnMachine, first: Vec<Action>, catalog: &Catalog) {
         let mut actions: VecDeque<Action> = first.into();
+        // What model replies spent since the last commit: it is committed with the next one.
+        let mut spent = Spent::default();
         while let Some(action) = actions.pop_front() {
             let input = match action {
                 Action::Record(entry) => {
@@ -436,7 +440,8 @@ impl Running<'_> {
                             entries.push(next);
                         }
                     }
-                    if !self.record(&entries, machine.steps()).await {
+                    let step = std::mem::take(&mut spent);
+                    if !self.record(&entries, machine.steps(), step).await {
                         return;
                     }
                     continue;
@@ -455,7 +460,7 @@ impl Running<'_> {
                 }
                 Action::CallModel { offer_tools } => {
                     let tools = if offer_tools { catalog.tools() } else { &[] };
-                    self.call_model(machine.messages(), tools).await
+                    self.call_model(machine.messages(), tools, &mut spent).await
                 }
                 Action::RunTool {
                     call_id,
@@ -477,7 +482,7 @@ impl Running<'_> {
         }
     }
 
-    async fn record(&self, entries: &[Entry], steps: u32) -> bool {
+    async fn record(&self, entries: &[Entry], steps: u32, spent: Spent) -> bool {
         let Ok(rows) = entries
             .iter()
             .map(|entry| serde_json::to_string(entry).map(|body| (entry.kind(), body)))
@@ -491,7 +496,13 @@ impl Running<'_> {
                 let rows = rows.clone();
                 async move {
                     store
-                        .append_transcript(&turn.event.session_key, &turn.turn_id, rows, steps)
+                        .append_transcript(
+                            &turn.event.session_key,
+                            &turn.turn_id,
+                            rows,
+                            steps,
+                            spent,
+                        )
                         .await
                 }
             })
@@ -527,7 +538,13 @@ impl Running<'_> {
     /// One model step. A model that is unavailable after its retries is waited for, with
     /// backoff, for up to `model.outage_wait` from its first failure (docs/reference.md,
     /// "Model outages"): a short outage costs a delay, not the event. The wait uses no step.
-    async fn call_model(&self, messages: &[Message], tools: &[OfferedTool]) -> Result<Input, Stop> {
+    /// What the reply spent is added to `spent`.
+    async fn call_model(
+        &self,
+        messages: &[Message],
+        tools: &[OfferedTool],
+        spent: &mut Spent,
+    ) -> Result<Input, Stop> {
         let model = &self.context.model;
         let mut outage: Option<(Instant, Duration)> = None;
         loop {
@@ -539,14 +556,18 @@ impl Running<'_> {
                 reply
             };
             let err = match reply {
-                Ok(message) => {
+                Ok(reply) => {
+                    let step = Spent::of_reply(reply.usage);
+                    let price = self.settings.config.model.price.as_ref();
+                    metrics::model_usage(&self.turn.event.route, step, price);
+                    spent.add(step);
                     if let Some((since, _)) = outage {
                         tracing::info!(
                             waited_ms = since.elapsed().as_millis() as u64,
                             "the model answers again; the turn goes on"
                         );
                     }
-                    return Ok(Input::ModelReplied(message));
+                    return Ok(Input::ModelReplied(reply.message));
                 }
                 Err(ModelError::Malformed(reason)) => return Ok(Input::ModelMalformed(reason)),
                 Err(err @ ModelError::Unavailable(_)) => err,

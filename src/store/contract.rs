@@ -15,11 +15,12 @@ use std::time::Duration;
 use super::model::{Claim, DeliveryAttempt, Event, InterruptedSession, NewEvent, TurnEnd};
 use super::states::{DeliveryState, EventStatus, SessionState, StopReason, Terminal, TurnStatus};
 use super::{
-    AcceptOutcome, ClaimedTurn, ErrorKind, EventFilter, ResumeReason, RetryTarget, Settled,
-    Settlement, Store, StoreError,
+    AcceptOutcome, ClaimedTurn, ErrorKind, EventFilter, RenderDelivery, ResumeReason, RetryTarget,
+    Settled, Settlement, Store, StoreError,
 };
 use crate::config::{PostgresSettings, StoreSettings};
 use crate::secret::Secret;
+use crate::usage::{Spent, Usage, UsageReport};
 
 fn event(id: &str, session: &str, delivery_id: Option<&str>) -> NewEvent {
     NewEvent {
@@ -36,9 +37,17 @@ fn event(id: &str, session: &str, delivery_id: Option<&str>) -> NewEvent {
     }
 }
 
-fn render(end: &TurnEnd) -> serde_json::Result<String> {
-    serde_json::to_string(&serde_json::json!({"event_id": end.event_id, "status": end.terminal}))
+fn render_body(end: &TurnEnd, usage: &UsageReport) -> serde_json::Result<String> {
+    serde_json::to_string(
+        &serde_json::json!({"event_id": end.event_id, "status": end.terminal,
+        "usage": usage}),
+    )
 }
+
+const RENDER: RenderDelivery = RenderDelivery {
+    render: render_body,
+    price: None,
+};
 
 fn ended(turn: &ClaimedTurn, terminal: Terminal, turn_status: TurnStatus) -> TurnEnd {
     TurnEnd {
@@ -65,7 +74,7 @@ async fn complete(store: &Store, turn: &ClaimedTurn) {
     store
         .finish_turn(
             ended(turn, Terminal::Completed, TurnStatus::Completed),
-            render,
+            RENDER,
         )
         .await
         .expect("finish");
@@ -127,9 +136,26 @@ async fn accept_claim_finish_deliver(store: &Store) {
     assert_nothing_to_claim(store).await;
     assert_eq!(session_state(store, "s1").await, SessionState::Running);
     store
-        .append_transcript("s1", &turn.turn_id, vec![("event", "{}".into())], 1)
+        .append_transcript(
+            "s1",
+            &turn.turn_id,
+            vec![("event", "{}".into())],
+            1,
+            Spent::default(),
+        )
         .await
         .expect("append");
+    let reply = Spent::of_reply(Some(Usage {
+        input_tokens: 100,
+        cached_input_tokens: 60,
+        output_tokens: 7,
+    }));
+    for spent in [reply, reply, Spent::of_reply(None)] {
+        store
+            .append_transcript("s1", &turn.turn_id, Vec::new(), 2, spent)
+            .await
+            .expect("append usage");
+    }
     assert!(store.event_has_transcript("e1").await.expect("has"));
     let transcript = store.transcript("s1").await.expect("transcript");
     assert_eq!(transcript.len(), 1);
@@ -142,6 +168,13 @@ async fn accept_claim_finish_deliver(store: &Store) {
     let due = store.due_deliveries(10, Vec::new()).await.expect("due");
     assert_eq!(due.len(), 1);
     assert!(due[0].body.contains("completed"), "{}", due[0].body);
+    let body: serde_json::Value = serde_json::from_str(&due[0].body).expect("JSON body");
+    assert_eq!(
+        body["usage"],
+        serde_json::json!({"input_tokens": 200, "cached_input_tokens": 120,
+            "output_tokens": 14, "cost_usd": null, "unknown_steps": 1}),
+        "the delivery has what the event's steps spent"
+    );
     assert!(
         store
             .due_deliveries(10, vec!["hooks".into()])
@@ -214,7 +247,7 @@ async fn interrupt_and_settle(store: &Store, turn: &ClaimedTurn, reason: ResumeR
         .settle_interrupted(
             &interrupted[0],
             Settlement::Admit { max_attempts: 1 },
-            render,
+            RENDER,
         )
         .await
         .expect("settle")
@@ -263,7 +296,7 @@ async fn old_interruptions_are_abandoned(store: &Store) {
         .expect("interrupt");
     let interrupted = store.interrupted_sessions().await.expect("interrupted");
     let settled = store
-        .settle_interrupted(&interrupted[0], Settlement::Abandon, render)
+        .settle_interrupted(&interrupted[0], Settlement::Abandon, RENDER)
         .await
         .expect("settle");
     assert!(matches!(settled, Settled::Abandoned), "{settled:?}");
@@ -297,7 +330,7 @@ async fn operator_overrides(store: &Store) {
     assert_eq!(store.operator_resume("nobody").await.expect("resume"), None);
     let turn = claim_one(store).await;
     store
-        .finish_turn(ended(&turn, Terminal::Failed, TurnStatus::Failed), render)
+        .finish_turn(ended(&turn, Terminal::Failed, TurnStatus::Failed), RENDER)
         .await
         .expect("finish");
     store
@@ -345,7 +378,7 @@ async fn crashed(store: &Store, crash: &impl Fn(), cut_off: usize) -> Vec<Interr
 
 async fn settle(store: &Store, session: &InterruptedSession) -> Settled {
     store
-        .settle_interrupted(session, Settlement::Admit { max_attempts: 1 }, render)
+        .settle_interrupted(session, Settlement::Admit { max_attempts: 1 }, RENDER)
         .await
         .expect("settle")
 }

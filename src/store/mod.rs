@@ -30,6 +30,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::config::StoreSettings;
+use crate::usage::{Spent, UsageDay};
 pub(crate) use states::{
     DeliveryState, EventStatus, NodeState, ResumeReason, SessionState, StopReason, Terminal,
     TurnStatus,
@@ -250,6 +251,7 @@ pub(crate) trait Turns: Send + Sync {
         turn_id: &str,
         entries: Vec<(&'static str, String)>,
         steps: u32,
+        spent: Spent,
     ) -> Result<(), StoreError>;
     /// Ends a turn: its row, its event's terminal status, its session's state and its delivery,
     /// whose body `render` makes.
@@ -325,7 +327,10 @@ pub(crate) trait Inspection: Send + Sync {
         after: Option<String>,
         limit: i64,
     ) -> Result<Vec<SessionRow>, StoreError>;
+    /// One session, with what its turns spent.
     async fn session(&self, key: &str) -> Result<Option<SessionRow>, StoreError>;
+    /// What turns started since `since` (unix ms) spent, by route and UTC day.
+    async fn usage_by_day(&self, since: i64) -> Result<Vec<UsageDay>, StoreError>;
     /// `events list`: newest first.
     async fn events(&self, filter: EventFilter) -> Result<Vec<EventRow>, StoreError>;
     /// `events show`.

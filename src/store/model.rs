@@ -5,10 +5,12 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::StoreError;
 use super::states::{
     DeliveryState, EventStatus, NodeState, ResumeReason, SessionState, StopReason, Terminal,
     TurnStatus,
 };
+use crate::usage::{Price, Spent, UsageReport, UsageToday};
 
 /// An event as the listener verified it. The same record is made durable, claimed for a turn,
 /// and read back when a later turn's transcript refers to it.
@@ -50,15 +52,18 @@ pub(crate) struct StatusSummary {
     /// With the PostgreSQL backend: the nodes sharing the database, and their leases.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nodes: Option<Vec<NodeRow>>,
+    /// What model replies spent today (UTC), without cost (the store knows no price).
+    pub usage: UsageToday,
 }
 
 impl StatusSummary {
-    /// The summary out of its counts.
+    /// The summary out of its counts and what today spent.
     pub(crate) fn from_counts(
         by_status: BTreeMap<EventStatus, i64>,
         by_state: BTreeMap<SessionState, i64>,
         deliveries: DeliveryCounts,
         nodes: Option<Vec<NodeRow>>,
+        today: Spent,
     ) -> StatusSummary {
         StatusSummary {
             events: EventCounts {
@@ -71,6 +76,9 @@ impl StatusSummary {
             },
             deliveries,
             nodes,
+            usage: UsageToday {
+                today: UsageReport::of(today, None),
+            },
         }
     }
 }
@@ -250,10 +258,23 @@ pub(crate) struct TurnEnd {
     pub steps: u32,
 }
 
-/// Renders the body of a turn's outbound delivery: `deliver::body::render`, which the callers
+/// Renders the body of a turn's outbound delivery: `deliver::body::renderer`, which the callers
 /// that end turns hand to the store (the wire format belongs to deliver, and the store must not
-/// import it). The store calls it inside the transaction that ends the turn.
-pub(crate) type RenderDelivery = fn(&TurnEnd) -> serde_json::Result<String>;
+/// import it). The store calls it inside the transaction that ends the turn, with what all the
+/// event's turns spent.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RenderDelivery {
+    pub render: fn(&TurnEnd, &UsageReport) -> serde_json::Result<String>,
+    /// The price usage is shown at (`[model] price`).
+    pub price: Option<Price>,
+}
+
+impl RenderDelivery {
+    pub(crate) fn body(&self, end: &TurnEnd, spent: Spent) -> Result<String, StoreError> {
+        let usage = UsageReport::of(spent, self.price.as_ref());
+        (self.render)(end, &usage).map_err(|err| StoreError::Render(err.to_string()))
+    }
+}
 
 /// One transcript row.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -283,6 +304,9 @@ pub(crate) struct SessionRow {
     pub turns: i64,
     pub queued: i64,
     pub updated_at: i64,
+    /// What all its turns spent: only for one session (`sessions show`), not in lists.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<UsageReport>,
 }
 
 /// `events list` filters; `None` matches everything.
@@ -326,6 +350,8 @@ pub(crate) struct EventDetail {
     pub delivery: Option<DeliveryRow>,
     /// The copies `events replay` made of this event, oldest first.
     pub replayed_as: Vec<String>,
+    /// What all its turns spent.
+    pub usage: UsageReport,
 }
 
 /// One turn of an event.

@@ -12,6 +12,7 @@ use super::model::{
     PendingDelivery, SessionRow, TranscriptRow, TurnRow,
 };
 use super::states::ResumeReason;
+use crate::usage::{Spent, Usage, UsageDay, UsageReport};
 
 /// What a column may be read as: the types both drivers convert.
 pub(crate) trait Column:
@@ -124,6 +125,31 @@ impl InterruptedSession {
     }
 }
 
+impl Spent {
+    /// The columns of `sql::USAGE_SUMS`.
+    pub(crate) fn decode<R: StoredRow + ?Sized>(row: &R) -> Result<Spent, StoreError> {
+        Ok(Spent {
+            usage: Usage {
+                input_tokens: row.number("input_tokens")?,
+                cached_input_tokens: row.number("cached_input_tokens")?,
+                output_tokens: row.number("output_tokens")?,
+            },
+            unknown_steps: row.number("unknown_steps")?,
+        })
+    }
+}
+
+impl UsageDay {
+    /// A row of `sql::USAGE_BY_DAY_SQL`.
+    pub(crate) fn decode<R: StoredRow + ?Sized>(row: &R) -> Result<UsageDay, StoreError> {
+        Ok(UsageDay {
+            route: row.column("route")?,
+            day: row.column("day")?,
+            spent: Spent::decode(row)?,
+        })
+    }
+}
+
 impl LiveCounts {
     pub(crate) fn decode<R: StoredRow + ?Sized>(row: &R) -> Result<LiveCounts, StoreError> {
         Ok(LiveCounts {
@@ -156,6 +182,7 @@ impl SessionRow {
             turns: row.column("turns")?,
             queued: row.column("queued")?,
             updated_at: row.column("updated_at")?,
+            usage: None,
         })
     }
 }
@@ -231,6 +258,7 @@ impl super::model::EventDetail {
             turns: Vec::new(),
             delivery: None,
             replayed_as: Vec::new(),
+            usage: UsageReport::default(),
         })
     }
 }

@@ -14,6 +14,7 @@ use super::states::{
     EVENT_RUNNING, EVENT_SUSPENDED, IDLE, PENDING, QUEUED, RESUME_PENDING, SESSION_RUNNING,
     SHUTDOWN_TIMEOUT, SUSPENDED, TURN_INTERRUPTED, TURN_RUNNING,
 };
+use crate::usage::Spent;
 
 // ---- Accepting -------------------------------------------------------------------------------
 
@@ -130,7 +131,49 @@ pub(crate) const APPEND_SQL: &str =
              $2, $3, $4, $5)";
 
 /// `$1` turn id, `$2` steps.
-pub(crate) const TURN_STEPS_SQL: &str = "UPDATE turns SET steps = $2 WHERE id = $1";
+pub(crate) const TURN_STEPS_SQL: &str = "UPDATE turns SET steps = $2,
+         input_tokens = input_tokens + $3, cached_input_tokens = cached_input_tokens + $4,
+         output_tokens = output_tokens + $5, unknown_usage_steps = unknown_usage_steps + $6
+     WHERE id = $1";
+
+/// The `$3`..`$6` values of `TURN_STEPS_SQL`: what the step spent.
+pub(crate) fn step_usage_values(spent: Spent) -> [i64; 4] {
+    let value = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    [
+        value(spent.usage.input_tokens),
+        value(spent.usage.cached_input_tokens),
+        value(spent.usage.output_tokens),
+        value(spent.unknown_steps),
+    ]
+}
+
+/// Sums of the turns' usage columns, as `Spent::decode` reads them (64-bit in both backends).
+const USAGE_SUMS: &str = "CAST(COALESCE(SUM(u.input_tokens), 0) AS BIGINT) AS input_tokens,
+         CAST(COALESCE(SUM(u.cached_input_tokens), 0) AS BIGINT) AS cached_input_tokens,
+         CAST(COALESCE(SUM(u.output_tokens), 0) AS BIGINT) AS output_tokens,
+         CAST(COALESCE(SUM(u.unknown_usage_steps), 0) AS BIGINT) AS unknown_steps";
+
+/// `$1` event id: what all its turns spent (a resumed event has several).
+pub(crate) const EVENT_USAGE_SQL: &str =
+    concatcp!("SELECT ", USAGE_SUMS, " FROM turns u WHERE u.event_id = $1");
+
+/// `$1` session key: what all its turns spent.
+pub(crate) const SESSION_USAGE_SQL: &str = concatcp!(
+    "SELECT ",
+    USAGE_SUMS,
+    " FROM turns u WHERE u.session_key = $1"
+);
+
+/// `$1` the first millisecond counted: what turns started since then spent, by the route of
+/// their event and the UTC day they started (`day`: days since 1970-01-01).
+pub(crate) const USAGE_BY_DAY_SQL: &str = concatcp!(
+    "SELECT e.route AS route, CAST(u.started_at / 86400000 AS BIGINT) AS day, ",
+    USAGE_SUMS,
+    " FROM turns u JOIN events e ON e.id = u.event_id
+     WHERE u.started_at >= $1
+     GROUP BY e.route, CAST(u.started_at / 86400000 AS BIGINT)
+     ORDER BY day, route"
+);
 
 /// `$1` event id: whether any run of it recorded a transcript entry (a run cut off between its
 /// claim and its first commit did not: its resume must start from the event itself).

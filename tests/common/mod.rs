@@ -205,6 +205,13 @@ impl Workspace {
             .expect("run agentgate")
     }
 
+    /// Runs an `agentgate` subcommand that prints JSON, and parses it.
+    pub fn cli_json(&self, args: &[&str]) -> serde_json::Value {
+        let output = self.cli(args);
+        assert!(output.status.success(), "{args:?}: {output:?}");
+        serde_json::from_slice(&output.stdout).expect("the command prints JSON")
+    }
+
     /// `GET /metrics` on the control socket: the exposition's text.
     pub fn metrics(&self) -> String {
         control_request(&self.path().join("control.sock"), "GET", "/metrics").body

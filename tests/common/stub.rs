@@ -72,6 +72,18 @@ impl Reply {
         }
     }
 
+    /// The reply with the `usage` a Chat Completions server reports (`cached` prompt tokens
+    /// served from its cache, as llama.cpp and OpenAI report them).
+    pub fn with_usage(mut self, prompt: u64, cached: u64, completion: u64) -> Reply {
+        if let Ok(mut body) = serde_json::from_str::<serde_json::Value>(&self.body) {
+            body["usage"] = serde_json::json!({"prompt_tokens": prompt,
+                "completion_tokens": completion, "total_tokens": prompt + completion,
+                "prompt_tokens_details": {"cached_tokens": cached}});
+            self.body = body.to_string();
+        }
+        self
+    }
+
     pub fn with_header(mut self, name: &str, value: &str) -> Reply {
         self.headers.push((name.to_string(), value.to_string()));
         self

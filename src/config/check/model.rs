@@ -3,9 +3,10 @@
 use std::time::Duration;
 
 use super::Checker;
-use crate::config::raw::RawModel;
+use crate::config::raw::{RawModel, RawPrice};
 use crate::config::settings::{ModelBackend, ModelSettings};
 use crate::config::units::parse_duration;
+use crate::usage::Price;
 
 /// Keys of a chat request that agentgate sets itself: `[model] params` may not change them.
 const OWN_REQUEST_KEYS: [&str; 5] = ["model", "messages", "tools", "tool_choice", "stream"];
@@ -71,6 +72,42 @@ impl Checker<'_> {
         params
     }
 
+    /// `[model] price`: every rate given, none negative. Cached input is priced as input when
+    /// its rate is not given (servers without a cache discount).
+    pub(in crate::config) fn price(&mut self, raw: RawPrice) -> Option<Price> {
+        let mut rate = |key: &str, value: Option<f64>| -> Option<f64> {
+            let path = format!("model.price.{key}");
+            match value {
+                None => None,
+                Some(value) if value.is_finite() && value >= 0.0 => Some(value),
+                Some(value) => {
+                    self.error(
+                        &path,
+                        format!("{value} must be a number of dollars, zero or more"),
+                    );
+                    None
+                }
+            }
+        };
+        let input = rate("input_per_mtok", raw.input_per_mtok);
+        let cached = rate("cached_input_per_mtok", raw.cached_input_per_mtok);
+        let output = rate("output_per_mtok", raw.output_per_mtok);
+        let (Some(input_per_mtok), Some(output_per_mtok)) = (input, output) else {
+            if raw.input_per_mtok.is_none() || raw.output_per_mtok.is_none() {
+                self.error(
+                    "model.price",
+                    "a price needs input_per_mtok and output_per_mtok (US dollars per million tokens)",
+                );
+            }
+            return None;
+        };
+        Some(Price {
+            input_per_mtok,
+            cached_input_per_mtok: cached.unwrap_or(input_per_mtok),
+            output_per_mtok,
+        })
+    }
+
     pub(super) fn model(&mut self, raw: RawModel) -> Option<ModelSettings> {
         let backend_name = raw.backend.as_deref().unwrap_or("replay");
         let api_key = raw
@@ -134,6 +171,7 @@ impl Checker<'_> {
             }),
             params: self.model_params(raw.params),
             tool_calls_in_content: raw.tool_calls_in_content.unwrap_or(false),
+            price: raw.price.and_then(|price| self.price(price)),
             // Zero is allowed: the turn fails as soon as the retries are spent.
             outage_wait: self.value(
                 "model.outage_wait",

@@ -13,11 +13,13 @@ use crate::store::row::StoredRow;
 use crate::store::row::counted;
 use crate::store::sql::{
     DELIVERIES_SQL, DELIVERY_COUNTS_SQL, EVENT_DELIVERY_SQL, EVENT_REPLAYS_SQL, EVENT_SQL,
-    EVENT_TURNS_SQL, EVENTS_BY_STATUS_SQL, EVENTS_SQL, LIVE_COUNTS_SQL, ONE_SESSION_SQL,
-    SESSIONS_BY_STATE_SQL, SESSIONS_PAGE_SQL, SESSIONS_SQL,
+    EVENT_TURNS_SQL, EVENT_USAGE_SQL, EVENTS_BY_STATUS_SQL, EVENTS_SQL, LIVE_COUNTS_SQL,
+    ONE_SESSION_SQL, SESSION_USAGE_SQL, SESSIONS_BY_STATE_SQL, SESSIONS_PAGE_SQL, SESSIONS_SQL,
+    USAGE_BY_DAY_SQL,
 };
 use crate::store::states::{DeliveryState, EventStatus};
-use crate::store::{Inspection, StoreError};
+use crate::store::{Inspection, StoreError, now_millis};
+use crate::usage::{Spent, UsageDay, UsageReport, day_start};
 
 #[async_trait::async_trait]
 impl Inspection for PostgresStore {
@@ -43,11 +45,18 @@ impl Inspection for PostgresStore {
                 .collect::<Result<BTreeMap<_, _>, _>>()?;
             let deliveries = DeliveryCounts::decode(&client.row(DELIVERY_COUNTS_SQL, &[]).await?)?;
             let nodes = self.nodes(&client).await?;
+            let today = client
+                .rows(USAGE_BY_DAY_SQL, &[&day_start(now_millis())])
+                .await?
+                .iter()
+                .map(UsageDay::decode)
+                .collect::<Result<Vec<_>, _>>()?;
             Ok(StatusSummary::from_counts(
                 by_status,
                 by_state,
                 deliveries,
                 Some(nodes),
+                UsageDay::total(&today),
             ))
         })
         .await
@@ -67,7 +76,21 @@ impl Inspection for PostgresStore {
     }
 
     async fn session(&self, key: &str) -> Result<Option<SessionRow>, StoreError> {
-        self.fetch_optional(ONE_SESSION_SQL, &[&key], SessionRow::decode)
+        let Some(mut session) = self
+            .fetch_optional(ONE_SESSION_SQL, &[&key], SessionRow::decode)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let spent = self
+            .fetch_one(SESSION_USAGE_SQL, &[&key], Spent::decode)
+            .await?;
+        session.usage = Some(UsageReport::of(spent, None));
+        Ok(Some(session))
+    }
+
+    async fn usage_by_day(&self, since: i64) -> Result<Vec<UsageDay>, StoreError> {
+        self.fetch(USAGE_BY_DAY_SQL, &[&since], UsageDay::decode)
             .await
     }
 
@@ -101,6 +124,10 @@ impl Inspection for PostgresStore {
         detail.replayed_as = self
             .fetch(EVENT_REPLAYS_SQL, &[&id], |row| row.column("id"))
             .await?;
+        let spent = self
+            .fetch_one(EVENT_USAGE_SQL, &[&id], Spent::decode)
+            .await?;
+        detail.usage = UsageReport::of(spent, None);
         Ok(Some(detail))
     }
 

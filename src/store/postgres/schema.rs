@@ -160,6 +160,12 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE events ADD COLUMN run_alone BOOLEAN NOT NULL DEFAULT false;
     CREATE INDEX events_to_run_alone ON events (seq) WHERE status = 'queued' AND run_alone;
     CREATE INDEX events_by_replay_of ON events (replay_of) WHERE replay_of IS NOT NULL;",
+    // 7: what model replies spent, as in the SQLite schema.
+    "ALTER TABLE turns ADD COLUMN input_tokens BIGINT NOT NULL DEFAULT 0;
+    ALTER TABLE turns ADD COLUMN cached_input_tokens BIGINT NOT NULL DEFAULT 0;
+    ALTER TABLE turns ADD COLUMN output_tokens BIGINT NOT NULL DEFAULT 0;
+    ALTER TABLE turns ADD COLUMN unknown_usage_steps BIGINT NOT NULL DEFAULT 0;
+    CREATE INDEX turns_by_start ON turns (started_at);",
 ];
 
 impl PostgresStore {

@@ -10,15 +10,16 @@ use crate::store::model::{
 };
 use crate::store::row::StoredRow;
 use crate::store::sql::{
-    APPEND_SQL, CLAIM_COLUMNS, END_SESSION_SET, EVENT_HAS_TRANSCRIPT_SQL, FINISH_EVENT_SQL,
-    FINISH_TURN_SQL, INTERRUPT_TURN_SQL, START_EVENT_SQL, SUSPENDED_EVENT_WAITS_SQL,
-    TRANSCRIPT_SQL, TURN_STEPS_SQL,
+    APPEND_SQL, CLAIM_COLUMNS, END_SESSION_SET, EVENT_HAS_TRANSCRIPT_SQL, EVENT_USAGE_SQL,
+    FINISH_EVENT_SQL, FINISH_TURN_SQL, INTERRUPT_TURN_SQL, START_EVENT_SQL,
+    SUSPENDED_EVENT_WAITS_SQL, TRANSCRIPT_SQL, TURN_STEPS_SQL, step_usage_values,
 };
 use crate::store::states::{
     IDLE, PENDING, QUEUED, RESUME_PENDING, ResumeReason, SESSION_RUNNING, SUSPENDED, StopReason,
     TURN_RUNNING,
 };
 use crate::store::{StoreError, Turns, now_millis};
+use crate::usage::Spent;
 
 /// `$1` limit: the idle sessions with queued events, oldest head first (one partial index;
 /// sessions that cannot run are never read); sessions another node is claiming right now are
@@ -155,7 +156,8 @@ pub(super) async fn finish_rows(
         ],
     )
     .await?;
-    let body = render(end).map_err(|err| StoreError::Render(err.to_string()))?;
+    let spent = Spent::decode(&tx.row(EVENT_USAGE_SQL, &[&end.event_id]).await?)?;
+    let body = render.body(end, spent)?;
     tx.run(
         QUEUE_DELIVERY_SQL,
         &[&end.event_id, &end.route, &end.session_key, &body, &now],
@@ -241,7 +243,9 @@ impl Turns for PostgresStore {
         turn_id: &str,
         entries: Vec<(&'static str, String)>,
         steps: u32,
+        spent: Spent,
     ) -> Result<(), StoreError> {
+        let [input, cached, output, unknown] = step_usage_values(spent);
         bounded(async {
             let mut client = self.client().await?;
             let tx = client.transaction().await?;
@@ -251,8 +255,18 @@ impl Turns for PostgresStore {
                 tx.run(APPEND_SQL, &[&session_key, &turn_id, kind, body, &now])
                     .await?;
             }
-            tx.run(TURN_STEPS_SQL, &[&turn_id, &i64::from(steps)])
-                .await?;
+            tx.run(
+                TURN_STEPS_SQL,
+                &[
+                    &turn_id,
+                    &i64::from(steps),
+                    &input,
+                    &cached,
+                    &output,
+                    &unknown,
+                ],
+            )
+            .await?;
             tx.commit().await?;
             Ok(())
         })

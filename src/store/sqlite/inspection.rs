@@ -13,11 +13,13 @@ use crate::store::model::{
 use crate::store::row::counted;
 use crate::store::sql::{
     DELIVERIES_SQL, DELIVERY_COUNTS_SQL, EVENT_DELIVERY_SQL, EVENT_REPLAYS_SQL, EVENT_SQL,
-    EVENT_TURNS_SQL, EVENTS_BY_STATUS_SQL, EVENTS_SQL, LIVE_COUNTS_SQL, ONE_SESSION_SQL,
-    SESSIONS_BY_STATE_SQL, SESSIONS_PAGE_SQL, SESSIONS_SQL,
+    EVENT_TURNS_SQL, EVENT_USAGE_SQL, EVENTS_BY_STATUS_SQL, EVENTS_SQL, LIVE_COUNTS_SQL,
+    ONE_SESSION_SQL, SESSION_USAGE_SQL, SESSIONS_BY_STATE_SQL, SESSIONS_PAGE_SQL, SESSIONS_SQL,
+    USAGE_BY_DAY_SQL,
 };
 use crate::store::states::{DeliveryState, EventStatus};
-use crate::store::{Inspection, StoreError};
+use crate::store::{Inspection, StoreError, now_millis};
+use crate::usage::{Spent, UsageDay, UsageReport, day_start};
 
 fn summary_in(connection: &Connection) -> Result<StatusSummary, StoreError> {
     let by_status: BTreeMap<_, _> =
@@ -31,9 +33,20 @@ fn summary_in(connection: &Connection) -> Result<StatusSummary, StoreError> {
     let deliveries = query_one(connection, DELIVERY_COUNTS_SQL, &[], |row| {
         DeliveryCounts::decode(row)
     })?;
+    let today = usage_in(connection, day_start(now_millis()))?;
     Ok(StatusSummary::from_counts(
-        by_status, by_state, deliveries, None,
+        by_status,
+        by_state,
+        deliveries,
+        None,
+        UsageDay::total(&today),
     ))
+}
+
+fn usage_in(connection: &Connection, since: i64) -> Result<Vec<UsageDay>, StoreError> {
+    query(connection, USAGE_BY_DAY_SQL, &[&since], |row| {
+        UsageDay::decode(row)
+    })
 }
 
 fn event_in(connection: &Connection, id: &str) -> Result<Option<EventDetail>, StoreError> {
@@ -52,6 +65,10 @@ fn event_in(connection: &Connection, id: &str) -> Result<Option<EventDetail>, St
     detail.replayed_as = query(connection, EVENT_REPLAYS_SQL, &[&id], |row| {
         value(row, "id")
     })?;
+    let spent = query_one(connection, EVENT_USAGE_SQL, &[&id], |row| {
+        Spent::decode(row)
+    })?;
+    detail.usage = UsageReport::of(spent, None);
     Ok(Some(detail))
 }
 
@@ -91,11 +108,24 @@ impl Inspection for SqliteStore {
     async fn session(&self, key: &str) -> Result<Option<SessionRow>, StoreError> {
         let key = key.to_string();
         self.read(move |connection| {
-            query_optional(connection, ONE_SESSION_SQL, &[&key], |row| {
+            let Some(mut session) = query_optional(connection, ONE_SESSION_SQL, &[&key], |row| {
                 SessionRow::decode(row)
-            })
+            })?
+            else {
+                return Ok(None);
+            };
+            let spent = query_one(connection, SESSION_USAGE_SQL, &[&key], |row| {
+                Spent::decode(row)
+            })?;
+            session.usage = Some(UsageReport::of(spent, None));
+            Ok(Some(session))
         })
         .await
+    }
+
+    async fn usage_by_day(&self, since: i64) -> Result<Vec<UsageDay>, StoreError> {
+        self.read(move |connection| usage_in(connection, since))
+            .await
     }
 
     async fn events(&self, filter: EventFilter) -> Result<Vec<EventRow>, StoreError> {

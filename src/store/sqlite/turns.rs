@@ -9,15 +9,16 @@ use crate::store::model::{
     Claim, ClaimedTurn, EVENT_ENTRY, RenderDelivery, TranscriptRow, TurnEnd,
 };
 use crate::store::sql::{
-    APPEND_SQL, CLAIM_COLUMNS, END_SESSION_SET, EVENT_HAS_TRANSCRIPT_SQL, FINISH_EVENT_SQL,
-    FINISH_TURN_SQL, INTERRUPT_TURN_SQL, START_EVENT_SQL, SUSPENDED_EVENT_WAITS_SQL,
-    TRANSCRIPT_SQL, TURN_STEPS_SQL,
+    APPEND_SQL, CLAIM_COLUMNS, END_SESSION_SET, EVENT_HAS_TRANSCRIPT_SQL, EVENT_USAGE_SQL,
+    FINISH_EVENT_SQL, FINISH_TURN_SQL, INTERRUPT_TURN_SQL, START_EVENT_SQL,
+    SUSPENDED_EVENT_WAITS_SQL, TRANSCRIPT_SQL, TURN_STEPS_SQL, step_usage_values,
 };
 use crate::store::states::{
     IDLE, PENDING, QUEUED, RESUME_PENDING, ResumeReason, SESSION_RUNNING, SUSPENDED, StopReason,
     TURN_RUNNING,
 };
 use crate::store::{StoreError, Turns, now_millis};
+use crate::usage::Spent;
 
 /// Candidates for the next turns: the oldest queued event of each idle session, oldest first,
 /// unless it must run alone. Read on a reader connection, so a long backlog costs the writer
@@ -201,7 +202,10 @@ pub(super) fn finish_in(
             &now,
         ],
     )?;
-    let body = render(end).map_err(|err| StoreError::Render(err.to_string()))?;
+    let spent = query_one(connection, EVENT_USAGE_SQL, &[&end.event_id], |row| {
+        Spent::decode(row)
+    })?;
+    let body = render.body(end, spent)?;
     execute(
         connection,
         QUEUE_DELIVERY_SQL,
@@ -216,6 +220,7 @@ fn append_in(
     turn_id: &str,
     entries: &[(&'static str, String)],
     steps: u32,
+    spent: Spent,
 ) -> Result<(), StoreError> {
     let now = now_millis();
     for (kind, body) in entries {
@@ -225,7 +230,12 @@ fn append_in(
             &[&session_key, &turn_id, kind, body, &now],
         )?;
     }
-    execute(connection, TURN_STEPS_SQL, &[&turn_id, &steps])?;
+    let [input, cached, output, unknown] = step_usage_values(spent);
+    execute(
+        connection,
+        TURN_STEPS_SQL,
+        &[&turn_id, &steps, &input, &cached, &output, &unknown],
+    )?;
     Ok(())
 }
 
@@ -282,10 +292,13 @@ impl Turns for SqliteStore {
         turn_id: &str,
         entries: Vec<(&'static str, String)>,
         steps: u32,
+        spent: Spent,
     ) -> Result<(), StoreError> {
         let (session_key, turn_id) = (session_key.to_string(), turn_id.to_string());
-        self.write(move |connection| append_in(connection, &session_key, &turn_id, &entries, steps))
-            .await
+        self.write(move |connection| {
+            append_in(connection, &session_key, &turn_id, &entries, steps, spent)
+        })
+        .await
     }
 
     async fn finish_turn(&self, end: TurnEnd, render: RenderDelivery) -> Result<(), StoreError> {

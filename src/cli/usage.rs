@@ -1,0 +1,77 @@
+//! `usage`: what model replies spent, by route and UTC day (`ingress::api::UsageDocument`, the
+//! same document the control socket's `/v1/usage` answers).
+
+use std::time::Duration;
+
+use crate::config::ConfigSource;
+use crate::exit::Failure;
+use crate::ingress::api::UsageDocument;
+use crate::output::outln;
+use crate::store::now_millis;
+use crate::usage::{day_start, default_usage_since};
+
+use super::control::{self, DaemonClient};
+use super::state::StateAccess;
+
+pub(super) fn usage(
+    source: &ConfigSource,
+    route: Option<String>,
+    since: Option<Duration>,
+    json: bool,
+) -> Result<(), Failure> {
+    let now = now_millis();
+    let since = match since {
+        Some(back) => day_start(now - i64::try_from(back.as_millis()).unwrap_or(i64::MAX / 2)),
+        None => default_usage_since(now),
+    };
+    let daemon = DaemonClient::new(source)?;
+    let document = if daemon.state_unreadable() {
+        // A member of the daemon's group: the running daemon answers for the state.
+        let mut path = format!("/v1/usage?since={since}");
+        if let Some(route) = &route {
+            path.push_str(&format!("&route={}", control::path_segment(route)));
+        }
+        match daemon.request(http::Method::GET, &path)? {
+            Some(answer) if answer.status.is_success() => answer.document::<UsageDocument>()?,
+            Some(answer) => return Err(Failure::unavailable(answer.message())),
+            None => return Err(control::no_daemon_for_unreadable_state()),
+        }
+    } else {
+        let state = StateAccess::open(source)?;
+        let days = state
+            .query(async |store| store.usage_by_day(since).await)?
+            .unwrap_or_default();
+        UsageDocument::of(days, since, route.as_deref(), state.price.as_ref())
+    };
+    if json {
+        outln!("{:#}", serde_json::json!(document));
+        return Ok(());
+    }
+    outln!(
+        "{:<10}  {:<16}  {:>12}  {:>12}  {:>10}  {:>10}",
+        "DAY",
+        "ROUTE",
+        "INPUT",
+        "CACHED",
+        "OUTPUT",
+        "COST USD"
+    );
+    for row in &document.days {
+        let usage = &row.usage;
+        outln!(
+            "{:<10}  {:<16}  {:>12}  {:>12}  {:>10}  {:>10}",
+            row.day,
+            row.route,
+            usage.input_tokens,
+            usage.cached_input_tokens,
+            usage.output_tokens,
+            cost(usage.cost_usd)
+        );
+    }
+    outln!("since {}: {}", document.since, document.total);
+    Ok(())
+}
+
+fn cost(cost_usd: Option<f64>) -> String {
+    cost_usd.map_or_else(|| "-".to_string(), |cost| format!("{cost:.4}"))
+}

@@ -1,0 +1,231 @@
+//! What model replies cost: tokens as the model server reports them with each reply
+//! (`usage`), and dollars at the configured `[model] price`.
+//!
+//! A reply's tokens are committed with its step, summed on its turn; every figure shown (an
+//! event's, a session's, a day's, a delivery's) is a sum of turns, and its cost is computed
+//! when shown, from the price in effect. A reply without `usage` is counted as a step of unknown
+//! usage, never as zero tokens.
+
+use serde::{Deserialize, Serialize};
+
+/// Tokens of one reply, or a sum of them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Usage {
+    /// Every prompt token, cached ones included (as `prompt_tokens` counts them).
+    pub input_tokens: u64,
+    /// The part of `input_tokens` the server served from its prompt cache.
+    pub cached_input_tokens: u64,
+    pub output_tokens: u64,
+}
+
+impl Usage {
+    /// The `usage` of a Chat Completions reply (`prompt_tokens`, `completion_tokens`,
+    /// `prompt_tokens_details.cached_tokens`), if it has one.
+    pub(crate) fn of_reply(reply: &serde_json::Value) -> Option<Usage> {
+        let usage = reply.get("usage")?;
+        let count = |pointer: &str| usage.pointer(pointer).and_then(serde_json::Value::as_u64);
+        Some(Usage {
+            input_tokens: count("/prompt_tokens")?,
+            cached_input_tokens: count("/prompt_tokens_details/cached_tokens").unwrap_or(0),
+            output_tokens: count("/completion_tokens").unwrap_or(0),
+        })
+    }
+
+    pub(crate) fn add(&mut self, other: Usage) {
+        self.input_tokens += other.input_tokens;
+        self.cached_input_tokens += other.cached_input_tokens;
+        self.output_tokens += other.output_tokens;
+    }
+
+    /// Its cost in US dollars at `price`.
+    pub(crate) fn cost(&self, price: &Price) -> f64 {
+        let uncached = self.input_tokens.saturating_sub(self.cached_input_tokens);
+        let million = 1_000_000.0;
+        (uncached as f64 * price.input_per_mtok
+            + self.cached_input_tokens as f64 * price.cached_input_per_mtok
+            + self.output_tokens as f64 * price.output_per_mtok)
+            / million
+    }
+}
+
+/// What replies spent: their reported tokens, and how many reported none. One reply's, one
+/// committed step's (nothing for a step that records no reply), or a sum of turns.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Spent {
+    pub usage: Usage,
+    pub unknown_steps: u64,
+}
+
+impl Spent {
+    /// What a reply spent, as its server reported it (`None`: not reported).
+    pub(crate) fn of_reply(reported: Option<Usage>) -> Spent {
+        match reported {
+            Some(usage) => Spent {
+                usage,
+                unknown_steps: 0,
+            },
+            None => Spent {
+                usage: Usage::default(),
+                unknown_steps: 1,
+            },
+        }
+    }
+
+    pub(crate) fn add(&mut self, other: Spent) {
+        self.usage.add(other.usage);
+        self.unknown_steps += other.unknown_steps;
+    }
+}
+
+/// `[model] price`: US dollars per million tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Price {
+    pub input_per_mtok: f64,
+    pub cached_input_per_mtok: f64,
+    pub output_per_mtok: f64,
+}
+
+/// Usage as it is shown: events, sessions, `status`, deliveries and `agentgate usage`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct UsageReport {
+    pub input_tokens: u64,
+    pub cached_input_tokens: u64,
+    pub output_tokens: u64,
+    /// `null` without a `[model] price`.
+    pub cost_usd: Option<f64>,
+    /// Replies that reported no usage: their tokens are not in the figures above.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unknown_steps: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+impl UsageReport {
+    pub(crate) fn of(spent: Spent, price: Option<&Price>) -> UsageReport {
+        let Spent {
+            usage,
+            unknown_steps,
+        } = spent;
+        UsageReport {
+            input_tokens: usage.input_tokens,
+            cached_input_tokens: usage.cached_input_tokens,
+            output_tokens: usage.output_tokens,
+            cost_usd: price.map(|price| usage.cost(price)),
+            unknown_steps,
+        }
+    }
+}
+
+impl UsageReport {
+    /// The same figures with their cost at `price` (`None`: no price, no cost).
+    pub(crate) fn priced(self, price: Option<&Price>) -> UsageReport {
+        let usage = Usage {
+            input_tokens: self.input_tokens,
+            cached_input_tokens: self.cached_input_tokens,
+            output_tokens: self.output_tokens,
+        };
+        UsageReport {
+            cost_usd: price.map(|price| usage.cost(price)),
+            ..self
+        }
+    }
+}
+
+/// "1200 input (1000 cached), 80 output, $0.0012": the figures in one line for terminals.
+impl std::fmt::Display for UsageReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} input ({} cached), {} output",
+            self.input_tokens, self.cached_input_tokens, self.output_tokens
+        )?;
+        if let Some(cost) = self.cost_usd {
+            write!(f, ", ${cost:.4}")?;
+        }
+        if self.unknown_steps > 0 {
+            write!(f, ", {} replies without usage", self.unknown_steps)?;
+        }
+        Ok(())
+    }
+}
+
+/// `status`'s usage: what today (UTC) spent so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct UsageToday {
+    pub today: UsageReport,
+}
+
+/// What the turns of one route that started on one UTC day spent.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct UsageDay {
+    pub route: String,
+    /// Days since 1970-01-01 (UTC).
+    pub day: i64,
+    pub spent: Spent,
+}
+
+impl UsageDay {
+    /// What all of `days` spent.
+    pub(crate) fn total(days: &[UsageDay]) -> Spent {
+        let mut total = Spent::default();
+        for day in days {
+            total.add(day.spent);
+        }
+        total
+    }
+}
+
+/// Milliseconds in a day: UTC days are counted in whole multiples of it since the epoch.
+pub(crate) const DAY_MS: i64 = 86_400_000;
+
+/// What `agentgate usage` counts from by default: the last 7 UTC days, today included.
+pub(crate) fn default_usage_since(now_ms: i64) -> i64 {
+    day_start(now_ms) - 6 * DAY_MS
+}
+
+/// The first millisecond of the UTC day of `now_ms`.
+pub(crate) fn day_start(now_ms: i64) -> i64 {
+    now_ms.div_euclid(DAY_MS) * DAY_MS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_reply_s_usage_is_read_and_a_missing_one_is_none() {
+        let reply = json!({"usage": {"prompt_tokens": 1200, "completion_tokens": 80,
+            "prompt_tokens_details": {"cached_tokens": 1000}}});
+        assert_eq!(
+            Usage::of_reply(&reply),
+            Some(Usage {
+                input_tokens: 1200,
+                cached_input_tokens: 1000,
+                output_tokens: 80
+            })
+        );
+        assert_eq!(Usage::of_reply(&json!({"choices": []})), None);
+    }
+
+    #[test]
+    fn cached_input_is_priced_at_its_own_rate() {
+        let usage = Usage {
+            input_tokens: 1_000_000,
+            cached_input_tokens: 400_000,
+            output_tokens: 100_000,
+        };
+        let price = Price {
+            input_per_mtok: 0.15,
+            cached_input_per_mtok: 0.075,
+            output_per_mtok: 0.60,
+        };
+        let cost = usage.cost(&price);
+        assert!(
+            (cost - (0.6 * 0.15 + 0.4 * 0.075 + 0.1 * 0.60)).abs() < 1e-9,
+            "{cost}"
+        );
+    }
+}
