@@ -58,6 +58,12 @@ struct RouteKind {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteBudget {
+    route: String,
+    budget: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RouteLabel {
     route: String,
 }
@@ -105,6 +111,8 @@ struct Metrics {
     model_tokens: Family<RouteKind, Counter>,
     model_cost: Family<RouteLabel, Counter<f64, AtomicU64>>,
     replies_without_usage: Family<RouteLabel, Counter>,
+    budget_warnings: Family<RouteBudget, Counter>,
+    budget_exceeded: Family<RouteBudget, Counter>,
     tool_calls: Family<ToolResult, Counter>,
     deliveries: Family<ResultLabel, Counter>,
     resumes: Family<ReasonLabel, Counter>,
@@ -252,6 +260,18 @@ impl Metrics {
             "Model replies that reported no usage (their tokens are unknown), by route",
             replies_without_usage.clone(),
         );
+        let budget_warnings = Family::default();
+        registry.register(
+            "budget_warnings",
+            "Budgets that passed warn_at, once per budget and window, by route and budget",
+            budget_warnings.clone(),
+        );
+        let budget_exceeded = Family::default();
+        registry.register(
+            "budget_exceeded",
+            "Turns ended because a budget was used up, by route and budget",
+            budget_exceeded.clone(),
+        );
         let tool_calls = Family::default();
         registry.register(
             "tool_calls",
@@ -346,6 +366,8 @@ impl Metrics {
             model_tokens,
             model_cost,
             replies_without_usage,
+            budget_warnings,
+            budget_exceeded,
             tool_calls,
             deliveries,
             resumes,
@@ -464,6 +486,29 @@ pub(crate) fn model_usage(route: &str, step: Spent, price: Option<&Price>) {
             .model_cost
             .get_or_create(&route)
             .inc_by(usage.cost(price));
+    }
+}
+
+/// `budget` (its config key) of a turn of `route` passed its `warn_at` share.
+pub(crate) fn budget_warning(route: &str, budget: &str) {
+    METRICS
+        .budget_warnings
+        .get_or_create(&route_budget(route, budget))
+        .inc();
+}
+
+/// A turn of `route` ended because `budget` was used up.
+pub(crate) fn budget_exceeded(route: &str, budget: &str) {
+    METRICS
+        .budget_exceeded
+        .get_or_create(&route_budget(route, budget))
+        .inc();
+}
+
+fn route_budget(route: &str, budget: &str) -> RouteBudget {
+    RouteBudget {
+        route: route.to_string(),
+        budget: budget.to_string(),
     }
 }
 

@@ -48,25 +48,36 @@ impl Usage {
     }
 }
 
-/// What replies spent: their reported tokens, and how many reported none. One reply's, one
-/// committed step's (nothing for a step that records no reply), or a sum of turns.
+/// What replies spent: their reported tokens, how many reported none, and an estimate of the
+/// tokens of those. One reply's, one committed step's (nothing for a step that records no
+/// reply), or a sum of turns.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Spent {
     pub usage: Usage,
     pub unknown_steps: u64,
+    /// Tokens estimated for the replies without usage, at [`BYTES_PER_TOKEN`]: what token
+    /// budgets count for them (docs/reference.md, "Budgets").
+    pub estimated_tokens: u64,
 }
 
+/// The estimate of a reply without usage: its request's and its reply's bytes, this many to a
+/// token (about what tokenizers make of English text and JSON).
+pub(crate) const BYTES_PER_TOKEN: u64 = 4;
+
 impl Spent {
-    /// What a reply spent, as its server reported it (`None`: not reported).
-    pub(crate) fn of_reply(reported: Option<Usage>) -> Spent {
+    /// What a reply spent, as its server reported it; `None`: not reported, estimated from the
+    /// bytes of the request and the reply.
+    pub(crate) fn of_reply(reported: Option<Usage>, request_and_reply_bytes: u64) -> Spent {
         match reported {
             Some(usage) => Spent {
                 usage,
                 unknown_steps: 0,
+                estimated_tokens: 0,
             },
             None => Spent {
                 usage: Usage::default(),
                 unknown_steps: 1,
+                estimated_tokens: request_and_reply_bytes.div_ceil(BYTES_PER_TOKEN),
             },
         }
     }
@@ -74,6 +85,17 @@ impl Spent {
     pub(crate) fn add(&mut self, other: Spent) {
         self.usage.add(other.usage);
         self.unknown_steps += other.unknown_steps;
+        self.estimated_tokens += other.estimated_tokens;
+    }
+
+    /// Input and output tokens, estimated ones included: what token budgets count.
+    pub(crate) fn budget_tokens(&self) -> u64 {
+        self.usage.input_tokens + self.usage.output_tokens + self.estimated_tokens
+    }
+
+    /// The cost at `price`, estimated tokens at the input rate: what dollar budgets count.
+    pub(crate) fn budget_usd(&self, price: &Price) -> f64 {
+        self.usage.cost(price) + self.estimated_tokens as f64 * price.input_per_mtok / 1_000_000.0
     }
 }
 
@@ -104,9 +126,11 @@ fn is_zero(n: &u64) -> bool {
 
 impl UsageReport {
     pub(crate) fn of(spent: Spent, price: Option<&Price>) -> UsageReport {
+        // The estimate of replies without usage is for budgets; figures show reported tokens.
         let Spent {
             usage,
             unknown_steps,
+            estimated_tokens: _,
         } = spent;
         UsageReport {
             input_tokens: usage.input_tokens,
@@ -174,6 +198,33 @@ impl UsageDay {
             total.add(day.spent);
         }
         total
+    }
+}
+
+/// What a turn's budgets count: what every run of its event, its session, today (UTC) on all
+/// routes and today on its route spent.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Spending {
+    pub turn: Spent,
+    pub session: Spent,
+    pub day: Spent,
+    pub route_day: Spent,
+}
+
+impl Spending {
+    /// Out of what the event and the session spent and the day's rows by route.
+    pub(crate) fn of(event: Spent, session: Spent, days: &[UsageDay], route: &str) -> Spending {
+        let route_days: Vec<UsageDay> = days
+            .iter()
+            .filter(|day| day.route == route)
+            .cloned()
+            .collect();
+        Spending {
+            turn: event,
+            session,
+            day: UsageDay::total(days),
+            route_day: UsageDay::total(&route_days),
+        }
     }
 }
 

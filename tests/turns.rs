@@ -613,6 +613,70 @@ fn what_replies_spend_is_recorded_and_shown_everywhere() {
     );
 }
 
+/// Budgets are checked before every model request: a turn past one ends `failed` with "budget
+/// exceeded", delivered with what it spent; a day's spending is durable, so a restart does not
+/// reset it; warnings and stops are counted.
+#[test]
+fn a_turn_past_its_budget_ends_failed_and_a_restart_does_not_reset_the_day() {
+    let model = Stub::start(|_, _| {
+        Reply::tool_call("c", "echo", json!({"text": "again"})).with_usage(1000, 0, 20)
+    });
+    let budgets =
+        "budget = { daily_tokens = 2500 }\n\n[budgets]\nturn_tokens = 1500\nwarn_at = 0.5\n";
+    let receiver = receiver();
+    let text = config(&model, &receiver, budgets, "");
+    let (setup, daemon) = start_with_config(model, receiver, &text);
+    let first = post(&daemon, "budget-a");
+    assert_eq!(setup.workspace.wait_terminal(&first, TURN_LIMIT), "failed");
+    let body = wait_delivery(&setup.receiver, &first).json();
+    let error = body["error"].as_str().unwrap_or("");
+    assert!(
+        error.starts_with("budget exceeded: budgets.turn_tokens: 2040 of 1500 tokens"),
+        "{body}"
+    );
+    assert_eq!(body["usage"]["input_tokens"], 2000, "{body}");
+    assert_eq!(
+        setup.model.requests().len(),
+        2,
+        "no request after the budget is used up"
+    );
+    let metrics = setup.workspace.metrics();
+    for line in [
+        r#"agentgate_budget_exceeded_total{route="alerts",budget="budgets.turn_tokens"} 1"#,
+        r#"agentgate_budget_warnings_total{route="alerts",budget="budgets.turn_tokens"} 1"#,
+    ] {
+        assert!(metrics.contains(line), "{line} in {metrics}");
+    }
+
+    drop(daemon);
+    let daemon = setup
+        .workspace
+        .start_with_env(&[("TEST_MODEL_KEY", "sk-test-123")]);
+    let second = post(&daemon, "budget-b");
+    assert_eq!(setup.workspace.wait_terminal(&second, TURN_LIMIT), "failed");
+    let body = wait_delivery(&setup.receiver, &second).json();
+    let error = body["error"].as_str().unwrap_or("");
+    assert!(
+        error.starts_with("budget exceeded: routes.alerts.budget.daily_tokens: 3060 of 2500"),
+        "the day's spending survived the restart: {body}"
+    );
+    assert_eq!(setup.model.requests().len(), 3);
+}
+
+/// A budget in dollars cannot be enforced without a price: check-config says so.
+#[test]
+fn check_config_refuses_a_dollar_budget_without_a_price() {
+    let workspace = Workspace::new();
+    workspace.write_config(
+        "[model]\nbackend = \"replay\"\n\n[budgets]\ndaily_usd = 5.0\nwarn_at = 1.5\n",
+    );
+    let checked = workspace.cli(&["check-config"]);
+    let said = String::from_utf8_lossy(&checked.stdout);
+    assert_eq!(checked.status.code(), Some(78), "{checked:?}");
+    assert!(said.contains("needs [model] price"), "{said}");
+    assert!(said.contains("budgets.warn_at"), "{said}");
+}
+
 /// agentgate's own request keys cannot be overridden, and well-known parameters are typed.
 #[test]
 fn check_config_refuses_params_that_would_override_the_request() {

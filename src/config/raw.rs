@@ -26,6 +26,20 @@ pub(super) struct RawConfig {
     pub(super) mcp: BTreeMap<String, RawMcp>,
     #[serde(default)]
     pub(super) routes: BTreeMap<String, RawRoute>,
+    pub(super) budgets: Option<RawBudgets>,
+}
+
+/// `[budgets]`, or a route's `budget`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawBudgets {
+    pub(super) turn_tokens: Option<i64>,
+    pub(super) turn_usd: Option<f64>,
+    pub(super) session_tokens: Option<i64>,
+    pub(super) session_usd: Option<f64>,
+    pub(super) daily_tokens: Option<i64>,
+    pub(super) daily_usd: Option<f64>,
+    pub(super) warn_at: Option<f64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -167,6 +181,7 @@ pub(super) struct RawRoute {
     pub(super) history: Option<RawHistory>,
     #[serde(default)]
     pub(super) hidden_headers: Vec<String>,
+    pub(super) budget: Option<RawBudgets>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -27,6 +27,31 @@ pub(crate) struct Config {
     pub routes: Vec<RouteSettings>,
     /// What no sandboxed process may see.
     pub hidden: HiddenPaths,
+    /// `[budgets]`: caps on what model replies spend, for every route (`daily_*`: all routes
+    /// together).
+    pub budgets: BudgetLimits,
+}
+
+/// `[budgets]` or a route's `budget` (docs/reference.md, "Budgets"). In a route's, `turn_*`,
+/// `session_*` and `warn_at` replace the `[budgets]` ones for its turns, and `daily_*` cap the
+/// route's own day.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct BudgetLimits {
+    pub turn_tokens: Option<u64>,
+    pub turn_usd: Option<f64>,
+    pub session_tokens: Option<u64>,
+    pub session_usd: Option<f64>,
+    pub daily_tokens: Option<u64>,
+    pub daily_usd: Option<f64>,
+    /// The share of a budget at which a warning is logged; `None`: the default (0.8).
+    pub warn_at: Option<f64>,
+}
+
+impl BudgetLimits {
+    /// Whether a limit is in dollars (it needs `[model] price`).
+    pub(crate) fn has_dollars(&self) -> bool {
+        self.turn_usd.is_some() || self.session_usd.is_some() || self.daily_usd.is_some()
+    }
 }
 
 /// What a child process (a command tool, a stdio MCP server, a command delivery) may reach:
@@ -324,6 +349,8 @@ pub(crate) struct RouteSettings {
     pub deliver: DeliverSettings,
     pub rate_limit: Option<Rate>,
     pub max_body: u64,
+    /// `budget`: this route's caps (see [`BudgetLimits`]).
+    pub budget: BudgetLimits,
 }
 
 /// The system text every route gets before its own: the payload is data, never instructions.

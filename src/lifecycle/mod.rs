@@ -219,6 +219,7 @@ impl Wired {
                 slots: Arc::new(JobSlots::default()),
             },
             mcp: mcp.clone(),
+            budget_warnings: Default::default(),
         }));
         Ok(Wired {
             store,

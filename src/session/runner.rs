@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
+use super::budget::{Budgets, Warned, window_id};
 use super::jobs::{BackgroundJobs, Job, internal_chain};
 use super::transcript::{settle_unanswered, unfinished_calls};
 use super::turn::{Action, Entry, Input, Outcome, TurnMachine};
@@ -19,16 +20,17 @@ use super::{history, prompt};
 use crate::agent::catalog::{Catalog, OfferedTool, Runs};
 use crate::agent::mcp::McpServers;
 use crate::agent::message::Message;
-use crate::agent::model::{Model, ModelError};
+use crate::agent::model::{Model, ModelError, Reply};
 use crate::agent::tools::{self, ToolAbort};
 use crate::config::{RouteSettings, Settings, Shared};
 use crate::deliver::{self, DeliveryHandle};
 use crate::logging;
 use crate::metrics;
+use crate::store::now_millis;
 use crate::store::{
     ClaimedTurn, EVENT_ENTRY, ResumeReason, StopReason, Store, StoreError, TurnEnd, TurnStatus,
 };
-use crate::usage::Spent;
+use crate::usage::{Spent, day_start};
 
 /// Pause between attempts to commit a step while the store cannot write.
 const COMMIT_RETRY: Duration = Duration::from_secs(1);
@@ -55,6 +57,8 @@ pub(crate) struct TurnContext {
     pub jobs: BackgroundJobs,
     /// The MCP servers whose tools routes offer.
     pub mcp: Arc<McpServers>,
+    /// Budget windows already warned about.
+    pub budget_warnings: Warned,
 }
 
 /// The conversation messages among transcript entries (tool starts are bookkeeping).
@@ -459,6 +463,18 @@ impl Running<'_> {
                     continue;
                 }
                 Action::CallModel { offer_tools } => {
+                    match self.over_budget().await {
+                        None => return,
+                        Some(Some(error)) => {
+                            let progress = self.progress(machine.steps());
+                            let outcome = Outcome::Failed { error };
+                            self.context
+                                .finish(self.turn, outcome, None, progress)
+                                .await;
+                            return;
+                        }
+                        Some(None) => {}
+                    }
                     let tools = if offer_tools { catalog.tools() } else { &[] };
                     self.call_model(machine.messages(), tools, &mut spent).await
                 }
@@ -509,6 +525,47 @@ impl Running<'_> {
             .await
     }
 
+    /// Checks the route's budgets before a model request (docs/reference.md, "Budgets"):
+    /// `Some(Some(error))` when one is used up (the turn ends `failed` with the error), after
+    /// logging the budgets past `warn_at` once per window; `None` when the turns are being
+    /// cancelled while the store is read.
+    async fn over_budget(&self) -> Option<Option<String>> {
+        let config = &self.settings.config;
+        let budgets = Budgets::for_route(&config.budgets, &self.route.budget);
+        if budgets.is_empty() {
+            return Some(None);
+        }
+        let event = &self.turn.event;
+        let today = day_start(now_millis());
+        let spending = self
+            .context
+            .retrying(READING, |store| async move {
+                store
+                    .spending(&event.id, &event.session_key, &event.route, today)
+                    .await
+            })
+            .await?;
+        let verdict = budgets.check(&spending, config.model.price.as_ref());
+        for reached in &verdict.warnings {
+            let window = window_id(reached, &event.route, &event.id, &event.session_key, today);
+            if self.context.budget_warnings.first_time(window) {
+                let budget = reached.budget.key(&event.route);
+                metrics::budget_warning(&event.route, &budget);
+                tracing::warn!(budget = %budget, detail = %reached.describe(&event.route),
+                    "a budget is nearly used up (warn_at)");
+            }
+        }
+        let Some(exceeded) = verdict.exceeded else {
+            return Some(None);
+        };
+        let budget = exceeded.budget.key(&event.route);
+        metrics::budget_exceeded(&event.route, &budget);
+        let error = format!("budget exceeded: {}", exceeded.describe(&event.route));
+        tracing::warn!(budget = %budget, error = %error,
+            "a budget is used up; the turn ends without another model request");
+        Some(Some(error))
+    }
+
     /// Waits for `work` unless the turn is interrupted, cancelled, or makes no progress in time.
     async fn guarded<T>(&self, work: impl std::future::Future<Output = T>) -> Result<T, Stop> {
         let idle = self.settings.config.runtime.turn_idle_timeout;
@@ -557,7 +614,7 @@ impl Running<'_> {
             };
             let err = match reply {
                 Ok(reply) => {
-                    let step = Spent::of_reply(reply.usage);
+                    let step = Spent::of_reply(reply.usage, exchanged_bytes(messages, &reply));
                     let price = self.settings.config.model.price.as_ref();
                     metrics::model_usage(&self.turn.event.route, step, price);
                     spent.add(step);
@@ -707,4 +764,14 @@ impl Running<'_> {
                 "cannot mark the turn resume_pending; it is found running at the next start and resumed as crashed"),
         }
     }
+}
+
+/// The bytes of a model request's messages and of its reply: what a reply without usage is
+/// estimated from (`usage::BYTES_PER_TOKEN`). Computed only for such replies.
+fn exchanged_bytes(messages: &[Message], reply: &Reply) -> u64 {
+    if reply.usage.is_some() {
+        return 0;
+    }
+    let bytes = |value: serde_json::Result<Vec<u8>>| value.map_or(0, |bytes| bytes.len() as u64);
+    bytes(serde_json::to_vec(messages)) + bytes(serde_json::to_vec(&reply.message))
 }

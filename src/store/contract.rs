@@ -145,12 +145,15 @@ async fn accept_claim_finish_deliver(store: &Store) {
         )
         .await
         .expect("append");
-    let reply = Spent::of_reply(Some(Usage {
-        input_tokens: 100,
-        cached_input_tokens: 60,
-        output_tokens: 7,
-    }));
-    for spent in [reply, reply, Spent::of_reply(None)] {
+    let reply = Spent::of_reply(
+        Some(Usage {
+            input_tokens: 100,
+            cached_input_tokens: 60,
+            output_tokens: 7,
+        }),
+        0,
+    );
+    for spent in [reply, reply, Spent::of_reply(None, 4000)] {
         store
             .append_transcript("s1", &turn.turn_id, Vec::new(), 2, spent)
             .await

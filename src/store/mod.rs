@@ -30,7 +30,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::config::StoreSettings;
-use crate::usage::{Spent, UsageDay};
+use crate::usage::{Spending, Spent, UsageDay};
 pub(crate) use states::{
     DeliveryState, EventStatus, NodeState, ResumeReason, SessionState, StopReason, Terminal,
     TurnStatus,
@@ -253,6 +253,15 @@ pub(crate) trait Turns: Send + Sync {
         steps: u32,
         spent: Spent,
     ) -> Result<(), StoreError>;
+    /// What a turn's budgets count: what every run of `event_id`, the session, and the turns
+    /// started since `since` (the UTC day's start) on all routes and on `route` spent.
+    async fn spending(
+        &self,
+        event_id: &str,
+        session_key: &str,
+        route: &str,
+        since: i64,
+    ) -> Result<Spending, StoreError>;
     /// Ends a turn: its row, its event's terminal status, its session's state and its delivery,
     /// whose body `render` makes.
     async fn finish_turn(&self, end: TurnEnd, render: RenderDelivery) -> Result<(), StoreError>;

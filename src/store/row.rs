@@ -135,6 +135,7 @@ impl Spent {
                 output_tokens: row.number("output_tokens")?,
             },
             unknown_steps: row.number("unknown_steps")?,
+            estimated_tokens: row.number("estimated_tokens")?,
         })
     }
 }

@@ -133,17 +133,19 @@ pub(crate) const APPEND_SQL: &str =
 /// `$1` turn id, `$2` steps.
 pub(crate) const TURN_STEPS_SQL: &str = "UPDATE turns SET steps = $2,
          input_tokens = input_tokens + $3, cached_input_tokens = cached_input_tokens + $4,
-         output_tokens = output_tokens + $5, unknown_usage_steps = unknown_usage_steps + $6
+         output_tokens = output_tokens + $5, unknown_usage_steps = unknown_usage_steps + $6,
+         estimated_tokens = estimated_tokens + $7
      WHERE id = $1";
 
-/// The `$3`..`$6` values of `TURN_STEPS_SQL`: what the step spent.
-pub(crate) fn step_usage_values(spent: Spent) -> [i64; 4] {
+/// The `$3`..`$7` values of `TURN_STEPS_SQL`: what the step spent.
+pub(crate) fn step_usage_values(spent: Spent) -> [i64; 5] {
     let value = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
     [
         value(spent.usage.input_tokens),
         value(spent.usage.cached_input_tokens),
         value(spent.usage.output_tokens),
         value(spent.unknown_steps),
+        value(spent.estimated_tokens),
     ]
 }
 
@@ -151,7 +153,8 @@ pub(crate) fn step_usage_values(spent: Spent) -> [i64; 4] {
 const USAGE_SUMS: &str = "CAST(COALESCE(SUM(u.input_tokens), 0) AS BIGINT) AS input_tokens,
          CAST(COALESCE(SUM(u.cached_input_tokens), 0) AS BIGINT) AS cached_input_tokens,
          CAST(COALESCE(SUM(u.output_tokens), 0) AS BIGINT) AS output_tokens,
-         CAST(COALESCE(SUM(u.unknown_usage_steps), 0) AS BIGINT) AS unknown_steps";
+         CAST(COALESCE(SUM(u.unknown_usage_steps), 0) AS BIGINT) AS unknown_steps,
+         CAST(COALESCE(SUM(u.estimated_tokens), 0) AS BIGINT) AS estimated_tokens";
 
 /// `$1` event id: what all its turns spent (a resumed event has several).
 pub(crate) const EVENT_USAGE_SQL: &str =

@@ -2,6 +2,7 @@
 //! key path and line, so an operator fixes all of them in one edit. This file holds the checker
 //! and its helpers; each section of the config is checked in a file of its own.
 
+mod budgets;
 mod model;
 mod routes;
 mod sandbox;
@@ -212,6 +213,9 @@ impl Checker<'_> {
                 routes.push(route);
             }
         }
+        let budgets = self.budget_limits("budgets", raw.budgets);
+        let model = model?;
+        self.dollar_budgets_need_a_price(&budgets, &routes, model.price.as_ref());
         let server = server?;
         let hidden = self.hidden_paths(&state_dir, Some(&server.control_socket));
         Some(Config {
@@ -219,8 +223,9 @@ impl Checker<'_> {
             state_dir,
             server,
             runtime,
-            model: model?,
+            model,
             store: store?,
+            budgets,
             retention,
             tools,
             mcp,

@@ -55,6 +55,7 @@ impl Checker<'_> {
             |t| t.map(|t| parse_rate(&t)).transpose(),
         );
         let history = self.history(&prefix, raw.history.unwrap_or_default());
+        let budget = self.budget_limits(&format!("{prefix}.budget"), raw.budget);
         let default_max_body = server.as_ref().map_or(1 << 20, |s| s.max_body);
         let max_body = self.value(
             &format!("{prefix}.max_body"),
@@ -83,6 +84,7 @@ impl Checker<'_> {
             deliver,
             rate_limit,
             max_body,
+            budget,
             name,
         })
     }

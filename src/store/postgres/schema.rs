@@ -165,6 +165,7 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE turns ADD COLUMN cached_input_tokens BIGINT NOT NULL DEFAULT 0;
     ALTER TABLE turns ADD COLUMN output_tokens BIGINT NOT NULL DEFAULT 0;
     ALTER TABLE turns ADD COLUMN unknown_usage_steps BIGINT NOT NULL DEFAULT 0;
+    ALTER TABLE turns ADD COLUMN estimated_tokens BIGINT NOT NULL DEFAULT 0;
     CREATE INDEX turns_by_start ON turns (started_at);",
 ];
 

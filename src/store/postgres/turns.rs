@@ -11,15 +11,15 @@ use crate::store::model::{
 use crate::store::row::StoredRow;
 use crate::store::sql::{
     APPEND_SQL, CLAIM_COLUMNS, END_SESSION_SET, EVENT_HAS_TRANSCRIPT_SQL, EVENT_USAGE_SQL,
-    FINISH_EVENT_SQL, FINISH_TURN_SQL, INTERRUPT_TURN_SQL, START_EVENT_SQL,
-    SUSPENDED_EVENT_WAITS_SQL, TRANSCRIPT_SQL, TURN_STEPS_SQL, step_usage_values,
+    FINISH_EVENT_SQL, FINISH_TURN_SQL, INTERRUPT_TURN_SQL, SESSION_USAGE_SQL, START_EVENT_SQL,
+    SUSPENDED_EVENT_WAITS_SQL, TRANSCRIPT_SQL, TURN_STEPS_SQL, USAGE_BY_DAY_SQL, step_usage_values,
 };
 use crate::store::states::{
     IDLE, PENDING, QUEUED, RESUME_PENDING, ResumeReason, SESSION_RUNNING, SUSPENDED, StopReason,
     TURN_RUNNING,
 };
 use crate::store::{StoreError, Turns, now_millis};
-use crate::usage::Spent;
+use crate::usage::{Spending, Spent, UsageDay};
 
 /// `$1` limit: the idle sessions with queued events, oldest head first (one partial index;
 /// sessions that cannot run are never read); sessions another node is claiming right now are
@@ -245,7 +245,7 @@ impl Turns for PostgresStore {
         steps: u32,
         spent: Spent,
     ) -> Result<(), StoreError> {
-        let [input, cached, output, unknown] = step_usage_values(spent);
+        let [input, cached, output, unknown, estimated] = step_usage_values(spent);
         bounded(async {
             let mut client = self.client().await?;
             let tx = client.transaction().await?;
@@ -264,11 +264,34 @@ impl Turns for PostgresStore {
                     &cached,
                     &output,
                     &unknown,
+                    &estimated,
                 ],
             )
             .await?;
             tx.commit().await?;
             Ok(())
+        })
+        .await
+    }
+
+    async fn spending(
+        &self,
+        event_id: &str,
+        session_key: &str,
+        route: &str,
+        since: i64,
+    ) -> Result<Spending, StoreError> {
+        bounded(async {
+            let client = self.client().await?;
+            let event = Spent::decode(&client.row(EVENT_USAGE_SQL, &[&event_id]).await?)?;
+            let session = Spent::decode(&client.row(SESSION_USAGE_SQL, &[&session_key]).await?)?;
+            let days = client
+                .rows(USAGE_BY_DAY_SQL, &[&since])
+                .await?
+                .iter()
+                .map(UsageDay::decode)
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(Spending::of(event, session, &days, route))
         })
         .await
     }

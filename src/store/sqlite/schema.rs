@@ -130,12 +130,14 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE events ADD COLUMN run_alone INTEGER NOT NULL DEFAULT 0;
     CREATE INDEX events_to_run_alone ON events(seq) WHERE status = 'queued' AND run_alone = 1;
     CREATE INDEX events_by_replay_of ON events(replay_of) WHERE replay_of IS NOT NULL;",
-    // 10: what model replies spent, committed with each step and summed on its turn; days and
-    // budgets sum turns by when they started.
+    // 10: what model replies spent, committed with each step and summed on its turn (replies
+    // without usage: counted, and estimated for token budgets); days and budgets sum turns by
+    // when they started.
     "ALTER TABLE turns ADD COLUMN input_tokens INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE turns ADD COLUMN cached_input_tokens INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE turns ADD COLUMN output_tokens INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE turns ADD COLUMN unknown_usage_steps INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE turns ADD COLUMN estimated_tokens INTEGER NOT NULL DEFAULT 0;
     CREATE INDEX turns_by_start ON turns(started_at);",
 ];
 

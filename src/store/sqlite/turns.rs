@@ -10,15 +10,15 @@ use crate::store::model::{
 };
 use crate::store::sql::{
     APPEND_SQL, CLAIM_COLUMNS, END_SESSION_SET, EVENT_HAS_TRANSCRIPT_SQL, EVENT_USAGE_SQL,
-    FINISH_EVENT_SQL, FINISH_TURN_SQL, INTERRUPT_TURN_SQL, START_EVENT_SQL,
-    SUSPENDED_EVENT_WAITS_SQL, TRANSCRIPT_SQL, TURN_STEPS_SQL, step_usage_values,
+    FINISH_EVENT_SQL, FINISH_TURN_SQL, INTERRUPT_TURN_SQL, SESSION_USAGE_SQL, START_EVENT_SQL,
+    SUSPENDED_EVENT_WAITS_SQL, TRANSCRIPT_SQL, TURN_STEPS_SQL, USAGE_BY_DAY_SQL, step_usage_values,
 };
 use crate::store::states::{
     IDLE, PENDING, QUEUED, RESUME_PENDING, ResumeReason, SESSION_RUNNING, SUSPENDED, StopReason,
     TURN_RUNNING,
 };
 use crate::store::{StoreError, Turns, now_millis};
-use crate::usage::Spent;
+use crate::usage::{Spending, Spent, UsageDay};
 
 /// Candidates for the next turns: the oldest queued event of each idle session, oldest first,
 /// unless it must run alone. Read on a reader connection, so a long backlog costs the writer
@@ -230,11 +230,13 @@ fn append_in(
             &[&session_key, &turn_id, kind, body, &now],
         )?;
     }
-    let [input, cached, output, unknown] = step_usage_values(spent);
+    let [input, cached, output, unknown, estimated] = step_usage_values(spent);
     execute(
         connection,
         TURN_STEPS_SQL,
-        &[&turn_id, &steps, &input, &cached, &output, &unknown],
+        &[
+            &turn_id, &steps, &input, &cached, &output, &unknown, &estimated,
+        ],
     )?;
     Ok(())
 }
@@ -297,6 +299,32 @@ impl Turns for SqliteStore {
         let (session_key, turn_id) = (session_key.to_string(), turn_id.to_string());
         self.write(move |connection| {
             append_in(connection, &session_key, &turn_id, &entries, steps, spent)
+        })
+        .await
+    }
+
+    async fn spending(
+        &self,
+        event_id: &str,
+        session_key: &str,
+        route: &str,
+        since: i64,
+    ) -> Result<Spending, StoreError> {
+        let (event_id, session_key, route) = (
+            event_id.to_string(),
+            session_key.to_string(),
+            route.to_string(),
+        );
+        self.read(move |connection| {
+            let spent = |sql: &str, key: &str| {
+                query_one(connection, sql, &[&key], |row| Spent::decode(row))
+            };
+            let event = spent(EVENT_USAGE_SQL, &event_id)?;
+            let session = spent(SESSION_USAGE_SQL, &session_key)?;
+            let days = query(connection, USAGE_BY_DAY_SQL, &[&since], |row| {
+                UsageDay::decode(row)
+            })?;
+            Ok(Spending::of(event, session, &days, &route))
         })
         .await
     }
