@@ -8,6 +8,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::config::BudgetLimits;
+
 /// Tokens of one reply, or a sum of them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Usage {
@@ -226,6 +228,57 @@ impl Spending {
             route_day: UsageDay::total(&route_days),
         }
     }
+}
+
+/// How much of a daily budget today used (`agentgate usage`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct BudgetUse {
+    /// The config key: `budgets.daily_tokens`, `routes.NAME.budget.daily_usd`, ...
+    pub budget: String,
+    pub limit: f64,
+    /// Today (UTC) so far, in the budget's unit (tokens, or US dollars).
+    pub used: f64,
+}
+
+/// The daily budgets (`[budgets]` for all routes, each route's for its own) against `today`'s
+/// rows. A dollar budget without a price is left out (check-config refuses one).
+pub(crate) fn daily_budget_use(
+    global: &BudgetLimits,
+    routes: &[(String, BudgetLimits)],
+    today: &[UsageDay],
+    price: Option<&Price>,
+) -> Vec<BudgetUse> {
+    let mut scopes = vec![("budgets".to_string(), *global, UsageDay::total(today))];
+    for (route, limits) in routes {
+        let days: Vec<UsageDay> = today
+            .iter()
+            .filter(|day| &day.route == route)
+            .cloned()
+            .collect();
+        scopes.push((
+            format!("routes.{route}.budget"),
+            *limits,
+            UsageDay::total(&days),
+        ));
+    }
+    let mut used = Vec::new();
+    for (scope, limits, spent) in scopes {
+        if let Some(limit) = limits.daily_tokens {
+            used.push(BudgetUse {
+                budget: format!("{scope}.daily_tokens"),
+                limit: limit as f64,
+                used: spent.budget_tokens() as f64,
+            });
+        }
+        if let (Some(limit), Some(price)) = (limits.daily_usd, price) {
+            used.push(BudgetUse {
+                budget: format!("{scope}.daily_usd"),
+                limit,
+                used: spent.budget_usd(price),
+            });
+        }
+    }
+    used
 }
 
 /// Milliseconds in a day: UTC days are counted in whole multiples of it since the epoch.

@@ -647,6 +647,12 @@ fn a_turn_past_its_budget_ends_failed_and_a_restart_does_not_reset_the_day() {
     ] {
         assert!(metrics.contains(line), "{line} in {metrics}");
     }
+    let usage = setup.workspace.cli_json(&["usage", "--json"]);
+    assert_eq!(
+        usage["budgets"],
+        json!([{"budget": "routes.alerts.budget.daily_tokens", "limit": 2500.0, "used": 2040.0}]),
+        "{usage}"
+    );
 
     drop(daemon);
     let daemon = setup

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use crate::config::{self, ConfigSource};
 use crate::exit::Failure;
+use crate::ingress::api::UsageLimits;
 use crate::store::{Store, StoreError};
 use crate::usage::Price;
 
@@ -15,6 +16,8 @@ pub(super) struct StateAccess {
     pub(super) runtime: tokio::runtime::Runtime,
     /// `[model] price`: the cost of usage shown.
     pub(super) price: Option<Price>,
+    /// What `usage` shows figures against.
+    pub(super) limits: UsageLimits,
 }
 
 impl StateAccess {
@@ -29,6 +32,11 @@ impl StateAccess {
             store,
             runtime,
             price: location.price,
+            limits: UsageLimits {
+                price: location.price,
+                budgets: location.budgets,
+                routes: location.route_budgets,
+            },
         })
     }
 

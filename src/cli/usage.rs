@@ -41,7 +41,7 @@ pub(super) fn usage(
         let days = state
             .query(async |store| store.usage_by_day(since).await)?
             .unwrap_or_default();
-        UsageDocument::of(days, since, route.as_deref(), state.price.as_ref())
+        UsageDocument::of(days, since, route.as_deref(), &state.limits)
     };
     if json {
         outln!("{:#}", serde_json::json!(document));
@@ -69,6 +69,15 @@ pub(super) fn usage(
         );
     }
     outln!("since {}: {}", document.since, document.total);
+    for budget in &document.budgets {
+        outln!(
+            "{}: {:.4} of {} used today ({:.0}%)",
+            budget.budget,
+            budget.used,
+            budget.limit,
+            100.0 * budget.used / budget.limit
+        );
+    }
     Ok(())
 }
 

@@ -208,6 +208,10 @@ pub(crate) struct StateLocation {
     pub(crate) control_socket: PathBuf,
     /// `[model] price`, for the cost of what the state shows.
     pub(crate) price: Option<crate::usage::Price>,
+    /// `[budgets]`, for `usage`.
+    pub(crate) budgets: BudgetLimits,
+    /// Each route's `budget`, for `usage`.
+    pub(crate) route_budgets: Vec<(String, BudgetLimits)>,
 }
 
 /// Where the state is, for the operator commands (`status`, `sessions`, `ledger`, `reload`): only
@@ -223,12 +227,19 @@ pub(crate) fn state_location(source: &ConfigSource) -> Result<StateLocation, Con
         price: Option<RawPrice>,
     }
     #[derive(Deserialize)]
+    struct RouteBudgetOnly {
+        budget: Option<RawBudgets>,
+    }
+    #[derive(Deserialize)]
     struct StateOnly {
         state_dir: Option<PathBuf>,
         #[serde(default)]
         store: RawStore,
         server: Option<ServerOnly>,
         model: Option<ModelOnly>,
+        budgets: Option<RawBudgets>,
+        #[serde(default)]
+        routes: std::collections::BTreeMap<String, RouteBudgetOnly>,
     }
     let text = read_source(source)?;
     let locator = Locator::new(&text);
@@ -252,6 +263,15 @@ pub(crate) fn state_location(source: &ConfigSource) -> Result<StateLocation, Con
             .model
             .and_then(|model| model.price)
             .and_then(|price| checker.price(price));
+        let budgets = checker.budget_limits("budgets", parsed.budgets);
+        let route_budgets = parsed
+            .routes
+            .into_iter()
+            .map(|(name, route)| {
+                let limits = checker.budget_limits(&format!("routes.{name}.budget"), route.budget);
+                (name, limits)
+            })
+            .collect();
         match store {
             Some(store) if store_errors == 0 => Ok(StateLocation {
                 state_dir: resolve_state_dir(parsed.state_dir, environment.state_directory),
@@ -261,6 +281,8 @@ pub(crate) fn state_location(source: &ConfigSource) -> Result<StateLocation, Con
                     .and_then(|server| server.control_socket)
                     .unwrap_or_else(|| PathBuf::from(DEFAULT_CONTROL_SOCKET)),
                 price,
+                budgets,
+                route_budgets,
             }),
             _ => Err(ConfigError::Invalid {
                 source_name: source.clone(),

@@ -9,7 +9,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::agent::mcp::McpServerStatus;
 use crate::agent::sandbox::{self, Availability};
-use crate::usage::{DAY_MS, Price, UsageDay, UsageReport, UsageToday};
+use crate::config::BudgetLimits;
+use crate::usage::{
+    BudgetUse, DAY_MS, Price, UsageDay, UsageReport, UsageToday, daily_budget_use, day_start,
+};
 
 use crate::store::{
     DeliveryCounts, EventCounts, EventRow, NodeRow, SessionCounts, SessionRow, SessionState,
@@ -223,6 +226,8 @@ pub(crate) struct UsageDocument {
     pub days: Vec<UsageDayRow>,
     /// Every row summed.
     pub total: UsageReport,
+    /// The daily budgets, against today (UTC).
+    pub budgets: Vec<BudgetUse>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -236,13 +241,27 @@ pub(crate) struct UsageDayRow {
 
 impl UsageDocument {
     /// The document of `days` (counted from `since`, unix ms), of `route` alone when given,
-    /// priced at `price`.
+    /// priced at `price`, with the daily budgets against today's rows among them.
     pub(crate) fn of(
         days: Vec<UsageDay>,
         since: i64,
         route: Option<&str>,
-        price: Option<&Price>,
+        limits: &UsageLimits,
     ) -> UsageDocument {
+        let price = limits.price.as_ref();
+        let today = day_start(crate::store::now_millis()) / DAY_MS;
+        let todays: Vec<UsageDay> = days
+            .iter()
+            .filter(|day| day.day == today)
+            .cloned()
+            .collect();
+        let routes: Vec<(String, BudgetLimits)> = limits
+            .routes
+            .iter()
+            .filter(|(name, _)| route.is_none_or(|route| route == name))
+            .cloned()
+            .collect();
+        let budgets = daily_budget_use(&limits.budgets, &routes, &todays, price);
         let days: Vec<UsageDay> = days
             .into_iter()
             .filter(|day| route.is_none_or(|route| day.route == route))
@@ -259,6 +278,29 @@ impl UsageDocument {
                 })
                 .collect(),
             total,
+            budgets,
+        }
+    }
+}
+
+/// What `usage` shows figures against: `[model] price`, `[budgets]` and each route's `budget`.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct UsageLimits {
+    pub price: Option<Price>,
+    pub budgets: BudgetLimits,
+    pub routes: Vec<(String, BudgetLimits)>,
+}
+
+impl UsageLimits {
+    pub(crate) fn of(config: &crate::config::Config) -> UsageLimits {
+        UsageLimits {
+            price: config.model.price,
+            budgets: config.budgets,
+            routes: config
+                .routes
+                .iter()
+                .map(|route| (route.name.clone(), route.budget))
+                .collect(),
         }
     }
 }

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use super::AcceptBackoff;
 use super::api::{
     Accepting, DaemonStatus, EventsPage, OperatorAnswer, SandboxStatus, SessionDocument,
-    SessionsPage, StatusDocument, ToolsDocument, TurnCounts, UsageDocument,
+    SessionsPage, StatusDocument, ToolsDocument, TurnCounts, UsageDocument, UsageLimits,
 };
 use super::capacity::Capacity;
 use super::connection::Stream;
@@ -296,9 +296,9 @@ impl Control {
             }
         };
         let days = self.store.usage_by_day(since).await?;
-        let price = self.settings.get().config.model.price;
+        let limits = UsageLimits::of(&self.settings.get().config);
         let route = query.get("route");
-        let document = UsageDocument::of(days, since, route.as_deref(), price.as_ref());
+        let document = UsageDocument::of(days, since, route.as_deref(), &limits);
         Ok(json_response(StatusCode::OK, &json!(document)))
     }
 

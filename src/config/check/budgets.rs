@@ -8,7 +8,11 @@ use crate::usage::Price;
 impl Checker<'_> {
     /// The limits under `prefix`: token counts whole and positive, dollars positive, `warn_at`
     /// a share above 0 and at most 1.
-    pub(super) fn budget_limits(&mut self, prefix: &str, raw: Option<RawBudgets>) -> BudgetLimits {
+    pub(in crate::config) fn budget_limits(
+        &mut self,
+        prefix: &str,
+        raw: Option<RawBudgets>,
+    ) -> BudgetLimits {
         let Some(raw) = raw else {
             return BudgetLimits::default();
         };
