@@ -669,6 +669,61 @@ fn a_turn_past_its_budget_ends_failed_and_a_restart_does_not_reset_the_day() {
     assert_eq!(setup.model.requests().len(), 3);
 }
 
+/// A primary that fails after its retries hands the request to the `fallback` endpoint, whose
+/// answer the transcript records (with the model it named); the circuit breaker then skips the
+/// dead primary instead of retrying it on every step.
+#[test]
+fn a_dead_primary_falls_back_and_is_skipped_while_its_breaker_is_open() {
+    let primary = Stub::start(|_, _| Reply::json(503, json!({"error": "overloaded"})));
+    let fallback = Stub::start(|_, _| {
+        Reply::json(
+            200,
+            json!({"model": "other-model", "choices": [{"index": 0,
+                "message": {"role": "assistant", "content": "answered by the fallback"}}]}),
+        )
+    });
+    let fallback_line = format!(
+        "max_retries = 0\nfallback = [{{ base_url = \"{}/v1\", model = \"fallback-model\" }}]",
+        fallback.url()
+    );
+    let (setup, daemon) = start_with_model(primary, &fallback_line, "");
+    let first = post(&daemon, "fallback-a");
+    assert_eq!(
+        setup.workspace.wait_terminal(&first, TURN_LIMIT),
+        "completed"
+    );
+    let body = wait_delivery(&setup.receiver, &first).json();
+    assert_eq!(body["output"], "answered by the fallback", "{body}");
+    let session = setup
+        .workspace
+        .cli_json(&["sessions", "show", "fallback-a", "--json"]);
+    let answered: Vec<&serde_json::Value> = session["transcript"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|row| row["body"].get("answered_by"))
+        .collect();
+    assert_eq!(
+        answered,
+        [
+            &json!({"endpoint": format!("http://{}/…", fallback.addr), "model": "other-model",
+            "requested_model": "fallback-model", "fallback": true})
+        ],
+        "{session}"
+    );
+    let second = post(&daemon, "fallback-b");
+    assert_eq!(
+        setup.workspace.wait_terminal(&second, TURN_LIMIT),
+        "completed"
+    );
+    assert_eq!(
+        setup.model.requests().len(),
+        1,
+        "the primary is skipped while its breaker is open"
+    );
+    assert_eq!(fallback.requests().len(), 2);
+}
+
 /// A budget in dollars cannot be enforced without a price: check-config says so.
 #[test]
 fn check_config_refuses_a_dollar_budget_without_a_price() {

@@ -1,6 +1,7 @@
 //! The agent side of a turn: chat messages, model backends, and the tools a model may call.
 
 pub(crate) mod catalog;
+pub(crate) mod endpoint;
 pub(crate) mod mcp;
 pub(crate) mod message;
 pub(crate) mod model;

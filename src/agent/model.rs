@@ -15,9 +15,10 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::catalog::OfferedTool;
+use super::endpoint::{self, AnsweredBy, Endpoint};
 use super::message::{Message, Role};
 use super::process::{Aborted, Child, Limits};
-use crate::config::{ModelBackend, ModelSettings, Secret};
+use crate::config::{ModelBackend, ModelSettings};
 use crate::usage::Usage;
 
 /// The demo cassette bundled with agentgate, used by `backend = "replay"` without a `cassette`.
@@ -52,11 +53,9 @@ pub(crate) enum ModelSetupError {
 }
 
 enum Backend {
+    /// The primary endpoint, then the `fallback` ones.
     OpenAi {
-        client: reqwest::Client,
-        url: String,
-        model: String,
-        api_key: Option<Secret>,
+        endpoints: Vec<Endpoint>,
     },
     Command {
         argv: Vec<String>,
@@ -66,11 +65,21 @@ enum Backend {
     },
 }
 
-/// A model's answer: the assistant message, and the tokens it cost when the server says.
+/// A model's answer: the assistant message, the tokens it cost when the server says, and the
+/// endpoint that answered (openai backend).
 #[derive(Debug, Clone)]
 pub(crate) struct Reply {
     pub message: Message,
     pub usage: Option<Usage>,
+    pub answered_by: Option<AnsweredBy>,
+}
+
+/// A Chat Completions answer as read off the wire.
+struct Completion {
+    message: Message,
+    usage: Option<Usage>,
+    /// The model the server names in its reply.
+    model: Option<String>,
 }
 
 /// A configured model. Cheap to share behind an `Arc`.
@@ -115,16 +124,28 @@ impl Model {
                 base_url,
                 model,
                 api_key,
-            } => Backend::OpenAi {
-                client: crate::tls::http_client()
+                fallback,
+            } => {
+                let client = crate::tls::http_client()
                     .map_err(ModelSetupError::Client)?
                     .timeout(settings.request_timeout)
                     .build()
-                    .map_err(|err| ModelSetupError::Client(err.to_string()))?,
-                url: format!("{base_url}/chat/completions"),
-                model: model.clone(),
-                api_key: api_key.clone(),
-            },
+                    .map_err(|err| ModelSetupError::Client(err.to_string()))?;
+                let primary =
+                    Endpoint::new(client.clone(), base_url, model, api_key.clone(), false);
+                let fallbacks = fallback.iter().map(|endpoint| {
+                    Endpoint::new(
+                        client.clone(),
+                        &endpoint.base_url,
+                        &endpoint.model,
+                        endpoint.api_key.clone(),
+                        true,
+                    )
+                });
+                Backend::OpenAi {
+                    endpoints: std::iter::once(primary).chain(fallbacks).collect(),
+                }
+            }
             ModelBackend::Command { argv } => Backend::Command { argv: argv.clone() },
             ModelBackend::Replay { cassette } => {
                 let (text, name) = match cassette {
@@ -202,22 +223,13 @@ impl Model {
         messages: &[Message],
         tools: &[OfferedTool],
     ) -> Result<Reply, ModelError> {
-        let (reply, usage) = match &self.backend {
-            Backend::OpenAi {
-                client,
-                url,
-                model,
-                api_key,
-            } => {
-                let body = request_body(model, &self.params, messages, tools);
-                self.complete_http(client, url, api_key.as_ref(), &body)
-                    .await
-            }
+        let (reply, usage, answered_by) = match &self.backend {
+            Backend::OpenAi { endpoints } => self.complete_openai(endpoints, messages, tools).await,
             Backend::Command { argv } => self
                 .complete_command(argv, messages, tools)
                 .await
-                .map(|message| (message, None)),
-            Backend::Replay { replies } => Ok((replay(replies, messages), None)),
+                .map(|message| (message, None, None)),
+            Backend::Replay { replies } => Ok((replay(replies, messages), None, None)),
         }?;
         if let Some(recorder) = &self.recorder
             && let Ok(mut file) = recorder.lock()
@@ -232,20 +244,56 @@ impl Model {
         } else {
             reply
         };
-        Ok(Reply { message, usage })
+        Ok(Reply {
+            message,
+            usage,
+            answered_by,
+        })
+    }
+
+    /// Asks the endpoints in order (`endpoint::in_order`), each with its retries, until one
+    /// answers; a reply that cannot be used is not asked again elsewhere.
+    async fn complete_openai(
+        &self,
+        endpoints: &[Endpoint],
+        messages: &[Message],
+        tools: &[OfferedTool],
+    ) -> Result<(Message, Option<Usage>, Option<AnsweredBy>), ModelError> {
+        let mut failures = Vec::new();
+        for endpoint in endpoint::in_order(endpoints) {
+            let body = request_body(&endpoint.model, &self.params, messages, tools);
+            match self.complete_http(endpoint, &body).await {
+                Ok(completion) => {
+                    endpoint.answered();
+                    if endpoint.fallback {
+                        tracing::warn!(endpoint = %endpoint.shown, model = %endpoint.model,
+                            "a fallback model endpoint answered");
+                    }
+                    let answered_by = endpoint.answered_by(completion.model);
+                    return Ok((completion.message, completion.usage, Some(answered_by)));
+                }
+                Err(err @ ModelError::Malformed(_)) => return Err(err),
+                Err(ModelError::Unavailable(reason)) => {
+                    if endpoints.len() > 1 {
+                        endpoint.failed();
+                    }
+                    failures.push(reason);
+                }
+            }
+        }
+        Err(ModelError::Unavailable(failures.join("; then ")))
     }
 
     async fn complete_http(
         &self,
-        client: &reqwest::Client,
-        url: &str,
-        api_key: Option<&Secret>,
+        endpoint: &Endpoint,
         body: &serde_json::Value,
-    ) -> Result<(Message, Option<Usage>), ModelError> {
+    ) -> Result<Completion, ModelError> {
+        let url = &endpoint.url;
         let mut attempt = 0;
         loop {
-            let mut request = client.post(url).json(body);
-            if let Some(key) = api_key {
+            let mut request = endpoint.client.post(url).json(body);
+            if let Some(key) = &endpoint.api_key {
                 request = request.bearer_auth(String::from_utf8_lossy(key.expose()));
             }
             let failure = match request.send().await {
@@ -399,8 +447,8 @@ fn request_body(
     body
 }
 
-/// Reads `choices[0].message` of a Chat Completions response, and its `usage`.
-fn parse_completion(bytes: &[u8]) -> Result<(Message, Option<Usage>), ModelError> {
+/// Reads `choices[0].message` of a Chat Completions response, its `usage` and its `model`.
+fn parse_completion(bytes: &[u8]) -> Result<Completion, ModelError> {
     let value: serde_json::Value = serde_json::from_slice(bytes)
         .map_err(|err| ModelError::Malformed(format!("not JSON: {err}")))?;
     let message = value
@@ -410,7 +458,11 @@ fn parse_completion(bytes: &[u8]) -> Result<(Message, Option<Usage>), ModelError
     let mut message: Message = serde_json::from_value(message)
         .map_err(|err| ModelError::Malformed(format!("choices[0].message: {err}")))?;
     message.role = Role::Assistant;
-    Ok((message, Usage::of_reply(&value)))
+    Ok(Completion {
+        message,
+        usage: Usage::of_reply(&value),
+        model: value["model"].as_str().map(str::to_string),
+    })
 }
 
 /// The cassette reply for this point of the turn: the n-th reply, where n counts the assistant
@@ -455,11 +507,12 @@ mod tests {
 
     #[test]
     fn completion_parsing() {
-        let (ok, usage) =
-            parse_completion(br#"{"choices":[{"message":{"role":"assistant","content":"hi"}}]}"#)
-                .expect("valid");
-        assert_eq!(ok.visible_text(), Some("hi"));
-        assert_eq!(usage, None);
+        let ok = parse_completion(
+            br#"{"model":"m-1","choices":[{"message":{"role":"assistant","content":"hi"}}]}"#,
+        )
+        .expect("valid");
+        assert_eq!(ok.message.visible_text(), Some("hi"));
+        assert_eq!((ok.usage, ok.model.as_deref()), (None, Some("m-1")));
         assert!(matches!(
             parse_completion(b"<html>"),
             Err(ModelError::Malformed(_))

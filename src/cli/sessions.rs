@@ -326,7 +326,7 @@ pub(super) fn render_entry(body: &serde_json::Value) -> String {
             text(&arguments.to_string()),
             text(&call_id)
         ),
-        Entry::Message { message } => {
+        Entry::Message { message, .. } => {
             let content = text(message.content.as_deref().unwrap_or(""));
             let mut block = match message.role {
                 Role::Tool => format!(

@@ -97,9 +97,19 @@ pub(super) struct RawModel {
     pub(super) params: Option<toml::Value>,
     pub(super) tool_calls_in_content: Option<bool>,
     pub(super) price: Option<RawPrice>,
+    pub(super) fallback: Option<Vec<RawEndpoint>>,
     pub(super) command: Option<Vec<String>>,
     pub(super) cassette: Option<PathBuf>,
     pub(super) max_concurrent_requests: Option<i64>,
+}
+
+/// One of `[model] fallback`: another OpenAI-compatible endpoint.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawEndpoint {
+    pub(super) base_url: String,
+    pub(super) model: String,
+    pub(super) api_key: Option<SecretSource>,
 }
 
 /// `[model] price`: US dollars per million tokens.

@@ -192,6 +192,8 @@ pub(crate) enum ModelBackend {
         base_url: String,
         model: String,
         api_key: Option<Secret>,
+        /// `fallback`: tried in order when this endpoint fails after its retries.
+        fallback: Vec<FallbackEndpoint>,
     },
     Command {
         argv: Vec<String>,
@@ -200,6 +202,14 @@ pub(crate) enum ModelBackend {
     Replay {
         cassette: Option<PathBuf>,
     },
+}
+
+/// One of `[model] fallback`.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct FallbackEndpoint {
+    pub base_url: String,
+    pub model: String,
+    pub api_key: Option<Secret>,
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -122,7 +122,7 @@ pub(crate) fn resolve_event_rows(rows: &mut [TranscriptRow]) {
                 format!("[agentgate] event {event_id} cannot be shown: {problem}"),
             )
         });
-        if let Ok(body) = serde_json::to_value(Entry::Message { message }) {
+        if let Ok(body) = serde_json::to_value(Entry::message(message)) {
             row.body = body;
         }
     }

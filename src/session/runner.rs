@@ -18,8 +18,9 @@ use super::turn::{Action, Entry, Input, Outcome, TurnMachine};
 use super::{Sessions, TurnControl};
 use super::{history, prompt};
 use crate::agent::catalog::{Catalog, OfferedTool, Runs};
+use crate::agent::endpoint::AnsweredBy;
 use crate::agent::mcp::McpServers;
-use crate::agent::message::Message;
+use crate::agent::message::{Message, Role};
 use crate::agent::model::{Model, ModelError, Reply};
 use crate::agent::tools::{self, ToolAbort};
 use crate::config::{RouteSettings, Settings, Shared};
@@ -66,7 +67,7 @@ fn messages_of(entries: &[Entry]) -> Vec<Message> {
     entries
         .iter()
         .filter_map(|entry| match entry {
-            Entry::Message { message } => Some(message.clone()),
+            Entry::Message { message, .. } => Some(message.clone()),
             Entry::ToolStart { .. } | Entry::Event { .. } => None,
         })
         .collect()
@@ -431,8 +432,8 @@ impl Running<'_> {
     /// or the turn is stopped.
     async fn run(&self, mut machine: TurnMachine, first: Vec<Action>, catalog: &Catalog) {
         let mut actions: VecDeque<Action> = first.into();
-        // What model replies spent since the last commit: it is committed with the next one.
-        let mut spent = Spent::default();
+        // What the last model reply spent and who answered it: committed with its entry.
+        let mut unrecorded = ReplyFacts::default();
         while let Some(action) = actions.pop_front() {
             let input = match action {
                 Action::Record(entry) => {
@@ -444,8 +445,9 @@ impl Running<'_> {
                             entries.push(next);
                         }
                     }
-                    let step = std::mem::take(&mut spent);
-                    if !self.record(&entries, machine.steps(), step).await {
+                    let facts = std::mem::take(&mut unrecorded);
+                    let spent = facts.attach(&mut entries);
+                    if !self.record(&entries, machine.steps(), spent).await {
                         return;
                     }
                     continue;
@@ -476,7 +478,8 @@ impl Running<'_> {
                         Some(None) => {}
                     }
                     let tools = if offer_tools { catalog.tools() } else { &[] };
-                    self.call_model(machine.messages(), tools, &mut spent).await
+                    self.call_model(machine.messages(), tools, &mut unrecorded)
+                        .await
                 }
                 Action::RunTool {
                     call_id,
@@ -595,12 +598,12 @@ impl Running<'_> {
     /// One model step. A model that is unavailable after its retries is waited for, with
     /// backoff, for up to `model.outage_wait` from its first failure (docs/reference.md,
     /// "Model outages"): a short outage costs a delay, not the event. The wait uses no step.
-    /// What the reply spent is added to `spent`.
+    /// What the reply spent and who answered it go to `facts`.
     async fn call_model(
         &self,
         messages: &[Message],
         tools: &[OfferedTool],
-        spent: &mut Spent,
+        facts: &mut ReplyFacts,
     ) -> Result<Input, Stop> {
         let model = &self.context.model;
         let mut outage: Option<(Instant, Duration)> = None;
@@ -617,7 +620,8 @@ impl Running<'_> {
                     let step = Spent::of_reply(reply.usage, exchanged_bytes(messages, &reply));
                     let price = self.settings.config.model.price.as_ref();
                     metrics::model_usage(&self.turn.event.route, step, price);
-                    spent.add(step);
+                    facts.spent.add(step);
+                    facts.answered_by = reply.answered_by;
                     if let Some((since, _)) = outage {
                         tracing::info!(
                             waited_ms = since.elapsed().as_millis() as u64,
@@ -774,4 +778,29 @@ fn exchanged_bytes(messages: &[Message], reply: &Reply) -> u64 {
     }
     let bytes = |value: serde_json::Result<Vec<u8>>| value.map_or(0, |bytes| bytes.len() as u64);
     bytes(serde_json::to_vec(messages)) + bytes(serde_json::to_vec(&reply.message))
+}
+
+/// What a model reply leaves for the commit of its entry: its usage, and its endpoint.
+#[derive(Default)]
+struct ReplyFacts {
+    spent: Spent,
+    answered_by: Option<AnsweredBy>,
+}
+
+impl ReplyFacts {
+    /// Puts the endpoint on the reply's entry (the first assistant message among `entries`),
+    /// and returns what the reply spent, which the same commit records.
+    fn attach(self, entries: &mut [Entry]) -> Spent {
+        let assistant = entries.iter_mut().find_map(|entry| match entry {
+            Entry::Message {
+                message,
+                answered_by,
+            } if message.role == Role::Assistant => Some(answered_by),
+            Entry::Message { .. } | Entry::Event { .. } | Entry::ToolStart { .. } => None,
+        });
+        if let Some(answered_by) = assistant {
+            *answered_by = self.answered_by;
+        }
+        self.spent
+    }
 }

@@ -6,6 +6,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::agent::endpoint::AnsweredBy;
 use crate::agent::message::{Message, Role};
 use crate::store::EVENT_ENTRY;
 
@@ -18,6 +19,9 @@ use crate::store::EVENT_ENTRY;
 pub(crate) enum Entry {
     Message {
         message: Message,
+        /// For a model reply: the endpoint and model that answered.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        answered_by: Option<AnsweredBy>,
     },
     Event {
         event_id: String,
@@ -41,6 +45,14 @@ pub(crate) enum Entry {
 }
 
 impl Entry {
+    /// A message entry, with no endpoint recorded.
+    pub(crate) fn message(message: Message) -> Entry {
+        Entry::Message {
+            message,
+            answered_by: None,
+        }
+    }
+
     pub(crate) fn kind(&self) -> &'static str {
         match self {
             Entry::Message { .. } => "message",
@@ -67,7 +79,7 @@ pub(crate) fn unfinished_calls(transcript: &[Entry]) -> Vec<UnfinishedCall> {
     let mut calls: Vec<UnfinishedCall> = Vec::new();
     for entry in transcript {
         match entry {
-            Entry::Message { message } if message.role == Role::Assistant => {
+            Entry::Message { message, .. } if message.role == Role::Assistant => {
                 calls.extend(message.tool_calls.iter().map(|call| UnfinishedCall {
                     call_id: call.id.clone(),
                     name: call.function.name.clone(),
@@ -76,7 +88,7 @@ pub(crate) fn unfinished_calls(transcript: &[Entry]) -> Vec<UnfinishedCall> {
                     key: None,
                 }));
             }
-            Entry::Message { message } if message.role == Role::Tool => {
+            Entry::Message { message, .. } if message.role == Role::Tool => {
                 calls.retain(|call| Some(&call.call_id) != message.tool_call_id.as_ref());
             }
             Entry::ToolStart { call_id, key, .. } => {

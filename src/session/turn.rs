@@ -256,7 +256,7 @@ impl TurnMachine {
 
     fn record(&mut self, message: Message) -> Action {
         self.messages.push(message.clone());
-        Action::Record(Entry::Message { message })
+        Action::Record(Entry::message(message))
     }
 
     fn on_reply(&mut self, reply: Message) -> Vec<Action> {
@@ -672,7 +672,7 @@ mod tests {
         let refused = actions
             .iter()
             .filter(|action| {
-                matches!(action, Action::Record(Entry::Message { message })
+                matches!(action, Action::Record(Entry::Message { message, .. })
                     if message.content.as_deref().is_some_and(|c| c.contains("max_tool_calls_per_reply")))
             })
             .count();
@@ -710,22 +710,18 @@ mod tests {
     #[test]
     fn resume_settles_unfinished_calls_without_rerunning_side_effects() {
         let transcript = vec![
-            Entry::Message {
-                message: Message::text(Role::User, "go"),
-            },
-            Entry::Message {
-                message: Message {
-                    tool_calls: [
-                        call("a", "df", r#"{"path":"/"}"#),
-                        call("b", "restart", "{}"),
-                        call("c", "df", r#"{"path":"/x"}"#),
-                    ]
-                    .into_iter()
-                    .flat_map(|m| m.tool_calls)
-                    .collect(),
-                    ..call("x", "df", "{}")
-                },
-            },
+            Entry::message(Message::text(Role::User, "go")),
+            Entry::message(Message {
+                tool_calls: [
+                    call("a", "df", r#"{"path":"/"}"#),
+                    call("b", "restart", "{}"),
+                    call("c", "df", r#"{"path":"/x"}"#),
+                ]
+                .into_iter()
+                .flat_map(|m| m.tool_calls)
+                .collect(),
+                ..call("x", "df", "{}")
+            }),
             Entry::ToolStart {
                 call_id: "a".into(),
                 name: "df".into(),
@@ -733,9 +729,7 @@ mod tests {
                 key: Some("t0.1".into()),
                 mcp_server: None,
             },
-            Entry::Message {
-                message: Message::tool_result("a", "ok"),
-            },
+            Entry::message(Message::tool_result("a", "ok")),
             Entry::ToolStart {
                 call_id: "b".into(),
                 name: "restart".into(),
@@ -758,7 +752,7 @@ mod tests {
         // b (started, not idempotent): recorded as interrupted; c (never started): runs.
         assert_eq!(kinds(&actions), ["message", "tool_start", "run_tool"]);
         assert!(
-            matches!(&actions[0], Action::Record(Entry::Message { message })
+            matches!(&actions[0], Action::Record(Entry::Message { message, .. })
             if message.content.as_deref().is_some_and(|c| c.contains("interrupted") && c.contains("unknown")))
         );
         let actions = m.on(Input::ToolFinished {

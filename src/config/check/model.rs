@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use super::Checker;
-use crate::config::raw::{RawModel, RawPrice};
-use crate::config::settings::{ModelBackend, ModelSettings};
+use crate::config::raw::{RawEndpoint, RawModel, RawPrice};
+use crate::config::settings::{FallbackEndpoint, ModelBackend, ModelSettings};
 use crate::config::units::parse_duration;
 use crate::usage::Price;
 
@@ -108,7 +108,43 @@ impl Checker<'_> {
         })
     }
 
-    pub(super) fn model(&mut self, raw: RawModel) -> Option<ModelSettings> {
+    /// An endpoint's `base_url`, without its trailing `/`.
+    fn base_url(&mut self, key: &str, raw: Option<&str>) -> String {
+        let base_url = raw.unwrap_or_default();
+        if url::Url::parse(base_url).is_err() {
+            self.error(
+                key,
+                format!("{base_url:?} is not a URL such as \"http://127.0.0.1:8000/v1\""),
+            );
+        }
+        base_url.trim_end_matches('/').to_string()
+    }
+
+    /// `[model] fallback`: endpoints tried in order after the primary.
+    fn fallback(&mut self, raw: Vec<RawEndpoint>) -> Vec<FallbackEndpoint> {
+        raw.into_iter()
+            .enumerate()
+            .map(|(index, endpoint)| {
+                let key = format!("model.fallback.{index}");
+                if endpoint.model.is_empty() {
+                    self.error(
+                        &format!("{key}.model"),
+                        "a fallback endpoint needs a model name",
+                    );
+                }
+                FallbackEndpoint {
+                    base_url: self.base_url(&format!("{key}.base_url"), Some(&endpoint.base_url)),
+                    api_key: endpoint
+                        .api_key
+                        .as_ref()
+                        .and_then(|secret| self.secret(&format!("{key}.api_key"), secret)),
+                    model: endpoint.model,
+                }
+            })
+            .collect()
+    }
+
+    pub(super) fn model(&mut self, mut raw: RawModel) -> Option<ModelSettings> {
         let backend_name = raw.backend.as_deref().unwrap_or("replay");
         let api_key = raw
             .api_key
@@ -116,22 +152,25 @@ impl Checker<'_> {
             .and_then(|s| self.secret("model.api_key", s));
         let backend = match backend_name {
             "openai" => {
-                let base_url = raw.base_url.clone().unwrap_or_default();
-                if url::Url::parse(&base_url).is_err() {
-                    self.error(
-                        "model.base_url",
-                        format!("{base_url:?} is not a URL such as \"http://127.0.0.1:8000/v1\""),
-                    );
-                }
+                let base_url = self.base_url("model.base_url", raw.base_url.as_deref());
                 let Some(model) = raw.model.clone().filter(|m| !m.is_empty()) else {
                     self.error("model.model", "the openai backend needs a model name");
                     return None;
                 };
+                let fallback = raw.fallback.take().unwrap_or_default();
                 ModelBackend::OpenAi {
-                    base_url: base_url.trim_end_matches('/').to_string(),
+                    base_url,
                     model,
                     api_key,
+                    fallback: self.fallback(fallback),
                 }
+            }
+            "command" | "replay" if raw.fallback.is_some() => {
+                self.error(
+                    "model.fallback",
+                    "fallback endpoints are for the openai backend",
+                );
+                return None;
             }
             "command" => {
                 let argv = raw.command.clone().unwrap_or_default();
