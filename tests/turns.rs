@@ -724,6 +724,50 @@ fn a_dead_primary_falls_back_and_is_skipped_while_its_breaker_is_open() {
     assert_eq!(fallback.requests().len(), 2);
 }
 
+/// A session's requests keep a stable prefix for the server's prompt cache: each request begins
+/// with the previous one's messages (across steps and across turns), and once the history bound
+/// is reached old turns go in steps of half of it, so the prefix breaks once per step, not on
+/// every turn.
+#[test]
+fn a_session_s_requests_keep_a_stable_prefix_also_past_the_history_bound() {
+    let model = Stub::start(|request, _| {
+        let body = request.json();
+        let last = body["messages"].as_array().and_then(|m| m.last()).cloned();
+        if last.is_some_and(|m| m["role"] == "tool") {
+            Reply::answer("checked")
+        } else {
+            Reply::tool_call("c", "echo", json!({"text": "look"}))
+        }
+    });
+    let receiver = receiver();
+    let text = config(&model, &receiver, "history = { max_turns = 4 }", "");
+    let (setup, daemon) = start_with_config(model, receiver, &text);
+    for _ in 0..8 {
+        let id = post(&daemon, "cached");
+        assert_eq!(setup.workspace.wait_terminal(&id, TURN_LIMIT), "completed");
+    }
+    let requests: Vec<Vec<serde_json::Value>> = setup
+        .model
+        .requests()
+        .iter()
+        .map(|r| r.json()["messages"].as_array().cloned().unwrap_or_default())
+        .collect();
+    assert_eq!(requests.len(), 16, "two steps per turn");
+    let breaks: Vec<usize> = (1..requests.len())
+        .filter(|&i| !requests[i].starts_with(&requests[i - 1]))
+        .collect();
+    // Turns 1-5 see up to 4 earlier turns whole; turn 6 drops the oldest 2 (half the bound)
+    // and turn 7 keeps that cut; turn 8 drops 2 more: a break every other turn, at the first
+    // request of turns 6 and 8, never within a turn.
+    assert_eq!(breaks, [10, 14], "requests whose prefix changed");
+    for pair in requests
+        .windows(2)
+        .filter(|pair| pair[1].starts_with(&pair[0]))
+    {
+        assert!(pair[1].len() > pair[0].len());
+    }
+}
+
 /// A budget in dollars cannot be enforced without a price: check-config says so.
 #[test]
 fn check_config_refuses_a_dollar_budget_without_a_price() {
