@@ -123,13 +123,10 @@ mod tests {
     use super::*;
 
     fn endpoint(fallback: bool) -> Endpoint {
-        Endpoint::new(
-            reqwest::Client::new(),
-            "http://127.0.0.1:1/v1",
-            "m",
-            None,
-            fallback,
-        )
+        let client = crate::tls::http_client()
+            .and_then(|builder| builder.build().map_err(|err| err.to_string()))
+            .unwrap_or_else(|err| panic!("client: {err}"));
+        Endpoint::new(client, "http://127.0.0.1:1/v1", "m", None, fallback)
     }
 
     #[test]
