@@ -1,5 +1,5 @@
-//! Reads an `strace -f -yy` log and reports acknowledgements (an HTTP 2xx written to a TCP socket)
-//! made while some file still had unsynced writes or some directory an unsynced entry, and
+//! Reads an `strace -f -yy` log and reports acknowledgements (an HTTP 2xx that answers a webhook,
+//! written to a TCP socket) made while some file still had unsynced writes or some directory an unsynced entry, and
 //! renames of files whose data was never synced.
 //!
 //! Only the state directory is watched (its files, itself, and its entry in its parent): logs and
@@ -42,6 +42,13 @@ fn parent(path: &str) -> String {
         Some(index) => path[..index].to_string(),
         None => ".".to_string(),
     }
+}
+
+/// Whether a write to a TCP socket answers a webhook with a 2xx: `/healthz` and `/readyz` answer
+/// 200 too (`{"status":"ok"}`), but acknowledge nothing, and a daemon's own background writes
+/// (a start's retry ledger) may race them.
+fn is_acknowledgement(arguments: &str) -> bool {
+    arguments.contains("HTTP/1.1 2") && !arguments.contains(r#"{\"status\":\"ok\"}"#)
 }
 
 /// The syscall name and its argument text of one strace line (after the pid).
@@ -98,7 +105,7 @@ pub fn check(trace: &str, state_dir: &str) -> Report {
                     continue;
                 };
                 if target.starts_with("TCP:") || target.starts_with("TCPv6:") {
-                    if arguments.contains("HTTP/1.1 2") {
+                    if is_acknowledgement(arguments) {
                         report.acks += 1;
                         if let Some(file) = dirty_files.iter().next() {
                             report.findings.push(format!(
