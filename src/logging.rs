@@ -37,6 +37,10 @@ pub(crate) const MESSAGE_OPERATOR_RESUMED: &str = "7416ee7898a9431690ced81933602
 pub(crate) const MESSAGE_OPERATOR_SUSPENDED: &str = "edcec10b073e46c1af472b6ca6e53c23";
 /// The operator cancelled a session's running turn (`sessions cancel`).
 pub(crate) const MESSAGE_OPERATOR_CANCELLED: &str = "21225f76e7564e6d8df082b2fd4275e0";
+/// A tool call waits for an operator's decision (`approval = true`).
+pub(crate) const MESSAGE_APPROVAL_REQUESTED: &str = "3f0a9c51d2b84e6f9a7c1e5d08b4f2a6";
+/// An approval request was decided (approved, denied or expired).
+pub(crate) const MESSAGE_APPROVAL_DECIDED: &str = "c4e81b7a90f34d2a8b6e2f1d93a5c707";
 /// Once a minute, when anything happened: what the daemon did in that minute.
 pub(crate) const MESSAGE_SUMMARY: &str = "b9407274a51241d6a2033e70e2f89303";
 

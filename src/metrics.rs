@@ -19,7 +19,7 @@ use prometheus_client::registry::{Registry, Unit};
 
 use crate::operator::OperatorAction;
 use crate::store::StatusSummary;
-use crate::store::{ResumeReason, TurnStatus};
+use crate::store::{ApprovalStatus, ResumeReason, TurnStatus};
 use crate::usage::{Price, Spent};
 
 /// The content type of the exposition: Prometheus text format 0.0.4 (see [`legacy_text`]).
@@ -75,6 +75,17 @@ struct ToolResult {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ToolDecision {
+    tool: String,
+    decision: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ToolLabel {
+    tool: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabel {
     result: String,
 }
@@ -114,6 +125,10 @@ struct Metrics {
     budget_warnings: Family<RouteBudget, Counter>,
     budget_exceeded: Family<RouteBudget, Counter>,
     tool_calls: Family<ToolResult, Counter>,
+    approval_requests: Family<ToolLabel, Counter>,
+    approvals: Family<ToolDecision, Counter>,
+    approvals_pending: Gauge,
+    approval_wait: Histogram,
     deliveries: Family<ResultLabel, Counter>,
     resumes: Family<ReasonLabel, Counter>,
     operator_actions: Family<ActionLabel, Counter>,
@@ -278,6 +293,32 @@ impl Metrics {
             "Tool calls ended, by tool and result",
             tool_calls.clone(),
         );
+        let approval_requests = Family::default();
+        registry.register(
+            "approval_requests",
+            "Tool calls that waited for an operator's decision, by tool",
+            approval_requests.clone(),
+        );
+        let approvals = Family::default();
+        registry.register(
+            "approvals",
+            "Approval requests decided, by tool and decision (approved, denied, expired)",
+            approvals.clone(),
+        );
+        let approvals_pending = Gauge::default();
+        registry.register(
+            "approvals_pending",
+            "Tool calls waiting for an operator's decision",
+            approvals_pending.clone(),
+        );
+        // 1 s to ~3 days.
+        let approval_wait = Histogram::new(exponential_buckets(1.0, 2.0, 19));
+        registry.register_with_unit(
+            "approval_decision",
+            "How long approval requests waited for their decision",
+            Unit::Seconds,
+            approval_wait.clone(),
+        );
         let deliveries = Family::default();
         registry.register(
             "deliveries",
@@ -369,6 +410,10 @@ impl Metrics {
             budget_warnings,
             budget_exceeded,
             tool_calls,
+            approval_requests,
+            approvals,
+            approvals_pending,
+            approval_wait,
             deliveries,
             resumes,
             operator_actions,
@@ -523,6 +568,29 @@ pub(crate) fn tool_call(tool: &str, result: &str) {
         .inc();
 }
 
+/// A call of `tool` waits for an operator's decision.
+pub(crate) fn approval_requested(tool: &str) {
+    METRICS
+        .approval_requests
+        .get_or_create(&ToolLabel {
+            tool: tool.to_string(),
+        })
+        .inc();
+}
+
+/// An approval request of `tool` was decided (`decision`: approved, denied, expired) after
+/// waiting `waited`.
+pub(crate) fn approval_decided(tool: &str, decision: ApprovalStatus, waited: Duration) {
+    METRICS
+        .approvals
+        .get_or_create(&ToolDecision {
+            tool: tool.to_string(),
+            decision: decision.sql().to_string(),
+        })
+        .inc();
+    METRICS.approval_wait.observe(waited.as_secs_f64());
+}
+
 /// How a delivery attempt ended: the `result` label of `agentgate_deliveries_total`.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum DeliveryResult {
@@ -657,6 +725,9 @@ pub(crate) fn render(snapshot: &Snapshot<'_>) -> String {
             .set(count);
     }
     metrics
+        .approvals_pending
+        .set(snapshot.summary.approvals.pending);
+    metrics
         .store_writable
         .set(i64::from(snapshot.store_writable));
     metrics.accepting.set(i64::from(snapshot.accepting));
@@ -742,6 +813,8 @@ mod tests {
         tool_call("disk_usage", "ok");
         delivery(DeliveryResult::Delivered);
         resume(ResumeOutcome::Resumed(ResumeReason::Crashed));
+        approval_requested("deploy");
+        approval_decided("deploy", ApprovalStatus::Approved, Duration::from_secs(90));
         let mut summary = StatusSummary::default();
         summary
             .events
@@ -774,6 +847,10 @@ mod tests {
             "# TYPE agentgate_turns_running gauge",
             "# TYPE agentgate_deliveries gauge",
             "# TYPE agentgate_store_writable gauge",
+            "# TYPE agentgate_approval_requests_total counter",
+            "# TYPE agentgate_approvals_total counter",
+            "# TYPE agentgate_approvals_pending gauge",
+            "# TYPE agentgate_approval_decision_seconds histogram",
         ] {
             assert!(text.contains(family), "{family} missing from:\n{text}");
         }

@@ -8,8 +8,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::BudgetLimits;
-
 /// Tokens of one reply, or a sum of them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Usage {
@@ -292,6 +290,28 @@ pub(crate) fn default_usage_since(now_ms: i64) -> i64 {
 /// The first millisecond of the UTC day of `now_ms`.
 pub(crate) fn day_start(now_ms: i64) -> i64 {
     now_ms.div_euclid(DAY_MS) * DAY_MS
+}
+
+/// `[budgets]` or a route's `budget` (docs/reference.md, "Budgets"). In a route's, `turn_*`,
+/// `session_*` and `warn_at` replace the `[budgets]` ones for its turns, and `daily_*` cap the
+/// route's own day.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct BudgetLimits {
+    pub turn_tokens: Option<u64>,
+    pub turn_usd: Option<f64>,
+    pub session_tokens: Option<u64>,
+    pub session_usd: Option<f64>,
+    pub daily_tokens: Option<u64>,
+    pub daily_usd: Option<f64>,
+    /// The share of a budget at which a warning is logged; `None`: the default (0.8).
+    pub warn_at: Option<f64>,
+}
+
+impl BudgetLimits {
+    /// Whether a limit is in dollars (it needs `[model] price`).
+    pub(crate) fn has_dollars(&self) -> bool {
+        self.turn_usd.is_some() || self.session_usd.is_some() || self.daily_usd.is_some()
+    }
 }
 
 #[cfg(test)]

@@ -414,7 +414,7 @@ fn a_draining_daemon_keeps_acknowledging_webhooks() {
 }
 
 /// Every `[runtime]` key, as docs/reference.md lists them.
-const RUNTIME_KEYS: [(&str, &str); 16] = [
+const RUNTIME_KEYS: [(&str, &str); 17] = [
     ("max_concurrent_turns", "7"),
     ("max_turn_steps", "9"),
     ("drain_timeout", "\"1s\""),
@@ -424,6 +424,7 @@ const RUNTIME_KEYS: [(&str, &str); 16] = [
     ("dedup_window", "\"6d\""),
     ("max_tool_calls_per_reply", "15"),
     ("max_repeated_tool_calls", "3"),
+    ("approval_timeout", "\"2h\""),
     ("max_background_jobs", "15"),
     ("max_background_jobs_per_session", "3"),
     ("max_internal_turns", "7"),

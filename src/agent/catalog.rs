@@ -81,6 +81,8 @@ pub(crate) struct OfferedTool {
     pub description: String,
     pub parameters: serde_json::Value,
     pub rerun: Rerun,
+    /// Every call waits for an operator's decision before it runs.
+    pub approval: bool,
     pub runs: Runs,
 }
 
@@ -166,6 +168,7 @@ impl Catalog {
                             description: tool.description.clone(),
                             parameters: tool.parameters.clone(),
                             rerun: Rerun::of_command(tool),
+                            approval: tool.approval,
                             runs: Runs::Command(tool.clone()),
                         });
                     }
@@ -196,6 +199,7 @@ impl Catalog {
                                 &offered.name,
                                 offered.annotated_idempotent,
                             ),
+                            approval: settings.needs_approval(&offered.name),
                             runs: Runs::Mcp {
                                 connection: connection.clone(),
                                 tool: offered.name.clone(),
@@ -230,6 +234,15 @@ impl Catalog {
             .collect()
     }
 
+    /// The tools whose calls wait for an operator's decision, by the name the model calls them.
+    pub(crate) fn gated(&self) -> std::collections::BTreeSet<String> {
+        self.tools
+            .iter()
+            .filter(|tool| tool.approval)
+            .map(|tool| tool.name.clone())
+            .collect()
+    }
+
     /// The MCP server of each tool that has one, by the name the model calls it.
     pub(crate) fn mcp_servers(&self) -> BTreeMap<String, String> {
         self.tools
@@ -241,6 +254,25 @@ impl Catalog {
     pub(crate) fn tools(&self) -> &[OfferedTool] {
         &self.tools
     }
+}
+
+/// Whether route `route` still offers the tool the model calls `name` (a reload may have
+/// removed it). An MCP server's tool counts as offered while the route names the server for it;
+/// whether the server still has it is known only when a turn lists its tools.
+pub(crate) fn still_offered(config: &Config, route: &str, name: &str) -> bool {
+    let Some(route) = config.routes.iter().find(|r| r.name == route) else {
+        return false;
+    };
+    route.tools.iter().any(|entry| match entry {
+        ToolRef::Command(tool) => tool == name && config.tools.contains_key(tool),
+        ToolRef::Mcp { server, tool } => {
+            config.mcp.contains_key(server)
+                && match tool {
+                    Some(tool) => model_name(server, tool) == name,
+                    None => name.starts_with(&model_name(server, "")),
+                }
+        }
+    })
 }
 
 /// `tools list`: every tool `route` offers (or, without a route, every tool of the config),
@@ -301,6 +333,7 @@ pub(crate) async fn listing(
                 "parameters": tool.parameters,
                 "idempotent": tool.rerun.is_safe(),
                 "rerun": tool.rerun,
+                "approval": tool.approval,
                 "background": background,
                 "timeout_seconds": timeout.as_secs(),
                 "routes": routes,
@@ -333,7 +366,10 @@ mod tests {
             idempotent: vec!["sync".into()],
             not_idempotent: vec!["read".into()],
             dedupes: vec!["pay".into()],
+            approval: vec!["merge_*".into(), "create_issue".into()],
         };
+        assert!(server.needs_approval("merge_pr") && server.needs_approval("create_issue"));
+        assert!(!server.needs_approval("create_issue_comment") && !server.needs_approval("read"));
         assert_eq!(Rerun::of_mcp(&server, "read", true), Rerun::Never);
         assert_eq!(Rerun::of_mcp(&server, "sync", false), Rerun::Idempotent);
         assert_eq!(Rerun::of_mcp(&server, "pay", false), Rerun::Dedupes);

@@ -172,6 +172,7 @@ mod tests {
             idempotent: false,
             background: false,
             dedupes: false,
+            approval: false,
             // The runner itself; the sandbox has tests of its own, with the real binary.
             sandbox: crate::config::Sandboxing::Off,
         }

@@ -90,6 +90,9 @@ pub(super) enum Command {
     /// The tools routes offer
     #[command(subcommand)]
     Tools(ToolsCommand),
+    /// Tool calls waiting for an operator's decision: list, show, approve, deny
+    #[command(subcommand)]
+    Approvals(ApprovalsCommand),
     /// Tokens and cost by route and UTC day, against the budgets
     Usage {
         #[command(flatten)]
@@ -273,6 +276,43 @@ pub(super) enum DeliveriesCommand {
         /// Every pending delivery, now
         #[arg(long)]
         pending: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub(super) enum ApprovalsCommand {
+    /// Pending approval requests, oldest first
+    List {
+        #[command(flatten)]
+        config: ConfigArg,
+        #[arg(long)]
+        json: bool,
+    },
+    /// One request: the tool, its arguments, the session and event, and the decision if taken
+    Show {
+        #[command(flatten)]
+        config: ConfigArg,
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Let the call run, once, with the arguments shown
+    Approve {
+        #[command(flatten)]
+        config: ConfigArg,
+        id: String,
+        /// A note recorded with the decision
+        #[arg(long, value_name = "TEXT")]
+        note: Option<String>,
+    },
+    /// Refuse the call; the model is told "denied by operator" with the reason
+    Deny {
+        #[command(flatten)]
+        config: ConfigArg,
+        id: String,
+        /// Why, recorded and shown to the model
+        #[arg(long, value_name = "TEXT")]
+        reason: Option<String>,
     },
 }
 

@@ -3,6 +3,7 @@
 //! Commands that inspect state (`status`, `sessions`, `ledger`) read the state directory directly,
 //! so they work whether or not the daemon runs.
 
+mod approvals;
 mod args;
 mod check;
 mod control;
@@ -134,25 +135,9 @@ fn run(command: Command) -> Result<(), Failure> {
             let loaded = load_config(&config.source(), SecretCheck::CredentialsOptional)?;
             crate::reconcile::run(&loaded.config, dry_run)
         }
-        Command::Sessions(SessionsCommand::List { config, json }) => {
-            sessions_list(&config.source(), json)
-        }
-        Command::Sessions(SessionsCommand::Show { config, key, json }) => {
-            sessions_show(&config.source(), &key, json)
-        }
-        Command::Sessions(SessionsCommand::Resume { config, key }) => {
-            operator_action(&config.source(), &key, OperatorAction::Resume)
-        }
-        Command::Sessions(SessionsCommand::Suspend { config, key }) => {
-            operator_action(&config.source(), &key, OperatorAction::Suspend)
-        }
-        Command::Sessions(SessionsCommand::Cancel { config, key }) => {
-            operator_action(&config.source(), &key, OperatorAction::Cancel)
-        }
+        Command::Sessions(command) => sessions_command(command),
         Command::Reload(config) => reload(&config.source()),
-        Command::Sessions(SessionsCommand::Follow { config, key }) => {
-            events::sessions_follow(&config.source(), &key)
-        }
+        Command::Approvals(command) => approvals_command(command),
         Command::Events(command) => events_command(command),
         Command::Deliveries(DeliveriesCommand::List {
             config,
@@ -196,6 +181,24 @@ fn run(command: Command) -> Result<(), Failure> {
             ledger_show(&config.source(), json)
         }
         Command::Generate(what) => generate(what),
+    }
+}
+
+/// `agentgate sessions …`.
+fn sessions_command(command: SessionsCommand) -> Result<(), Failure> {
+    match command {
+        SessionsCommand::List { config, json } => sessions_list(&config.source(), json),
+        SessionsCommand::Show { config, key, json } => sessions_show(&config.source(), &key, json),
+        SessionsCommand::Resume { config, key } => {
+            operator_action(&config.source(), &key, OperatorAction::Resume)
+        }
+        SessionsCommand::Suspend { config, key } => {
+            operator_action(&config.source(), &key, OperatorAction::Suspend)
+        }
+        SessionsCommand::Cancel { config, key } => {
+            operator_action(&config.source(), &key, OperatorAction::Cancel)
+        }
+        SessionsCommand::Follow { config, key } => events::sessions_follow(&config.source(), &key),
     }
 }
 
@@ -245,5 +248,24 @@ fn events_command(command: EventsCommand) -> Result<(), Failure> {
                 "events replay needs an event id or --status",
             )),
         },
+    }
+}
+
+/// `agentgate approvals …`.
+fn approvals_command(command: ApprovalsCommand) -> Result<(), Failure> {
+    use crate::store::approval::Verdict;
+    match command {
+        ApprovalsCommand::List { config, json } => {
+            approvals::approvals_list(&config.source(), json)
+        }
+        ApprovalsCommand::Show { config, id, json } => {
+            approvals::approvals_show(&config.source(), &id, json)
+        }
+        ApprovalsCommand::Approve { config, id, note } => {
+            approvals::approvals_decide(&config.source(), &id, Verdict::Approve, note)
+        }
+        ApprovalsCommand::Deny { config, id, reason } => {
+            approvals::approvals_decide(&config.source(), &id, Verdict::Deny, reason)
+        }
     }
 }

@@ -12,7 +12,7 @@ use crate::agent::message::Role;
 use crate::config::ReloadReport;
 use crate::ingress::api::{OperatorAnswer, SessionDocument, SessionsPage};
 use crate::session::turn::Entry;
-use crate::store::SessionRow;
+use crate::store::{ApprovalStatus, Decision, SessionRow};
 
 /// `sessions resume|suspend|cancel KEY`. While the daemon runs, it carries the action out itself
 /// (over the control socket), so that it acts at once, logs the action and counts it. Without a
@@ -107,7 +107,14 @@ fn override_stored_state(
             if resume {
                 store.operator_resume(key).await
             } else {
-                store.operator_suspend(key).await
+                let before = store.operator_suspend(key).await?;
+                let denied = Decision {
+                    status: ApprovalStatus::Denied,
+                    by: super::approvals::current_user(),
+                    note: Some("session suspended by operator".to_string()),
+                };
+                store.deny_session_approvals(key, denied).await?;
+                Ok(before)
             }
         })?
         .flatten()
@@ -348,5 +355,28 @@ pub(super) fn render_entry(body: &serde_json::Value) -> String {
             block
         }
         Entry::Event { event_id, .. } => format!("event {}", text(&event_id)),
+        Entry::Approval(approval) => {
+            let decided = match approval.status {
+                ApprovalStatus::Pending => "waits for an operator's decision".to_string(),
+                ApprovalStatus::Approved | ApprovalStatus::Denied | ApprovalStatus::Expired => {
+                    format!(
+                        "{} by {}{}",
+                        approval.status,
+                        text(approval.by.as_deref().unwrap_or("?")),
+                        approval
+                            .note
+                            .map(|note| format!(": {}", text(&note)))
+                            .unwrap_or_default()
+                    )
+                }
+            };
+            format!(
+                "  ?? approval {} of {} {} [{}]: {decided}",
+                text(&approval.approval_id),
+                text(&approval.tool),
+                text(&approval.arguments.to_string()),
+                text(&approval.call_id)
+            )
+        }
     }
 }

@@ -130,6 +130,12 @@ fn render(document: &StatusDocument) -> String {
         (Accepting { .. }, false) => {}
     }
     text.push_str(&format!("usage:      today {}\n", document.usage.today));
+    if document.approvals.pending > 0 {
+        text.push_str(&format!(
+            "approvals:  {} pending (agentgate approvals list)\n",
+            document.approvals.pending
+        ));
+    }
     if let Some(ledger) = &document.ledger {
         text.push_str(&ledger_line(ledger));
     }

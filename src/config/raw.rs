@@ -54,6 +54,7 @@ pub(super) struct RawServer {
     pub(super) tls: Option<RawTls>,
     pub(super) trusted_proxies: Option<Vec<String>>,
     pub(super) metrics_listen: Option<String>,
+    pub(super) public_url: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -77,6 +78,7 @@ pub(super) struct RawRuntime {
     pub(super) min_free_disk: Option<String>,
     pub(super) max_tool_calls_per_reply: Option<i64>,
     pub(super) max_repeated_tool_calls: Option<i64>,
+    pub(super) approval_timeout: Option<String>,
     pub(super) max_background_jobs: Option<i64>,
     pub(super) max_background_jobs_per_session: Option<i64>,
     pub(super) max_internal_turns: Option<i64>,
@@ -143,6 +145,7 @@ pub(super) struct RawTool {
     pub(super) idempotent: Option<bool>,
     pub(super) background: Option<bool>,
     pub(super) dedupes: Option<bool>,
+    pub(super) approval: Option<bool>,
     pub(super) sandbox: Option<String>,
     pub(super) network: Option<bool>,
     pub(super) writable: Option<Vec<PathBuf>>,
@@ -165,6 +168,8 @@ pub(super) struct RawMcp {
     pub(super) not_idempotent: Vec<String>,
     #[serde(default)]
     pub(super) dedupes: Vec<String>,
+    #[serde(default)]
+    pub(super) approval: Vec<String>,
     pub(super) sandbox: Option<String>,
     pub(super) network: Option<bool>,
     pub(super) writable: Option<Vec<PathBuf>>,

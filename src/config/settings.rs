@@ -10,6 +10,7 @@ use crate::logging::EventLogLevel;
 use crate::secret::Secret;
 use crate::signature::VerifySettings;
 use crate::tls::TlsSettings;
+pub(crate) use crate::usage::BudgetLimits;
 use crate::usage::Price;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -30,28 +31,6 @@ pub(crate) struct Config {
     /// `[budgets]`: caps on what model replies spend, for every route (`daily_*`: all routes
     /// together).
     pub budgets: BudgetLimits,
-}
-
-/// `[budgets]` or a route's `budget` (docs/reference.md, "Budgets"). In a route's, `turn_*`,
-/// `session_*` and `warn_at` replace the `[budgets]` ones for its turns, and `daily_*` cap the
-/// route's own day.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub(crate) struct BudgetLimits {
-    pub turn_tokens: Option<u64>,
-    pub turn_usd: Option<f64>,
-    pub session_tokens: Option<u64>,
-    pub session_usd: Option<f64>,
-    pub daily_tokens: Option<u64>,
-    pub daily_usd: Option<f64>,
-    /// The share of a budget at which a warning is logged; `None`: the default (0.8).
-    pub warn_at: Option<f64>,
-}
-
-impl BudgetLimits {
-    /// Whether a limit is in dollars (it needs `[model] price`).
-    pub(crate) fn has_dollars(&self) -> bool {
-        self.turn_usd.is_some() || self.session_usd.is_some() || self.daily_usd.is_some()
-    }
 }
 
 /// What a child process (a command tool, a stdio MCP server, a command delivery) may reach:
@@ -132,6 +111,9 @@ pub(crate) struct ServerSettings {
     pub trusted_proxies: Vec<ipnet::IpNet>,
     /// A TCP address that serves `GET /metrics` alone, for Prometheus.
     pub metrics_listen: Option<SocketAddr>,
+    /// How senders and people reach the webhook listener (`[server] public_url`, no trailing
+    /// slash): approval links are built on it.
+    pub public_url: Option<String>,
 }
 
 /// `[runtime]`. Every key applies at once on a reload: code reads these from the settings in
@@ -154,6 +136,8 @@ pub(crate) struct RuntimeSettings {
     pub max_tool_calls_per_reply: usize,
     /// Identical calls (same tool, same arguments) one turn runs; later ones are not run.
     pub max_repeated_tool_calls: u32,
+    /// A tool call waiting for an operator's decision longer than this does not run.
+    pub approval_timeout: Duration,
     /// Background jobs running at once, in all and per session.
     pub max_background_jobs: usize,
     pub max_background_jobs_per_session: usize,
@@ -242,6 +226,8 @@ pub(crate) struct ToolSettings {
     /// The tool honours its call's key (`AGENTGATE_TOOL_CALL_ID`), so a re-run after an
     /// interruption has no second effect.
     pub dedupes: bool,
+    /// Every call waits for an operator's decision before it runs.
+    pub approval: bool,
 }
 
 /// `[mcp.NAME]`: an MCP server and what agentgate may assume about its tools.
@@ -257,6 +243,20 @@ pub(crate) struct McpServerSettings {
     pub not_idempotent: Vec<String>,
     /// Tools that honour the call key in `_meta`, so a re-run has no second effect.
     pub dedupes: Vec<String>,
+    /// Tools whose calls wait for an operator's decision: names, or `prefix*` patterns.
+    pub approval: Vec<String>,
+}
+
+impl McpServerSettings {
+    /// Whether calls of the server's tool `tool` wait for an operator's decision.
+    pub(crate) fn needs_approval(&self, tool: &str) -> bool {
+        self.approval
+            .iter()
+            .any(|pattern| match pattern.strip_suffix('*') {
+                Some(prefix) => tool.starts_with(prefix),
+                None => pattern == tool,
+            })
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]

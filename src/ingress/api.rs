@@ -15,8 +15,8 @@ use crate::usage::{
 };
 
 use crate::store::{
-    DeliveryCounts, EventCounts, EventRow, NodeRow, SessionCounts, SessionRow, SessionState,
-    StatusSummary, TranscriptRow,
+    ApprovalCounts, ApprovalRow, DeliveryCounts, EventCounts, EventRow, NodeRow, SessionCounts,
+    SessionRow, SessionState, StatusSummary, TranscriptRow,
 };
 
 /// `GET /v1/status`, and `agentgate status --json`.
@@ -49,6 +49,9 @@ pub(crate) struct StatusDocument {
     /// What model replies spent today (UTC).
     #[serde(default)]
     pub usage: UsageToday,
+    /// Tool calls waiting for an operator's decision.
+    #[serde(default)]
+    pub approvals: ApprovalCounts,
 }
 
 /// The tool sandbox as the daemon found it at start.
@@ -101,6 +104,7 @@ impl StatusDocument {
             usage: UsageToday {
                 today: summary.usage.today.priced(price),
             },
+            approvals: summary.approvals,
         }
     }
 }
@@ -192,6 +196,23 @@ pub(crate) struct OperatorAnswer {
     pub turn_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended: Option<bool>,
+}
+
+/// `GET /v1/approvals`: requests, oldest first.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct ApprovalsPage {
+    pub approvals: Vec<ApprovalRow>,
+}
+
+/// The body of `POST /v1/approvals/{id}/{approve|deny}` (both fields optional): the operator's
+/// note (approve) or reason (deny).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct DecisionRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// `GET /v1/tools`.

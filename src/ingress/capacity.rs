@@ -149,6 +149,7 @@ mod tests {
             min_free_disk,
             max_tool_calls_per_reply: 16,
             max_repeated_tool_calls: 2,
+            approval_timeout: Duration::from_secs(3600),
             max_background_jobs: 16,
             max_background_jobs_per_session: 4,
             max_internal_turns: 8,

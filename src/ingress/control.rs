@@ -29,7 +29,8 @@ use crate::logging;
 use crate::metrics;
 use crate::operator::OperatorAction;
 use crate::session::Sessions;
-use crate::store::{EventFilter, EventStatus, StatusSummary, Store, StoreError};
+use crate::store::approval::Verdict;
+use crate::store::{EventFilter, EventStatus, SessionState, StatusSummary, Store, StoreError};
 
 /// Why the control socket could not answer a request (503).
 #[derive(Debug, thiserror::Error)]
@@ -123,7 +124,9 @@ impl Control {
         Ok(self.store.status_summary().await?)
     }
 
-    async fn answer(&self, request: Request<hyper::body::Incoming>) -> HttpResponse {
+    /// Answers one request of the connection whose peer is `peer` (the connecting process's
+    /// Unix user, or its uid when it has no name).
+    async fn answer(&self, request: Request<hyper::body::Incoming>, peer: &str) -> HttpResponse {
         let path = request.uri().path().to_string();
         let method = request.method().clone();
         let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
@@ -137,12 +140,25 @@ impl Control {
             (&Method::POST, ["v1", "reload"]) => self.reload().await,
             (&Method::GET, ["v1", "tools"]) => self.tools(request.uri().query()).await,
             (&Method::GET, ["v1", "usage"]) => self.usage(request.uri().query()).await,
+            (&Method::GET, ["v1", "approvals"]) => self.approvals(request.uri().query()).await,
+            (&Method::GET, ["v1", "approvals", id]) => self.approval(&percent_decode(id)).await,
+            (&Method::POST, ["v1", "approvals", id, "approve"]) => {
+                let id = percent_decode(id);
+                self.decide(&id, Verdict::Approve, peer, request).await
+            }
+            (&Method::POST, ["v1", "approvals", id, "deny"]) => {
+                let id = percent_decode(id);
+                self.decide(&id, Verdict::Deny, peer, request).await
+            }
             (&Method::POST, ["v1", "routes", route, "send"]) => {
                 self.send(&percent_decode(route), request).await
             }
             (&Method::POST, ["v1", "sessions", key, action]) => {
                 match OperatorAction::from_name(action) {
-                    Some(action) => self.operator_action(&percent_decode(key), action).await,
+                    Some(action) => {
+                        self.operator_action(&percent_decode(key), action, peer)
+                            .await
+                    }
                     None => Ok(not_found(&method, &path)),
                 }
             }
@@ -410,15 +426,20 @@ impl Control {
         &self,
         key: &str,
         action: OperatorAction,
+        peer: &str,
     ) -> Result<HttpResponse, ControlError> {
         let previous = match action {
             OperatorAction::Resume => self.store.operator_resume(key).await,
             OperatorAction::Suspend => self.store.operator_suspend(key).await,
-            OperatorAction::Cancel => return self.cancel(key).await,
+            OperatorAction::Cancel => return self.cancel(key, peer).await,
         }?;
         let Some(previous) = previous else {
             return Ok(no_session(key));
         };
+        if action == OperatorAction::Suspend {
+            self.deny_pending(key, peer, "session suspended by operator")
+                .await?;
+        }
         self.sessions.wake();
         metrics::operator_action(action);
         if action == OperatorAction::Resume {
@@ -446,10 +467,28 @@ impl Control {
         ))
     }
 
-    /// Cancels the session's running turn and waits (briefly) until its end is committed.
-    async fn cancel(&self, key: &str) -> Result<HttpResponse, ControlError> {
-        if self.store.session(key).await?.is_none() {
+    /// Cancels the session's running turn and waits (briefly) until its end is committed. A
+    /// session whose turn waits for a decision has its requests denied instead: the turn goes
+    /// on without the calls.
+    async fn cancel(&self, key: &str, peer: &str) -> Result<HttpResponse, ControlError> {
+        let Some(session) = self.store.session(key).await? else {
             return Ok(no_session(key));
+        };
+        if session.state == SessionState::AwaitingApproval {
+            let denied = self
+                .deny_pending(key, peer, "session cancelled by operator")
+                .await?;
+            metrics::operator_action(OperatorAction::Cancel);
+            return Ok(json_response(
+                StatusCode::OK,
+                &json!(OperatorAnswer {
+                    session: key.to_string(),
+                    action: OperatorAction::Cancel.name().to_string(),
+                    previous_state: Some(session.state),
+                    turn_id: denied.first().map(|row| row.turn_id.clone()),
+                    ended: Some(false),
+                }),
+            ));
         }
         let Some((turn_id, ended)) = self.sessions.cancel(key) else {
             return Ok(error(
@@ -547,11 +586,53 @@ impl ControlListener {
         }
     }
 
-    async fn accept(&self) -> std::io::Result<Box<dyn Stream>> {
+    /// The next connection, with its peer's Unix user (the metrics listener has none).
+    async fn accept(&self) -> std::io::Result<(Box<dyn Stream>, String)> {
         Ok(match self {
-            ControlListener::Socket(listener) => Box::new(listener.accept().await?.0),
-            ControlListener::Metrics(listener) => Box::new(listener.accept().await?.0),
+            ControlListener::Socket(listener) => {
+                let stream = listener.accept().await?.0;
+                let peer = peer_user(&stream);
+                (Box::new(stream), peer)
+            }
+            ControlListener::Metrics(listener) => {
+                (Box::new(listener.accept().await?.0), String::new())
+            }
         })
+    }
+}
+
+impl Control {
+    /// Denies the session's pending approval requests, decided by `peer` with `why`; the turn
+    /// goes on without the calls.
+    async fn deny_pending(
+        &self,
+        key: &str,
+        peer: &str,
+        why: &str,
+    ) -> Result<Vec<crate::store::ApprovalRow>, ControlError> {
+        let decision = crate::store::Decision {
+            status: crate::store::ApprovalStatus::Denied,
+            by: peer.to_string(),
+            note: Some(why.to_string()),
+        };
+        let denied = self.store.deny_session_approvals(key, decision).await?;
+        for row in &denied {
+            crate::session::approval::decided(&self.sessions, row);
+        }
+        Ok(denied)
+    }
+}
+
+/// The Unix user of the process at the other end of `stream` (`SO_PEERCRED`), by name, else
+/// `uid N`; "unknown" when the kernel does not say.
+fn peer_user(stream: &tokio::net::UnixStream) -> String {
+    let Ok(credentials) = stream.peer_cred() else {
+        return "unknown".to_string();
+    };
+    let uid = credentials.uid();
+    match nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) {
+        Ok(Some(user)) => user.name,
+        Ok(None) | Err(_) => format!("uid {uid}"),
     }
 }
 
@@ -600,10 +681,10 @@ impl ControlServer {
         let metrics_only = matches!(listener, ControlListener::Metrics(_));
         let mut backoff = AcceptBackoff::default();
         loop {
-            let stream = tokio::select! {
+            let (stream, peer) = tokio::select! {
                 () = shutdown.cancelled() => return,
                 accepted = listener.accept() => match accepted {
-                    Ok(stream) => stream,
+                    Ok(accepted) => accepted,
                     Err(err) => {
                         backoff.failed(listener.name(), &err).await;
                         continue;
@@ -612,15 +693,17 @@ impl ControlServer {
             };
             backoff.succeeded();
             let control = control.clone();
+            let peer: Arc<str> = peer.into();
             let service = service_fn(move |request: Request<hyper::body::Incoming>| {
                 let control = control.clone();
+                let peer = peer.clone();
                 async move {
                     let response = if metrics_only
                         && !(request.method() == Method::GET && request.uri().path() == "/metrics")
                     {
                         not_found(request.method(), request.uri().path())
                     } else {
-                        control.answer(request).await
+                        control.answer(request, &peer).await
                     };
                     Ok::<_, Infallible>(response)
                 }

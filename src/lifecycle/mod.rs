@@ -34,7 +34,7 @@ use crate::session::{BackgroundJobs, JobSlots, Scheduler, Sessions, TurnContext}
 use crate::store::Store;
 use bootstrap::Bootstrap;
 use drain::{Budgets, Drain, Stage, Stages};
-use periodic::{Health, Retention, Summary};
+use periodic::{Expiry, Health, Retention, Summary};
 use reload::Reloader;
 use resume::Resumer;
 use signals::StopSignals;
@@ -279,6 +279,12 @@ impl Wired {
             settings: self.settings.clone(),
         };
         drain.start(Stage::StopBackground, |stop| retention.run(stop));
+        let expiry = Expiry {
+            store: self.store.clone(),
+            settings: self.settings.clone(),
+            sessions: self.sessions.clone(),
+        };
+        drain.start(Stage::StopClaiming, |stop| expiry.run(stop));
         let health = Health {
             store: self.store.clone(),
             sessions: self.sessions,

@@ -73,8 +73,8 @@ impl Health {
         let running = self.sessions.running_count();
         let counts = self.store.live_counts().await.unwrap_or_default();
         let mut line = format!(
-            "{running} running, {} queued, {} resume-pending, {} suspended",
-            counts.queued, counts.resume_pending, counts.suspended,
+            "{running} running, {} queued, {} resume-pending, {} suspended, {} awaiting approval",
+            counts.queued, counts.resume_pending, counts.suspended, counts.approvals_pending,
         );
         if !self.store.is_writable() {
             line.push_str("; state NOT writable: answering 503");
@@ -147,6 +147,62 @@ impl Retention {
                 () = stop.cancelled() => {}
                 () = tokio::time::sleep(pause) => {}
             }
+        }
+    }
+}
+
+/// Approval requests nobody decides: a warning at `EXPIRY_WARNING` of `approval_timeout`, then
+/// expiry, after which the turn goes on without the call.
+pub(super) struct Expiry {
+    pub store: Store,
+    pub settings: Arc<Shared<Settings>>,
+    pub sessions: Arc<Sessions>,
+}
+
+/// The share of `approval_timeout` after which a pending request is warned about.
+const EXPIRY_WARNING: f64 = 0.8;
+/// Pending requests looked at for warnings in one round, oldest first.
+const WARN_SCAN: i64 = 10_000;
+
+impl Expiry {
+    /// Expires and warns until `stop`, checking about twenty times per `approval_timeout`
+    /// (between a quarter second and half a minute).
+    pub(super) async fn run(self, stop: CancellationToken) {
+        let mut warned: std::collections::HashSet<String> = Default::default();
+        while !stop.is_cancelled() {
+            match crate::session::approval::expire_due(&self.store, &self.sessions).await {
+                Ok(_) => {}
+                Err(err) => tracing::warn!(error = %err, "could not expire approval requests"),
+            }
+            self.warn(&mut warned).await;
+            let timeout = self.settings.get().config.runtime.approval_timeout;
+            let pause = (timeout / 20).clamp(Duration::from_millis(250), Duration::from_secs(30));
+            tokio::select! {
+                () = stop.cancelled() => {}
+                () = tokio::time::sleep(pause) => {}
+            }
+        }
+    }
+
+    /// Warns, once each, about pending requests past `EXPIRY_WARNING` of their time. `warned`
+    /// keeps the ids warned about that are still pending, so it is bounded by what is pending.
+    async fn warn(&self, warned: &mut std::collections::HashSet<String>) {
+        let Ok(pending) = self.store.approvals(true, WARN_SCAN).await else {
+            return;
+        };
+        let now = store::now_millis();
+        warned.retain(|id| pending.iter().any(|row| &row.id == id));
+        for row in pending {
+            let life = (row.expires_at - row.requested_at) as f64;
+            let warn_at = row.requested_at + (life * EXPIRY_WARNING) as i64;
+            if now < warn_at || !warned.insert(row.id.clone()) {
+                continue;
+            }
+            tracing::warn!(
+                session_key = %row.session, event_id = %row.event_id, approval_id = %row.id,
+                tool = %row.tool, expires_in_ms = row.expires_at - now,
+                "approval request expires soon without a decision; the call will not run"
+            );
         }
     }
 }

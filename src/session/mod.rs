@@ -6,6 +6,7 @@
 //! each to the runner. The store finds those sessions from an index of session queue heads, so
 //! events waiting behind a busy or suspended session never delay another session's.
 
+pub(crate) mod approval;
 mod budget;
 mod history;
 mod jobs;

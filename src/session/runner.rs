@@ -11,17 +11,19 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
+use super::approval;
 use super::budget::{Budgets, Warned, window_id};
 use super::jobs::{BackgroundJobs, Job, internal_chain};
-use super::transcript::{settle_unanswered, unfinished_calls};
+use super::transcript::{
+    ReplyFacts, decisions, exchanged_bytes, messages_of, settle_unanswered, unfinished_calls,
+};
 use super::turn::{Action, Entry, Input, Outcome, TurnMachine};
 use super::{Sessions, TurnControl};
 use super::{history, prompt};
 use crate::agent::catalog::{Catalog, OfferedTool, Runs};
-use crate::agent::endpoint::AnsweredBy;
 use crate::agent::mcp::McpServers;
-use crate::agent::message::{Message, Role};
-use crate::agent::model::{Model, ModelError, Reply};
+use crate::agent::message::Message;
+use crate::agent::model::{Model, ModelError};
 use crate::agent::tools::{self, ToolAbort};
 use crate::config::{RouteSettings, Settings, Shared};
 use crate::deliver::{self, DeliveryHandle};
@@ -29,7 +31,8 @@ use crate::logging;
 use crate::metrics;
 use crate::store::now_millis;
 use crate::store::{
-    ClaimedTurn, EVENT_ENTRY, ResumeReason, StopReason, Store, StoreError, TurnEnd, TurnStatus,
+    ClaimedTurn, Continuation, EVENT_ENTRY, ResumeReason, StopReason, Store, StoreError, TurnEnd,
+    TurnStatus,
 };
 use crate::usage::{Spent, day_start};
 
@@ -60,17 +63,6 @@ pub(crate) struct TurnContext {
     pub mcp: Arc<McpServers>,
     /// Budget windows already warned about.
     pub budget_warnings: Warned,
-}
-
-/// The conversation messages among transcript entries (tool starts are bookkeeping).
-fn messages_of(entries: &[Entry]) -> Vec<Message> {
-    entries
-        .iter()
-        .filter_map(|entry| match entry {
-            Entry::Message { message, .. } => Some(message.clone()),
-            Entry::ToolStart { .. } | Entry::Event { .. } => None,
-        })
-        .collect()
 }
 
 /// Why a turn stopped before its state machine finished it.
@@ -158,7 +150,7 @@ impl TurnContext {
         let TurnProgress { steps, started } = progress;
         let event = &turn.event;
         let completed_resume =
-            matches!(outcome, Outcome::Completed { .. }) && turn.resume_reason.is_some();
+            matches!(outcome, Outcome::Completed { .. }) && turn.continues.is_some();
         let (turn_status, terminal) = outcome.statuses(stop);
         let (output, error) = match outcome {
             Outcome::Completed { output } => (Some(output), None),
@@ -227,7 +219,7 @@ impl TurnContext {
         }
     }
 
-    async fn commit<F, Fut>(&self, attempt: F) -> bool
+    pub(super) async fn commit<F, Fut>(&self, attempt: F) -> bool
     where
         F: Fn(Store) -> Fut,
         Fut: std::future::Future<Output = Result<(), StoreError>>,
@@ -267,11 +259,11 @@ impl Running<'_> {
         let Some(mut turns) = self.past_turns().await else {
             return;
         };
-        let Some(resume_reason) = self.resume_reason().await else {
+        let Some(continues) = self.continues().await else {
             return;
         };
         // A resumed turn continues the last one: that one is shown whole, whatever the limits.
-        let interrupted = if resume_reason.is_some() {
+        let interrupted = if continues.is_some() {
             turns.pop().unwrap_or_default()
         } else {
             Vec::new()
@@ -303,8 +295,9 @@ impl Running<'_> {
             .limit_repeated_calls(self.settings.config.runtime.max_repeated_tool_calls)
             .call_keys(&self.turn.turn_id)
             .mcp_servers(catalog.mcp_servers())
+            .approvals(catalog.gated(), decisions(&interrupted))
         };
-        let (machine, first) = match resume_reason {
+        let (machine, first) = match continues {
             None => {
                 let event = &self.turn.event;
                 let nonce = prompt::new_nonce();
@@ -328,13 +321,17 @@ impl Running<'_> {
                 let first = machine.start();
                 (machine, first)
             }
-            Some(reason) => {
+            Some(continuation) => {
                 let mut machine = machine(messages);
+                let note = match continuation {
+                    Continuation::Resumed(reason) => Some(prompt::resume_note(self.route, reason)),
+                    Continuation::Decided => None,
+                };
                 // A tool that is no longer offered is not known to be safe to run again.
                 let first = machine.start_resumed(
                     unfinished_calls(&interrupted),
                     |name| catalog.get(name).is_some_and(|tool| tool.rerun.is_safe()),
-                    prompt::resume_note(self.route, reason),
+                    note,
                 );
                 (machine, first)
             }
@@ -412,10 +409,10 @@ impl Running<'_> {
         Some(turns)
     }
 
-    /// Why this run resumes an interrupted one, if it does. A run cut off before it committed
+    /// Why this run continues an earlier one, if it does. A run cut off before it committed
     /// anything left nothing to resume from: it starts afresh.
-    async fn resume_reason(&self) -> Option<Option<ResumeReason>> {
-        let Some(reason) = self.turn.resume_reason else {
+    async fn continues(&self) -> Option<Option<Continuation>> {
+        let Some(reason) = self.turn.continues else {
             return Some(None);
         };
         let event_id = &self.turn.event.id;
@@ -456,6 +453,11 @@ impl Running<'_> {
                     self.context
                         .finish(self.turn, outcome, None, self.progress(machine.steps()))
                         .await;
+                    return;
+                }
+                Action::AwaitApproval(call) => {
+                    let settings = self.settings;
+                    approval::pause(self.context, settings, self.turn, call, machine.steps()).await;
                     return;
                 }
                 Action::Refused(refused) => {
@@ -767,40 +769,5 @@ impl Running<'_> {
             Err(err) => tracing::error!(error = %err,
                 "cannot mark the turn resume_pending; it is found running at the next start and resumed as crashed"),
         }
-    }
-}
-
-/// The bytes of a model request's messages and of its reply: what a reply without usage is
-/// estimated from (`usage::BYTES_PER_TOKEN`). Computed only for such replies.
-fn exchanged_bytes(messages: &[Message], reply: &Reply) -> u64 {
-    if reply.usage.is_some() {
-        return 0;
-    }
-    let bytes = |value: serde_json::Result<Vec<u8>>| value.map_or(0, |bytes| bytes.len() as u64);
-    bytes(serde_json::to_vec(messages)) + bytes(serde_json::to_vec(&reply.message))
-}
-
-/// What a model reply leaves for the commit of its entry: its usage, and its endpoint.
-#[derive(Default)]
-struct ReplyFacts {
-    spent: Spent,
-    answered_by: Option<AnsweredBy>,
-}
-
-impl ReplyFacts {
-    /// Puts the endpoint on the reply's entry (the first assistant message among `entries`),
-    /// and returns what the reply spent, which the same commit records.
-    fn attach(self, entries: &mut [Entry]) -> Spent {
-        let assistant = entries.iter_mut().find_map(|entry| match entry {
-            Entry::Message {
-                message,
-                answered_by,
-            } if message.role == Role::Assistant => Some(answered_by),
-            Entry::Message { .. } | Entry::Event { .. } | Entry::ToolStart { .. } => None,
-        });
-        if let Some(answered_by) = assistant {
-            *answered_by = self.answered_by;
-        }
-        self.spent
     }
 }

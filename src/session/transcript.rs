@@ -8,7 +8,11 @@ use serde_json::Value;
 
 use crate::agent::endpoint::AnsweredBy;
 use crate::agent::message::{Message, Role};
+use crate::agent::model::Reply;
 use crate::store::EVENT_ENTRY;
+use crate::store::approval::{APPROVAL_ENTRY, ApprovalEntry};
+use crate::store::states::ApprovalStatus;
+use crate::usage::Spent;
 
 /// A transcript entry. Messages are what the model sees; a tool start marks a call as begun, so
 /// a crash between start and result is visible afterwards. The event that starts a turn is
@@ -42,6 +46,8 @@ pub(crate) enum Entry {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         mcp_server: Option<String>,
     },
+    /// A call that waits for an operator's decision, and (a later entry) the decision.
+    Approval(ApprovalEntry),
 }
 
 impl Entry {
@@ -58,8 +64,25 @@ impl Entry {
             Entry::Message { .. } => "message",
             Entry::Event { .. } => EVENT_ENTRY,
             Entry::ToolStart { .. } => "tool_start",
+            Entry::Approval(_) => APPROVAL_ENTRY,
         }
     }
+}
+
+/// The decisions recorded in `transcript` (requests still pending are left out).
+pub(crate) fn decisions(transcript: &[Entry]) -> Vec<ApprovalEntry> {
+    transcript
+        .iter()
+        .filter_map(|entry| match entry {
+            Entry::Approval(approval) if approval.status != ApprovalStatus::Pending => {
+                Some(approval.clone())
+            }
+            Entry::Approval(_)
+            | Entry::Message { .. }
+            | Entry::Event { .. }
+            | Entry::ToolStart { .. } => None,
+        })
+        .collect()
 }
 
 /// A tool call the interrupted run asked for but has no recorded result.
@@ -97,7 +120,7 @@ pub(crate) fn unfinished_calls(transcript: &[Entry]) -> Vec<UnfinishedCall> {
                     call.key.clone_from(key);
                 }
             }
-            Entry::Message { .. } | Entry::Event { .. } => {}
+            Entry::Message { .. } | Entry::Event { .. } | Entry::Approval(_) => {}
         }
     }
     calls
@@ -142,6 +165,55 @@ pub(crate) fn interrupted_result(name: &str) -> String {
          (it may have completed, in part or in full). It was not run again because it is not marked \
          idempotent. Check its effect before you repeat it."
     )
+}
+
+/// The conversation messages among transcript entries (tool starts are bookkeeping).
+pub(super) fn messages_of(entries: &[Entry]) -> Vec<Message> {
+    entries
+        .iter()
+        .filter_map(|entry| match entry {
+            Entry::Message { message, .. } => Some(message.clone()),
+            Entry::ToolStart { .. } | Entry::Event { .. } | Entry::Approval(_) => None,
+        })
+        .collect()
+}
+
+/// The bytes of a model request's messages and of its reply: what a reply without usage is
+/// estimated from (`usage::BYTES_PER_TOKEN`). Computed only for such replies.
+pub(super) fn exchanged_bytes(messages: &[Message], reply: &Reply) -> u64 {
+    if reply.usage.is_some() {
+        return 0;
+    }
+    let bytes = |value: serde_json::Result<Vec<u8>>| value.map_or(0, |bytes| bytes.len() as u64);
+    bytes(serde_json::to_vec(messages)) + bytes(serde_json::to_vec(&reply.message))
+}
+
+/// What a model reply leaves for the commit of its entry: its usage, and its endpoint.
+#[derive(Default)]
+pub(super) struct ReplyFacts {
+    pub(super) spent: Spent,
+    pub(super) answered_by: Option<AnsweredBy>,
+}
+
+impl ReplyFacts {
+    /// Puts the endpoint on the reply's entry (the first assistant message among `entries`),
+    /// and returns what the reply spent, which the same commit records.
+    pub(super) fn attach(self, entries: &mut [Entry]) -> Spent {
+        let assistant = entries.iter_mut().find_map(|entry| match entry {
+            Entry::Message {
+                message,
+                answered_by,
+            } if message.role == Role::Assistant => Some(answered_by),
+            Entry::Message { .. }
+            | Entry::Event { .. }
+            | Entry::ToolStart { .. }
+            | Entry::Approval(_) => None,
+        });
+        if let Some(answered_by) = assistant {
+            *answered_by = self.answered_by;
+        }
+        self.spent
+    }
 }
 
 #[cfg(test)]

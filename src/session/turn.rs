@@ -6,7 +6,7 @@
 //! hold. Keeping the decisions here makes every edge case (unknown tool, bad arguments, empty
 //! reply, step limit) a plain unit test.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use serde_json::Value;
 
@@ -14,7 +14,8 @@ pub(crate) use super::transcript::Entry;
 use super::transcript::{UnfinishedCall, interrupted_result};
 use crate::agent::message::{Message, Role};
 use crate::schema;
-use crate::store::{StopReason, Terminal, TurnStatus};
+use crate::store::approval::ApprovalEntry;
+use crate::store::{ApprovalStatus, StopReason, Terminal, TurnStatus};
 
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Outcome {
@@ -54,6 +55,17 @@ pub(crate) enum Action {
     /// A call the model asked for was not run (its result, which says why, is recorded):
     /// log and count it.
     Refused(RefusedCall),
+    /// A call of a tool that needs an operator's decision: commit the request and pause the
+    /// turn; it continues (a new run) once the decision is taken.
+    AwaitApproval(GatedCall),
+}
+
+/// A call that waits for an operator's decision.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct GatedCall {
+    pub call_id: String,
+    pub name: String,
+    pub arguments: Value,
 }
 
 /// A tool call the turn refused to run.
@@ -76,6 +88,10 @@ pub(crate) enum CallRefusal {
     InvalidArguments,
     /// The same call already ran as often as one turn allows.
     Repeated,
+    /// An operator denied it.
+    Denied,
+    /// Nobody decided within `approval_timeout`.
+    Expired,
 }
 
 impl CallRefusal {
@@ -86,6 +102,8 @@ impl CallRefusal {
             CallRefusal::NotJson => "not_json",
             CallRefusal::InvalidArguments => "invalid",
             CallRefusal::Repeated => "repeated",
+            CallRefusal::Denied => "denied",
+            CallRefusal::Expired => "expired",
         }
     }
 }
@@ -109,6 +127,17 @@ struct PendingCall {
     arguments: Value,
     /// The key of the interrupted run this call repeats; a new call gets a new one.
     key: Option<String>,
+    /// It needs an operator's decision that is not taken yet.
+    awaits_decision: bool,
+}
+
+/// Whether an admitted call may run.
+enum Gate {
+    Open,
+    /// It waits for an operator's decision.
+    Ask,
+    /// Decided against: the reason, what the model is told, what the journal is told.
+    Closed(CallRefusal, String, String),
 }
 
 /// The note before a turn's last model request, which offers no tools.
@@ -136,6 +165,11 @@ pub(crate) struct TurnMachine {
     calls_started: u32,
     /// Tools that come from an MCP server, by the name the model calls them, with the server.
     mcp_servers: BTreeMap<String, String>,
+    /// Tools whose calls wait for an operator's decision.
+    gated: BTreeSet<String>,
+    /// Decisions taken on the calls of the run this one continues; used by `start_resumed`
+    /// only, so that a decision lets exactly the call it was asked for run.
+    decided: Vec<ApprovalEntry>,
 }
 
 impl TurnMachine {
@@ -159,7 +193,21 @@ impl TurnMachine {
             key_prefix: String::new(),
             calls_started: 0,
             mcp_servers: BTreeMap::new(),
+            gated: BTreeSet::new(),
+            decided: Vec::new(),
         }
+    }
+
+    /// Calls of the `gated` tools wait for an operator's decision; `decided` are the decisions
+    /// taken on the calls of the run this one continues.
+    pub(crate) fn approvals(
+        mut self,
+        gated: BTreeSet<String>,
+        decided: Vec<ApprovalEntry>,
+    ) -> TurnMachine {
+        self.gated = gated;
+        self.decided = decided;
+        self
     }
 
     /// Call keys start with `prefix` (the turn's id, unique among turns), so every call of
@@ -204,13 +252,13 @@ impl TurnMachine {
 
     /// Starts a resumed turn. Unfinished calls are settled first: a started call of a tool that
     /// is not idempotent gets an "interrupted, outcome unknown" result and is never re-run; an
-    /// idempotent one, or one that never started, runs. Then `note` is recorded and the model
-    /// is asked to go on.
+    /// idempotent one, or one that never started, runs (a gated one as its decision says). Then
+    /// `note`, if any, is recorded and the model is asked to go on.
     pub(crate) fn start_resumed(
         &mut self,
         unfinished: Vec<UnfinishedCall>,
         may_run_again: impl Fn(&str) -> bool,
-        note: Message,
+        note: Option<Message>,
     ) -> Vec<Action> {
         let mut actions = Vec::new();
         for call in unfinished {
@@ -222,7 +270,8 @@ impl TurnMachine {
             let arguments = call.arguments.clone();
             actions.extend(self.admit(call.call_id, call.name, &arguments, call.key));
         }
-        self.note = Some(note);
+        self.decided.clear();
+        self.note = note;
         actions.extend(self.after_tools());
         actions
     }
@@ -314,13 +363,19 @@ impl TurnMachine {
         let checked = self
             .check_call(&name, arguments)
             .and_then(|arguments| self.count_repeat(&name, arguments));
-        match checked {
-            Ok(arguments) => {
+        let gated = checked.and_then(|arguments| match self.gate(&call_id, &name, &arguments) {
+            Gate::Open => Ok((arguments, false)),
+            Gate::Ask => Ok((arguments, true)),
+            Gate::Closed(reason, for_model, detail) => Err((reason, for_model, detail)),
+        });
+        match gated {
+            Ok((arguments, awaits_decision)) => {
                 self.pending.push_back(PendingCall {
                     call_id,
                     name,
                     arguments,
                     key,
+                    awaits_decision,
                 });
                 Vec::new()
             }
@@ -335,6 +390,41 @@ impl TurnMachine {
                     detail,
                 }),
             ],
+        }
+    }
+
+    /// Whether a call of `name` with `arguments` may run: at once (no decision needed, or
+    /// approved), after a decision, or not at all (denied, expired). Only a decision taken on
+    /// this very call (its id, tool and arguments) counts.
+    fn gate(&self, call_id: &str, name: &str, arguments: &Value) -> Gate {
+        if !self.gated.contains(name) {
+            return Gate::Open;
+        }
+        let decision = self.decided.iter().rev().find(|decision| {
+            decision.call_id == call_id && decision.tool == name && decision.arguments == *arguments
+        });
+        let Some(decision) = decision else {
+            return Gate::Ask;
+        };
+        let by = decision.by.as_deref().unwrap_or("an operator");
+        match decision.status {
+            ApprovalStatus::Pending => Gate::Ask,
+            ApprovalStatus::Approved => Gate::Open,
+            ApprovalStatus::Denied => Gate::Closed(
+                CallRefusal::Denied,
+                format!(
+                    "denied by operator ({by}): {}. The call did not run; do not try it again.",
+                    decision.note.as_deref().unwrap_or("no reason given")
+                ),
+                format!("denied by {by}"),
+            ),
+            ApprovalStatus::Expired => Gate::Closed(
+                CallRefusal::Expired,
+                "expired: nobody decided on this call within runtime.approval_timeout, so it \
+                 did not run. Do not try it again in this turn."
+                    .to_string(),
+                "no decision within runtime.approval_timeout".to_string(),
+            ),
         }
     }
 
@@ -408,6 +498,11 @@ impl TurnMachine {
     /// Runs the next pending tool call, or asks the model again when all are done.
     fn after_tools(&mut self) -> Vec<Action> {
         match self.pending.pop_front() {
+            Some(call) if call.awaits_decision => vec![Action::AwaitApproval(GatedCall {
+                call_id: call.call_id,
+                name: call.name,
+                arguments: call.arguments,
+            })],
             Some(call) => {
                 let key = call.key.unwrap_or_else(|| {
                     self.calls_started += 1;
@@ -485,348 +580,5 @@ impl TurnMachine {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::super::transcript::unfinished_calls;
-    use super::*;
-    use serde_json::json;
-
-    fn machine(max_steps: u32) -> TurnMachine {
-        let tools = BTreeMap::from([(
-            "df".to_string(),
-            json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}),
-        )]);
-        TurnMachine::new(max_steps, vec![Message::text(Role::User, "go")], tools)
-    }
-
-    fn call(id: &str, name: &str, arguments: &str) -> Message {
-        Message::asking_for(id, name, arguments)
-    }
-
-    fn kinds(actions: &[Action]) -> Vec<&'static str> {
-        actions
-            .iter()
-            .map(|a| match a {
-                Action::Record(e) => e.kind(),
-                Action::CallModel { offer_tools: true } => "call_model",
-                Action::CallModel { offer_tools: false } => "last_call",
-                Action::RunTool { .. } => "run_tool",
-                Action::Finish(Outcome::Completed { .. }) => "completed",
-                Action::Finish(Outcome::Failed { .. }) => "failed",
-                Action::Refused(_) => "refused",
-            })
-            .collect()
-    }
-
-    #[test]
-    fn tool_call_then_answer() {
-        let mut m = machine(5);
-        assert_eq!(m.start(), vec![Action::CallModel { offer_tools: true }]);
-        let actions = m.on(Input::ModelReplied(call("c1", "df", r#"{"path":"/"}"#)));
-        assert_eq!(kinds(&actions), ["message", "tool_start", "run_tool"]);
-        let actions = m.on(Input::ToolFinished {
-            call_id: "c1".into(),
-            result: "ok".into(),
-        });
-        assert_eq!(kinds(&actions), ["message", "call_model"]);
-        let actions = m.on(Input::ModelReplied(Message::text(Role::Assistant, "done")));
-        assert_eq!(kinds(&actions), ["message", "completed"]);
-        assert_eq!(m.steps(), 2);
-        assert_eq!(m.messages().len(), 4);
-    }
-
-    #[test]
-    fn unknown_tool_and_bad_arguments_become_tool_errors_the_model_sees() {
-        let refused = |actions: &[Action]| -> Vec<(String, CallRefusal)> {
-            actions
-                .iter()
-                .filter_map(|action| match action {
-                    Action::Refused(r) => Some((r.tool.clone(), r.reason)),
-                    _ => None,
-                })
-                .collect()
-        };
-        let mut m = machine(5);
-        let actions = m.on(Input::ModelReplied(call("c1", "rm_rf", "{}")));
-        assert_eq!(
-            kinds(&actions),
-            ["message", "message", "refused", "call_model"]
-        );
-        assert_eq!(
-            refused(&actions),
-            [("rm_rf".to_string(), CallRefusal::UnknownTool)]
-        );
-        assert!(
-            m.messages()[2]
-                .content
-                .as_deref()
-                .is_some_and(|c| c.contains("not available"))
-        );
-        let actions = m.on(Input::ModelReplied(call("c2", "df", "{not json")));
-        assert_eq!(
-            refused(&actions),
-            [("df".to_string(), CallRefusal::NotJson)]
-        );
-        let actions = m.on(Input::ModelReplied(call("c3", "df", r#"{"path": 3}"#)));
-        assert_eq!(
-            kinds(&actions),
-            ["message", "message", "refused", "call_model"]
-        );
-        assert_eq!(
-            refused(&actions),
-            [("df".to_string(), CallRefusal::InvalidArguments)]
-        );
-        assert!(
-            m.messages()
-                .last()
-                .and_then(|x| x.content.clone())
-                .is_some_and(|c| c.contains("not run") && c.contains("is not of type \"string\""))
-        );
-    }
-
-    #[test]
-    fn empty_and_malformed_replies_are_recoverable_until_the_step_limit() {
-        let mut m = machine(3);
-        let actions = m.on(Input::ModelReplied(Message::text(Role::Assistant, "  ")));
-        assert_eq!(kinds(&actions), ["message", "message", "call_model"]);
-        let actions = m.on(Input::ModelMalformed("not JSON".into()));
-        // The third request is the turn's last: a note, and no tools offered.
-        assert_eq!(kinds(&actions), ["message", "message", "last_call"]);
-        let actions = m.on(Input::ModelMalformed("not JSON".into()));
-        assert_eq!(kinds(&actions), ["message", "failed"]);
-    }
-
-    #[test]
-    fn the_last_step_offers_no_tools_and_its_answer_ends_the_turn() {
-        let mut m = machine(2);
-        m.start();
-        let actions = m.on(Input::ModelReplied(call("c1", "df", r#"{"path":"/"}"#)));
-        assert_eq!(kinds(&actions), ["message", "tool_start", "run_tool"]);
-        let actions = m.on(Input::ToolFinished {
-            call_id: "c1".into(),
-            result: "42%".into(),
-        });
-        assert_eq!(kinds(&actions), ["message", "message", "last_call"]);
-        assert!(
-            m.messages()
-                .last()
-                .and_then(|note| note.content.as_deref())
-                .is_some_and(|note| note.contains("last step"))
-        );
-        let actions = m.on(Input::ModelReplied(Message::text(
-            Role::Assistant,
-            "42% used",
-        )));
-        assert_eq!(kinds(&actions), ["message", "completed"]);
-    }
-
-    #[test]
-    fn a_last_reply_that_still_calls_tools_runs_none_and_each_call_gets_a_result() {
-        let mut m = machine(1);
-        assert_eq!(kinds(&m.start()), ["message", "last_call"]);
-        let actions = m.on(Input::ModelReplied(call("c1", "df", r#"{"path":"/"}"#)));
-        assert_eq!(kinds(&actions), ["message", "message", "failed"]);
-        assert_eq!(
-            m.messages().last().and_then(|r| r.tool_call_id.as_deref()),
-            Some("c1")
-        );
-    }
-
-    #[test]
-    fn an_identical_call_past_the_limit_is_not_run() {
-        let mut m = machine(10).limit_repeated_calls(2);
-        m.start();
-        for n in 0..2 {
-            let id = format!("c{n}");
-            let actions = m.on(Input::ModelReplied(call(&id, "df", r#"{"path":"/"}"#)));
-            assert_eq!(
-                kinds(&actions),
-                ["message", "tool_start", "run_tool"],
-                "call {n}"
-            );
-            m.on(Input::ToolFinished {
-                call_id: id,
-                result: "42%".into(),
-            });
-        }
-        // The same arguments written differently are the same call.
-        let actions = m.on(Input::ModelReplied(call("c2", "df", r#"{ "path" : "/" }"#)));
-        assert_eq!(
-            kinds(&actions),
-            ["message", "message", "refused", "call_model"]
-        );
-        assert!(matches!(&actions[2], Action::Refused(r) if r.reason == CallRefusal::Repeated));
-        let actions = m.on(Input::ModelReplied(call("c3", "df", r#"{"path":"/var"}"#)));
-        assert_eq!(kinds(&actions), ["message", "tool_start", "run_tool"]);
-    }
-
-    #[test]
-    fn a_reply_runs_at_most_the_limit_of_tool_calls() {
-        let mut m = machine(5).limit_tool_calls(2);
-        let reply = Message {
-            tool_calls: (0..5)
-                .flat_map(|n| call(&format!("c{n}"), "df", r#"{"path":"/"}"#).tool_calls)
-                .collect(),
-            ..call("x", "df", "{}")
-        };
-        let actions = m.on(Input::ModelReplied(reply));
-        let refused = actions
-            .iter()
-            .filter(|action| {
-                matches!(action, Action::Record(Entry::Message { message, .. })
-                    if message.content.as_deref().is_some_and(|c| c.contains("max_tool_calls_per_reply")))
-            })
-            .count();
-        assert_eq!(refused, 3);
-        let mut ran = actions
-            .iter()
-            .filter(|action| matches!(action, Action::RunTool { .. }))
-            .count();
-        for n in 0..2 {
-            ran += m
-                .on(Input::ToolFinished {
-                    call_id: format!("c{n}"),
-                    result: "ok".into(),
-                })
-                .iter()
-                .filter(|action| matches!(action, Action::RunTool { .. }))
-                .count();
-        }
-        assert_eq!(ran, 2);
-    }
-
-    #[test]
-    fn step_limit_stops_a_model_that_only_calls_tools() {
-        let mut m = machine(1);
-        m.on(Input::ModelReplied(call("c1", "df", r#"{"path":"/"}"#)));
-        let actions = m.on(Input::ToolFinished {
-            call_id: "c1".into(),
-            result: "ok".into(),
-        });
-        assert!(
-            matches!(actions.last(), Some(Action::Finish(Outcome::Failed { error })) if error.contains("max_turn_steps"))
-        );
-    }
-
-    #[test]
-    fn resume_settles_unfinished_calls_without_rerunning_side_effects() {
-        let transcript = vec![
-            Entry::message(Message::text(Role::User, "go")),
-            Entry::message(Message {
-                tool_calls: [
-                    call("a", "df", r#"{"path":"/"}"#),
-                    call("b", "restart", "{}"),
-                    call("c", "df", r#"{"path":"/x"}"#),
-                ]
-                .into_iter()
-                .flat_map(|m| m.tool_calls)
-                .collect(),
-                ..call("x", "df", "{}")
-            }),
-            Entry::ToolStart {
-                call_id: "a".into(),
-                name: "df".into(),
-                arguments: json!({"path": "/"}),
-                key: Some("t0.1".into()),
-                mcp_server: None,
-            },
-            Entry::message(Message::tool_result("a", "ok")),
-            Entry::ToolStart {
-                call_id: "b".into(),
-                name: "restart".into(),
-                arguments: json!({}),
-                key: Some("t0.2".into()),
-                mcp_server: None,
-            },
-        ];
-        let unfinished = unfinished_calls(&transcript);
-        let names: Vec<_> = unfinished
-            .iter()
-            .map(|c| (c.call_id.as_str(), c.started))
-            .collect();
-        assert_eq!(names, [("b", true), ("c", false)]);
-
-        let mut m = machine(5);
-        m.tools.insert("restart".into(), json!({"type": "object"}));
-        let note = Message::text(Role::User, "continue");
-        let actions = m.start_resumed(unfinished, |name| name == "df", note);
-        // b (started, not idempotent): recorded as interrupted; c (never started): runs.
-        assert_eq!(kinds(&actions), ["message", "tool_start", "run_tool"]);
-        assert!(
-            matches!(&actions[0], Action::Record(Entry::Message { message, .. })
-            if message.content.as_deref().is_some_and(|c| c.contains("interrupted") && c.contains("unknown")))
-        );
-        let actions = m.on(Input::ToolFinished {
-            call_id: "c".into(),
-            result: "ok".into(),
-        });
-        // The note comes after every tool result, right before the model is asked again.
-        assert_eq!(kinds(&actions), ["message", "message", "call_model"]);
-        assert_eq!(
-            m.messages()
-                .last()
-                .and_then(|x| x.content.clone())
-                .as_deref(),
-            Some("continue")
-        );
-    }
-
-    #[test]
-    fn resume_reruns_a_started_idempotent_call_with_its_key() {
-        let unfinished = vec![UnfinishedCall {
-            call_id: "a".into(),
-            name: "df".into(),
-            arguments: r#"{"path":"/"}"#.into(),
-            started: true,
-            key: Some("t0.3".into()),
-        }];
-        let mut m = machine(5).call_keys("t1");
-        let actions = m.start_resumed(unfinished, |_| true, Message::text(Role::User, "go on"));
-        assert_eq!(kinds(&actions), ["tool_start", "run_tool"]);
-        assert!(matches!(&actions[1], Action::RunTool { key, .. } if key == "t0.3"));
-    }
-
-    #[test]
-    fn every_new_call_gets_its_own_key_and_mcp_calls_name_their_server() {
-        let mut m = machine(5)
-            .call_keys("turn-9")
-            .mcp_servers(BTreeMap::from([("df".to_string(), "disks".to_string())]));
-        m.start();
-        let reply = Message {
-            tool_calls: [
-                call("same", "df", r#"{"path":"/"}"#),
-                call("same", "df", r#"{"path":"/x"}"#),
-            ]
-            .into_iter()
-            .flat_map(|m| m.tool_calls)
-            .collect(),
-            ..call("x", "df", "{}")
-        };
-        let mut actions = m.on(Input::ModelReplied(reply));
-        actions.extend(m.on(Input::ToolFinished {
-            call_id: "same".into(),
-            result: "ok".into(),
-        }));
-        let keys: Vec<&str> = actions
-            .iter()
-            .filter_map(|action| match action {
-                Action::RunTool { key, .. } => Some(key.as_str()),
-                _ => None,
-            })
-            .collect();
-        assert_eq!(keys, ["turn-9.1", "turn-9.2"]);
-        assert!(actions.iter().any(|action| matches!(action,
-            Action::Record(Entry::ToolStart { mcp_server: Some(server), .. }) if server == "disks")));
-    }
-
-    #[test]
-    fn unavailable_model_fails_the_turn() {
-        let mut m = machine(3);
-        let actions = m.on(Input::ModelUnavailable("down".into()));
-        assert_eq!(
-            actions,
-            vec![Action::Finish(Outcome::Failed {
-                error: "down".into()
-            })]
-        );
-    }
-}
+#[path = "turn_tests.rs"]
+mod tests;

@@ -12,6 +12,7 @@
 //! the listener answer 202 only for durable events.
 
 mod admission;
+pub(crate) mod approval;
 mod atomic;
 #[cfg(test)]
 mod contract;
@@ -32,18 +33,19 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use crate::config::StoreSettings;
 use crate::usage::{Spending, Spent, UsageDay};
 pub(crate) use states::{
-    DeliveryState, EventStatus, NodeState, ResumeReason, SessionState, StopReason, Terminal,
-    TurnStatus,
+    ApprovalStatus, Continuation, DeliveryState, EventStatus, NodeState, ResumeReason,
+    SessionState, StopReason, Terminal, TurnStatus,
 };
 
+pub(crate) use approval::{ApprovalRow, Decided, Decision, NewApproval};
 pub(crate) use atomic::is_stale_temp;
 pub(crate) use ledger::Ledger;
 pub(crate) use lock::{DaemonLock, LockError};
 pub(crate) use model::{
-    AcceptOutcome, Claim, ClaimedTurn, DeliveryAttempt, DeliveryCounts, DeliveryRow, EVENT_ENTRY,
-    Event, EventCounts, EventDetail, EventFilter, EventRow, InterruptedSession, LiveCounts,
-    NewEvent, NodeRow, PendingDelivery, RenderDelivery, RetryTarget, SessionCounts, SessionRow,
-    StatusSummary, TranscriptRow, TurnEnd,
+    AcceptOutcome, ApprovalCounts, Claim, ClaimedTurn, DeliveryAttempt, DeliveryCounts,
+    DeliveryRow, EVENT_ENTRY, Event, EventCounts, EventDetail, EventFilter, EventRow,
+    InterruptedSession, LiveCounts, NewEvent, NodeRow, PendingDelivery, RenderDelivery,
+    RetryTarget, SessionCounts, SessionRow, StatusSummary, TranscriptRow, TurnEnd,
 };
 pub(crate) use sqlite::{backup, check_database, session_keys};
 
@@ -197,12 +199,12 @@ pub(crate) enum Settled {
 /// Everything agentgate asks of durable state, whichever backend keeps it, one trait per concern.
 /// Each write commits before its future resolves.
 pub(crate) trait Backend:
-    Accepting + Turns + Recovery + Outbox + Inspection + Operator + Coordination
+    Accepting + Turns + Recovery + Outbox + Inspection + Operator + Coordination + Approvals
 {
 }
 
 impl<T> Backend for T where
-    T: Accepting + Turns + Recovery + Outbox + Inspection + Operator + Coordination
+    T: Accepting + Turns + Recovery + Outbox + Inspection + Operator + Coordination + Approvals
 {
 }
 
@@ -274,6 +276,10 @@ pub(crate) trait Turns: Send + Sync {
         reason: ResumeReason,
         steps: u32,
     ) -> Result<(), StoreError>;
+    /// Pauses a running turn on a call that waits for an operator's decision: commits the
+    /// request with its transcript entry; the turn is interrupted (`awaiting_approval`), its
+    /// event and session await the decision, and the session's lease (PostgreSQL) is released.
+    async fn await_approval(&self, request: NewApproval, steps: u32) -> Result<(), StoreError>;
     /// Whether any run of `event_id` recorded a transcript entry.
     async fn event_has_transcript(&self, event_id: &str) -> Result<bool, StoreError>;
     /// The whole transcript of a session.
@@ -366,6 +372,31 @@ pub(crate) trait Operator: Send + Sync {
     /// `deliveries retry`: failed deliveries get a fresh attempt budget and are due at once;
     /// pending ones are due at once. Returns how many.
     async fn retry_deliveries(&self, target: RetryTarget) -> Result<u64, StoreError>;
+}
+
+/// Approval requests: listing and deciding them (docs/reference.md, "Approvals").
+#[async_trait::async_trait]
+pub(crate) trait Approvals: Send + Sync {
+    /// Up to `limit` requests, oldest first; only pending ones with `pending_only`.
+    async fn approvals(
+        &self,
+        pending_only: bool,
+        limit: i64,
+    ) -> Result<Vec<ApprovalRow>, StoreError>;
+    async fn approval(&self, id: &str) -> Result<Option<ApprovalRow>, StoreError>;
+    /// Takes a decision on a pending request and queues its turn to continue, with the decision
+    /// in its transcript, in one transaction; a request past its time is expired instead.
+    async fn decide_approval(&self, id: &str, decision: Decision) -> Result<Decided, StoreError>;
+    /// Expires a batch of pending requests whose time ran out (their turns continue); returns
+    /// them, none when there is nothing left to expire.
+    async fn expire_approvals(&self) -> Result<Vec<ApprovalRow>, StoreError>;
+    /// Denies the session's pending requests with `decision` (an operator suspended or
+    /// cancelled it); returns them.
+    async fn deny_session_approvals(
+        &self,
+        session_key: &str,
+        decision: Decision,
+    ) -> Result<Vec<ApprovalRow>, StoreError>;
 }
 
 /// The store's own health, and work shared between nodes.

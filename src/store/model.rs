@@ -7,8 +7,8 @@ use serde::{Deserialize, Serialize};
 
 use super::StoreError;
 use super::states::{
-    DeliveryState, EventStatus, NodeState, ResumeReason, SessionState, StopReason, Terminal,
-    TurnStatus,
+    Continuation, DeliveryState, EventStatus, NodeState, ResumeReason, SessionState, StopReason,
+    Terminal, TurnStatus,
 };
 use crate::usage::{Price, Spent, UsageReport, UsageToday};
 
@@ -54,6 +54,15 @@ pub(crate) struct StatusSummary {
     pub nodes: Option<Vec<NodeRow>>,
     /// What model replies spent today (UTC), without cost (the store knows no price).
     pub usage: UsageToday,
+    /// Tool calls waiting for an operator's decision.
+    #[serde(default)]
+    pub approvals: ApprovalCounts,
+}
+
+/// Approval requests, for `status`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct ApprovalCounts {
+    pub pending: i64,
 }
 
 impl StatusSummary {
@@ -64,6 +73,7 @@ impl StatusSummary {
         deliveries: DeliveryCounts,
         nodes: Option<Vec<NodeRow>>,
         today: Spent,
+        approvals: ApprovalCounts,
     ) -> StatusSummary {
         StatusSummary {
             events: EventCounts {
@@ -79,6 +89,7 @@ impl StatusSummary {
             usage: UsageToday {
                 today: UsageReport::of(today, None),
             },
+            approvals,
         }
     }
 }
@@ -120,6 +131,8 @@ pub(crate) struct LiveCounts {
     pub queued: i64,
     pub resume_pending: i64,
     pub suspended: i64,
+    /// Tool calls waiting for an operator's decision.
+    pub approvals_pending: i64,
 }
 
 #[derive(Debug, Clone)]
@@ -161,8 +174,9 @@ impl DeliveryAttempt {
 pub(crate) struct ClaimedTurn {
     pub turn_id: String,
     pub event: Event,
-    /// Set when this run resumes an interrupted one.
-    pub resume_reason: Option<ResumeReason>,
+    /// Set when this run continues an earlier one: resumes an interrupted run, or goes on
+    /// after an operator's decision.
+    pub continues: Option<Continuation>,
     /// Queued by agentgate itself (a background job's result), not by a sender.
     pub internal: bool,
     /// Runs with no other turn beside it on this node (a resume after a crash that cut off

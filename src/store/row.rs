@@ -7,11 +7,12 @@
 //! a row type is read in one place whichever backend holds it.
 
 use super::StoreError;
+use super::approval::ApprovalRow;
 use super::model::{
     ClaimedTurn, DeliveryCounts, DeliveryRow, Event, EventRow, InterruptedSession, LiveCounts,
     PendingDelivery, SessionRow, TranscriptRow, TurnRow,
 };
-use super::states::ResumeReason;
+use super::states::{Continuation, ResumeReason};
 use crate::usage::{Spent, Usage, UsageDay, UsageReport};
 
 /// What a column may be read as: the types both drivers convert.
@@ -85,7 +86,7 @@ impl ClaimedTurn {
         Ok(ClaimedTurn {
             turn_id,
             event: Event::decode(row)?,
-            resume_reason: reason.as_deref().map(ResumeReason::from_sql),
+            continues: reason.as_deref().map(Continuation::from_sql),
             internal: row.column("internal")?,
             alone: row.column("run_alone")?,
         })
@@ -104,6 +105,32 @@ impl TranscriptRow {
             body: serde_json::from_str(&body).unwrap_or(serde_json::Value::String(body)),
             created_at: row.column("created_at")?,
             event: event_id.map(|_| Event::decode(row)).transpose()?,
+        })
+    }
+}
+
+impl ApprovalRow {
+    /// The columns of `approval::APPROVAL_COLUMNS`.
+    pub(crate) fn decode<R: StoredRow + ?Sized>(row: &R) -> Result<ApprovalRow, StoreError> {
+        let arguments: String = row.column("arguments")?;
+        Ok(ApprovalRow {
+            id: row.column("id")?,
+            event_id: row.column("event_id")?,
+            session: row.column("session_key")?,
+            route: row.column("route")?,
+            turn_id: row.column("turn_id")?,
+            call_id: row.column("call_id")?,
+            tool: row.column("tool")?,
+            arguments: serde_json::from_str(&arguments).map_err(|err| StoreError::Decode {
+                column: "arguments",
+                reason: err.to_string(),
+            })?,
+            status: row.column("status")?,
+            requested_at: row.column("requested_at")?,
+            expires_at: row.column("expires_at")?,
+            decided_at: row.column("decided_at")?,
+            decided_by: row.column("decided_by")?,
+            note: row.column("note")?,
         })
     }
 }
@@ -157,6 +184,7 @@ impl LiveCounts {
             queued: row.column("queued")?,
             resume_pending: row.column("resume_pending")?,
             suspended: row.column("suspended")?,
+            approvals_pending: row.column("approvals_pending")?,
         })
     }
 }

@@ -10,9 +10,10 @@
 use const_format::concatcp;
 
 use super::states::{
-    CRASHED, DELIVERED, DELIVERY_FAILED, EVENT_ABANDONED, EVENT_COMPLETED, EVENT_FAILED,
-    EVENT_RUNNING, EVENT_SUSPENDED, IDLE, PENDING, QUEUED, RESUME_PENDING, SESSION_RUNNING,
-    SHUTDOWN_TIMEOUT, SUSPENDED, TURN_INTERRUPTED, TURN_RUNNING,
+    APPROVAL_PENDING, CRASHED, DECIDED, DELIVERED, DELIVERY_FAILED, EVENT_ABANDONED,
+    EVENT_AWAITING, EVENT_COMPLETED, EVENT_FAILED, EVENT_RUNNING, EVENT_SUSPENDED, IDLE, PENDING,
+    QUEUED, RESUME_PENDING, SESSION_AWAITING, SESSION_RUNNING, SHUTDOWN_TIMEOUT, SUSPENDED,
+    TURN_INTERRUPTED, TURN_RUNNING,
 };
 use crate::usage::Spent;
 
@@ -57,8 +58,10 @@ pub(crate) const PRUNABLE_EVENTS_SQL: &str = concatcp!(
      ORDER BY e.seq LIMIT $2"
 );
 
-/// `$1` an event id: its transcript steps, turns, delivery and the event itself, in that order.
-pub(crate) const DELETE_EVENT_SQL: [&str; 4] = [
+/// `$1` an event id: its approval requests, transcript steps, turns, delivery and the event
+/// itself, in that order.
+pub(crate) const DELETE_EVENT_SQL: [&str; 5] = [
+    "DELETE FROM approvals WHERE event_id = $1",
     "DELETE FROM transcript WHERE turn_id IN (SELECT id FROM turns WHERE event_id = $1)",
     "DELETE FROM turns WHERE event_id = $1",
     "DELETE FROM deliveries WHERE event_id = $1",
@@ -246,7 +249,9 @@ pub(crate) const LIVE_COUNTS_SQL: &str = concatcp!(
     RESUME_PENDING,
     ") AS resume_pending, (SELECT count(*) FROM sessions WHERE state = ",
     SUSPENDED,
-    ") AS suspended"
+    ") AS suspended, (SELECT count(*) FROM approvals WHERE status = ",
+    APPROVAL_PENDING,
+    ") AS approvals_pending"
 );
 
 /// Accepted webhooks by status (internal events are not accepted ones).
@@ -375,13 +380,18 @@ pub(crate) const REQUEUE_STOPPED_EVENT_SQL: &str = concatcp!(
 );
 
 /// `sessions resume`: `$1` session key, `$2` now. The session may run again, but a turn of it
-/// that still runs keeps it busy, so that no second turn ever starts beside it.
+/// that still runs keeps it busy, so that no second turn ever starts beside it, and one that
+/// waits for a decision keeps it waiting, so that its later events stay behind it.
 pub(crate) const RESUME_SESSION_SQL: &str = concatcp!(
     "UPDATE sessions SET state = CASE WHEN EXISTS
          (SELECT 1 FROM turns WHERE session_key = $1 AND status = ",
     TURN_RUNNING,
     ") THEN ",
     SESSION_RUNNING,
+    " WHEN EXISTS (SELECT 1 FROM approvals WHERE session_key = $1 AND status = ",
+    APPROVAL_PENDING,
+    ") THEN ",
+    SESSION_AWAITING,
     " ELSE ",
     IDLE,
     " END, reason = NULL, updated_at = $2 WHERE key = $1"
@@ -417,6 +427,103 @@ pub(crate) const SEND_PENDING_NOW_SQL: &str = concatcp!(
     PENDING,
     " AND next_attempt_at > $2 AND (CAST($1 AS TEXT) IS NULL OR route = $1)"
 );
+
+// ---- Approvals -------------------------------------------------------------------------------
+
+/// The columns `ApprovalRow::decode` reads.
+pub(crate) const APPROVAL_COLUMNS: &str = "id, event_id, session_key, route, turn_id, call_id, \
+     tool, arguments, status, requested_at, expires_at, decided_at, decided_by, note";
+
+/// `$1`..`$10`: id, event id, session key, route, turn id, call id, tool, arguments (JSON text),
+/// requested at, expires at.
+pub(crate) const INSERT_APPROVAL_SQL: &str = concatcp!(
+    "INSERT INTO approvals (id, event_id, session_key, route, turn_id, call_id, tool, arguments,
+                            status, requested_at, expires_at)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, ",
+    APPROVAL_PENDING,
+    ", $9, $10)"
+);
+
+/// `$1` event id, `$2` now.
+pub(crate) const AWAIT_EVENT_SQL: &str = concatcp!(
+    "UPDATE events SET status = ",
+    EVENT_AWAITING,
+    ", updated_at = $2 WHERE id = $1"
+);
+
+/// `$1` approval id.
+pub(crate) const APPROVAL_SQL: &str =
+    concatcp!("SELECT ", APPROVAL_COLUMNS, " FROM approvals WHERE id = $1");
+
+/// `$1` only pending ones (boolean), `$2` limit: oldest first.
+pub(crate) const APPROVALS_SQL: &str = concatcp!(
+    "SELECT ",
+    APPROVAL_COLUMNS,
+    " FROM approvals WHERE (NOT $1 OR status = ",
+    APPROVAL_PENDING,
+    ") ORDER BY requested_at, id LIMIT $2"
+);
+
+/// `$1` approval id, `$2` status, `$3` by, `$4` at, `$5` note: decides it, if still pending.
+pub(crate) const DECIDE_SQL: &str = concatcp!(
+    "UPDATE approvals SET status = $2, decided_by = $3, decided_at = $4, note = $5
+     WHERE id = $1 AND status = ",
+    APPROVAL_PENDING
+);
+
+/// `$1` event id, `$2` now: once none of its requests is pending, the event is queued to
+/// continue its turn (at the head of its session's queue: it is older than what waits behind).
+pub(crate) const CONTINUE_EVENT_SQL: &str = concatcp!(
+    "UPDATE events SET status = ",
+    QUEUED,
+    ", resume_reason = ",
+    DECIDED,
+    ", updated_at = $2
+     WHERE id = $1 AND status = ",
+    EVENT_AWAITING,
+    " AND NOT EXISTS (SELECT 1 FROM approvals WHERE event_id = $1 AND status = ",
+    APPROVAL_PENDING,
+    ")"
+);
+
+/// `$1` session key, `$2` now: the session may run again once nothing of it awaits a decision.
+pub(crate) const CONTINUE_SESSION_SQL: &str = concatcp!(
+    "UPDATE sessions SET state = ",
+    IDLE,
+    ", reason = NULL, updated_at = $2
+     WHERE key = $1 AND state = ",
+    SESSION_AWAITING,
+    " AND NOT EXISTS (SELECT 1 FROM approvals WHERE session_key = $1 AND status = ",
+    APPROVAL_PENDING,
+    ")"
+);
+
+/// `$1` session key: its pending requests.
+pub(crate) const SESSION_PENDING_SQL: &str = concatcp!(
+    "SELECT ",
+    APPROVAL_COLUMNS,
+    " FROM approvals WHERE session_key = $1 AND status = ",
+    APPROVAL_PENDING,
+    " ORDER BY requested_at"
+);
+
+/// `$1` now, `$2` limit: pending requests whose time ran out.
+pub(crate) const DUE_TO_EXPIRE_SQL: &str = concatcp!(
+    "SELECT ",
+    APPROVAL_COLUMNS,
+    " FROM approvals WHERE status = ",
+    APPROVAL_PENDING,
+    " AND expires_at <= $1 ORDER BY expires_at LIMIT $2"
+);
+
+/// The number of pending requests.
+pub(crate) const PENDING_COUNT_SQL: &str = concatcp!(
+    "SELECT count(*) AS n FROM approvals WHERE status = ",
+    APPROVAL_PENDING
+);
+
+/// Requests expired per transaction of a sweep.
+pub(crate) const EXPIRE_BATCH: i64 = 100;
 
 #[cfg(test)]
 mod tests {

@@ -22,6 +22,8 @@ fn parse<T: serde::de::DeserializeOwned>(text: &str) -> Option<T> {
 pub(crate) enum EventStatus {
     Queued,
     Running,
+    /// Its turn waits for an operator's decision on a tool call.
+    AwaitingApproval,
     Completed,
     Failed,
     Abandoned,
@@ -33,6 +35,7 @@ impl EventStatus {
         match self {
             EventStatus::Queued => "queued",
             EventStatus::Running => "running",
+            EventStatus::AwaitingApproval => "awaiting_approval",
             EventStatus::Completed => "completed",
             EventStatus::Failed => "failed",
             EventStatus::Abandoned => "abandoned",
@@ -91,15 +94,18 @@ pub(crate) enum SessionState {
     Running,
     ResumePending,
     Suspended,
+    /// Its turn waits for an operator's decision; later events queue behind it.
+    AwaitingApproval,
 }
 
 impl SessionState {
     #[cfg(test)]
-    const ALL: [SessionState; 4] = [
+    const ALL: [SessionState; 5] = [
         SessionState::Idle,
         SessionState::Running,
         SessionState::ResumePending,
         SessionState::Suspended,
+        SessionState::AwaitingApproval,
     ];
 
     pub(crate) const fn sql(self) -> &'static str {
@@ -108,6 +114,7 @@ impl SessionState {
             SessionState::Running => "running",
             SessionState::ResumePending => "resume_pending",
             SessionState::Suspended => "suspended",
+            SessionState::AwaitingApproval => "awaiting_approval",
         }
     }
 }
@@ -162,6 +169,28 @@ impl ResumeReason {
     }
 }
 
+/// Why a claimed event runs again rather than for the first time (its `resume_reason` column).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Continuation {
+    /// Its turn was interrupted (a crash, the drain) and is resumed.
+    Resumed(ResumeReason),
+    /// Its turn waited for an operator's decision, which is now taken: it continues.
+    Decided,
+}
+
+impl Continuation {
+    /// The `resume_reason` text of an event queued after a decision.
+    pub(crate) const DECIDED_SQL: &'static str = "decided";
+
+    pub(crate) fn from_sql(text: &str) -> Continuation {
+        if text == Continuation::DECIDED_SQL {
+            Continuation::Decided
+        } else {
+            Continuation::Resumed(ResumeReason::from_sql(text))
+        }
+    }
+}
+
 /// Both backends read an event's status and a session's state straight into the type; text this
 /// agentgate does not know is an error (the schema check refuses a newer database before it
 /// gets here).
@@ -197,6 +226,7 @@ stored_as_text!(SessionState, "session state");
 stored_as_text!(EventStatus, "event status");
 stored_as_text!(TurnStatus, "turn status");
 stored_as_text!(DeliveryState, "delivery status");
+stored_as_text!(ApprovalStatus, "approval status");
 
 fn unknown_state(what: &str, text: &str) -> Box<dyn std::error::Error + Sync + Send> {
     format!("unknown {what} {text:?}").into()
@@ -218,7 +248,8 @@ shown_as_text!(
     SessionState,
     TurnStatus,
     DeliveryState,
-    ResumeReason
+    ResumeReason,
+    ApprovalStatus
 );
 
 impl EventStatus {
@@ -239,6 +270,8 @@ pub(crate) enum StopReason {
     IdleTimeout,
     /// Left for a resume.
     Resume(ResumeReason),
+    /// Paused on a tool call that waits for an operator's decision.
+    AwaitingApproval,
 }
 
 impl StopReason {
@@ -248,6 +281,7 @@ impl StopReason {
             StopReason::Cancelled => "cancelled",
             StopReason::IdleTimeout => "idle_timeout",
             StopReason::Resume(reason) => reason.sql(),
+            StopReason::AwaitingApproval => "awaiting_approval",
         }
     }
 }
@@ -268,6 +302,38 @@ impl DeliveryState {
             DeliveryState::Pending => "pending",
             DeliveryState::Delivered => "delivered",
             DeliveryState::Failed => "failed",
+        }
+    }
+}
+
+/// Where an approval request stands: waiting, or decided one of three ways.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum ApprovalStatus {
+    Pending,
+    /// The call runs, once, with the arguments shown.
+    Approved,
+    /// The call does not run; the model is told why.
+    Denied,
+    /// Nobody decided within `approval_timeout`: the call does not run.
+    Expired,
+}
+
+impl ApprovalStatus {
+    #[cfg(test)]
+    const ALL: [ApprovalStatus; 4] = [
+        ApprovalStatus::Pending,
+        ApprovalStatus::Approved,
+        ApprovalStatus::Denied,
+        ApprovalStatus::Expired,
+    ];
+
+    pub(crate) const fn sql(self) -> &'static str {
+        match self {
+            ApprovalStatus::Pending => "pending",
+            ApprovalStatus::Approved => "approved",
+            ApprovalStatus::Denied => "denied",
+            ApprovalStatus::Expired => "expired",
         }
     }
 }
@@ -315,14 +381,19 @@ pub(crate) const DELIVERED: &str = concatcp!("'", DeliveryState::Delivered.sql()
 pub(crate) const EVENT_COMPLETED: &str = concatcp!("'", EventStatus::Completed.sql(), "'");
 pub(crate) const EVENT_FAILED: &str = concatcp!("'", EventStatus::Failed.sql(), "'");
 pub(crate) const EVENT_ABANDONED: &str = concatcp!("'", EventStatus::Abandoned.sql(), "'");
+pub(crate) const EVENT_AWAITING: &str = concatcp!("'", EventStatus::AwaitingApproval.sql(), "'");
+pub(crate) const SESSION_AWAITING: &str = concatcp!("'", SessionState::AwaitingApproval.sql(), "'");
+pub(crate) const DECIDED: &str = concatcp!("'", Continuation::DECIDED_SQL, "'");
+pub(crate) const APPROVAL_PENDING: &str = concatcp!("'", ApprovalStatus::Pending.sql(), "'");
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    const EVENT_STATUSES: [EventStatus; 6] = [
+    const EVENT_STATUSES: [EventStatus; 7] = [
         EventStatus::Queued,
         EventStatus::Running,
+        EventStatus::AwaitingApproval,
         EventStatus::Completed,
         EventStatus::Failed,
         EventStatus::Abandoned,
@@ -342,6 +413,9 @@ mod tests {
         }
         for status in EVENT_STATUSES {
             assert_eq!(parse::<EventStatus>(status.sql()), Some(status));
+        }
+        for status in ApprovalStatus::ALL {
+            assert_eq!(parse::<ApprovalStatus>(status.sql()), Some(status));
         }
         for reason in ResumeReason::ALL {
             assert_eq!(ResumeReason::from_sql(reason.sql()), reason);

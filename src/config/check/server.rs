@@ -138,6 +138,20 @@ impl Checker<'_> {
             }
             parsed
         });
+        let public_url = raw
+            .public_url
+            .and_then(|text| match url::Url::parse(&text) {
+                Ok(url) if matches!(url.scheme(), "http" | "https") && url.query().is_none() => {
+                    Some(text.trim_end_matches('/').to_string())
+                }
+                _ => {
+                    self.error(
+                        "server.public_url",
+                        format!("{text:?} is not an http:// or https:// URL without a query"),
+                    );
+                    None
+                }
+            });
         Some(ServerSettings {
             listen,
             control_socket: raw
@@ -159,6 +173,7 @@ impl Checker<'_> {
             tls,
             trusted_proxies,
             metrics_listen,
+            public_url,
         })
     }
 
@@ -215,6 +230,11 @@ impl Checker<'_> {
                 "runtime.max_repeated_tool_calls",
                 raw.max_repeated_tool_calls,
                 2,
+            ),
+            approval_timeout: self.duration(
+                "runtime.approval_timeout",
+                raw.approval_timeout,
+                Duration::from_secs(24 * 3600),
             ),
             max_background_jobs: self.positive(
                 "runtime.max_background_jobs",

@@ -52,6 +52,7 @@ impl Checker<'_> {
                 },
             ),
             dedupes: raw.dedupes.unwrap_or(false),
+            approval: raw.approval.unwrap_or(false),
             name,
         })
     }
@@ -188,6 +189,15 @@ impl Checker<'_> {
                 );
             }
         }
+        for pattern in &raw.approval {
+            let name = pattern.strip_suffix('*').unwrap_or(pattern);
+            if pattern.is_empty() || name.contains('*') {
+                self.error(
+                    &format!("{prefix}.approval"),
+                    format!("{pattern:?} is not a tool name or a \"prefix*\" pattern"),
+                );
+            }
+        }
         Some(McpServerSettings {
             transport,
             timeout: self.duration(
@@ -198,6 +208,7 @@ impl Checker<'_> {
             idempotent: raw.idempotent,
             not_idempotent: raw.not_idempotent,
             dedupes: raw.dedupes,
+            approval: raw.approval,
             name,
         })
     }

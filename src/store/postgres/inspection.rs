@@ -6,16 +6,16 @@ use std::collections::BTreeMap;
 use super::PostgresStore;
 use super::connect::{Cached, bounded};
 use crate::store::model::{
-    DeliveryCounts, DeliveryRow, EventDetail, EventFilter, EventRow, LiveCounts, SessionRow,
-    StatusSummary, TurnRow,
+    ApprovalCounts, DeliveryCounts, DeliveryRow, EventDetail, EventFilter, EventRow, LiveCounts,
+    SessionRow, StatusSummary, TurnRow,
 };
 use crate::store::row::StoredRow;
 use crate::store::row::counted;
 use crate::store::sql::{
     DELIVERIES_SQL, DELIVERY_COUNTS_SQL, EVENT_DELIVERY_SQL, EVENT_REPLAYS_SQL, EVENT_SQL,
     EVENT_TURNS_SQL, EVENT_USAGE_SQL, EVENTS_BY_STATUS_SQL, EVENTS_SQL, LIVE_COUNTS_SQL,
-    ONE_SESSION_SQL, SESSION_USAGE_SQL, SESSIONS_BY_STATE_SQL, SESSIONS_PAGE_SQL, SESSIONS_SQL,
-    USAGE_BY_DAY_SQL,
+    ONE_SESSION_SQL, PENDING_COUNT_SQL, SESSION_USAGE_SQL, SESSIONS_BY_STATE_SQL,
+    SESSIONS_PAGE_SQL, SESSIONS_SQL, USAGE_BY_DAY_SQL,
 };
 use crate::store::states::{DeliveryState, EventStatus};
 use crate::store::{Inspection, StoreError, now_millis};
@@ -57,6 +57,9 @@ impl Inspection for PostgresStore {
                 deliveries,
                 Some(nodes),
                 UsageDay::total(&today),
+                ApprovalCounts {
+                    pending: client.row(PENDING_COUNT_SQL, &[]).await?.column("n")?,
+                },
             ))
         })
         .await

@@ -15,6 +15,7 @@
 //!   answer 503, never hang and never 2xx.
 
 mod accepting;
+mod approvals;
 mod connect;
 mod coordination;
 mod inspection;

@@ -167,6 +167,27 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE turns ADD COLUMN unknown_usage_steps BIGINT NOT NULL DEFAULT 0;
     ALTER TABLE turns ADD COLUMN estimated_tokens BIGINT NOT NULL DEFAULT 0;
     CREATE INDEX turns_by_start ON turns (started_at);",
+    // 8: approval requests, as in the SQLite schema.
+    "CREATE TABLE approvals (
+        id            TEXT PRIMARY KEY,
+        event_id      TEXT NOT NULL,
+        session_key   TEXT NOT NULL,
+        route         TEXT NOT NULL,
+        turn_id       TEXT NOT NULL,
+        call_id       TEXT NOT NULL,
+        tool          TEXT NOT NULL,
+        arguments     TEXT NOT NULL,
+        status        TEXT NOT NULL,
+        requested_at  BIGINT NOT NULL,
+        expires_at    BIGINT NOT NULL,
+        decided_at    BIGINT,
+        decided_by    TEXT,
+        note          TEXT
+    );
+    CREATE INDEX approvals_by_event ON approvals (event_id);
+    CREATE INDEX approvals_pending ON approvals (expires_at) WHERE status = 'pending';
+    CREATE INDEX approvals_pending_by_session ON approvals (session_key) WHERE status = 'pending';
+    CREATE INDEX approvals_by_request ON approvals (requested_at);",
 ];
 
 impl PostgresStore {

@@ -5,15 +5,18 @@ use const_format::concatcp;
 
 use super::PostgresStore;
 use super::connect::{Cached, bounded};
+use crate::store::approval::{APPROVAL_ENTRY, NewApproval};
 use crate::store::model::{
     Claim, ClaimedTurn, EVENT_ENTRY, RenderDelivery, TranscriptRow, TurnEnd,
 };
 use crate::store::row::StoredRow;
 use crate::store::sql::{
-    APPEND_SQL, CLAIM_COLUMNS, END_SESSION_SET, EVENT_HAS_TRANSCRIPT_SQL, EVENT_USAGE_SQL,
-    FINISH_EVENT_SQL, FINISH_TURN_SQL, INTERRUPT_TURN_SQL, SESSION_USAGE_SQL, START_EVENT_SQL,
-    SUSPENDED_EVENT_WAITS_SQL, TRANSCRIPT_SQL, TURN_STEPS_SQL, USAGE_BY_DAY_SQL, step_usage_values,
+    APPEND_SQL, AWAIT_EVENT_SQL, CLAIM_COLUMNS, END_SESSION_SET, EVENT_HAS_TRANSCRIPT_SQL,
+    EVENT_USAGE_SQL, FINISH_EVENT_SQL, FINISH_TURN_SQL, INSERT_APPROVAL_SQL, INTERRUPT_TURN_SQL,
+    SESSION_USAGE_SQL, START_EVENT_SQL, SUSPENDED_EVENT_WAITS_SQL, TRANSCRIPT_SQL, TURN_STEPS_SQL,
+    USAGE_BY_DAY_SQL, step_usage_values,
 };
+use crate::store::states::SessionState;
 use crate::store::states::{
     IDLE, PENDING, QUEUED, RESUME_PENDING, ResumeReason, SESSION_RUNNING, SUSPENDED, StopReason,
     TURN_RUNNING,
@@ -331,6 +334,63 @@ impl Turns for PostgresStore {
             tx.run(
                 SUSPENDED_EVENT_WAITS_SQL,
                 &[&turn_id, &reason, &session_key, &now],
+            )
+            .await?;
+            tx.commit().await?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn await_approval(&self, request: NewApproval, steps: u32) -> Result<(), StoreError> {
+        bounded(async {
+            let mut client = self.client().await?;
+            let tx = client.transaction().await?;
+            self.hold_lease(&tx, &request.session_key).await?;
+            let now = request.requested_at;
+            tx.run(
+                INSERT_APPROVAL_SQL,
+                &[
+                    &request.id,
+                    &request.event_id,
+                    &request.session_key,
+                    &request.route,
+                    &request.turn_id,
+                    &request.call_id,
+                    &request.tool,
+                    &request.arguments.to_string(),
+                    &request.requested_at,
+                    &request.expires_at,
+                ],
+            )
+            .await?;
+            let body = request.entry().body()?;
+            tx.run(
+                APPEND_SQL,
+                &[
+                    &request.session_key,
+                    &request.turn_id,
+                    &APPROVAL_ENTRY,
+                    &body,
+                    &now,
+                ],
+            )
+            .await?;
+            let reason = StopReason::AwaitingApproval.sql();
+            tx.run(
+                INTERRUPT_TURN_SQL,
+                &[&request.turn_id, &reason, &i64::from(steps), &now],
+            )
+            .await?;
+            tx.run(AWAIT_EVENT_SQL, &[&request.event_id, &now]).await?;
+            tx.run(
+                END_SESSION_SQL,
+                &[
+                    &request.session_key,
+                    &SessionState::AwaitingApproval.sql(),
+                    &None::<&str>,
+                    &now,
+                ],
             )
             .await?;
             tx.commit().await?;

@@ -7,15 +7,15 @@ use rusqlite::Connection;
 
 use super::{SqliteStore, query, query_one, query_optional, value};
 use crate::store::model::{
-    DeliveryCounts, DeliveryRow, EventDetail, EventFilter, EventRow, LiveCounts, SessionRow,
-    StatusSummary, TurnRow,
+    ApprovalCounts, DeliveryCounts, DeliveryRow, EventDetail, EventFilter, EventRow, LiveCounts,
+    SessionRow, StatusSummary, TurnRow,
 };
 use crate::store::row::counted;
 use crate::store::sql::{
     DELIVERIES_SQL, DELIVERY_COUNTS_SQL, EVENT_DELIVERY_SQL, EVENT_REPLAYS_SQL, EVENT_SQL,
     EVENT_TURNS_SQL, EVENT_USAGE_SQL, EVENTS_BY_STATUS_SQL, EVENTS_SQL, LIVE_COUNTS_SQL,
-    ONE_SESSION_SQL, SESSION_USAGE_SQL, SESSIONS_BY_STATE_SQL, SESSIONS_PAGE_SQL, SESSIONS_SQL,
-    USAGE_BY_DAY_SQL,
+    ONE_SESSION_SQL, PENDING_COUNT_SQL, SESSION_USAGE_SQL, SESSIONS_BY_STATE_SQL,
+    SESSIONS_PAGE_SQL, SESSIONS_SQL, USAGE_BY_DAY_SQL,
 };
 use crate::store::states::{DeliveryState, EventStatus};
 use crate::store::{Inspection, StoreError, now_millis};
@@ -40,6 +40,9 @@ fn summary_in(connection: &Connection) -> Result<StatusSummary, StoreError> {
         deliveries,
         None,
         UsageDay::total(&today),
+        ApprovalCounts {
+            pending: query_one(connection, PENDING_COUNT_SQL, &[], |row| value(row, "n"))?,
+        },
     ))
 }
 

@@ -6,6 +6,7 @@
 //! its write has returned. That is what lets the listener answer 202 only for durable events.
 
 mod accepting;
+mod approvals;
 mod coordination;
 mod inspection;
 mod maintenance;

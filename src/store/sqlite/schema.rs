@@ -139,6 +139,28 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE turns ADD COLUMN unknown_usage_steps INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE turns ADD COLUMN estimated_tokens INTEGER NOT NULL DEFAULT 0;
     CREATE INDEX turns_by_start ON turns(started_at);",
+    // 11: approval requests: a tool call waiting for an operator's decision, with the decision.
+    // Pending ones are found by session, by event and by when they expire.
+    "CREATE TABLE approvals (
+        id            TEXT PRIMARY KEY,
+        event_id      TEXT NOT NULL,
+        session_key   TEXT NOT NULL,
+        route         TEXT NOT NULL,
+        turn_id       TEXT NOT NULL,
+        call_id       TEXT NOT NULL,
+        tool          TEXT NOT NULL,
+        arguments     TEXT NOT NULL,
+        status        TEXT NOT NULL,
+        requested_at  INTEGER NOT NULL,
+        expires_at    INTEGER NOT NULL,
+        decided_at    INTEGER,
+        decided_by    TEXT,
+        note          TEXT
+    ) WITHOUT ROWID;
+    CREATE INDEX approvals_by_event ON approvals(event_id);
+    CREATE INDEX approvals_pending ON approvals(expires_at) WHERE status = 'pending';
+    CREATE INDEX approvals_pending_by_session ON approvals(session_key) WHERE status = 'pending';
+    CREATE INDEX approvals_by_request ON approvals(requested_at);",
 ];
 
 /// The schema version this build writes.

@@ -5,14 +5,17 @@ use const_format::concatcp;
 use rusqlite::Connection;
 
 use super::{SqliteStore, execute, query, query_one, value};
+use crate::store::approval::{APPROVAL_ENTRY, NewApproval};
 use crate::store::model::{
     Claim, ClaimedTurn, EVENT_ENTRY, RenderDelivery, TranscriptRow, TurnEnd,
 };
 use crate::store::sql::{
-    APPEND_SQL, CLAIM_COLUMNS, END_SESSION_SET, EVENT_HAS_TRANSCRIPT_SQL, EVENT_USAGE_SQL,
-    FINISH_EVENT_SQL, FINISH_TURN_SQL, INTERRUPT_TURN_SQL, SESSION_USAGE_SQL, START_EVENT_SQL,
-    SUSPENDED_EVENT_WAITS_SQL, TRANSCRIPT_SQL, TURN_STEPS_SQL, USAGE_BY_DAY_SQL, step_usage_values,
+    APPEND_SQL, AWAIT_EVENT_SQL, CLAIM_COLUMNS, END_SESSION_SET, EVENT_HAS_TRANSCRIPT_SQL,
+    EVENT_USAGE_SQL, FINISH_EVENT_SQL, FINISH_TURN_SQL, INSERT_APPROVAL_SQL, INTERRUPT_TURN_SQL,
+    SESSION_USAGE_SQL, START_EVENT_SQL, SUSPENDED_EVENT_WAITS_SQL, TRANSCRIPT_SQL, TURN_STEPS_SQL,
+    USAGE_BY_DAY_SQL, step_usage_values,
 };
+use crate::store::states::SessionState;
 use crate::store::states::{
     IDLE, PENDING, QUEUED, RESUME_PENDING, ResumeReason, SESSION_RUNNING, SUSPENDED, StopReason,
     TURN_RUNNING,
@@ -241,6 +244,61 @@ fn append_in(
     Ok(())
 }
 
+/// Pauses a turn on a call that waits for a decision (`Turns::await_approval`).
+fn await_in(connection: &Connection, request: &NewApproval, steps: u32) -> Result<(), StoreError> {
+    let now = request.requested_at;
+    execute(
+        connection,
+        INSERT_APPROVAL_SQL,
+        &[
+            &request.id,
+            &request.event_id,
+            &request.session_key,
+            &request.route,
+            &request.turn_id,
+            &request.call_id,
+            &request.tool,
+            &request.arguments.to_string(),
+            &request.requested_at,
+            &request.expires_at,
+        ],
+    )?;
+    let body = request.entry().body()?;
+    execute(
+        connection,
+        APPEND_SQL,
+        &[
+            &request.session_key,
+            &request.turn_id,
+            &APPROVAL_ENTRY,
+            &body,
+            &now,
+        ],
+    )?;
+    execute(
+        connection,
+        INTERRUPT_TURN_SQL,
+        &[
+            &request.turn_id,
+            &StopReason::AwaitingApproval.sql(),
+            &steps,
+            &now,
+        ],
+    )?;
+    execute(connection, AWAIT_EVENT_SQL, &[&request.event_id, &now])?;
+    execute(
+        connection,
+        END_SESSION_SQL,
+        &[
+            &request.session_key,
+            &SessionState::AwaitingApproval.sql(),
+            &None::<&str>,
+            &now,
+        ],
+    )?;
+    Ok(())
+}
+
 fn interrupt_in(
     connection: &Connection,
     turn_id: &str,
@@ -346,6 +404,11 @@ impl Turns for SqliteStore {
             interrupt_in(connection, &turn_id, &session_key, reason, steps)
         })
         .await
+    }
+
+    async fn await_approval(&self, request: NewApproval, steps: u32) -> Result<(), StoreError> {
+        self.write(move |connection| await_in(connection, &request, steps))
+            .await
     }
 
     async fn event_has_transcript(&self, event_id: &str) -> Result<bool, StoreError> {

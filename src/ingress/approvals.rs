@@ -1,0 +1,151 @@
+//! The control socket's approval endpoints (docs/reference.md, "Approvals"): `GET
+//! /v1/approvals[/{id}]`, `POST /v1/approvals/{id}/{approve|deny}`. A decision records who took
+//! it: the Unix user of the connecting process, from the socket's peer credentials, so that
+//! nobody can claim another name by what they send.
+
+use http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use serde_json::json;
+
+use super::api::{ApprovalsPage, DecisionRequest};
+use super::control::{Control, ControlError};
+use super::response::{HttpResponse, error, json_response};
+use crate::session::approval::{self, Outcome};
+use crate::store::approval::Verdict;
+use crate::store::{ApprovalRow, Decided};
+
+/// The longest note or reason a decision may carry.
+const MAX_NOTE: usize = 2000;
+/// Requests listed at most (the oldest first).
+const LIST_MAX: i64 = 1000;
+
+impl Control {
+    /// `GET /v1/approvals[?all=true]`: pending requests (all of them with `all`), oldest first.
+    pub(super) async fn approvals(
+        &self,
+        query: Option<&str>,
+    ) -> Result<HttpResponse, ControlError> {
+        let all = form_urlencoded::parse(query.unwrap_or_default().as_bytes())
+            .any(|(key, value)| key == "all" && value == "true");
+        let approvals = self.store.approvals(!all, LIST_MAX).await?;
+        Ok(json_response(
+            StatusCode::OK,
+            &json!(ApprovalsPage { approvals }),
+        ))
+    }
+
+    /// `GET /v1/approvals/{id}`.
+    pub(super) async fn approval(&self, id: &str) -> Result<HttpResponse, ControlError> {
+        Ok(match self.store.approval(id).await? {
+            Some(row) => json_response(StatusCode::OK, &json!(row)),
+            None => no_approval(id),
+        })
+    }
+
+    /// `POST /v1/approvals/{id}/{approve|deny}` with an optional `{"note"}` / `{"reason"}`,
+    /// decided by `peer` (the connecting process's user).
+    pub(super) async fn decide(
+        &self,
+        id: &str,
+        verdict: Verdict,
+        peer: &str,
+        request: Request<hyper::body::Incoming>,
+    ) -> Result<HttpResponse, ControlError> {
+        let note = match decision_note(request, verdict).await {
+            Ok(note) => note,
+            Err(refusal) => return Ok(*refusal),
+        };
+        let settings = self.settings.get();
+        let decision = (peer.to_string(), note);
+        let outcome = approval::decide(
+            &self.store,
+            &settings.config,
+            &self.sessions,
+            id,
+            verdict,
+            decision,
+        )
+        .await?;
+        Ok(answer(id, outcome))
+    }
+}
+
+/// The note or reason of a decision's body (none for an empty body); a `400` for a body that is
+/// not the document, or a note longer than `MAX_NOTE`.
+async fn decision_note(
+    request: Request<hyper::body::Incoming>,
+    verdict: Verdict,
+) -> Result<Option<String>, Box<HttpResponse>> {
+    let bad = |message: &str| Box::new(error(StatusCode::BAD_REQUEST, "bad_decision", message));
+    let limit = MAX_NOTE * 4 + 64;
+    let body = http_body_util::Limited::new(request.into_body(), limit)
+        .collect()
+        .await
+        .map_err(|_| bad("the body is too long or was cut off"))?
+        .to_bytes();
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    let document: DecisionRequest = serde_json::from_slice(&body).map_err(|err| {
+        bad(&format!(
+            "the body must be {{\"note\"}} or {{\"reason\"}}: {err}"
+        ))
+    })?;
+    let note = match verdict {
+        Verdict::Approve => document.note.or(document.reason),
+        Verdict::Deny => document.reason.or(document.note),
+    };
+    match note {
+        Some(note) if note.chars().count() > MAX_NOTE => Err(bad(&format!(
+            "the note is longer than {MAX_NOTE} characters"
+        ))),
+        note => Ok(note.filter(|note| !note.trim().is_empty())),
+    }
+}
+
+/// The answer to a decision: `200` with the decided request, `404` for an unknown one, `409`
+/// when it is no longer pending (decided before, expired, or its tool is gone).
+fn answer(id: &str, outcome: Outcome) -> HttpResponse {
+    match outcome {
+        Outcome::Decided(Decided::Taken(row)) => json_response(StatusCode::OK, &json!(row)),
+        Outcome::Decided(Decided::Unknown) => no_approval(id),
+        Outcome::Decided(Decided::Already(row)) => conflict(
+            "already_decided",
+            &format!(
+                "approval {id} is already decided: {} by {}",
+                row.status,
+                row.decided_by.as_deref().unwrap_or("?")
+            ),
+            &row,
+        ),
+        Outcome::Decided(Decided::Expired(row)) => conflict(
+            "expired",
+            &format!("approval {id} expired without a decision (runtime.approval_timeout)"),
+            &row,
+        ),
+        Outcome::ToolGone(row) => conflict(
+            "tool_removed",
+            &format!(
+                "approval {id} cannot be approved: route {:?} no longer offers the tool {:?}; \
+                 it is denied and the model is told",
+                row.route, row.tool
+            ),
+            &row,
+        ),
+    }
+}
+
+fn conflict(code: &'static str, message: &str, row: &ApprovalRow) -> HttpResponse {
+    json_response(
+        StatusCode::CONFLICT,
+        &json!({"error": code, "message": message, "approval": row}),
+    )
+}
+
+fn no_approval(id: &str) -> HttpResponse {
+    error(
+        StatusCode::NOT_FOUND,
+        "no_approval",
+        &format!("no approval request {id:?}"),
+    )
+}

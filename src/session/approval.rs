@@ -1,0 +1,161 @@
+//! Approvals around the turn (docs/reference.md, "Approvals"): pausing a turn on a call that
+//! needs an operator's decision, taking the decision, and expiring what nobody decided.
+//!
+//! The turn core decides which calls wait (`turn::Action::AwaitApproval`); `pause` commits the
+//! request, in the same transaction that takes the turn off its slot, and says so. Nothing of
+//! the turn stays in memory while it waits: a decision (`decide`, or `expire_due` when its time
+//! ran out) queues the event again, and the next run reads the decision from the transcript.
+
+use std::time::Duration;
+
+use super::Sessions;
+use super::runner::TurnContext;
+use super::turn::GatedCall;
+use crate::agent::catalog;
+use crate::config::{Config, Settings};
+use crate::logging;
+use crate::metrics;
+use crate::store::approval::{AGENTGATE, Verdict};
+use crate::store::{
+    ApprovalRow, ApprovalStatus, ClaimedTurn, Decided, Decision, NewApproval, Store, StoreError,
+    now_millis,
+};
+
+/// What a decision asked for over the control socket (or a link, or the console) became.
+#[derive(Debug)]
+pub(crate) enum Outcome {
+    /// Recorded as asked.
+    Decided(Decided),
+    /// Not recorded as asked: the route no longer offers the tool (a reload removed it). The
+    /// request is denied by agentgate instead, so the turn goes on and the model is told.
+    ToolGone(ApprovalRow),
+}
+
+/// Takes the decision `verdict` on approval `id`, made `by` with `note`, and says so (log line,
+/// metrics, the scheduler woken for the turn that continues). An approval of a tool the route
+/// no longer offers is refused.
+pub(crate) async fn decide(
+    store: &Store,
+    config: &Config,
+    sessions: &Sessions,
+    id: &str,
+    verdict: Verdict,
+    decision: (String, Option<String>),
+) -> Result<Outcome, StoreError> {
+    let (by, note) = decision;
+    if verdict == Verdict::Approve
+        && let Some(row) = store.approval(id).await?
+        && row.status == ApprovalStatus::Pending
+        && !catalog::still_offered(config, &row.route, &row.tool)
+    {
+        let gone = Decision {
+            status: ApprovalStatus::Denied,
+            by: AGENTGATE.to_string(),
+            note: Some(format!(
+                "the tool {:?} is no longer offered by route {:?} (the configuration changed)",
+                row.tool, row.route
+            )),
+        };
+        return Ok(match store.decide_approval(id, gone).await? {
+            Decided::Taken(row) => {
+                decided(sessions, &row);
+                Outcome::ToolGone(row)
+            }
+            other @ (Decided::Unknown | Decided::Already(_) | Decided::Expired(_)) => {
+                Outcome::Decided(other)
+            }
+        });
+    }
+    let decision = Decision {
+        status: verdict.status(),
+        by,
+        note,
+    };
+    let outcome = store.decide_approval(id, decision).await?;
+    match &outcome {
+        Decided::Taken(row) | Decided::Expired(row) => decided(sessions, row),
+        Decided::Unknown | Decided::Already(_) => {}
+    }
+    Ok(Outcome::Decided(outcome))
+}
+
+/// Expires the pending requests whose time ran out, in batches; each one's turn continues.
+pub(crate) async fn expire_due(store: &Store, sessions: &Sessions) -> Result<usize, StoreError> {
+    let mut expired = 0;
+    loop {
+        let batch = store.expire_approvals().await?;
+        if batch.is_empty() {
+            return Ok(expired);
+        }
+        expired += batch.len();
+        for row in &batch {
+            decided(sessions, row);
+        }
+    }
+}
+
+/// Logs and counts a decision that was recorded, and wakes the scheduler for its turn.
+pub(crate) fn decided(sessions: &Sessions, row: &ApprovalRow) {
+    let waited = row
+        .decided_at
+        .unwrap_or(row.requested_at)
+        .saturating_sub(row.requested_at);
+    metrics::approval_decided(
+        &row.tool,
+        row.status,
+        Duration::from_millis(u64::try_from(waited).unwrap_or(0)),
+    );
+    tracing::warn!(
+        message_id = logging::MESSAGE_APPROVAL_DECIDED,
+        session_key = %row.session, event_id = %row.event_id, approval_id = %row.id,
+        tool = %row.tool, decision = %row.status,
+        decided_by = row.decided_by.as_deref().unwrap_or(""),
+        "approval request decided; the turn continues"
+    );
+    sessions.wake();
+}
+
+/// Commits the approval request for `call` and leaves the turn waiting for the decision.
+pub(super) async fn pause(
+    context: &TurnContext,
+    settings: &Settings,
+    turn: &ClaimedTurn,
+    call: GatedCall,
+    steps: u32,
+) {
+    let now = now_millis();
+    let timeout = settings.config.runtime.approval_timeout;
+    let event = &turn.event;
+    let request = NewApproval {
+        id: uuid::Uuid::now_v7().to_string(),
+        event_id: event.id.clone(),
+        session_key: event.session_key.clone(),
+        route: event.route.clone(),
+        turn_id: turn.turn_id.clone(),
+        call_id: call.call_id,
+        tool: call.name,
+        arguments: call.arguments,
+        requested_at: now,
+        expires_at: now.saturating_add(millis(timeout)),
+    };
+    let committed = context
+        .commit(|store| {
+            let request = request.clone();
+            async move { store.await_approval(request, steps).await }
+        })
+        .await;
+    if !committed {
+        return;
+    }
+    metrics::approval_requested(&request.tool);
+    tracing::warn!(
+        message_id = logging::MESSAGE_APPROVAL_REQUESTED,
+        approval_id = %request.id, tool = %request.tool, approval_timeout = ?timeout,
+        "tool call waits for an operator's decision (agentgate approvals approve|deny {})",
+        request.id
+    );
+}
+
+fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}

@@ -1,0 +1,165 @@
+//! Approval requests: a tool call that waits for an operator's decision (docs/reference.md,
+//! "Approvals"), as both backends keep them.
+//!
+//! A request is committed in the transaction that pauses its turn, and a decision in the one
+//! that queues the turn to continue, each with its transcript entry. So a crash at any point
+//! leaves either a pending request (decided later), or a decision whose turn is queued: never a
+//! lost request, a lost decision, or a decision without its turn going on. Whether the call then
+//! runs is the turn's business, under the usual rule for calls cut off by a crash: it has run at
+//! most once.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::states::ApprovalStatus;
+
+/// The transcript entry kind of a request and of its decision.
+pub(crate) const APPROVAL_ENTRY: &str = "approval";
+
+/// What the operator decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    Approve,
+    Deny,
+}
+
+impl Verdict {
+    pub(crate) const fn status(self) -> ApprovalStatus {
+        match self {
+            Verdict::Approve => ApprovalStatus::Approved,
+            Verdict::Deny => ApprovalStatus::Denied,
+        }
+    }
+}
+
+/// A gated call, as its turn pauses on it.
+#[derive(Debug, Clone)]
+pub(crate) struct NewApproval {
+    pub id: String,
+    pub event_id: String,
+    pub session_key: String,
+    pub route: String,
+    pub turn_id: String,
+    pub call_id: String,
+    pub tool: String,
+    pub arguments: Value,
+    pub requested_at: i64,
+    pub expires_at: i64,
+}
+
+impl NewApproval {
+    /// The transcript entry of the request.
+    pub(crate) fn entry(&self) -> ApprovalEntry {
+        ApprovalEntry {
+            approval_id: self.id.clone(),
+            call_id: self.call_id.clone(),
+            tool: self.tool.clone(),
+            arguments: self.arguments.clone(),
+            status: ApprovalStatus::Pending,
+            by: None,
+            note: None,
+            expires_at: self.expires_at,
+        }
+    }
+}
+
+/// An approval request and where it stands.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct ApprovalRow {
+    pub id: String,
+    pub event_id: String,
+    pub session: String,
+    pub route: String,
+    pub turn_id: String,
+    pub call_id: String,
+    pub tool: String,
+    pub arguments: Value,
+    pub status: ApprovalStatus,
+    /// Unix ms.
+    pub requested_at: i64,
+    pub expires_at: i64,
+    pub decided_at: Option<i64>,
+    /// The Unix user of the CLI, "link", "console", or "agentgate" (an expiry, an operator's
+    /// suspension or cancellation of the session).
+    pub decided_by: Option<String>,
+    /// The operator's note (approve) or reason (deny).
+    pub note: Option<String>,
+}
+
+impl ApprovalRow {
+    /// The transcript entry that records this row as it stands.
+    pub(crate) fn entry(&self) -> ApprovalEntry {
+        ApprovalEntry {
+            approval_id: self.id.clone(),
+            call_id: self.call_id.clone(),
+            tool: self.tool.clone(),
+            arguments: self.arguments.clone(),
+            status: self.status,
+            by: self.decided_by.clone(),
+            note: self.note.clone(),
+            expires_at: self.expires_at,
+        }
+    }
+}
+
+/// The transcript entry of a request (`pending`) and of its decision.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct ApprovalEntry {
+    pub approval_id: String,
+    pub call_id: String,
+    pub tool: String,
+    pub arguments: Value,
+    pub status: ApprovalStatus,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    pub expires_at: i64,
+}
+
+impl ApprovalEntry {
+    /// The entry as a transcript row body (`{"kind": "approval", ...}`).
+    pub(crate) fn body(&self) -> Result<String, super::StoreError> {
+        let mut value =
+            serde_json::to_value(self).map_err(|err| super::StoreError::Render(err.to_string()))?;
+        if let Value::Object(fields) = &mut value {
+            fields.insert("kind".into(), Value::String(APPROVAL_ENTRY.into()));
+        }
+        Ok(value.to_string())
+    }
+}
+
+/// A decision to take: what, by whom, with which note.
+#[derive(Debug, Clone)]
+pub(crate) struct Decision {
+    pub status: ApprovalStatus,
+    pub by: String,
+    pub note: Option<String>,
+}
+
+impl Decision {
+    /// What a request past `approval_timeout` becomes.
+    pub(crate) fn expired() -> Decision {
+        Decision {
+            status: ApprovalStatus::Expired,
+            by: AGENTGATE.to_string(),
+            note: Some("no decision within runtime.approval_timeout".to_string()),
+        }
+    }
+}
+
+/// Who decided what agentgate decided itself (an expiry, a session suspended or cancelled).
+pub(crate) const AGENTGATE: &str = "agentgate";
+
+/// What became of a decision.
+#[derive(Debug, Clone)]
+pub(crate) enum Decided {
+    /// Taken: the row as decided; its turn is queued to continue.
+    Taken(ApprovalRow),
+    /// No approval has that id.
+    Unknown,
+    /// It was decided before (the row says how).
+    Already(ApprovalRow),
+    /// Its time ran out before this decision: it is expired now.
+    Expired(ApprovalRow),
+}

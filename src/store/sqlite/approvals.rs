@@ -1,0 +1,142 @@
+//! [`Approvals`] on SQLite: each decision, with its transcript entry and the queueing of its
+//! turn, is one write of the writer thread, so two decisions of one request are serialized and
+//! the second finds it decided.
+
+use rusqlite::Connection;
+
+use super::{SqliteStore, execute, query, query_optional};
+use crate::store::approval::{APPROVAL_ENTRY, ApprovalRow, Decided, Decision};
+use crate::store::sql::{
+    APPEND_SQL, APPROVAL_SQL, APPROVALS_SQL, CONTINUE_EVENT_SQL, CONTINUE_SESSION_SQL, DECIDE_SQL,
+    DUE_TO_EXPIRE_SQL, EXPIRE_BATCH, SESSION_PENDING_SQL,
+};
+use crate::store::states::ApprovalStatus;
+use crate::store::{Approvals, StoreError, now_millis};
+
+/// Records `decision` on the pending `row`, appends it to the transcript of the turn that asked,
+/// and queues that turn to continue once nothing else of its event is pending.
+fn settle_in(
+    connection: &Connection,
+    mut row: ApprovalRow,
+    decision: Decision,
+    now: i64,
+) -> Result<ApprovalRow, StoreError> {
+    execute(
+        connection,
+        DECIDE_SQL,
+        &[
+            &row.id,
+            &decision.status.sql(),
+            &decision.by,
+            &now,
+            &decision.note,
+        ],
+    )?;
+    row.status = decision.status;
+    row.decided_by = Some(decision.by);
+    row.decided_at = Some(now);
+    row.note = decision.note;
+    let body = row.entry().body()?;
+    execute(
+        connection,
+        APPEND_SQL,
+        &[&row.session, &row.turn_id, &APPROVAL_ENTRY, &body, &now],
+    )?;
+    execute(connection, CONTINUE_EVENT_SQL, &[&row.event_id, &now])?;
+    execute(connection, CONTINUE_SESSION_SQL, &[&row.session, &now])?;
+    Ok(row)
+}
+
+fn decide_in(connection: &Connection, id: &str, decision: Decision) -> Result<Decided, StoreError> {
+    let Some(row) = query_optional(connection, APPROVAL_SQL, &[&id], |row| {
+        ApprovalRow::decode(row)
+    })?
+    else {
+        return Ok(Decided::Unknown);
+    };
+    let now = now_millis();
+    match row.status {
+        ApprovalStatus::Pending if row.expires_at <= now => Ok(Decided::Expired(settle_in(
+            connection,
+            row,
+            Decision::expired(),
+            now,
+        )?)),
+        ApprovalStatus::Pending => Ok(Decided::Taken(settle_in(connection, row, decision, now)?)),
+        ApprovalStatus::Approved | ApprovalStatus::Denied | ApprovalStatus::Expired => {
+            Ok(Decided::Already(row))
+        }
+    }
+}
+
+/// Settles each of `rows` (pending ones) as `decision`.
+fn settle_all_in(
+    connection: &Connection,
+    rows: Vec<ApprovalRow>,
+    decision: &Decision,
+) -> Result<Vec<ApprovalRow>, StoreError> {
+    let now = now_millis();
+    rows.into_iter()
+        .map(|row| settle_in(connection, row, decision.clone(), now))
+        .collect()
+}
+
+#[async_trait::async_trait]
+impl Approvals for SqliteStore {
+    async fn approvals(
+        &self,
+        pending_only: bool,
+        limit: i64,
+    ) -> Result<Vec<ApprovalRow>, StoreError> {
+        self.read(move |connection| {
+            query(connection, APPROVALS_SQL, &[&pending_only, &limit], |row| {
+                ApprovalRow::decode(row)
+            })
+        })
+        .await
+    }
+
+    async fn approval(&self, id: &str) -> Result<Option<ApprovalRow>, StoreError> {
+        let id = id.to_string();
+        self.read(move |connection| {
+            query_optional(connection, APPROVAL_SQL, &[&id], |row| {
+                ApprovalRow::decode(row)
+            })
+        })
+        .await
+    }
+
+    async fn decide_approval(&self, id: &str, decision: Decision) -> Result<Decided, StoreError> {
+        let id = id.to_string();
+        self.write(move |connection| decide_in(connection, &id, decision))
+            .await
+    }
+
+    async fn expire_approvals(&self) -> Result<Vec<ApprovalRow>, StoreError> {
+        self.write(|connection| {
+            let due = query(
+                connection,
+                DUE_TO_EXPIRE_SQL,
+                &[&now_millis(), &EXPIRE_BATCH],
+                |row| ApprovalRow::decode(row),
+            )?;
+            settle_all_in(connection, due, &Decision::expired())
+        })
+        .await
+    }
+
+    async fn deny_session_approvals(
+        &self,
+        session_key: &str,
+        decision: Decision,
+    ) -> Result<Vec<ApprovalRow>, StoreError> {
+        let key = session_key.to_string();
+        self.write(move |connection| {
+            let pending = query(connection, SESSION_PENDING_SQL, &[&key], |row| {
+                ApprovalRow::decode(row)
+            })?;
+            settle_all_in(connection, pending, &decision)
+        })
+        .await
+    }
+}

@@ -1,0 +1,378 @@
+//! Approvals against the real binary: a tool with `approval = true` waits for an operator's
+//! decision (taken with the CLI over the control socket, or on the state while the daemon is
+//! stopped), and the turn continues with the decision: the call runs once, or the model is told
+//! it was denied or expired.
+
+mod common;
+
+use std::time::Duration;
+
+use common::stub::{Reply, Stub};
+use common::*;
+use serde_json::json;
+
+const TURN_LIMIT: Duration = Duration::from_secs(30);
+
+/// A model that asks for `deploy` once, then answers with what the tool said.
+fn deploying_model() -> Stub {
+    Stub::start(|request, _| {
+        let body = request.json();
+        let last = body["messages"].as_array().and_then(|m| m.last()).cloned();
+        match last {
+            Some(message) if message["role"] == "tool" => Reply::answer(&format!(
+                "result: {}",
+                message["content"].as_str().unwrap_or("")
+            )),
+            _ => Reply::tool_call("call-1", "deploy", json!({"target": "prod"})),
+        }
+    })
+}
+
+struct Setup {
+    workspace: Workspace,
+    model: Stub,
+    receiver: Stub,
+}
+
+impl Setup {
+    fn new(runtime_extra: &str) -> Setup {
+        let model = deploying_model();
+        let receiver = Stub::start(|_, _| Reply::raw(204, ""));
+        let workspace = Workspace::new();
+        let runs = workspace.path().join("runs.log");
+        workspace.write_config(&format!(
+            r#"[runtime]
+max_turn_steps = 6
+{runtime_extra}
+
+[model]
+backend = "openai"
+base_url = "{model}/v1"
+model = "stub-model"
+request_timeout = "5s"
+max_retries = 1
+
+[tools.deploy]
+description = "Deploy to a target"
+command = ["/bin/sh", "-c", "cat >> {runs}; echo; echo deployed"]
+parameters = {{ type = "object", properties = {{ target = {{ type = "string", enum = ["prod", "staging"] }} }}, required = ["target"] }}
+approval = true
+sandbox = "none"
+
+[routes.ops]
+path = "/hooks/ops"
+verify = {{ scheme = "none" }}
+session = "{{{{ payload.session }}}}"
+system = "You run deployments."
+tools = ["deploy"]
+deliver = {{ kind = "http", url = "{receiver}/results" }}
+"#,
+            model = model.url(),
+            receiver = receiver.url(),
+            runs = runs.display(),
+        ));
+        Setup {
+            workspace,
+            model,
+            receiver,
+        }
+    }
+
+    fn runs(&self) -> usize {
+        std::fs::read_to_string(self.workspace.path().join("runs.log"))
+            .map(|text| text.lines().filter(|line| !line.is_empty()).count())
+            .unwrap_or(0)
+    }
+
+    fn pending(&self) -> Vec<serde_json::Value> {
+        self.workspace.cli_json(&["approvals", "list", "--json"])["approvals"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Waits until event `id` awaits a decision, and returns the approval id.
+    fn wait_awaiting(&self, id: &str) -> String {
+        wait_until("the event to await approval", TURN_LIMIT, || {
+            self.workspace.event_status(id) == "awaiting_approval"
+        });
+        let pending = self.pending();
+        assert_eq!(pending.len(), 1, "{pending:?}");
+        pending[0]["id"].as_str().unwrap_or_default().to_string()
+    }
+
+    fn delivered_output(&self, event_id: &str) -> serde_json::Value {
+        let mut found = None;
+        wait_until("the delivery", TURN_LIMIT, || {
+            found = self
+                .receiver
+                .requests()
+                .into_iter()
+                .find(|r| r.header("webhook-id") == Some(event_id));
+            found.is_some()
+        });
+        found
+            .map(|r| r.json()["output"].clone())
+            .unwrap_or_default()
+    }
+}
+
+fn post(daemon: &Daemon, session: &str) -> String {
+    let response = daemon.post_json(
+        "/hooks/ops",
+        &[],
+        &json!({"session": session, "text": "ship it"}).to_string(),
+    );
+    assert_eq!(response.status, 202, "{response:?}");
+    response.event_id()
+}
+
+fn decide(workspace: &Workspace, args: &[&str]) -> (bool, String) {
+    let output = workspace.cli(args);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.success(), text)
+}
+
+/// The tool results the model was sent, in order.
+fn tool_results(model: &Stub) -> Vec<String> {
+    let mut results: Vec<String> = Vec::new();
+    for request in model.requests() {
+        for message in request.json()["messages"].as_array().into_iter().flatten() {
+            if message["role"] == "tool" {
+                let content = message["content"].as_str().unwrap_or("").to_string();
+                if !results.contains(&content) {
+                    results.push(content);
+                }
+            }
+        }
+    }
+    results
+}
+
+fn user_name() -> String {
+    let output = std::process::Command::new("id")
+        .arg("-un")
+        .output()
+        .expect("id");
+    String::from_utf8_lossy(&output.stdout).trim().to_string()
+}
+
+fn metric(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .find(|line| line.starts_with(prefix))
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// The gated call waits: nothing runs and the model is not asked again until a person decides;
+/// approved, the call runs exactly once with the arguments shown, the turn completes, and a
+/// second decision is refused.
+#[test]
+fn an_approved_call_runs_once_after_the_decision() {
+    let setup = Setup::new("");
+    let daemon = setup.workspace.start();
+    let event = post(&daemon, "deploy-1");
+    let approval = setup.wait_awaiting(&event);
+    let shown = setup
+        .workspace
+        .cli_json(&["approvals", "show", &approval, "--json"]);
+    assert_eq!(shown["tool"], "deploy", "{shown}");
+    assert_eq!(shown["arguments"], json!({"target": "prod"}), "{shown}");
+    assert_eq!(shown["status"], "pending", "{shown}");
+    assert_eq!(setup.runs(), 0, "nothing runs before the decision");
+    assert_eq!(setup.model.requests().len(), 1);
+    let status = setup.workspace.status();
+    assert_eq!(status["approvals"]["pending"], 1, "{status}");
+    assert_eq!(
+        status["sessions"]["by_state"]["awaiting_approval"], 1,
+        "{status}"
+    );
+    assert_eq!(
+        metric(&setup.workspace.metrics(), "agentgate_approvals_pending "),
+        1.0
+    );
+
+    let (ok, text) = decide(
+        &setup.workspace,
+        &["approvals", "approve", &approval, "--note", "looks right"],
+    );
+    assert!(ok, "{text}");
+    assert_eq!(
+        setup.workspace.wait_terminal(&event, TURN_LIMIT),
+        "completed"
+    );
+    assert_eq!(setup.runs(), 1, "the approved call ran once");
+    let runs = std::fs::read_to_string(setup.workspace.path().join("runs.log")).unwrap_or_default();
+    assert!(
+        runs.contains(r#"{"target":"prod"}"#),
+        "with the arguments shown: {runs}"
+    );
+    let output = setup.delivered_output(&event);
+    assert!(
+        output.as_str().is_some_and(|o| o.contains("deployed")),
+        "{output}"
+    );
+
+    let (ok, text) = decide(&setup.workspace, &["approvals", "deny", &approval]);
+    assert!(!ok && text.contains("already decided"), "{text}");
+    let decided = setup
+        .workspace
+        .cli_json(&["approvals", "show", &approval, "--json"]);
+    assert_eq!(decided["status"], "approved", "{decided}");
+    assert_eq!(decided["decided_by"], user_name().as_str(), "{decided}");
+    assert_eq!(decided["note"], "looks right", "{decided}");
+    let transcript = setup.workspace.session_json("deploy-1")["transcript"].clone();
+    let approvals: Vec<&str> = transcript
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|row| row["kind"] == "approval")
+        .filter_map(|row| row["body"]["status"].as_str())
+        .collect();
+    assert_eq!(approvals, ["pending", "approved"], "{transcript}");
+    let metrics = setup.workspace.metrics();
+    assert_eq!(
+        metric(
+            &metrics,
+            r#"agentgate_approvals_total{tool="deploy",decision="approved"}"#
+        ),
+        1.0,
+        "{metrics}"
+    );
+    assert_eq!(metric(&metrics, "agentgate_approvals_pending "), 0.0);
+}
+
+/// Denied: the call does not run and the model is told "denied by operator" with the reason.
+/// Expired: the model is told the call expired and did not run.
+#[test]
+fn a_denied_or_expired_call_does_not_run_and_the_model_is_told() {
+    let setup = Setup::new("approval_timeout = \"2s\"");
+    let daemon = setup.workspace.start();
+    let denied = post(&daemon, "deny-1");
+    let approval = setup.wait_awaiting(&denied);
+    let (ok, text) = decide(
+        &setup.workspace,
+        &[
+            "approvals",
+            "deny",
+            &approval,
+            "--reason",
+            "not during the freeze",
+        ],
+    );
+    assert!(ok, "{text}");
+    assert_eq!(
+        setup.workspace.wait_terminal(&denied, TURN_LIMIT),
+        "completed"
+    );
+    let results = tool_results(&setup.model);
+    assert!(
+        results
+            .iter()
+            .any(|r| r.contains("denied by operator") && r.contains("not during the freeze")),
+        "{results:?}"
+    );
+
+    let expired = post(&daemon, "expire-1");
+    let approval = setup.wait_awaiting(&expired);
+    assert_eq!(
+        setup.workspace.wait_terminal(&expired, TURN_LIMIT),
+        "completed"
+    );
+    let results = tool_results(&setup.model);
+    assert!(
+        results.iter().any(|r| r.starts_with("error: expired")),
+        "{results:?}"
+    );
+    assert_eq!(setup.runs(), 0, "neither call ran");
+    let (ok, text) = decide(&setup.workspace, &["approvals", "approve", &approval]);
+    assert!(!ok && text.contains("already decided: expired"), "{text}");
+    assert!(
+        daemon.log().contains("approval request expires soon"),
+        "a warning comes before the expiry"
+    );
+}
+
+/// A pending approval holds no turn: SIGTERM exits at once, the request survives the restart,
+/// and a decision taken while the daemon is stopped is carried out at the next start. Later
+/// events of the session wait behind the decision and then run in order.
+#[test]
+fn a_pending_approval_survives_restarts_and_later_events_queue_behind_it() {
+    let setup = Setup::new("");
+    let daemon = setup.workspace.start();
+    let first = post(&daemon, "ordered");
+    let approval = setup.wait_awaiting(&first);
+    let second = post(&daemon, "ordered");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(setup.workspace.event_status(&second), "queued");
+    assert_eq!(setup.model.requests().len(), 1, "the later event waits");
+    let stopping = std::time::Instant::now();
+    let status = daemon.terminate();
+    assert!(status.success(), "{status:?}");
+    assert!(
+        stopping.elapsed() < Duration::from_secs(5),
+        "the drain does not wait for a pending approval: {:?}",
+        stopping.elapsed()
+    );
+    assert_eq!(setup.pending().len(), 1, "the request survives the stop");
+    let (ok, text) = decide(&setup.workspace, &["approvals", "approve", &approval]);
+    assert!(ok, "{text}");
+    let daemon = setup.workspace.start();
+    assert_eq!(
+        setup.workspace.wait_terminal(&first, TURN_LIMIT),
+        "completed"
+    );
+    // The second event asks for the tool again: a new request, with its own decision.
+    let approval = setup.wait_awaiting(&second);
+    let (ok, text) = decide(&setup.workspace, &["approvals", "deny", &approval]);
+    assert!(ok, "{text}");
+    assert_eq!(
+        setup.workspace.wait_terminal(&second, TURN_LIMIT),
+        "completed"
+    );
+    assert_eq!(setup.runs(), 1);
+    drop(daemon);
+}
+
+/// Suspending a session that awaits a decision denies its request ("session suspended by
+/// operator"); resuming it lets the turn go on without the call.
+#[test]
+fn suspending_an_awaiting_session_denies_its_request() {
+    let setup = Setup::new("");
+    let daemon = setup.workspace.start();
+    let event = post(&daemon, "suspended");
+    let approval = setup.wait_awaiting(&event);
+    let output = setup.workspace.cli(&["sessions", "suspend", "suspended"]);
+    assert!(output.status.success(), "{output:?}");
+    let shown = setup
+        .workspace
+        .cli_json(&["approvals", "show", &approval, "--json"]);
+    assert_eq!(shown["status"], "denied", "{shown}");
+    assert_eq!(shown["note"], "session suspended by operator", "{shown}");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        setup.model.requests().len(),
+        1,
+        "a suspended session runs nothing"
+    );
+    let output = setup.workspace.cli(&["sessions", "resume", "suspended"]);
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(
+        setup.workspace.wait_terminal(&event, TURN_LIMIT),
+        "completed"
+    );
+    assert_eq!(setup.runs(), 0);
+    let results = tool_results(&setup.model);
+    assert!(
+        results
+            .iter()
+            .any(|r| r.contains("session suspended by operator")),
+        "{results:?}"
+    );
+    drop(daemon);
+}
