@@ -431,6 +431,48 @@ pub(crate) fn sign(
 }
 
 /// The header (lower-case) that names the event type under this scheme, if it has one.
+/// An approval link's token (docs/reference.md, "Approvals"): the HMAC, keyed with the
+/// request's own random secret, of the action, the request's id and the hash of its arguments.
+/// A link so decides only the request, the arguments and the way it was made for.
+pub(crate) fn approval_token(
+    secret: &str,
+    action: &str,
+    approval_id: &str,
+    arguments: &serde_json::Value,
+) -> String {
+    let hash = arguments_hash(arguments);
+    hex::encode(hmac_sha256(
+        secret.as_bytes(),
+        &[
+            action.as_bytes(),
+            b":",
+            approval_id.as_bytes(),
+            b":",
+            hash.as_bytes(),
+        ],
+    ))
+}
+
+/// Whether `token` is the token of that link, compared in constant time.
+pub(crate) fn approval_token_matches(
+    secret: &str,
+    action: &str,
+    approval_id: &str,
+    arguments: &serde_json::Value,
+    token: &str,
+) -> bool {
+    equal(
+        approval_token(secret, action, approval_id, arguments).as_bytes(),
+        token.as_bytes(),
+    )
+}
+
+/// The SHA-256 of a call's arguments (their JSON text), hex.
+pub(crate) fn arguments_hash(arguments: &serde_json::Value) -> String {
+    use sha2::Digest;
+    hex::encode(Sha256::digest(arguments.to_string().as_bytes()))
+}
+
 pub(crate) fn event_type_header(scheme: VerifyScheme) -> Option<&'static str> {
     match scheme {
         VerifyScheme::Github => Some("x-github-event"),

@@ -376,3 +376,93 @@ fn suspending_an_awaiting_session_denies_its_request() {
     );
     drop(daemon);
 }
+
+/// The request is delivered to the route's target with approve and deny links on the public
+/// URL. Fetching a link decides nothing; a tampered link is refused; the confirm button's POST
+/// decides as "link", once: the link is gone after it, and so is the other one.
+#[test]
+fn a_link_shows_the_request_and_only_its_post_decides_once() {
+    let setup = Setup::new("");
+    let public = format!("http://{}", setup.workspace.addr());
+    // `[server]` is the table the workspace's config starts with.
+    let text = std::fs::read_to_string(setup.workspace.config_path()).unwrap_or_default();
+    let text = text.replacen(
+        "\n[runtime]",
+        &format!("public_url = \"{public}/\"\n\n[runtime]"),
+        1,
+    );
+    std::fs::write(setup.workspace.config_path(), text).expect("config");
+    let daemon = setup.workspace.start();
+    let event = post(&daemon, "linked");
+    let approval = setup.wait_awaiting(&event);
+    let mut request = None;
+    wait_until("the approval request delivery", TURN_LIMIT, || {
+        request = setup
+            .receiver
+            .requests()
+            .into_iter()
+            .find(|r| r.header("webhook-id") == Some(approval.as_str()));
+        request.is_some()
+    });
+    let body = request.map(|r| r.json()).unwrap_or_default();
+    assert_eq!(body["kind"], "approval_request", "{body}");
+    assert_eq!(body["approval_id"], approval.as_str(), "{body}");
+    assert_eq!(body["event_id"], event.as_str(), "{body}");
+    assert_eq!(body["session"], "linked", "{body}");
+    assert_eq!(body["tool"], "deploy", "{body}");
+    assert_eq!(body["arguments"], json!({"target": "prod"}), "{body}");
+    assert!(
+        body["expires_at"]
+            .as_str()
+            .is_some_and(|t| t.ends_with('Z')),
+        "{body}"
+    );
+    let approve = body["approve_url"].as_str().unwrap_or_default().to_string();
+    let deny = body["deny_url"].as_str().unwrap_or_default().to_string();
+    let prefix = format!("{public}/approvals/{approval}/approve?");
+    assert!(approve.starts_with(&prefix), "{approve}");
+    let target = |url: &str| url.trim_start_matches(&public).to_string();
+
+    let shown = daemon.request("GET", &target(&approve), &[], b"");
+    assert_eq!(shown.status, 200, "{shown:?}");
+    let page = shown.body.clone();
+    assert!(
+        page.contains("deploy") && page.contains("&quot;target&quot;"),
+        "{page}"
+    );
+    assert!(page.contains("<form method=\"post\">"), "{page}");
+    assert_eq!(setup.pending().len(), 1, "a GET decides nothing");
+
+    let tampered = target(&approve).replace("t=", "t=0");
+    assert_eq!(daemon.request("POST", &tampered, &[], b"").status, 403);
+    let swapped = target(&deny).replace("/deny?", "/approve?");
+    assert_eq!(
+        daemon.request("POST", &swapped, &[], b"").status,
+        403,
+        "a deny link's token does not approve"
+    );
+    assert_eq!(setup.pending().len(), 1);
+
+    let decided = daemon.request("POST", &target(&approve), &[], b"");
+    assert_eq!(decided.status, 200, "{decided:?}");
+    assert_eq!(
+        setup.workspace.wait_terminal(&event, TURN_LIMIT),
+        "completed"
+    );
+    assert_eq!(setup.runs(), 1);
+    let shown = setup
+        .workspace
+        .cli_json(&["approvals", "show", &approval, "--json"]);
+    assert_eq!(shown["decided_by"], "link", "{shown}");
+    assert!(shown.get("link_secret").is_none(), "{shown}");
+    assert_eq!(
+        daemon.request("POST", &target(&approve), &[], b"").status,
+        410
+    );
+    assert_eq!(daemon.request("GET", &target(&deny), &[], b"").status, 410);
+    let metrics = setup.workspace.metrics();
+    assert!(
+        metrics.contains(r#"agentgate_refusals_total{route="",code="403",reason="bad_link"} 2"#),
+        "{metrics}"
+    );
+}

@@ -200,9 +200,7 @@ pub(super) fn current_user() -> String {
 
 /// Unix ms as an RFC 3339 UTC time.
 fn time(ms: i64) -> String {
-    let at =
-        std::time::UNIX_EPOCH + std::time::Duration::from_millis(u64::try_from(ms).unwrap_or(0));
-    humantime::format_rfc3339_seconds(at).to_string()
+    crate::session::approval::rfc3339(ms)
 }
 
 /// Text from a payload or a model, as a terminal may show it.

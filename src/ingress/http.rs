@@ -211,6 +211,11 @@ impl Ingress {
         if let Some(health) = self.health(&request, routing) {
             return Ok(health);
         }
+        let config = &routing.settings.config;
+        if config.server.public_url.is_some() && request.uri().path().starts_with("/approvals/") {
+            return super::approval_link::answer(request, &self.store, config, &self.sessions)
+                .await;
+        }
         let route = route_for(&request, routing)?;
         let settings = &route.settings;
         let (headers, body) = self.read_verified(request, settings, routing).await?;

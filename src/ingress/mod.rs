@@ -5,6 +5,7 @@
 //! activation protocol is process-global state that must be read before any thread exists.
 
 pub(crate) mod api;
+mod approval_link;
 mod approvals;
 mod body;
 pub(crate) mod capacity;

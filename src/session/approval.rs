@@ -126,7 +126,7 @@ pub(super) async fn pause(
     let now = now_millis();
     let timeout = settings.config.runtime.approval_timeout;
     let event = &turn.event;
-    let request = NewApproval {
+    let mut request = NewApproval {
         id: uuid::Uuid::now_v7().to_string(),
         event_id: event.id.clone(),
         session_key: event.session_key.clone(),
@@ -137,7 +137,14 @@ pub(super) async fn pause(
         arguments: call.arguments,
         requested_at: now,
         expires_at: now.saturating_add(millis(timeout)),
+        link_secret: format!(
+            "{}{}",
+            uuid::Uuid::new_v4().simple(),
+            uuid::Uuid::new_v4().simple()
+        ),
+        delivery: String::new(),
     };
+    request.delivery = request_delivery(&request, settings.config.server.public_url.as_deref());
     let committed = context
         .commit(|store| {
             let request = request.clone();
@@ -154,6 +161,55 @@ pub(super) async fn pause(
         "tool call waits for an operator's decision (agentgate approvals approve|deny {})",
         request.id
     );
+}
+
+/// The `approval_request` delivery of `request`, with its approve and deny links when the
+/// listener has a `public_url`.
+fn request_delivery(request: &NewApproval, public_url: Option<&str>) -> String {
+    let link = |action: &str| public_url.map(|base| link_url(base, request, action));
+    serde_json::json!({
+        "kind": "approval_request",
+        "approval_id": request.id,
+        "event_id": request.event_id,
+        "route": request.route,
+        "session": request.session_key,
+        "tool": request.tool,
+        "arguments": request.arguments,
+        "expires_at": rfc3339(request.expires_at),
+        "approve_url": link(APPROVE),
+        "deny_url": link(DENY),
+    })
+    .to_string()
+}
+
+/// The actions a link takes, as its path names them.
+pub(crate) const APPROVE: &str = "approve";
+pub(crate) const DENY: &str = "deny";
+
+/// `{public_url}/approvals/{id}/{action}?h=..&t=..`: `h` names the arguments (the start of
+/// their hash), `t` is the token that only agentgate can make (`signature::approval_token`).
+fn link_url(base: &str, request: &NewApproval, action: &str) -> String {
+    let hash = crate::signature::arguments_hash(&request.arguments);
+    let token = crate::signature::approval_token(
+        &request.link_secret,
+        action,
+        &request.id,
+        &request.arguments,
+    );
+    format!(
+        "{base}/approvals/{}/{action}?h={}&t={token}",
+        request.id,
+        &hash[..LINK_HASH_CHARS]
+    )
+}
+
+/// The hex characters of the arguments' hash a link carries.
+pub(crate) const LINK_HASH_CHARS: usize = 16;
+
+/// Unix ms as RFC 3339 (UTC, seconds).
+pub(crate) fn rfc3339(ms: i64) -> String {
+    let at = std::time::UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+    humantime::format_rfc3339_seconds(at).to_string()
 }
 
 fn millis(duration: Duration) -> i64 {

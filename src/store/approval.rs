@@ -45,6 +45,10 @@ pub(crate) struct NewApproval {
     pub arguments: Value,
     pub requested_at: i64,
     pub expires_at: i64,
+    /// The key of its approve and deny links (`signature::approval_token`).
+    pub link_secret: String,
+    /// The `approval_request` delivery to the route's target.
+    pub delivery: String,
 }
 
 impl NewApproval {
@@ -84,6 +88,9 @@ pub(crate) struct ApprovalRow {
     pub decided_by: Option<String>,
     /// The operator's note (approve) or reason (deny).
     pub note: Option<String>,
+    /// The key of its links: never shown.
+    #[serde(skip)]
+    pub link_secret: String,
 }
 
 impl ApprovalRow {

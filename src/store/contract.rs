@@ -465,6 +465,8 @@ fn request(turn: &ClaimedTurn, id: &str, call: &str, expires_at: i64) -> NewAppr
         arguments: serde_json::json!({"target": "prod"}),
         requested_at: super::now_millis(),
         expires_at,
+        link_secret: "secret".into(),
+        delivery: serde_json::json!({"kind": "approval_request", "approval_id": id}).to_string(),
     }
 }
 

@@ -131,6 +131,7 @@ impl ApprovalRow {
             decided_at: row.column("decided_at")?,
             decided_by: row.column("decided_by")?,
             note: row.column("note")?,
+            link_secret: row.column("link_secret")?,
         })
     }
 }

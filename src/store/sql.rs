@@ -58,9 +58,10 @@ pub(crate) const PRUNABLE_EVENTS_SQL: &str = concatcp!(
      ORDER BY e.seq LIMIT $2"
 );
 
-/// `$1` an event id: its approval requests, transcript steps, turns, delivery and the event
-/// itself, in that order.
-pub(crate) const DELETE_EVENT_SQL: [&str; 5] = [
+/// `$1` an event id: its approval requests (with their deliveries), transcript steps, turns,
+/// delivery and the event itself, in that order.
+pub(crate) const DELETE_EVENT_SQL: [&str; 6] = [
+    "DELETE FROM deliveries WHERE event_id IN (SELECT id FROM approvals WHERE event_id = $1)",
     "DELETE FROM approvals WHERE event_id = $1",
     "DELETE FROM transcript WHERE turn_id IN (SELECT id FROM turns WHERE event_id = $1)",
     "DELETE FROM turns WHERE event_id = $1",
@@ -432,16 +433,16 @@ pub(crate) const SEND_PENDING_NOW_SQL: &str = concatcp!(
 
 /// The columns `ApprovalRow::decode` reads.
 pub(crate) const APPROVAL_COLUMNS: &str = "id, event_id, session_key, route, turn_id, call_id, \
-     tool, arguments, status, requested_at, expires_at, decided_at, decided_by, note";
+     tool, arguments, status, requested_at, expires_at, decided_at, decided_by, note, link_secret";
 
-/// `$1`..`$10`: id, event id, session key, route, turn id, call id, tool, arguments (JSON text),
-/// requested at, expires at.
+/// `$1`..`$11`: id, event id, session key, route, turn id, call id, tool, arguments (JSON text),
+/// requested at, expires at, link secret.
 pub(crate) const INSERT_APPROVAL_SQL: &str = concatcp!(
     "INSERT INTO approvals (id, event_id, session_key, route, turn_id, call_id, tool, arguments,
-                            status, requested_at, expires_at)
+                            status, requested_at, expires_at, link_secret)
      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, ",
     APPROVAL_PENDING,
-    ", $9, $10)"
+    ", $9, $10, $11)"
 );
 
 /// `$1` event id, `$2` now.

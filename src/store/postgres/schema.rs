@@ -182,7 +182,8 @@ const MIGRATIONS: &[&str] = &[
         expires_at    BIGINT NOT NULL,
         decided_at    BIGINT,
         decided_by    TEXT,
-        note          TEXT
+        note          TEXT,
+        link_secret   TEXT NOT NULL
     );
     CREATE INDEX approvals_by_event ON approvals (event_id);
     CREATE INDEX approvals_pending ON approvals (expires_at) WHERE status = 'pending';

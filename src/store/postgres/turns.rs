@@ -361,6 +361,7 @@ impl Turns for PostgresStore {
                     &request.arguments.to_string(),
                     &request.requested_at,
                     &request.expires_at,
+                    &request.link_secret,
                 ],
             )
             .await?;
@@ -383,6 +384,18 @@ impl Turns for PostgresStore {
             )
             .await?;
             tx.run(AWAIT_EVENT_SQL, &[&request.event_id, &now]).await?;
+            // The request's own delivery, keyed by its id (the event's result comes later).
+            tx.run(
+                QUEUE_DELIVERY_SQL,
+                &[
+                    &request.id,
+                    &request.route,
+                    &request.session_key,
+                    &request.delivery,
+                    &now,
+                ],
+            )
+            .await?;
             tx.run(
                 END_SESSION_SQL,
                 &[

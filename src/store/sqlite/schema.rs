@@ -155,7 +155,8 @@ const MIGRATIONS: &[&str] = &[
         expires_at    INTEGER NOT NULL,
         decided_at    INTEGER,
         decided_by    TEXT,
-        note          TEXT
+        note          TEXT,
+        link_secret   TEXT NOT NULL
     ) WITHOUT ROWID;
     CREATE INDEX approvals_by_event ON approvals(event_id);
     CREATE INDEX approvals_pending ON approvals(expires_at) WHERE status = 'pending';

@@ -261,6 +261,7 @@ fn await_in(connection: &Connection, request: &NewApproval, steps: u32) -> Resul
             &request.arguments.to_string(),
             &request.requested_at,
             &request.expires_at,
+            &request.link_secret,
         ],
     )?;
     let body = request.entry().body()?;
@@ -286,6 +287,18 @@ fn await_in(connection: &Connection, request: &NewApproval, steps: u32) -> Resul
         ],
     )?;
     execute(connection, AWAIT_EVENT_SQL, &[&request.event_id, &now])?;
+    // The request's own delivery, keyed by its id (the event's result is delivered later).
+    execute(
+        connection,
+        QUEUE_DELIVERY_SQL,
+        &[
+            &request.id,
+            &request.route,
+            &request.session_key,
+            &request.delivery,
+            &now,
+        ],
+    )?;
     execute(
         connection,
         END_SESSION_SQL,
