@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::path::Path;
 use std::time::Duration;
 
 use common::stub::{Reply, Stub};
@@ -36,14 +37,37 @@ struct Setup {
 
 impl Setup {
     fn new(runtime_extra: &str) -> Setup {
-        let model = deploying_model();
-        let receiver = Stub::start(|_, _| Reply::raw(204, ""));
         let workspace = Workspace::new();
+        let receiver = Stub::start(|_, _| Reply::raw(204, ""));
+        let deliver = format!(
+            "{{ kind = \"http\", url = \"{}/results\" }}",
+            receiver.url()
+        );
+        Setup::configured(workspace, receiver, ("", runtime_extra), &deliver)
+    }
+
+    /// With `public_url` on the listener, and `deliver` as the route's target.
+    fn linked(workspace: Workspace, receiver: Stub, deliver: &str) -> Setup {
+        let server = format!("public_url = \"http://{}/\"", workspace.addr());
+        Setup::configured(workspace, receiver, (&server, ""), deliver)
+    }
+
+    /// `extra`: lines for `[server]` (the table the workspace's config starts with) and for
+    /// `[runtime]`.
+    fn configured(
+        workspace: Workspace,
+        receiver: Stub,
+        extra: (&str, &str),
+        deliver: &str,
+    ) -> Setup {
+        let (server, runtime) = extra;
+        let model = deploying_model();
         let runs = workspace.path().join("runs.log");
         workspace.write_config(&format!(
-            r#"[runtime]
+            r#"{server}
+[runtime]
 max_turn_steps = 6
-{runtime_extra}
+{runtime}
 
 [model]
 backend = "openai"
@@ -65,10 +89,9 @@ verify = {{ scheme = "none" }}
 session = "{{{{ payload.session }}}}"
 system = "You run deployments."
 tools = ["deploy"]
-deliver = {{ kind = "http", url = "{receiver}/results" }}
+deliver = {deliver}
 "#,
             model = model.url(),
-            receiver = receiver.url(),
             runs = runs.display(),
         ));
         Setup {
@@ -382,16 +405,14 @@ fn suspending_an_awaiting_session_denies_its_request() {
 /// decides as "link", once: the link is gone after it, and so is the other one.
 #[test]
 fn a_link_shows_the_request_and_only_its_post_decides_once() {
-    let setup = Setup::new("");
-    let public = format!("http://{}", setup.workspace.addr());
-    // `[server]` is the table the workspace's config starts with.
-    let text = std::fs::read_to_string(setup.workspace.config_path()).unwrap_or_default();
-    let text = text.replacen(
-        "\n[runtime]",
-        &format!("public_url = \"{public}/\"\n\n[runtime]"),
-        1,
+    let workspace = Workspace::new();
+    let receiver = Stub::start(|_, _| Reply::raw(204, ""));
+    let deliver = format!(
+        "{{ kind = \"http\", url = \"{}/results\" }}",
+        receiver.url()
     );
-    std::fs::write(setup.workspace.config_path(), text).expect("config");
+    let setup = Setup::linked(workspace, receiver, &deliver);
+    let public = format!("http://{}", setup.workspace.addr());
     let daemon = setup.workspace.start();
     let event = post(&daemon, "linked");
     let approval = setup.wait_awaiting(&event);
@@ -465,4 +486,78 @@ fn a_link_shows_the_request_and_only_its_post_decides_once() {
         metrics.contains(r#"agentgate_refusals_total{route="",code="403",reason="bad_link"} 2"#),
         "{metrics}"
     );
+}
+
+/// The recipe of docs/tools.md, as written: agentgate delivers to the relay
+/// (packaging/examples/approval-relay.py), which checks the signature and posts the request
+/// with its links to a chat's incoming webhook; a person opens the approve link and confirms.
+#[test]
+fn the_chat_relay_recipe_brings_a_link_that_approves() {
+    let chat = Stub::start(|_, _| Reply::raw(200, "ok"));
+    let workspace = Workspace::new();
+    let secret = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
+    let secret_file = workspace.path().join("deliver.secret");
+    let chat_file = workspace.path().join("chat-url");
+    std::fs::write(&secret_file, format!("{secret}\n")).expect("secret");
+    std::fs::write(&chat_file, format!("{}/hooks/chat\n", chat.url())).expect("chat url");
+    let relay_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|addr| addr.port())
+        .expect("a free port");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/examples/approval-relay.py");
+    let mut relay = std::process::Command::new("python3")
+        .arg(&script)
+        .env("RELAY_LISTEN", format!("127.0.0.1:{relay_port}"))
+        .env("RELAY_SECRET_FILE", &secret_file)
+        .env("CHAT_URL_FILE", &chat_file)
+        .spawn()
+        .expect("python3 runs the relay");
+    wait_until("the relay to listen", TURN_LIMIT, || {
+        std::net::TcpStream::connect(("127.0.0.1", relay_port)).is_ok()
+    });
+    let unused = Stub::start(|_, _| Reply::raw(204, ""));
+    let deliver = format!(
+        "{{ kind = \"http\", url = \"http://127.0.0.1:{relay_port}/\", secret = {{ file = {secret_file:?} }} }}"
+    );
+    let setup = Setup::linked(workspace, unused, &deliver);
+    let daemon = setup.workspace.start();
+    let public = format!("http://{}", setup.workspace.addr());
+    let event = post(&daemon, "chat");
+    setup.wait_awaiting(&event);
+    let mut text = String::new();
+    wait_until("the approval message in the chat", TURN_LIMIT, || {
+        text = chat
+            .requests()
+            .iter()
+            .map(|r| r.json()["text"].as_str().unwrap_or("").to_string())
+            .find(|t| t.contains("Approval needed"))
+            .unwrap_or_default();
+        !text.is_empty()
+    });
+    assert!(
+        text.contains("`deploy`") && text.contains("\"prod\""),
+        "{text}"
+    );
+    let approve = text
+        .split('<')
+        .find_map(|part| part.strip_suffix("|Approve> · "))
+        .unwrap_or_else(|| panic!("no approve link in {text}"))
+        .trim_start_matches(&public)
+        .to_string();
+    assert_eq!(daemon.request("GET", &approve, &[], b"").status, 200);
+    assert_eq!(daemon.request("POST", &approve, &[], b"").status, 200);
+    assert_eq!(
+        setup.workspace.wait_terminal(&event, TURN_LIMIT),
+        "completed"
+    );
+    assert_eq!(setup.runs(), 1);
+    wait_until("the result in the chat", TURN_LIMIT, || {
+        chat.requests().iter().any(|r| {
+            r.json()["text"]
+                .as_str()
+                .is_some_and(|t| t.starts_with("completed: session chat"))
+        })
+    });
+    let _ = relay.kill();
+    let _ = relay.wait();
 }
