@@ -78,7 +78,7 @@ max_retries = 1
 
 [tools.deploy]
 description = "Deploy to a target"
-command = ["/bin/sh", "-c", "cat >> {runs}; echo; echo deployed"]
+command = ["/bin/sh", "-c", "cat >> {runs}; echo; if [ -e {hold} ]; then sleep 60; fi; echo deployed"]
 parameters = {{ type = "object", properties = {{ target = {{ type = "string", enum = ["prod", "staging"] }} }}, required = ["target"] }}
 approval = true
 sandbox = "none"
@@ -93,6 +93,7 @@ deliver = {deliver}
 "#,
             model = model.url(),
             runs = runs.display(),
+            hold = workspace.path().join("hold").display(),
         ));
         Setup {
             workspace,
@@ -321,28 +322,34 @@ fn a_denied_or_expired_call_does_not_run_and_the_model_is_told() {
     );
 }
 
-/// A pending approval holds no turn: SIGTERM exits at once, the request survives the restart,
-/// and a decision taken while the daemon is stopped is carried out at the next start. Later
-/// events of the session wait behind the decision and then run in order.
+/// A pending approval holds no turn: SIGTERM with 100 of them exits at once (not after
+/// `drain_timeout`), the requests survive the restart, and a decision taken while the daemon is
+/// stopped is carried out at the next start. Later events of the session wait behind the
+/// decision and then run in order.
 #[test]
 fn a_pending_approval_survives_restarts_and_later_events_queue_behind_it() {
-    let setup = Setup::new("");
+    let setup = Setup::new("drain_timeout = \"30s\"");
     let daemon = setup.workspace.start();
     let first = post(&daemon, "ordered");
     let approval = setup.wait_awaiting(&first);
     let second = post(&daemon, "ordered");
-    std::thread::sleep(Duration::from_millis(300));
+    for n in 0..99 {
+        post(&daemon, &format!("other-{n}"));
+    }
+    wait_until("100 pending approvals", TURN_LIMIT, || {
+        setup.pending().len() == 100
+    });
     assert_eq!(setup.workspace.event_status(&second), "queued");
-    assert_eq!(setup.model.requests().len(), 1, "the later event waits");
+    assert_eq!(setup.model.requests().len(), 100, "the later event waits");
     let stopping = std::time::Instant::now();
     let status = daemon.terminate();
     assert!(status.success(), "{status:?}");
     assert!(
         stopping.elapsed() < Duration::from_secs(5),
-        "the drain does not wait for a pending approval: {:?}",
+        "the drain does not wait for pending approvals: {:?}",
         stopping.elapsed()
     );
-    assert_eq!(setup.pending().len(), 1, "the request survives the stop");
+    assert_eq!(setup.pending().len(), 100, "the requests survive the stop");
     let (ok, text) = decide(&setup.workspace, &["approvals", "approve", &approval]);
     assert!(ok, "{text}");
     let daemon = setup.workspace.start();
@@ -351,7 +358,15 @@ fn a_pending_approval_survives_restarts_and_later_events_queue_behind_it() {
         "completed"
     );
     // The second event asks for the tool again: a new request, with its own decision.
-    let approval = setup.wait_awaiting(&second);
+    wait_until("the second event to await approval", TURN_LIMIT, || {
+        setup.workspace.event_status(&second) == "awaiting_approval"
+    });
+    let approval = setup
+        .pending()
+        .into_iter()
+        .find(|row| row["event_id"] == second.as_str())
+        .and_then(|row| row["id"].as_str().map(str::to_string))
+        .unwrap_or_default();
     let (ok, text) = decide(&setup.workspace, &["approvals", "deny", &approval]);
     assert!(ok, "{text}");
     assert_eq!(
@@ -560,4 +575,112 @@ fn the_chat_relay_recipe_brings_a_link_that_approves() {
     });
     let _ = relay.kill();
     let _ = relay.wait();
+}
+
+/// kill -9 at each point: with the request committed (it survives, and is decided after the
+/// restart), and with the approved call running (the resumed turn does not run it again: the
+/// tool is not idempotent, so the model is told its outcome is unknown, and a call it asks for
+/// anew needs a decision of its own). The call ran once.
+#[test]
+fn a_kill_at_any_point_never_runs_the_call_twice_nor_loses_the_request() {
+    let setup = Setup::new("");
+    let daemon = setup.workspace.start();
+    let event = post(&daemon, "killed");
+    let approval = setup.wait_awaiting(&event);
+    daemon.kill9();
+    let daemon = setup.workspace.start();
+    assert_eq!(setup.pending().len(), 1, "the request survives kill -9");
+    std::fs::write(setup.workspace.path().join("hold"), "").expect("hold");
+    let (ok, text) = decide(&setup.workspace, &["approvals", "approve", &approval]);
+    assert!(ok, "{text}");
+    wait_until("the approved call to start", TURN_LIMIT, || {
+        setup.runs() == 1
+    });
+    daemon.kill9();
+    let _ = std::fs::remove_file(setup.workspace.path().join("hold"));
+    let _daemon = setup.workspace.start();
+    // The resumed turn tells the model the call's outcome is unknown; this model asks for the
+    // call again, which is a new request that needs its own decision.
+    wait_until("the model to ask again", TURN_LIMIT, || {
+        setup
+            .pending()
+            .first()
+            .is_some_and(|row| row["id"] != approval.as_str())
+    });
+    assert_eq!(setup.runs(), 1, "the approved call is not run again");
+    let again = setup.pending()[0]["id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let (ok, text) = decide(&setup.workspace, &["approvals", "deny", &again]);
+    assert!(ok, "{text}");
+    assert_eq!(
+        setup.workspace.wait_terminal(&event, TURN_LIMIT),
+        "completed"
+    );
+    assert_eq!(setup.runs(), 1, "never run twice");
+    let results = tool_results(&setup.model);
+    assert!(
+        results.iter().any(|r| r.starts_with("interrupted")),
+        "{results:?}"
+    );
+    let shown = setup
+        .workspace
+        .cli_json(&["approvals", "show", &approval, "--json"]);
+    assert_eq!(shown["status"], "approved", "the decision is kept: {shown}");
+}
+
+/// A reload that removes the tool while a call of it waits: approving is refused with a clear
+/// reason, the request is denied by agentgate, and the model is told the tool is gone.
+/// Cancelling a session that waits denies its request and lets the turn go on.
+#[test]
+fn a_removed_tool_cannot_be_approved_and_cancel_denies() {
+    let setup = Setup::new("");
+    let daemon = setup.workspace.start();
+    let event = post(&daemon, "reloaded");
+    let approval = setup.wait_awaiting(&event);
+    let config = std::fs::read_to_string(setup.workspace.config_path()).unwrap_or_default();
+    std::fs::write(
+        setup.workspace.config_path(),
+        config.replace("tools = [\"deploy\"]", "tools = []"),
+    )
+    .expect("config");
+    let output = setup.workspace.cli(&["reload"]);
+    assert!(output.status.success(), "{output:?}");
+    let (ok, text) = decide(&setup.workspace, &["approvals", "approve", &approval]);
+    assert!(!ok && text.contains("no longer offers"), "{text}");
+    assert_eq!(
+        setup.workspace.wait_terminal(&event, TURN_LIMIT),
+        "completed"
+    );
+    let results = tool_results(&setup.model);
+    assert!(
+        results
+            .iter()
+            .any(|r| r.contains("not available on this route")),
+        "{results:?}"
+    );
+    let shown = setup
+        .workspace
+        .cli_json(&["approvals", "show", &approval, "--json"]);
+    assert_eq!(shown["status"], "denied", "{shown}");
+    assert_eq!(shown["decided_by"], "agentgate", "{shown}");
+    assert_eq!(setup.runs(), 0);
+
+    std::fs::write(setup.workspace.config_path(), &config).expect("config");
+    let output = setup.workspace.cli(&["reload"]);
+    assert!(output.status.success(), "{output:?}");
+    let cancelled = post(&daemon, "cancelled");
+    let approval = setup.wait_awaiting(&cancelled);
+    let output = setup.workspace.cli(&["sessions", "cancel", "cancelled"]);
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(
+        setup.workspace.wait_terminal(&cancelled, TURN_LIMIT),
+        "completed"
+    );
+    let shown = setup
+        .workspace
+        .cli_json(&["approvals", "show", &approval, "--json"]);
+    assert_eq!(shown["note"], "session cancelled by operator", "{shown}");
+    assert_eq!(setup.runs(), 0);
 }
