@@ -878,3 +878,62 @@ fn an_unusable_database_url_is_a_configuration_error_that_keeps_the_url_secret()
         "the URL's password leaked: {message}"
     );
 }
+
+/// Approvals across nodes: the request is made on the node that ran the turn, approved through
+/// another node's control socket, and the turn continues on whichever node claims it; the call
+/// runs once.
+#[test]
+fn an_approval_requested_on_one_node_is_decided_through_another() {
+    let model = Stub::start(|request, _| {
+        let body = request.json();
+        let last = body["messages"].as_array().and_then(|m| m.last()).cloned();
+        match last {
+            Some(message) if message["role"] == "tool" => Reply::answer("deployed"),
+            _ => Reply::tool_call("call-1", "deploy", serde_json::json!({"target": "prod"})),
+        }
+    });
+    let runs = tempfile::tempdir().expect("tempdir");
+    let log = runs.path().join("runs.log");
+    let tools = format!(
+        r#"[tools.deploy]
+command = ["/bin/sh", "-c", "cat >> {}; echo; echo deployed"]
+parameters = {{ type = "object", properties = {{ target = {{ type = "string", enum = ["prod"] }} }} }}
+approval = true
+sandbox = "none""#,
+        log.display()
+    );
+    let mut shape = Shape::new(2, "10s");
+    shape.tools = &tools;
+    shape.route_tools = "\"deploy\"";
+    let Some(cluster) = Cluster::start("pg_approvals", &model, &shape) else {
+        return;
+    };
+    let event = cluster.post(0, "pg-approval", "deploy");
+    wait_until("the approval request", LIMIT, || {
+        cluster.count("SELECT count(*) FROM approvals WHERE status = 'pending'") == 1
+    });
+    assert_eq!(cluster.event_status(&event), "awaiting_approval");
+    let id = cluster
+        .pg
+        .value("SELECT id FROM approvals WHERE status = 'pending'");
+    let decided =
+        cluster.nodes[1]
+            .workspace
+            .cli(&["approvals", "approve", &id, "--note", "from node 1"]);
+    assert!(decided.status.success(), "{decided:?}");
+    let again = cluster.nodes[0].workspace.cli(&["approvals", "deny", &id]);
+    assert!(
+        !again.status.success(),
+        "a second decision on another node is refused"
+    );
+    cluster.wait_all_terminal(1, LIMIT);
+    assert_eq!(cluster.event_status(&event), "completed");
+    let ran = std::fs::read_to_string(&log).unwrap_or_default();
+    assert_eq!(ran.lines().filter(|l| !l.is_empty()).count(), 1, "{ran}");
+    assert_eq!(
+        cluster
+            .pg
+            .value(&format!("SELECT note FROM approvals WHERE id = '{id}'")),
+        "from node 1"
+    );
+}
