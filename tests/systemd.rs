@@ -961,3 +961,81 @@ fn the_operations_guide_works_as_written() {
         "the restored state holds every event: {status}"
     );
 }
+
+/// An approval pending across `systemctl restart`: the request survives it, the CLI decides it
+/// through the restarted daemon's control socket (recorded as root), the turn completes, and
+/// both steps are in the journal with their MESSAGE_IDs.
+#[test]
+fn an_approval_pending_across_a_restart_is_decided_after_it() {
+    let Some(machine) = Machine::boot("approval") else {
+        return;
+    };
+    std::fs::write(
+        machine.share.path().join("model"),
+        r#"#!/usr/bin/python3
+import json, sys
+messages = json.load(sys.stdin)["messages"]
+if messages[-1].get("role") == "tool":
+    print(json.dumps({"role": "assistant", "content": "done: " + messages[-1]["content"]}))
+else:
+    call = {"id": "c1", "type": "function",
+            "function": {"name": "deploy", "arguments": "{\"target\": \"prod\"}"}}
+    print(json.dumps({"role": "assistant", "content": None, "tool_calls": [call]}))
+"#,
+    )
+    .expect("write the model");
+    machine.ok(&format!(
+        "install -m 0755 {}/model /usr/local/bin/deploy-model",
+        machine.share.path().display()
+    ));
+    let setup = "[model]\nbackend = \"command\"\ncommand = [\"/usr/local/bin/deploy-model\"]\n\n\
+        [tools.deploy]\ncommand = [\"/bin/echo\", \"deployed\"]\napproval = true\n\
+        parameters = { type = \"object\", properties = { target = { type = \"string\", enum = [\"prod\"] } } }\n";
+    let text = config("").replace("[routes.hook]", &format!("{setup}\n[routes.hook]"))
+        + "tools = [\"deploy\"]\n";
+    machine.install(&text, "");
+    let cli = |command: &str| {
+        machine.ok(&format!(
+            "agentgate {command} --config /etc/agentgate/agentgate.toml"
+        ))
+    };
+    let response = machine
+        .post(r#"{"session":"deploys","task":"ship"}"#)
+        .expect("POST");
+    assert_eq!(response.status, 202, "{response:?}");
+    let event = response.event_id();
+    let pending = || -> Vec<serde_json::Value> {
+        serde_json::from_str::<serde_json::Value>(&cli("approvals list --json"))
+            .ok()
+            .and_then(|list| list["approvals"].as_array().cloned())
+            .unwrap_or_default()
+    };
+    wait_for("the approval request", Duration::from_secs(30), || {
+        pending().len() == 1
+    });
+    let id = pending()[0]["id"].as_str().unwrap_or_default().to_string();
+    machine.ok("systemctl restart agentgate.service");
+    assert_eq!(pending().len(), 1, "the request survives the restart");
+    let decided = cli(&format!("approvals approve {id} --note restart-proof"));
+    assert!(decided.contains("approved by root"), "{decided}");
+    let status = || -> String {
+        serde_json::from_str::<serde_json::Value>(&cli(&format!("events show {event} --json")))
+            .ok()
+            .and_then(|shown| shown["status"].as_str().map(str::to_string))
+            .unwrap_or_default()
+    };
+    wait_for("the turn to complete", Duration::from_secs(30), || {
+        status() == "completed"
+    });
+    for message_id in [
+        "3f0a9c51d2b84e6f9a7c1e5d08b4f2a6",
+        "c4e81b7a90f34d2a8b6e2f1d93a5c707",
+    ] {
+        assert!(
+            !machine
+                .journal(&format!("-u agentgate.service MESSAGE_ID={message_id}"))
+                .is_empty(),
+            "{message_id} is not in the journal"
+        );
+    }
+}
