@@ -73,13 +73,7 @@ where
                 (BY_LINK.to_string(), note),
             )
             .await
-            .map_err(|err| {
-                refusal(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "unavailable",
-                    &err.to_string(),
-                )
-            })?;
+            .map_err(store_unavailable)?;
             Ok(decided_page(outcome))
         }
         _ => Err(refusal(
@@ -111,13 +105,7 @@ async fn linked_request(
     let row = store
         .approval(id)
         .await
-        .map_err(|err| {
-            refusal(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "unavailable",
-                &err.to_string(),
-            )
-        })?
+        .map_err(store_unavailable)?
         .ok_or_else(|| {
             refusal(
                 StatusCode::NOT_FOUND,
@@ -271,6 +259,15 @@ fn page(status: StatusCode, body: &str) -> HttpResponse {
         HeaderValue::from_static("nosniff"),
     );
     response
+}
+
+/// 503: the state could not be read or written; the link still works later.
+fn store_unavailable(err: crate::store::StoreError) -> HttpResponse {
+    refusal(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "unavailable",
+        &err.to_string(),
+    )
 }
 
 fn refusal(status: StatusCode, code: &'static str, message: &str) -> HttpResponse {
