@@ -105,13 +105,23 @@ pub(crate) fn decided(sessions: &Sessions, row: &ApprovalRow) {
         row.status,
         Duration::from_millis(u64::try_from(waited).unwrap_or(0)),
     );
-    tracing::warn!(
-        message_id = logging::MESSAGE_APPROVAL_DECIDED,
-        session_key = %row.session, event_id = %row.event_id, approval_id = %row.id,
-        tool = %row.tool, decision = %row.status,
-        decided_by = row.decided_by.as_deref().unwrap_or(""),
-        "approval request decided; the turn continues"
-    );
+    let decided_by = row.decided_by.as_deref().unwrap_or("");
+    match row.status {
+        ApprovalStatus::Approved => tracing::info!(
+            message_id = logging::MESSAGE_APPROVAL_DECIDED,
+            session_key = %row.session, event_id = %row.event_id, approval_id = %row.id,
+            tool = %row.tool, decision = %row.status, decided_by,
+            "approval request approved; the call runs and the turn continues"
+        ),
+        ApprovalStatus::Denied | ApprovalStatus::Expired | ApprovalStatus::Pending => {
+            tracing::warn!(
+                message_id = logging::MESSAGE_APPROVAL_DECIDED,
+                session_key = %row.session, event_id = %row.event_id, approval_id = %row.id,
+                tool = %row.tool, decision = %row.status, decided_by,
+                "approval request not approved; the call does not run and the turn continues"
+            );
+        }
+    }
     sessions.wake();
 }
 
