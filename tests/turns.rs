@@ -1990,7 +1990,8 @@ fn background_jobs_are_bounded_per_session() {
                 "tool_calls": (0..10).map(|n| json!({
                     "id": format!("call-{n}"),
                     "type": "function",
-                    "function": {"name": "job", "arguments": "{}"}
+                    // Ten different calls, so that the repeated-call limit does not apply.
+                    "function": {"name": "job", "arguments": json!({"n": n}).to_string()}
                 })).collect::<Vec<_>>()
             }))
         }
