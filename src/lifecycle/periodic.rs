@@ -159,10 +159,8 @@ pub(super) struct Expiry {
     pub sessions: Arc<Sessions>,
 }
 
-/// The share of `approval_timeout` after which a pending request is warned about.
-const EXPIRY_WARNING: f64 = 0.8;
-/// Pending requests looked at for warnings in one round, oldest first.
-const WARN_SCAN: i64 = 10_000;
+/// Requests near expiry warned about in one round at most (the nearest first).
+const WARN_SCAN: i64 = 1_000;
 
 impl Expiry {
     /// Expires and warns until `stop`, checking about twenty times per `approval_timeout`
@@ -184,18 +182,17 @@ impl Expiry {
         }
     }
 
-    /// Warns, once each, about pending requests past `EXPIRY_WARNING` of their time. `warned`
-    /// keeps the ids warned about that are still pending, so it is bounded by what is pending.
+    /// Warns, once each, about pending requests past 80 % of their time (only those are read).
+    /// `warned` keeps the ids warned about that are still near expiry and pending, so it is
+    /// bounded by them.
     async fn warn(&self, warned: &mut std::collections::HashSet<String>) {
-        let Ok(pending) = self.store.approvals(true, WARN_SCAN).await else {
+        let Ok(near) = self.store.approvals_to_warn(WARN_SCAN).await else {
             return;
         };
         let now = store::now_millis();
-        warned.retain(|id| pending.iter().any(|row| &row.id == id));
-        for row in pending {
-            let life = (row.expires_at - row.requested_at) as f64;
-            let warn_at = row.requested_at + (life * EXPIRY_WARNING) as i64;
-            if now < warn_at || !warned.insert(row.id.clone()) {
+        warned.retain(|id| near.iter().any(|row| &row.id == id));
+        for row in near {
+            if !warned.insert(row.id.clone()) {
                 continue;
             }
             tracing::warn!(

@@ -575,6 +575,8 @@ async fn approvals_pause_and_continue(store: &Store) {
         .await_approval(request(&continued, "ap2", "c2", super::now_millis() - 1), 4)
         .await
         .expect("await again");
+    let near = store.approvals_to_warn(10).await.expect("near expiry");
+    assert_eq!(near.len(), 1, "only the request near its expiry: {near:?}");
     let expired = store.expire_approvals().await.expect("expire");
     assert_eq!(expired.len(), 1);
     assert_eq!(expired[0].status, ApprovalStatus::Expired);

@@ -387,6 +387,8 @@ pub(crate) trait Approvals: Send + Sync {
     /// Takes a decision on a pending request and queues its turn to continue, with the decision
     /// in its transcript, in one transaction; a request past its time is expired instead.
     async fn decide_approval(&self, id: &str, decision: Decision) -> Result<Decided, StoreError>;
+    /// Up to `limit` pending requests past 80 % of their time, the nearest to expiry first.
+    async fn approvals_to_warn(&self, limit: i64) -> Result<Vec<ApprovalRow>, StoreError>;
     /// Expires a batch of pending requests whose time ran out (their turns continue); returns
     /// them, none when there is nothing left to expire.
     async fn expire_approvals(&self) -> Result<Vec<ApprovalRow>, StoreError>;

@@ -517,6 +517,16 @@ pub(crate) const DUE_TO_EXPIRE_SQL: &str = concatcp!(
     " AND expires_at <= $1 ORDER BY expires_at LIMIT $2"
 );
 
+/// `$1` now, `$2` limit: pending requests past 80 % of their time (the expiry warning's), the
+/// nearest to expiry first. Only these are read, so many requests far from expiry cost nothing.
+pub(crate) const DUE_TO_WARN_SQL: &str = concatcp!(
+    "SELECT ",
+    APPROVAL_COLUMNS,
+    " FROM approvals WHERE status = ",
+    APPROVAL_PENDING,
+    " AND expires_at - (expires_at - requested_at) / 5 <= $1 ORDER BY expires_at LIMIT $2"
+);
+
 /// The number of pending requests.
 pub(crate) const PENDING_COUNT_SQL: &str = concatcp!(
     "SELECT count(*) AS n FROM approvals WHERE status = ",

@@ -9,7 +9,7 @@ use super::connect::{Cached, bounded};
 use crate::store::approval::{APPROVAL_ENTRY, ApprovalRow, Decided, Decision};
 use crate::store::sql::{
     APPEND_SQL, APPROVAL_SQL, APPROVALS_SQL, CONTINUE_EVENT_SQL, CONTINUE_SESSION_SQL, DECIDE_SQL,
-    DUE_TO_EXPIRE_SQL, EXPIRE_BATCH, SESSION_PENDING_SQL,
+    DUE_TO_EXPIRE_SQL, DUE_TO_WARN_SQL, EXPIRE_BATCH, SESSION_PENDING_SQL,
 };
 use crate::store::states::ApprovalStatus;
 use crate::store::{Approvals, StoreError, now_millis};
@@ -93,6 +93,15 @@ impl Approvals for PostgresStore {
     async fn approval(&self, id: &str) -> Result<Option<ApprovalRow>, StoreError> {
         self.fetch_optional(APPROVAL_SQL, &[&id], ApprovalRow::decode)
             .await
+    }
+
+    async fn approvals_to_warn(&self, limit: i64) -> Result<Vec<ApprovalRow>, StoreError> {
+        self.fetch(
+            DUE_TO_WARN_SQL,
+            &[&now_millis(), &limit],
+            ApprovalRow::decode,
+        )
+        .await
     }
 
     async fn decide_approval(&self, id: &str, decision: Decision) -> Result<Decided, StoreError> {

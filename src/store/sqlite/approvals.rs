@@ -8,7 +8,7 @@ use super::{SqliteStore, execute, query, query_optional};
 use crate::store::approval::{APPROVAL_ENTRY, ApprovalRow, Decided, Decision};
 use crate::store::sql::{
     APPEND_SQL, APPROVAL_SQL, APPROVALS_SQL, CONTINUE_EVENT_SQL, CONTINUE_SESSION_SQL, DECIDE_SQL,
-    DUE_TO_EXPIRE_SQL, EXPIRE_BATCH, SESSION_PENDING_SQL,
+    DUE_TO_EXPIRE_SQL, DUE_TO_WARN_SQL, EXPIRE_BATCH, SESSION_PENDING_SQL,
 };
 use crate::store::states::ApprovalStatus;
 use crate::store::{Approvals, StoreError, now_millis};
@@ -102,6 +102,18 @@ impl Approvals for SqliteStore {
             query_optional(connection, APPROVAL_SQL, &[&id], |row| {
                 ApprovalRow::decode(row)
             })
+        })
+        .await
+    }
+
+    async fn approvals_to_warn(&self, limit: i64) -> Result<Vec<ApprovalRow>, StoreError> {
+        self.read(move |connection| {
+            query(
+                connection,
+                DUE_TO_WARN_SQL,
+                &[&now_millis(), &limit],
+                |row| ApprovalRow::decode(row),
+            )
         })
         .await
     }
