@@ -9,7 +9,8 @@
 #    model, time to READY with 100,000 and 1,000,000 stored events, command against MCP tool
 #    calls (benches/turns.rs, RUNS runs);
 # 3. restarts under load under a real systemd (root only);
-# 4. the fault soak with 100 rounds.
+# 4. the fault soak with 100 rounds;
+# 5. 10,000 pending approvals at idle, and decision-to-turn-end latency (bench/approvals.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-3}
@@ -37,6 +38,9 @@ cargo test --locked -q --test systemd ten_restarts -- --nocapture 2>&1 | grep -E
 
 echo "== fault soak"
 cargo test --locked -q --test soak -- --nocapture 2>&1 | grep -E '^soak:'
+
+echo "== approvals"
+bench/approvals.sh
 
 echo "== scale-out on PostgreSQL"
 RUNS=$RUNS bench/scaleout.sh
