@@ -258,3 +258,24 @@ fn check_config_flags_what_a_tool_or_another_user_could_rewrite() {
         "{said}"
     );
 }
+
+/// A strict tool or stdio MCP server whose program or working directory is under /tmp would not
+/// find it in its private /tmp: `check-config` says so, and does not for `sandbox = "none"`.
+#[test]
+fn check_config_warns_of_programs_the_private_tmp_hides() {
+    let workspace = Workspace::new();
+    let config = "[tools.script]\ncommand = [\"/bin/sh\", \"/tmp/tools/run.sh\"]\n\n\
+        [tools.open]\ncommand = [\"/tmp/tools/open\"]\nsandbox = \"none\"\n\n\
+        [mcp.local]\ncommand = [\"/usr/bin/node\", \"server.js\"]\ncwd = \"/tmp/mcp\"\n\n\
+        [routes.hook]\npath = \"/hook\"\nverify = { scheme = \"none\" }\ntools = [\"script\", \"open\", \"local.*\"]\n";
+    workspace.write_config(config);
+    let checked = workspace.cli(&["check-config"]);
+    let said = String::from_utf8_lossy(&checked.stdout).into_owned();
+    assert!(checked.status.success(), "{checked:?}");
+    assert!(
+        said.contains("tools.script: /tmp/tools/run.sh is under /tmp"),
+        "{said}"
+    );
+    assert!(said.contains("mcp.local: /tmp/mcp is under /tmp"), "{said}");
+    assert!(!said.contains("/tmp/tools/open is under /tmp"), "{said}");
+}

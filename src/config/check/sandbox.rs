@@ -66,6 +66,25 @@ impl Checker<'_> {
         }
     }
 
+    /// A strict child gets a private, empty `/tmp`: a program, script or working directory
+    /// under `/tmp` that its argv or `cwd` names is not there for it (a warning: the call fails).
+    pub(super) fn private_tmp(&mut self, prefix: &str, sandbox: &Sandboxing, paths: Vec<PathBuf>) {
+        let strict = match sandbox {
+            Sandboxing::Strict { .. } => true,
+            Sandboxing::Off => false,
+        };
+        if let Some(path) = paths.iter().find(|path| strict && path.starts_with("/tmp")) {
+            self.warn(
+                prefix,
+                format!(
+                    "{} is under /tmp, which a strict sandbox replaces with a private, empty one: \
+                     the process will not find it; move it, or set sandbox = \"none\"",
+                    path.display()
+                ),
+            );
+        }
+    }
+
     /// What no sandboxed process may see: the state directory, the credentials directory, the
     /// control socket, the config file and every secret file the config names.
     pub(super) fn hidden_paths(

@@ -1,6 +1,7 @@
 //! `[tools.NAME]` and `[mcp.NAME]`.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use super::sandbox::RawSandbox;
@@ -32,6 +33,19 @@ impl Checker<'_> {
             },
         };
         self.parameter_schema(&format!("{prefix}.parameters"), &parameters);
+        let sandbox = self.sandboxing(
+            &prefix,
+            RawSandbox {
+                sandbox: raw.sandbox,
+                network: raw.network,
+                writable: raw.writable,
+            },
+        );
+        self.private_tmp(
+            &prefix,
+            &sandbox,
+            raw.command.iter().map(PathBuf::from).collect(),
+        );
         Some(ToolSettings {
             description: raw.description.unwrap_or_default(),
             command: raw.command,
@@ -43,14 +57,7 @@ impl Checker<'_> {
             ),
             idempotent: raw.idempotent.unwrap_or(false),
             background: raw.background.unwrap_or(false),
-            sandbox: self.sandboxing(
-                &prefix,
-                RawSandbox {
-                    sandbox: raw.sandbox,
-                    network: raw.network,
-                    writable: raw.writable,
-                },
-            ),
+            sandbox,
             dedupes: raw.dedupes.unwrap_or(false),
             approval: raw.approval.unwrap_or(false),
             name,
@@ -106,18 +113,22 @@ impl Checker<'_> {
                 env.insert(variable.clone(), value);
             }
         }
+        let sandbox = self.sandboxing(
+            prefix,
+            RawSandbox {
+                sandbox: raw.sandbox.take(),
+                network: raw.network,
+                writable: raw.writable.take(),
+            },
+        );
+        let cwd = raw.cwd.take();
+        let paths = command.iter().map(PathBuf::from).chain(cwd.clone());
+        self.private_tmp(prefix, &sandbox, paths.collect());
         McpTransport::Stdio {
             command,
             env,
-            cwd: raw.cwd.take(),
-            sandbox: self.sandboxing(
-                prefix,
-                RawSandbox {
-                    sandbox: raw.sandbox.take(),
-                    network: raw.network,
-                    writable: raw.writable.take(),
-                },
-            ),
+            cwd,
+            sandbox,
         }
     }
 
