@@ -684,3 +684,33 @@ fn a_removed_tool_cannot_be_approved_and_cancel_denies() {
     assert_eq!(shown["note"], "session cancelled by operator", "{shown}");
     assert_eq!(setup.runs(), 0);
 }
+
+/// A background tool is gated the same way: nothing starts before the decision, and the
+/// approved call starts its job once.
+#[test]
+fn a_gated_background_tool_starts_its_job_only_when_approved() {
+    let setup = Setup::new("");
+    let config = std::fs::read_to_string(setup.workspace.config_path()).unwrap_or_default();
+    std::fs::write(
+        setup.workspace.config_path(),
+        config.replace("approval = true", "approval = true\nbackground = true"),
+    )
+    .expect("config");
+    let daemon = setup.workspace.start();
+    let event = post(&daemon, "jobs");
+    let approval = setup.wait_awaiting(&event);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(setup.runs(), 0, "no job before the decision");
+    let (ok, text) = decide(&setup.workspace, &["approvals", "approve", &approval]);
+    assert!(ok, "{text}");
+    assert_eq!(
+        setup.workspace.wait_terminal(&event, TURN_LIMIT),
+        "completed"
+    );
+    wait_until("the job to run", TURN_LIMIT, || setup.runs() == 1);
+    let results = tool_results(&setup.model);
+    assert!(
+        results.iter().any(|r| r.contains("job_id")),
+        "the model got the job id: {results:?}"
+    );
+}

@@ -506,3 +506,51 @@ fn reload_adds_and_removes_servers() {
             .is_some_and(serde_json::Map::is_empty)
     );
 }
+
+/// `[mcp.NAME] approval` gates a server's tools by name or prefix: the call waits for a
+/// decision (nothing reaches the server), the model cannot reach it under another name, and once
+/// approved it runs with the arguments shown. A tool the list does not name runs at once.
+#[test]
+fn an_mcp_tool_named_in_approval_waits_for_a_decision() {
+    let workspace = Workspace::new();
+    let files = workspace.path().join("files");
+    std::fs::create_dir(&files).expect("files dir");
+    std::fs::write(files.join("notes.txt"), "the answer is needle-4711\n").expect("file");
+    let path = files.join("notes.txt").display().to_string();
+    let dir = files.display().to_string();
+    let model = Stub::start(move |request, _| match tool_results(request).len() {
+        0 => Reply::tool_call("call_1", "fs__list_directory", json!({"path": dir})),
+        1 => Reply::tool_call("call_2", "fs__read_text_file", json!({"path": path})),
+        _ => Reply::answer("read it"),
+    });
+    workspace.write_config(&format!(
+        "{}\n[mcp.fs]\ncommand = [{:?}, {:?}]\nwritable = [{:?}]\napproval = [\"read_*\"]\n\n{}",
+        model.model_section(),
+        node_server("mcp-server-filesystem"),
+        files.display().to_string(),
+        files.display().to_string(),
+        route(r#"["fs.read_text_file", "fs.list_directory"]"#),
+    ));
+    let daemon = workspace.start();
+    let event_id = post(&daemon, json!({"session": "gated"}));
+    wait_until("the read to await approval", LIMIT, || {
+        workspace.event_status(&event_id) == "awaiting_approval"
+    });
+    let pending = workspace.cli_json(&["approvals", "list", "--json"]);
+    let approvals = pending["approvals"].as_array().cloned().unwrap_or_default();
+    assert_eq!(approvals.len(), 1, "{pending}");
+    assert_eq!(approvals[0]["tool"], "fs__read_text_file", "{pending}");
+    let starts = tool_starts(&workspace, "gated");
+    assert_eq!(starts.len(), 1, "only the ungated listing ran: {starts:?}");
+    let id = approvals[0]["id"].as_str().unwrap_or_default().to_string();
+    let approved = workspace.cli(&["approvals", "approve", &id]);
+    assert!(approved.status.success(), "{approved:?}");
+    assert_eq!(workspace.wait_terminal(&event_id, LIMIT), "completed");
+    let last = model.requests().pop().expect("requests");
+    assert!(
+        tool_results(&last)
+            .iter()
+            .any(|r| r.contains("needle-4711")),
+        "the approved read ran"
+    );
+}
