@@ -880,8 +880,8 @@ fn an_unusable_database_url_is_a_configuration_error_that_keeps_the_url_secret()
 }
 
 /// Approvals across nodes: the request is made on the node that ran the turn, approved through
-/// another node's control socket, and the turn continues on whichever node claims it; the call
-/// runs once.
+/// another node's control socket, and the turn continues on whichever node claims it, here the
+/// one left after the other was killed; the call runs once.
 #[test]
 fn an_approval_requested_on_one_node_is_decided_through_another() {
     let model = Stub::start(|request, _| {
@@ -905,7 +905,7 @@ sandbox = "none""#,
     let mut shape = Shape::new(2, "10s");
     shape.tools = &tools;
     shape.route_tools = "\"deploy\"";
-    let Some(cluster) = Cluster::start("pg_approvals", &model, &shape) else {
+    let Some(mut cluster) = Cluster::start("pg_approvals", &model, &shape) else {
         return;
     };
     let event = cluster.post(0, "pg-approval", "deploy");
@@ -926,10 +926,16 @@ sandbox = "none""#,
         !again.status.success(),
         "a second decision on another node is refused"
     );
+    // The node that asked dies; the other one continues the turn.
+    if let Some(daemon) = cluster.nodes[0].daemon.take() {
+        daemon.kill9();
+    }
     cluster.wait_all_terminal(1, LIMIT);
     assert_eq!(cluster.event_status(&event), "completed");
     let ran = std::fs::read_to_string(&log).unwrap_or_default();
-    assert_eq!(ran.lines().filter(|l| !l.is_empty()).count(), 1, "{ran}");
+    // Once, or not at all when the killed node had started it (then the turn that continues
+    // says its outcome is unknown): never twice.
+    assert!(ran.lines().filter(|l| !l.is_empty()).count() <= 1, "{ran}");
     assert_eq!(
         cluster
             .pg
