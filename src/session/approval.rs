@@ -1,15 +1,15 @@
 //! Approvals around the turn (docs/reference.md, "Approvals"): pausing a turn on a call that
 //! needs an operator's decision, taking the decision, and expiring what nobody decided.
 //!
-//! The turn core decides which calls wait (`turn::Action::AwaitApproval`); `pause` commits the
-//! request, in the same transaction that takes the turn off its slot, and says so. Nothing of
+//! The turn core decides which calls wait (`turn::Action::AwaitApproval`); `request` makes the
+//! request that the runner commits in the same transaction that takes the turn off its slot,
+//! and `requested` says so. Nothing of
 //! the turn stays in memory while it waits: a decision (`decide`, or `expire_due` when its time
 //! ran out) queues the event again, and the next run reads the decision from the transcript.
 
 use std::time::Duration;
 
 use super::Sessions;
-use super::runner::TurnContext;
 use super::turn::GatedCall;
 use crate::agent::catalog;
 use crate::config::{Config, Settings};
@@ -125,14 +125,8 @@ pub(crate) fn decided(sessions: &Sessions, row: &ApprovalRow) {
     sessions.wake();
 }
 
-/// Commits the approval request for `call` and leaves the turn waiting for the decision.
-pub(super) async fn pause(
-    context: &TurnContext,
-    settings: &Settings,
-    turn: &ClaimedTurn,
-    call: GatedCall,
-    steps: u32,
-) {
+/// The approval request for `call` of `turn`, with its delivery (the runner commits it).
+pub(super) fn request(settings: &Settings, turn: &ClaimedTurn, call: GatedCall) -> NewApproval {
     let now = now_millis();
     let timeout = settings.config.runtime.approval_timeout;
     let event = &turn.event;
@@ -155,19 +149,16 @@ pub(super) async fn pause(
         delivery: String::new(),
     };
     request.delivery = request_delivery(&request, settings.config.server.public_url.as_deref());
-    let committed = context
-        .commit(|store| {
-            let request = request.clone();
-            async move { store.await_approval(request, steps).await }
-        })
-        .await;
-    if !committed {
-        return;
-    }
+    request
+}
+
+/// Logs and counts a request its turn committed.
+pub(super) fn requested(request: &NewApproval) {
     metrics::approval_requested(&request.tool);
     tracing::warn!(
         message_id = logging::MESSAGE_APPROVAL_REQUESTED,
-        approval_id = %request.id, tool = %request.tool, approval_timeout = ?timeout,
+        approval_id = %request.id, tool = %request.tool,
+        expires_at = %rfc3339(request.expires_at),
         "tool call waits for an operator's decision (agentgate approvals approve|deny {})",
         request.id
     );

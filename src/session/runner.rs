@@ -219,7 +219,7 @@ impl TurnContext {
         }
     }
 
-    pub(super) async fn commit<F, Fut>(&self, attempt: F) -> bool
+    async fn commit<F, Fut>(&self, attempt: F) -> bool
     where
         F: Fn(Store) -> Fut,
         Fut: std::future::Future<Output = Result<(), StoreError>>,
@@ -456,8 +456,18 @@ impl Running<'_> {
                     return;
                 }
                 Action::AwaitApproval(call) => {
-                    let settings = self.settings;
-                    approval::pause(self.context, settings, self.turn, call, machine.steps()).await;
+                    let request = approval::request(self.settings, self.turn, call);
+                    let steps = machine.steps();
+                    let committed = self
+                        .context
+                        .commit(|store| {
+                            let request = request.clone();
+                            async move { store.await_approval(request, steps).await }
+                        })
+                        .await;
+                    if committed {
+                        approval::requested(&request);
+                    }
                     return;
                 }
                 Action::Refused(refused) => {
