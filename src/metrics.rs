@@ -138,6 +138,7 @@ struct Metrics {
     outbox: Family<StateLabel, Gauge>,
     store_writable: Gauge,
     accepting: Gauge,
+    large_body_slots: Gauge,
     tls_handshake_failures: Counter,
     log_lines_skipped: Counter,
     totals: Totals,
@@ -372,6 +373,12 @@ impl Metrics {
             "1 while events can be made durable",
             store_writable.clone(),
         );
+        let large_body_slots = Gauge::default();
+        registry.register(
+            "large_body_slots_in_use",
+            "Webhook bodies larger than 16 KiB being read now (at most 64: the others wait)",
+            large_body_slots.clone(),
+        );
         let accepting = Gauge::default();
         registry.register(
             "accepting",
@@ -423,11 +430,17 @@ impl Metrics {
             outbox,
             store_writable,
             accepting,
+            large_body_slots,
             tls_handshake_failures,
             log_lines_skipped,
             totals: Totals::default(),
         }
     }
+}
+
+/// A large-body slot was taken (`1`) or given back (`-1`).
+pub(crate) fn large_body_slots(change: i64) {
+    METRICS.large_body_slots.inc_by(change);
 }
 
 /// A webhook connection's TLS handshake failed or timed out.
@@ -850,6 +863,7 @@ mod tests {
             "# TYPE agentgate_approval_requests_total counter",
             "# TYPE agentgate_approvals_total counter",
             "# TYPE agentgate_approvals_pending gauge",
+            "# TYPE agentgate_large_body_slots_in_use gauge",
             "# TYPE agentgate_approval_decision_seconds histogram",
         ] {
             assert!(text.contains(family), "{family} missing from:\n{text}");

@@ -1140,6 +1140,15 @@ fn stalled_large_bodies_hold_only_their_slots() {
             stream
         })
         .collect();
+    wait_until(
+        "the stalled bodies to hold every slot",
+        Duration::from_secs(10),
+        || {
+            workspace
+                .metrics()
+                .contains("agentgate_large_body_slots_in_use 64")
+        },
+    );
 
     let started = Instant::now();
     let small = github_post(&daemon, ISSUE, "small-during-the-attack");

@@ -104,12 +104,27 @@ impl BodySlots {
         })
     }
 
-    async fn wait(&self, deadline: Instant) -> Result<tokio::sync::SemaphorePermit<'_>, BodyError> {
+    async fn wait(&self, deadline: Instant) -> Result<Slot<'_>, BodyError> {
         match timeout_at(deadline, self.0.acquire()).await {
-            Ok(Ok(permit)) => Ok(permit),
+            Ok(Ok(permit)) => {
+                crate::metrics::large_body_slots(1);
+                Ok(Slot { _permit: permit })
+            }
             // The semaphore is never closed.
             Ok(Err(_)) | Err(_) => Err(BodyError::NoSlot),
         }
+    }
+}
+
+/// A large-body slot, counted in `agentgate_large_body_slots_in_use` while it is held.
+struct Slot<'a> {
+    /// Given back to the semaphore when the slot is dropped.
+    _permit: tokio::sync::SemaphorePermit<'a>,
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        crate::metrics::large_body_slots(-1);
     }
 }
 
