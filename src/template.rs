@@ -225,12 +225,65 @@ impl RouteTemplates {
         Ok((!text.is_empty()).then(|| text.to_string()))
     }
 
-    /// Renders the route's `system` or `prompt` text.
-    pub(crate) fn text(&self, key: &str, context: &EventContext<'_>) -> Result<String, String> {
-        let name = format!("{}.{key}", context.route);
+    /// Renders the route's `prompt` for an event: the only template whose text reaches the
+    /// model with the event's data (inside the event markers).
+    pub(crate) fn prompt(&self, context: &EventContext<'_>) -> Result<String, String> {
+        let name = format!("{}.prompt", context.route);
         self.lenient
             .get_template(&name)
             .and_then(|template| template.render(context))
-            .map_err(|err| format!("routes.{}.{key}: {}", context.route, one_line(&err)))
+            .map_err(|err| format!("routes.{}.prompt: {}", context.route, one_line(&err)))
+    }
+
+    /// Renders the route's `system` text. It is the operator's own and stands outside the event
+    /// markers, so it is rendered with a context that holds `route` and nothing else: no event
+    /// data reaches it, whatever the template does (`{{ debug() }}` included).
+    pub(crate) fn system(&self, route: &str) -> Result<String, String> {
+        let name = format!("{route}.system");
+        self.lenient
+            .get_template(&name)
+            .and_then(|template| template.render(minijinja::context! { route => route }))
+            .map_err(|err| format!("routes.{route}.system: {}", one_line(&err)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `system` sees `route` only: a template that dumps its context shows no event data.
+    #[test]
+    fn the_system_text_sees_no_event_data() {
+        let templates = RouteTemplates::compile([TemplateSources {
+            route: "hook",
+            session: None,
+            system: "route {{ route }}; context {{ debug() }}",
+            prompt: "{{ payload.secret }}",
+            event_type: None,
+            delivery_id: None,
+        }])
+        .unwrap_or_else(|err| panic!("{err}"));
+        let payload = serde_json::json!({"secret": "payload-text-4711"});
+        let headers = BTreeMap::new();
+        let context = EventContext {
+            payload: &payload,
+            headers: &headers,
+            event_type: "push",
+            route: "hook",
+            event_id: "e1",
+            delivery_id: None,
+        };
+        let system = templates
+            .system("hook")
+            .unwrap_or_else(|err| panic!("{err}"));
+        assert!(system.starts_with("route hook;"), "{system}");
+        assert!(
+            !system.contains("4711") && !system.contains("payload"),
+            "{system}"
+        );
+        let prompt = templates
+            .prompt(&context)
+            .unwrap_or_else(|err| panic!("{err}"));
+        assert_eq!(prompt, "payload-text-4711");
     }
 }

@@ -366,8 +366,8 @@ impl Running<'_> {
     async fn rendered_texts(&self) -> Option<(String, String)> {
         let templates = &self.settings.templates;
         let rendered = prompt::with_event_context(&self.turn.event, |context| {
-            let system = templates.text("system", context)?;
-            let prompt = templates.text("prompt", context)?;
+            let system = templates.system(context.route)?;
+            let prompt = templates.prompt(context)?;
             Ok::<_, String>((system, prompt))
         });
         match rendered {
