@@ -110,38 +110,64 @@ struct StateLabel {
     state: String,
 }
 
+/// Every metric, by what it is about, in the registry that renders them.
 struct Metrics {
     registry: Registry,
+    webhooks: Webhooks,
+    turns: Turns,
+    model: Model,
+    tools: Tools,
+    state: State,
+    totals: Totals,
+}
+
+/// What the webhook listener answered and holds.
+struct Webhooks {
     http_requests: Family<RouteCode, Counter>,
     refusals: Family<RouteCodeReason, Counter>,
     template_fallbacks: Family<RouteTemplate, Counter>,
     accept_duration: Histogram,
+    tls_handshake_failures: Counter,
+    large_body_slots: Gauge,
+    accepting: Gauge,
+}
+
+/// How turns ended, and what resumed or overrode them.
+struct Turns {
     turns: Family<RouteStatus, Counter>,
     turn_duration: Histogram,
+    resumes: Family<ReasonLabel, Counter>,
+    operator_actions: Family<ActionLabel, Counter>,
+    turns_running: Gauge,
+}
+
+/// What model requests took and spent, against the budgets.
+struct Model {
     model_request_duration: Histogram,
     model_tokens: Family<RouteKind, Counter>,
     model_cost: Family<RouteLabel, Counter<f64, AtomicU64>>,
     replies_without_usage: Family<RouteLabel, Counter>,
     budget_warnings: Family<RouteBudget, Counter>,
     budget_exceeded: Family<RouteBudget, Counter>,
+}
+
+/// Tool calls, and the approvals some of them wait for.
+struct Tools {
     tool_calls: Family<ToolResult, Counter>,
     approval_requests: Family<ToolLabel, Counter>,
     approvals: Family<ToolDecision, Counter>,
     approvals_pending: Gauge,
     approval_wait: Histogram,
-    deliveries: Family<ResultLabel, Counter>,
-    resumes: Family<ReasonLabel, Counter>,
-    operator_actions: Family<ActionLabel, Counter>,
+}
+
+/// The stored state as the gauges read it at a scrape, the outbox, and the journal.
+struct State {
     events: Family<StatusLabel, Gauge>,
     sessions: Family<StateLabel, Gauge>,
-    turns_running: Gauge,
     outbox: Family<StateLabel, Gauge>,
+    deliveries: Family<ResultLabel, Counter>,
     store_writable: Gauge,
-    accepting: Gauge,
-    large_body_slots: Gauge,
-    tls_handshake_failures: Counter,
     log_lines_skipped: Counter,
-    totals: Totals,
 }
 
 /// Running totals for the journal's summary line, which needs sums across labels that a
@@ -200,7 +226,7 @@ pub(crate) fn activity() -> Activity {
         turns_failed: read(&totals.turns_failed),
         delivered: read(&totals.delivered),
         delivery_failures: read(&totals.delivery_failures),
-        log_lines_skipped: METRICS.log_lines_skipped.get(),
+        log_lines_skipped: METRICS.state.log_lines_skipped.get(),
     }
 }
 
@@ -209,6 +235,20 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
 impl Metrics {
     fn new() -> Metrics {
         let mut registry = Registry::with_prefix("agentgate");
+        Metrics {
+            webhooks: Webhooks::register(&mut registry),
+            turns: Turns::register(&mut registry),
+            model: Model::register(&mut registry),
+            tools: Tools::register(&mut registry),
+            state: State::register(&mut registry),
+            registry,
+            totals: Totals::default(),
+        }
+    }
+}
+
+impl Webhooks {
+    fn register(registry: &mut Registry) -> Webhooks {
         let http_requests = Family::default();
         registry.register(
             "http_requests",
@@ -235,6 +275,38 @@ impl Metrics {
             Unit::Seconds,
             accept_duration.clone(),
         );
+        let tls_handshake_failures = Counter::default();
+        registry.register(
+            "tls_handshake_failures",
+            "Webhook connections whose TLS handshake failed or did not come within header_timeout",
+            tls_handshake_failures.clone(),
+        );
+        let large_body_slots = Gauge::default();
+        registry.register(
+            "large_body_slots_in_use",
+            "Webhook bodies larger than 16 KiB being read now (at most 64: the others wait)",
+            large_body_slots.clone(),
+        );
+        let accepting = Gauge::default();
+        registry.register(
+            "accepting",
+            "1 while a webhook would be accepted (state writable, free disk above min_free_disk, queue below max_queued_events)",
+            accepting.clone(),
+        );
+        Webhooks {
+            http_requests,
+            refusals,
+            template_fallbacks,
+            accept_duration,
+            tls_handshake_failures,
+            large_body_slots,
+            accepting,
+        }
+    }
+}
+
+impl Turns {
+    fn register(registry: &mut Registry) -> Turns {
         let turns = Family::default();
         registry.register(
             "turns",
@@ -249,6 +321,48 @@ impl Metrics {
             Unit::Seconds,
             turn_duration.clone(),
         );
+        let resumes = Family::default();
+        registry.register(
+            "resumes",
+            "Interrupted sessions settled at start, by reason or outcome",
+            resumes.clone(),
+        );
+        let operator_actions = Family::default();
+        registry.register(
+            "operator_actions",
+            "Operator overrides applied (resume, suspend, cancel)",
+            operator_actions.clone(),
+        );
+        let turns_running = Gauge::default();
+        registry.register(
+            "turns_running",
+            "Turns running on this daemon",
+            turns_running.clone(),
+        );
+        // Label values known in advance start at 0: a series that appears with its first event
+        // would hide that event from `increase()` and `rate()`, and from the alerts built on them.
+        for outcome in ResumeOutcome::ALL {
+            let _ = resumes.get_or_create(&ReasonLabel {
+                reason: outcome.label().to_string(),
+            });
+        }
+        for action in OperatorAction::ALL {
+            let _ = operator_actions.get_or_create(&ActionLabel {
+                action: action.name().to_string(),
+            });
+        }
+        Turns {
+            turns,
+            turn_duration,
+            resumes,
+            operator_actions,
+            turns_running,
+        }
+    }
+}
+
+impl Model {
+    fn register(registry: &mut Registry) -> Model {
         // 50 ms to ~13 min.
         let model_request_duration = Histogram::new(exponential_buckets(0.05, 2.0, 15));
         registry.register_with_unit(
@@ -288,6 +402,19 @@ impl Metrics {
             "Turns ended because a budget was used up, by route and budget",
             budget_exceeded.clone(),
         );
+        Model {
+            model_request_duration,
+            model_tokens,
+            model_cost,
+            replies_without_usage,
+            budget_warnings,
+            budget_exceeded,
+        }
+    }
+}
+
+impl Tools {
+    fn register(registry: &mut Registry) -> Tools {
         let tool_calls = Family::default();
         registry.register(
             "tool_calls",
@@ -320,39 +447,39 @@ impl Metrics {
             Unit::Seconds,
             approval_wait.clone(),
         );
+        Tools {
+            tool_calls,
+            approval_requests,
+            approvals,
+            approvals_pending,
+            approval_wait,
+        }
+    }
+}
+
+impl State {
+    fn register(registry: &mut Registry) -> State {
+        let events = Family::default();
+        registry.register("events", "Stored events by status", events.clone());
+        let sessions = Family::default();
+        registry.register("sessions", "Sessions by state", sessions.clone());
         let deliveries = Family::default();
         registry.register(
             "deliveries",
             "Delivery attempts, by result (delivered, retry, failed)",
             deliveries.clone(),
         );
-        let resumes = Family::default();
-        registry.register(
-            "resumes",
-            "Interrupted sessions settled at start, by reason or outcome",
-            resumes.clone(),
-        );
-        let operator_actions = Family::default();
-        registry.register(
-            "operator_actions",
-            "Operator overrides applied (resume, suspend, cancel)",
-            operator_actions.clone(),
-        );
-        let events = Family::default();
-        registry.register("events", "Stored events by status", events.clone());
-        let sessions = Family::default();
-        registry.register("sessions", "Sessions by state", sessions.clone());
-        let turns_running = Gauge::default();
-        registry.register(
-            "turns_running",
-            "Turns running on this daemon",
-            turns_running.clone(),
-        );
         let outbox = Family::default();
         registry.register(
             "deliveries",
             "Outbox rows not yet delivered, by state",
             outbox.clone(),
+        );
+        let store_writable = Gauge::default();
+        registry.register(
+            "store_writable",
+            "1 while events can be made durable",
+            store_writable.clone(),
         );
         // Counted where lines are left out, in `logging`.
         let log_lines_skipped = crate::logging::lines_skipped();
@@ -361,30 +488,6 @@ impl Metrics {
             "Per-event log lines left out because more came than runtime.event_log_max_per_second",
             log_lines_skipped.clone(),
         );
-        let tls_handshake_failures = Counter::default();
-        registry.register(
-            "tls_handshake_failures",
-            "Webhook connections whose TLS handshake failed or did not come within header_timeout",
-            tls_handshake_failures.clone(),
-        );
-        let store_writable = Gauge::default();
-        registry.register(
-            "store_writable",
-            "1 while events can be made durable",
-            store_writable.clone(),
-        );
-        let large_body_slots = Gauge::default();
-        registry.register(
-            "large_body_slots_in_use",
-            "Webhook bodies larger than 16 KiB being read now (at most 64: the others wait)",
-            large_body_slots.clone(),
-        );
-        let accepting = Gauge::default();
-        registry.register(
-            "accepting",
-            "1 while a webhook would be accepted (state writable, free disk above min_free_disk, queue below max_queued_events)",
-            accepting.clone(),
-        );
         // Label values known in advance start at 0: a series that appears with its first event
         // would hide that event from `increase()` and `rate()`, and from the alerts built on them.
         for result in DeliveryResult::ALL {
@@ -392,65 +495,31 @@ impl Metrics {
                 result: result.label().to_string(),
             });
         }
-        for outcome in ResumeOutcome::ALL {
-            let _ = resumes.get_or_create(&ReasonLabel {
-                reason: outcome.label().to_string(),
-            });
-        }
-        for action in OperatorAction::ALL {
-            let _ = operator_actions.get_or_create(&ActionLabel {
-                action: action.name().to_string(),
-            });
-        }
-        Metrics {
-            registry,
-            http_requests,
-            refusals,
-            template_fallbacks,
-            accept_duration,
-            turns,
-            turn_duration,
-            model_request_duration,
-            model_tokens,
-            model_cost,
-            replies_without_usage,
-            budget_warnings,
-            budget_exceeded,
-            tool_calls,
-            approval_requests,
-            approvals,
-            approvals_pending,
-            approval_wait,
-            deliveries,
-            resumes,
-            operator_actions,
+        State {
             events,
             sessions,
-            turns_running,
             outbox,
+            deliveries,
             store_writable,
-            accepting,
-            large_body_slots,
-            tls_handshake_failures,
             log_lines_skipped,
-            totals: Totals::default(),
         }
     }
 }
 
 /// A large-body slot was taken (`1`) or given back (`-1`).
 pub(crate) fn large_body_slots(change: i64) {
-    METRICS.large_body_slots.inc_by(change);
+    METRICS.webhooks.large_body_slots.inc_by(change);
 }
 
 /// A webhook connection's TLS handshake failed or timed out.
 pub(crate) fn tls_handshake_failed() {
-    METRICS.tls_handshake_failures.inc();
+    METRICS.webhooks.tls_handshake_failures.inc();
 }
 
 /// A webhook request was answered with `code`; `route` is empty for unknown paths.
 pub(crate) fn http_request(route: &str, code: u16) {
     METRICS
+        .webhooks
         .http_requests
         .get_or_create(&RouteCode {
             route: route.to_string(),
@@ -465,6 +534,7 @@ pub(crate) fn http_request(route: &str, code: u16) {
 /// A webhook request was refused with `code` for `reason` (its error code).
 pub(crate) fn refusal(route: &str, code: u16, reason: &str) {
     METRICS
+        .webhooks
         .refusals
         .get_or_create(&RouteCodeReason {
             route: route.to_string(),
@@ -477,6 +547,7 @@ pub(crate) fn refusal(route: &str, code: u16, reason: &str) {
 /// A verified event's `template` could not be evaluated; its default was used.
 pub(crate) fn template_fallback(route: &str, template: &str) {
     METRICS
+        .webhooks
         .template_fallbacks
         .get_or_create(&RouteTemplate {
             route: route.to_string(),
@@ -487,13 +558,17 @@ pub(crate) fn template_fallback(route: &str, template: &str) {
 
 /// A webhook was made durable and acknowledged `elapsed` after it arrived.
 pub(crate) fn accepted(elapsed: Duration) {
-    METRICS.accept_duration.observe(elapsed.as_secs_f64());
+    METRICS
+        .webhooks
+        .accept_duration
+        .observe(elapsed.as_secs_f64());
     METRICS.totals.accepted.fetch_add(1, Ordering::Relaxed);
 }
 
 /// A turn ended with `status` after `elapsed`.
 pub(crate) fn turn_ended(route: &str, status: TurnStatus, elapsed: Duration) {
     METRICS
+        .turns
         .turns
         .get_or_create(&RouteStatus {
             route: route.to_string(),
@@ -505,12 +580,13 @@ pub(crate) fn turn_ended(route: &str, status: TurnStatus, elapsed: Duration) {
         _ => &METRICS.totals.turns_failed,
     };
     total.fetch_add(1, Ordering::Relaxed);
-    METRICS.turn_duration.observe(elapsed.as_secs_f64());
+    METRICS.turns.turn_duration.observe(elapsed.as_secs_f64());
 }
 
 /// The model replied (or gave up) after `elapsed`.
 pub(crate) fn model_request(elapsed: Duration) {
     METRICS
+        .model
         .model_request_duration
         .observe(elapsed.as_secs_f64());
 }
@@ -528,19 +604,25 @@ pub(crate) fn model_usage(route: &str, step: Spent, price: Option<&Price>) {
             route: route.to_string(),
             kind,
         };
-        METRICS.model_tokens.get_or_create(&label).inc_by(tokens);
+        METRICS
+            .model
+            .model_tokens
+            .get_or_create(&label)
+            .inc_by(tokens);
     }
     let route = RouteLabel {
         route: route.to_string(),
     };
     if step.unknown_steps > 0 {
         METRICS
+            .model
             .replies_without_usage
             .get_or_create(&route)
             .inc_by(step.unknown_steps);
     }
     if let Some(price) = price {
         METRICS
+            .model
             .model_cost
             .get_or_create(&route)
             .inc_by(usage.cost(price));
@@ -550,6 +632,7 @@ pub(crate) fn model_usage(route: &str, step: Spent, price: Option<&Price>) {
 /// `budget` (its config key) of a turn of `route` passed its `warn_at` share.
 pub(crate) fn budget_warning(route: &str, budget: &str) {
     METRICS
+        .model
         .budget_warnings
         .get_or_create(&route_budget(route, budget))
         .inc();
@@ -558,6 +641,7 @@ pub(crate) fn budget_warning(route: &str, budget: &str) {
 /// A turn of `route` ended because `budget` was used up.
 pub(crate) fn budget_exceeded(route: &str, budget: &str) {
     METRICS
+        .model
         .budget_exceeded
         .get_or_create(&route_budget(route, budget))
         .inc();
@@ -573,6 +657,7 @@ fn route_budget(route: &str, budget: &str) -> RouteBudget {
 /// A tool call ended with `result`.
 pub(crate) fn tool_call(tool: &str, result: &str) {
     METRICS
+        .tools
         .tool_calls
         .get_or_create(&ToolResult {
             tool: tool.to_string(),
@@ -584,6 +669,7 @@ pub(crate) fn tool_call(tool: &str, result: &str) {
 /// A call of `tool` waits for an operator's decision.
 pub(crate) fn approval_requested(tool: &str) {
     METRICS
+        .tools
         .approval_requests
         .get_or_create(&ToolLabel {
             tool: tool.to_string(),
@@ -595,13 +681,14 @@ pub(crate) fn approval_requested(tool: &str) {
 /// waiting `waited`.
 pub(crate) fn approval_decided(tool: &str, decision: ApprovalStatus, waited: Duration) {
     METRICS
+        .tools
         .approvals
         .get_or_create(&ToolDecision {
             tool: tool.to_string(),
             decision: decision.sql().to_string(),
         })
         .inc();
-    METRICS.approval_wait.observe(waited.as_secs_f64());
+    METRICS.tools.approval_wait.observe(waited.as_secs_f64());
 }
 
 /// How a delivery attempt ended: the `result` label of `agentgate_deliveries_total`.
@@ -661,6 +748,7 @@ impl ResumeOutcome {
 /// A delivery attempt ended with `result`.
 pub(crate) fn delivery(result: DeliveryResult) {
     METRICS
+        .state
         .deliveries
         .get_or_create(&ResultLabel {
             result: result.label().to_string(),
@@ -676,6 +764,7 @@ pub(crate) fn delivery(result: DeliveryResult) {
 /// An interrupted session was settled at start.
 pub(crate) fn resume(outcome: ResumeOutcome) {
     METRICS
+        .turns
         .resumes
         .get_or_create(&ReasonLabel {
             reason: outcome.label().to_string(),
@@ -686,6 +775,7 @@ pub(crate) fn resume(outcome: ResumeOutcome) {
 /// The operator applied `action` to a session.
 pub(crate) fn operator_action(action: OperatorAction) {
     METRICS
+        .turns
         .operator_actions
         .get_or_create(&ActionLabel {
             action: action.name().to_string(),
@@ -705,18 +795,20 @@ pub(crate) struct Snapshot<'a> {
 /// The text exposition, with the gauges set from `snapshot`.
 pub(crate) fn render(snapshot: &Snapshot<'_>) -> String {
     let metrics = &*METRICS;
-    metrics.events.clear();
+    metrics.state.events.clear();
     for (status, count) in &snapshot.summary.events.by_status {
         metrics
+            .state
             .events
             .get_or_create(&StatusLabel {
                 status: status.to_string(),
             })
             .set(*count);
     }
-    metrics.sessions.clear();
+    metrics.state.sessions.clear();
     for (state, count) in &snapshot.summary.sessions.by_state {
         metrics
+            .state
             .sessions
             .get_or_create(&StateLabel {
                 state: state.to_string(),
@@ -724,6 +816,7 @@ pub(crate) fn render(snapshot: &Snapshot<'_>) -> String {
             .set(*count);
     }
     metrics
+        .turns
         .turns_running
         .set(i64::try_from(snapshot.turns_running).unwrap_or(i64::MAX));
     for (state, count) in [
@@ -731,6 +824,7 @@ pub(crate) fn render(snapshot: &Snapshot<'_>) -> String {
         ("failed", snapshot.summary.deliveries.failed),
     ] {
         metrics
+            .state
             .outbox
             .get_or_create(&StateLabel {
                 state: state.to_string(),
@@ -738,12 +832,17 @@ pub(crate) fn render(snapshot: &Snapshot<'_>) -> String {
             .set(count);
     }
     metrics
+        .tools
         .approvals_pending
         .set(snapshot.summary.approvals.pending);
     metrics
+        .state
         .store_writable
         .set(i64::from(snapshot.store_writable));
-    metrics.accepting.set(i64::from(snapshot.accepting));
+    metrics
+        .webhooks
+        .accepting
+        .set(i64::from(snapshot.accepting));
     let mut text = String::new();
     // Writing into a String cannot fail.
     let _ = prometheus_client::encoding::text::encode(&mut text, &metrics.registry);
