@@ -11,6 +11,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::StoreError;
 use super::states::ApprovalStatus;
 
 /// The transcript entry kind of a request and of its decision.
@@ -94,6 +95,16 @@ pub(crate) struct ApprovalRow {
 }
 
 impl ApprovalRow {
+    /// Takes `decision` on this row at `now`, and returns the body of the transcript entry that
+    /// records it.
+    pub(crate) fn record(&mut self, decision: Decision, now: i64) -> Result<String, StoreError> {
+        self.status = decision.status;
+        self.decided_by = Some(decision.by);
+        self.decided_at = Some(now);
+        self.note = decision.note;
+        self.entry().body()
+    }
+
     /// The transcript entry that records this row as it stands.
     pub(crate) fn entry(&self) -> ApprovalEntry {
         ApprovalEntry {
@@ -126,9 +137,9 @@ pub(crate) struct ApprovalEntry {
 
 impl ApprovalEntry {
     /// The entry as a transcript row body (`{"kind": "approval", ...}`).
-    pub(crate) fn body(&self) -> Result<String, super::StoreError> {
+    pub(crate) fn body(&self) -> Result<String, StoreError> {
         let mut value =
-            serde_json::to_value(self).map_err(|err| super::StoreError::Render(err.to_string()))?;
+            serde_json::to_value(self).map_err(|err| StoreError::Render(err.to_string()))?;
         if let Value::Object(fields) = &mut value {
             fields.insert("kind".into(), Value::String(APPROVAL_ENTRY.into()));
         }
@@ -157,6 +168,22 @@ impl Decision {
 
 /// Who decided what agentgate decided itself (an expiry, a session suspended or cancelled).
 pub(crate) const AGENTGATE: &str = "agentgate";
+
+/// What a recorded decision answers: [`Decided::Taken`] or [`Decided::Expired`].
+pub(crate) type Answer = fn(ApprovalRow) -> Decided;
+
+/// How a decision asked for meets `row` at `now`, the same for both backends: the decision to
+/// record (the one asked for, or expiry when the row's time ran out first) with what to answer,
+/// or `None` when the row is no longer pending.
+pub(crate) fn taking(row: &ApprovalRow, asked: Decision, now: i64) -> Option<(Decision, Answer)> {
+    match row.status {
+        ApprovalStatus::Pending if row.expires_at <= now => {
+            Some((Decision::expired(), Decided::Expired))
+        }
+        ApprovalStatus::Pending => Some((asked, Decided::Taken)),
+        ApprovalStatus::Approved | ApprovalStatus::Denied | ApprovalStatus::Expired => None,
+    }
+}
 
 /// What became of a decision.
 #[derive(Debug, Clone)]

@@ -6,12 +6,11 @@ use const_format::concatcp;
 
 use super::PostgresStore;
 use super::connect::{Cached, bounded};
-use crate::store::approval::{APPROVAL_ENTRY, ApprovalRow, Decided, Decision};
+use crate::store::approval::{APPROVAL_ENTRY, ApprovalRow, Decided, Decision, taking};
 use crate::store::sql::{
     APPEND_SQL, APPROVAL_SQL, APPROVALS_SQL, CONTINUE_EVENT_SQL, CONTINUE_SESSION_SQL, DECIDE_SQL,
     DUE_TO_EXPIRE_SQL, DUE_TO_WARN_SQL, EXPIRE_BATCH, SESSION_PENDING_SQL,
 };
-use crate::store::states::ApprovalStatus;
 use crate::store::{Approvals, StoreError, now_millis};
 
 const LOCK_APPROVAL_SQL: &str = concatcp!(APPROVAL_SQL, " FOR UPDATE");
@@ -26,22 +25,12 @@ async fn settle(
     decision: Decision,
     now: i64,
 ) -> Result<ApprovalRow, StoreError> {
+    let body = row.record(decision, now)?;
     tx.run(
         DECIDE_SQL,
-        &[
-            &row.id,
-            &decision.status.sql(),
-            &decision.by,
-            &now,
-            &decision.note,
-        ],
+        &[&row.id, &row.status.sql(), &row.decided_by, &now, &row.note],
     )
     .await?;
-    row.status = decision.status;
-    row.decided_by = Some(decision.by);
-    row.decided_at = Some(now);
-    row.note = decision.note;
-    let body = row.entry().body()?;
     tx.run(
         APPEND_SQL,
         &[&row.session, &row.turn_id, &APPROVAL_ENTRY, &body, &now],
@@ -113,15 +102,10 @@ impl Approvals for PostgresStore {
             };
             let row = ApprovalRow::decode(&row)?;
             let now = now_millis();
-            let decided = match row.status {
-                ApprovalStatus::Pending if row.expires_at <= now => {
-                    Decided::Expired(settle(&tx, row, Decision::expired(), now).await?)
-                }
-                ApprovalStatus::Pending => Decided::Taken(settle(&tx, row, decision, now).await?),
-                ApprovalStatus::Approved | ApprovalStatus::Denied | ApprovalStatus::Expired => {
-                    return Ok(Decided::Already(row));
-                }
+            let Some((decision, answer)) = taking(&row, decision, now) else {
+                return Ok(Decided::Already(row));
             };
+            let decided = answer(settle(&tx, row, decision, now).await?);
             tx.commit().await?;
             Ok(decided)
         })

@@ -5,12 +5,11 @@
 use rusqlite::Connection;
 
 use super::{SqliteStore, execute, query, query_optional};
-use crate::store::approval::{APPROVAL_ENTRY, ApprovalRow, Decided, Decision};
+use crate::store::approval::{APPROVAL_ENTRY, ApprovalRow, Decided, Decision, taking};
 use crate::store::sql::{
     APPEND_SQL, APPROVAL_SQL, APPROVALS_SQL, CONTINUE_EVENT_SQL, CONTINUE_SESSION_SQL, DECIDE_SQL,
     DUE_TO_EXPIRE_SQL, DUE_TO_WARN_SQL, EXPIRE_BATCH, SESSION_PENDING_SQL,
 };
-use crate::store::states::ApprovalStatus;
 use crate::store::{Approvals, StoreError, now_millis};
 
 /// Records `decision` on the pending `row`, appends it to the transcript of the turn that asked,
@@ -21,22 +20,12 @@ fn settle_in(
     decision: Decision,
     now: i64,
 ) -> Result<ApprovalRow, StoreError> {
+    let body = row.record(decision, now)?;
     execute(
         connection,
         DECIDE_SQL,
-        &[
-            &row.id,
-            &decision.status.sql(),
-            &decision.by,
-            &now,
-            &decision.note,
-        ],
+        &[&row.id, &row.status.sql(), &row.decided_by, &now, &row.note],
     )?;
-    row.status = decision.status;
-    row.decided_by = Some(decision.by);
-    row.decided_at = Some(now);
-    row.note = decision.note;
-    let body = row.entry().body()?;
     execute(
         connection,
         APPEND_SQL,
@@ -55,18 +44,10 @@ fn decide_in(connection: &Connection, id: &str, decision: Decision) -> Result<De
         return Ok(Decided::Unknown);
     };
     let now = now_millis();
-    match row.status {
-        ApprovalStatus::Pending if row.expires_at <= now => Ok(Decided::Expired(settle_in(
-            connection,
-            row,
-            Decision::expired(),
-            now,
-        )?)),
-        ApprovalStatus::Pending => Ok(Decided::Taken(settle_in(connection, row, decision, now)?)),
-        ApprovalStatus::Approved | ApprovalStatus::Denied | ApprovalStatus::Expired => {
-            Ok(Decided::Already(row))
-        }
-    }
+    let Some((decision, answer)) = taking(&row, decision, now) else {
+        return Ok(Decided::Already(row));
+    };
+    Ok(answer(settle_in(connection, row, decision, now)?))
 }
 
 /// Settles each of `rows` (pending ones) as `decision`.
