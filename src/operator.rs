@@ -1,5 +1,6 @@
 //! What an operator can do to a session: the one list that the command line, the control
-//! socket, the sessions and the metrics share (each names an action the same way).
+//! socket, the sessions and the metrics share (each names an action the same way), and who
+//! the operator is.
 
 /// What an operator can do to a session (`agentgate sessions resume|suspend|cancel`, and the
 /// control socket's `POST /v1/sessions/{key}/{action}`).
@@ -29,9 +30,27 @@ impl OperatorAction {
         }
     }
 
+    /// The reason a session's pending approval requests are denied with when this action is
+    /// taken on it (docs/reference.md, "Approvals"); resuming denies nothing.
+    pub(crate) const fn denial(self) -> Option<&'static str> {
+        match self {
+            OperatorAction::Resume => None,
+            OperatorAction::Suspend => Some("session suspended by operator"),
+            OperatorAction::Cancel => Some("session cancelled by operator"),
+        }
+    }
+
     pub(crate) fn from_name(name: &str) -> Option<OperatorAction> {
         OperatorAction::ALL
             .into_iter()
             .find(|action| action.name() == name)
+    }
+}
+
+/// The Unix user `uid` by name, else `uid N`: who took an operator's action, as recorded.
+pub(crate) fn user_name(uid: u32) -> String {
+    match nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) {
+        Ok(Some(user)) => user.name,
+        Ok(None) | Err(_) => format!("uid {uid}"),
     }
 }

@@ -10,6 +10,7 @@ use crate::config::ConfigSource;
 use crate::exit::Failure;
 use crate::ingress::api::{ApprovalsPage, DecisionRequest};
 use crate::output::outln;
+use crate::session::approval::rfc3339;
 use crate::store::approval::Verdict;
 use crate::store::{ApprovalRow, Decided, Decision};
 
@@ -53,7 +54,7 @@ pub(super) fn approvals_list(source: &ConfigSource, json: bool) -> Result<(), Fa
             row.id,
             text(&row.tool),
             text(&row.session),
-            time(row.expires_at)
+            rfc3339(row.expires_at)
         );
     }
     Ok(())
@@ -92,13 +93,13 @@ fn print_row(row: &ApprovalRow) {
     outln!("session    {}", text(&row.session));
     outln!("event      {}", row.event_id);
     outln!("route      {}", text(&row.route));
-    outln!("requested  {}", time(row.requested_at));
-    outln!("expires    {}", time(row.expires_at));
+    outln!("requested  {}", rfc3339(row.requested_at));
+    outln!("expires    {}", rfc3339(row.expires_at));
     outln!("status     {}", row.status);
     if let Some(by) = &row.decided_by {
         outln!(
             "decided    {} by {}",
-            row.decided_at.map(time).unwrap_or_default(),
+            row.decided_at.map(rfc3339).unwrap_or_default(),
             text(by)
         );
     }
@@ -191,16 +192,7 @@ fn report(answer: &ControlAnswer) -> Result<(), Failure> {
 
 /// This process's Unix user, by name (else its uid).
 pub(super) fn current_user() -> String {
-    let uid = nix::unistd::getuid();
-    match nix::unistd::User::from_uid(uid) {
-        Ok(Some(user)) => user.name,
-        Ok(None) | Err(_) => format!("uid {uid}"),
-    }
-}
-
-/// Unix ms as an RFC 3339 UTC time.
-fn time(ms: i64) -> String {
-    crate::session::approval::rfc3339(ms)
+    crate::operator::user_name(nix::unistd::getuid().as_raw())
 }
 
 /// Text from a payload or a model, as a terminal may show it.

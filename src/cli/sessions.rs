@@ -108,12 +108,10 @@ fn override_stored_state(
                 store.operator_resume(key).await
             } else {
                 let before = store.operator_suspend(key).await?;
-                let denied = Decision {
-                    status: ApprovalStatus::Denied,
-                    by: super::approvals::current_user(),
-                    note: Some("session suspended by operator".to_string()),
-                };
-                store.deny_session_approvals(key, denied).await?;
+                if let Some(why) = action.denial() {
+                    let denied = Decision::denied(&super::approvals::current_user(), why);
+                    store.deny_session_approvals(key, denied).await?;
+                }
                 Ok(before)
             }
         })?

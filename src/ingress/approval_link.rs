@@ -276,16 +276,5 @@ fn refusal(status: StatusCode, code: &'static str, message: &str) -> HttpRespons
 
 /// Text for HTML: payloads and models wrote the arguments.
 fn escape(text: &str) -> String {
-    let mut escaped = String::with_capacity(text.len());
-    for c in crate::untrusted::for_terminal(text).chars() {
-        match c {
-            '&' => escaped.push_str("&amp;"),
-            '<' => escaped.push_str("&lt;"),
-            '>' => escaped.push_str("&gt;"),
-            '"' => escaped.push_str("&quot;"),
-            '\'' => escaped.push_str("&#39;"),
-            c => escaped.push(c),
-        }
-    }
-    escaped
+    minijinja::HtmlEscape(&crate::untrusted::for_terminal(text)).to_string()
 }

@@ -437,8 +437,7 @@ impl Control {
             return Ok(no_session(key));
         };
         if action == OperatorAction::Suspend {
-            self.deny_pending(key, peer, "session suspended by operator")
-                .await?;
+            self.deny_pending(key, peer, action).await?;
         }
         self.sessions.wake();
         metrics::operator_action(action);
@@ -475,9 +474,7 @@ impl Control {
             return Ok(no_session(key));
         };
         if session.state == SessionState::AwaitingApproval {
-            let denied = self
-                .deny_pending(key, peer, "session cancelled by operator")
-                .await?;
+            let denied = self.deny_pending(key, peer, OperatorAction::Cancel).await?;
             metrics::operator_action(OperatorAction::Cancel);
             return Ok(json_response(
                 StatusCode::OK,
@@ -602,19 +599,18 @@ impl ControlListener {
 }
 
 impl Control {
-    /// Denies the session's pending approval requests, decided by `peer` with `why`; the turn
-    /// goes on without the calls.
+    /// Denies the session's pending approval requests as `action` does, decided by `peer`; the
+    /// turn goes on without the calls.
     async fn deny_pending(
         &self,
         key: &str,
         peer: &str,
-        why: &str,
+        action: OperatorAction,
     ) -> Result<Vec<crate::store::ApprovalRow>, ControlError> {
-        let decision = crate::store::Decision {
-            status: crate::store::ApprovalStatus::Denied,
-            by: peer.to_string(),
-            note: Some(why.to_string()),
+        let Some(why) = action.denial() else {
+            return Ok(Vec::new());
         };
+        let decision = crate::store::Decision::denied(peer, why);
         let denied = self.store.deny_session_approvals(key, decision).await?;
         for row in &denied {
             crate::session::approval::decided(&self.sessions, row);
@@ -629,11 +625,7 @@ fn peer_user(stream: &tokio::net::UnixStream) -> String {
     let Ok(credentials) = stream.peer_cred() else {
         return "unknown".to_string();
     };
-    let uid = credentials.uid();
-    match nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) {
-        Ok(Some(user)) => user.name,
-        Ok(None) | Err(_) => format!("uid {uid}"),
-    }
+    crate::operator::user_name(credentials.uid())
 }
 
 /// A control or metrics listener task.

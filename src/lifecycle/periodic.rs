@@ -190,7 +190,8 @@ impl Expiry {
             return;
         };
         let now = store::now_millis();
-        warned.retain(|id| near.iter().any(|row| &row.id == id));
+        let ids: std::collections::HashSet<&str> = near.iter().map(|row| row.id.as_str()).collect();
+        warned.retain(|id| ids.contains(id.as_str()));
         for row in near {
             if !warned.insert(row.id.clone()) {
                 continue;

@@ -43,40 +43,38 @@ pub(crate) async fn decide(
     decision: (String, Option<String>),
 ) -> Result<Outcome, StoreError> {
     let (by, note) = decision;
-    if verdict == Verdict::Approve
-        && let Some(row) = store.approval(id).await?
-        && row.status == ApprovalStatus::Pending
-        && !catalog::still_offered(config, &row.route, &row.tool)
-    {
-        let gone = Decision {
-            status: ApprovalStatus::Denied,
-            by: AGENTGATE.to_string(),
-            note: Some(format!(
+    // An approval of a tool the route no longer offers becomes agentgate's denial.
+    let gone = match verdict {
+        Verdict::Approve => store
+            .approval(id)
+            .await?
+            .filter(|row| !catalog::still_offered(config, &row.route, &row.tool)),
+        Verdict::Deny => None,
+    };
+    let decision = match &gone {
+        Some(row) => Decision::denied(
+            AGENTGATE,
+            format!(
                 "the tool {:?} is no longer offered by route {:?} (the configuration changed)",
                 row.tool, row.route
-            )),
-        };
-        return Ok(match store.decide_approval(id, gone).await? {
-            Decided::Taken(row) => {
-                decided(sessions, &row);
-                Outcome::ToolGone(row)
-            }
-            other @ (Decided::Unknown | Decided::Already(_) | Decided::Expired(_)) => {
-                Outcome::Decided(other)
-            }
-        });
-    }
-    let decision = Decision {
-        status: verdict.status(),
-        by,
-        note,
+            ),
+        ),
+        None => Decision {
+            status: verdict.status(),
+            by,
+            note,
+        },
     };
     let outcome = store.decide_approval(id, decision).await?;
     match &outcome {
         Decided::Taken(row) | Decided::Expired(row) => decided(sessions, row),
         Decided::Unknown | Decided::Already(_) => {}
     }
-    Ok(Outcome::Decided(outcome))
+    Ok(match (gone, outcome) {
+        (Some(_), Decided::Taken(row)) => Outcome::ToolGone(row),
+        (Some(_), other @ (Decided::Unknown | Decided::Already(_) | Decided::Expired(_)))
+        | (None, other) => Outcome::Decided(other),
+    })
 }
 
 /// Expires the pending requests whose time ran out, in batches; each one's turn continues.

@@ -156,6 +156,15 @@ pub(crate) struct Decision {
 }
 
 impl Decision {
+    /// A denial by `by` with `reason`.
+    pub(crate) fn denied(by: &str, reason: impl Into<String>) -> Decision {
+        Decision {
+            status: ApprovalStatus::Denied,
+            by: by.to_string(),
+            note: Some(reason.into()),
+        }
+    }
+
     /// What a request past `approval_timeout` becomes.
     pub(crate) fn expired() -> Decision {
         Decision {
