@@ -211,21 +211,14 @@ pub(crate) struct Spending {
     pub route_day: Spent,
 }
 
-impl Spending {
-    /// Out of what the event and the session spent and the day's rows by route.
-    pub(crate) fn of(event: Spent, session: Spent, days: &[UsageDay], route: &str) -> Spending {
-        let route_days: Vec<UsageDay> = days
-            .iter()
-            .filter(|day| day.route == route)
-            .cloned()
-            .collect();
-        Spending {
-            turn: event,
-            session,
-            day: UsageDay::total(days),
-            route_day: UsageDay::total(&route_days),
-        }
-    }
+/// Which parts of a [`Spending`] a turn's budgets count: only those are summed (each is a query
+/// before every model request); the others stay zero.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Counted {
+    pub turn: bool,
+    pub session: bool,
+    pub day: bool,
+    pub route_day: bool,
 }
 
 /// How much of a daily budget today used (`agentgate usage`).

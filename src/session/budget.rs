@@ -9,7 +9,7 @@ use std::collections::HashSet;
 use std::sync::Mutex;
 
 use crate::config::BudgetLimits;
-use crate::usage::{Price, Spending};
+use crate::usage::{Counted, Price, Spending};
 
 /// The share of a budget at which a warning is logged, unless `warn_at` says otherwise.
 const DEFAULT_WARN_AT: f64 = 0.8;
@@ -167,6 +167,20 @@ impl Budgets {
 
     pub(crate) fn is_empty(&self) -> bool {
         self.list.is_empty()
+    }
+
+    /// The parts of a turn's spending these budgets count.
+    pub(crate) fn counted(&self) -> Counted {
+        let mut counted = Counted::default();
+        for budget in &self.list {
+            match budget.window {
+                Window::Turn => counted.turn = true,
+                Window::Session => counted.session = true,
+                Window::Day => counted.day = true,
+                Window::RouteDay => counted.route_day = true,
+            }
+        }
+        counted
     }
 
     /// Which budget `spending` used up, if any, and which passed `warn_at`. A budget is used

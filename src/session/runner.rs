@@ -552,11 +552,12 @@ impl Running<'_> {
         }
         let event = &self.turn.event;
         let today = day_start(now_millis());
+        let counted = budgets.counted();
         let spending = self
             .context
             .retrying(READING, |store| async move {
                 store
-                    .spending(&event.id, &event.session_key, &event.route, today)
+                    .spending(&event.id, &event.session_key, &event.route, today, counted)
                     .await
             })
             .await?;

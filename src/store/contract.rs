@@ -23,7 +23,7 @@ use super::{
 };
 use crate::config::{PostgresSettings, StoreSettings};
 use crate::secret::Secret;
-use crate::usage::{Spent, Usage, UsageReport};
+use crate::usage::{Counted, Spent, Usage, UsageReport};
 
 fn event(id: &str, session: &str, delivery_id: Option<&str>) -> NewEvent {
     NewEvent {
@@ -70,6 +70,45 @@ fn ended(turn: &ClaimedTurn, terminal: Terminal, turn_status: TurnStatus) -> Tur
 async fn assert_nothing_to_claim(store: &Store) {
     let claimed = store.claim_turns(Claim::Beside(10)).await.expect("claim");
     assert!(claimed.is_empty(), "{claimed:?}");
+}
+
+/// The budgets' sums (right after the first event's steps, the only usage so far): each part
+/// asked for, from the right rows; the parts not asked for are not read.
+async fn spending_reads_only_what_is_counted(store: &Store) {
+    let all = Counted {
+        turn: true,
+        session: true,
+        day: true,
+        route_day: true,
+    };
+    let spending = store
+        .spending("e1", "s1", "hooks", 0, all)
+        .await
+        .expect("spending");
+    assert_eq!(spending.turn.usage.input_tokens, 200);
+    assert_eq!(spending.turn, spending.session);
+    assert_eq!(spending.turn, spending.day);
+    assert_eq!(spending.turn, spending.route_day);
+    let other_route = store
+        .spending("e1", "s1", "elsewhere", 0, all)
+        .await
+        .expect("spending");
+    assert_eq!(other_route.route_day, Spent::default());
+    assert_eq!(other_route.day, spending.day);
+    let later = store
+        .spending("e1", "s1", "hooks", i64::MAX, all)
+        .await
+        .expect("spending");
+    assert_eq!(
+        later.day,
+        Spent::default(),
+        "turns before the day do not count"
+    );
+    let none = store
+        .spending("e1", "s1", "hooks", 0, Counted::default())
+        .await
+        .expect("spending");
+    assert_eq!(none, super::Spending::default());
 }
 
 /// Ends `turn` completed.
@@ -181,6 +220,7 @@ async fn accept_claim_finish_deliver(store: &Store) {
             "output_tokens": 14, "cost_usd": null, "unknown_steps": 1}),
         "the delivery has what the event's steps spent"
     );
+    spending_reads_only_what_is_counted(store).await;
     assert!(
         store
             .due_deliveries(10, vec!["hooks".into()])

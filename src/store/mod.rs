@@ -31,7 +31,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::config::StoreSettings;
-use crate::usage::{Spending, Spent, UsageDay};
+use crate::usage::{Counted, Spending, Spent, UsageDay};
 pub(crate) use states::{
     ApprovalStatus, Continuation, DeliveryState, EventStatus, NodeState, ResumeReason,
     SessionState, StopReason, Terminal, TurnStatus,
@@ -256,13 +256,15 @@ pub(crate) trait Turns: Send + Sync {
         spent: Spent,
     ) -> Result<(), StoreError>;
     /// What a turn's budgets count: what every run of `event_id`, the session, and the turns
-    /// started since `since` (the UTC day's start) on all routes and on `route` spent.
+    /// started since `since` (the UTC day's start) on all routes and on `route` spent; only the
+    /// parts `counted` names are read.
     async fn spending(
         &self,
         event_id: &str,
         session_key: &str,
         route: &str,
         since: i64,
+        counted: Counted,
     ) -> Result<Spending, StoreError>;
     /// Ends a turn: its row, its event's terminal status, its session's state and its delivery,
     /// whose body `render` makes.

@@ -171,6 +171,20 @@ pub(crate) const SESSION_USAGE_SQL: &str = concatcp!(
     " FROM turns u WHERE u.session_key = $1"
 );
 
+/// `$1` the first millisecond counted: what turns started since then spent, all routes.
+pub(crate) const DAY_USAGE_SQL: &str = concatcp!(
+    "SELECT ",
+    USAGE_SUMS,
+    " FROM turns u WHERE u.started_at >= $1"
+);
+
+/// `$1` the first millisecond counted, `$2` a route: what its turns started since then spent.
+pub(crate) const ROUTE_DAY_USAGE_SQL: &str = concatcp!(
+    "SELECT ",
+    USAGE_SUMS,
+    " FROM turns u JOIN events e ON e.id = u.event_id WHERE u.started_at >= $1 AND e.route = $2"
+);
+
 /// `$1` the first millisecond counted: what turns started since then spent, by the route of
 /// their event and the UTC day they started (`day`: days since 1970-01-01).
 pub(crate) const USAGE_BY_DAY_SQL: &str = concatcp!(

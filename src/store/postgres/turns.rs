@@ -11,10 +11,10 @@ use crate::store::model::{
 };
 use crate::store::row::StoredRow;
 use crate::store::sql::{
-    APPEND_SQL, AWAIT_EVENT_SQL, CLAIM_COLUMNS, END_SESSION_SET, EVENT_HAS_TRANSCRIPT_SQL,
-    EVENT_USAGE_SQL, FINISH_EVENT_SQL, FINISH_TURN_SQL, INSERT_APPROVAL_SQL, INTERRUPT_TURN_SQL,
-    SESSION_USAGE_SQL, START_EVENT_SQL, SUSPENDED_EVENT_WAITS_SQL, TRANSCRIPT_SQL, TURN_STEPS_SQL,
-    USAGE_BY_DAY_SQL, step_usage_values,
+    APPEND_SQL, AWAIT_EVENT_SQL, CLAIM_COLUMNS, DAY_USAGE_SQL, END_SESSION_SET,
+    EVENT_HAS_TRANSCRIPT_SQL, EVENT_USAGE_SQL, FINISH_EVENT_SQL, FINISH_TURN_SQL,
+    INSERT_APPROVAL_SQL, INTERRUPT_TURN_SQL, ROUTE_DAY_USAGE_SQL, SESSION_USAGE_SQL,
+    START_EVENT_SQL, SUSPENDED_EVENT_WAITS_SQL, TRANSCRIPT_SQL, TURN_STEPS_SQL, step_usage_values,
 };
 use crate::store::states::SessionState;
 use crate::store::states::{
@@ -22,7 +22,7 @@ use crate::store::states::{
     TURN_RUNNING,
 };
 use crate::store::{StoreError, Turns, now_millis};
-use crate::usage::{Spending, Spent, UsageDay};
+use crate::usage::{Counted, Spending, Spent};
 
 /// `$1` limit: the idle sessions with queued events, oldest head first (one partial index;
 /// sessions that cannot run are never read); sessions another node is claiming right now are
@@ -283,18 +283,25 @@ impl Turns for PostgresStore {
         session_key: &str,
         route: &str,
         since: i64,
+        counted: Counted,
     ) -> Result<Spending, StoreError> {
         bounded(async {
             let client = self.client().await?;
-            let event = Spent::decode(&client.row(EVENT_USAGE_SQL, &[&event_id]).await?)?;
-            let session = Spent::decode(&client.row(SESSION_USAGE_SQL, &[&session_key]).await?)?;
-            let days = client
-                .rows(USAGE_BY_DAY_SQL, &[&since])
-                .await?
-                .iter()
-                .map(UsageDay::decode)
-                .collect::<Result<Vec<_>, _>>()?;
-            Ok(Spending::of(event, session, &days, route))
+            let spent =
+                async |wanted: bool,
+                       sql: &str,
+                       values: &[&(dyn tokio_postgres::types::ToSql + Sync)]| {
+                    if !wanted {
+                        return Ok::<_, StoreError>(Spent::default());
+                    }
+                    Spent::decode(&client.row(sql, values).await?)
+                };
+            Ok(Spending {
+                turn: spent(counted.turn, EVENT_USAGE_SQL, &[&event_id]).await?,
+                session: spent(counted.session, SESSION_USAGE_SQL, &[&session_key]).await?,
+                day: spent(counted.day, DAY_USAGE_SQL, &[&since]).await?,
+                route_day: spent(counted.route_day, ROUTE_DAY_USAGE_SQL, &[&since, &route]).await?,
+            })
         })
         .await
     }

@@ -10,10 +10,10 @@ use crate::store::model::{
     Claim, ClaimedTurn, EVENT_ENTRY, RenderDelivery, TranscriptRow, TurnEnd,
 };
 use crate::store::sql::{
-    APPEND_SQL, AWAIT_EVENT_SQL, CLAIM_COLUMNS, END_SESSION_SET, EVENT_HAS_TRANSCRIPT_SQL,
-    EVENT_USAGE_SQL, FINISH_EVENT_SQL, FINISH_TURN_SQL, INSERT_APPROVAL_SQL, INTERRUPT_TURN_SQL,
-    SESSION_USAGE_SQL, START_EVENT_SQL, SUSPENDED_EVENT_WAITS_SQL, TRANSCRIPT_SQL, TURN_STEPS_SQL,
-    USAGE_BY_DAY_SQL, step_usage_values,
+    APPEND_SQL, AWAIT_EVENT_SQL, CLAIM_COLUMNS, DAY_USAGE_SQL, END_SESSION_SET,
+    EVENT_HAS_TRANSCRIPT_SQL, EVENT_USAGE_SQL, FINISH_EVENT_SQL, FINISH_TURN_SQL,
+    INSERT_APPROVAL_SQL, INTERRUPT_TURN_SQL, ROUTE_DAY_USAGE_SQL, SESSION_USAGE_SQL,
+    START_EVENT_SQL, SUSPENDED_EVENT_WAITS_SQL, TRANSCRIPT_SQL, TURN_STEPS_SQL, step_usage_values,
 };
 use crate::store::states::SessionState;
 use crate::store::states::{
@@ -21,7 +21,7 @@ use crate::store::states::{
     TURN_RUNNING,
 };
 use crate::store::{StoreError, Turns, now_millis};
-use crate::usage::{Spending, Spent, UsageDay};
+use crate::usage::{Counted, Spending, Spent};
 
 /// Candidates for the next turns: the oldest queued event of each idle session, oldest first,
 /// unless it must run alone. Read on a reader connection, so a long backlog costs the writer
@@ -380,6 +380,7 @@ impl Turns for SqliteStore {
         session_key: &str,
         route: &str,
         since: i64,
+        counted: Counted,
     ) -> Result<Spending, StoreError> {
         let (event_id, session_key, route) = (
             event_id.to_string(),
@@ -387,15 +388,18 @@ impl Turns for SqliteStore {
             route.to_string(),
         );
         self.read(move |connection| {
-            let spent = |sql: &str, key: &str| {
-                query_one(connection, sql, &[&key], |row| Spent::decode(row))
+            let spent = |wanted: bool, sql: &str, values: &[&dyn rusqlite::ToSql]| {
+                if !wanted {
+                    return Ok(Spent::default());
+                }
+                query_one(connection, sql, values, |row| Spent::decode(row))
             };
-            let event = spent(EVENT_USAGE_SQL, &event_id)?;
-            let session = spent(SESSION_USAGE_SQL, &session_key)?;
-            let days = query(connection, USAGE_BY_DAY_SQL, &[&since], |row| {
-                UsageDay::decode(row)
-            })?;
-            Ok(Spending::of(event, session, &days, &route))
+            Ok(Spending {
+                turn: spent(counted.turn, EVENT_USAGE_SQL, &[&event_id])?,
+                session: spent(counted.session, SESSION_USAGE_SQL, &[&session_key])?,
+                day: spent(counted.day, DAY_USAGE_SQL, &[&since])?,
+                route_day: spent(counted.route_day, ROUTE_DAY_USAGE_SQL, &[&since, &route])?,
+            })
         })
         .await
     }
