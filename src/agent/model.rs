@@ -74,6 +74,17 @@ pub(crate) struct Reply {
     pub answered_by: Option<AnsweredBy>,
 }
 
+impl Reply {
+    /// A reply of a backend that reports neither usage nor an endpoint.
+    fn of(message: Message) -> Reply {
+        Reply {
+            message,
+            usage: None,
+            answered_by: None,
+        }
+    }
+}
+
 /// A Chat Completions answer as read off the wire.
 struct Completion {
     message: Message,
@@ -223,32 +234,26 @@ impl Model {
         messages: &[Message],
         tools: &[OfferedTool],
     ) -> Result<Reply, ModelError> {
-        let (reply, usage, answered_by) = match &self.backend {
+        let mut reply = match &self.backend {
             Backend::OpenAi { endpoints } => self.complete_openai(endpoints, messages, tools).await,
             Backend::Command { argv } => self
                 .complete_command(argv, messages, tools)
                 .await
-                .map(|message| (message, None, None)),
-            Backend::Replay { replies } => Ok((replay(replies, messages), None, None)),
+                .map(Reply::of),
+            Backend::Replay { replies } => Ok(Reply::of(replay(replies, messages))),
         }?;
         if let Some(recorder) = &self.recorder
             && let Ok(mut file) = recorder.lock()
-            && let Ok(line) = serde_json::to_string(&reply)
+            && let Ok(line) = serde_json::to_string(&reply.message)
         {
             // Recording is best effort: a failed write must not fail the turn.
             let _ = writeln!(file, "{line}");
         }
-        let message = if self.tool_calls_in_content {
+        if self.tool_calls_in_content {
             let offered: Vec<&str> = tools.iter().map(|tool| tool.name.as_str()).collect();
-            super::textcall::call_in_content(reply, &offered)
-        } else {
-            reply
-        };
-        Ok(Reply {
-            message,
-            usage,
-            answered_by,
-        })
+            reply.message = super::textcall::call_in_content(reply.message, &offered);
+        }
+        Ok(reply)
     }
 
     /// Asks the endpoints in order (`endpoint::in_order`), each with its retries, until one
@@ -258,7 +263,7 @@ impl Model {
         endpoints: &[Endpoint],
         messages: &[Message],
         tools: &[OfferedTool],
-    ) -> Result<(Message, Option<Usage>, Option<AnsweredBy>), ModelError> {
+    ) -> Result<Reply, ModelError> {
         let mut failures = Vec::new();
         for endpoint in endpoint::in_order(endpoints) {
             let body = request_body(&endpoint.model, &self.params, messages, tools);
@@ -269,8 +274,11 @@ impl Model {
                         tracing::warn!(endpoint = %endpoint.shown, model = %endpoint.model,
                             "a fallback model endpoint answered");
                     }
-                    let answered_by = endpoint.answered_by(completion.model);
-                    return Ok((completion.message, completion.usage, Some(answered_by)));
+                    return Ok(Reply {
+                        message: completion.message,
+                        usage: completion.usage,
+                        answered_by: Some(endpoint.answered_by(completion.model)),
+                    });
                 }
                 Err(err @ ModelError::Malformed(_)) => return Err(err),
                 Err(ModelError::Unavailable(reason)) => {
