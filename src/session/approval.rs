@@ -128,50 +128,53 @@ pub(super) fn request(settings: &Settings, turn: &ClaimedTurn, call: GatedCall) 
     let now = now_millis();
     let timeout = settings.config.runtime.approval_timeout;
     let event = &turn.event;
-    let mut request = NewApproval {
+    let row = ApprovalRow {
         id: uuid::Uuid::now_v7().to_string(),
         event_id: event.id.clone(),
-        session_key: event.session_key.clone(),
+        session: event.session_key.clone(),
         route: event.route.clone(),
         turn_id: turn.turn_id.clone(),
         call_id: call.call_id,
         tool: call.name,
         arguments: call.arguments,
+        status: ApprovalStatus::Pending,
         requested_at: now,
         expires_at: now.saturating_add(millis(timeout)),
+        decided_at: None,
+        decided_by: None,
+        note: None,
         link_secret: format!(
             "{}{}",
             uuid::Uuid::new_v4().simple(),
             uuid::Uuid::new_v4().simple()
         ),
-        delivery: String::new(),
     };
-    request.delivery = request_delivery(&request, settings.config.server.public_url.as_deref());
-    request
+    let delivery = request_delivery(&row, settings.config.server.public_url.as_deref());
+    NewApproval { row, delivery }
 }
 
 /// Logs and counts a request its turn committed.
 pub(super) fn requested(request: &NewApproval) {
-    metrics::approval_requested(&request.tool);
+    metrics::approval_requested(&request.row.tool);
     tracing::warn!(
         message_id = logging::MESSAGE_APPROVAL_REQUESTED,
-        approval_id = %request.id, tool = %request.tool,
-        expires_at = %rfc3339(request.expires_at),
+        approval_id = %request.row.id, tool = %request.row.tool,
+        expires_at = %rfc3339(request.row.expires_at),
         "tool call waits for an operator's decision (agentgate approvals approve|deny {})",
-        request.id
+        request.row.id
     );
 }
 
 /// The `approval_request` delivery of `request`, with its approve and deny links when the
 /// listener has a `public_url`.
-fn request_delivery(request: &NewApproval, public_url: Option<&str>) -> String {
+fn request_delivery(request: &ApprovalRow, public_url: Option<&str>) -> String {
     let link = |action: &str| public_url.map(|base| link_url(base, request, action));
     serde_json::json!({
         "kind": "approval_request",
         "approval_id": request.id,
         "event_id": request.event_id,
         "route": request.route,
-        "session": request.session_key,
+        "session": request.session,
         "tool": request.tool,
         "arguments": request.arguments,
         "expires_at": rfc3339(request.expires_at),
@@ -187,7 +190,7 @@ pub(crate) const DENY: &str = "deny";
 
 /// `{public_url}/approvals/{id}/{action}?h=..&t=..`: `h` names the arguments (the start of
 /// their hash), `t` is the token that only agentgate can make (`signature::approval_token`).
-fn link_url(base: &str, request: &NewApproval, action: &str) -> String {
+fn link_url(base: &str, request: &ApprovalRow, action: &str) -> String {
     let hash = crate::signature::arguments_hash(&request.arguments);
     let token = crate::signature::approval_token(
         &request.link_secret,

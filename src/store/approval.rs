@@ -33,39 +33,12 @@ impl Verdict {
     }
 }
 
-/// A gated call, as its turn pauses on it.
+/// A gated call, as its turn pauses on it: the request (pending) and its delivery.
 #[derive(Debug, Clone)]
 pub(crate) struct NewApproval {
-    pub id: String,
-    pub event_id: String,
-    pub session_key: String,
-    pub route: String,
-    pub turn_id: String,
-    pub call_id: String,
-    pub tool: String,
-    pub arguments: Value,
-    pub requested_at: i64,
-    pub expires_at: i64,
-    /// The key of its approve and deny links (`signature::approval_token`).
-    pub link_secret: String,
+    pub row: ApprovalRow,
     /// The `approval_request` delivery to the route's target.
     pub delivery: String,
-}
-
-impl NewApproval {
-    /// The transcript entry of the request.
-    pub(crate) fn entry(&self) -> ApprovalEntry {
-        ApprovalEntry {
-            approval_id: self.id.clone(),
-            call_id: self.call_id.clone(),
-            tool: self.tool.clone(),
-            arguments: self.arguments.clone(),
-            status: ApprovalStatus::Pending,
-            by: None,
-            note: None,
-            expires_at: self.expires_at,
-        }
-    }
 }
 
 /// An approval request and where it stands.
@@ -89,7 +62,7 @@ pub(crate) struct ApprovalRow {
     pub decided_by: Option<String>,
     /// The operator's note (approve) or reason (deny).
     pub note: Option<String>,
-    /// The key of its links: never shown.
+    /// The key of its approve and deny links (`signature::approval_token`): never shown.
     #[serde(skip)]
     pub link_secret: String,
 }

@@ -18,8 +18,9 @@ use super::states::{
     Continuation, DeliveryState, EventStatus, SessionState, StopReason, Terminal, TurnStatus,
 };
 use super::{
-    AcceptOutcome, ApprovalStatus, ClaimedTurn, Decided, Decision, ErrorKind, EventFilter,
-    NewApproval, RenderDelivery, ResumeReason, RetryTarget, Settled, Settlement, Store, StoreError,
+    AcceptOutcome, ApprovalRow, ApprovalStatus, ClaimedTurn, Decided, Decision, ErrorKind,
+    EventFilter, NewApproval, RenderDelivery, ResumeReason, RetryTarget, Settled, Settlement,
+    Store, StoreError,
 };
 use crate::config::{PostgresSettings, StoreSettings};
 use crate::secret::Secret;
@@ -495,17 +496,23 @@ async fn only_a_crash_of_a_turn_that_ran_alone_counts(store: &Store, crash: impl
 
 fn request(turn: &ClaimedTurn, id: &str, call: &str, expires_at: i64) -> NewApproval {
     NewApproval {
-        id: id.to_string(),
-        event_id: turn.event.id.clone(),
-        session_key: turn.event.session_key.clone(),
-        route: turn.event.route.clone(),
-        turn_id: turn.turn_id.clone(),
-        call_id: call.to_string(),
-        tool: "deploy".into(),
-        arguments: serde_json::json!({"target": "prod"}),
-        requested_at: super::now_millis(),
-        expires_at,
-        link_secret: "secret".into(),
+        row: ApprovalRow {
+            id: id.to_string(),
+            event_id: turn.event.id.clone(),
+            session: turn.event.session_key.clone(),
+            route: turn.event.route.clone(),
+            turn_id: turn.turn_id.clone(),
+            call_id: call.to_string(),
+            tool: "deploy".into(),
+            arguments: serde_json::json!({"target": "prod"}),
+            status: ApprovalStatus::Pending,
+            requested_at: super::now_millis(),
+            expires_at,
+            decided_at: None,
+            decided_by: None,
+            note: None,
+            link_secret: "secret".into(),
+        },
         delivery: serde_json::json!({"kind": "approval_request", "approval_id": id}).to_string(),
     }
 }

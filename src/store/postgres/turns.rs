@@ -353,31 +353,31 @@ impl Turns for PostgresStore {
         bounded(async {
             let mut client = self.client().await?;
             let tx = client.transaction().await?;
-            self.hold_lease(&tx, &request.session_key).await?;
-            let now = request.requested_at;
+            self.hold_lease(&tx, &request.row.session).await?;
+            let now = request.row.requested_at;
             tx.run(
                 INSERT_APPROVAL_SQL,
                 &[
-                    &request.id,
-                    &request.event_id,
-                    &request.session_key,
-                    &request.route,
-                    &request.turn_id,
-                    &request.call_id,
-                    &request.tool,
-                    &request.arguments.to_string(),
-                    &request.requested_at,
-                    &request.expires_at,
-                    &request.link_secret,
+                    &request.row.id,
+                    &request.row.event_id,
+                    &request.row.session,
+                    &request.row.route,
+                    &request.row.turn_id,
+                    &request.row.call_id,
+                    &request.row.tool,
+                    &request.row.arguments.to_string(),
+                    &request.row.requested_at,
+                    &request.row.expires_at,
+                    &request.row.link_secret,
                 ],
             )
             .await?;
-            let body = request.entry().body()?;
+            let body = request.row.entry().body()?;
             tx.run(
                 APPEND_SQL,
                 &[
-                    &request.session_key,
-                    &request.turn_id,
+                    &request.row.session,
+                    &request.row.turn_id,
                     &APPROVAL_ENTRY,
                     &body,
                     &now,
@@ -387,17 +387,18 @@ impl Turns for PostgresStore {
             let reason = StopReason::AwaitingApproval.sql();
             tx.run(
                 INTERRUPT_TURN_SQL,
-                &[&request.turn_id, &reason, &i64::from(steps), &now],
+                &[&request.row.turn_id, &reason, &i64::from(steps), &now],
             )
             .await?;
-            tx.run(AWAIT_EVENT_SQL, &[&request.event_id, &now]).await?;
+            tx.run(AWAIT_EVENT_SQL, &[&request.row.event_id, &now])
+                .await?;
             // The request's own delivery, keyed by its id (the event's result comes later).
             tx.run(
                 QUEUE_DELIVERY_SQL,
                 &[
-                    &request.id,
-                    &request.route,
-                    &request.session_key,
+                    &request.row.id,
+                    &request.row.route,
+                    &request.row.session,
                     &request.delivery,
                     &now,
                 ],
@@ -406,7 +407,7 @@ impl Turns for PostgresStore {
             tx.run(
                 END_SESSION_SQL,
                 &[
-                    &request.session_key,
+                    &request.row.session,
                     &SessionState::AwaitingApproval.sql(),
                     &None::<&str>,
                     &now,

@@ -246,31 +246,31 @@ fn append_in(
 
 /// Pauses a turn on a call that waits for a decision (`Turns::await_approval`).
 fn await_in(connection: &Connection, request: &NewApproval, steps: u32) -> Result<(), StoreError> {
-    let now = request.requested_at;
+    let now = request.row.requested_at;
     execute(
         connection,
         INSERT_APPROVAL_SQL,
         &[
-            &request.id,
-            &request.event_id,
-            &request.session_key,
-            &request.route,
-            &request.turn_id,
-            &request.call_id,
-            &request.tool,
-            &request.arguments.to_string(),
-            &request.requested_at,
-            &request.expires_at,
-            &request.link_secret,
+            &request.row.id,
+            &request.row.event_id,
+            &request.row.session,
+            &request.row.route,
+            &request.row.turn_id,
+            &request.row.call_id,
+            &request.row.tool,
+            &request.row.arguments.to_string(),
+            &request.row.requested_at,
+            &request.row.expires_at,
+            &request.row.link_secret,
         ],
     )?;
-    let body = request.entry().body()?;
+    let body = request.row.entry().body()?;
     execute(
         connection,
         APPEND_SQL,
         &[
-            &request.session_key,
-            &request.turn_id,
+            &request.row.session,
+            &request.row.turn_id,
             &APPROVAL_ENTRY,
             &body,
             &now,
@@ -280,21 +280,21 @@ fn await_in(connection: &Connection, request: &NewApproval, steps: u32) -> Resul
         connection,
         INTERRUPT_TURN_SQL,
         &[
-            &request.turn_id,
+            &request.row.turn_id,
             &StopReason::AwaitingApproval.sql(),
             &steps,
             &now,
         ],
     )?;
-    execute(connection, AWAIT_EVENT_SQL, &[&request.event_id, &now])?;
+    execute(connection, AWAIT_EVENT_SQL, &[&request.row.event_id, &now])?;
     // The request's own delivery, keyed by its id (the event's result is delivered later).
     execute(
         connection,
         QUEUE_DELIVERY_SQL,
         &[
-            &request.id,
-            &request.route,
-            &request.session_key,
+            &request.row.id,
+            &request.row.route,
+            &request.row.session,
             &request.delivery,
             &now,
         ],
@@ -303,7 +303,7 @@ fn await_in(connection: &Connection, request: &NewApproval, steps: u32) -> Resul
         connection,
         END_SESSION_SQL,
         &[
-            &request.session_key,
+            &request.row.session,
             &SessionState::AwaitingApproval.sql(),
             &None::<&str>,
             &now,
