@@ -548,9 +548,23 @@ fn a_burst_of_events_does_not_push_warnings_out_of_the_journal() {
 
 /// Installs a command model that hangs on an event asking to be held ("hold-me"), unless it is
 /// the resumed run, and answers at once otherwise. Returns its `[model]` section.
-fn install_hold_model(machine: &Machine) -> &'static str {
-    std::fs::write(
-        machine.share.path().join("model"),
+/// Installs `script` in the machine as the command model `/usr/local/bin/NAME`, and returns the
+/// `[model]` section that uses it.
+fn install_model(machine: &Machine, name: &str, script: &str) -> String {
+    std::fs::write(machine.share.path().join(name), script).expect("write the model");
+    machine.ok(&format!(
+        "install -m 0755 {}/{name} /usr/local/bin/{name}",
+        machine.share.path().display()
+    ));
+    format!(
+        "[model]\nbackend = \"command\"\ncommand = [\"/usr/local/bin/{name}\"]\nrequest_timeout = \"600s\"\n"
+    )
+}
+
+fn install_hold_model(machine: &Machine) -> String {
+    install_model(
+        machine,
+        "hold-model",
         r#"#!/usr/bin/python3
 import json, os, sys
 text = json.dumps(json.load(sys.stdin)["messages"])
@@ -559,12 +573,6 @@ if "hold-me" in text and "[agentgate] The previous run" not in text:
 print(json.dumps({"role": "assistant", "content": "done"}))
 "#,
     )
-    .expect("write the model");
-    machine.ok(&format!(
-        "install -m 0755 {}/model /usr/local/bin/hold-model",
-        machine.share.path().display()
-    ));
-    "[model]\nbackend = \"command\"\ncommand = [\"/usr/local/bin/hold-model\"]\nrequest_timeout = \"600s\"\n"
 }
 
 /// `systemctl restart` while a turn runs: the stopping daemon keeps answering webhooks during
@@ -724,8 +732,9 @@ fn suspend_restart_resume_and_cancel_under_systemd() {
     // The model: hangs on a turn of an event that asks for it (the newest user message that
     // names a task decides; the transcript holds the session's earlier events too), answers at
     // once otherwise.
-    std::fs::write(
-        machine.share.path().join("model"),
+    let model = install_model(
+        &machine,
+        "hold-model",
         r#"#!/usr/bin/python3
 import json, os, sys
 messages = json.load(sys.stdin)["messages"]
@@ -737,13 +746,7 @@ for message in reversed(messages):
         break
 print(json.dumps({"role": "assistant", "content": "done"}))
 "#,
-    )
-    .expect("write the model");
-    machine.ok(&format!(
-        "install -m 0755 {}/model /usr/local/bin/hold-model",
-        machine.share.path().display()
-    ));
-    let model = "[model]\nbackend = \"command\"\ncommand = [\"/usr/local/bin/hold-model\"]\nrequest_timeout = \"600s\"\n";
+    );
     let text = config("").replace("[routes.hook]", &format!("{model}\n[routes.hook]"));
     machine.install(&text, "");
     let cli = |command: &str| {
@@ -970,8 +973,9 @@ fn an_approval_pending_across_a_restart_is_decided_after_it() {
     let Some(machine) = Machine::boot("approval") else {
         return;
     };
-    std::fs::write(
-        machine.share.path().join("model"),
+    let model = install_model(
+        &machine,
+        "deploy-model",
         r#"#!/usr/bin/python3
 import json, sys
 messages = json.load(sys.stdin)["messages"]
@@ -982,15 +986,11 @@ else:
             "function": {"name": "deploy", "arguments": "{\"target\": \"prod\"}"}}
     print(json.dumps({"role": "assistant", "content": None, "tool_calls": [call]}))
 "#,
-    )
-    .expect("write the model");
-    machine.ok(&format!(
-        "install -m 0755 {}/model /usr/local/bin/deploy-model",
-        machine.share.path().display()
-    ));
-    let setup = "[model]\nbackend = \"command\"\ncommand = [\"/usr/local/bin/deploy-model\"]\n\n\
-        [tools.deploy]\ncommand = [\"/bin/echo\", \"deployed\"]\napproval = true\n\
-        parameters = { type = \"object\", properties = { target = { type = \"string\", enum = [\"prod\"] } } }\n";
+    );
+    let setup = format!(
+        "{model}\n[tools.deploy]\ncommand = [\"/bin/echo\", \"deployed\"]\napproval = true\n\
+         parameters = {{ type = \"object\", properties = {{ target = {{ type = \"string\", enum = [\"prod\"] }} }} }}\n"
+    );
     let text = config("").replace("[routes.hook]", &format!("{setup}\n[routes.hook]"))
         + "tools = [\"deploy\"]\n";
     machine.install(&text, "");
