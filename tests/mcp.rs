@@ -104,12 +104,25 @@ fn log_count(daemon: &Daemon, line: &str) -> usize {
     daemon.log().matches(line).count()
 }
 
-#[test]
-fn a_filesystem_tool_reads_a_file_and_its_result_reaches_the_model_and_the_transcript() {
-    let workspace = Workspace::new();
+/// A directory with `notes.txt` in `workspace`, and the config lines of the filesystem server
+/// over it (`extra` in its table). The directory is under the host's /tmp, which the sandbox
+/// replaces with a private one: it is shared with the server as a writable path.
+fn files_server(workspace: &Workspace, extra: &str) -> (std::path::PathBuf, String) {
     let files = workspace.path().join("files");
     std::fs::create_dir(&files).expect("files dir");
     std::fs::write(files.join("notes.txt"), "the answer is needle-4711\n").expect("file");
+    let dir = files.display().to_string();
+    let section = format!(
+        "[mcp.fs]\ncommand = [{:?}, {dir:?}]\nwritable = [{dir:?}]\n{extra}\n",
+        node_server("mcp-server-filesystem"),
+    );
+    (files, section)
+}
+
+#[test]
+fn a_filesystem_tool_reads_a_file_and_its_result_reaches_the_model_and_the_transcript() {
+    let workspace = Workspace::new();
+    let (files, server) = files_server(&workspace, "");
     let path = files.join("notes.txt").display().to_string();
     let model = Stub::start(move |request, _| {
         if tool_results(request).is_empty() {
@@ -119,13 +132,8 @@ fn a_filesystem_tool_reads_a_file_and_its_result_reaches_the_model_and_the_trans
         }
     });
     workspace.write_config(&format!(
-        // The server's directory is under the host's /tmp, which the sandbox replaces with a
-        // private one: it is shared with the server as a writable path.
-        "{}\n[mcp.fs]\ncommand = [{:?}, {:?}]\nwritable = [{:?}]\n\n{}",
+        "{}\n{server}\n{}",
         model.model_section(),
-        node_server("mcp-server-filesystem"),
-        files.display().to_string(),
-        files.display().to_string(),
         route(r#"["fs.read_text_file", "fs.list_directory"]"#),
     ));
     let daemon = workspace.start();
@@ -513,9 +521,7 @@ fn reload_adds_and_removes_servers() {
 #[test]
 fn an_mcp_tool_named_in_approval_waits_for_a_decision() {
     let workspace = Workspace::new();
-    let files = workspace.path().join("files");
-    std::fs::create_dir(&files).expect("files dir");
-    std::fs::write(files.join("notes.txt"), "the answer is needle-4711\n").expect("file");
+    let (files, server) = files_server(&workspace, "approval = [\"read_*\"]");
     let path = files.join("notes.txt").display().to_string();
     let dir = files.display().to_string();
     let model = Stub::start(move |request, _| match tool_results(request).len() {
@@ -524,11 +530,8 @@ fn an_mcp_tool_named_in_approval_waits_for_a_decision() {
         _ => Reply::answer("read it"),
     });
     workspace.write_config(&format!(
-        "{}\n[mcp.fs]\ncommand = [{:?}, {:?}]\nwritable = [{:?}]\napproval = [\"read_*\"]\n\n{}",
+        "{}\n{server}\n{}",
         model.model_section(),
-        node_server("mcp-server-filesystem"),
-        files.display().to_string(),
-        files.display().to_string(),
         route(r#"["fs.read_text_file", "fs.list_directory"]"#),
     ));
     let daemon = workspace.start();
