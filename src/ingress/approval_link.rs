@@ -13,6 +13,7 @@ use http::header::{CACHE_CONTROL, CONTENT_TYPE};
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 
+use super::control::Query;
 use super::response::{HttpResponse, refused};
 use crate::config::Config;
 use crate::session::Sessions;
@@ -92,16 +93,8 @@ async fn linked_request(
     action: &str,
     query: Option<&str>,
 ) -> Result<ApprovalRow, HttpResponse> {
-    let query: Vec<(String, String)> = form_urlencoded::parse(query.unwrap_or_default().as_bytes())
-        .into_owned()
-        .collect();
-    let param = |name: &str| {
-        query
-            .iter()
-            .find(|(key, _)| key == name)
-            .map(|(_, value)| value.clone())
-            .unwrap_or_default()
-    };
+    let query = Query::parse(query);
+    let param = |name: &str| query.get(name).unwrap_or_default();
     let row = store
         .approval(id)
         .await

@@ -8,7 +8,7 @@ use http_body_util::BodyExt;
 use serde_json::json;
 
 use super::api::{ApprovalsPage, DecisionRequest};
-use super::control::{Control, ControlError};
+use super::control::{Control, ControlError, Query};
 use super::response::{HttpResponse, error, json_response};
 use crate::session::approval::{self, Outcome};
 use crate::store::approval::Verdict;
@@ -25,8 +25,7 @@ impl Control {
         &self,
         query: Option<&str>,
     ) -> Result<HttpResponse, ControlError> {
-        let all = form_urlencoded::parse(query.unwrap_or_default().as_bytes())
-            .any(|(key, value)| key == "all" && value == "true");
+        let all = Query::parse(query).get("all").as_deref() == Some("true");
         let approvals = self.store.approvals(!all, LIST_MAX).await?;
         Ok(json_response(
             StatusCode::OK,

@@ -49,10 +49,10 @@ const PAGE_DEFAULT: i64 = 100;
 const PAGE_MAX: i64 = 1000;
 
 /// A request's query parameters.
-struct Query(Vec<(String, String)>);
+pub(super) struct Query(Vec<(String, String)>);
 
 impl Query {
-    fn parse(query: Option<&str>) -> Query {
+    pub(super) fn parse(query: Option<&str>) -> Query {
         Query(
             form_urlencoded::parse(query.unwrap_or_default().as_bytes())
                 .into_owned()
@@ -60,7 +60,7 @@ impl Query {
         )
     }
 
-    fn get(&self, name: &str) -> Option<String> {
+    pub(super) fn get(&self, name: &str) -> Option<String> {
         self.0
             .iter()
             .find(|(key, _)| key == name)
