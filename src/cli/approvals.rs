@@ -10,8 +10,8 @@ use crate::config::ConfigSource;
 use crate::exit::Failure;
 use crate::ingress::api::{ApprovalsPage, DecisionRequest};
 use crate::output::outln;
-use crate::session::approval::rfc3339;
 use crate::store::approval::Verdict;
+use crate::store::rfc3339;
 use crate::store::{ApprovalRow, Decided, Decision};
 
 use super::control::{self, ControlAnswer, DaemonClient};

@@ -16,17 +16,13 @@ use crate::config::{self, ConfigSource, SecretCheck, StoreSettings};
 use crate::exit::Failure;
 use crate::ingress::api::{EventsPage, ToolsDocument};
 use crate::output::outln;
+use crate::store::rfc3339 as time;
 use crate::store::{self, DeliveryState, EventDetail, EventFilter, EventStatus, RetryTarget};
 
 /// How often `sessions follow` looks for new transcript entries.
 const FOLLOW_POLL: Duration = Duration::from_millis(250);
 /// `tools list` without a daemon: how long each MCP server may take to start.
 const TOOLS_LIST_START_WAIT: Duration = Duration::from_secs(30);
-
-fn time(millis: i64) -> String {
-    let since_epoch = Duration::from_millis(u64::try_from(millis).unwrap_or(0));
-    humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + since_epoch).to_string()
-}
 
 fn json_out(value: &impl serde::Serialize) {
     match serde_json::to_string_pretty(value) {

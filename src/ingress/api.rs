@@ -328,7 +328,6 @@ impl UsageLimits {
 
 /// The UTC date (YYYY-MM-DD) of `millis` since the epoch.
 fn utc_date(millis: i64) -> String {
-    let since_epoch = std::time::Duration::from_millis(u64::try_from(millis).unwrap_or(0));
-    let stamp = humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + since_epoch).to_string();
+    let stamp = crate::store::rfc3339(millis);
     stamp.get(..10).unwrap_or(&stamp).to_string()
 }

@@ -222,7 +222,7 @@ fn confirm_page(row: &ApprovalRow, verdict: Verdict) -> String {
         session = escape(&row.session),
         event = escape(&row.event_id),
         route = escape(&row.route),
-        expires = approval::rfc3339(row.expires_at),
+        expires = crate::store::rfc3339(row.expires_at),
     )
 }
 

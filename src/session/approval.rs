@@ -18,7 +18,7 @@ use crate::metrics;
 use crate::store::approval::{AGENTGATE, Verdict};
 use crate::store::{
     ApprovalRow, ApprovalStatus, ClaimedTurn, Decided, Decision, NewApproval, Store, StoreError,
-    now_millis,
+    now_millis, rfc3339,
 };
 
 /// What a decision asked for over the control socket (or a link, or the console) became.
@@ -207,12 +207,6 @@ fn link_url(base: &str, request: &ApprovalRow, action: &str) -> String {
 
 /// The hex characters of the arguments' hash a link carries.
 pub(crate) const LINK_HASH_CHARS: usize = 16;
-
-/// Unix ms as RFC 3339 (UTC, seconds).
-pub(crate) fn rfc3339(ms: i64) -> String {
-    let at = std::time::UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0));
-    humantime::format_rfc3339_seconds(at).to_string()
-}
 
 fn millis(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)

@@ -166,6 +166,12 @@ pub(crate) fn now_millis() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
+/// A stored time (unix ms) as RFC 3339, UTC, to the second.
+pub(crate) fn rfc3339(millis: i64) -> String {
+    let since_epoch = Duration::from_millis(u64::try_from(millis).unwrap_or(0));
+    humantime::format_rfc3339_seconds(UNIX_EPOCH + since_epoch).to_string()
+}
+
 /// What to do with an interrupted session.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Settlement {
