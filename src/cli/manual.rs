@@ -102,117 +102,143 @@ fn escape(text: &str) -> String {
 
 /// Markdown to man(7) roff.
 fn roff(markdown: &str) -> String {
-    let mut out = String::new();
-    // The line being built, and the table being collected (rows of cells).
-    let mut line = String::new();
-    let mut table: Vec<Vec<String>> = Vec::new();
-    let mut cell: Option<String> = None;
-    let mut in_code_block = false;
-    let mut list_depth = 0usize;
-    let flush = |line: &mut String, out: &mut String| {
-        let text = line.trim();
-        if !text.is_empty() {
-            for text_line in text.lines() {
-                // A line that starts with a dot or a quote would be a request.
-                if text_line.starts_with('.') || text_line.starts_with('\'') {
-                    out.push_str("\\&");
-                }
-                out.push_str(text_line.trim_start());
-                out.push('\n');
-            }
-        }
-        line.clear();
-    };
+    let mut writer = RoffWriter::default();
     for event in Parser::new_ext(markdown, Options::ENABLE_TABLES) {
-        let target = cell.as_mut().unwrap_or(&mut line);
+        writer.event(event);
+    }
+    writer.flush();
+    writer.out
+}
+
+/// The roff being written, the line being built and the table being collected.
+#[derive(Default)]
+struct RoffWriter {
+    out: String,
+    line: String,
+    /// Rows of cells.
+    table: Vec<Vec<String>>,
+    cell: Option<String>,
+    in_code_block: bool,
+    list_depth: usize,
+}
+
+impl RoffWriter {
+    /// Writes the line built so far; a line that starts with a dot or a quote would be a request.
+    fn flush(&mut self) {
+        for text_line in self.line.trim().lines() {
+            if text_line.starts_with('.') || text_line.starts_with('\'') {
+                self.out.push_str("\\&");
+            }
+            self.out.push_str(text_line.trim_start());
+            self.out.push('\n');
+        }
+        self.line.clear();
+    }
+
+    /// Where inline text goes: the table cell being collected, or the line.
+    fn target(&mut self) -> &mut String {
+        self.cell.as_mut().unwrap_or(&mut self.line)
+    }
+
+    fn event(&mut self, event: Event<'_>) {
         match event {
-            Event::Start(Tag::Heading { level, .. }) => {
-                flush(&mut line, &mut out);
-                out.push_str(if level == HeadingLevel::H2 {
+            Event::Start(tag) => self.start(tag),
+            Event::End(tag) => self.end(tag),
+            Event::Code(code) => {
+                let target = self.target();
+                target.push_str("\\fB");
+                target.push_str(&escape(&code));
+                target.push_str("\\fR");
+            }
+            Event::Text(text) if self.in_code_block => {
+                for code_line in text.lines() {
+                    if code_line.starts_with('.') || code_line.starts_with('\'') {
+                        self.out.push_str("\\&");
+                    }
+                    self.out.push_str(&escape(code_line));
+                    self.out.push('\n');
+                }
+            }
+            Event::Text(text) => self.target().push_str(&escape(&text)),
+            Event::SoftBreak | Event::HardBreak => self.target().push(' '),
+            // Nothing else occurs in the reference (no HTML, footnotes, rules or math).
+            _ => {}
+        }
+    }
+
+    fn start(&mut self, tag: Tag<'_>) {
+        match tag {
+            Tag::Heading { level, .. } => {
+                self.flush();
+                self.out.push_str(if level == HeadingLevel::H2 {
                     ".SH "
                 } else {
                     ".SS "
                 });
             }
-            Event::End(TagEnd::Heading(_)) => {
-                out.push_str(line.trim());
-                out.push('\n');
-                line.clear();
+            Tag::Paragraph if self.list_depth == 0 => {
+                self.flush();
+                self.out.push_str(".PP\n");
             }
-            Event::Start(Tag::Paragraph) if list_depth == 0 => {
-                flush(&mut line, &mut out);
-                out.push_str(".PP\n");
-            }
-            Event::End(TagEnd::Paragraph) => {
-                if list_depth == 0 {
-                    flush(&mut line, &mut out);
-                } else {
-                    line.push(' ');
+            Tag::List(_) => {
+                self.flush();
+                if self.list_depth > 0 {
+                    self.out.push_str(".RS\n");
                 }
+                self.list_depth += 1;
             }
-            Event::Start(Tag::List(_)) => {
-                flush(&mut line, &mut out);
-                if list_depth > 0 {
-                    out.push_str(".RS\n");
-                }
-                list_depth += 1;
+            Tag::Item => {
+                self.flush();
+                self.out.push_str(".IP \\(bu 2\n");
             }
-            Event::End(TagEnd::List(_)) => {
-                flush(&mut line, &mut out);
-                list_depth -= 1;
-                if list_depth > 0 {
-                    out.push_str(".RE\n");
-                }
+            Tag::CodeBlock(_) => {
+                self.flush();
+                self.out.push_str(".PP\n.RS 4\n.nf\n");
+                self.in_code_block = true;
             }
-            Event::Start(Tag::Item) => {
-                flush(&mut line, &mut out);
-                out.push_str(".IP \\(bu 2\n");
+            Tag::Table(_) => {
+                self.flush();
+                self.table.clear();
             }
-            Event::End(TagEnd::Item) => flush(&mut line, &mut out),
-            Event::Start(Tag::CodeBlock(_)) => {
-                flush(&mut line, &mut out);
-                out.push_str(".PP\n.RS 4\n.nf\n");
-                in_code_block = true;
-            }
-            Event::End(TagEnd::CodeBlock) => {
-                out.push_str(".fi\n.RE\n");
-                in_code_block = false;
-            }
-            Event::Start(Tag::Table(_)) => {
-                flush(&mut line, &mut out);
-                table.clear();
-            }
-            Event::Start(Tag::TableHead | Tag::TableRow) => table.push(Vec::new()),
-            Event::Start(Tag::TableCell) => cell = Some(String::new()),
-            Event::End(TagEnd::TableCell) => {
-                if let (Some(text), Some(row)) = (cell.take(), table.last_mut()) {
-                    row.push(text.trim().to_string());
-                }
-            }
-            Event::End(TagEnd::Table) => out.push_str(&table_roff(&table)),
-            Event::Start(Tag::Strong | Tag::Emphasis) => target.push_str("\\fB"),
-            Event::End(TagEnd::Strong | TagEnd::Emphasis) => target.push_str("\\fR"),
-            Event::Code(code) => {
-                target.push_str("\\fB");
-                target.push_str(&escape(&code));
-                target.push_str("\\fR");
-            }
-            Event::Text(text) if in_code_block => {
-                for code_line in text.lines() {
-                    if code_line.starts_with('.') || code_line.starts_with('\'') {
-                        out.push_str("\\&");
-                    }
-                    out.push_str(&escape(code_line));
-                    out.push('\n');
-                }
-            }
-            Event::Text(text) => target.push_str(&escape(&text)),
-            Event::SoftBreak | Event::HardBreak => target.push(' '),
+            Tag::TableHead | Tag::TableRow => self.table.push(Vec::new()),
+            Tag::TableCell => self.cell = Some(String::new()),
+            Tag::Strong | Tag::Emphasis => self.target().push_str("\\fB"),
+            // Links keep their text; the rest adds no markup.
             _ => {}
         }
     }
-    flush(&mut line, &mut out);
-    out
+
+    fn end(&mut self, tag: TagEnd) {
+        match tag {
+            TagEnd::Heading(_) => {
+                self.out.push_str(self.line.trim());
+                self.out.push('\n');
+                self.line.clear();
+            }
+            TagEnd::Paragraph if self.list_depth == 0 => self.flush(),
+            TagEnd::Paragraph => self.line.push(' '),
+            TagEnd::List(_) => {
+                self.flush();
+                self.list_depth = self.list_depth.saturating_sub(1);
+                if self.list_depth > 0 {
+                    self.out.push_str(".RE\n");
+                }
+            }
+            TagEnd::Item => self.flush(),
+            TagEnd::CodeBlock => {
+                self.out.push_str(".fi\n.RE\n");
+                self.in_code_block = false;
+            }
+            TagEnd::TableCell => {
+                if let (Some(text), Some(row)) = (self.cell.take(), self.table.last_mut()) {
+                    row.push(text.trim().to_string());
+                }
+            }
+            TagEnd::Table => self.out.push_str(&table_roff(&self.table)),
+            TagEnd::Strong | TagEnd::Emphasis => self.target().push_str("\\fR"),
+            _ => {}
+        }
+    }
 }
 
 /// A table as tagged paragraphs: the first column is the tag; the other columns follow, each
