@@ -1,4 +1,4 @@
-//! The one module with unsafe code: two process-level guarantees that no safe API offers.
+//! The one module with unsafe code: what no safe API offers.
 //!
 //! - Tool and deliver commands die with the daemon (`PR_SET_PDEATHSIG`): after a `kill -9` of
 //!   the daemon outside systemd, nothing it started keeps running, so an idempotent re-run after
@@ -6,6 +6,7 @@
 //! - Descriptors the daemon inherited from its parent without `FD_CLOEXEC` (a supervisor's
 //!   sockets, a shell's files) are marked close-on-exec at start, so no tool ever gets them; the
 //!   daemon's own descriptors are opened close-on-exec by Rust already.
+//! - Descriptors received over a socket (a tool unit's stdin, stdout and stderr) become owned.
 
 use std::os::fd::BorrowedFd;
 
@@ -51,4 +52,13 @@ pub(crate) fn keep_inherited_descriptors_from_children() -> usize {
         }
     }
     marked
+}
+
+/// Takes ownership of a descriptor the kernel installed in this process for a received
+/// `SCM_RIGHTS` message (a tool unit's call, `agent/unit.rs`).
+pub(crate) fn adopt_received_descriptor(fd: std::os::fd::RawFd) -> std::os::fd::OwnedFd {
+    use std::os::fd::FromRawFd;
+    // SAFETY: `recvmsg` just created `fd` in this process for this message; nothing else
+    // knows it, so it has exactly one owner from here on.
+    unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }
 }

@@ -107,6 +107,10 @@ fn install_serve_upgrade_restart_remove_purge() {
         machine.show("agentgate-control.socket", "ActiveState"),
         "active"
     );
+    assert_eq!(
+        machine.show("agentgate-tool.socket", "ActiveState"),
+        "active"
+    );
     assert_eq!(machine.show("agentgate.service", "ActiveState"), "inactive");
     assert!(
         machine
@@ -128,7 +132,7 @@ fn install_serve_upgrade_restart_remove_purge() {
         "cd /usr/share/doc/agentgate && ls reference.md operations.md senders.md tools.md models.md \
          scale-out.md examples/alertmanager.yml examples/grafana-dashboard.json examples/prometheus-rules.yml",
     );
-    let verify = machine.sh("systemd-analyze verify agentgate.socket agentgate-control.socket agentgate.service agentgate-reconcile.service");
+    let verify = machine.sh("systemd-analyze verify agentgate.socket agentgate-control.socket agentgate-tool.socket agentgate.service agentgate-reconcile.service agentgate-tool@1.service");
     let complaints = format!(
         "{}{}",
         String::from_utf8_lossy(&verify.stdout),

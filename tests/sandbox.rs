@@ -279,3 +279,79 @@ fn check_config_warns_of_programs_the_private_tmp_hides() {
     assert!(said.contains("mcp.local: /tmp/mcp is under /tmp"), "{said}");
     assert!(!said.contains("/tmp/tools/open is under /tmp"), "{said}");
 }
+
+/// Where systemd's `agentgate-tool.socket` would run each call in an `agentgate-tool@.service`
+/// instance, `systemd-socket-activate --accept --inetd` starts `agentgate tool-exec` for each
+/// connection the same way. Each sandboxed call goes there: its output reaches the model, and a
+/// call past its timeout is stopped with everything it started.
+#[test]
+fn each_sandboxed_call_runs_in_a_tool_unit_of_its_own() {
+    let workspace = Workspace::new();
+    let socket = workspace.path().join("tool.sock");
+    let units_log = workspace.path().join("units.log");
+    let activator = std::process::Command::new("systemd-socket-activate")
+        .args(["--accept", "--inetd", "-l"])
+        .arg(&socket)
+        .args([BIN, "tool-exec"])
+        .stderr(std::fs::File::create(&units_log).expect("log"))
+        .spawn()
+        .expect("systemd-socket-activate");
+    let _activator = KillOnDrop(activator);
+    wait_until("the tool socket", LIMIT, || socket.exists());
+    let pid_file = workspace.path().join("work").join("sleeper.pid");
+    std::fs::create_dir_all(pid_file.parent().expect("dir")).expect("work dir");
+    let model = Stub::scripted(vec![
+        Reply::tool_call("c1", "greet", json!({})),
+        Reply::tool_call("c2", "sleeper", json!({})),
+        Reply::answer("done"),
+    ]);
+    workspace.write_config(&format!(
+        r#"{model}
+[tools.greet]
+description = "Says hello"
+command = ["/bin/echo", "hello from a unit"]
+
+[tools.sleeper]
+description = "Starts a grandchild and outlives its timeout"
+command = ["/bin/sh", "-c", "sleep 300 & echo $$ > {pid}; wait"]
+writable = [{work:?}]
+timeout = "1s"
+
+[routes.hook]
+path = "/hook"
+verify = {{ scheme = "none" }}
+tools = ["greet", "sleeper"]
+"#,
+        model = model.model_section(),
+        pid = pid_file.display(),
+        work = pid_file.parent().expect("dir").display().to_string(),
+    ));
+    let daemon =
+        workspace.start_with_env(&[("AGENTGATE_TOOL_SOCKET", socket.to_str().expect("utf-8"))]);
+    daemon.wait_for_log("each call runs in a unit of its own");
+    let id = daemon.post_json("/hook", &[], "{}").event_id();
+    assert_eq!(workspace.wait_terminal(&id, LIMIT), "completed");
+    let requests = model.requests();
+    let results = requests
+        .last()
+        .expect("the last request")
+        .json()
+        .to_string();
+    assert!(results.contains("hello from a unit"), "{results}");
+    assert!(results.contains("timed_out"), "{results}");
+    let log = std::fs::read_to_string(&units_log).expect("units log");
+    // The start's trial, then one unit per call.
+    assert_eq!(log.matches("Spawned ").count(), 3, "{log}");
+    let log = daemon.log();
+    assert!(
+        log.contains("sandbox=\"systemd unit, bubblewrap\""),
+        "{log}"
+    );
+    // The sleeper's shell ran in a pid namespace; nothing named sleep 300 is left on the host.
+    wait_until("the timed-out call's processes to be gone", LIMIT, || {
+        !std::process::Command::new("pgrep")
+            .args(["-f", "^sleep 300$"])
+            .status()
+            .is_ok_and(|status| status.success())
+    });
+}

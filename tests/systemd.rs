@@ -420,11 +420,14 @@ else:
             "{escape}: {outcome} in {report:#}"
         );
     }
+    let journal = machine.journal("-u agentgate.service");
     assert!(
-        machine
-            .journal("-u agentgate.service")
-            .contains("tool sandbox ready")
+        journal.contains("each call runs in a unit of its own"),
+        "{journal}"
     );
+    // The probe's call ran in an instance of agentgate-tool@.service, which systemd then ended.
+    let units = machine.journal("-u 'agentgate-tool@*'");
+    assert!(units.contains("agentgate tool call"), "{units}");
 }
 
 #[test]

@@ -511,7 +511,7 @@ async fn connect(
             let child = super::sandbox::confine(child, sandbox, hidden)
                 .map_err(|not_confined| not_confined.to_string())?;
             tracing::info!(
-                sandbox = super::sandbox::mechanism(sandbox),
+                sandbox = super::sandbox::mechanism(sandbox, false),
                 "starting the MCP server"
             );
             let (transport, stderr) = TokioChildProcess::builder(child.command())

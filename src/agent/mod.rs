@@ -1,6 +1,7 @@
 //! The agent side of a turn: chat messages, model backends, and the tools a model may call.
 
 pub(crate) mod catalog;
+mod confinement;
 pub(crate) mod endpoint;
 pub(crate) mod mcp;
 pub(crate) mod message;
@@ -9,3 +10,4 @@ pub(crate) mod process;
 pub(crate) mod sandbox;
 mod textcall;
 pub(crate) mod tools;
+pub(crate) mod unit;

@@ -24,6 +24,9 @@ use nix::unistd::Pid;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
+use super::confinement::Confinement;
+use super::unit;
+
 /// Between SIGTERM and SIGKILL of a process group.
 const KILL_GRACE: Duration = Duration::from_secs(2);
 /// Environment variables a child inherits from the daemon.
@@ -44,6 +47,9 @@ pub(crate) struct Child {
     cwd: Option<PathBuf>,
     /// The program errors name, when `program` is a sandbox that starts it.
     shown_as: Option<String>,
+    /// When it runs in a tool unit of its own (`agent/unit.rs`): the socket whose connections
+    /// systemd runs as units, and the sandbox the unit sets up for it.
+    unit: Option<(PathBuf, Confinement)>,
 }
 
 /// What a run may take: how long, and how much of each output stream is kept.
@@ -90,6 +96,7 @@ impl Child {
             env: Vec::new(),
             cwd: None,
             shown_as: None,
+            unit: None,
         })
     }
 
@@ -139,22 +146,40 @@ impl Child {
         command
             .args(&self.args)
             .env_clear()
-            .envs(
-                INHERITED_ENVIRONMENT
-                    .iter()
-                    .filter_map(|name| std::env::var_os(name).map(|value| (*name, value))),
-            )
-            .envs(self.env.iter().map(|(name, value)| (name, value)))
+            .envs(self.environment())
             .process_group(0)
             .kill_on_drop(true);
-        if let Some(owner) = OWNER.get() {
-            command.env(OWNER_VARIABLE, owner);
-        }
         if let Some(cwd) = &self.cwd {
             command.current_dir(cwd);
         }
         crate::sys::die_with_daemon(&mut command);
         command
+    }
+
+    /// The same child, run in a systemd unit of its own through `socket`, confined there
+    /// ([`Child::run`] only: a caller that drives the process itself must use [`Child::within`]).
+    pub(crate) fn in_unit(self, socket: PathBuf, confinement: Confinement) -> Child {
+        Child {
+            unit: Some((socket, confinement)),
+            ..self
+        }
+    }
+
+    /// Its whole environment: the inherited part, the owner mark and what the caller added.
+    fn environment(&self) -> Vec<(OsString, OsString)> {
+        let mut environment: Vec<(OsString, OsString)> = INHERITED_ENVIRONMENT
+            .iter()
+            .filter_map(|name| std::env::var_os(name).map(|value| (OsString::from(name), value)))
+            .collect();
+        environment.extend(
+            self.env
+                .iter()
+                .map(|(name, value)| (OsString::from(name), value.clone())),
+        );
+        if let Some(owner) = OWNER.get() {
+            environment.push((OWNER_VARIABLE.into(), owner.into()));
+        }
+        environment
     }
 
     /// Runs the child with `input` on its stdin until it exits, `limits.timeout` passes (then it
@@ -166,6 +191,11 @@ impl Child {
         limits: Limits,
         cancel: &CancellationToken,
     ) -> Result<Finished, Aborted> {
+        if let Some((socket, confinement)) = &self.unit {
+            return self
+                .run_in_unit(socket, confinement, input, limits, cancel)
+                .await;
+        }
         let mut command = self.command();
         command
             .stdin(Stdio::piped())
@@ -214,6 +244,91 @@ impl Child {
             timed_out,
         })
     }
+}
+
+impl Child {
+    /// [`Child::run`] in a tool unit: the same pipes, caps and deadlines; stopping it is
+    /// closing the connection, after which the unit stops the call's whole process tree.
+    async fn run_in_unit(
+        &self,
+        socket: &std::path::Path,
+        confinement: &Confinement,
+        input: Vec<u8>,
+        limits: Limits,
+        cancel: &CancellationToken,
+    ) -> Result<Finished, Aborted> {
+        let not_started = |err: std::io::Error| {
+            Aborted::NotStarted(format!(
+                "cannot start {} in a tool unit ({}): {err}",
+                self.program(),
+                socket.display()
+            ))
+        };
+        let (stdin_child, stdin) = std::io::pipe().map_err(not_started)?;
+        let (stdout, stdout_child) = std::io::pipe().map_err(not_started)?;
+        let (stderr, stderr_child) = std::io::pipe().map_err(not_started)?;
+        let request = unit::Request {
+            program: self.program.clone(),
+            args: self.args.clone(),
+            env: self
+                .environment()
+                .iter()
+                .map(|(name, value)| unit::env_entry(name, value))
+                .collect(),
+            cwd: self.cwd.clone(),
+            confinement: Some(confinement.clone()),
+        };
+        let stdio = [stdin_child.into(), stdout_child.into(), stderr_child.into()];
+        let connection = unit::start(socket, &request, stdio).map_err(not_started)?;
+        connection.set_nonblocking(true).map_err(not_started)?;
+        let mut connection = tokio::net::UnixStream::from_std(connection).map_err(not_started)?;
+        let stdin =
+            tokio::net::unix::pipe::Sender::from_owned_fd(stdin.into()).map_err(not_started)?;
+        let stdout =
+            tokio::net::unix::pipe::Receiver::from_owned_fd(stdout.into()).map_err(not_started)?;
+        let stderr =
+            tokio::net::unix::pipe::Receiver::from_owned_fd(stderr.into()).map_err(not_started)?;
+        tokio::spawn(async move {
+            let mut stdin = stdin;
+            let _ = stdin.write_all(&input).await;
+        });
+        let cap = limits.output_cap;
+        let stdout = Some(tokio::spawn(read_capped(stdout, cap)));
+        let stderr = Some(tokio::spawn(read_capped(stderr, cap)));
+        let mut answer = Vec::new();
+        let mut timed_out = false;
+        tokio::select! {
+            _ = connection.read_to_end(&mut answer) => {}
+            () = tokio::time::sleep(limits.timeout) => timed_out = true,
+            () = cancel.cancelled() => {
+                hang_up(&mut connection, &mut answer).await;
+                return Err(Aborted::Cancelled);
+            }
+        }
+        if timed_out {
+            hang_up(&mut connection, &mut answer).await;
+        }
+        let status = match unit::read_reply(&answer) {
+            Ok(status) => Ok(status),
+            Err(reason) if answer.is_empty() && !timed_out => {
+                return Err(Aborted::NotStarted(format!("{}: {reason}", self.program())));
+            }
+            Err(reason) => Err(std::io::Error::other(reason)),
+        };
+        Ok(Finished {
+            status,
+            stdout: collect(stdout).await,
+            stderr: collect(stderr).await,
+            timed_out,
+        })
+    }
+}
+
+/// Tells a tool unit to stop its call (the end of the request stream), and waits a bounded time
+/// for its answer, which comes once the call's processes are gone.
+async fn hang_up(connection: &mut tokio::net::UnixStream, answer: &mut Vec<u8>) {
+    let _ = connection.shutdown().await;
+    let _ = tokio::time::timeout(KILL_GRACE * 2, connection.read_to_end(answer)).await;
 }
 
 /// What a stream reader kept. Children that escaped the group may still hold the pipe; it is

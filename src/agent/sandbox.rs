@@ -9,8 +9,9 @@
 //! `/tmp`, its own process, IPC and host name namespaces, no capabilities, and no network unless
 //! `network = true` (a network namespace of its own, with only a loopback that is not the
 //! host's). bubblewrap is Debian's `bubblewrap`, the sandbox Flatpak uses; it needs no
-//! privilege, only user namespaces. Under systemd the sandboxed process stays in the service's
-//! cgroup, so systemd accounts for it and stops it with the service.
+//! privilege, only user namespaces. Under the packaged units each call's sandbox also runs in
+//! a systemd unit of its own (`agent/unit.rs`), which systemd accounts for, limits and stops;
+//! MCP servers, which live as long as the daemon, stay in the service's cgroup.
 //!
 //! Where bubblewrap cannot set up a sandbox (missing, or user namespaces refused), a strict
 //! child does not start: the call fails with the reason, and `check-config` and `status` say
@@ -19,6 +20,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+use super::confinement::Confinement;
 use super::process::Child;
 use crate::config::{HiddenPaths, Sandboxing};
 
@@ -30,10 +32,27 @@ const BWRAP_VARIABLE: &str = "AGENTGATE_BWRAP";
 /// Whether bubblewrap can set up a sandbox on this machine.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Availability {
-    /// It can: the program and its version line.
-    Ready { program: PathBuf, version: String },
+    /// It can: the program and its version line, and whether each call runs in a systemd unit
+    /// of its own.
+    Ready {
+        program: PathBuf,
+        version: String,
+        units: ToolUnits,
+    },
     /// It cannot, and why.
     Unavailable(String),
+}
+
+/// Whether sandboxed calls run in tool units (`agent/unit.rs`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ToolUnits {
+    /// Not under the packaged units: calls run in the daemon's own cgroup.
+    NotConfigured,
+    /// Each call runs in a unit started through this socket.
+    Ready(PathBuf),
+    /// The socket is configured but a trial call failed there: calls run in the daemon's own
+    /// cgroup (still sandboxed), and the start says why.
+    Failed { socket: PathBuf, reason: String },
 }
 
 static AVAILABILITY: OnceLock<Availability> = OnceLock::new();
@@ -44,11 +63,19 @@ pub(crate) fn availability() -> &'static Availability {
     AVAILABILITY.get_or_init(probe)
 }
 
-/// The mechanism a sandboxing uses, for journal lines and `status`.
-pub(crate) fn mechanism(sandboxing: &Sandboxing) -> &'static str {
-    match sandboxing {
-        Sandboxing::Strict { .. } => "bubblewrap",
-        Sandboxing::Off => "none",
+/// The mechanism a sandboxing uses, for journal lines and `status`: `per_call` for a run that
+/// [`Child::run`] drives (it can go to a tool unit), not for an MCP server.
+pub(crate) fn mechanism(sandboxing: &Sandboxing, per_call: bool) -> &'static str {
+    match (sandboxing, availability()) {
+        (Sandboxing::Off, _) => "none",
+        (
+            Sandboxing::Strict { .. },
+            Availability::Ready {
+                units: ToolUnits::Ready(_),
+                ..
+            },
+        ) if per_call => "systemd unit, bubblewrap",
+        (Sandboxing::Strict { .. }, _) => "bubblewrap",
     }
 }
 
@@ -75,8 +102,8 @@ pub(crate) fn confine(
     let Sandboxing::Strict { network, writable } = sandboxing else {
         return Ok(child);
     };
-    let program = match availability() {
-        Availability::Ready { program, .. } => program.clone(),
+    let (program, units) = match availability() {
+        Availability::Ready { program, units, .. } => (program.clone(), units),
         Availability::Unavailable(reason) => {
             return Err(NotConfined::Unavailable(reason.clone()));
         }
@@ -87,67 +114,14 @@ pub(crate) fn confine(
             reason,
         });
     }
-    let mut wrapper = vec![program.display().to_string()];
-    wrapper.extend(bwrap_arguments(
-        *network,
-        writable,
-        hidden,
-        child.working_dir(),
-    ));
-    Ok(child.within(wrapper))
-}
-
-/// bubblewrap's arguments, up to and including the `--` before the child's argv. Mounts are
-/// applied in order, each over the ones before: the read-only root, a fresh `/dev`, `/proc` and
-/// `/tmp`, the writable paths, and last what is hidden, so that nothing writable can uncover it.
-fn bwrap_arguments(
-    network: bool,
-    writable: &[PathBuf],
-    hidden: &HiddenPaths,
-    working_dir: Option<&Path>,
-) -> Vec<String> {
-    let mut args: Vec<String> = [
-        "--unshare-all",
-        "--die-with-parent",
-        "--new-session",
-        "--cap-drop",
-        "ALL",
-        "--ro-bind",
-        "/",
-        "/",
-        "--dev",
-        "/dev",
-        "--proc",
-        "/proc",
-        "--tmpfs",
-        "/tmp",
-        "--setenv",
-        "HOME",
-        "/tmp",
-    ]
-    .map(String::from)
-    .to_vec();
-    if network {
-        args.push("--share-net".into());
-    }
-    let existing = |path: &&PathBuf| path.exists();
-    for path in writable.iter().filter(existing) {
-        let path = path.display().to_string();
-        args.extend(["--bind".into(), path.clone(), path]);
-    }
-    for dir in hidden.dirs.iter().filter(existing) {
-        args.extend(["--tmpfs".into(), dir.display().to_string()]);
-    }
-    for file in hidden.files.iter().filter(existing) {
-        args.extend([
-            "--ro-bind".into(),
-            "/dev/null".into(),
-            file.display().to_string(),
-        ]);
-    }
-    let chdir = working_dir.map_or_else(|| "/".to_string(), |dir| dir.display().to_string());
-    args.extend(["--chdir".into(), chdir, "--".into()]);
-    args
+    let confinement = Confinement::new(program, *network, writable, hidden);
+    Ok(match units {
+        ToolUnits::Ready(socket) => child.in_unit(socket.clone(), confinement),
+        ToolUnits::NotConfigured | ToolUnits::Failed { .. } => {
+            let wrapper = confinement.wrapper(child.working_dir());
+            child.within(wrapper)
+        }
+    })
 }
 
 /// Finds bubblewrap and starts `/bin/true` in a sandbox like the ones children get.
@@ -178,19 +152,38 @@ fn probe() -> Availability {
         .output()
         .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_string())
         .unwrap_or_default();
+    let confinement = Confinement::new(program.clone(), false, &[], &HiddenPaths::default());
     let trial = std::process::Command::new(&program)
-        .args(bwrap_arguments(false, &[], &HiddenPaths::default(), None))
+        .args(confinement.wrapper(None).iter().skip(1))
         .arg("/bin/true")
         .env_clear()
         .output();
     match trial {
-        Ok(out) if out.status.success() => Availability::Ready { program, version },
+        Ok(out) if out.status.success() => {
+            let units = probe_units(confinement);
+            Availability::Ready {
+                program,
+                version,
+                units,
+            }
+        }
         Ok(out) => Availability::Unavailable(format!(
             "{} cannot start a sandbox: {}",
             program.display(),
             String::from_utf8_lossy(&out.stderr).trim()
         )),
         Err(err) => Availability::Unavailable(format!("cannot run {}: {err}", program.display())),
+    }
+}
+
+/// Under the packaged units, starts the same trial sandbox in a tool unit.
+fn probe_units(confinement: Confinement) -> ToolUnits {
+    let Some(socket) = super::unit::configured_socket() else {
+        return ToolUnits::NotConfigured;
+    };
+    match super::unit::trial(&socket, confinement) {
+        Ok(()) => ToolUnits::Ready(socket),
+        Err(reason) => ToolUnits::Failed { socket, reason },
     }
 }
 
@@ -216,37 +209,4 @@ fn find_in_path(name: &str) -> Option<PathBuf> {
             .map(|dir| dir.join(name))
             .find(|candidate| candidate.is_file())
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn hidden_paths_are_mounted_after_writable_ones_and_missing_ones_skipped() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let work = dir.path().join("work");
-        let state = work.join("state");
-        let secret = work.join("secret");
-        std::fs::create_dir_all(&state).expect("state");
-        std::fs::write(&secret, "s").expect("secret");
-        let hidden = HiddenPaths {
-            dirs: vec![state.clone(), dir.path().join("missing")],
-            files: vec![secret.clone()],
-        };
-        let args = bwrap_arguments(false, std::slice::from_ref(&work), &hidden, None);
-        let at = |flag: &str, path: &Path| {
-            args.windows(2)
-                .position(|pair| pair[0] == flag && pair[1] == path.display().to_string())
-        };
-        let bound = at("--bind", &work).expect("writable bound");
-        let over = at("--tmpfs", &state).expect("state hidden");
-        assert!(bound < over, "{args:?}");
-        assert!(args.contains(&secret.display().to_string()), "{args:?}");
-        assert!(!args.iter().any(|a| a.contains("missing")), "{args:?}");
-        assert!(!args.contains(&"--share-net".to_string()));
-        assert_eq!(args.last().map(String::as_str), Some("--"));
-        let networked = bwrap_arguments(true, &[], &hidden, None);
-        assert!(networked.contains(&"--share-net".to_string()));
-    }
 }

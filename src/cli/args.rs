@@ -116,6 +116,9 @@ pub(super) enum Command {
     /// Generate the man page or shell completions (used by the package build)
     #[command(subcommand, hide = true)]
     Generate(GenerateCommand),
+    /// Run the one tool call on the connection systemd passes as stdin (agentgate-tool@.service)
+    #[command(hide = true)]
+    ToolExec,
     /// Sign a payload the way ROUTE verifies it and POST it
     Send {
         #[command(flatten)]

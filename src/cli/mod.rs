@@ -181,6 +181,7 @@ fn run(command: Command) -> Result<(), Failure> {
             ledger_show(&config.source(), json)
         }
         Command::Generate(what) => generate(what),
+        Command::ToolExec => crate::agent::unit::serve_connection().map_err(Failure::runtime),
     }
 }
 

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::agent::mcp::McpServerStatus;
-use crate::agent::sandbox::{self, Availability};
+use crate::agent::sandbox::{self, Availability, ToolUnits};
 use crate::config::BudgetLimits;
 use crate::usage::{
     BudgetUse, DAY_MS, Price, UsageDay, UsageReport, UsageToday, daily_budget_use, day_start,
@@ -67,13 +67,21 @@ pub(crate) struct SandboxStatus {
 impl SandboxStatus {
     /// What [`sandbox::availability`] found.
     pub(crate) fn probed() -> SandboxStatus {
-        let (available, detail) = match sandbox::availability() {
-            Availability::Ready { version, .. } => (true, version.clone()),
-            Availability::Unavailable(reason) => (false, reason.clone()),
+        let (available, mechanism, detail) = match sandbox::availability() {
+            Availability::Ready { version, units, .. } => match units {
+                ToolUnits::Ready(_) => (true, "systemd unit, bubblewrap", version.clone()),
+                ToolUnits::NotConfigured => (true, "bubblewrap", version.clone()),
+                ToolUnits::Failed { reason, .. } => (
+                    true,
+                    "bubblewrap",
+                    format!("{version}; tool units cannot be started: {reason}"),
+                ),
+            },
+            Availability::Unavailable(reason) => (false, "bubblewrap", reason.clone()),
         };
         SandboxStatus {
             available,
-            mechanism: "bubblewrap".to_string(),
+            mechanism: mechanism.to_string(),
             detail,
         }
     }

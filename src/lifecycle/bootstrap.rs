@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use super::standby::Standby;
 use crate::agent::model::Model;
+use crate::agent::sandbox::ToolUnits;
 use crate::config::{self, Config, ConfigSource, LocatedFinding};
 use crate::exit::Failure;
 use crate::ingress::{self, ListenError, Listeners};
@@ -176,9 +177,16 @@ where
 /// found; without one, every strict child of the config is named, since none of them will run.
 fn report_sandbox(config: &Config) {
     match crate::agent::sandbox::availability() {
-        crate::agent::sandbox::Availability::Ready { version, .. } => {
-            tracing::info!(sandbox = "bubblewrap", version = %version, "tool sandbox ready");
-        }
+        crate::agent::sandbox::Availability::Ready { version, units, .. } => match units {
+            ToolUnits::Ready(socket) => tracing::info!(sandbox = "bubblewrap", version = %version,
+                    units = %socket.display(), "tool sandbox ready; each call runs in a unit of its own"),
+            ToolUnits::NotConfigured => {
+                tracing::info!(sandbox = "bubblewrap", version = %version, "tool sandbox ready");
+            }
+            ToolUnits::Failed { socket, reason } => tracing::warn!(sandbox = "bubblewrap",
+                    version = %version, units = %socket.display(), reason = %reason,
+                    "tool sandbox ready, but tool units cannot be started: calls run sandboxed in the service's own cgroup"),
+        },
         crate::agent::sandbox::Availability::Unavailable(reason) => {
             let strict = config::strict_children(config);
             if !strict.is_empty() {

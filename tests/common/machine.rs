@@ -101,7 +101,7 @@ install -m 0644 {config_file} /etc/agentgate/agentgate.toml
 install -D -m 0644 {repo}/packaging/agentgate.catalog /usr/lib/systemd/catalog/agentgate.catalog
 journalctl --update-catalog
 systemctl daemon-reload
-systemctl enable --now agentgate.socket agentgate-control.socket
+systemctl enable --now agentgate.socket agentgate-control.socket agentgate-tool.socket
 "#,
             bin = BIN,
             repo = REPO,
