@@ -10,7 +10,9 @@
 #    calls (benches/turns.rs, RUNS runs);
 # 3. restarts under load under a real systemd (root only);
 # 4. the fault soak with 100 rounds;
-# 5. 10,000 pending approvals at idle, and decision-to-turn-end latency (bench/approvals.sh).
+# 5. 10,000 pending approvals at idle, and decision-to-turn-end latency (bench/approvals.sh);
+# 6. a sandboxed call in a unit of its own against the same sandbox started directly, under a
+#    real systemd (bench/tool-units.sh, root only).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-3}
@@ -41,6 +43,9 @@ cargo test --locked -q --test soak -- --nocapture 2>&1 | grep -E '^soak:'
 
 echo "== approvals"
 bench/approvals.sh
+
+echo "== tool units (real systemd)"
+bench/tool-units.sh
 
 echo "== scale-out on PostgreSQL"
 RUNS=$RUNS bench/scaleout.sh
