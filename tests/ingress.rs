@@ -476,8 +476,8 @@ fn send_without_url_asks_the_daemon_which_holds_the_secret() {
     assert_eq!(unknown.status.code(), Some(78), "{unknown:?}");
 }
 
-/// Past `server.max_connections`, connections are not accepted: they wait in the kernel's backlog
-/// (not refused, not holding a descriptor of the daemon) until a slot frees, here when
+/// Past `server.max_connections`, with no connection idle, new connections wait (one accepted,
+/// the rest in the kernel's backlog; none refused) until a slot frees, here when
 /// `header_timeout` cuts a stalled client off. The limit is logged when it is reached.
 #[test]
 fn connections_past_max_connections_wait_in_the_backlog() {
@@ -493,15 +493,7 @@ fn connections_past_max_connections_wait_in_the_backlog() {
             stream
         })
         .collect();
-    wait_until(
-        "the connection limit to be reached",
-        Duration::from_secs(10),
-        || {
-            daemon
-                .log()
-                .contains("webhook connections at server.max_connections")
-        },
-    );
+    // Connections are taken in the order they came: the next one finds every slot taken.
     let started = Instant::now();
     assert_eq!(github_post(&daemon, ISSUE, "past-the-limit").status, 202);
     let waited = started.elapsed();
@@ -510,6 +502,13 @@ fn connections_past_max_connections_wait_in_the_backlog() {
         "answered at once ({waited:?}) although every slot was taken"
     );
     assert!(waited < Duration::from_secs(5), "waited {waited:?}");
+    assert!(
+        daemon
+            .log()
+            .contains("webhook connections at server.max_connections, none idle"),
+        "{}",
+        daemon.log()
+    );
     drop(stalled);
 }
 
@@ -1418,4 +1417,107 @@ fn refusals_name_the_client_behind_a_trusted_proxy() {
     wait_until("the refusal's line", Duration::from_secs(10), || {
         daemon.log().contains("peer=203.0.113.9 (via 127.0.0.1:")
     });
+}
+
+/// When every `max_connections` slot is held by an idle keep-alive connection (one request
+/// answered, nothing since), a new sender is not left in the backlog until `keepalive_timeout`:
+/// the connection idle the longest is closed and the webhook answered at once.
+#[test]
+fn idle_connections_make_room_at_max_connections() {
+    let workspace = Workspace::new();
+    workspace.write_config(&format!("max_connections = 8\n{}", github_config("")));
+    let daemon = workspace.start_with_env(&[("TEST_GITHUB_SECRET", GITHUB_SECRET)]);
+    let mut idle: Vec<TcpStream> = (0..8)
+        .map(|_| {
+            let mut stream = TcpStream::connect(daemon.addr).expect("connect");
+            stream
+                .write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+                .expect("request");
+            let mut answer = [0u8; 512];
+            let read = stream.read(&mut answer).expect("answer");
+            assert!(answer[..read].starts_with(b"HTTP/1.1 200"), "{answer:?}");
+            stream
+        })
+        .collect();
+    let started = Instant::now();
+    assert_eq!(github_post(&daemon, ISSUE, "makes-room").status, 202);
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "waited {:?} behind idle connections",
+        started.elapsed()
+    );
+    assert!(
+        workspace
+            .metrics()
+            .contains("agentgate_idle_connections_closed_total 1"),
+        "{}",
+        workspace.metrics()
+    );
+    // One of the idle connections was closed (end of stream), the others are still open.
+    let mut closed = 0;
+    for stream in &mut idle {
+        stream
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .expect("timeout");
+        if matches!(stream.read(&mut [0u8; 16]), Ok(0)) {
+            closed += 1;
+        }
+    }
+    assert_eq!(closed, 1);
+}
+
+/// HTTP/2 connections do not stay open forever: one that never opens a stream is closed after
+/// `header_timeout` (1 s in the tests), and one whose streams are done after `keepalive_timeout`.
+#[test]
+fn idle_http2_connections_are_closed() {
+    use http_body_util::Full;
+    let workspace = Workspace::new();
+    workspace.write_config(
+        "keepalive_timeout = \"2s\"\n[routes.alerts]\npath = \"/hooks/alerts\"\nverify = { scheme = \"none\" }\n",
+    );
+    let daemon = workspace.start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let open = |send: bool| {
+        runtime.block_on(async {
+            let stream = tokio::net::TcpStream::connect(daemon.addr)
+                .await
+                .expect("connect");
+            let (mut sender, connection) = hyper::client::conn::http2::handshake(
+                hyper_util::rt::TokioExecutor::new(),
+                hyper_util::rt::TokioIo::new(stream),
+            )
+            .await
+            .expect("h2 handshake");
+            let connection = tokio::spawn(connection);
+            let opened = Instant::now();
+            if send {
+                let request = http::Request::post(format!("http://{}/hooks/alerts", daemon.addr))
+                    .body(Full::new(bytes::Bytes::from_static(b"{}")))
+                    .expect("request");
+                let response = sender.send_request(request).await.expect("response");
+                assert_eq!(response.status().as_u16(), 202);
+            }
+            let idle = Instant::now();
+            let closed = tokio::time::timeout(Duration::from_secs(20), connection).await;
+            assert!(closed.is_ok(), "the idle connection stayed open");
+            if send {
+                idle.elapsed()
+            } else {
+                opened.elapsed()
+            }
+        })
+    };
+    let without_stream = open(false);
+    assert!(
+        without_stream < Duration::from_secs(5),
+        "{without_stream:?}"
+    );
+    let after_stream = open(true);
+    assert!(
+        after_stream >= Duration::from_millis(1500) && after_stream < Duration::from_secs(10),
+        "{after_stream:?}"
+    );
 }

@@ -6,16 +6,21 @@
 //! Go's default transport: 90 s), so that agentgate is never the side that closes a connection
 //! a sender is about to reuse. hyper has one timer for both, started whenever it waits for a
 //! request head; it is set to the idle limit here, and the header limit is enforced by watching
-//! the bytes: [`HeaderClock`] notes when the first byte of a request arrives, and the service
-//! notes when the head was complete.
+//! the bytes: [`ConnectionClock`] notes when the first byte of a request arrives, and the service
+//! notes when the head was complete. HTTP/2 has no such timer: a connection with no stream is
+//! closed (GOAWAY) after `header_timeout` if it never opened one, else after
+//! `keepalive_timeout`. And when every connection slot is taken, the connection idle the
+//! longest is closed for the new one ([`OpenConnections`]).
 
+use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio_util::sync::CancellationToken;
 
 /// A connection's byte stream, plain TCP or TLS.
 pub(super) trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
@@ -60,46 +65,68 @@ pub(super) async fn detect_protocol(
     }
 }
 
-/// When the head of the request under way began to arrive, for one HTTP/1 connection.
-pub(super) struct HeaderClock {
+/// What one connection is doing, for its deadlines and for the choice of which idle connection
+/// to close when all are taken: when the head of an HTTP/1 request began to arrive, how many
+/// requests (HTTP/2: streams) are being answered, and when the last answer was done.
+pub(super) struct ConnectionClock {
     origin: Instant,
     /// Milliseconds after `origin` (plus one) when the first byte of a request head arrived;
-    /// 0 while no head is under way.
+    /// 0 while no head is under way (HTTP/1 only).
     head_started: AtomicU64,
-    /// A request is being answered: its head is complete.
-    answering: AtomicBool,
+    /// Requests whose head is complete and whose answer is not done yet.
+    in_flight: AtomicUsize,
+    /// Milliseconds after `origin` when the last answer was done (0: none yet).
+    last_answered: AtomicU64,
 }
 
-impl HeaderClock {
-    pub(super) fn new() -> Arc<HeaderClock> {
-        Arc::new(HeaderClock {
+impl ConnectionClock {
+    pub(super) fn new() -> Arc<ConnectionClock> {
+        Arc::new(ConnectionClock {
             origin: Instant::now(),
             head_started: AtomicU64::new(0),
-            answering: AtomicBool::new(false),
+            in_flight: AtomicUsize::new(0),
+            last_answered: AtomicU64::new(0),
         })
     }
 
+    fn now(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
     fn bytes_arrived(&self) {
-        if !self.answering.load(Ordering::Relaxed) {
-            let now = u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX);
+        if self.in_flight.load(Ordering::Relaxed) == 0 {
             let _ = self.head_started.compare_exchange(
                 0,
-                now.saturating_add(1),
+                self.now().saturating_add(1),
                 Ordering::Relaxed,
                 Ordering::Relaxed,
             );
         }
     }
 
-    /// The head is complete: the request is being answered.
+    /// A head is complete: its request is being answered.
     pub(super) fn answering(&self) {
-        self.answering.store(true, Ordering::Relaxed);
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
         self.head_started.store(0, Ordering::Relaxed);
     }
 
-    /// The answer is done: the next bytes start a new head.
+    /// An answer is done: on HTTP/1 the next bytes start a new head.
     pub(super) fn answered(&self) {
-        self.answering.store(false, Ordering::Relaxed);
+        self.last_answered
+            .store(self.now().max(1), Ordering::Relaxed);
+        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// How long the connection has had nothing under way (no head arriving, nothing being
+    /// answered), counted from its last answer or, before any, from its opening.
+    pub(super) fn idle_for(&self) -> Option<Duration> {
+        if self.in_flight.load(Ordering::Relaxed) != 0
+            || self.head_started.load(Ordering::Relaxed) != 0
+        {
+            return None;
+        }
+        let since = Duration::from_millis(self.last_answered.load(Ordering::Relaxed));
+        Some(self.origin.elapsed().saturating_sub(since))
     }
 
     /// Resolves once a request head has been under way for longer than `limit`.
@@ -107,7 +134,7 @@ impl HeaderClock {
         loop {
             tokio::time::sleep(HEADER_CHECK).await;
             let started = self.head_started.load(Ordering::Relaxed);
-            if started != 0 && !self.answering.load(Ordering::Relaxed) {
+            if started != 0 && self.in_flight.load(Ordering::Relaxed) == 0 {
                 let since = Duration::from_millis(started - 1);
                 if self.origin.elapsed().saturating_sub(since) > limit {
                     return;
@@ -115,16 +142,32 @@ impl HeaderClock {
             }
         }
     }
+
+    /// Resolves once an HTTP/2 connection has had no stream for `first` since it opened, or for
+    /// `between` since its last answer.
+    pub(super) async fn idle_past(&self, first: Duration, between: Duration) {
+        loop {
+            tokio::time::sleep(HEADER_CHECK).await;
+            let limit = if self.last_answered.load(Ordering::Relaxed) == 0 {
+                first
+            } else {
+                between
+            };
+            if self.idle_for().is_some_and(|idle| idle > limit) {
+                return;
+            }
+        }
+    }
 }
 
-/// The connection's bytes, reporting to a [`HeaderClock`] when they arrive.
+/// The connection's bytes, reporting to a [`ConnectionClock`] when they arrive.
 pub(super) struct Clocked<I> {
     inner: I,
-    clock: Arc<HeaderClock>,
+    clock: Arc<ConnectionClock>,
 }
 
 impl<I> Clocked<I> {
-    pub(super) fn new(inner: I, clock: Arc<HeaderClock>) -> Clocked<I> {
+    pub(super) fn new(inner: I, clock: Arc<ConnectionClock>) -> Clocked<I> {
         Clocked { inner, clock }
     }
 }
@@ -171,5 +214,73 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for Clocked<I> {
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
         Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+}
+
+/// A connection idle for less than this is never closed to make room: its client may be about
+/// to reuse it.
+const MIN_IDLE_TO_CLOSE: Duration = Duration::from_secs(1);
+
+/// The open webhook connections, each with its clock and a token that closes it: when every
+/// `max_connections` slot is taken, the one idle the longest is closed so that a new connection
+/// is served instead of waiting in the backlog behind idle ones.
+#[derive(Default)]
+pub(super) struct OpenConnections {
+    next_id: AtomicU64,
+    open: Mutex<HashMap<u64, (Arc<ConnectionClock>, CancellationToken)>>,
+}
+
+/// A connection's place in [`OpenConnections`], given up when dropped.
+pub(super) struct Registration {
+    connections: Arc<OpenConnections>,
+    id: u64,
+    /// Fires when the connection is to be closed to make room.
+    pub(super) close: CancellationToken,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.connections.table().remove(&self.id);
+    }
+}
+
+impl OpenConnections {
+    fn table(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<u64, (Arc<ConnectionClock>, CancellationToken)>> {
+        // The table holds no invariant a panic elsewhere could break.
+        self.open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub(super) fn register(self: &Arc<Self>, clock: Arc<ConnectionClock>) -> Registration {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let close = CancellationToken::new();
+        self.table().insert(id, (clock, close.clone()));
+        Registration {
+            connections: self.clone(),
+            id,
+            close,
+        }
+    }
+
+    /// Closes the connection idle the longest (at least [`MIN_IDLE_TO_CLOSE`]); whether there
+    /// was one.
+    pub(super) fn close_longest_idle(&self) -> bool {
+        let table = self.table();
+        let longest = table
+            .values()
+            .filter(|(_, close)| !close.is_cancelled())
+            .filter_map(|(clock, close)| Some((clock.idle_for()?, close)))
+            .filter(|(idle, _)| *idle >= MIN_IDLE_TO_CLOSE)
+            .max_by_key(|(idle, _)| *idle);
+        match longest {
+            Some((_, close)) => {
+                close.cancel();
+                true
+            }
+            None => false,
+        }
     }
 }

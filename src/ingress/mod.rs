@@ -32,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 
 pub(crate) use self::http::Ingress;
 use crate::config::{Config, ServerSettings, VerifyScheme};
-use connection::{Clocked, HeaderClock, Protocol, Stream, detect_protocol};
+use connection::{Clocked, ConnectionClock, OpenConnections, Protocol, Stream, detect_protocol};
 
 /// Body parsing, for the `request` fuzz target.
 #[cfg(feature = "fuzzing")]
@@ -330,9 +330,9 @@ pub(crate) struct WebhookListener {
 impl WebhookListener {
     /// Serves webhooks until `shutdown` fires, then stops accepting and lets in-flight requests
     /// finish (for at most `finish_within`). At most `server.max_connections` connections are
-    /// open at once: past that, new ones are not accepted and wait in the kernel's backlog, so a
-    /// flood of stalled connections cannot take the file descriptors that turns and the store
-    /// need.
+    /// served at once: past that, the one idle the longest is closed for a new one, or, with
+    /// none idle, new ones wait (one accepted, the rest in the kernel's backlog), so a flood of
+    /// stalled connections cannot take the file descriptors that turns and the store need.
     pub(crate) async fn run(self, shutdown: CancellationToken) -> std::io::Result<()> {
         let WebhookListener {
             listener,
@@ -346,28 +346,11 @@ impl WebhookListener {
         let mut backoff = AcceptBackoff::default();
         let protocols = Protocols::for_server(&server);
         let connections = Arc::new(Semaphore::new(server.max_connections));
+        let open = Arc::new(OpenConnections::default());
         let mut at_limit_since: Option<std::time::Instant> = None;
         loop {
-            if connections.available_permits() == 0 && at_limit_since.is_none() {
-                at_limit_since = Some(std::time::Instant::now());
-                tracing::warn!(
-                    max_connections = server.max_connections,
-                    "webhook connections at server.max_connections; new ones wait in the backlog"
-                );
-            }
-            let permit = tokio::select! {
-                () = shutdown.cancelled() => break,
-                permit = connections.clone().acquire_owned() => match permit {
-                    Ok(permit) => permit,
-                    Err(_) => break,
-                },
-            };
-            if let Some(since) = at_limit_since.take() {
-                tracing::info!(
-                    waited_ms = since.elapsed().as_millis() as u64,
-                    "webhook connections below server.max_connections again"
-                );
-            }
+            // Accepted before its slot: at the limit the one connection that waits for a slot
+            // is the one that makes an idle connection close (the rest wait in the backlog).
             let (stream, peer) = tokio::select! {
                 () = shutdown.cancelled() => break,
                 accepted = listener.accept() => match accepted {
@@ -379,11 +362,35 @@ impl WebhookListener {
                 },
             };
             backoff.succeeded();
+            let Some(permit) = next_slot(
+                &connections,
+                &open,
+                &shutdown,
+                server.max_connections,
+                &mut at_limit_since,
+            )
+            .await
+            else {
+                break;
+            };
+            if let Some(since) = at_limit_since.take() {
+                tracing::info!(
+                    waited_ms = since.elapsed().as_millis() as u64,
+                    "webhook connections below server.max_connections again"
+                );
+            }
             let _ = stream.set_nodelay(true);
-            let (ingress, protocols, watcher) =
-                (ingress.clone(), protocols.clone(), graceful.watcher());
+            let clock = ConnectionClock::new();
+            let serving = Serving {
+                ingress: ingress.clone(),
+                watcher: graceful.watcher(),
+                registration: open.register(clock.clone()),
+                clock,
+                stopping: shutdown.clone(),
+            };
+            let protocols = protocols.clone();
             tokio::spawn(async move {
-                protocols.serve(stream, peer, ingress, watcher).await;
+                protocols.serve(stream, peer, serving).await;
                 drop(permit);
             });
         }
@@ -399,12 +406,46 @@ impl WebhookListener {
     }
 }
 
+/// How often, while every connection slot is taken, the idle connections are looked at again.
+const SLOT_RETRY: Duration = Duration::from_millis(250);
+
+/// A connection slot: a free one, or one made by closing the connection idle the longest. While
+/// none is idle, it waits (new connections stay in the backlog), saying so once. `None` when
+/// the listener stops.
+async fn next_slot(
+    slots: &Arc<Semaphore>,
+    open: &OpenConnections,
+    shutdown: &CancellationToken,
+    max_connections: usize,
+    at_limit_since: &mut Option<std::time::Instant>,
+) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    loop {
+        if slots.available_permits() == 0 {
+            if open.close_longest_idle() {
+                crate::metrics::idle_connection_closed();
+            } else if at_limit_since.is_none() {
+                *at_limit_since = Some(std::time::Instant::now());
+                tracing::warn!(
+                    max_connections,
+                    "webhook connections at server.max_connections, none idle; new ones wait in the backlog"
+                );
+            }
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return None,
+            permit = slots.clone().acquire_owned() => return permit.ok(),
+            () = tokio::time::sleep(SLOT_RETRY) => {}
+        }
+    }
+}
+
 /// How one webhook connection is served: the HTTP/1.1 and HTTP/2 connection settings.
 #[derive(Clone)]
 struct Protocols {
     http1: http1::Builder,
     http2: http2::Builder<TokioExecutor>,
     header_timeout: Duration,
+    keepalive_timeout: Duration,
 }
 
 impl Protocols {
@@ -422,6 +463,7 @@ impl Protocols {
             http1,
             http2,
             header_timeout: server.header_timeout,
+            keepalive_timeout: server.keepalive_timeout,
         }
     }
 
@@ -431,10 +473,15 @@ impl Protocols {
         self,
         stream: tokio::net::TcpStream,
         peer: std::net::SocketAddr,
-        ingress: Arc<Ingress>,
-        watcher: hyper_util::server::graceful::Watcher,
+        serving: Serving,
     ) {
-        let clock = HeaderClock::new();
+        let Serving {
+            ingress,
+            watcher,
+            registration,
+            clock,
+            stopping,
+        } = serving;
         let tls = ingress.tls_acceptor();
         let opened = open_connection(stream, peer, tls, self.header_timeout, &ingress).await;
         let answering = clock.clone();
@@ -451,18 +498,45 @@ impl Protocols {
             Some((stream, Protocol::Http1)) => {
                 let io = TokioIo::new(Clocked::new(stream, clock.clone()));
                 let connection = watcher.watch(self.http1.serve_connection(io, service));
+                // Closed to make room only while idle: dropping it then loses nothing.
                 tokio::select! {
                     _ = connection => {}
                     () = clock.overdue(self.header_timeout) => {}
+                    () = registration.close.cancelled() => {}
                 }
             }
             Some((stream, Protocol::Http2)) => {
                 let connection = self.http2.serve_connection(TokioIo::new(stream), service);
-                let _ = watcher.watch(connection).await;
+                let mut connection = std::pin::pin!(connection);
+                // GOAWAY, then the streams under way finish: on idleness, to make room, and
+                // when the listener stops (the watcher, held until the end, makes the drain
+                // wait for this connection).
+                let mut closing = false;
+                loop {
+                    tokio::select! {
+                        _ = connection.as_mut() => break,
+                        () = clock.idle_past(self.header_timeout, self.keepalive_timeout), if !closing => {}
+                        () = registration.close.cancelled(), if !closing => {}
+                        () = stopping.cancelled(), if !closing => {}
+                    }
+                    connection.as_mut().graceful_shutdown();
+                    closing = true;
+                }
+                drop(watcher);
             }
             None => {}
         }
     }
+}
+
+/// What serving one connection needs besides the protocol settings.
+struct Serving {
+    ingress: Arc<Ingress>,
+    watcher: hyper_util::server::graceful::Watcher,
+    registration: connection::Registration,
+    clock: Arc<ConnectionClock>,
+    /// The listener stops.
+    stopping: CancellationToken,
 }
 
 /// Opens an accepted connection: the TLS handshake when the listener serves HTTPS (the protocol

@@ -106,6 +106,7 @@ pub(super) struct Webhooks {
     pub(super) accept_duration: Histogram,
     pub(super) tls_handshake_failures: Counter,
     pub(super) large_body_slots: Gauge,
+    pub(super) idle_connections_closed: Counter,
     pub(super) accepting: Gauge,
 }
 
@@ -187,6 +188,12 @@ impl Webhooks {
             "Webhook bodies larger than 16 KiB being read now (at most 64: the others wait)",
             large_body_slots.clone(),
         );
+        let idle_connections_closed = Counter::default();
+        registry.register(
+            "idle_connections_closed",
+            "Idle webhook connections closed because every server.max_connections slot was taken, to serve a new one",
+            idle_connections_closed.clone(),
+        );
         let accepting = Gauge::default();
         registry.register(
             "accepting",
@@ -200,6 +207,7 @@ impl Webhooks {
             accept_duration,
             tls_handshake_failures,
             large_body_slots,
+            idle_connections_closed,
             accepting,
         }
     }

@@ -116,6 +116,11 @@ impl Metrics {
     }
 }
 
+/// An idle webhook connection was closed to make room for a new one.
+pub(crate) fn idle_connection_closed() {
+    METRICS.webhooks.idle_connections_closed.inc();
+}
+
 /// A large-body slot was taken (`1`) or given back (`-1`).
 pub(crate) fn large_body_slots(change: i64) {
     METRICS.webhooks.large_body_slots.inc_by(change);
