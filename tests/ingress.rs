@@ -1521,3 +1521,68 @@ fn idle_http2_connections_are_closed() {
         "{after_stream:?}"
     );
 }
+
+/// The metrics listener and the control socket bound their connections and close idle ones
+/// (after `header_timeout`): a flood of idle connections to the metrics port neither keeps its
+/// descriptors nor stops webhooks and the control socket from being served.
+#[test]
+fn idle_connections_to_the_metrics_listener_are_bounded_and_closed() {
+    let workspace = Workspace::new();
+    let metrics_port = free_port();
+    workspace.write_config(&format!(
+        "metrics_listen = \"127.0.0.1:{metrics_port}\"\n{}",
+        github_config("")
+    ));
+    let daemon = workspace.start_with_env(&[("TEST_GITHUB_SECRET", GITHUB_SECRET)]);
+    let mut idle: Vec<TcpStream> = (0..200)
+        .map(|_| TcpStream::connect(("127.0.0.1", metrics_port)).expect("connect"))
+        .collect();
+    assert_eq!(github_post(&daemon, ISSUE, "beside-the-flood").status, 202);
+    assert!(workspace.metrics().contains("agentgate_accepting 1"));
+    // Every idle connection the daemon took is closed after header_timeout (1 s here).
+    for stream in &mut idle {
+        stream
+            .set_read_timeout(Some(Duration::from_millis(20)))
+            .expect("timeout");
+    }
+    let mut closed = vec![false; idle.len()];
+    let pid = daemon.pid();
+    let descriptors = || {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .map(|entries| entries.count())
+            .unwrap_or(0)
+    };
+    wait_until(
+        "the idle metrics connections to be closed",
+        Duration::from_secs(20),
+        || {
+            for (stream, closed) in idle.iter_mut().zip(closed.iter_mut()) {
+                *closed |= matches!(stream.read(&mut [0u8; 16]), Ok(0));
+            }
+            closed.iter().filter(|closed| **closed).count() >= 64
+        },
+    );
+    assert!(
+        descriptors() < 150,
+        "{} descriptors open with 200 idle connections",
+        descriptors()
+    );
+}
+
+/// Under an open-file limit too low for `max_connections` (here 600 descriptors against the
+/// default 4,096 connections), the daemon serves fewer connections and says so, keeping
+/// descriptors for its store, tools and models instead of letting connections take them all.
+#[test]
+fn max_connections_is_lowered_to_what_the_open_file_limit_leaves() {
+    let workspace = Workspace::new();
+    workspace.write_config(
+        "[routes.alerts]\npath = \"/hooks/alerts\"\nverify = { scheme = \"none\" }\n",
+    );
+    let daemon = workspace.start_wrapped(&["prlimit", "--nofile=600:600", "--"]);
+    daemon.wait_for_log("server.max_connections lowered");
+    let log = daemon.log();
+    assert!(
+        log.contains("server.max_connections lowered") && log.contains("used=88"),
+        "{log}"
+    );
+}

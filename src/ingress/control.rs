@@ -9,7 +9,7 @@ use http::{Method, Request, StatusCode};
 use http_body_util::BodyExt;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -24,7 +24,7 @@ use super::connection::Stream;
 use super::response::{HttpResponse, error, json_response};
 use crate::agent::catalog;
 use crate::agent::mcp::McpServers;
-use crate::config::{ReloadReport, Settings, Shared};
+use crate::config::{ReloadReport, ServerSettings, Settings, Shared};
 use crate::logging;
 use crate::metrics;
 use crate::operator::OperatorAction;
@@ -628,10 +628,17 @@ fn peer_user(stream: &tokio::net::UnixStream) -> String {
     crate::operator::user_name(credentials.uid())
 }
 
+/// Connections served at once on each of the control socket and the metrics listener; past it
+/// new ones wait in the backlog. Operators' commands and a scraper need a handful: the bound
+/// keeps a flood from taking the descriptors that turns, tools and the store need.
+const MAX_CONTROL_CONNECTIONS: usize = 64;
+
 /// A control or metrics listener task.
 pub(crate) struct ControlServer {
     listener: ControlListener,
     control: Arc<Control>,
+    /// A request head must come within this, and an idle connection is closed after it.
+    header_timeout: std::time::Duration,
 }
 
 impl ControlServer {
@@ -640,15 +647,17 @@ impl ControlServer {
     /// stop serving webhooks: what cannot be served is logged and left out.
     pub(crate) async fn bind_all(
         socket: Option<std::os::unix::net::UnixListener>,
-        metrics_listen: Option<std::net::SocketAddr>,
+        server: &ServerSettings,
         control: &Arc<Control>,
     ) -> Vec<ControlServer> {
         let mut servers = Vec::new();
-        if let Some(addr) = metrics_listen {
+        let header_timeout = server.header_timeout;
+        if let Some(addr) = server.metrics_listen {
             match tokio::net::TcpListener::bind(addr).await {
                 Ok(listener) => servers.push(ControlServer {
                     listener: ControlListener::Metrics(listener),
                     control: control.clone(),
+                    header_timeout,
                 }),
                 Err(err) => tracing::error!(error = %err,
                     "cannot listen on {addr} (server.metrics_listen); metrics are on the control socket only"),
@@ -659,6 +668,7 @@ impl ControlServer {
                 Ok(listener) => servers.push(ControlServer {
                     listener,
                     control: control.clone(),
+                    header_timeout,
                 }),
                 Err(err) => tracing::error!(error = %err,
                     "cannot serve the control socket; the daemon serves webhooks without it"),
@@ -669,10 +679,27 @@ impl ControlServer {
 
     /// Serves the control endpoints on the listener until `shutdown`.
     pub(crate) async fn run(self, shutdown: CancellationToken) {
-        let ControlServer { listener, control } = self;
+        let ControlServer {
+            listener,
+            control,
+            header_timeout,
+        } = self;
         let metrics_only = matches!(listener, ControlListener::Metrics(_));
         let mut backoff = AcceptBackoff::default();
+        let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONTROL_CONNECTIONS));
+        // hyper's header timer also runs while a connection waits for its next request, so it
+        // closes idle connections too.
+        let mut http = http1::Builder::new();
+        http.timer(TokioTimer::new())
+            .header_read_timeout(header_timeout);
         loop {
+            let permit = tokio::select! {
+                () = shutdown.cancelled() => return,
+                permit = slots.clone().acquire_owned() => match permit {
+                    Ok(permit) => permit,
+                    Err(_) => return,
+                },
+            };
             let (stream, peer) = tokio::select! {
                 () = shutdown.cancelled() => return,
                 accepted = listener.accept() => match accepted {
@@ -700,10 +727,10 @@ impl ControlServer {
                     Ok::<_, Infallible>(response)
                 }
             });
+            let http = http.clone();
             tokio::spawn(async move {
-                let _ = http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
+                let _ = http.serve_connection(TokioIo::new(stream), service).await;
+                drop(permit);
             });
         }
     }

@@ -345,7 +345,8 @@ impl WebhookListener {
         let graceful = GracefulShutdown::new();
         let mut backoff = AcceptBackoff::default();
         let protocols = Protocols::for_server(&server);
-        let connections = Arc::new(Semaphore::new(server.max_connections));
+        let max_connections = within_descriptor_limit(server.max_connections);
+        let connections = Arc::new(Semaphore::new(max_connections));
         let open = Arc::new(OpenConnections::default());
         let mut at_limit_since: Option<std::time::Instant> = None;
         loop {
@@ -366,7 +367,7 @@ impl WebhookListener {
                 &connections,
                 &open,
                 &shutdown,
-                server.max_connections,
+                max_connections,
                 &mut at_limit_since,
             )
             .await
@@ -403,6 +404,32 @@ impl WebhookListener {
             tracing::warn!("in-flight requests did not finish in time; closing them");
         }
         Ok(())
+    }
+}
+
+/// Descriptors kept for everything but webhook connections: the control socket and metrics
+/// listener (64 each), the store, tool pipes and units, model and delivery connections.
+const DESCRIPTOR_RESERVE: u64 = 512;
+
+/// `max_connections`, lowered (with a warning) so that connections can never take the
+/// descriptors the rest of the daemon needs under the process's open-file limit.
+fn within_descriptor_limit(max_connections: usize) -> usize {
+    use nix::sys::resource::{Resource, getrlimit};
+    let Ok((soft, _)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return max_connections;
+    };
+    let room =
+        usize::try_from(soft.saturating_sub(DESCRIPTOR_RESERVE).max(16)).unwrap_or(usize::MAX);
+    if max_connections > room {
+        tracing::warn!(
+            max_connections,
+            open_file_limit = soft,
+            used = room,
+            "server.max_connections lowered to what the open-file limit leaves (raise LimitNOFILE=)"
+        );
+        room
+    } else {
+        max_connections
     }
 }
 

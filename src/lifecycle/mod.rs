@@ -258,8 +258,7 @@ impl Wired {
         };
         let listener = drain.start(Stage::StopAccepting, |stop| listener.run(stop));
         let control_servers =
-            ControlServer::bind_all(listeners.control, self.server.metrics_listen, &self.control)
-                .await;
+            ControlServer::bind_all(listeners.control, &self.server, &self.control).await;
         for control_server in control_servers {
             drain.start(Stage::StopAccepting, |stop| control_server.run(stop));
         }

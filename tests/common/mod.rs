@@ -299,6 +299,15 @@ impl Workspace {
         self.spawn(self.serve_command(&[]), env, ready)
     }
 
+    /// Starts `agentgate serve` run by `wrapper` (e.g. `prlimit ...`) and waits until /healthz
+    /// answers.
+    pub fn start_wrapped(&self, wrapper: &[&str]) -> Daemon {
+        let addr = self.addr();
+        self.spawn(self.serve_command(wrapper), &[], || {
+            try_request(addr, "GET", "/healthz", &[], b"").is_ok_and(|r| r.status == 200)
+        })
+    }
+
     /// `agentgate serve` with this workspace's config, run by `wrapper` (e.g. `strace ...`) if
     /// one is given. The workspace's sockets are passed as systemd passes them (fds 3 and 4,
     /// named `webhook` and `control`; a shell sets `LISTEN_PID` to its own pid and execs the
