@@ -1549,7 +1549,7 @@ fn idle_connections_to_the_metrics_listener_are_bounded_and_closed() {
     let pid = daemon.pid();
     let descriptors = || {
         std::fs::read_dir(format!("/proc/{pid}/fd"))
-            .map(|entries| entries.count())
+            .map(Iterator::count)
             .unwrap_or(0)
     };
     wait_until(
