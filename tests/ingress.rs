@@ -1586,3 +1586,34 @@ fn max_connections_is_lowered_to_what_the_open_file_limit_leaves() {
         "{log}"
     );
 }
+
+/// An unauthenticated HTTP/2 client gets few streams and a small window: what one connection
+/// can make the daemon hold stays small (docs/reference.md, "Threat model").
+#[test]
+fn http2_clients_get_few_streams() {
+    let workspace = Workspace::new();
+    workspace.write_config(
+        "[routes.alerts]\npath = \"/hooks/alerts\"\nverify = { scheme = \"none\" }\n",
+    );
+    let daemon = workspace.start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let streams = runtime.block_on(async {
+        let stream = tokio::net::TcpStream::connect(daemon.addr)
+            .await
+            .expect("connect");
+        let (sender, connection) = h2::client::handshake(stream).await.expect("handshake");
+        tokio::spawn(connection);
+        // The server's SETTINGS have arrived once a request went through.
+        let mut sender = sender.ready().await.expect("ready");
+        let request = http::Request::get(format!("http://{}/healthz", daemon.addr))
+            .body(())
+            .expect("request");
+        let (response, _) = sender.send_request(request, true).expect("send");
+        assert_eq!(response.await.expect("response").status(), 200);
+        sender.current_max_send_streams()
+    });
+    assert_eq!(streams, 16);
+}

@@ -9,7 +9,10 @@
 //! more of it is read; while it waits, nothing more is read and the sender is held back by TCP.
 //! So stalled large bodies hold at most `LARGE_BODY_SLOTS × max_body` between them (64 MiB at
 //! the default `max_body`), where they could otherwise hold `max_connections × max_body`, and
-//! they never delay a small webhook. See docs/reference.md, "Threat model".
+//! they never delay a small webhook. The first bytes of all bodies together are bounded too
+//! ([`SMALL_BODY_BUDGET`]), whatever the number of connections and HTTP/2 streams. A body that
+//! arrives in many small chunks is gathered into one buffer as it comes, so that it never holds
+//! more than its own bytes. See docs/reference.md, "Threat model".
 
 use std::time::Duration;
 
@@ -36,16 +39,58 @@ pub(super) enum BodyError {
     NoSlot,
 }
 
-/// The large-body slots of one listener.
-pub(super) struct BodySlots(Semaphore);
+/// The large-body slots of one listener, and the memory budget of the small bodies' first bytes.
+pub(super) struct BodySlots {
+    large: Semaphore,
+    /// KiB of [`SMALL_BODY_BUDGET`]: each body holds what its first [`SMALL_BODY`] bytes take.
+    small: Semaphore,
+}
+
+/// Bytes of bodies' first [`SMALL_BODY`] bytes held at once across all connections (4,096
+/// bodies' worth), so that however many connections and HTTP/2 streams a flood opens, the
+/// bodies it sends hold at most this plus the large-body slots.
+pub(super) const SMALL_BODY_BUDGET: usize = 64 * 1024 * 1024;
+
+/// A body as it arrives: the first chunk kept as it came (nearly every webhook is one chunk,
+/// never copied); from the second on, the bytes are copied into one buffer, so that a body sent
+/// in many tiny chunks does not keep every chunk's read buffer alive.
+#[derive(Default)]
+struct Gathered {
+    first: Option<Bytes>,
+    rest: BytesMut,
+}
+
+impl Gathered {
+    fn push(&mut self, chunk: Bytes) {
+        match self.first.take() {
+            None if self.rest.is_empty() => self.first = Some(chunk),
+            None => self.rest.extend_from_slice(&chunk),
+            Some(first) => {
+                self.rest.reserve(first.len() + chunk.len());
+                self.rest.extend_from_slice(&first);
+                self.rest.extend_from_slice(&chunk);
+            }
+        }
+    }
+
+    fn into_bytes(self) -> Bytes {
+        match self.first {
+            Some(first) => first,
+            None => self.rest.freeze(),
+        }
+    }
+}
 
 impl BodySlots {
     pub(super) fn new() -> BodySlots {
-        BodySlots(Semaphore::new(LARGE_BODY_SLOTS))
+        BodySlots {
+            large: Semaphore::new(LARGE_BODY_SLOTS),
+            small: Semaphore::new(SMALL_BODY_BUDGET / 1024),
+        }
     }
 
     /// Reads `body`: at most `limit` bytes (`declared` is its `Content-Length`, if any), within
-    /// `timeout`, waiting for a slot included.
+    /// `timeout`, waiting for a slot or budget included.
     pub(super) async fn read<B>(
         &self,
         body: B,
@@ -59,11 +104,12 @@ impl BodySlots {
     {
         let deadline = Instant::now() + timeout;
         let mut body = std::pin::pin!(Limited::new(body, limit));
-        // The chunks as they arrived: a body of one chunk (nearly every webhook) is never copied.
-        let mut chunks: Vec<Bytes> = Vec::new();
+        let mut gathered = Gathered::default();
         let mut received = 0;
         // Held from the moment the body is known to be large until it is read.
         let mut slot = None;
+        // The share of the small-body budget this body's first bytes hold, in KiB.
+        let mut budget: Option<tokio::sync::SemaphorePermit<'_>> = None;
         // A body that says it is large waits for its slot before any of it is read.
         if declared.is_some_and(|length| length > SMALL_BODY as u64) {
             slot = Some(self.wait(deadline).await?);
@@ -89,23 +135,45 @@ impl BodySlots {
             if slot.is_none() && received > SMALL_BODY {
                 slot = Some(self.wait(deadline).await?);
             }
-            chunks.push(data);
+            self.budget(&mut budget, received.min(SMALL_BODY), deadline)
+                .await?;
+            gathered.push(data);
         }
-        Ok(match chunks.len() {
-            0 => Bytes::new(),
-            1 => chunks.swap_remove(0),
-            _ => {
-                let mut body = BytesMut::with_capacity(received);
-                for chunk in chunks {
-                    body.extend_from_slice(&chunk);
+        Ok(gathered.into_bytes())
+    }
+
+    /// Makes `held` cover `bytes` of the small-body budget (whole KiB), waiting until
+    /// `deadline` for what other bodies hold.
+    async fn budget<'a>(
+        &'a self,
+        held: &mut Option<tokio::sync::SemaphorePermit<'a>>,
+        bytes: usize,
+        deadline: Instant,
+    ) -> Result<(), BodyError> {
+        let wanted = u32::try_from(bytes.div_ceil(1024)).unwrap_or(u32::MAX);
+        let holding = held.as_ref().map_or(0, |permit| permit.num_permits());
+        let Some(more) = (wanted as usize)
+            .checked_sub(holding)
+            .filter(|more| *more > 0)
+        else {
+            return Ok(());
+        };
+        let more = u32::try_from(more).unwrap_or(u32::MAX);
+        match timeout_at(deadline, self.small.acquire_many(more)).await {
+            Ok(Ok(permit)) => {
+                match held {
+                    Some(held) => held.merge(permit),
+                    None => *held = Some(permit),
                 }
-                body.freeze()
+                Ok(())
             }
-        })
+            // The semaphore is never closed.
+            Ok(Err(_)) | Err(_) => Err(BodyError::NoSlot),
+        }
     }
 
     async fn wait(&self, deadline: Instant) -> Result<Slot<'_>, BodyError> {
-        match timeout_at(deadline, self.0.acquire()).await {
+        match timeout_at(deadline, self.large.acquire()).await {
             Ok(Ok(permit)) => {
                 crate::metrics::large_body_slots(1);
                 Ok(Slot { _permit: permit })
@@ -136,7 +204,7 @@ mod tests {
     #[tokio::test]
     async fn a_large_body_waits_for_a_slot_and_a_small_one_does_not() {
         let slots = BodySlots::new();
-        let taken = slots.0.acquire_many(LARGE_BODY_SLOTS as u32).await;
+        let taken = slots.large.acquire_many(LARGE_BODY_SLOTS as u32).await;
         assert!(taken.is_ok());
         let wait = Duration::from_millis(50);
         let large = Full::new(Bytes::from(vec![b' '; SMALL_BODY + 1]));
@@ -203,5 +271,78 @@ mod tests {
         let body = Full::new(Bytes::from(vec![b' '; 100]));
         let read = slots.read(body, 10, None, Duration::from_secs(1)).await;
         assert!(matches!(read, Err(BodyError::TooLarge)));
+    }
+
+    /// Counts the read buffers alive: a chunk that is a slice of one keeps it alive.
+    struct Buffer(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+    impl AsRef<[u8]> for Buffer {
+        fn as_ref(&self) -> &[u8] {
+            &[b'x'; 1]
+        }
+    }
+
+    impl Drop for Buffer {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    /// One-byte chunks, each the slice of a read buffer of its own (as hyper's decoder yields
+    /// them), recording the most buffers alive at once.
+    struct TinyChunks {
+        left: usize,
+        alive: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+        most: usize,
+    }
+
+    impl hyper::body::Body for TinyChunks {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+
+        fn poll_frame(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+            use std::sync::atomic::Ordering;
+            let alive = self.alive.load(Ordering::SeqCst);
+            self.most = self.most.max(alive);
+            if self.left == 0 {
+                return std::task::Poll::Ready(None);
+            }
+            self.left -= 1;
+            self.alive.fetch_add(1, Ordering::SeqCst);
+            let chunk = Bytes::from_owner(Buffer(self.alive.clone()));
+            std::task::Poll::Ready(Some(Ok(hyper::body::Frame::data(chunk))))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_body_of_tiny_chunks_holds_its_bytes_not_their_buffers() {
+        let slots = BodySlots::new();
+        let mut body = TinyChunks {
+            left: 1000,
+            alive: std::sync::Arc::default(),
+            most: 0,
+        };
+        let read = slots
+            .read(&mut body, 1 << 20, None, Duration::from_secs(1))
+            .await;
+        assert_eq!(read.ok().map(|bytes| bytes.len()), Some(1000));
+        assert!(body.most <= 2, "{} read buffers alive at once", body.most);
+    }
+
+    #[tokio::test]
+    async fn the_first_bytes_of_all_bodies_share_one_budget() {
+        let slots = BodySlots::new();
+        let all = u32::try_from(SMALL_BODY_BUDGET / 1024).expect("KiB");
+        let taken = slots.small.acquire_many(all).await;
+        let small = Full::new(Bytes::from_static(b"{}"));
+        let read = slots.read(small, 1 << 20, Some(2), Duration::from_millis(50));
+        assert!(matches!(read.await, Err(BodyError::NoSlot)));
+        drop(taken);
+        let small = Full::new(Bytes::from_static(b"{}"));
+        let read = slots.read(small, 1 << 20, Some(2), Duration::from_millis(50));
+        assert_eq!(read.await.ok(), Some(Bytes::from_static(b"{}")));
     }
 }

@@ -466,6 +466,14 @@ async fn next_slot(
     }
 }
 
+/// HTTP/2 streams open at once on one webhook connection (hyper's default is 200).
+const HTTP2_MAX_STREAMS: u32 = 16;
+/// What an HTTP/2 sender may send on one stream before the daemon reads it (64 KiB, the
+/// protocol's default; hyper's is 1 MiB).
+const HTTP2_STREAM_WINDOW: u32 = 64 * 1024;
+/// The same for all streams of a connection together.
+const HTTP2_CONNECTION_WINDOW: u32 = 256 * 1024;
+
 /// How one webhook connection is served: the HTTP/1.1 and HTTP/2 connection settings.
 #[derive(Clone)]
 struct Protocols {
@@ -484,8 +492,15 @@ impl Protocols {
             .timer(TokioTimer::new())
             .header_read_timeout(server.keepalive_timeout)
             .keep_alive(true);
+        // Senders are not trusted before their signature is checked, which needs the whole body:
+        // few streams per connection and small flow-control windows keep what one connection
+        // can make the daemon hold small (body.rs bounds what all of them hold together).
         let mut http2 = http2::Builder::new(TokioExecutor::new());
-        http2.timer(TokioTimer::new());
+        http2
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(HTTP2_MAX_STREAMS)
+            .initial_stream_window_size(HTTP2_STREAM_WINDOW)
+            .initial_connection_window_size(HTTP2_CONNECTION_WINDOW);
         Protocols {
             http1,
             http2,
