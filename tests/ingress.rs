@@ -1534,6 +1534,9 @@ fn idle_connections_to_the_metrics_listener_are_bounded_and_closed() {
         github_config("")
     ));
     let daemon = workspace.start_with_env(&[("TEST_GITHUB_SECRET", GITHUB_SECRET)]);
+    wait_until("the metrics listener", Duration::from_secs(10), || {
+        TcpStream::connect(("127.0.0.1", metrics_port)).is_ok()
+    });
     let mut idle: Vec<TcpStream> = (0..200)
         .map(|_| TcpStream::connect(("127.0.0.1", metrics_port)).expect("connect"))
         .collect();

@@ -151,7 +151,9 @@ impl BodySlots {
         deadline: Instant,
     ) -> Result<(), BodyError> {
         let wanted = u32::try_from(bytes.div_ceil(1024)).unwrap_or(u32::MAX);
-        let holding = held.as_ref().map_or(0, |permit| permit.num_permits());
+        let holding = held
+            .as_ref()
+            .map_or(0, tokio::sync::SemaphorePermit::num_permits);
         let Some(more) = (wanted as usize)
             .checked_sub(holding)
             .filter(|more| *more > 0)
