@@ -588,18 +588,38 @@ async fn watch_service(running: RunningService<RoleClient, Listener>, closed: Ca
     closed.cancel();
 }
 
-/// Logs what the server writes to stderr, a line at a time, each cut at `STDERR_LINE_CAP`.
+/// Logs what the server writes to stderr, a line at a time, each cut at `STDERR_LINE_CAP`, as
+/// per-event lines: within `[runtime] event_log_max_per_second`, the rest counted in
+/// `agentgate_log_lines_skipped_total`. A server that writes without end costs neither memory
+/// nor the journal's allowance.
 async fn log_stderr(stderr: tokio::process::ChildStderr, server: String) {
-    let mut lines = BufReader::new(stderr).lines();
-    while let Ok(Some(mut line)) = lines.next_line().await {
-        if line.len() > STDERR_LINE_CAP {
-            let mut end = STDERR_LINE_CAP;
-            while !line.is_char_boundary(end) {
-                end -= 1;
-            }
-            line.truncate(end);
+    let mut reader = BufReader::new(stderr);
+    while let Some(line) = read_capped_line(&mut reader, STDERR_LINE_CAP).await {
+        crate::logging::event_line!(stderr = %crate::untrusted::for_terminal(&line), "MCP server {server} says");
+    }
+}
+
+/// The next line of `reader` (without its newline), cut at `cap` bytes: the rest of a longer
+/// line is read and dropped, never held. `None` at the end of the stream.
+async fn read_capped_line<R: tokio::io::AsyncBufRead + Unpin>(
+    reader: &mut R,
+    cap: usize,
+) -> Option<String> {
+    let mut line: Vec<u8> = Vec::new();
+    loop {
+        let buffer = reader.fill_buf().await.ok()?;
+        if buffer.is_empty() {
+            return (!line.is_empty()).then(|| String::from_utf8_lossy(&line).into_owned());
         }
-        tracing::info!(stderr = %crate::untrusted::for_terminal(&line), "MCP server {server} says");
+        let newline = buffer.iter().position(|byte| *byte == b'\n');
+        let content = &buffer[..newline.unwrap_or(buffer.len())];
+        let room = cap.saturating_sub(line.len());
+        line.extend_from_slice(&content[..content.len().min(room)]);
+        let used = newline.map_or(buffer.len(), |at| at + 1);
+        reader.consume(used);
+        if newline.is_some() {
+            return Some(String::from_utf8_lossy(&line).into_owned());
+        }
     }
 }
 
@@ -630,5 +650,20 @@ mod tests {
         let text = result_text(&result);
         assert!(text.len() < OUTPUT_CAP + 100);
         assert!(text.ends_with(&format!("[output truncated at {OUTPUT_CAP} bytes]")));
+    }
+
+    #[tokio::test]
+    async fn a_line_without_end_is_cut_and_never_held() {
+        use tokio::io::AsyncReadExt;
+        let endless = tokio::io::repeat(b'x').take(8 * 1024 * 1024);
+        let input = endless.chain(&b"\nnext\n"[..]);
+        let mut reader = BufReader::new(input);
+        let first = read_capped_line(&mut reader, 512).await;
+        assert_eq!(first.map(|line| line.len()), Some(512));
+        assert_eq!(
+            read_capped_line(&mut reader, 512).await.as_deref(),
+            Some("next")
+        );
+        assert_eq!(read_capped_line(&mut reader, 512).await, None);
     }
 }
