@@ -12,6 +12,7 @@ use std::time::Instant;
 
 use prometheus_client::metrics::counter::Counter;
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::Layer;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
@@ -179,6 +180,37 @@ pub(crate) fn turn_span(
     tracing::error_span!("turn", event_id, session_key, route, turn_id)
 }
 
+/// Lines of the libraries agentgate uses (hyper, h2, rustls, rmcp, …) share the per-event
+/// line budget: a flood of misbehaving connections that each make a library warn can then not
+/// use up journald's allowance, which would drop the daemon's own warnings. What is left out is
+/// counted in `agentgate_log_lines_skipped_total` like any per-event line.
+struct LibraryLines;
+
+impl<S> tracing_subscriber::layer::Filter<S> for LibraryLines {
+    fn enabled(
+        &self,
+        _: &tracing::Metadata<'_>,
+        _: &tracing_subscriber::layer::Context<'_, S>,
+    ) -> bool {
+        true
+    }
+
+    fn event_enabled(
+        &self,
+        event: &tracing::Event<'_>,
+        _: &tracing_subscriber::layer::Context<'_, S>,
+    ) -> bool {
+        if event.metadata().target().starts_with("agentgate") {
+            return true;
+        }
+        if EVENT_LINES.budget.admit().is_some() {
+            return true;
+        }
+        LINES_SKIPPED.inc();
+        false
+    }
+}
+
 /// Where log lines go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum LogTarget {
@@ -206,7 +238,7 @@ pub(crate) fn init(target: LogTarget) {
             .with_syslog_identifier("agentgate".to_string());
         let _ = tracing_subscriber::registry()
             .with(filter("info"))
-            .with(layer)
+            .with(layer.with_filter(LibraryLines))
             .try_init();
         return;
     }
@@ -214,11 +246,13 @@ pub(crate) fn init(target: LogTarget) {
         LogTarget::Daemon => "info",
         LogTarget::Terminal => "warn",
     };
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter(default))
+    let layer = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
-        .with_target(false)
+        .with_target(false);
+    let _ = tracing_subscriber::registry()
+        .with(filter(default))
+        .with(layer.with_filter(LibraryLines))
         .try_init();
 }
 
@@ -238,5 +272,35 @@ mod tests {
         assert_eq!(next, Some(90));
         let unlimited = LineBudget::new(0);
         assert!((0..1000).all(|_| unlimited.admit_at(start).is_some()));
+    }
+
+    /// Counts the lines that reach it.
+    struct Counting(std::sync::Arc<AtomicU64>);
+
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Counting {
+        fn on_event(&self, _: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    #[test]
+    fn a_library_flood_is_budgeted_and_agentgate_lines_are_not() {
+        let written = std::sync::Arc::new(AtomicU64::new(0));
+        let subscriber = tracing_subscriber::registry()
+            .with(Counting(written.clone()).with_filter(LibraryLines));
+        let skipped_before = LINES_SKIPPED.get();
+        tracing::subscriber::with_default(subscriber, || {
+            for _ in 0..10_000 {
+                tracing::warn!(target: "h2::proto::connection", "connection error");
+            }
+            let flood = written.swap(0, Ordering::Relaxed);
+            // The budget (300 a second) is shared with other tests' lines: at most a few seconds'.
+            assert!(flood <= 1_200, "{flood} library lines written");
+            for _ in 0..1_000 {
+                tracing::warn!(target: "agentgate::ingress", "our own warning");
+            }
+        });
+        assert_eq!(written.load(Ordering::Relaxed), 1_000);
+        assert!(LINES_SKIPPED.get() - skipped_before >= 8_800);
     }
 }
