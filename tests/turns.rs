@@ -355,6 +355,14 @@ fn model_errors_are_retried_then_succeed_or_fail_clearly() {
     assert_eq!(model.requests().len(), 3, "one try and max_retries = 2");
 }
 
+/// A reply larger than 4 MiB is not read to its end nor stored: the turn fails and says why
+/// (a model in a loop, or a hostile endpoint, cannot fill the daemon's memory or the state).
+#[test]
+fn a_model_reply_past_the_cap_fails_the_turn() {
+    let huge = Stub::start(|_, _| Reply::answer(&"x".repeat(5 << 20)));
+    fails_saying(huge, "max_retries = 0", "more than 4194304 bytes");
+}
+
 /// A model that is down for a while, longer than turn_idle_timeout, is waited for: the turn
 /// completes once it answers again, and the wait uses no step. Past outage_wait the turn fails
 /// and says why.

@@ -26,8 +26,12 @@ const BUNDLED_CASSETTE: &str = include_str!("../../examples/triage.cassette.json
 const BACKOFF_BASE: Duration = Duration::from_millis(500);
 const BACKOFF_CAP: Duration = Duration::from_secs(30);
 const RETRY_AFTER_CAP: Duration = Duration::from_secs(120);
-/// The most a command backend may print as its reply.
-const COMMAND_REPLY_CAP: usize = 4 << 20;
+/// The most a model's reply may take, from an endpoint or a command backend: a reply is held in
+/// memory and its message stored, so a model that writes without end (a loop, a hostile
+/// endpoint) fails its request instead. Bound the tokens too, with `[model] params` `max_tokens`.
+const REPLY_CAP: usize = 4 << 20;
+/// The most of an error answer read for its log line.
+const ERROR_ANSWER_CAP: usize = 64 << 10;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum ModelError {
@@ -314,13 +318,26 @@ impl Model {
                         .and_then(|v| v.trim().parse::<u64>().ok())
                         .map(|s| Duration::from_secs(s).min(RETRY_AFTER_CAP));
                     if status.is_success() {
-                        let bytes = response.bytes().await.map_err(|err| {
-                            ModelError::Unavailable(format!("reading the reply: {err}"))
-                        })?;
+                        let bytes = match read_capped(response, REPLY_CAP).await {
+                            Ok(Capped::Whole(bytes)) => bytes,
+                            Ok(Capped::Over) => {
+                                return Err(ModelError::Malformed(format!(
+                                    "{url} sent a reply of more than {REPLY_CAP} bytes"
+                                )));
+                            }
+                            Err(err) => {
+                                return Err(ModelError::Unavailable(format!(
+                                    "reading the reply: {err}"
+                                )));
+                            }
+                        };
                         return parse_completion(&bytes);
                     }
                     let retryable = status.as_u16() == 429 || status.is_server_error();
-                    let text = response.text().await.unwrap_or_default();
+                    let text = match read_capped(response, ERROR_ANSWER_CAP).await {
+                        Ok(Capped::Whole(bytes)) => String::from_utf8_lossy(&bytes).into_owned(),
+                        Ok(Capped::Over) | Err(_) => String::new(),
+                    };
                     let summary = format!(
                         "{url} answered {}: {}",
                         status.as_u16(),
@@ -359,7 +376,7 @@ impl Model {
         let input = json!({"messages": messages, "tools": tool_definitions(tools)}).to_string();
         let limits = Limits {
             timeout: self.request_timeout,
-            output_cap: COMMAND_REPLY_CAP,
+            output_cap: REPLY_CAP,
         };
         let output = match child
             .run(input.into_bytes(), limits, &CancellationToken::new())
@@ -387,7 +404,7 @@ impl Model {
         }
         if output.stdout.truncated {
             return Err(ModelError::Malformed(format!(
-                "{program} printed more than {COMMAND_REPLY_CAP} bytes"
+                "{program} printed more than {REPLY_CAP} bytes"
             )));
         }
         let mut message: Message = serde_json::from_slice(&output.stdout.bytes).map_err(|err| {
@@ -488,6 +505,25 @@ fn replay(replies: &[Message], messages: &[Message]) -> Message {
             "[replay] The recorded conversation ends here; no further replies are on the cassette.",
         )
     })
+}
+
+/// A response body read up to a cap.
+enum Capped {
+    Whole(Vec<u8>),
+    /// It was longer; the rest was not read.
+    Over,
+}
+
+/// Reads `response`'s body, stopping (and dropping the connection) once it passes `cap`.
+async fn read_capped(mut response: reqwest::Response, cap: usize) -> reqwest::Result<Capped> {
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await? {
+        if body.len() + chunk.len() > cap {
+            return Ok(Capped::Over);
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(Capped::Whole(body))
 }
 
 #[cfg(test)]
