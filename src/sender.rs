@@ -90,12 +90,29 @@ pub(crate) const HIDDEN_HEADERS: &[&str] = &[
     "webhook-signature",
     "svix-signature",
     "x-signature",
+    "private-token",
+    "x-vault-token",
+    "x-amz-security-token",
+];
+
+/// Parts of a header name (lower case) that mark it as a credential whatever its sender calls
+/// it (`X-Deploy-Token`, `X-Client-Secret`, …): a list of names can never be complete.
+const HIDDEN_NAME_PARTS: &[&str] = &[
+    "token",
+    "secret",
+    "passw",
+    "signature",
+    "credential",
+    "api-key",
+    "apikey",
+    "auth",
 ];
 
 /// Whether `name` (lower case) is kept out of storage for a route verified by `settings` that
 /// also hides `extra`.
 pub(crate) fn is_hidden_header(name: &str, settings: &VerifySettings, extra: &[String]) -> bool {
     HIDDEN_HEADERS.contains(&name)
+        || HIDDEN_NAME_PARTS.iter().any(|part| name.contains(part))
         || settings.header.eq_ignore_ascii_case(name)
         || extra.iter().any(|hidden| hidden.eq_ignore_ascii_case(name))
 }

@@ -909,6 +909,10 @@ hidden_headers = ["X-Internal-Token"]
                 ("x-github-delivery", delivery),
                 ("x-api-key", "k-123"),
                 ("x-internal-token", "t-456"),
+                ("private-token", "gl-789"),
+                ("x-vault-token", "hvs-012"),
+                ("x-amz-security-token", "amz-345"),
+                ("x-deploy-secret", "d-678"),
                 ("x-request-id", "visible"),
             ],
             ISSUE,
@@ -926,6 +930,10 @@ hidden_headers = ["X-Internal-Token"]
             "x-hub-signature-256",
             "k-123",
             "t-456",
+            "gl-789",
+            "hvs-012",
+            "amz-345",
+            "d-678",
         ] {
             assert!(!headers.contains(hidden), "{hidden} stored: {headers}");
         }
