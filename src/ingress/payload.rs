@@ -31,7 +31,9 @@ pub(super) fn decode_content(
         "gzip" | "x-gzip" => {
             use std::io::Read;
             let mut inflated = Vec::new();
-            let read = flate2::read::GzDecoder::new(&body[..])
+            // Every member: a gzip file may be several concatenated (RFC 1952 §2.2), and what
+            // a sender compressed that way is what it signed.
+            let read = flate2::read::MultiGzDecoder::new(&body[..])
                 .take(max_body.saturating_add(1))
                 .read_to_end(&mut inflated);
             match read {
@@ -124,4 +126,32 @@ pub(super) fn parse_payload(
         )
     })?;
     Ok((value, json_bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn gzip(text: &[u8]) -> Vec<u8> {
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        let _ = encoder.write_all(text);
+        encoder.finish().unwrap_or_default()
+    }
+
+    #[test]
+    fn every_member_of_a_gzip_body_is_inflated() {
+        let mut body = gzip(b"{\"first\":");
+        body.extend(gzip(b"\"and second\"}"));
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            http::header::CONTENT_ENCODING,
+            http::HeaderValue::from_static("gzip"),
+        );
+        let inflated = decode_content(&headers, &Bytes::from(body), 1 << 20).ok();
+        assert_eq!(
+            inflated.as_deref(),
+            Some(&b"{\"first\":\"and second\"}"[..])
+        );
+    }
 }
