@@ -400,3 +400,30 @@ fn a_full_disk_does_not_fail_reconcile_when_the_daemon_can_start() {
     let daemon = workspace.start();
     assert_eq!(daemon.post_json("/hook", &[], "{}").status, 202);
 }
+
+/// Whoever can write the database could plant a trigger for an operator's command, run as root,
+/// to fire: a database holding a trigger or view agentgate did not create is refused, by the
+/// commands and the daemon alike, naming what was planted.
+#[test]
+fn a_planted_trigger_is_refused_and_never_runs() {
+    let workspace = prepared_workspace();
+    let connection =
+        rusqlite::Connection::open(workspace.state_dir().join("agentgate.db")).expect("open");
+    connection
+        .execute_batch(
+            "CREATE TABLE fired (at INTEGER);
+             CREATE TRIGGER planted AFTER UPDATE ON sessions BEGIN
+                 INSERT INTO fired VALUES (1);
+             END;",
+        )
+        .expect("plant");
+    drop(connection);
+    let resumed = workspace.cli(&["sessions", "resume", "victim"]);
+    assert!(!resumed.status.success(), "{resumed:?}");
+    let said = String::from_utf8_lossy(&resumed.stderr).to_string();
+    assert!(said.contains("trigger planted"), "{said}");
+    let listed = workspace.cli(&["sessions", "list"]);
+    assert!(!listed.status.success(), "{listed:?}");
+    let fired: Vec<i64> = workspace.query("SELECT count(*) FROM fired", |row| row.get(0));
+    assert_eq!(fired, [0]);
+}

@@ -108,12 +108,41 @@ fn open_connection(path: &Path, flags: OpenFlags) -> rusqlite::Result<Connection
     refuse_linked_database(path)?;
     let connection = Connection::open_with_flags(path, flags)?;
     connection.busy_timeout(Duration::from_secs(5))?;
+    distrust_the_schema(&connection)?;
     connection.execute_batch(
         "PRAGMA journal_mode = WAL;
          PRAGMA synchronous = FULL;
          PRAGMA cache_size = -2000;",
     )?;
     Ok(connection)
+}
+
+/// Whoever can write the database (the service's user, a tool that escaped) could plant a
+/// trigger or view that an operator's command, run as root, would then run. So no function with
+/// side effects runs from the schema (`trusted_schema = OFF`), and a database with a trigger or
+/// view the migrations did not create is refused, naming it.
+fn distrust_the_schema(connection: &Connection) -> rusqlite::Result<()> {
+    connection.execute_batch("PRAGMA trusted_schema = OFF;")?;
+    let mut statement = connection
+        .prepare("SELECT type, name FROM sqlite_master WHERE type IN ('trigger', 'view')")?;
+    let planted: Vec<String> = statement
+        .query_map([], |row| {
+            Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?))
+        })?
+        .filter_map(Result::ok)
+        .filter(|(kind, name)| kind != "trigger" || !schema::TRIGGERS.contains(&name.as_str()))
+        .map(|(kind, name)| format!("{kind} {name}"))
+        .collect();
+    if planted.is_empty() {
+        return Ok(());
+    }
+    Err(rusqlite::Error::SqliteFailure(
+        rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CANTOPEN),
+        Some(format!(
+            "the database holds what agentgate did not create ({}): refused; remove it or restore a backup",
+            planted.join(", ")
+        )),
+    ))
 }
 
 impl SqliteStore {
@@ -247,11 +276,16 @@ fn open_reader(database: &Path) -> Result<Connection, StoreError> {
             OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
         )
     };
-    let connection = open(database).map_err(|source| StoreError::Open {
-        path: database.to_path_buf(),
-        source,
-    })?;
-    connection.busy_timeout(Duration::from_secs(5))?;
+    let connection = open(database)
+        .and_then(|connection| {
+            connection.busy_timeout(Duration::from_secs(5))?;
+            distrust_the_schema(&connection)?;
+            Ok(connection)
+        })
+        .map_err(|source| StoreError::Open {
+            path: database.to_path_buf(),
+            source,
+        })?;
     Ok(connection)
 }
 

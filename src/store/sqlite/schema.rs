@@ -167,6 +167,16 @@ const MIGRATIONS: &[&str] = &[
 /// The schema version this build writes.
 pub(crate) const CURRENT_VERSION: i64 = MIGRATIONS.len() as i64;
 
+/// The triggers the migrations create, by name. Any other trigger or view in a database was
+/// planted (by whoever could write the state, the service's user included), and a connection
+/// refuses such a database: an operator's command run as root would otherwise run it.
+pub(crate) const TRIGGERS: &[&str] = &[
+    "queue_head_of_new_session",
+    "queue_head_on_queued_event",
+    "queue_head_on_status",
+    "queue_head_on_deleted_event",
+];
+
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum MigrationError {
     #[error(
@@ -205,4 +215,36 @@ pub(crate) fn migrate(connection: &mut Connection) -> Result<(), MigrationError>
         tx.commit().map_err(failed)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A migration that adds a trigger must name it in [`TRIGGERS`], or every connection would
+    /// refuse the database as planted.
+    #[test]
+    fn the_migrations_create_exactly_the_listed_triggers() {
+        let mut connection = Connection::open_in_memory().expect("memory");
+        assert!(migrate(&mut connection).is_ok());
+        let mut statement = connection
+            .prepare("SELECT name FROM sqlite_master WHERE type = 'trigger' ORDER BY name")
+            .expect("prepare");
+        let created: Vec<String> = statement
+            .query_map([], |row| row.get(0))
+            .expect("query")
+            .filter_map(Result::ok)
+            .collect();
+        let mut listed: Vec<String> = TRIGGERS.iter().map(|name| (*name).to_string()).collect();
+        listed.sort();
+        assert_eq!(created, listed);
+        let views: i64 = connection
+            .query_row(
+                "SELECT count(*) FROM sqlite_master WHERE type = 'view'",
+                [],
+                |row| row.get(0),
+            )
+            .expect("views");
+        assert_eq!(views, 0);
+    }
 }
