@@ -455,7 +455,7 @@ fn a_crash_restart_reconciles_a_ledger_planted_before_it() {
     // journald may write the oneshot's last line a moment after the daemon it preceded is up.
     wait_for(
         "reconcile's line for the crash restart",
-        Duration::from_secs(10),
+        Duration::from_secs(30),
         || {
             machine
                 .journal("-u agentgate-reconcile.service")
