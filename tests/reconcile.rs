@@ -4,6 +4,7 @@
 mod common;
 
 use std::path::Path;
+use std::time::Duration;
 
 use common::*;
 use serde_json::Value;
@@ -305,6 +306,43 @@ fn reconcile_as_root_gives_created_files_to_the_directory_owner() {
             "{name} not created: {checked:?}"
         );
     }
+}
+
+/// `serve` as root on a state directory that belongs to the service's user would leave files
+/// that user cannot open: it does not start (73), and it changes nothing there.
+#[test]
+fn serve_as_root_refuses_another_users_state_directory() {
+    if !root_or_skip("serve_as_root_refuses_another_users_state_directory") {
+        return;
+    }
+    let workspace = prepared_workspace();
+    let state = workspace.state_dir();
+    let nobody = 65534;
+    for entry in std::fs::read_dir(&state).expect("state").flatten() {
+        std::os::unix::fs::chown(entry.path(), Some(nobody), Some(nobody)).expect("chown");
+    }
+    std::os::unix::fs::chown(&state, Some(nobody), Some(nobody)).expect("chown state");
+    let before = walk(&state);
+    let mut serve = KillOnDrop(
+        workspace
+            .serve_command(&[])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("agentgate serve"),
+    );
+    let mut status = None;
+    wait_until("serve to exit", Duration::from_secs(30), || {
+        status = serve.0.try_wait().ok().flatten();
+        status.is_some()
+    });
+    assert_eq!(status.and_then(|status| status.code()), Some(73));
+    let mut said = String::new();
+    if let Some(stderr) = serve.0.stderr.as_mut() {
+        let _ = std::io::Read::read_to_string(stderr, &mut said);
+    }
+    assert!(said.contains("refusing to serve as root"), "{said}");
+    assert_eq!(walk(&state), before);
 }
 
 fn walk(dir: &Path) -> Vec<std::path::PathBuf> {

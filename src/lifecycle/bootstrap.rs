@@ -62,6 +62,7 @@ impl Bootstrap {
         if marked > 0 {
             tracing::debug!(count = marked, "inherited descriptors marked close-on-exec");
         }
+        refuse_root_on_a_users_state(&config.state_dir)?;
         store::ensure_state_dir(&config.state_dir).map_err(Failure::state)?;
         let lock = DaemonLock::acquire(&config.state_dir).map_err(Failure::state)?;
         let listeners = ingress::take_listeners(&config, inherited).map_err(|err| match err {
@@ -171,6 +172,29 @@ where
             other => return other,
         }
     }
+}
+
+/// A daemon run as root on a state directory that belongs to another user (the service's) would
+/// leave files there that the service can no longer open: its next start would exit 73. So it
+/// does not start, and says how to run it instead.
+fn refuse_root_on_a_users_state(state_dir: &Path) -> Result<(), Failure> {
+    use std::os::unix::fs::MetadataExt;
+    if !nix::unistd::geteuid().is_root() {
+        return Ok(());
+    }
+    let Ok(metadata) = std::fs::metadata(state_dir) else {
+        return Ok(());
+    };
+    if metadata.uid() == 0 {
+        return Ok(());
+    }
+    let owner = crate::operator::user_name(metadata.uid());
+    Err(Failure::state(format!(
+        "refusing to serve as root: the state directory {} belongs to {owner}, and files created \
+         as root there would lock that user out; run `systemctl start agentgate`, or \
+         `runuser -u {owner} -- agentgate serve`",
+        state_dir.display()
+    )))
 }
 
 /// Probes the tool sandbox (before any thread: the probe waits for a process) and says what it
