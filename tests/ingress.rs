@@ -1523,6 +1523,21 @@ fn idle_http2_connections_are_closed() {
         without_stream < Duration::from_secs(5),
         "{without_stream:?}"
     );
+    // A client that never answers the GOAWAY's PING (a flood's) is dropped all the same.
+    let mut silent = TcpStream::connect(daemon.addr).expect("connect");
+    silent
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        .expect("preface");
+    silent
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let opened = Instant::now();
+    let mut seen = Vec::new();
+    assert!(
+        silent.read_to_end(&mut seen).is_ok(),
+        "still open after {:?}",
+        opened.elapsed()
+    );
     let after_stream = open(true);
     assert!(
         after_stream >= Duration::from_millis(1500) && after_stream < Duration::from_secs(10),

@@ -466,6 +466,11 @@ async fn next_slot(
     }
 }
 
+/// How long an HTTP/2 client has to close the connection after a GOAWAY once no stream is left.
+const GOAWAY_GRACE: Duration = Duration::from_secs(1);
+/// How often a closing HTTP/2 connection looks whether that time is up.
+const GOAWAY_CHECK: Duration = Duration::from_millis(250);
+
 /// HTTP/2 streams open at once on one webhook connection (hyper's default is 200).
 const HTTP2_MAX_STREAMS: u32 = 16;
 /// What an HTTP/2 sender may send on one stream before the daemon reads it (64 KiB, the
@@ -553,16 +558,27 @@ impl Protocols {
                 // GOAWAY, then the streams under way finish: on idleness, to make room, and
                 // when the listener stops (the watcher, held until the end, makes the drain
                 // wait for this connection).
-                let mut closing = false;
+                let mut closing: Option<tokio::time::Instant> = None;
                 loop {
                     tokio::select! {
                         _ = connection.as_mut() => break,
-                        () = clock.idle_past(self.header_timeout, self.keepalive_timeout), if !closing => {}
-                        () = registration.close.cancelled(), if !closing => {}
-                        () = stopping.cancelled(), if !closing => {}
+                        () = clock.idle_past(self.header_timeout, self.keepalive_timeout), if closing.is_none() => {}
+                        () = registration.close.cancelled(), if closing.is_none() => {}
+                        () = stopping.cancelled(), if closing.is_none() => {}
+                        // A client that does not answer the GOAWAY's PING would hold the
+                        // connection open: once no stream is left, it is dropped.
+                        () = tokio::time::sleep(GOAWAY_CHECK), if closing.is_some() => {
+                            let waited = closing.map_or(Duration::ZERO, |since| since.elapsed());
+                            if waited >= GOAWAY_GRACE && clock.idle_for().is_some() {
+                                break;
+                            }
+                            continue;
+                        }
                     }
-                    connection.as_mut().graceful_shutdown();
-                    closing = true;
+                    if closing.is_none() {
+                        connection.as_mut().graceful_shutdown();
+                        closing = Some(tokio::time::Instant::now());
+                    }
                 }
                 drop(watcher);
             }
