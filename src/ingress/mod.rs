@@ -363,14 +363,10 @@ impl WebhookListener {
                 },
             };
             backoff.succeeded();
-            let Some(permit) = next_slot(
-                &connections,
-                &open,
-                &shutdown,
-                max_connections,
-                &mut at_limit_since,
-            )
-            .await
+            // An accepted connection is served even when the listener is stopping: dropping it
+            // would reset a sender that connected in time.
+            let Some(permit) =
+                next_slot(&connections, &open, max_connections, &mut at_limit_since).await
             else {
                 break;
             };
@@ -437,12 +433,11 @@ fn within_descriptor_limit(max_connections: usize) -> usize {
 const SLOT_RETRY: Duration = Duration::from_millis(250);
 
 /// A connection slot: a free one, or one made by closing the connection idle the longest. While
-/// none is idle, it waits (new connections stay in the backlog), saying so once. `None` when
-/// the listener stops.
+/// none is idle, it waits (new connections stay in the backlog), saying so once. `None` only if
+/// the slots are gone.
 async fn next_slot(
     slots: &Arc<Semaphore>,
     open: &OpenConnections,
-    shutdown: &CancellationToken,
     max_connections: usize,
     at_limit_since: &mut Option<std::time::Instant>,
 ) -> Option<tokio::sync::OwnedSemaphorePermit> {
@@ -459,7 +454,7 @@ async fn next_slot(
             }
         }
         tokio::select! {
-            () = shutdown.cancelled() => return None,
+            biased;
             permit = slots.clone().acquire_owned() => return permit.ok(),
             () = tokio::time::sleep(SLOT_RETRY) => {}
         }
