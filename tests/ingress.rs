@@ -804,15 +804,8 @@ system = "Triage {{ payload.repository.full_name }} for {{ route }}."
 #[test]
 fn http2_prior_knowledge_is_served() {
     use http_body_util::{BodyExt, Full};
-    let workspace = Workspace::new();
-    workspace.write_config(
-        "[routes.alerts]\npath = \"/hooks/alerts\"\nverify = { scheme = \"none\" }\n",
-    );
-    let daemon = workspace.start();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let (_workspace, daemon) = alerts_route("");
+    let runtime = client_runtime();
     let (status, version, body) = runtime.block_on(async {
         let stream = tokio::net::TcpStream::connect(daemon.addr)
             .await
@@ -847,11 +840,7 @@ fn http2_prior_knowledge_is_served() {
 /// still cut off after `header_timeout`.
 #[test]
 fn idle_keep_alive_connections_outlive_header_timeout_but_slow_heads_do_not() {
-    let workspace = Workspace::new();
-    workspace.write_config(
-        "keepalive_timeout = \"30s\"\n[routes.alerts]\npath = \"/hooks/alerts\"\nverify = { scheme = \"none\" }\n",
-    );
-    let daemon = workspace.start();
+    let (_workspace, daemon) = alerts_route("keepalive_timeout = \"30s\"\n");
     let request = b"POST /hooks/alerts HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}";
     let mut stream = TcpStream::connect(daemon.addr).expect("connect");
     stream
@@ -1479,15 +1468,8 @@ fn idle_connections_make_room_at_max_connections() {
 #[test]
 fn idle_http2_connections_are_closed() {
     use http_body_util::Full;
-    let workspace = Workspace::new();
-    workspace.write_config(
-        "keepalive_timeout = \"2s\"\n[routes.alerts]\npath = \"/hooks/alerts\"\nverify = { scheme = \"none\" }\n",
-    );
-    let daemon = workspace.start();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let (_workspace, daemon) = alerts_route("keepalive_timeout = \"2s\"\n");
+    let runtime = client_runtime();
     let open = |send: bool| {
         runtime.block_on(async {
             let stream = tokio::net::TcpStream::connect(daemon.addr)
@@ -1617,15 +1599,8 @@ fn max_connections_is_lowered_to_what_the_open_file_limit_leaves() {
 /// can make the daemon hold stays small (docs/reference.md, "Threat model").
 #[test]
 fn http2_clients_get_few_streams() {
-    let workspace = Workspace::new();
-    workspace.write_config(
-        "[routes.alerts]\npath = \"/hooks/alerts\"\nverify = { scheme = \"none\" }\n",
-    );
-    let daemon = workspace.start();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let (_workspace, daemon) = alerts_route("");
+    let runtime = client_runtime();
     let streams = runtime.block_on(async {
         let stream = tokio::net::TcpStream::connect(daemon.addr)
             .await
@@ -1642,4 +1617,22 @@ fn http2_clients_get_few_streams() {
         sender.current_max_send_streams()
     });
     assert_eq!(streams, 16);
+}
+
+/// A runtime for the tests' own HTTP/2 clients.
+fn client_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// A daemon with one unsigned route, `/hooks/alerts`, and `server` (lines of `[server]`).
+fn alerts_route(server: &str) -> (Workspace, Daemon) {
+    let workspace = Workspace::new();
+    workspace.write_config(&format!(
+        "{server}[routes.alerts]\npath = \"/hooks/alerts\"\nverify = {{ scheme = \"none\" }}\n"
+    ));
+    let daemon = workspace.start();
+    (workspace, daemon)
 }

@@ -276,10 +276,7 @@ fn reconcile_as_root_gives_created_files_to_the_directory_owner() {
     // A malformed ledger the daemon wrote: reconcile quarantines it and writes a new one.
     std::fs::write(state.join("ledger.json"), b"{oops").expect("malformed ledger");
     let nobody = 65534;
-    for entry in std::fs::read_dir(&state).expect("state").flatten() {
-        std::os::unix::fs::chown(entry.path(), Some(nobody), Some(nobody)).expect("chown");
-    }
-    std::os::unix::fs::chown(&state, Some(nobody), Some(nobody)).expect("chown state");
+    give_away(&state, nobody);
 
     let output = reconcile(&workspace, &[]);
     assert!(output.status.success(), "{output:?}");
@@ -318,10 +315,7 @@ fn serve_as_root_refuses_another_users_state_directory() {
     let workspace = prepared_workspace();
     let state = workspace.state_dir();
     let nobody = 65534;
-    for entry in std::fs::read_dir(&state).expect("state").flatten() {
-        std::os::unix::fs::chown(entry.path(), Some(nobody), Some(nobody)).expect("chown");
-    }
-    std::os::unix::fs::chown(&state, Some(nobody), Some(nobody)).expect("chown state");
+    give_away(&state, nobody);
     let before = walk(&state);
     let mut serve = KillOnDrop(
         workspace
@@ -464,4 +458,13 @@ fn a_planted_trigger_is_refused_and_never_runs() {
     assert!(!listed.status.success(), "{listed:?}");
     let fired: Vec<i64> = workspace.query("SELECT count(*) FROM fired", |row| row.get(0));
     assert_eq!(fired, [0]);
+}
+
+/// Gives the state directory and what is directly in it to `owner`, as the service's user owns
+/// them.
+fn give_away(state: &Path, owner: u32) {
+    for entry in std::fs::read_dir(state).expect("state").flatten() {
+        std::os::unix::fs::chown(entry.path(), Some(owner), Some(owner)).expect("chown");
+    }
+    std::os::unix::fs::chown(state, Some(owner), Some(owner)).expect("chown state");
 }
