@@ -1636,3 +1636,30 @@ fn alerts_route(server: &str) -> (Workspace, Daemon) {
     let daemon = workspace.start();
     (workspace, daemon)
 }
+
+/// A flood on one route cannot take another route's capacity: each route may queue its share
+/// of `max_queued_events` (here route `flooded` sets 2), past which it gets `503` while the
+/// other route is still acknowledged.
+#[test]
+fn a_flooded_route_cannot_take_another_routes_queue() {
+    use common::stub::{Reply, Stub};
+    let model = Stub::start(|_, _| Reply::answer("slow").after(Duration::from_secs(60)));
+    let workspace = Workspace::new();
+    workspace.write_config(&format!(
+        "{}\n[routes.flooded]\npath = \"/flooded\"\nverify = {{ scheme = \"none\" }}\nsession = \"one\"\nmax_queued_events = 2\n\n[routes.quiet]\npath = \"/quiet\"\nverify = {{ scheme = \"none\" }}\n",
+        model.model_section()
+    ));
+    let daemon = workspace.start();
+    let mut refused = None;
+    for _ in 0..10 {
+        let answer = daemon.post_json("/flooded", &[], "{}");
+        if answer.status == 503 {
+            refused = Some(answer);
+            break;
+        }
+        assert_eq!(answer.status, 202, "{answer:?}");
+    }
+    let refused = refused.expect("the flooded route is refused past its share");
+    assert!(refused.body.contains("route flooded"), "{refused:?}");
+    assert_eq!(daemon.post_json("/quiet", &[], "{}").status, 202);
+}

@@ -358,6 +358,9 @@ pub(crate) struct RouteSettings {
     pub on_busy: OnBusy,
     pub deliver: DeliverSettings,
     pub rate_limit: Option<Rate>,
+    /// Events of this route queued at most; `None`: an even share of `runtime.max_queued_events`
+    /// (docs/reference.md, "Routes").
+    pub max_queued_events: Option<u64>,
     pub max_body: u64,
     /// `budget`: this route's caps (see [`BudgetLimits`]).
     pub budget: BudgetLimits,

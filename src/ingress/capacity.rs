@@ -11,13 +11,15 @@
 //! store's index counts and `statvfs` about once a second, and each accept counts itself in
 //! between, so a burst cannot overshoot by more than one refresh interval of accepts.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{RuntimeSettings, Settings, Shared};
+use crate::config::{Config, RouteSettings, RuntimeSettings, Settings, Shared};
 use crate::store::Store;
 
 /// How often the queue depth and free space are measured.
@@ -29,6 +31,8 @@ pub(super) const RETRY_AFTER_SECONDS: u64 = 30;
 pub(crate) struct Capacity {
     /// Queued events at the last count, plus the accepts since.
     queued: AtomicU64,
+    /// The same for each route.
+    queued_by_route: Mutex<HashMap<String, u64>>,
     /// Free bytes on the state file system at the last look (`u64::MAX`: not measured).
     free_disk: AtomicU64,
     /// The last answer, for logging changes once.
@@ -63,13 +67,42 @@ impl Capacity {
         None
     }
 
-    /// One more event is queued.
-    pub(crate) fn accepted(&self) {
-        self.queued.fetch_add(1, Ordering::Relaxed);
+    /// Why new events of `route` are refused now although others are not: the route holds its
+    /// whole share of the queue, so that one sender's flood cannot take another's capacity.
+    pub(crate) fn route_refusal(&self, route: &RouteSettings, config: &Config) -> Option<String> {
+        let limit = route_limit(route, &config.runtime, config.routes.len());
+        let queued = self.by_route().get(&route.name).copied().unwrap_or(0);
+        (queued >= limit).then(|| {
+            format!(
+                "{queued} events of route {} are queued (its share of the queue is {limit}: \
+                 routes.{}.max_queued_events); retry later",
+                route.name, route.name
+            )
+        })
     }
 
-    fn refresh(&self, queued: u64, free_disk: Option<u64>, runtime: &RuntimeSettings) {
+    /// One more event of `route` is queued.
+    pub(crate) fn accepted(&self, route: &str) {
+        self.queued.fetch_add(1, Ordering::Relaxed);
+        *self.by_route().entry(route.to_string()).or_default() += 1;
+    }
+
+    fn by_route(&self) -> std::sync::MutexGuard<'_, HashMap<String, u64>> {
+        // Counts only: a panic elsewhere leaves nothing half-done in them.
+        self.queued_by_route
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn refresh(
+        &self,
+        queued: u64,
+        by_route: HashMap<String, u64>,
+        free_disk: Option<u64>,
+        runtime: &RuntimeSettings,
+    ) {
         self.queued.store(queued, Ordering::Relaxed);
+        *self.by_route() = by_route;
         self.free_disk
             .store(free_disk.unwrap_or(u64::MAX), Ordering::Relaxed);
         let refusal = self.refusal(runtime);
@@ -82,6 +115,14 @@ impl Capacity {
             _ => {}
         }
     }
+}
+
+/// How many events of `route` may be queued: its `max_queued_events`, else an even share of
+/// `runtime.max_queued_events` among the `routes`; never more than the whole queue.
+fn route_limit(route: &RouteSettings, runtime: &RuntimeSettings, routes: usize) -> u64 {
+    let whole = runtime.max_queued_events;
+    let share = whole.div_ceil(u64::try_from(routes.max(1)).unwrap_or(u64::MAX));
+    route.max_queued_events.unwrap_or(share).min(whole)
 }
 
 /// The task that keeps a [`Capacity`] (its handle) current.
@@ -120,13 +161,25 @@ impl CapacityWatch {
                 })
                 .ok()
         });
-        match self.store.live_counts().await {
-            Ok(counts) => {
-                let queued = u64::try_from(counts.queued).unwrap_or(0);
-                self.capacity.refresh(queued, free_disk, runtime);
+        let counts = match self.store.live_counts().await {
+            Ok(counts) => counts,
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot count queued events");
+                return;
             }
-            Err(err) => tracing::warn!(error = %err, "cannot count queued events"),
-        }
+        };
+        let by_route = match self.store.queued_by_route().await {
+            Ok(by_route) => by_route
+                .into_iter()
+                .map(|(route, queued)| (route, u64::try_from(queued).unwrap_or(0)))
+                .collect(),
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot count queued events by route");
+                return;
+            }
+        };
+        let queued = u64::try_from(counts.queued).unwrap_or(0);
+        self.capacity.refresh(queued, by_route, free_disk, runtime);
     }
 }
 
@@ -160,15 +213,15 @@ mod tests {
     fn refuses_past_the_queue_limit_counting_accepts_between_refreshes() {
         let capacity = Capacity::new();
         let limits = runtime(3, 0);
-        capacity.refresh(2, None, &limits);
+        capacity.refresh(2, HashMap::new(), None, &limits);
         assert_eq!(capacity.refusal(&limits), None);
-        capacity.accepted();
+        capacity.accepted("hook");
         assert!(
             capacity
                 .refusal(&limits)
                 .is_some_and(|reason| reason.contains("max_queued_events"))
         );
-        capacity.refresh(0, None, &limits);
+        capacity.refresh(0, HashMap::new(), None, &limits);
         assert_eq!(capacity.refusal(&limits), None);
     }
 
@@ -176,13 +229,13 @@ mod tests {
     fn refuses_below_the_free_disk_floor() {
         let capacity = Capacity::new();
         let limits = runtime(100, 512 << 20);
-        capacity.refresh(0, Some(100 << 20), &limits);
+        capacity.refresh(0, HashMap::new(), Some(100 << 20), &limits);
         assert!(
             capacity
                 .refusal(&limits)
                 .is_some_and(|reason| reason.contains("min_free_disk"))
         );
-        capacity.refresh(0, Some(1 << 30), &limits);
+        capacity.refresh(0, HashMap::new(), Some(1 << 30), &limits);
         assert_eq!(capacity.refusal(&limits), None);
     }
 }

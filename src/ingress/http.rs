@@ -337,7 +337,12 @@ impl Ingress {
         let dedup_since = crate::store::now_millis()
             - i64::try_from(routing.settings.config.runtime.dedup_window.as_millis())
                 .unwrap_or(i64::MAX);
-        if let Some(reason) = self.capacity.refusal(&routing.settings.config.runtime) {
+        let config = &routing.settings.config;
+        if let Some(reason) = self
+            .capacity
+            .refusal(&config.runtime)
+            .or_else(|| self.capacity.route_refusal(settings, config))
+        {
             return self
                 .refuse_new(settings, event.delivery_id.as_deref(), dedup_since, &reason)
                 .await;
@@ -346,7 +351,7 @@ impl Ingress {
         let delivery_id = event.delivery_id.clone().unwrap_or_default();
         match self.store.accept(NewEvent { event, dedup_since }).await {
             Ok(AcceptOutcome::Accepted) => {
-                self.capacity.accepted();
+                self.capacity.accepted(&settings.name);
                 self.sessions
                     .event_accepted(&self.store, &session_key, settings.on_busy)
                     .await;

@@ -341,6 +341,8 @@ pub(crate) trait Outbox: Send + Sync {
 pub(crate) trait Inspection: Send + Sync {
     /// The counts for `STATUS=`.
     async fn live_counts(&self) -> Result<LiveCounts, StoreError>;
+    /// Queued events by route.
+    async fn queued_by_route(&self) -> Result<Vec<(String, i64)>, StoreError>;
     /// The counts for `agentgate status` (and, with leases, the nodes).
     async fn status_summary(&self) -> Result<StatusSummary, StoreError>;
     async fn sessions(&self) -> Result<Vec<SessionRow>, StoreError>;

@@ -269,6 +269,14 @@ pub(crate) const LIVE_COUNTS_SQL: &str = concatcp!(
     ") AS approvals_pending"
 );
 
+/// Queued events by route, for each route's share of `max_queued_events` (an index range per
+/// route: `events_queued_by_route`).
+pub(crate) const QUEUED_BY_ROUTE_SQL: &str = concatcp!(
+    "SELECT route AS name, count(*) AS n FROM events WHERE status = ",
+    QUEUED,
+    " GROUP BY route"
+);
+
 /// Accepted webhooks by status (internal events are not accepted ones).
 pub(crate) const EVENTS_BY_STATUS_SQL: &str =
     "SELECT status AS name, count(*) AS n FROM events WHERE origin = 'webhook' GROUP BY status";

@@ -54,6 +54,9 @@ impl Checker<'_> {
             None,
             |t| t.map(|t| parse_rate(&t)).transpose(),
         );
+        let max_queued_events = raw.max_queued_events.map(|raw| {
+            u64::from(self.positive(&format!("{prefix}.max_queued_events"), Some(raw), 1))
+        });
         let history = self.history(&prefix, raw.history.unwrap_or_default());
         let budget = self.budget_limits(&format!("{prefix}.budget"), raw.budget);
         let default_max_body = server.as_ref().map_or(1 << 20, |s| s.max_body);
@@ -83,6 +86,7 @@ impl Checker<'_> {
             on_busy,
             deliver,
             rate_limit,
+            max_queued_events,
             max_body,
             budget,
             name,

@@ -14,8 +14,8 @@ use crate::store::row::counted;
 use crate::store::sql::{
     DELIVERIES_SQL, DELIVERY_COUNTS_SQL, EVENT_DELIVERY_SQL, EVENT_REPLAYS_SQL, EVENT_SQL,
     EVENT_TURNS_SQL, EVENT_USAGE_SQL, EVENTS_BY_STATUS_SQL, EVENTS_SQL, LIVE_COUNTS_SQL,
-    ONE_SESSION_SQL, PENDING_COUNT_SQL, SESSION_USAGE_SQL, SESSIONS_BY_STATE_SQL,
-    SESSIONS_PAGE_SQL, SESSIONS_SQL, USAGE_BY_DAY_SQL,
+    ONE_SESSION_SQL, PENDING_COUNT_SQL, QUEUED_BY_ROUTE_SQL, SESSION_USAGE_SQL,
+    SESSIONS_BY_STATE_SQL, SESSIONS_PAGE_SQL, SESSIONS_SQL, USAGE_BY_DAY_SQL,
 };
 use crate::store::states::{DeliveryState, EventStatus};
 use crate::store::{Inspection, StoreError, now_millis};
@@ -26,6 +26,10 @@ impl Inspection for PostgresStore {
     async fn live_counts(&self) -> Result<LiveCounts, StoreError> {
         self.fetch_one(LIVE_COUNTS_SQL, &[], LiveCounts::decode)
             .await
+    }
+
+    async fn queued_by_route(&self) -> Result<Vec<(String, i64)>, StoreError> {
+        self.fetch(QUEUED_BY_ROUTE_SQL, &[], counted).await
     }
 
     async fn status_summary(&self) -> Result<StatusSummary, StoreError> {

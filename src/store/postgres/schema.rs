@@ -189,6 +189,8 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX approvals_pending ON approvals (expires_at) WHERE status = 'pending';
     CREATE INDEX approvals_pending_by_session ON approvals (session_key) WHERE status = 'pending';
     CREATE INDEX approvals_by_request ON approvals (requested_at);",
+    // 9: each route's share of max_queued_events, as in the SQLite schema.
+    "CREATE INDEX events_queued_by_route ON events (route) WHERE status = 'queued';",
 ];
 
 impl PostgresStore {

@@ -162,6 +162,8 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX approvals_pending ON approvals(expires_at) WHERE status = 'pending';
     CREATE INDEX approvals_pending_by_session ON approvals(session_key) WHERE status = 'pending';
     CREATE INDEX approvals_by_request ON approvals(requested_at);",
+    // 11: each route's share of max_queued_events counts its queued events once a second.
+    "CREATE INDEX events_queued_by_route ON events(route) WHERE status = 'queued';",
 ];
 
 /// The schema version this build writes.
