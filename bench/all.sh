@@ -12,7 +12,8 @@
 # 4. the fault soak with 100 rounds;
 # 5. 10,000 pending approvals at idle, and decision-to-turn-end latency (bench/approvals.sh);
 # 6. a sandboxed call in a unit of its own against the same sandbox started directly, under a
-#    real systemd (bench/tool-units.sh, root only).
+#    real systemd (bench/tool-units.sh, root only);
+# 7. a valid webhook and the daemon's memory under five floods (bench/attack.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-3}
@@ -46,6 +47,9 @@ bench/approvals.sh
 
 echo "== tool units (real systemd)"
 bench/tool-units.sh
+
+echo "== floods"
+bench/attack.py
 
 echo "== scale-out on PostgreSQL"
 RUNS=$RUNS bench/scaleout.sh

@@ -41,13 +41,15 @@ def frame(kind, flags, stream, payload):
 
 
 def hpack_literal(index, value):
-    """A header with an indexed name and a literal value, without indexing (RFC 7541 6.2.2)."""
-    return bytes([index]) + bytes([len(value)]) + value
+    """A header with an indexed name and a literal value, without indexing (RFC 7541 6.2.2):
+    the name's index as a 4-bit prefixed integer (5.1)."""
+    name = bytes([index]) if index < 15 else bytes([15, index - 15])
+    return name + bytes([len(value)]) + value
 
 
-# :method POST, :scheme http, :path /hook, :authority, content-type application/json
-HEADERS = (b"\x83\x86" + hpack_literal(0x04, b"/hook") + hpack_literal(0x01, b"127.0.0.1")
-           + hpack_literal(0x0f, b"application/json"))
+# :method POST, :scheme http, :path /hook, :authority, content-type (static 31) application/json
+HEADERS = (b"\x83\x86" + hpack_literal(4, b"/hook") + hpack_literal(1, b"127.0.0.1")
+           + hpack_literal(31, b"application/json"))
 
 
 def start(work):
@@ -135,11 +137,20 @@ def h2_streams():
     for _ in range(50):
         conn = connect(PORT)
         conn.sendall(PREFACE + frame(4, 0, 0, b""))
+        # The server's SETTINGS and window update: how much it lets a client send.
+        conn.settimeout(0.5)
+        try:
+            conn.recv(65536)
+        except OSError:
+            pass
+        conn.settimeout(None)
+        conn.setblocking(False)
         for stream in range(1, 401, 2):
             try:
                 conn.sendall(frame(1, 0x4, stream, HEADERS) + frame(0, 0, stream, chunk))
             except OSError:
                 break
+        conn.setblocking(True)
         conns.append(conn)
     return conns
 
