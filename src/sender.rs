@@ -26,7 +26,17 @@ pub(crate) fn delivery_id(
         VerifyScheme::Github => from_header("x-github-delivery"),
         VerifyScheme::Standard => from_header("webhook-id").or_else(|| from_header("svix-id")),
         VerifyScheme::Stripe => payload_text(payload, &["id"]),
-        VerifyScheme::Slack => payload_text(payload, &["event_id"]),
+        // Slash commands and interactivity carry no id: a request sent again as it was (same
+        // timestamp and body, so the same signature) is the same request. The signature itself
+        // is never stored, only its digest.
+        VerifyScheme::Slack => payload_text(payload, &["event_id"]).or_else(|| {
+            from_header("x-slack-signature").map(|signature| {
+                format!(
+                    "slack-request:{}",
+                    hex::encode(Sha256::digest(signature.as_bytes()))
+                )
+            })
+        }),
         VerifyScheme::Gitlab => from_header("x-gitlab-event-uuid"),
         _ => None,
     };
@@ -36,13 +46,21 @@ pub(crate) fn delivery_id(
 }
 
 /// A delivery id as it is stored: a key of any length deduplicates, a long one by its digest.
+/// An id that itself looks like a stored digest is stored by its own digest too, so that a
+/// sender cannot write one that another, long id deduplicates against.
 pub(crate) fn dedup_key(id: String) -> String {
-    if id.len() > MAX_STORED_DELIVERY_ID {
-        format!("sha256:{}", hex::encode(Sha256::digest(id.as_bytes())))
+    if id.len() > MAX_STORED_DELIVERY_ID || id.starts_with(DIGEST_PREFIX) {
+        format!(
+            "{DIGEST_PREFIX}{}",
+            hex::encode(Sha256::digest(id.as_bytes()))
+        )
     } else {
         id
     }
 }
+
+/// How a delivery id stored by its digest begins.
+const DIGEST_PREFIX: &str = "sha256:";
 
 /// Delivery ids longer than this are stored (and deduplicated) by their SHA-256.
 const MAX_STORED_DELIVERY_ID: usize = 256;
@@ -115,4 +133,19 @@ pub(crate) fn is_hidden_header(name: &str, settings: &VerifySettings, extra: &[S
         || HIDDEN_NAME_PARTS.iter().any(|part| name.contains(part))
         || settings.header.eq_ignore_ascii_case(name)
         || extra.iter().any(|hidden| hidden.eq_ignore_ascii_case(name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_id_written_as_a_digest_does_not_collide_with_the_long_id_it_names() {
+        let long = "x".repeat(MAX_STORED_DELIVERY_ID + 1);
+        let stored = dedup_key(long.clone());
+        assert!(stored.starts_with(DIGEST_PREFIX));
+        assert_ne!(dedup_key(stored.clone()), stored);
+        assert_eq!(dedup_key(long), stored);
+        assert_eq!(dedup_key("abc".to_string()), "abc");
+    }
 }

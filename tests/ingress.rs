@@ -525,6 +525,17 @@ fn slack_post(
         .expect("clock")
         .as_secs()
         .to_string();
+    slack_post_at(daemon, content_type, body, extra, &timestamp)
+}
+
+/// As [`slack_post`], signed at `timestamp` (so that a request can be sent again as it was).
+fn slack_post_at(
+    daemon: &Daemon,
+    content_type: &str,
+    body: &str,
+    extra: &[(&str, &str)],
+    timestamp: &str,
+) -> HttpResponse {
     let signature = format!(
         "v0={}",
         hmac_sha256_hex(
@@ -534,7 +545,7 @@ fn slack_post(
     );
     let mut headers = vec![
         ("content-type", content_type),
-        ("x-slack-request-timestamp", timestamp.as_str()),
+        ("x-slack-request-timestamp", timestamp),
         ("x-slack-signature", signature.as_str()),
     ];
     headers.extend_from_slice(extra);
@@ -586,9 +597,19 @@ events = ["app_mention", "/deploy"]
     assert_eq!(retry.json()["event_id"], first.json()["event_id"]);
 
     let command = "token=gIkuvaNzQIHg97ATvDxqgjtO&team_id=T0001&channel_id=C2147483705&user_id=U2147483697&command=%2Fdeploy&text=web+to+prod&response_url=https%3A%2F%2Fhooks.slack.com%2Fcommands%2F1234%2F5678";
-    let slash = slack_post(&daemon, "application/x-www-form-urlencoded", command, &[]);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs()
+        .to_string();
+    let form = "application/x-www-form-urlencoded";
+    let slash = slack_post_at(&daemon, form, command, &[], &now);
     assert_eq!(slash.status, 202, "{slash:?}");
     let id = slash.event_id();
+    // The same signed request sent again (a replay within Slack's 5 minutes) runs nothing new.
+    let replayed = slack_post_at(&daemon, form, command, &[], &now);
+    assert_eq!(replayed.json()["status"], "duplicate", "{replayed:?}");
+    assert_eq!(replayed.json()["event_id"], id.as_str());
     let stored: Vec<(String, Vec<u8>)> = workspace.query(
         &format!("SELECT event_type, payload FROM events WHERE id = '{id}'"),
         |row| Ok((row.get(0)?, row.get(1)?)),
