@@ -161,24 +161,18 @@ impl CapacityWatch {
                 })
                 .ok()
         });
-        let counts = match self.store.live_counts().await {
-            Ok(counts) => counts,
-            Err(err) => {
-                tracing::warn!(error = %err, "cannot count queued events");
-                return;
-            }
-        };
-        let by_route = match self.store.queued_by_route().await {
+        // One count by route; the queue's whole depth is their sum.
+        let by_route: HashMap<String, u64> = match self.store.queued_by_route().await {
             Ok(by_route) => by_route
                 .into_iter()
                 .map(|(route, queued)| (route, u64::try_from(queued).unwrap_or(0)))
                 .collect(),
             Err(err) => {
-                tracing::warn!(error = %err, "cannot count queued events by route");
+                tracing::warn!(error = %err, "cannot count queued events");
                 return;
             }
         };
-        let queued = u64::try_from(counts.queued).unwrap_or(0);
+        let queued = by_route.values().sum();
         self.capacity.refresh(queued, by_route, free_disk, runtime);
     }
 }
