@@ -179,15 +179,9 @@ where
 /// does not start, and says how to run it instead.
 fn refuse_root_on_a_users_state(state_dir: &Path) -> Result<(), Failure> {
     use std::os::unix::fs::MetadataExt;
-    if !nix::unistd::geteuid().is_root() {
-        return Ok(());
-    }
-    let Ok(metadata) = std::fs::metadata(state_dir) else {
+    let Some(metadata) = store::StateDir::new(state_dir).owner_other_than_root() else {
         return Ok(());
     };
-    if metadata.uid() == 0 {
-        return Ok(());
-    }
     let owner = crate::operator::user_name(metadata.uid());
     Err(Failure::state(format!(
         "refusing to serve as root: the state directory {} belongs to {owner}, and files created \

@@ -181,13 +181,9 @@ impl StateDir {
     /// the directory's owner, the daemon's user: a root-owned lock or ledger would otherwise make
     /// the daemon exit 73 or fail every resume closed. Symbolic links are never followed.
     pub(crate) fn restore_ownership(&self) -> std::io::Result<()> {
-        if !nix::unistd::geteuid().is_root() {
+        let Some(owner) = self.owner_other_than_root() else {
             return Ok(());
-        }
-        let owner = std::fs::metadata(&self.path)?;
-        if owner.uid() == 0 {
-            return Ok(());
-        }
+        };
         let [database, wal, shm] = database_files(&self.database());
         for path in [
             database,
@@ -206,6 +202,20 @@ impl StateDir {
             }
         }
         Ok(())
+    }
+}
+
+impl StateDir {
+    /// The directory's metadata when this process runs as root and the directory belongs to
+    /// another user (the daemon's): what root creates there must be that user's, or the daemon
+    /// cannot open it.
+    pub(crate) fn owner_other_than_root(&self) -> Option<std::fs::Metadata> {
+        if !nix::unistd::geteuid().is_root() {
+            return None;
+        }
+        std::fs::metadata(&self.path)
+            .ok()
+            .filter(|owner| owner.uid() != 0)
     }
 }
 
