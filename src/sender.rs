@@ -30,12 +30,8 @@ pub(crate) fn delivery_id(
         // timestamp and body, so the same signature) is the same request. The signature itself
         // is never stored, only its digest.
         VerifyScheme::Slack => payload_text(payload, &["event_id"]).or_else(|| {
-            from_header("x-slack-signature").map(|signature| {
-                format!(
-                    "slack-request:{}",
-                    hex::encode(Sha256::digest(signature.as_bytes()))
-                )
-            })
+            from_header("x-slack-signature")
+                .map(|signature| format!("slack-request:{}", digest(&signature)))
         }),
         VerifyScheme::Gitlab => from_header("x-gitlab-event-uuid"),
         _ => None,
@@ -50,13 +46,15 @@ pub(crate) fn delivery_id(
 /// sender cannot write one that another, long id deduplicates against.
 pub(crate) fn dedup_key(id: String) -> String {
     if id.len() > MAX_STORED_DELIVERY_ID || id.starts_with(DIGEST_PREFIX) {
-        format!(
-            "{DIGEST_PREFIX}{}",
-            hex::encode(Sha256::digest(id.as_bytes()))
-        )
+        format!("{DIGEST_PREFIX}{}", digest(&id))
     } else {
         id
     }
+}
+
+/// SHA-256 of `text`, in hex.
+fn digest(text: &str) -> String {
+    hex::encode(Sha256::digest(text.as_bytes()))
 }
 
 /// How a delivery id stored by its digest begins.
