@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 use super::confinement::Confinement;
@@ -205,21 +205,13 @@ impl Child {
             Aborted::NotStarted(format!("cannot start {}: {err}", self.program()))
         })?;
         let group = ProcessGroup::of(&child);
-        if let Some(mut stdin) = child.stdin.take() {
-            // A child that does not read stdin closes it early; that is not an error.
-            tokio::spawn(async move {
-                let _ = stdin.write_all(&input).await;
-            });
-        }
-        let cap = limits.output_cap;
-        let stdout = child
-            .stdout
-            .take()
-            .map(|s| tokio::spawn(read_capped(s, cap)));
-        let stderr = child
-            .stderr
-            .take()
-            .map(|s| tokio::spawn(read_capped(s, cap)));
+        let streams = Streams::start(
+            child.stdin.take(),
+            child.stdout.take(),
+            child.stderr.take(),
+            input,
+            limits.output_cap,
+        );
         let mut timed_out = false;
         let status = tokio::select! {
             status = child.wait() => {
@@ -237,12 +229,7 @@ impl Child {
                 return Err(Aborted::Cancelled);
             }
         };
-        Ok(Finished {
-            status,
-            stdout: collect(stdout).await,
-            stderr: collect(stderr).await,
-            timed_out,
-        })
+        Ok(streams.finished(status, timed_out).await)
     }
 }
 
@@ -288,13 +275,13 @@ impl Child {
             tokio::net::unix::pipe::Receiver::from_owned_fd(stdout.into()).map_err(not_started)?;
         let stderr =
             tokio::net::unix::pipe::Receiver::from_owned_fd(stderr.into()).map_err(not_started)?;
-        tokio::spawn(async move {
-            let mut stdin = stdin;
-            let _ = stdin.write_all(&input).await;
-        });
-        let cap = limits.output_cap;
-        let stdout = Some(tokio::spawn(read_capped(stdout, cap)));
-        let stderr = Some(tokio::spawn(read_capped(stderr, cap)));
+        let streams = Streams::start(
+            Some(stdin),
+            Some(stdout),
+            Some(stderr),
+            input,
+            limits.output_cap,
+        );
         let mut answer = Vec::new();
         let mut timed_out = false;
         tokio::select! {
@@ -315,12 +302,7 @@ impl Child {
             }
             Err(reason) => Err(std::io::Error::other(reason)),
         };
-        Ok(Finished {
-            status,
-            stdout: collect(stdout).await,
-            stderr: collect(stderr).await,
-            timed_out,
-        })
+        Ok(streams.finished(status, timed_out).await)
     }
 }
 
@@ -329,6 +311,48 @@ impl Child {
 async fn hang_up(connection: &mut tokio::net::UnixStream, answer: &mut Vec<u8>) {
     let _ = connection.shutdown().await;
     let _ = tokio::time::timeout(KILL_GRACE * 2, connection.read_to_end(answer)).await;
+}
+
+/// A child's stdio being served: `input` written to its stdin (a child that does not read it
+/// closes it early; that is not an error), each output read up to the cap.
+struct Streams {
+    stdout: Option<tokio::task::JoinHandle<Captured>>,
+    stderr: Option<tokio::task::JoinHandle<Captured>>,
+}
+
+impl Streams {
+    fn start<W, R, E>(
+        stdin: Option<W>,
+        stdout: Option<R>,
+        stderr: Option<E>,
+        input: Vec<u8>,
+        cap: usize,
+    ) -> Streams
+    where
+        W: AsyncWrite + Unpin + Send + 'static,
+        R: AsyncRead + Unpin + Send + 'static,
+        E: AsyncRead + Unpin + Send + 'static,
+    {
+        if let Some(mut stdin) = stdin {
+            tokio::spawn(async move {
+                let _ = stdin.write_all(&input).await;
+            });
+        }
+        Streams {
+            stdout: stdout.map(|s| tokio::spawn(read_capped(s, cap))),
+            stderr: stderr.map(|s| tokio::spawn(read_capped(s, cap))),
+        }
+    }
+
+    /// The run's outcome, with what the outputs kept.
+    async fn finished(self, status: std::io::Result<ExitStatus>, timed_out: bool) -> Finished {
+        Finished {
+            status,
+            stdout: collect(self.stdout).await,
+            stderr: collect(self.stderr).await,
+            timed_out,
+        }
+    }
 }
 
 /// What a stream reader kept. Children that escaped the group may still hold the pipe; it is
