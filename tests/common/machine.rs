@@ -147,6 +147,17 @@ systemctl enable --now agentgate.socket agentgate-control.socket agentgate-tool.
     pub fn journal(&self, args: &str) -> String {
         self.ok(&format!("journalctl --no-pager -o cat {args}"))
     }
+
+    /// How many times `agentgate reconcile` finished, by its syslog identifier rather than
+    /// `-u`: journald learns a line's unit from /proc, and a oneshot that exits right after its
+    /// last line can be gone before journald looks, leaving the line without `_SYSTEMD_UNIT`.
+    /// `--sync` makes every line written so far readable first.
+    pub fn reconcile_runs(&self) -> usize {
+        self.ok("journalctl --sync");
+        self.journal("SYSLOG_IDENTIFIER=agentgate")
+            .matches("reconcile finished")
+            .count()
+    }
 }
 
 impl Drop for Machine {
