@@ -288,6 +288,32 @@ fn oversized_bodies_are_413_with_and_without_content_length() {
     assert_eq!(workspace.events_total(), 0);
 }
 
+/// On HTTP/2 a body refused from its headers alone (413 from `content-length`, 404 from the
+/// path) is answered at once, and curl sees the answer, not a reset stream.
+#[test]
+fn http2_refusals_from_the_headers_reach_curl() {
+    let workspace = Workspace::new();
+    let daemon = start_github(&workspace, "");
+    let body = workspace.path().join("three-mib.json");
+    std::fs::write(&body, vec![b' '; 3 * 1024 * 1024]).expect("body");
+    for (path, expected) in [("/hooks/github", "413"), ("/hooks/elsewhere", "404")] {
+        let output = std::process::Command::new("curl")
+            .args(["-s", "--max-time", "20", "--http2-prior-knowledge"])
+            .args(["-H", "content-type: application/json"])
+            .args(["-H", "x-hub-signature-256: sha256=00"])
+            .arg("--data-binary")
+            .arg(format!("@{}", body.display()))
+            .args(["-o", "/dev/null", "-w", "%{http_version} %{http_code}"])
+            .arg(format!("http://{}{path}", daemon.addr))
+            .output()
+            .expect("run curl");
+        let answer = String::from_utf8_lossy(&output.stdout);
+        assert_eq!(answer, format!("2 {expected}"), "{output:?}");
+        assert!(output.status.success(), "{output:?}");
+    }
+    assert_eq!(workspace.events_total(), 0);
+}
+
 #[test]
 fn slow_header_clients_are_disconnected_after_header_timeout() {
     let workspace = Workspace::new();

@@ -16,6 +16,7 @@ mod payload;
 mod ratelimit;
 mod response;
 pub(crate) mod standby;
+mod unread;
 
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
@@ -527,9 +528,11 @@ impl Protocols {
         let tls = ingress.tls_acceptor();
         let opened = open_connection(stream, peer, tls, self.header_timeout, &ingress).await;
         let answering = clock.clone();
-        let service = service_fn(move |request| {
+        let service = service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
             let (ingress, clock) = (ingress.clone(), answering.clone());
             clock.answering();
+            let version = request.version();
+            let request = request.map(|body| unread::Unread::new(body, version));
             async move {
                 let response = ingress.handle(request, peer).await;
                 clock.answered();
