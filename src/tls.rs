@@ -58,10 +58,52 @@ pub(crate) fn server_config(settings: &TlsSettings) -> Result<Arc<rustls::Server
     Ok(Arc::new(config))
 }
 
-/// An HTTP client builder whose TLS verifies servers against the public web roots.
+/// The roots outbound HTTPS trusts: the public web roots, and the machine's own trust store
+/// (on Debian `/etc/ssl/certs`, where `update-ca-certificates` puts a private CA; also
+/// `SSL_CERT_FILE` and `SSL_CERT_DIR`), read once. A certificate of the store that rustls cannot
+/// use is skipped: the others still count.
+fn outbound_roots() -> rustls::RootCertStore {
+    static ROOTS: std::sync::OnceLock<rustls::RootCertStore> = std::sync::OnceLock::new();
+    ROOTS
+        .get_or_init(|| {
+            let mut roots = web_roots();
+            let (_added, _skipped) =
+                roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
+            roots
+        })
+        .clone()
+}
+
+/// An HTTP client builder whose TLS verifies servers against the public web roots and the
+/// machine's trust store.
 pub(crate) fn http_client() -> Result<reqwest::ClientBuilder, String> {
-    let config = client_config(web_roots()).map_err(|err| format!("TLS setup: {err}"))?;
+    let config = client_config(outbound_roots()).map_err(|err| format!("TLS setup: {err}"))?;
     Ok(reqwest::Client::builder()
         .use_preconfigured_tls(config)
         .user_agent(format!("agentgate/{}", crate::VERSION)))
+}
+
+/// Why an outbound request failed, in one line: what failed (`timed_out` for a timeout, "cannot
+/// connect", "request failed") and its innermost cause (a certificate the trusted roots do not
+/// vouch for, a refused connection), never the URL, which may be a secret.
+pub(crate) fn request_failure(err: &reqwest::Error, timed_out: &str) -> String {
+    use std::error::Error;
+    if err.is_timeout() {
+        return timed_out.to_string();
+    }
+    let what = if err.is_connect() {
+        "cannot connect"
+    } else {
+        "request failed"
+    };
+    let mut innermost: Option<&dyn Error> = None;
+    let mut cause = err.source();
+    while let Some(next) = cause {
+        innermost = Some(next);
+        cause = next.source();
+    }
+    match innermost {
+        Some(cause) => format!("{what}: {cause}"),
+        None => what.to_string(),
+    }
 }

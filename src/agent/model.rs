@@ -348,7 +348,13 @@ impl Model {
                     }
                     (summary, retry_after)
                 }
-                Err(err) => (format!("{url}: {}", describe(&err)), None),
+                Err(err) => (
+                    format!(
+                        "{url}: {}",
+                        crate::tls::request_failure(&err, "no answer within model.request_timeout")
+                    ),
+                    None,
+                ),
             };
             if attempt >= self.max_retries {
                 return Err(ModelError::Unavailable(format!(
@@ -412,16 +418,6 @@ impl Model {
         })?;
         message.role = Role::Assistant;
         Ok(message)
-    }
-}
-
-fn describe(err: &reqwest::Error) -> String {
-    if err.is_timeout() {
-        "no answer within model.request_timeout".to_string()
-    } else if err.is_connect() {
-        "cannot connect".to_string()
-    } else {
-        err.to_string()
     }
 }
 

@@ -309,19 +309,14 @@ impl Deliverer {
                 }
                 Err(err) if !err.is_timeout() && retries < TRANSPORT_RETRIES => retries += 1,
                 // Errors carry the URL; it may be the secret, so it is left out.
-                Err(err) => return Err(format!("POST {shown}: {}", describe(&err.without_url()))),
+                Err(err) => {
+                    return Err(format!(
+                        "POST {shown}: {}",
+                        crate::tls::request_failure(&err, "timed out")
+                    ));
+                }
             }
         }
-    }
-}
-
-fn describe(err: &reqwest::Error) -> String {
-    if err.is_connect() {
-        "cannot connect".into()
-    } else if err.is_timeout() {
-        "timed out".into()
-    } else {
-        err.to_string()
     }
 }
 

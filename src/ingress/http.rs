@@ -19,6 +19,7 @@ use http::header::{ALLOW, CONTENT_LENGTH, RETRY_AFTER};
 use http::{HeaderMap, HeaderValue, Method, Request, StatusCode};
 use serde_json::json;
 
+use super::acknowledge::{AcceptedEvent, Acknowledged, Reader};
 use super::body::{BodyError, BodySlots};
 use super::capacity::{self, Capacity};
 use super::payload::{decode_content, parse_payload};
@@ -181,7 +182,7 @@ impl Ingress {
         };
         let status = response.status();
         metrics::http_request(&route, status.as_u16());
-        if status == StatusCode::ACCEPTED {
+        if response.extensions().get::<AcceptedEvent>().is_some() {
             metrics::accepted(arrived.elapsed());
         }
         let refusal = response.extensions().get::<RefusalReason>();
@@ -219,7 +220,9 @@ impl Ingress {
         let route = route_for(&request, routing)?;
         let settings = &route.settings;
         let (headers, body) = self.read_verified(request, settings, routing).await?;
-        let (payload, payload_bytes) = parse_payload(&headers, body, settings.verify.scheme)?;
+        let (payload, payload_bytes, encoding) =
+            parse_payload(&headers, body, settings.verify.scheme)?;
+        let reader = Reader::of(settings.verify.scheme, encoding);
         if settings.verify.scheme == VerifyScheme::Slack
             && payload.get("type").and_then(|t| t.as_str()) == Some("url_verification")
         {
@@ -236,10 +239,7 @@ impl Ingress {
         if let Some(events) = &settings.events
             && !events.iter().any(|e| e == &event_type)
         {
-            return Ok(json_response(
-                StatusCode::OK,
-                &json!({"status": "ignored", "event_type": event_type}),
-            ));
+            return Ok(reader.answer(Acknowledged::Ignored { event_type }));
         }
         if let Some(limiter) = &route.limiter
             && let Err(wait) = limiter.take(Instant::now())
@@ -256,7 +256,8 @@ impl Ingress {
             headers: serde_json::to_string(&visible).unwrap_or_else(|_| "{}".to_string()),
             payload: payload_bytes.to_vec(),
         };
-        self.accept(routing, settings, event).await
+        let acknowledged = self.accept(routing, settings, event).await?;
+        Ok(reader.answer(acknowledged))
     }
 
     /// `/healthz` and `/readyz`, which every path answers before routing.
@@ -326,14 +327,14 @@ impl Ingress {
         Ok((parts.headers, body))
     }
 
-    /// Makes `event` durable and answers 202, or 200 for a duplicate, or 503 when new events
-    /// are refused (backpressure, low disk) or the store cannot commit.
+    /// Makes `event` durable and says so (accepted, or a duplicate), or refuses with 503 when
+    /// new events are refused (backpressure, low disk) or the store cannot commit.
     async fn accept(
         &self,
         routing: &Routing,
         settings: &RouteSettings,
         event: Event,
-    ) -> Result<HttpResponse, HttpResponse> {
+    ) -> Result<Acknowledged, HttpResponse> {
         let dedup_since = crate::store::now_millis()
             - i64::try_from(routing.settings.config.runtime.dedup_window.as_millis())
                 .unwrap_or(i64::MAX);
@@ -363,15 +364,12 @@ impl Ingress {
                     delivery_id = %delivery_id,
                     "event accepted"
                 );
-                Ok(json_response(
-                    StatusCode::ACCEPTED,
-                    &json!({"event_id": event_id, "session": session_key, "status": "accepted"}),
-                ))
+                Ok(Acknowledged::Accepted {
+                    event_id,
+                    session: session_key,
+                })
             }
-            Ok(AcceptOutcome::Duplicate { original }) => Ok(json_response(
-                StatusCode::OK,
-                &json!({"event_id": original, "status": "duplicate"}),
-            )),
+            Ok(AcceptOutcome::Duplicate { original }) => Ok(Acknowledged::Duplicate { original }),
             Err(err) => {
                 tracing::error!(route = %settings.name, error = %err, "event refused: not durable");
                 Err(unavailable("state cannot be written durably"))
@@ -540,17 +538,14 @@ impl Ingress {
         delivery_id: Option<&str>,
         dedup_since: i64,
         reason: &str,
-    ) -> Result<HttpResponse, HttpResponse> {
+    ) -> Result<Acknowledged, HttpResponse> {
         if let Some(delivery_id) = delivery_id
             && let Ok(Some(original)) = self
                 .store
                 .original_of(&settings.name, delivery_id, dedup_since)
                 .await
         {
-            return Ok(json_response(
-                StatusCode::OK,
-                &json!({"event_id": original, "status": "duplicate"}),
-            ));
+            return Ok(Acknowledged::Duplicate { original });
         }
         Err(unavailable_for(reason, capacity::RETRY_AFTER_SECONDS))
     }

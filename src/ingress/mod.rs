@@ -4,6 +4,7 @@
 //! bound from the config. They are taken in `main` before the async runtime starts, because the
 //! activation protocol is process-global state that must be read before any thread exists.
 
+mod acknowledge;
 pub(crate) mod api;
 mod approval_link;
 mod approvals;
@@ -104,11 +105,10 @@ pub(crate) async fn post_signed_webhook(
     {
         post = post.header(name, value);
     }
-    let response = post
-        .body(body)
-        .send()
-        .await
-        .map_err(|err| format!("POST {url}: {err}"))?;
+    let response = post.body(body).send().await.map_err(|err| {
+        let failure = crate::tls::request_failure(&err, "no answer in time");
+        format!("POST {url}: {failure}")
+    })?;
     let status = response.status().as_u16();
     let body = response
         .text()

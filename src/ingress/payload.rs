@@ -60,6 +60,18 @@ pub(super) fn decode_content(
     }
 }
 
+/// How a sender encoded its payload, which decides how Slack is answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Encoding {
+    /// A JSON body.
+    Json,
+    /// A form whose `payload` field holds the JSON (GitHub's form deliveries, Slack
+    /// interactivity).
+    FormPayload,
+    /// A form whose fields are the payload (a Slack slash command).
+    FormFields,
+}
+
 /// The JSON payload of a body. Form bodies carry it in a `payload` field (GitHub, Slack
 /// interactivity); on a `slack` route a form without one is a slash command, whose fields become
 /// the payload object.
@@ -67,7 +79,7 @@ pub(super) fn parse_payload(
     headers: &HeaderMap,
     body: Bytes,
     scheme: VerifyScheme,
-) -> Result<(serde_json::Value, Bytes), HttpResponse> {
+) -> Result<(serde_json::Value, Bytes, Encoding), HttpResponse> {
     let content_type = headers
         .get(CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -79,17 +91,17 @@ pub(super) fn parse_payload(
                 .to_ascii_lowercase()
         })
         .unwrap_or_default();
-    let json_bytes = if content_type.is_empty()
+    let (json_bytes, encoding) = if content_type.is_empty()
         || content_type == "application/json"
         || content_type.ends_with("+json")
     {
-        body
+        (body, Encoding::Json)
     } else if content_type == "application/x-www-form-urlencoded" {
         let payload = form_urlencoded::parse(&body)
             .find(|(name, _)| name == "payload")
             .map(|(_, value)| value.into_owned());
         match payload {
-            Some(payload) => Bytes::from(payload),
+            Some(payload) => (Bytes::from(payload), Encoding::FormPayload),
             None if scheme == VerifyScheme::Slack => {
                 let fields: serde_json::Map<String, serde_json::Value> =
                     form_urlencoded::parse(&body)
@@ -101,7 +113,11 @@ pub(super) fn parse_payload(
                         })
                         .collect();
                 let value = serde_json::Value::Object(fields);
-                return Ok((value.clone(), Bytes::from(value.to_string())));
+                return Ok((
+                    value.clone(),
+                    Bytes::from(value.to_string()),
+                    Encoding::FormFields,
+                ));
             }
             None => {
                 return Err(error(
@@ -125,7 +141,7 @@ pub(super) fn parse_payload(
             &format!("body is not valid JSON: {err}"),
         )
     })?;
-    Ok((value, json_bytes))
+    Ok((value, json_bytes, encoding))
 }
 
 #[cfg(test)]

@@ -1,0 +1,641 @@
+//! The recipes in docs/senders.md, driven by the senders' own payloads: every packaged example
+//! takes its sender's events into the session its comments promise, a real Alertmanager's
+//! notifications each reach a turn, and Slack is answered the way Slack asks.
+
+mod common;
+
+use std::net::TcpStream;
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+
+/// Every config in `packaging/examples/` passes check-config, and takes its sender's payload as
+/// that sender sends it (signed by `agentgate send` the way the route verifies), with the
+/// session key its comments promise.
+#[test]
+fn every_packaged_example_takes_its_senders_payload() {
+    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/examples");
+    let cases: &[(&str, &str, serde_json::Value, Option<&str>)] = &[
+        (
+            "alertmanager",
+            "alertmanager",
+            serde_json::json!({"version": "4", "groupKey": "{}:{alertname=\"DiskFull\", instance=\"db-1\"}",
+                "status": "firing", "receiver": "agentgate",
+                "groupLabels": {"alertname": "DiskFull", "instance": "db-1"},
+                "commonLabels": {"alertname": "DiskFull", "instance": "db-1", "severity": "page"},
+                "commonAnnotations": {"summary": "disk full"}, "externalURL": "http://am:9093",
+                "truncatedAlerts": 0,
+                "alerts": [{"status": "firing", "labels": {"alertname": "DiskFull", "instance": "db-1"},
+                    "annotations": {"summary": "disk full"}, "startsAt": "2026-12-01T05:00:00Z",
+                    "endsAt": "0001-01-01T00:00:00Z", "generatorURL": "", "fingerprint": "0f1e"}]}),
+            Some("alertmanager:DiskFull:db-1"),
+        ),
+        (
+            "github",
+            "github",
+            serde_json::json!({"action": "opened", "repository": {"full_name": "acme/web"},
+                "issue": {"number": 7, "title": "crash"}}),
+            Some("acme/web#7"),
+        ),
+        (
+            "gitlab",
+            "gitlab",
+            serde_json::json!({"object_kind": "issue", "project": {"path_with_namespace": "acme/web"},
+                "object_attributes": {"iid": 7, "title": "crash"}}),
+            Some("acme/web#7"),
+        ),
+        (
+            "grafana",
+            "grafana",
+            serde_json::json!({"receiver": "agentgate", "status": "firing", "groupKey": "{}:{alertname=\"HighCPU\"}",
+                "groupLabels": {"alertname": "HighCPU"}, "title": "[FIRING:1] HighCPU",
+                "alerts": [{"status": "firing", "labels": {"alertname": "HighCPU"},
+                    "startsAt": "2026-12-01T05:00:00Z"}]}),
+            Some("grafana:HighCPU"),
+        ),
+        (
+            "slack",
+            "slack",
+            serde_json::json!({"type": "event_callback", "team_id": "T1", "event_id": "Ev1",
+                "event": {"type": "app_mention", "channel": "C1", "ts": "1700000000.000100", "text": "<@U1> help"}}),
+            Some("slack:C1:1700000000.000100"),
+        ),
+        (
+            "standard-webhooks",
+            "events",
+            serde_json::json!({"type": "user.created", "data": {"id": "u1"}}),
+            None,
+        ),
+        (
+            "stripe",
+            "stripe",
+            serde_json::json!({"id": "evt_1", "object": "event", "type": "invoice.payment_failed",
+                "data": {"object": {"id": "in_1", "customer": "cus_9"}}}),
+            Some("stripe:cus_9"),
+        ),
+    ];
+    let listed = std::fs::read_dir(&examples)
+        .expect("examples")
+        .filter(|entry| {
+            entry
+                .as_ref()
+                .is_ok_and(|e| e.path().extension().is_some_and(|x| x == "toml"))
+        })
+        .count();
+    assert_eq!(listed, cases.len(), "an example without a case here");
+    // The Alertmanager side is valid Alertmanager configuration.
+    let checked = std::process::Command::new("amtool")
+        .arg("check-config")
+        .arg(examples.join("alertmanager.yml"))
+        .output()
+        .expect("amtool (.ci/run installs prometheus-alertmanager)");
+    assert!(checked.status.success(), "{checked:?}");
+    for (example, route, payload, session) in cases {
+        let workspace = Workspace::new();
+        let credentials = workspace.path().join("credentials");
+        std::fs::create_dir(&credentials).expect("credentials");
+        for name in [
+            "alertmanager-token",
+            "github-secret",
+            "gitlab-token",
+            "grafana-token",
+            "slack-signing-secret",
+            "stripe-secret",
+        ] {
+            std::fs::write(credentials.join(name), format!("{name}-value\n")).expect("secret");
+        }
+        for name in ["standard-secret", "results-secret"] {
+            std::fs::write(
+                credentials.join(name),
+                "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD\n",
+            )
+            .expect("secret");
+        }
+        let text =
+            std::fs::read_to_string(examples.join(format!("{example}.toml"))).expect("example");
+        workspace.write_config(&format!("[model]\nbackend = \"replay\"\n\n{text}"));
+        let credentials_env = credentials.display().to_string();
+        let env = [("CREDENTIALS_DIRECTORY", credentials_env.as_str())];
+        let check = std::process::Command::new(BIN)
+            .args(["check-config", "--config"])
+            .arg(workspace.config_path())
+            .envs(env)
+            .output()
+            .expect("check-config");
+        assert!(check.status.success(), "{example}: {check:?}");
+        let daemon = workspace.start_with_env(&env);
+        let sent = std::process::Command::new(BIN)
+            .args(["send", route, "--config"])
+            .arg(workspace.config_path())
+            .args([
+                "--url",
+                &format!("http://{}", daemon.addr),
+                "--data",
+                &payload.to_string(),
+            ])
+            .envs(env)
+            .output()
+            .expect("send");
+        let answer = String::from_utf8_lossy(&sent.stdout).to_string();
+        assert!(
+            sent.status.success() && answer.contains("202"),
+            "{example}: {sent:?}"
+        );
+        if let Some(session) = session {
+            assert!(
+                answer.contains(&format!("\"session\":\"{session}\"")),
+                "{example}: {answer}"
+            );
+        }
+    }
+}
+
+/// Debian's Alertmanager, configured from `packaging/examples/alertmanager.yml`, notifies the
+/// example route when `amtool` fires an alert: the bearer token from a credentials file, the
+/// notification's status as the event type, one session per group, and the turn runs.
+#[test]
+fn a_real_alertmanager_notification_becomes_a_turn() {
+    let workspace = Workspace::new();
+    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/examples");
+    let credentials = workspace.path().join("credentials");
+    std::fs::create_dir(&credentials).expect("credentials");
+    std::fs::write(credentials.join("alertmanager-token"), "am-token\n").expect("token");
+    let route = std::fs::read_to_string(examples.join("alertmanager.toml")).expect("example");
+    workspace.write_config(&format!("[model]\nbackend = \"replay\"\n\n{route}"));
+    let credentials_env = credentials.display().to_string();
+    let daemon = workspace.start_with_env(&[("CREDENTIALS_DIRECTORY", credentials_env.as_str())]);
+
+    let am_port = free_port();
+    let am_config = std::fs::read_to_string(examples.join("alertmanager.yml"))
+        .expect("alertmanager.yml")
+        .replace("http://127.0.0.1:8787", &format!("http://{}", daemon.addr))
+        .replace(
+            "/etc/prometheus/agentgate-token",
+            &credentials.join("alertmanager-token").display().to_string(),
+        )
+        .replace("group_wait: 30s", "group_wait: 1s")
+        .replace("group_interval: 5m", "group_interval: 1s");
+    std::fs::write(workspace.path().join("alertmanager.yml"), am_config).expect("am config");
+    let _alertmanager = KillOnDrop(
+        std::process::Command::new("prometheus-alertmanager")
+            .arg(format!(
+                "--config.file={}",
+                workspace.path().join("alertmanager.yml").display()
+            ))
+            .arg(format!(
+                "--storage.path={}",
+                workspace.path().join("am-data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{am_port}"))
+            .arg("--cluster.listen-address=")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start prometheus-alertmanager (.ci/run installs it)"),
+    );
+    wait_until("Alertmanager to listen", Duration::from_secs(30), || {
+        TcpStream::connect(("127.0.0.1", am_port)).is_ok()
+    });
+    amtool(
+        am_port,
+        &["alertname=DiskFull", "instance=db-1", "severity=page"],
+        &[],
+    );
+
+    let mut event: Option<(String, String, String)> = None;
+    wait_until(
+        "the notification to arrive",
+        Duration::from_secs(60),
+        || {
+            event = workspace
+                .query(
+                    "SELECT id, event_type, session_key FROM events WHERE route = 'alertmanager'",
+                    |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
+                )
+                .into_iter()
+                .next();
+            event.is_some()
+        },
+    );
+    let (id, event_type, session) = event.expect("an event");
+    assert_eq!(event_type, "firing");
+    assert_eq!(session, "alertmanager:DiskFull:db-1");
+    assert_eq!(
+        workspace.wait_terminal(&id, Duration::from_secs(30)),
+        "completed"
+    );
+
+    // An alert joins the group with an older start (a longer `for:`, or restored after a
+    // Prometheus restart), then the first one resolves while the second still fires: each is
+    // a notification with something new, and each reaches a turn of the group's session.
+    let an_hour_ago = chrono_like_rfc3339(3600);
+    amtool(
+        am_port,
+        &[
+            "alertname=DiskFull",
+            "instance=db-1",
+            "mount=/var",
+            "severity=page",
+        ],
+        &[format!("--start={an_hour_ago}")],
+    );
+    let notifications = |count: usize| {
+        let events: Vec<(String, String)> = workspace.query(
+            "SELECT id, session_key FROM events WHERE route = 'alertmanager' ORDER BY id",
+            |row| Ok((row.get(0)?, row.get(1)?)),
+        );
+        (events.len() >= count).then_some(events)
+    };
+    wait_until(
+        "the joining alert's notification",
+        Duration::from_secs(60),
+        || notifications(2).is_some(),
+    );
+    amtool(
+        am_port,
+        &["alertname=DiskFull", "instance=db-1", "severity=page"],
+        &[format!("--end={}", chrono_like_rfc3339(1))],
+    );
+    wait_until(
+        "the partial resolution's notification",
+        Duration::from_secs(60),
+        || notifications(3).is_some(),
+    );
+    let events = notifications(3).unwrap_or_default();
+    for (id, session) in &events {
+        assert_eq!(session, "alertmanager:DiskFull:db-1");
+        assert_eq!(
+            workspace.wait_terminal(id, Duration::from_secs(30)),
+            "completed"
+        );
+    }
+    let stored: Vec<Vec<u8>> = workspace.query(
+        &format!("SELECT payload FROM events WHERE id = '{}'", events[2].0),
+        |row| row.get(0),
+    );
+    let last: serde_json::Value = serde_json::from_slice(&stored[0]).expect("payload");
+    let statuses: Vec<&str> = last["alerts"]
+        .as_array()
+        .map(|alerts| alerts.iter().filter_map(|a| a["status"].as_str()).collect())
+        .unwrap_or_default();
+    assert!(
+        statuses.contains(&"resolved") && statuses.contains(&"firing"),
+        "{last}"
+    );
+}
+
+/// Runs `amtool alert add LABELS FLAGS` against the Alertmanager on `port`.
+fn amtool(port: u16, labels: &[&str], flags: &[String]) {
+    let added = std::process::Command::new("amtool")
+        .args(["alert", "add"])
+        .args(labels)
+        .args(flags)
+        .arg(format!("--alertmanager.url=http://127.0.0.1:{port}"))
+        .output()
+        .expect("amtool");
+    assert!(added.status.success(), "{added:?}");
+}
+
+/// The UTC time `seconds_ago` seconds ago, as RFC 3339 (what amtool's --start and --end take).
+fn chrono_like_rfc3339(seconds_ago: u64) -> String {
+    let output = std::process::Command::new("date")
+        .args(["-u", "-d", &format!("@{}", unix_now() - seconds_ago)])
+        .arg("+%Y-%m-%dT%H:%M:%SZ")
+        .output()
+        .expect("date");
+    String::from_utf8_lossy(&output.stdout).trim().to_string()
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs()
+}
+
+/// A daemon with the packaged examples of `routes`, their credentials in a credentials
+/// directory (each holds `<name>-value`), and the replay model.
+fn start_examples(workspace: &Workspace, routes: &[&str]) -> Daemon {
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/examples");
+    let credentials = workspace.path().join("credentials");
+    std::fs::create_dir(&credentials).expect("credentials");
+    let mut config = String::from("[model]\nbackend = \"replay\"\n\n");
+    for route in routes {
+        config +=
+            &std::fs::read_to_string(examples.join(format!("{route}.toml"))).expect("example");
+        config += "\n";
+    }
+    for name in [
+        "alertmanager-token",
+        "gitlab-token",
+        "grafana-token",
+        "slack-signing-secret",
+    ] {
+        std::fs::write(credentials.join(name), format!("{name}-value\n")).expect("secret");
+    }
+    workspace.write_config(&config);
+    let credentials = credentials.display().to_string();
+    workspace.start_with_env(&[("CREDENTIALS_DIRECTORY", credentials.as_str())])
+}
+
+fn fixture(name: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/senders")
+        .join(name);
+    std::fs::read_to_string(path).expect("fixture")
+}
+
+fn gitlab_post(daemon: &Daemon, event: &str, body: &str) -> HttpResponse {
+    let uuid = format!("{:x}", unix_nanos());
+    daemon.post_json(
+        "/hooks/gitlab",
+        &[
+            ("x-gitlab-token", "gitlab-token-value"),
+            ("x-gitlab-event", event),
+            ("x-gitlab-event-uuid", &uuid),
+        ],
+        body,
+    )
+}
+
+fn unix_nanos() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_nanos()
+}
+
+/// GitLab's documented hook payloads: a comment on an issue, a merge request, a commit or a
+/// snippet joins the session of what it comments on (in GitLab's notation), confidential issues
+/// and comments are taken, and a payload the session template cannot read (no project) is
+/// still accepted, in its own session, with a warning and a count.
+#[test]
+fn gitlab_comments_join_what_they_comment_on() {
+    let workspace = Workspace::new();
+    let daemon = start_examples(&workspace, &["gitlab"]);
+    let cases = [
+        ("Issue Hook", "gitlab-issue.json", "gitlabhq/gitlab-test#23"),
+        (
+            "Confidential Issue Hook",
+            "gitlab-confidential-issue.json",
+            "gitlabhq/gitlab-test#24",
+        ),
+        (
+            "Merge Request Hook",
+            "gitlab-merge-request.json",
+            "gitlabhq/gitlab-test!12",
+        ),
+        (
+            "Note Hook",
+            "gitlab-note-issue.json",
+            "gitlabhq/gitlab-test#10",
+        ),
+        (
+            "Confidential Note Hook",
+            "gitlab-confidential-note-issue.json",
+            "gitlabhq/gitlab-test#10",
+        ),
+        (
+            "Note Hook",
+            "gitlab-note-merge-request.json",
+            "gitlabhq/gitlab-test!1",
+        ),
+        (
+            "Note Hook",
+            "gitlab-note-commit.json",
+            "gitlabhq/gitlab-test@cfe32cf61b73",
+        ),
+        (
+            "Note Hook",
+            "gitlab-note-snippet.json",
+            "gitlabhq/gitlab-test$53",
+        ),
+    ];
+    for (event, file, session) in cases {
+        let answer = gitlab_post(&daemon, event, &fixture(file));
+        assert_eq!(answer.status, 202, "{file}: {answer:?}");
+        assert_eq!(answer.json()["session"], session, "{file}");
+    }
+    let odd = gitlab_post(&daemon, "Note Hook", r#"{"object_kind":"note"}"#);
+    assert_eq!(odd.status, 202, "{odd:?}");
+    assert_eq!(
+        odd.json()["session"],
+        format!("gitlab:{}", odd.event_id()).as_str()
+    );
+    assert!(
+        workspace
+            .metrics()
+            .contains(r#"agentgate_template_fallbacks_total{route="gitlab",template="session"} 1"#),
+        "{}",
+        workspace.metrics()
+    );
+    daemon.wait_for_log("template cannot be evaluated for this payload");
+}
+
+fn slack_signed(daemon: &Daemon, content_type: &str, body: &str) -> HttpResponse {
+    let timestamp = unix_now().to_string();
+    let signature = format!(
+        "v0={}",
+        hmac_sha256_hex(
+            b"slack-signing-secret-value",
+            format!("v0:{timestamp}:{body}").as_bytes()
+        )
+    );
+    daemon.request(
+        "POST",
+        "/hooks/slack",
+        &[
+            ("content-type", content_type),
+            ("x-slack-request-timestamp", &timestamp),
+            ("x-slack-signature", &signature),
+        ],
+        body.as_bytes(),
+    )
+}
+
+/// The newest stored event's session key and type.
+fn newest_event(workspace: &Workspace) -> (String, String) {
+    workspace
+        .query(
+            "SELECT session_key, event_type FROM events ORDER BY id DESC LIMIT 1",
+            |row| Ok((row.get(0)?, row.get(1)?)),
+        )
+        .into_iter()
+        .next()
+        .expect("an event")
+}
+
+/// Slack's interactivity and slash commands, as Slack sends them (forms) and as it wants them
+/// answered: a button press (`block_actions`, `channel.id`) reaches the session of the thread
+/// its message is in, answered 200 with an empty body; a slash command is answered 200 with an
+/// ephemeral line for the user who typed it.
+#[test]
+fn slack_buttons_and_slash_commands_are_answered_as_slack_asks() {
+    let workspace = Workspace::new();
+    let daemon = start_examples(&workspace, &["slack"]);
+    let form = "application/x-www-form-urlencoded";
+    let actions = fixture("slack-block-actions.json");
+    let body: String = form_urlencoded::Serializer::new(String::new())
+        .append_pair("payload", &actions)
+        .finish();
+    let pressed = slack_signed(&daemon, form, &body);
+    assert_eq!(pressed.status, 200, "{pressed:?}");
+    assert!(pressed.body.is_empty(), "{pressed:?}");
+    assert_eq!(
+        newest_event(&workspace),
+        (
+            "slack:CBR2V3XEX:1548261000.000100".to_string(),
+            "block_actions".to_string()
+        )
+    );
+
+    let command = "token=gIkuvaNzQIHg97ATvDxqgjtO&team_id=T0001&team_domain=example&channel_id=C2147483705&channel_name=test&user_id=U2147483697&user_name=Steve&command=%2Ftriage&text=db-1+is+slow&response_url=https%3A%2F%2Fhooks.slack.com%2Fcommands%2F1234%2F5678&trigger_id=13345224609.738474920.8088930838d88f008e0";
+    let typed = slack_signed(&daemon, form, command);
+    assert_eq!(typed.status, 200, "{typed:?}");
+    let answer = typed.json();
+    assert_eq!(answer["response_type"], "ephemeral", "{answer}");
+    let (session, event_type) = newest_event(&workspace);
+    assert_eq!(
+        (session.as_str(), event_type.as_str()),
+        ("slack:C2147483705:commands", "/triage")
+    );
+    let text = answer["text"].as_str().unwrap_or_default().to_string();
+    let id: String = workspace
+        .query("SELECT id FROM events ORDER BY id DESC LIMIT 1", |row| {
+            row.get(0)
+        })
+        .into_iter()
+        .next()
+        .unwrap_or_default();
+    assert!(text.contains(&id), "{text}");
+    // Both were accepted and are counted as accepted, whatever their status code.
+    assert!(
+        workspace
+            .metrics()
+            .contains("agentgate_accept_duration_seconds_count 2"),
+        "{}",
+        workspace.metrics()
+    );
+}
+
+/// An Alertmanager (or Grafana) alert `name` with `fingerprint`, `status` and `starts_at`.
+fn alert(
+    fingerprint: &str,
+    status: &str,
+    starts_at: &str,
+    labels: serde_json::Value,
+) -> serde_json::Value {
+    serde_json::json!({"status": status, "labels": labels, "annotations": {"summary": "disk full"},
+        "startsAt": starts_at,
+        "endsAt": if status == "resolved" { "2026-12-01T06:00:00Z" } else { "0001-01-01T00:00:00Z" },
+        "generatorURL": "http://prometheus:9090/graph", "fingerprint": fingerprint})
+}
+
+/// A notification of the group `group_labels` with `alerts`, as Alertmanager sends it.
+fn notification(group_labels: serde_json::Value, alerts: &[serde_json::Value]) -> String {
+    let firing = alerts.iter().any(|a| a["status"] == "firing");
+    let key = group_labels
+        .as_object()
+        .map(|labels| {
+            labels
+                .iter()
+                .map(|(name, value)| format!("{name}={value}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+        .unwrap_or_default();
+    serde_json::json!({"version": "4", "groupKey": format!("{{}}:{{{key}}}"),
+        "truncatedAlerts": 0, "status": if firing { "firing" } else { "resolved" },
+        "receiver": "agentgate", "groupLabels": group_labels, "commonLabels": group_labels,
+        "commonAnnotations": {}, "externalURL": "http://alertmanager:9093", "alerts": alerts})
+    .to_string()
+}
+
+/// Alert groups as they change: the same notification again (a repeat, the other member of an
+/// HA pair) is a duplicate; an alert that joins with an older start, an alert that resolves
+/// while another fires, and the resolution are each a new event of the group's one session.
+/// A `group_by` without `alertname` is a session of its own labels, not a refusal; Grafana's
+/// firing and resolved notifications are one session.
+#[test]
+fn alert_groups_that_gain_lose_and_resolve_alerts_are_each_new() {
+    let workspace = Workspace::new();
+    let daemon = start_examples(&workspace, &["alertmanager", "grafana"]);
+    let post = |path: &str, token: &str, body: &str| {
+        daemon.post_json(path, &[("authorization", &format!("Bearer {token}"))], body)
+    };
+    let am = |body: &str| post("/hooks/alertmanager", "alertmanager-token-value", body);
+    let group = serde_json::json!({"alertname": "DiskFull", "instance": "db-1"});
+    let labels = |mount: &str| serde_json::json!({"alertname": "DiskFull", "instance": "db-1", "mount": mount});
+    let root = alert("aa01", "firing", "2026-12-01T05:00:00Z", labels("/"));
+    let var_older = alert("bb02", "firing", "2026-12-01T04:00:00Z", labels("/var"));
+    let steps = [
+        (vec![root.clone()], 202),
+        (vec![root.clone()], 200),
+        (vec![root.clone(), var_older.clone()], 202),
+        (
+            vec![
+                alert("aa01", "resolved", "2026-12-01T05:00:00Z", labels("/")),
+                var_older.clone(),
+            ],
+            202,
+        ),
+        (
+            vec![
+                alert("aa01", "resolved", "2026-12-01T05:00:00Z", labels("/")),
+                alert("bb02", "resolved", "2026-12-01T04:00:00Z", labels("/var")),
+            ],
+            202,
+        ),
+    ];
+    let mut accepted = Vec::new();
+    for (step, (alerts, status)) in steps.iter().enumerate() {
+        let answer = am(&notification(group.clone(), alerts));
+        assert_eq!(answer.status, *status, "step {step}: {answer:?}");
+        if *status == 202 {
+            assert_eq!(
+                answer.json()["session"],
+                "alertmanager:DiskFull:db-1",
+                "step {step}"
+            );
+            accepted.push(answer.event_id());
+        }
+    }
+    assert_eq!(accepted.len(), 4);
+
+    let by_cluster = am(&notification(
+        serde_json::json!({"cluster": "eu-1"}),
+        &[alert(
+            "cc03",
+            "firing",
+            "2026-12-01T05:00:00Z",
+            serde_json::json!({"alertname": "NodeDown", "cluster": "eu-1"}),
+        )],
+    ));
+    assert_eq!(by_cluster.status, 202, "{by_cluster:?}");
+    assert_eq!(by_cluster.json()["session"], "alertmanager:eu-1");
+
+    let grafana = |alerts: &[serde_json::Value]| {
+        let mut body: serde_json::Value = serde_json::from_str(&notification(
+            serde_json::json!({"alertname": "HighCPU", "grafana_folder": "Infra"}),
+            alerts,
+        ))
+        .expect("notification");
+        body["title"] = format!(
+            "[{}:1] HighCPU Infra",
+            body["status"].as_str().unwrap_or("").to_uppercase()
+        )
+        .into();
+        post("/hooks/grafana", "grafana-token-value", &body.to_string())
+    };
+    let cpu = serde_json::json!({"alertname": "HighCPU", "grafana_folder": "Infra"});
+    let fired = grafana(&[alert("dd04", "firing", "2026-12-01T05:00:00Z", cpu.clone())]);
+    let resolved = grafana(&[alert("dd04", "resolved", "2026-12-01T05:00:00Z", cpu)]);
+    assert_eq!(
+        (fired.status, resolved.status),
+        (202, 202),
+        "{fired:?} {resolved:?}"
+    );
+    assert_eq!(fired.json()["session"], "grafana:HighCPU:Infra");
+    assert_eq!(resolved.json()["session"], fired.json()["session"]);
+}
