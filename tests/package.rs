@@ -132,7 +132,7 @@ fn install_serve_upgrade_restart_remove_purge() {
         "cd /usr/share/doc/agentgate && ls reference.md operations.md senders.md tools.md models.md \
          scale-out.md examples/alertmanager.yml examples/grafana-dashboard.json examples/prometheus-rules.yml",
     );
-    let verify = machine.sh("systemd-analyze verify agentgate.socket agentgate-control.socket agentgate-tool.socket agentgate.service agentgate-reconcile.service agentgate-tool@1.service");
+    let verify = machine.sh("systemd-analyze verify agentgate.socket agentgate-control.socket agentgate-tool.socket agentgate.service agentgate-reconcile.service agentgate-tool@1.service agentgate-schedule@nightly.service agentgate-schedule@nightly.timer");
     let complaints = format!(
         "{}{}",
         String::from_utf8_lossy(&verify.stdout),

@@ -639,3 +639,71 @@ fn alert_groups_that_gain_lose_and_resolve_alerts_are_each_new() {
     assert_eq!(fired.json()["session"], "grafana:HighCPU:Infra");
     assert_eq!(resolved.json()["session"], fired.json()["session"]);
 }
+
+/// `agentgate send --schedule NAME`, as `agentgate-schedule@NAME.service` runs it: the route and
+/// payload from `schedules/NAME.toml` beside the config, the delivery id from the time the timer
+/// elapsed, so one fire posted twice is a duplicate; by hand (no timer) each run is new. A name
+/// that would leave the directory, or a file that names no route, is refused with its reason.
+#[test]
+fn a_schedule_posts_once_per_fire() {
+    let workspace = Workspace::new();
+    workspace.write_config(
+        "[routes.reports]\npath = \"/hooks/reports\"\nverify = { scheme = \"none\" }\nsession = \"{{ payload.report }}\"\n",
+    );
+    let schedules = workspace.path().join("schedules");
+    std::fs::create_dir(&schedules).expect("schedules");
+    std::fs::write(
+        schedules.join("nightly.toml"),
+        "route = \"reports\"\npayload = { report = \"nightly\", window = \"24h\" }\n",
+    )
+    .expect("schedule");
+    std::fs::write(schedules.join("broken.toml"), "payload = {}\n").expect("schedule");
+    let _daemon = workspace.start();
+    let fire = |name: &str, elapsed: Option<&str>| {
+        let mut command = std::process::Command::new(BIN);
+        command
+            .args(["send", "--schedule", name, "--config"])
+            .arg(workspace.config_path())
+            .env_remove("TRIGGER_TIMER_REALTIME_USEC");
+        if let Some(micros) = elapsed {
+            command.env("TRIGGER_TIMER_REALTIME_USEC", micros);
+        }
+        command.output().expect("send --schedule")
+    };
+    let first = fire("nightly", Some("1796277600123456"));
+    assert!(first.status.success(), "{first:?}");
+    assert!(
+        String::from_utf8_lossy(&first.stdout).starts_with("202"),
+        "{first:?}"
+    );
+    let again = fire("nightly", Some("1796277600999999"));
+    assert!(again.status.success(), "{again:?}");
+    assert!(
+        String::from_utf8_lossy(&again.stdout).contains("\"duplicate\""),
+        "{again:?}"
+    );
+    let by_hand = fire("nightly", None);
+    assert!(
+        String::from_utf8_lossy(&by_hand.stdout).starts_with("202"),
+        "{by_hand:?}"
+    );
+    let ids: Vec<(String, String)> = workspace.query(
+        "SELECT delivery_id, session_key FROM events ORDER BY seq",
+        |row| Ok((row.get(0)?, row.get(1)?)),
+    );
+    assert_eq!(ids.len(), 2);
+    assert_eq!(ids[0].0, "schedule:nightly:2026-12-03T06:00:00Z");
+    assert_eq!(ids[0].1, "nightly");
+    assert!(ids[1].0.starts_with("schedule:nightly:"), "{ids:?}");
+
+    let escaping = fire("../agentgate", None);
+    assert_eq!(escaping.status.code(), Some(2), "{escaping:?}");
+    let broken = fire("broken", None);
+    assert_eq!(broken.status.code(), Some(78), "{broken:?}");
+    assert!(
+        String::from_utf8_lossy(&broken.stderr).contains("route"),
+        "{broken:?}"
+    );
+    let missing = fire("weekly", None);
+    assert_eq!(missing.status.code(), Some(78), "{missing:?}");
+}

@@ -1026,3 +1026,48 @@ else:
         );
     }
 }
+
+/// A schedule as README.Debian adds one: a file naming the route and the payload, a calendar in
+/// the timer's drop-in, the timer enabled. The timer fires at its time and the event arrives
+/// with the delivery id `schedule:NAME:<time>`; the same fire posted again is a duplicate.
+#[test]
+fn a_schedule_timer_fires_once_per_scheduled_time() {
+    let Some(machine) = Machine::boot("schedule") else {
+        return;
+    };
+    machine.install(&config(""), "");
+    let at = machine.ok("date -u -d '+4 sec' '+%Y-%m-%d %H:%M:%S'");
+    machine.ok(&format!(
+        r#"set -e
+printf 'route = "hook"\npayload = {{ session = "nightly", task = "report" }}\n' | install -D -m 0640 -g _agentgate /dev/stdin /etc/agentgate/schedules/nightly.toml
+printf '[Timer]\nOnCalendar=\nOnCalendar={at} UTC\n' | install -D -m 0644 /dev/stdin /etc/systemd/system/agentgate-schedule@nightly.timer.d/calendar.conf
+systemctl daemon-reload && systemctl enable --now agentgate-schedule@nightly.timer"#
+    ));
+    let events = || -> Vec<serde_json::Value> {
+        let text = machine.ok(
+            "agentgate events list --session nightly --json --config /etc/agentgate/agentgate.toml",
+        );
+        serde_json::from_str::<serde_json::Value>(&text)
+            .ok()
+            .and_then(|list| list.as_array().cloned())
+            .unwrap_or_default()
+    };
+    wait_for("the timer's event", Duration::from_secs(30), || {
+        !events().is_empty()
+    });
+    let expected = format!("schedule:nightly:{}Z", at.trim().replace(' ', "T"));
+    let fired = events();
+    assert_eq!(fired.len(), 1, "{fired:?}");
+    assert_eq!(fired[0]["delivery_id"], expected.as_str(), "{fired:?}");
+    assert_eq!(
+        machine.show("agentgate-schedule@nightly.service", "Result"),
+        "success"
+    );
+    // The same fire again (the service run again for that time): a duplicate, nothing new.
+    let again = machine.ok(&format!(
+        "TRIGGER_TIMER_REALTIME_USEC=$(( $(date -u -d '{at} UTC' +%s) * 1000000 + 250000 )) \
+         runuser -u _agentgate -- agentgate send --schedule nightly"
+    ));
+    assert!(again.contains("\"duplicate\""), "{again}");
+    assert_eq!(events().len(), 1);
+}

@@ -123,8 +123,14 @@ pub(super) enum Command {
     Send {
         #[command(flatten)]
         config: ConfigArg,
-        /// The route name (a key under [routes])
-        route: String,
+        /// The route name (a key under [routes]); with --schedule, the schedule file names it
+        #[arg(required_unless_present = "schedule")]
+        route: Option<String>,
+        /// Post the schedule schedules/NAME.toml beside the config file (route and payload),
+        /// with the delivery id schedule:NAME:<the time its timer elapsed>
+        /// (agentgate-schedule@NAME.service runs this)
+        #[arg(long, value_name = "NAME", conflicts_with_all = ["data", "delivery_id", "event_type"])]
+        schedule: Option<String>,
         /// JSON payload, or @FILE to read it from a file [default: {}]
         #[arg(long, value_name = "JSON|@FILE")]
         data: Option<String>,

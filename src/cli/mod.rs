@@ -10,6 +10,7 @@ mod control;
 mod events;
 mod generate;
 mod manual;
+mod schedule;
 mod send;
 mod sessions;
 mod state;
@@ -117,6 +118,7 @@ fn run(command: Command) -> Result<(), Failure> {
         Command::Send {
             config,
             route,
+            schedule,
             data,
             url,
             delivery_id,
@@ -125,6 +127,7 @@ fn run(command: Command) -> Result<(), Failure> {
             &config.source(),
             &SendRequest {
                 route,
+                schedule,
                 data,
                 url,
                 delivery_id,

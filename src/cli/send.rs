@@ -13,29 +13,30 @@ use crate::ingress::{ListenerAnswer, post_signed_webhook};
 use crate::output::outln;
 
 pub(super) struct SendRequest {
-    pub(super) route: String,
+    pub(super) route: Option<String>,
+    pub(super) schedule: Option<String>,
     pub(super) data: Option<String>,
     pub(super) url: Option<String>,
     pub(super) delivery_id: Option<String>,
     pub(super) event_type: Option<String>,
 }
 
+/// What is posted: to which route, the body, its delivery id and event type.
+pub(super) struct Outgoing {
+    pub(super) route: String,
+    pub(super) body: Vec<u8>,
+    pub(super) delivery_id: String,
+    pub(super) event_type: Option<String>,
+}
+
 pub(super) fn send(source: &ConfigSource, request: &SendRequest) -> Result<(), Failure> {
-    let body = match request.data.as_deref() {
-        None => b"{}".to_vec(),
-        Some(data) => match data.strip_prefix('@') {
-            Some(path) => std::fs::read(path)
-                .map_err(|err| Failure::runtime(format!("--data @{path}: {err}")))?,
-            None => data.as_bytes().to_vec(),
-        },
+    let outgoing = match &request.schedule {
+        Some(name) => super::schedule::outgoing(source, name, request.route.as_deref())?,
+        None => from_arguments(request)?,
     };
-    let delivery_id = request
-        .delivery_id
-        .clone()
-        .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
     let answer = match &request.url {
-        Some(base) => send_signed_here(source, request, base, body, &delivery_id)?,
-        None => send_through_daemon(source, request, body, &delivery_id)?,
+        Some(base) => send_signed_here(source, &outgoing, base)?,
+        None => send_through_daemon(source, &outgoing)?,
     };
     outln!("{} {}", answer.status, answer.body.trim_end());
     if (200..300).contains(&answer.status) {
@@ -48,25 +49,49 @@ pub(super) fn send(source: &ConfigSource, request: &SendRequest) -> Result<(), F
     }
 }
 
-/// Asks the daemon to sign `body` with the route's secret and post it to its own listener.
+/// What `--data`, `--delivery-id` and `--event-type` say to post to ROUTE.
+fn from_arguments(request: &SendRequest) -> Result<Outgoing, Failure> {
+    let route = request
+        .route
+        .clone()
+        .ok_or_else(|| Failure::usage("send needs a ROUTE (or --schedule NAME)"))?;
+    let body = match request.data.as_deref() {
+        None => b"{}".to_vec(),
+        Some(data) => match data.strip_prefix('@') {
+            Some(path) => std::fs::read(path)
+                .map_err(|err| Failure::runtime(format!("--data @{path}: {err}")))?,
+            None => data.as_bytes().to_vec(),
+        },
+    };
+    let delivery_id = request
+        .delivery_id
+        .clone()
+        .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+    Ok(Outgoing {
+        route,
+        body,
+        delivery_id,
+        event_type: request.event_type.clone(),
+    })
+}
+
+/// Asks the daemon to sign the body with the route's secret and post it to its own listener.
 fn send_through_daemon(
     source: &ConfigSource,
-    request: &SendRequest,
-    body: Vec<u8>,
-    delivery_id: &str,
+    outgoing: &Outgoing,
 ) -> Result<ListenerAnswer, Failure> {
     let client = DaemonClient::new(source)?;
     let mut query = form_urlencoded::Serializer::new(String::new());
-    query.append_pair("delivery_id", delivery_id);
-    if let Some(event_type) = &request.event_type {
+    query.append_pair("delivery_id", &outgoing.delivery_id);
+    if let Some(event_type) = &outgoing.event_type {
         query.append_pair("event_type", event_type);
     }
     let path = format!(
         "/v1/routes/{}/send?{}",
-        path_segment(&request.route),
+        path_segment(&outgoing.route),
         query.finish()
     );
-    let Some(answer) = client.post(&path, body)? else {
+    let Some(answer) = client.post(&path, outgoing.body.clone())? else {
         return Err(Failure::unavailable(format!(
             "no daemon answers on {}: start it, or pass --url http://HOST:PORT to post to a \
              listener yourself (signed with the route's secret, which this user must then be \
@@ -81,24 +106,22 @@ fn send_through_daemon(
     }
 }
 
-/// Signs `body` with the route's secret as this user reads it, and posts it to `base`.
+/// Signs the body with the route's secret as this user reads it, and posts it to `base`.
 fn send_signed_here(
     source: &ConfigSource,
-    request: &SendRequest,
+    outgoing: &Outgoing,
     base: &str,
-    body: Vec<u8>,
-    delivery_id: &str,
 ) -> Result<ListenerAnswer, Failure> {
     let config = load_config(source, SecretCheck::Required)?.config;
     let route = config
         .routes
         .iter()
-        .find(|r| r.name == request.route)
+        .find(|r| r.name == outgoing.route)
         .ok_or_else(|| {
             let known: Vec<_> = config.routes.iter().map(|r| r.name.as_str()).collect();
             Failure::config(format!(
                 "no route {:?} in {source} (routes: {})",
-                request.route,
+                outgoing.route,
                 known.join(", ")
             ))
         })?;
@@ -107,9 +130,9 @@ fn send_signed_here(
         .block_on(post_signed_webhook(
             url,
             route,
-            body.into(),
-            delivery_id,
-            request.event_type.as_deref(),
+            outgoing.body.clone().into(),
+            &outgoing.delivery_id,
+            outgoing.event_type.as_deref(),
         ))
         .map_err(Failure::unavailable)
 }
