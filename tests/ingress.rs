@@ -1278,6 +1278,82 @@ fn refusals_name_the_client_behind_a_trusted_proxy() {
     });
 }
 
+/// Connections from 127.0.0.1 whose request heads have begun (busy, not idle).
+fn busy_connections(daemon: &Daemon, count: usize) -> Vec<TcpStream> {
+    (0..count)
+        .map(|_| {
+            let mut stream = TcpStream::connect(daemon.addr).expect("connect");
+            stream
+                .write_all(b"POST /hooks/github HTTP/1.1\r\nhost: x\r\n")
+                .expect("part of a head");
+            stream
+        })
+        .collect()
+}
+
+/// `GET /healthz` on a new connection from 127.0.0.1: the status line, "closed" when the
+/// connection was closed without an answer, or what else went wrong.
+fn health_from_loopback(daemon: &Daemon) -> String {
+    let mut stream = TcpStream::connect(daemon.addr).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let _ = stream.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+    let mut answer = Vec::new();
+    match stream.read_to_end(&mut answer) {
+        Ok(_) if answer.is_empty() => "closed".to_string(),
+        Ok(_) => String::from_utf8_lossy(&answer)
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .to_string(),
+        // Closed with the request unread: the kernel resets the connection.
+        Err(err) if err.kind() == std::io::ErrorKind::ConnectionReset => "closed".to_string(),
+        Err(err) => format!("error: {err}"),
+    }
+}
+
+/// One address cannot take every connection slot: past `max_connections_per_peer` busy
+/// connections, its next one is closed at once (logged, counted), while another address is
+/// served as usual; a trusted proxy, which carries everyone's connections, is not counted.
+#[test]
+fn one_address_holds_at_most_max_connections_per_peer() {
+    let workspace = Workspace::new();
+    workspace.write_config(&format!(
+        "max_connections_per_peer = 4\n{}",
+        github_config("")
+    ));
+    let daemon = workspace.start_with_env(&[("TEST_GITHUB_SECRET", GITHUB_SECRET)]);
+    let held = busy_connections(&daemon, 4);
+    assert_eq!(health_from_loopback(&daemon), "closed");
+    let other = std::process::Command::new("curl")
+        .args(["-s", "--max-time", "5", "--interface", "127.0.0.2"])
+        .args(["-o", "/dev/null", "-w", "%{http_code}"])
+        .arg(format!("http://{}/healthz", daemon.addr))
+        .output()
+        .expect("curl");
+    assert_eq!(String::from_utf8_lossy(&other.stdout), "200", "{other:?}");
+    assert!(
+        workspace
+            .metrics()
+            .contains("agentgate_peer_connections_refused_total 1"),
+        "{}",
+        workspace.metrics()
+    );
+    daemon.wait_for_log("its address holds server.max_connections_per_peer");
+    drop(held);
+    drop(daemon);
+
+    let proxied = Workspace::new();
+    proxied.write_config(&format!(
+        "max_connections_per_peer = 4\ntrusted_proxies = [\"127.0.0.1\"]\n{}",
+        github_config("")
+    ));
+    let daemon = proxied.start_with_env(&[("TEST_GITHUB_SECRET", GITHUB_SECRET)]);
+    let _held = busy_connections(&daemon, 4);
+    assert_eq!(health_from_loopback(&daemon), "HTTP/1.1 200 OK");
+}
+
 /// When every `max_connections` slot is held by an idle keep-alive connection (one request
 /// answered, nothing since), a new sender is not left in the backlog until `keepalive_timeout`:
 /// the connection idle the longest is closed and the webhook answered at once.

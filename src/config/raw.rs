@@ -51,6 +51,7 @@ pub(super) struct RawServer {
     pub(super) header_timeout: Option<String>,
     pub(super) keepalive_timeout: Option<String>,
     pub(super) max_connections: Option<i64>,
+    pub(super) max_connections_per_peer: Option<i64>,
     pub(super) tls: Option<RawTls>,
     pub(super) trusted_proxies: Option<Vec<String>>,
     pub(super) metrics_listen: Option<String>,

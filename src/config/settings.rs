@@ -105,6 +105,8 @@ pub(crate) struct ServerSettings {
     pub keepalive_timeout: Duration,
     /// Open webhook connections at most; further ones wait in the kernel's backlog.
     pub max_connections: usize,
+    /// Open webhook connections from one peer address at most (trusted proxies exempt).
+    pub max_connections_per_peer: usize,
     /// HTTPS on the webhook socket.
     pub tls: Option<TlsSettings>,
     /// Reverse proxies whose `X-Forwarded-For` names the client.

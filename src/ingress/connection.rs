@@ -13,6 +13,7 @@
 //! longest is closed for the new one ([`OpenConnections`]).
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -221,13 +222,28 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for Clocked<I> {
 /// to reuse it.
 const MIN_IDLE_TO_CLOSE: Duration = Duration::from_secs(1);
 
-/// The open webhook connections, each with its clock and a token that closes it: when every
-/// `max_connections` slot is taken, the one idle the longest is closed so that a new connection
-/// is served instead of waiting in the backlog behind idle ones.
+/// The open webhook connections, each with its clock, its peer address and a token that closes
+/// it: when every `max_connections` slot is taken, the one idle the longest is closed so that a
+/// new connection is served instead of waiting in the backlog behind idle ones; and one peer
+/// address holds at most `max_connections_per_peer` of them.
 #[derive(Default)]
 pub(super) struct OpenConnections {
     next_id: AtomicU64,
-    open: Mutex<HashMap<u64, (Arc<ConnectionClock>, CancellationToken)>>,
+    open: Mutex<Table>,
+}
+
+#[derive(Default)]
+struct Table {
+    connections: HashMap<u64, Open>,
+    /// Open connections by peer address, of the peers that are counted (not trusted proxies).
+    per_peer: HashMap<IpAddr, usize>,
+}
+
+struct Open {
+    clock: Arc<ConnectionClock>,
+    close: CancellationToken,
+    /// `None` for a peer that is not counted (a trusted proxy).
+    peer: Option<IpAddr>,
 }
 
 /// A connection's place in [`OpenConnections`], given up when dropped.
@@ -240,24 +256,51 @@ pub(super) struct Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        self.connections.table().remove(&self.id);
+        let mut table = self.connections.table();
+        let Some(open) = table.connections.remove(&self.id) else {
+            return;
+        };
+        if let Some(peer) = open.peer
+            && let std::collections::hash_map::Entry::Occupied(mut count) =
+                table.per_peer.entry(peer)
+        {
+            *count.get_mut() -= 1;
+            if *count.get() == 0 {
+                count.remove();
+            }
+        }
     }
 }
 
 impl OpenConnections {
-    fn table(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<u64, (Arc<ConnectionClock>, CancellationToken)>> {
+    fn table(&self) -> std::sync::MutexGuard<'_, Table> {
         // The table holds no invariant a panic elsewhere could break.
         self.open
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    pub(super) fn register(self: &Arc<Self>, clock: Arc<ConnectionClock>) -> Registration {
+    /// Registers a connection from `peer` (`None`: a peer that is not counted).
+    pub(super) fn register(
+        self: &Arc<Self>,
+        clock: Arc<ConnectionClock>,
+        peer: Option<IpAddr>,
+    ) -> Registration {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let close = CancellationToken::new();
-        self.table().insert(id, (clock, close.clone()));
+        let mut table = self.table();
+        table.connections.insert(
+            id,
+            Open {
+                clock,
+                close: close.clone(),
+                peer,
+            },
+        );
+        if let Some(peer) = peer {
+            *table.per_peer.entry(peer).or_default() += 1;
+        }
+        drop(table);
         Registration {
             connections: self.clone(),
             id,
@@ -265,14 +308,21 @@ impl OpenConnections {
         }
     }
 
-    /// Closes the connection idle the longest (at least [`MIN_IDLE_TO_CLOSE`]); whether there
-    /// was one.
-    pub(super) fn close_longest_idle(&self) -> bool {
+    /// Open connections from `peer`.
+    pub(super) fn of_peer(&self, peer: IpAddr) -> usize {
+        self.table().per_peer.get(&peer).copied().unwrap_or(0)
+    }
+
+    /// Closes the connection idle the longest (at least [`MIN_IDLE_TO_CLOSE`]), of `peer` only
+    /// when one is given; whether there was one.
+    pub(super) fn close_longest_idle(&self, peer: Option<IpAddr>) -> bool {
         let table = self.table();
         let longest = table
+            .connections
             .values()
-            .filter(|(_, close)| !close.is_cancelled())
-            .filter_map(|(clock, close)| Some((clock.idle_for()?, close)))
+            .filter(|open| !open.close.is_cancelled())
+            .filter(|open| peer.is_none() || open.peer == peer)
+            .filter_map(|open| Some((open.clock.idle_for()?, &open.close)))
             .filter(|(idle, _)| *idle >= MIN_IDLE_TO_CLOSE)
             .max_by_key(|(idle, _)| *idle);
         match longest {

@@ -137,6 +137,17 @@ impl Ingress {
 
     /// A connection whose TLS handshake failed or never came: counted, and logged within the
     /// refusal log's rate.
+    /// A connection closed at once: `peer`'s address already holds `limit` connections, none
+    /// of them idle. Counted, and logged within the refusal lines' budget.
+    pub(crate) fn peer_refused(&self, peer: SocketAddr, limit: usize) {
+        metrics::peer_connection_refused();
+        if let Some(suppressed) = self.refusal_log.admit() {
+            tracing::warn!(peer = %peer.ip(), max_connections_per_peer = limit,
+                suppressed_before = suppressed,
+                "webhook connection refused: its address holds server.max_connections_per_peer connections");
+        }
+    }
+
     pub(crate) fn tls_refused(&self, peer: SocketAddr, reason: &str) {
         metrics::tls_handshake_failed();
         if let Some(suppressed) = self.refusal_log.admit() {
@@ -591,7 +602,7 @@ const REFUSAL_LINES_PER_SECOND: u32 = 10;
 
 const X_FORWARDED_FOR: &str = "x-forwarded-for";
 
-fn is_trusted(trusted: &[ipnet::IpNet], ip: std::net::IpAddr) -> bool {
+pub(super) fn is_trusted(trusted: &[ipnet::IpNet], ip: std::net::IpAddr) -> bool {
     trusted.iter().any(|network| network.contains(&ip))
 }
 

@@ -364,6 +364,14 @@ impl WebhookListener {
                 },
             };
             backoff.succeeded();
+            let counted =
+                (!http::is_trusted(&server.trusted_proxies, peer.ip())).then_some(peer.ip());
+            if let Some(ip) = counted
+                && !room_for_peer(&open, ip, server.max_connections_per_peer)
+            {
+                ingress.peer_refused(peer, server.max_connections_per_peer);
+                continue;
+            }
             // An accepted connection is served even when the listener is stopping: dropping it
             // would reset a sender that connected in time.
             let Some(permit) =
@@ -382,7 +390,7 @@ impl WebhookListener {
             let serving = Serving {
                 ingress: ingress.clone(),
                 watcher: graceful.watcher(),
-                registration: open.register(clock.clone()),
+                registration: open.register(clock.clone(), counted),
                 clock,
                 stopping: shutdown.clone(),
             };
@@ -430,6 +438,20 @@ fn within_descriptor_limit(max_connections: usize) -> usize {
     }
 }
 
+/// Whether `peer` may open one more connection: it holds fewer than `limit`, or one of its own
+/// idle connections was closed to make room. A peer cannot take the slots of others (trusted
+/// proxies, which carry everyone's connections, are not counted).
+fn room_for_peer(open: &OpenConnections, peer: std::net::IpAddr, limit: usize) -> bool {
+    if open.of_peer(peer) < limit {
+        return true;
+    }
+    let made_room = open.close_longest_idle(Some(peer));
+    if made_room {
+        crate::metrics::idle_connection_closed();
+    }
+    made_room
+}
+
 /// How often, while every connection slot is taken, the idle connections are looked at again.
 const SLOT_RETRY: Duration = Duration::from_millis(250);
 
@@ -444,7 +466,7 @@ async fn next_slot(
 ) -> Option<tokio::sync::OwnedSemaphorePermit> {
     loop {
         if slots.available_permits() == 0 {
-            if open.close_longest_idle() {
+            if open.close_longest_idle(None) {
                 crate::metrics::idle_connection_closed();
             } else if at_limit_since.is_none() {
                 *at_limit_since = Some(std::time::Instant::now());

@@ -107,6 +107,7 @@ pub(super) struct Webhooks {
     pub(super) tls_handshake_failures: Counter,
     pub(super) large_body_slots: Gauge,
     pub(super) idle_connections_closed: Counter,
+    pub(super) peer_connections_refused: Counter,
     pub(super) accepting: Gauge,
 }
 
@@ -194,6 +195,12 @@ impl Webhooks {
             "Idle webhook connections closed because every server.max_connections slot was taken, to serve a new one",
             idle_connections_closed.clone(),
         );
+        let peer_connections_refused = Counter::default();
+        registry.register(
+            "peer_connections_refused",
+            "Webhook connections closed at once because their peer address already held server.max_connections_per_peer, none of them idle",
+            peer_connections_refused.clone(),
+        );
         let accepting = Gauge::default();
         registry.register(
             "accepting",
@@ -208,6 +215,7 @@ impl Webhooks {
             tls_handshake_failures,
             large_body_slots,
             idle_connections_closed,
+            peer_connections_refused,
             accepting,
         }
     }

@@ -121,6 +121,11 @@ pub(crate) fn idle_connection_closed() {
     METRICS.webhooks.idle_connections_closed.inc();
 }
 
+/// A webhook connection was closed at once: its peer held `max_connections_per_peer`.
+pub(crate) fn peer_connection_refused() {
+    METRICS.webhooks.peer_connections_refused.inc();
+}
+
 /// A large-body slot was taken (`1`) or given back (`-1`).
 pub(crate) fn large_body_slots(change: i64) {
     METRICS.webhooks.large_body_slots.inc_by(change);

@@ -170,6 +170,11 @@ impl Checker<'_> {
             ),
             max_connections: self.positive("server.max_connections", raw.max_connections, 4096)
                 as usize,
+            max_connections_per_peer: self.positive(
+                "server.max_connections_per_peer",
+                raw.max_connections_per_peer,
+                256,
+            ) as usize,
             tls,
             trusted_proxies,
             metrics_listen,
