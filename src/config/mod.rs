@@ -419,6 +419,25 @@ mod tests {
     }
 
     #[test]
+    fn a_route_priority_is_a_whole_number_from_minus_1000_to_1000() {
+        let route = |priority: &str| {
+            format!("[routes.a]\npath = \"/a\"\nverify = {{ scheme = \"none\" }}\n{priority}")
+        };
+        let loaded = check_text(&route("priority = 10")).expect("valid");
+        assert_eq!(loaded.config.routes[0].priority, 10);
+        let loaded = check_text(&route("")).expect("valid");
+        assert_eq!(loaded.config.routes[0].priority, 0);
+        for wrong in ["priority = 5000", "priority = -1001"] {
+            assert!(
+                findings(&route(wrong))
+                    .iter()
+                    .any(|f| f.severity == Severity::Error && f.key == "routes.a.priority"),
+                "{wrong}"
+            );
+        }
+    }
+
+    #[test]
     fn standard_secret_must_be_whsec_base64() {
         let text =
             "[routes.a]\npath = \"/a\"\nverify = { scheme = \"standard\", secret = \"nope\" }\n";

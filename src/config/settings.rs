@@ -363,6 +363,9 @@ pub(crate) struct RouteSettings {
     /// Events of this route queued at most; `None`: an even share of `runtime.max_queued_events`
     /// (docs/reference.md, "Routes").
     pub max_queued_events: Option<u64>,
+    /// Higher runs first when turns wait for a slot, each step worth a minute of waiting
+    /// (docs/reference.md, "Priority"); -1000 to 1000, default 0.
+    pub priority: i32,
     pub max_body: u64,
     /// `budget`: this route's caps (see [`BudgetLimits`]).
     pub budget: BudgetLimits,

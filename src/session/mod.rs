@@ -207,15 +207,18 @@ impl Scheduler {
             return Ok(None);
         }
         let waiting_alone = self.context.store.waiting_to_run_alone().await?;
-        // Read each round: a reload that changes the limit applies to the next claim.
-        let limit = self
-            .context
-            .settings
-            .get()
-            .config
-            .runtime
-            .max_concurrent_turns;
-        Ok(plan_claim(sessions.running_count(), waiting_alone, limit))
+        // Read each round: a reload that changes the limit or a priority applies to the next
+        // claim.
+        let settings = self.context.settings.get();
+        let config = &settings.config;
+        let order = ClaimOrder::of(&config.routes);
+        let limit = config.runtime.max_concurrent_turns;
+        Ok(plan_claim(
+            sessions.running_count(),
+            waiting_alone,
+            limit,
+            order,
+        ))
     }
 
     /// Runs a claimed turn on the tracker the drain waits for.
@@ -253,16 +256,51 @@ impl Scheduler {
     }
 }
 
+/// In which order waiting events are claimed: the longest waiting first, or with the routes'
+/// priorities counted when some route has one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum ClaimOrder {
+    Waiting,
+    /// A JSON object of route name to priority, of the routes whose priority is not 0.
+    ByPriority(Arc<str>),
+}
+
+impl ClaimOrder {
+    fn of(routes: &[crate::config::RouteSettings]) -> ClaimOrder {
+        let priorities: serde_json::Map<String, serde_json::Value> = routes
+            .iter()
+            .filter(|route| route.priority != 0)
+            .map(|route| (route.name.clone(), route.priority.into()))
+            .collect();
+        if priorities.is_empty() {
+            ClaimOrder::Waiting
+        } else {
+            ClaimOrder::ByPriority(serde_json::Value::Object(priorities).to_string().into())
+        }
+    }
+}
+
 /// What one round claims, with `running` turns on this node (none of them alone) and
 /// `waiting_alone` saying whether a turn that must run alone waits (docs/reference.md, "Crash
 /// loops and bystanders"): that turn once nothing runs, and nothing else until it has started;
-/// otherwise the free slots of `limit`.
-fn plan_claim(running: usize, waiting_alone: bool, limit: usize) -> Option<Claim> {
+/// otherwise the free slots of `limit`, in `order`.
+fn plan_claim(
+    running: usize,
+    waiting_alone: bool,
+    limit: usize,
+    order: ClaimOrder,
+) -> Option<Claim> {
     if waiting_alone {
         return (running == 0).then_some(Claim::Alone);
     }
     let free = limit.saturating_sub(running);
-    (free > 0).then_some(Claim::Beside(free))
+    (free > 0).then(|| match order {
+        ClaimOrder::Waiting => Claim::Beside(free),
+        ClaimOrder::ByPriority(priorities) => Claim::BesideByPriority {
+            limit: free,
+            priorities,
+        },
+    })
 }
 
 #[cfg(test)]
@@ -271,14 +309,28 @@ mod tests {
 
     #[test]
     fn a_turn_that_must_run_alone_waits_for_the_others_and_holds_back_new_ones() {
-        assert_eq!(plan_claim(0, false, 16), Some(Claim::Beside(16)));
-        assert_eq!(plan_claim(3, false, 16), Some(Claim::Beside(13)));
-        assert_eq!(plan_claim(16, false, 16), None);
+        let plan =
+            |running, waiting_alone| plan_claim(running, waiting_alone, 16, ClaimOrder::Waiting);
+        assert_eq!(plan(0, false), Some(Claim::Beside(16)));
+        assert_eq!(plan(3, false), Some(Claim::Beside(13)));
+        assert_eq!(plan(16, false), None);
+        assert_eq!(plan(3, true), None, "the running turns finish first");
+        assert_eq!(plan(0, true), Some(Claim::Alone));
+    }
+
+    #[test]
+    fn priorities_are_claimed_by_only_when_a_route_has_one() {
+        let priorities: Arc<str> = Arc::from(r#"{"pager":10}"#);
         assert_eq!(
-            plan_claim(3, true, 16),
-            None,
-            "the running turns finish first"
+            plan_claim(2, false, 16, ClaimOrder::ByPriority(priorities.clone())),
+            Some(Claim::BesideByPriority {
+                limit: 14,
+                priorities
+            })
         );
-        assert_eq!(plan_claim(0, true, 16), Some(Claim::Alone));
+        assert_eq!(
+            plan_claim(0, true, 16, ClaimOrder::ByPriority(Arc::from("{}"))),
+            Some(Claim::Alone)
+        );
     }
 }

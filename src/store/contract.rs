@@ -638,6 +638,53 @@ async fn approvals_pause_and_continue(store: &Store) {
     assert_eq!(store.approvals(false, 10).await.expect("list").len(), 2);
 }
 
+/// An event of `route` in `session`, accepted.
+async fn accept_on(store: &Store, id: &str, route: &str, session: &str) {
+    let mut new = event(id, session, None);
+    new.event.route = route.to_string();
+    assert_eq!(
+        store.accept(new).await.expect("accept"),
+        AcceptOutcome::Accepted
+    );
+}
+
+async fn claim_first(store: &Store, claim: &Claim) -> ClaimedTurn {
+    let mut claimed = store.claim_turns(claim.clone()).await.expect("claim");
+    assert_eq!(claimed.len(), 1, "{claimed:?}");
+    let turn = claimed.remove(0);
+    complete(store, &turn).await;
+    turn
+}
+
+/// A route's priority puts its events first, and each step of it is worth a minute of
+/// waiting: an event of priority 0 that waited 20 minutes longer goes before one of priority
+/// 10. `backdate(id)` moves an event's arrival 20 minutes back.
+async fn priority_goes_first_and_waiting_catches_up(store: &Store, backdate: impl Fn(&str)) {
+    let by_priority = Claim::BesideByPriority {
+        limit: 1,
+        priorities: std::sync::Arc::from(r#"{"pager":10}"#),
+    };
+    accept_on(store, "q1", "hooks", "prio-a").await;
+    accept_on(store, "q2", "pager", "prio-b").await;
+    assert_eq!(claim_first(store, &by_priority).await.event.id, "q2");
+    assert_eq!(claim_first(store, &by_priority).await.event.id, "q1");
+    accept_on(store, "q3", "hooks", "prio-c").await;
+    accept_on(store, "q4", "pager", "prio-d").await;
+    backdate("q3");
+    assert_eq!(claim_first(store, &by_priority).await.event.id, "q3");
+    assert_eq!(claim_first(store, &by_priority).await.event.id, "q4");
+    // Without priorities, the longest waiting first.
+    accept_on(store, "q5", "pager", "prio-e").await;
+    accept_on(store, "q6", "hooks", "prio-f").await;
+    assert_eq!(claim_first(store, &Claim::Beside(1)).await.event.id, "q5");
+    assert_eq!(claim_first(store, &Claim::Beside(1)).await.event.id, "q6");
+}
+
+/// The SQL that moves event `id`'s arrival 20 minutes back.
+fn backdate_sql(id: &str) -> String {
+    format!("UPDATE events SET received_at = received_at - 1200000 WHERE id = '{id}'")
+}
+
 async fn run_contract(store: &Store, crash: impl Fn()) {
     accept_claim_finish_deliver(store).await;
     interrupted_sessions_are_admitted_then_suspended(store).await;
@@ -654,7 +701,7 @@ async fn run_contract(store: &Store, crash: impl Fn()) {
 async fn assert_undecodable(store: &Store, column: &str) {
     match store
         .events(EventFilter {
-            limit: 10,
+            limit: 100,
             ..EventFilter::default()
         })
         .await
@@ -684,9 +731,13 @@ fn sqlite_keeps_the_contract() {
             .expect("open");
         // The next start marks every turn still running: nothing to do to crash.
         run_contract(&store, || {}).await;
-        // SQLite keeps a text in an INTEGER column as text: it no longer reads as a number.
         let database = dir.path().join("agentgate.db");
         let connection = rusqlite::Connection::open(database).expect("open");
+        priority_goes_first_and_waiting_catches_up(&store, |id| {
+            connection.execute(&backdate_sql(id), []).expect("backdate");
+        })
+        .await;
+        // SQLite keeps a text in an INTEGER column as text: it no longer reads as a number.
         connection
             .execute("UPDATE events SET received_at = 'soon' WHERE id = 'e1'", [])
             .expect("update");
@@ -716,6 +767,10 @@ fn postgres_keeps_the_contract() {
                 "UPDATE sessions SET lease_owner = 'dead-node', lease_expires_at = 0 \
                  WHERE state = 'running'",
             );
+        })
+        .await;
+        priority_goes_first_and_waiting_catches_up(&store, |id| {
+            server.value(&backdate_sql(id));
         })
         .await;
         // A NULL where a value belongs (the column lost its constraint, say by hand).

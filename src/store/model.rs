@@ -185,13 +185,25 @@ pub(crate) struct ClaimedTurn {
 }
 
 /// Which queued events a claim takes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Claim {
-    /// Up to this many events that may run beside others.
+    /// Up to this many events that may run beside others, the longest waiting first.
     Beside(usize),
+    /// As [`Claim::Beside`], with routes' `priority` counted: each step of it counts as
+    /// [`PRIORITY_STEP_MS`] of waiting (docs/reference.md, "Priority"). `priorities` is a JSON
+    /// object of route name to priority, naming the routes whose priority is not 0.
+    BesideByPriority {
+        limit: usize,
+        priorities: std::sync::Arc<str>,
+    },
     /// The oldest event that must run alone, if its session is idle.
     Alone,
 }
+
+/// The waiting one step of a route's `priority` is worth: an event of priority 10 goes before
+/// any of priority 0 that waited less than 10 minutes longer, and after those that waited more,
+/// so a busy high-priority route never starves the others.
+pub(crate) const PRIORITY_STEP_MS: i64 = 60_000;
 
 /// A session left `resume_pending` by a drain or a crash.
 #[derive(Debug, Clone)]

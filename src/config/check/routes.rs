@@ -57,6 +57,12 @@ impl Checker<'_> {
         let max_queued_events = raw.max_queued_events.map(|raw| {
             u64::from(self.positive(&format!("{prefix}.max_queued_events"), Some(raw), 1))
         });
+        let priority = self.value(&format!("{prefix}.priority"), raw.priority, 0, |n| {
+            i32::try_from(n)
+                .ok()
+                .filter(|n| (-1000..=1000).contains(n))
+                .ok_or_else(|| format!("{n} is not a priority from -1000 to 1000"))
+        });
         let history = self.history(&prefix, raw.history.unwrap_or_default());
         let budget = self.budget_limits(&format!("{prefix}.budget"), raw.budget);
         let default_max_body = server.as_ref().map_or(1 << 20, |s| s.max_body);
@@ -87,6 +93,7 @@ impl Checker<'_> {
             deliver,
             rate_limit,
             max_queued_events,
+            priority,
             max_body,
             budget,
             name,

@@ -36,6 +36,20 @@ const RUNNABLE_SESSIONS_SQL: &str = concatcp!(
      FOR UPDATE OF s SKIP LOCKED"
 );
 
+/// As [`RUNNABLE_SESSIONS_SQL`], with the routes' priorities counted as waiting. `$1` limit,
+/// `$2` the priorities (a JSON object of route name to priority), `$3` the waiting one step is
+/// worth. Every idle session with a queued event is read and sorted, so this is used only when
+/// some route has a priority.
+const PRIORITY_SESSIONS_SQL: &str = concatcp!(
+    "SELECT s.key AS key FROM sessions s JOIN events e ON e.seq = s.queue_head
+     WHERE s.state = ",
+    IDLE,
+    " AND s.queue_head IS NOT NULL
+     ORDER BY e.received_at - coalesce(($2::text::jsonb ->> e.route)::bigint, 0) * $3, s.queue_head
+     LIMIT $1
+     FOR UPDATE OF s SKIP LOCKED"
+);
+
 /// The session of the oldest event that must run alone and is the next of an idle session,
 /// from the partial index of such events (a few at most, after a crash), unless another node is
 /// claiming it right now. `$1` limit (so that it reads as the runnable sessions do).
@@ -174,14 +188,19 @@ impl PostgresStore {
     async fn claim_in(
         &self,
         tx: &deadpool_postgres::Transaction<'_>,
-        claim: Claim,
+        claim: &Claim,
     ) -> Result<Vec<ClaimedTurn>, StoreError> {
-        let (sql, limit) = match claim {
-            Claim::Beside(limit) => (RUNNABLE_SESSIONS_SQL, limit),
-            Claim::Alone => (ALONE_SESSIONS_SQL, 1),
+        let count = |limit: &usize| i64::try_from(*limit).unwrap_or(i64::MAX);
+        let step = crate::store::model::PRIORITY_STEP_MS;
+        let sessions = match claim {
+            Claim::Beside(limit) => tx.rows(RUNNABLE_SESSIONS_SQL, &[&count(limit)]).await?,
+            Claim::BesideByPriority { limit, priorities } => {
+                let priorities: &str = priorities;
+                tx.rows(PRIORITY_SESSIONS_SQL, &[&count(limit), &priorities, &step])
+                    .await?
+            }
+            Claim::Alone => tx.rows(ALONE_SESSIONS_SQL, &[&1i64]).await?,
         };
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let sessions = tx.rows(sql, &[&limit]).await?;
         let mut claimed = Vec::with_capacity(sessions.len());
         for session in sessions {
             let session_key: String = session.column("key")?;
@@ -189,7 +208,7 @@ impl PostgresStore {
                 continue;
             };
             let turn = ClaimedTurn::decode(&row, uuid::Uuid::now_v7().to_string())?;
-            if turn.alone != (claim == Claim::Alone) {
+            if turn.alone != (*claim == Claim::Alone) {
                 continue;
             }
             let (event, now) = (&turn.event, now_millis());
@@ -228,7 +247,7 @@ impl Turns for PostgresStore {
         bounded(async {
             let mut client = self.client().await?;
             let tx = client.transaction().await?;
-            let claimed = self.claim_in(&tx, claim).await?;
+            let claimed = self.claim_in(&tx, &claim).await?;
             tx.commit().await?;
             Ok(claimed)
         })

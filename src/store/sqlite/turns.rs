@@ -38,6 +38,22 @@ const CANDIDATES_SQL: &str = concatcp!(
     LIMIT $1"
 );
 
+/// As [`CANDIDATES_SQL`], with the routes' priorities counted as waiting. `$1` limit, `$2` the
+/// priorities (a JSON object of route name to priority; route names are letters, digits, `_`
+/// and `-`), `$3` the waiting one step is worth. Every idle session with a queued event is read
+/// and sorted, so this is used only when some route has a priority.
+const PRIORITY_CANDIDATES_SQL: &str = concatcp!(
+    "
+    SELECT e.id AS id, e.seq AS seq, e.session_key AS session_key
+    FROM sessions s JOIN events e ON e.seq = s.queue_head
+    WHERE s.state = ",
+    IDLE,
+    " AND s.queue_head IS NOT NULL AND e.run_alone = 0
+    ORDER BY e.received_at - coalesce(json_extract($2, '$.\"' || e.route || '\"'), 0) * $3,
+             s.queue_head
+    LIMIT $1"
+);
+
 /// The oldest event that must run alone and is the next of an idle session, from the partial
 /// index of such events (a few at most, after a crash). `$1` limit.
 const ALONE_CANDIDATES_SQL: &str = concatcp!(
@@ -113,13 +129,21 @@ struct Candidate {
     session_key: String,
 }
 
-fn candidates_in(connection: &Connection, claim: Claim) -> Result<Vec<Candidate>, StoreError> {
-    let (sql, limit) = match claim {
-        Claim::Beside(limit) => (CANDIDATES_SQL, limit),
-        Claim::Alone => (ALONE_CANDIDATES_SQL, 1),
+fn candidates_in(connection: &Connection, claim: &Claim) -> Result<Vec<Candidate>, StoreError> {
+    let count = |limit: &usize| i64::try_from(*limit).unwrap_or(i64::MAX);
+    let (sql, limit, priorities) = match claim {
+        Claim::Beside(limit) => (CANDIDATES_SQL, count(limit), None),
+        Claim::BesideByPriority { limit, priorities } => {
+            (PRIORITY_CANDIDATES_SQL, count(limit), Some(&**priorities))
+        }
+        Claim::Alone => (ALONE_CANDIDATES_SQL, 1, None),
     };
-    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-    query(connection, sql, &[&limit], |row| {
+    let step = crate::store::model::PRIORITY_STEP_MS;
+    let params: Vec<&dyn rusqlite::ToSql> = match &priorities {
+        Some(priorities) => vec![&limit, priorities, &step],
+        None => vec![&limit],
+    };
+    query(connection, sql, &params, |row| {
         Ok(Candidate {
             event_id: value(row, "id")?,
             seq: value(row, "seq")?,
@@ -343,7 +367,7 @@ fn interrupt_in(
 impl Turns for SqliteStore {
     async fn claim_turns(&self, claim: Claim) -> Result<Vec<ClaimedTurn>, StoreError> {
         let candidates = self
-            .read(move |connection| candidates_in(connection, claim))
+            .read(move |connection| candidates_in(connection, &claim))
             .await?;
         if candidates.is_empty() {
             return Ok(Vec::new());
@@ -354,7 +378,7 @@ impl Turns for SqliteStore {
 
     async fn waiting_to_run_alone(&self) -> Result<bool, StoreError> {
         let found = self
-            .read(|connection| candidates_in(connection, Claim::Alone))
+            .read(|connection| candidates_in(connection, &Claim::Alone))
             .await?;
         Ok(!found.is_empty())
     }
