@@ -294,7 +294,10 @@ fn plan_claim(
         return (running == 0).then_some(Claim::Alone);
     }
     let free = limit.saturating_sub(running);
-    (free > 0).then(|| match order {
+    if free == 0 {
+        return None;
+    }
+    Some(match order {
         ClaimOrder::Waiting => Claim::Beside(free),
         ClaimOrder::ByPriority(priorities) => Claim::BesideByPriority {
             limit: free,
