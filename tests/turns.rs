@@ -2153,3 +2153,66 @@ tools = ["again"]
         "{body}"
     );
 }
+
+/// `coalesce`: events of a session that arrive while one of it waits join it: one turn sees
+/// them all, in order, and each is still its own event, answered 202, ended and delivered with
+/// the turn that handled it.
+#[test]
+fn events_that_arrive_while_one_waits_join_its_turn() {
+    let (release, gate) = std::sync::mpsc::channel::<()>();
+    let gate = std::sync::Mutex::new(gate);
+    let model = Stub::start(move |_, index| {
+        if index == 0 {
+            // The first turn holds the session until the others are queued behind it.
+            let waiting = gate.lock().map(|gate| gate.recv_timeout(TURN_LIMIT));
+            assert!(matches!(waiting, Ok(Ok(()))), "never released");
+        }
+        Reply::answer(&format!("answer {index}"))
+    });
+    let (setup, daemon) = start(model, receiver(), "coalesce = \"30s\"", "");
+    let alert = |n: u32| {
+        let response = daemon.post_json(
+            "/hooks/alerts",
+            &[],
+            &json!({"session": "flapping", "alert": format!("disk full, notice {n}")}).to_string(),
+        );
+        assert_eq!(response.status, 202, "{response:?}");
+        response.event_id()
+    };
+    let first = alert(1);
+    wait_until("the first turn's model request", TURN_LIMIT, || {
+        setup.model.requests().len() == 1
+    });
+    let joined: Vec<String> = (2..=4).map(alert).collect();
+    release.send(()).expect("release");
+    for id in std::iter::once(&first).chain(&joined) {
+        assert_eq!(setup.workspace.wait_terminal(id, TURN_LIMIT), "completed");
+    }
+    let requests = setup.model.requests();
+    assert_eq!(requests.len(), 2, "one turn for the three that waited");
+    let seen = requests[1].json()["messages"].to_string();
+    let positions: Vec<usize> = (2..=4)
+        .map(|n| {
+            seen.find(&format!("notice {n}"))
+                .expect("each event in the turn")
+        })
+        .collect();
+    assert!(positions.windows(2).all(|pair| pair[0] < pair[1]), "{seen}");
+    let turns: Vec<String> = joined
+        .iter()
+        .map(|id| {
+            let body = wait_delivery(&setup.receiver, id).json();
+            assert_eq!(body["status"], "completed", "{body}");
+            assert_eq!(body["output"], "answer 1", "{body}");
+            body["turn_id"].as_str().unwrap_or_default().to_string()
+        })
+        .collect();
+    assert!(
+        !turns[0].is_empty() && turns.iter().all(|turn| turn == &turns[0]),
+        "{turns:?}"
+    );
+    let counted: Vec<i64> = setup
+        .workspace
+        .query("SELECT count(*) FROM turns", |row| row.get(0));
+    assert_eq!(counted, [2]);
+}

@@ -193,6 +193,7 @@ pub(super) struct RawRoute {
     pub(super) rate_limit: Option<String>,
     pub(super) max_queued_events: Option<i64>,
     pub(super) priority: Option<i64>,
+    pub(super) coalesce: Option<String>,
     pub(super) max_body: Option<String>,
     pub(super) event_type: Option<String>,
     pub(super) delivery_id: Option<String>,

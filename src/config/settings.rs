@@ -366,6 +366,9 @@ pub(crate) struct RouteSettings {
     /// Higher runs first when turns wait for a slot, each step worth a minute of waiting
     /// (docs/reference.md, "Priority"); -1000 to 1000, default 0.
     pub priority: i32,
+    /// Events of a session that arrive while one of it is queued join it, up to this long after
+    /// it arrived (docs/reference.md, "Coalescing"); at most an hour.
+    pub coalesce: Option<Duration>,
     pub max_body: u64,
     /// `budget`: this route's caps (see [`BudgetLimits`]).
     pub budget: BudgetLimits,

@@ -22,7 +22,7 @@ use super::{Sessions, TurnControl};
 use super::{history, prompt};
 use crate::agent::catalog::{Catalog, OfferedTool, Runs};
 use crate::agent::mcp::McpServers;
-use crate::agent::message::Message;
+use crate::agent::message::{Message, Role};
 use crate::agent::model::{Model, ModelError};
 use crate::agent::tools::{self, ToolAbort};
 use crate::config::{RouteSettings, Settings, Shared};
@@ -31,8 +31,8 @@ use crate::logging;
 use crate::metrics;
 use crate::store::now_millis;
 use crate::store::{
-    ClaimedTurn, Continuation, EVENT_ENTRY, ResumeReason, StopReason, Store, StoreError, TurnEnd,
-    TurnStatus,
+    ClaimedTurn, Continuation, EVENT_ENTRY, Event, ResumeReason, StopReason, Store, StoreError,
+    TurnEnd, TurnStatus,
 };
 use crate::usage::{Spent, day_start};
 
@@ -301,12 +301,20 @@ impl Running<'_> {
             None => {
                 let event = &self.turn.event;
                 let nonce = prompt::new_nonce();
-                let entry = Entry::Event {
+                let Some(joined) = self.joined_events().await else {
+                    return;
+                };
+                let joined: Vec<Message> = joined
+                    .iter()
+                    .map(|event| self.joined_message(event, &nonce))
+                    .collect();
+                let mut entries = vec![Entry::Event {
                     event_id: event.id.clone(),
                     template: self.route.prompt.clone(),
                     nonce: Some(nonce.clone()),
-                };
-                if !self.record(&[entry], 0, Spent::default()).await {
+                }];
+                entries.extend(joined.iter().cloned().map(Entry::message));
+                if !self.record(&entries, 0, Spent::default()).await {
                     return;
                 }
                 let new_event = prompt::event_message(
@@ -317,6 +325,11 @@ impl Running<'_> {
                     &nonce,
                 );
                 messages.push(history::bounded(new_event, message_cap));
+                messages.extend(
+                    joined
+                        .into_iter()
+                        .map(|message| history::bounded(message, message_cap)),
+                );
                 let mut machine = machine(messages);
                 let first = machine.start();
                 (machine, first)
@@ -379,6 +392,38 @@ impl Running<'_> {
                 None
             }
         }
+    }
+
+    /// The events that joined this turn's event (the route's `coalesce`), oldest first: the
+    /// session's queued events of the route that arrived within the window after it. `None`
+    /// when the turn stopped because the store could not say.
+    async fn joined_events(&self) -> Option<Vec<Event>> {
+        let Some(window) = self.route.coalesce else {
+            return Some(Vec::new());
+        };
+        let window_ms = i64::try_from(window.as_millis()).unwrap_or(i64::MAX);
+        let head = &self.turn.event;
+        self.context
+            .retrying(
+                "join the queued events of the session",
+                |store| async move { store.join_queued(head, window_ms).await },
+            )
+            .await
+    }
+
+    /// The message a joined event adds to the turn: its rendered prompt inside the event
+    /// markers, as its own turn would have shown it, or a note when its prompt does not render.
+    fn joined_message(&self, event: &Event, nonce: &str) -> Message {
+        prompt::with_event_context(event, |context| self.settings.templates.prompt(context))
+            .map(|prompt| {
+                prompt::event_message(&event.route, &event.event_type, &event.id, &prompt, nonce)
+            })
+            .unwrap_or_else(|problem| {
+                Message::text(
+                    Role::User,
+                    format!("[agentgate] event {} cannot be shown: {problem}", event.id),
+                )
+            })
     }
 
     /// The session's transcript entries, grouped by event, oldest first: a group starts with

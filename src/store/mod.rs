@@ -249,6 +249,11 @@ pub(crate) trait Turns: Send + Sync {
     /// `Claim::Beside(limit)` up to `limit` that may run beside others, with `Claim::Alone` the
     /// oldest that must run alone.
     async fn claim_turns(&self, claim: Claim) -> Result<Vec<ClaimedTurn>, StoreError>;
+    /// Coalescing (`routes.NAME.coalesce`): the queued events of `head`'s session and route that
+    /// arrived within `window_ms` after it join it, and every event joined to it so far is
+    /// returned, oldest first. They end with `head`'s turn: `finish_turn` gives each the same
+    /// terminal status and a delivery of its own.
+    async fn join_queued(&self, head: &Event, window_ms: i64) -> Result<Vec<Event>, StoreError>;
     /// Whether an event that must run alone is the next of an idle session (claims of others
     /// wait while one does, so that it can run alone).
     async fn waiting_to_run_alone(&self) -> Result<bool, StoreError>;

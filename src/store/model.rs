@@ -284,6 +284,17 @@ pub(crate) struct TurnEnd {
     pub steps: u32,
 }
 
+impl TurnEnd {
+    /// The same end, for an event that joined this turn's event (`coalesce`): its delivery says
+    /// which turn handled it.
+    pub(crate) fn for_joined(&self, event_id: &str) -> TurnEnd {
+        TurnEnd {
+            event_id: event_id.to_string(),
+            ..self.clone()
+        }
+    }
+}
+
 /// Renders the body of a turn's outbound delivery: `deliver::body::renderer`, which the callers
 /// that end turns hand to the store (the wire format belongs to deliver, and the store must not
 /// import it). The store calls it inside the transaction that ends the turn, with what all the

@@ -11,9 +11,9 @@ use const_format::concatcp;
 
 use super::states::{
     APPROVAL_PENDING, CRASHED, DECIDED, DELIVERED, DELIVERY_FAILED, EVENT_ABANDONED,
-    EVENT_AWAITING, EVENT_COMPLETED, EVENT_FAILED, EVENT_RUNNING, EVENT_SUSPENDED, IDLE, PENDING,
-    QUEUED, RESUME_PENDING, SESSION_AWAITING, SESSION_RUNNING, SHUTDOWN_TIMEOUT, SUSPENDED,
-    TURN_INTERRUPTED, TURN_RUNNING,
+    EVENT_AWAITING, EVENT_COMPLETED, EVENT_FAILED, EVENT_JOINED, EVENT_RUNNING, EVENT_SUSPENDED,
+    IDLE, PENDING, QUEUED, RESUME_PENDING, SESSION_AWAITING, SESSION_RUNNING, SHUTDOWN_TIMEOUT,
+    SUSPENDED, TURN_INTERRUPTED, TURN_RUNNING,
 };
 use crate::usage::Spent;
 
@@ -92,6 +92,31 @@ pub(crate) const CLAIM_COLUMNS: &str = concatcp!(
     EVENT_COLUMNS,
     ", resume_reason, origin <> 'webhook' AS internal, run_alone"
 );
+
+/// Coalescing: `$1` the head event's id, `$2` its session, `$3` its route, `$4` now, `$5` the
+/// window (ms): the session's queued events of the route that arrived within the window after
+/// the head join it.
+pub(crate) const JOIN_QUEUED_SQL: &str = concatcp!(
+    "UPDATE events SET status = ",
+    EVENT_JOINED,
+    ", joined_to = $1, updated_at = $4
+     WHERE session_key = $2 AND route = $3 AND status = ",
+    QUEUED,
+    " AND id <> $1
+       AND received_at <= (SELECT h.received_at FROM events h WHERE h.id = $1) + $5"
+);
+
+/// `$1` the head event's id: the events joined to it, oldest first.
+pub(crate) const JOINED_EVENTS_SQL: &str = concatcp!(
+    "SELECT ",
+    EVENT_COLUMNS,
+    " FROM events WHERE joined_to = $1 ORDER BY seq"
+);
+
+/// `$1` the head event's id, `$2` its terminal status, `$3` now: the events joined to it end
+/// with it.
+pub(crate) const FINISH_JOINED_SQL: &str =
+    "UPDATE events SET status = $2, updated_at = $3 WHERE joined_to = $1";
 
 /// `$1` turn id, `$2` status, `$3` reason, `$4` output, `$5` error, `$6` steps, `$7` now.
 pub(crate) const FINISH_TURN_SQL: &str = "UPDATE turns SET status = $2, reason = $3, output = $4, error = $5, steps = $6, finished_at = $7

@@ -24,6 +24,9 @@ pub(crate) enum EventStatus {
     Running,
     /// Its turn waits for an operator's decision on a tool call.
     AwaitingApproval,
+    /// It joined a queued event of its session (the route's `coalesce`): that event's turn
+    /// handles it, and it ends with that turn.
+    Joined,
     Completed,
     Failed,
     Abandoned,
@@ -36,6 +39,7 @@ impl EventStatus {
             EventStatus::Queued => "queued",
             EventStatus::Running => "running",
             EventStatus::AwaitingApproval => "awaiting_approval",
+            EventStatus::Joined => "joined",
             EventStatus::Completed => "completed",
             EventStatus::Failed => "failed",
             EventStatus::Abandoned => "abandoned",
@@ -382,6 +386,7 @@ pub(crate) const EVENT_COMPLETED: &str = concatcp!("'", EventStatus::Completed.s
 pub(crate) const EVENT_FAILED: &str = concatcp!("'", EventStatus::Failed.sql(), "'");
 pub(crate) const EVENT_ABANDONED: &str = concatcp!("'", EventStatus::Abandoned.sql(), "'");
 pub(crate) const EVENT_AWAITING: &str = concatcp!("'", EventStatus::AwaitingApproval.sql(), "'");
+pub(crate) const EVENT_JOINED: &str = concatcp!("'", EventStatus::Joined.sql(), "'");
 pub(crate) const SESSION_AWAITING: &str = concatcp!("'", SessionState::AwaitingApproval.sql(), "'");
 pub(crate) const DECIDED: &str = concatcp!("'", Continuation::DECIDED_SQL, "'");
 pub(crate) const APPROVAL_PENDING: &str = concatcp!("'", ApprovalStatus::Pending.sql(), "'");
@@ -390,10 +395,11 @@ pub(crate) const APPROVAL_PENDING: &str = concatcp!("'", ApprovalStatus::Pending
 mod tests {
     use super::*;
 
-    const EVENT_STATUSES: [EventStatus; 7] = [
+    const EVENT_STATUSES: [EventStatus; 8] = [
         EventStatus::Queued,
         EventStatus::Running,
         EventStatus::AwaitingApproval,
+        EventStatus::Joined,
         EventStatus::Completed,
         EventStatus::Failed,
         EventStatus::Abandoned,

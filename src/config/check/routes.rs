@@ -9,9 +9,12 @@ use crate::config::settings::{
     DEFAULT_PROMPT, DeliverSettings, McpServerSettings, OnBusy, RouteSettings, ServerSettings,
     ToolRef, ToolSettings,
 };
-use crate::config::units::{parse_rate, parse_size};
+use crate::config::units::{parse_duration, parse_rate, parse_size};
 use crate::secret::{Secret, SecretSource};
 use crate::signature::{VerifyScheme, VerifySettings};
+
+/// The longest `coalesce` window: an event that waits longer than this joins nothing more.
+const MAX_COALESCE: std::time::Duration = std::time::Duration::from_secs(3600);
 
 impl Checker<'_> {
     pub(super) fn route(
@@ -63,6 +66,13 @@ impl Checker<'_> {
                 .filter(|n| (-1000..=1000).contains(n))
                 .ok_or_else(|| format!("{n} is not a priority from -1000 to 1000"))
         });
+        let coalesce = self.value(&format!("{prefix}.coalesce"), raw.coalesce, None, |text| {
+            let window = parse_duration(&text)?;
+            if window.is_zero() || window > MAX_COALESCE {
+                return Err(format!("{text:?} is not a window from 1ms to 1h"));
+            }
+            Ok(Some(window))
+        });
         let history = self.history(&prefix, raw.history.unwrap_or_default());
         let budget = self.budget_limits(&format!("{prefix}.budget"), raw.budget);
         let default_max_body = server.as_ref().map_or(1 << 20, |s| s.max_body);
@@ -94,6 +104,7 @@ impl Checker<'_> {
             rate_limit,
             max_queued_events,
             priority,
+            coalesce,
             max_body,
             budget,
             name,

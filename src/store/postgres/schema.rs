@@ -191,6 +191,9 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX approvals_by_request ON approvals (requested_at);",
     // 9: each route's share of max_queued_events, as in the SQLite schema.
     "CREATE INDEX events_queued_by_route ON events (route) WHERE status = 'queued';",
+    // 10: coalescing, as in the SQLite schema.
+    "ALTER TABLE events ADD COLUMN joined_to TEXT;
+    CREATE INDEX events_joined ON events (joined_to) WHERE joined_to IS NOT NULL;",
 ];
 
 impl PostgresStore {

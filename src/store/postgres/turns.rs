@@ -7,14 +7,15 @@ use super::PostgresStore;
 use super::connect::{Cached, bounded};
 use crate::store::approval::{APPROVAL_ENTRY, NewApproval};
 use crate::store::model::{
-    Claim, ClaimedTurn, EVENT_ENTRY, RenderDelivery, TranscriptRow, TurnEnd,
+    Claim, ClaimedTurn, EVENT_ENTRY, Event, RenderDelivery, TranscriptRow, TurnEnd,
 };
 use crate::store::row::StoredRow;
 use crate::store::sql::{
     APPEND_SQL, AWAIT_EVENT_SQL, CLAIM_COLUMNS, DAY_USAGE_SQL, END_SESSION_SET,
-    EVENT_HAS_TRANSCRIPT_SQL, EVENT_USAGE_SQL, FINISH_EVENT_SQL, FINISH_TURN_SQL,
-    INSERT_APPROVAL_SQL, INTERRUPT_TURN_SQL, ROUTE_DAY_USAGE_SQL, SESSION_USAGE_SQL,
-    START_EVENT_SQL, SUSPENDED_EVENT_WAITS_SQL, TRANSCRIPT_SQL, TURN_STEPS_SQL, step_usage_values,
+    EVENT_HAS_TRANSCRIPT_SQL, EVENT_USAGE_SQL, FINISH_EVENT_SQL, FINISH_JOINED_SQL,
+    FINISH_TURN_SQL, INSERT_APPROVAL_SQL, INTERRUPT_TURN_SQL, JOIN_QUEUED_SQL, JOINED_EVENTS_SQL,
+    ROUTE_DAY_USAGE_SQL, SESSION_USAGE_SQL, START_EVENT_SQL, SUSPENDED_EVENT_WAITS_SQL,
+    TRANSCRIPT_SQL, TURN_STEPS_SQL, step_usage_values,
 };
 use crate::store::states::SessionState;
 use crate::store::states::{
@@ -180,6 +181,23 @@ pub(super) async fn finish_rows(
         &[&end.event_id, &end.route, &end.session_key, &body, &now],
     )
     .await?;
+    // The events that joined it end with it, each delivered (what the turn spent is on its own
+    // event's delivery).
+    let joined = tx.rows(JOINED_EVENTS_SQL, &[&end.event_id]).await?;
+    tx.run(
+        FINISH_JOINED_SQL,
+        &[&end.event_id, &end.terminal.event_status().sql(), &now],
+    )
+    .await?;
+    for row in joined {
+        let event_id: String = row.column("id")?;
+        let body = render.body(&end.for_joined(&event_id), Spent::default())?;
+        tx.run(
+            QUEUE_DELIVERY_SQL,
+            &[&event_id, &end.route, &end.session_key, &body, &now],
+        )
+        .await?;
+    }
     Ok(())
 }
 
@@ -333,6 +351,29 @@ impl Turns for PostgresStore {
             finish_rows(&tx, &end, render).await?;
             tx.commit().await?;
             Ok(())
+        })
+        .await
+    }
+
+    async fn join_queued(&self, head: &Event, window_ms: i64) -> Result<Vec<Event>, StoreError> {
+        bounded(async {
+            let mut client = self.client().await?;
+            let tx = client.transaction().await?;
+            self.hold_lease(&tx, &head.session_key).await?;
+            tx.run(
+                JOIN_QUEUED_SQL,
+                &[
+                    &head.id,
+                    &head.session_key,
+                    &head.route,
+                    &now_millis(),
+                    &window_ms,
+                ],
+            )
+            .await?;
+            let rows = tx.rows(JOINED_EVENTS_SQL, &[&head.id]).await?;
+            tx.commit().await?;
+            rows.iter().map(|row| Event::decode(row)).collect()
         })
         .await
     }

@@ -164,6 +164,10 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX approvals_by_request ON approvals(requested_at);",
     // 11: each route's share of max_queued_events counts its queued events once a second.
     "CREATE INDEX events_queued_by_route ON events(route) WHERE status = 'queued';",
+    // 12: coalescing: an event that joined a queued event of its session (`joined`) is handled
+    // by that event's turn and ends with it.
+    "ALTER TABLE events ADD COLUMN joined_to TEXT;
+    CREATE INDEX events_joined ON events(joined_to) WHERE joined_to IS NOT NULL;",
 ];
 
 /// The schema version this build writes.

@@ -7,13 +7,14 @@ use rusqlite::Connection;
 use super::{SqliteStore, execute, query, query_one, value};
 use crate::store::approval::{APPROVAL_ENTRY, NewApproval};
 use crate::store::model::{
-    Claim, ClaimedTurn, EVENT_ENTRY, RenderDelivery, TranscriptRow, TurnEnd,
+    Claim, ClaimedTurn, EVENT_ENTRY, Event, RenderDelivery, TranscriptRow, TurnEnd,
 };
 use crate::store::sql::{
     APPEND_SQL, AWAIT_EVENT_SQL, CLAIM_COLUMNS, DAY_USAGE_SQL, END_SESSION_SET,
-    EVENT_HAS_TRANSCRIPT_SQL, EVENT_USAGE_SQL, FINISH_EVENT_SQL, FINISH_TURN_SQL,
-    INSERT_APPROVAL_SQL, INTERRUPT_TURN_SQL, ROUTE_DAY_USAGE_SQL, SESSION_USAGE_SQL,
-    START_EVENT_SQL, SUSPENDED_EVENT_WAITS_SQL, TRANSCRIPT_SQL, TURN_STEPS_SQL, step_usage_values,
+    EVENT_HAS_TRANSCRIPT_SQL, EVENT_USAGE_SQL, FINISH_EVENT_SQL, FINISH_JOINED_SQL,
+    FINISH_TURN_SQL, INSERT_APPROVAL_SQL, INTERRUPT_TURN_SQL, JOIN_QUEUED_SQL, JOINED_EVENTS_SQL,
+    ROUTE_DAY_USAGE_SQL, SESSION_USAGE_SQL, START_EVENT_SQL, SUSPENDED_EVENT_WAITS_SQL,
+    TRANSCRIPT_SQL, TURN_STEPS_SQL, step_usage_values,
 };
 use crate::store::states::SessionState;
 use crate::store::states::{
@@ -238,7 +239,48 @@ pub(super) fn finish_in(
         QUEUE_DELIVERY_SQL,
         &[&end.event_id, &end.route, &end.session_key, &body, &now],
     )?;
+    // The events that joined it end with it, each delivered (what the turn spent is on its own
+    // event's delivery).
+    let joined = query(connection, JOINED_EVENTS_SQL, &[&end.event_id], |row| {
+        value::<String>(row, "id")
+    })?;
+    execute(
+        connection,
+        FINISH_JOINED_SQL,
+        &[&end.event_id, &end.terminal.event_status().sql(), &now],
+    )?;
+    for event_id in joined {
+        let body = render.body(&end.for_joined(&event_id), Spent::default())?;
+        execute(
+            connection,
+            QUEUE_DELIVERY_SQL,
+            &[&event_id, &end.route, &end.session_key, &body, &now],
+        )?;
+    }
     Ok(())
+}
+
+/// Coalescing: the queued events of `head`'s session and route that arrived within `window_ms`
+/// after it join it; every event joined to it so far, oldest first.
+fn join_in(
+    connection: &Connection,
+    head: &Event,
+    window_ms: i64,
+) -> Result<Vec<Event>, StoreError> {
+    execute(
+        connection,
+        JOIN_QUEUED_SQL,
+        &[
+            &head.id,
+            &head.session_key,
+            &head.route,
+            &now_millis(),
+            &window_ms,
+        ],
+    )?;
+    query(connection, JOINED_EVENTS_SQL, &[&head.id], |row| {
+        Event::decode(row)
+    })
 }
 
 fn append_in(
@@ -430,6 +472,12 @@ impl Turns for SqliteStore {
 
     async fn finish_turn(&self, end: TurnEnd, render: RenderDelivery) -> Result<(), StoreError> {
         self.write(move |connection| finish_in(connection, &end, render))
+            .await
+    }
+
+    async fn join_queued(&self, head: &Event, window_ms: i64) -> Result<Vec<Event>, StoreError> {
+        let head = head.clone();
+        self.write(move |connection| join_in(connection, &head, window_ms))
             .await
     }
 
