@@ -419,7 +419,7 @@ mod tests {
     }
 
     #[test]
-    fn a_route_priority_is_a_whole_number_from_minus_1000_to_1000() {
+    fn a_route_priority_and_coalesce_window_are_bounded() {
         let route = |priority: &str| {
             format!("[routes.a]\npath = \"/a\"\nverify = {{ scheme = \"none\" }}\n{priority}")
         };
@@ -427,6 +427,19 @@ mod tests {
         assert_eq!(loaded.config.routes[0].priority, 10);
         let loaded = check_text(&route("")).expect("valid");
         assert_eq!(loaded.config.routes[0].priority, 0);
+        let loaded = check_text(&route("coalesce = \"30s\"")).expect("valid");
+        assert_eq!(
+            loaded.config.routes[0].coalesce,
+            Some(Duration::from_secs(30))
+        );
+        for wrong in ["coalesce = \"0s\"", "coalesce = \"2h\""] {
+            assert!(
+                findings(&route(wrong))
+                    .iter()
+                    .any(|f| f.severity == Severity::Error && f.key == "routes.a.coalesce"),
+                "{wrong}"
+            );
+        }
         for wrong in ["priority = 5000", "priority = -1001"] {
             assert!(
                 findings(&route(wrong))

@@ -299,34 +299,11 @@ impl Running<'_> {
         };
         let (machine, first) = match continues {
             None => {
-                let event = &self.turn.event;
-                let nonce = prompt::new_nonce();
-                let Some(joined) = self.joined_events().await else {
+                let Some(new_events) = self.record_new_events(&prompt_text).await else {
                     return;
                 };
-                let joined: Vec<Message> = joined
-                    .iter()
-                    .map(|event| self.joined_message(event, &nonce))
-                    .collect();
-                let mut entries = vec![Entry::Event {
-                    event_id: event.id.clone(),
-                    template: self.route.prompt.clone(),
-                    nonce: Some(nonce.clone()),
-                }];
-                entries.extend(joined.iter().cloned().map(Entry::message));
-                if !self.record(&entries, 0, Spent::default()).await {
-                    return;
-                }
-                let new_event = prompt::event_message(
-                    &event.route,
-                    &event.event_type,
-                    &event.id,
-                    &prompt_text,
-                    &nonce,
-                );
-                messages.push(history::bounded(new_event, message_cap));
                 messages.extend(
-                    joined
+                    new_events
                         .into_iter()
                         .map(|message| history::bounded(message, message_cap)),
                 );
@@ -392,6 +369,38 @@ impl Running<'_> {
                 None
             }
         }
+    }
+
+    /// A fresh turn's start, recorded before the first model request: its event's entry, and
+    /// the message of each event that joined it. Returns the messages the turn starts with (the
+    /// event, rendered from `prompt_text`, then the joined ones, in order); `None` when the
+    /// turn stopped because the store could not record them.
+    async fn record_new_events(&self, prompt_text: &str) -> Option<Vec<Message>> {
+        let event = &self.turn.event;
+        let nonce = prompt::new_nonce();
+        let joined: Vec<Message> = self
+            .joined_events()
+            .await?
+            .iter()
+            .map(|event| self.joined_message(event, &nonce))
+            .collect();
+        let mut entries = vec![Entry::Event {
+            event_id: event.id.clone(),
+            template: self.route.prompt.clone(),
+            nonce: Some(nonce.clone()),
+        }];
+        entries.extend(joined.iter().cloned().map(Entry::message));
+        if !self.record(&entries, 0, Spent::default()).await {
+            return None;
+        }
+        let first = prompt::event_message(
+            &event.route,
+            &event.event_type,
+            &event.id,
+            prompt_text,
+            &nonce,
+        );
+        Some(std::iter::once(first).chain(joined).collect())
     }
 
     /// The events that joined this turn's event (the route's `coalesce`), oldest first: the

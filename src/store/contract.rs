@@ -680,6 +680,54 @@ async fn priority_goes_first_and_waiting_catches_up(store: &Store, backdate: imp
     assert_eq!(claim_first(store, &Claim::Beside(1)).await.event.id, "q6");
 }
 
+/// Coalescing: the queued events of a session that arrived within the window after its claimed
+/// event join it, and end with its turn, each with a delivery of its own; an event that
+/// arrived later than the window does not join. `backdate(id)` moves an arrival 20 minutes back.
+async fn joined_events_end_with_their_turn(store: &Store, backdate: impl Fn(&str)) {
+    for id in ["j1", "j2", "j3"] {
+        accept_on(store, id, "hooks", "coalesced").await;
+    }
+    let head = claim_one(store).await;
+    assert_eq!(head.event.id, "j1");
+    let joined = store.join_queued(&head.event, 60_000).await.expect("join");
+    let ids: Vec<&str> = joined.iter().map(|event| event.id.as_str()).collect();
+    assert_eq!(ids, ["j2", "j3"]);
+    assert_eq!(event_status(store, "j2").await, EventStatus::Joined);
+    // Asked again (a run cut off before it recorded anything starts afresh): the same ones.
+    let again = store.join_queued(&head.event, 60_000).await.expect("join");
+    assert_eq!(again.len(), 2);
+    assert_nothing_to_claim(store).await;
+    complete(store, &head).await;
+    for id in ["j2", "j3"] {
+        assert_eq!(event_status(store, id).await, EventStatus::Completed);
+    }
+    let delivered: Vec<String> = store
+        .deliveries(None, 100)
+        .await
+        .expect("deliveries")
+        .into_iter()
+        .map(|delivery| delivery.event_id)
+        .collect();
+    for id in ["j1", "j2", "j3"] {
+        assert!(delivered.iter().any(|d| d == id), "{id}: {delivered:?}");
+    }
+    // Outside the window: the head arrived 20 minutes before the next one.
+    accept_on(store, "j4", "hooks", "coalesced").await;
+    accept_on(store, "j5", "hooks", "coalesced").await;
+    backdate("j4");
+    let head = claim_one(store).await;
+    assert_eq!(head.event.id, "j4");
+    assert!(
+        store
+            .join_queued(&head.event, 60_000)
+            .await
+            .expect("join")
+            .is_empty()
+    );
+    complete(store, &head).await;
+    assert_eq!(claim_first(store, &Claim::Beside(1)).await.event.id, "j5");
+}
+
 /// The SQL that moves event `id`'s arrival 20 minutes back.
 fn backdate_sql(id: &str) -> String {
     format!("UPDATE events SET received_at = received_at - 1200000 WHERE id = '{id}'")
@@ -733,10 +781,11 @@ fn sqlite_keeps_the_contract() {
         run_contract(&store, || {}).await;
         let database = dir.path().join("agentgate.db");
         let connection = rusqlite::Connection::open(database).expect("open");
-        priority_goes_first_and_waiting_catches_up(&store, |id| {
+        let backdate = |id: &str| {
             connection.execute(&backdate_sql(id), []).expect("backdate");
-        })
-        .await;
+        };
+        priority_goes_first_and_waiting_catches_up(&store, backdate).await;
+        joined_events_end_with_their_turn(&store, backdate).await;
         // SQLite keeps a text in an INTEGER column as text: it no longer reads as a number.
         connection
             .execute("UPDATE events SET received_at = 'soon' WHERE id = 'e1'", [])
@@ -769,10 +818,11 @@ fn postgres_keeps_the_contract() {
             );
         })
         .await;
-        priority_goes_first_and_waiting_catches_up(&store, |id| {
+        let backdate = |id: &str| {
             server.value(&backdate_sql(id));
-        })
-        .await;
+        };
+        priority_goes_first_and_waiting_catches_up(&store, backdate).await;
+        joined_events_end_with_their_turn(&store, backdate).await;
         // A NULL where a value belongs (the column lost its constraint, say by hand).
         server.value("ALTER TABLE events ALTER COLUMN event_type DROP NOT NULL");
         server.value("UPDATE events SET event_type = NULL WHERE id = 'e1'");

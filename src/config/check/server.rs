@@ -78,21 +78,23 @@ impl Checker<'_> {
         }))
     }
 
-    pub(super) fn server(&mut self, raw: RawServer) -> Option<ServerSettings> {
-        let listen = match raw.listen {
-            None => SocketAddr::from(([127, 0, 0, 1], 8787)),
-            Some(text) => {
-                if let Ok(addr) = text.parse::<SocketAddr>() {
-                    addr
-                } else {
-                    self.error(
-                        "server.listen",
-                        format!("{text:?} is not an address:port such as \"127.0.0.1:8787\""),
-                    );
-                    return None;
-                }
-            }
+    /// `server.listen`: the address bound when not socket-activated.
+    fn listen(&mut self, raw: Option<String>) -> Option<SocketAddr> {
+        let Some(text) = raw else {
+            return Some(SocketAddr::from(([127, 0, 0, 1], 8787)));
         };
+        let parsed = text.parse::<SocketAddr>().ok();
+        if parsed.is_none() {
+            self.error(
+                "server.listen",
+                format!("{text:?} is not an address:port such as \"127.0.0.1:8787\""),
+            );
+        }
+        parsed
+    }
+
+    pub(super) fn server(&mut self, raw: RawServer) -> Option<ServerSettings> {
+        let listen = self.listen(raw.listen)?;
         let max_body = self.value("server.max_body", raw.max_body, 1 << 20, |t| parse_size(&t));
         let tls = match raw.tls {
             None => None,

@@ -373,7 +373,7 @@ impl Turns for PostgresStore {
             .await?;
             let rows = tx.rows(JOINED_EVENTS_SQL, &[&head.id]).await?;
             tx.commit().await?;
-            rows.iter().map(|row| Event::decode(row)).collect()
+            rows.iter().map(Event::decode).collect()
         })
         .await
     }
