@@ -2216,3 +2216,48 @@ fn events_that_arrive_while_one_waits_join_its_turn() {
         .query("SELECT count(*) FROM turns", |row| row.get(0));
     assert_eq!(counted, [2]);
 }
+
+/// `priority`: when turns wait for the one slot, the event of the route with the higher
+/// priority runs first, though it arrived last.
+#[test]
+fn the_higher_priority_route_runs_first_when_turns_wait() {
+    let (release, gate) = std::sync::mpsc::channel::<()>();
+    let gate = std::sync::Mutex::new(gate);
+    let model = Stub::start(move |_, index| {
+        if index == 0 {
+            let waiting = gate.lock().map(|gate| gate.recv_timeout(TURN_LIMIT));
+            assert!(matches!(waiting, Ok(Ok(()))), "never released");
+        }
+        Reply::answer("noted")
+    });
+    let receiver = receiver();
+    let text = config(&model, &receiver, "", "max_concurrent_turns = 1").replace(
+        "[routes.alerts]",
+        "[routes.pager]\npath = \"/hooks/pager\"\nverify = { scheme = \"none\" }\n\
+         session = \"{{ payload.session }}\"\npriority = 10\n\n[routes.alerts]",
+    );
+    let (setup, daemon) = start_with_config(model, receiver, &text);
+    let holding = post(&daemon, "holding");
+    wait_until("the first turn's model request", TURN_LIMIT, || {
+        setup.model.requests().len() == 1
+    });
+    let routine = post(&daemon, "routine");
+    let page = daemon.post_json(
+        "/hooks/pager",
+        &[],
+        &json!({"session": "paged", "alert": "site down"}).to_string(),
+    );
+    assert_eq!(page.status, 202, "{page:?}");
+    release.send(()).expect("release");
+    for id in [&holding, &routine, &page.event_id()] {
+        assert_eq!(setup.workspace.wait_terminal(id, TURN_LIMIT), "completed");
+    }
+    let order: Vec<String> = setup
+        .model
+        .requests()
+        .iter()
+        .map(|request| request.json()["messages"].to_string())
+        .collect();
+    assert!(order[1].contains("site down"), "{order:?}");
+    assert!(order[2].contains("routine"), "{order:?}");
+}
