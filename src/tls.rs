@@ -19,6 +19,71 @@ pub(crate) fn client_config(
     .with_no_client_auth())
 }
 
+/// A client configuration that encrypts but does not authenticate the server: what libpq's
+/// `sslmode=prefer` does, and what a PostgreSQL URL without `sslmode` gets when no `store.ca_file`
+/// names the server's CA (the daemon warns about it for a server off this machine). It protects
+/// against a passive listener, not against an active one.
+pub(crate) fn encryption_only_config() -> Result<rustls::ClientConfig, rustls::Error> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    Ok(
+        rustls::ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()?
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(EncryptionOnly(provider)))
+            .with_no_client_auth(),
+    )
+}
+
+/// Accepts any certificate, but checks the handshake's signatures with it, so the session keys
+/// are the server's own (see [`encryption_only_config`]).
+#[derive(Debug)]
+struct EncryptionOnly(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for EncryptionOnly {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &rustls_pki_types::CertificateDer<'_>,
+        _intermediates: &[rustls_pki_types::CertificateDer<'_>],
+        _server_name: &rustls_pki_types::ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls_pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls_pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls_pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
 /// The public web roots (Mozilla's, as compiled into `webpki-roots`).
 pub(crate) fn web_roots() -> rustls::RootCertStore {
     let mut roots = rustls::RootCertStore::empty();

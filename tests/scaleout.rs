@@ -852,6 +852,29 @@ fn with_sslmode_require_nodes_use_tls_and_verify_the_server() {
     assert!(message.contains("certificate"), "{message}");
 }
 
+/// A URL without `sslmode` (libpq's `prefer`) and no `ca_file`: the node's connections are
+/// encrypted when the server offers TLS, as libpq's are (the server is not authenticated: only
+/// `sslmode=require` with `ca_file` does that), where they were plaintext before.
+#[test]
+fn without_sslmode_nodes_encrypt_when_the_server_offers_tls() {
+    let Some((pg, _ca)) = Postgres::start_with_tls("postgres_prefer") else {
+        return;
+    };
+    let model = Stub::start(|_, _| Reply::answer("done"));
+    let cluster = Cluster::start_on(pg, &model, &Shape::new(1, "5s"));
+    let event = cluster.post(0, "prefer", "quick");
+    cluster.wait_all_terminal(1, LIMIT);
+    assert_eq!(cluster.event_status(&event), "completed");
+    let count = |ssl: bool| {
+        cluster.count(&format!(
+            "SELECT count(*) FROM pg_stat_ssl JOIN pg_stat_activity USING (pid)
+             WHERE ssl = {ssl} AND application_name LIKE 'agentgate%'"
+        ))
+    };
+    assert!(count(true) >= 1, "the node's connections use TLS");
+    assert_eq!(count(false), 0, "no plaintext connection");
+}
+
 #[test]
 fn an_unusable_database_url_is_a_configuration_error_that_keeps_the_url_secret() {
     let workspace = Workspace::new();

@@ -7,6 +7,62 @@ use tokio_postgres::types::ToSql;
 use super::OPERATION_TIMEOUT;
 use crate::store::StoreError;
 
+/// How connections to the server are protected, from the URL's `sslmode` and `store.ca_file`
+/// (docs/reference.md, `[store]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Transport {
+    /// `sslmode=disable`.
+    Plain,
+    /// TLS with the server's certificate verified (`sslmode=require`, or a `ca_file`); with
+    /// `sslmode=prefer` plaintext still when the server offers no TLS.
+    Verified,
+    /// No `sslmode` (libpq's `prefer`) and no `ca_file`: TLS when the server offers it,
+    /// encrypted but the server not authenticated, as libpq does; plaintext when it does not.
+    EncryptedOnly,
+}
+
+impl Transport {
+    pub(super) fn of(
+        mode: tokio_postgres::config::SslMode,
+        ca_file: Option<&std::path::Path>,
+    ) -> Transport {
+        use tokio_postgres::config::SslMode;
+        match mode {
+            SslMode::Disable => Transport::Plain,
+            SslMode::Prefer if ca_file.is_none() => Transport::EncryptedOnly,
+            // `require`, `prefer` with a CA to verify against, and any mode a later
+            // tokio-postgres adds: the strictest.
+            _ => Transport::Verified,
+        }
+    }
+}
+
+/// A rustls connector that encrypts without authenticating the server ([`Transport::EncryptedOnly`]).
+pub(super) fn encryption_only_connector()
+-> Result<tokio_postgres_rustls::MakeRustlsConnect, StoreError> {
+    let config = crate::tls::encryption_only_config()
+        .map_err(|err| StoreError::Setup(format!("TLS: {err}")))?;
+    Ok(tokio_postgres_rustls::MakeRustlsConnect::new(config))
+}
+
+/// Whether every host of the URL is on this machine (a Unix socket, `localhost` or a loopback
+/// address), where an unencrypted connection exposes nothing to a network.
+pub(super) fn local_hosts(config: &tokio_postgres::Config) -> bool {
+    config
+        .get_hostaddrs()
+        .iter()
+        .all(std::net::IpAddr::is_loopback)
+        && config.get_hosts().iter().all(|host| match host {
+            tokio_postgres::config::Host::Tcp(name) => {
+                name == "localhost"
+                    || name
+                        .parse::<std::net::IpAddr>()
+                        .is_ok_and(|ip| ip.is_loopback())
+            }
+            tokio_postgres::config::Host::Unix(_) => true,
+        })
+}
+
 /// A rustls connector that verifies the server against `ca_file`, else the public web roots.
 pub(super) fn tls_connector(
     ca_file: Option<&std::path::Path>,
@@ -107,4 +163,36 @@ pub(super) async fn bounded<T>(
         .map_err(|_| {
             StoreError::ServerUnavailable(format!("no answer within {OPERATION_TIMEOUT:?}"))
         })?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio_postgres::config::SslMode;
+
+    #[test]
+    fn the_url_and_ca_file_decide_the_transport() {
+        let ca = std::path::Path::new("/etc/ssl/pg-ca.pem");
+        assert_eq!(Transport::of(SslMode::Disable, Some(ca)), Transport::Plain);
+        assert_eq!(
+            Transport::of(SslMode::Prefer, None),
+            Transport::EncryptedOnly
+        );
+        assert_eq!(
+            Transport::of(SslMode::Prefer, Some(ca)),
+            Transport::Verified
+        );
+        assert_eq!(Transport::of(SslMode::Require, None), Transport::Verified);
+    }
+
+    #[test]
+    fn only_hosts_on_this_machine_are_local() {
+        let local = |url: &str| local_hosts(&url.parse().expect("a URL"));
+        assert!(local("postgres://agentgate@localhost/agentgate"));
+        assert!(local("postgres://agentgate@127.0.0.1:5433/agentgate"));
+        assert!(local("host=/run/postgresql user=agentgate"));
+        assert!(!local("postgres://agentgate@db.example.com/agentgate"));
+        assert!(!local("postgres://agentgate@10.0.0.5/agentgate"));
+        assert!(!local("host=localhost,db2.example.com user=agentgate"));
+    }
 }

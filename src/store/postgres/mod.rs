@@ -38,7 +38,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::PostgresSettings;
 use crate::store::model::{AcceptOutcome, NewEvent};
 use crate::store::{StoreError, now_millis};
-use connect::{Cached, bounded, tls_connector};
+use connect::{Cached, Transport, bounded, encryption_only_connector, local_hosts, tls_connector};
 
 /// The longest any one database operation may take before it counts as unavailable.
 const OPERATION_TIMEOUT: Duration = Duration::from_secs(10);
@@ -107,13 +107,17 @@ impl PostgresStore {
         let manager_config = ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         };
-        // TLS when the URL asks for it (`sslmode=require`), always with the server's
-        // certificate verified; otherwise plain connections, as libpq's `prefer` would fall back.
-        let manager = if config.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
-            let tls = tls_connector(settings.ca_file.as_deref())?;
-            Manager::from_config(config, tls, manager_config)
-        } else {
-            Manager::from_config(config, NoTls, manager_config)
+        let transport = Transport::of(config.get_ssl_mode(), settings.ca_file.as_deref());
+        let local = local_hosts(&config);
+        let manager = match transport {
+            Transport::Plain => Manager::from_config(config, NoTls, manager_config),
+            Transport::Verified => {
+                let tls = tls_connector(settings.ca_file.as_deref())?;
+                Manager::from_config(config, tls, manager_config)
+            }
+            Transport::EncryptedOnly => {
+                Manager::from_config(config, encryption_only_connector()?, manager_config)
+            }
         };
         let pool = Pool::builder(manager)
             .max_size(settings.pool_size)
@@ -142,6 +146,9 @@ impl PostgresStore {
         };
         if let Some(receiver) = receiver {
             bounded(store.migrate()).await?;
+            if !local {
+                store.warn_of_transport(transport).await;
+            }
             bounded(store.register()).await?;
             let receiver = Arc::new(Mutex::new(receiver));
             for _ in 0..ACCEPT_WRITERS {
@@ -150,6 +157,33 @@ impl PostgresStore {
             tokio::spawn(store.clone().heartbeat(settings.lease_ttl));
         }
         Ok(store)
+    }
+
+    /// Says in the journal when the connection to a server off this machine is not encrypted, or
+    /// encrypted without the server authenticated.
+    async fn warn_of_transport(&self, transport: Transport) {
+        let encrypted = self
+            .fetch_one(
+                "SELECT coalesce((SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()), false) AS ssl",
+                &[],
+                |row| crate::store::row::StoredRow::column::<bool>(row, "ssl"),
+            )
+            .await;
+        match (encrypted, transport) {
+            (Ok(false), _) => tracing::warn!(
+                "the connection to PostgreSQL is not encrypted, and the server is on another \
+                 machine: its traffic (events, transcripts, the password) crosses the network \
+                 in clear; enable TLS on the server and set sslmode=require with store.ca_file"
+            ),
+            (Ok(true), Transport::EncryptedOnly) => tracing::warn!(
+                "the connection to PostgreSQL is encrypted, but the server is not authenticated \
+                 (no sslmode, no store.ca_file): set sslmode=require and store.ca_file to its CA"
+            ),
+            (Ok(true), Transport::Verified | Transport::Plain) => {}
+            (Err(err), _) => {
+                tracing::warn!(error = %err, "could not tell whether the connection to PostgreSQL is encrypted");
+            }
+        }
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
