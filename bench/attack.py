@@ -17,7 +17,9 @@ connections are closed. Floods:
 - h2-streams: 50 HTTP/2 connections that each open as many streams as they are allowed (up to
   200) and send 16 KiB of each stream's body, without ending any;
 - tiny-chunks: 200 HTTP/1.1 connections that send a chunked body one byte per chunk (1,000
-  chunks each), without ending it.
+  chunks each), without ending it;
+- one-address: 4,096 keep-alive connections from one address (the others come from SOURCES
+  loopback addresses, 64 by default, as a crowd would).
 """
 import os
 import resource
@@ -97,11 +99,36 @@ def webhook():
         return None, "none"
 
 
+SOURCES = int(os.environ.get("SOURCES", "64"))
+_next_source = 0
+
+
 def connect(port):
+    """A connection from the next of SOURCES loopback addresses (127.0.0.2 on), as a crowd of
+    clients connects: one address holds at most server.max_connections_per_peer (256)."""
+    global _next_source
     conn = socket.socket()
     conn.setblocking(True)
+    conn.bind((f"127.0.0.{2 + _next_source % SOURCES}", 0))
+    _next_source += 1
     conn.connect(("127.0.0.1", port))
     return conn
+
+
+def one_address():
+    """4,096 keep-alive connections from one address: past 256 it gets no more."""
+    conns = []
+    for _ in range(4096):
+        try:
+            conn = socket.create_connection(("127.0.0.1", PORT), timeout=5)
+            conn.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+            if not conn.recv(256):
+                conn.close()
+                continue
+            conns.append(conn)
+        except OSError:
+            continue
+    return conns
 
 
 def idle_h2c():
@@ -166,7 +193,7 @@ def tiny_chunks():
 
 
 FLOODS = {"idle-h2c": idle_h2c, "keepalive": keepalive, "metrics": metrics,
-          "h2-streams": h2_streams, "tiny-chunks": tiny_chunks}
+          "h2-streams": h2_streams, "tiny-chunks": tiny_chunks, "one-address": one_address}
 
 
 def run(name):

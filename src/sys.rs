@@ -7,6 +7,8 @@
 //!   sockets, a shell's files) are marked close-on-exec at start, so no tool ever gets them; the
 //!   daemon's own descriptors are opened close-on-exec by Rust already.
 //! - Descriptors received over a socket (a tool unit's stdin, stdout and stderr) become owned.
+//! - Memory the allocator holds free is given back to the kernel (`malloc_trim`): after a flood
+//!   of connections, their freed buffers would otherwise stay in the process's arenas.
 
 use std::os::fd::BorrowedFd;
 
@@ -61,4 +63,12 @@ pub(crate) fn adopt_received_descriptor(fd: std::os::fd::RawFd) -> std::os::fd::
     // SAFETY: `recvmsg` just created `fd` in this process for this message; nothing else
     // knows it, so it has exactly one owner from here on.
     unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }
+}
+
+/// Gives the memory glibc's allocator holds but does not use back to the kernel, from every
+/// arena; whether any was given back.
+pub(crate) fn release_free_memory() -> bool {
+    // SAFETY: malloc_trim takes no pointer and only walks the allocator's own free lists, under
+    // the allocator's locks; any thread may call it at any time.
+    unsafe { nix::libc::malloc_trim(0) == 1 }
 }

@@ -34,7 +34,7 @@ use crate::session::{BackgroundJobs, JobSlots, Scheduler, Sessions, TurnContext}
 use crate::store::Store;
 use bootstrap::Bootstrap;
 use drain::{Budgets, Drain, Stage, Stages};
-use periodic::{Expiry, Health, Retention, Summary};
+use periodic::{Expiry, Health, MemoryTrim, Retention, Summary};
 use reload::Reloader;
 use resume::Resumer;
 use signals::StopSignals;
@@ -292,6 +292,7 @@ impl Wired {
         };
         drain.start(Stage::StopBackground, |stop| health.run(stop));
         drain.start(Stage::StopBackground, |stop| Summary.run(stop));
+        drain.start(Stage::StopBackground, |stop| MemoryTrim.run(stop));
 
         let reloader = Reloader {
             source: source.clone(),

@@ -205,6 +205,26 @@ impl Expiry {
     }
 }
 
+/// How often memory the allocator holds free is given back to the kernel.
+const TRIM_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Every few seconds, the memory the allocator holds free goes back to the kernel, so that
+/// what a flood of connections took does not stay with the process after it (docs/reference.md,
+/// "Threat model"). On a blocking thread: with a large heap a trim takes a moment.
+pub(super) struct MemoryTrim;
+
+impl MemoryTrim {
+    pub(super) async fn run(self, stop: CancellationToken) {
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(TRIM_INTERVAL) => {}
+            }
+            let _ = tokio::task::spawn_blocking(crate::sys::release_free_memory).await;
+        }
+    }
+}
+
 /// Once a minute, when anything happened, one line with the minute's figures. Per-event lines
 /// may be left out under load (docs/reference.md, "Journal"); this line is not, so the journal
 /// still tells how much went through.
