@@ -45,6 +45,8 @@ struct Shape<'a> {
     url_suffix: &'a str,
     /// More `[store]` lines.
     store: &'a str,
+    /// Each node's database URL, where it is not the server's own (a proxy in between).
+    urls: &'a [String],
 }
 
 impl<'a> Shape<'a> {
@@ -59,6 +61,7 @@ impl<'a> Shape<'a> {
             deliver: r#"{ kind = "log" }"#,
             url_suffix: "",
             store: "",
+            urls: &[],
         }
     }
 }
@@ -74,7 +77,8 @@ impl Cluster {
             let workspace = Workspace::new();
             let name = format!("node-{index}");
             let url_file = workspace.path().join("pg-url");
-            std::fs::write(&url_file, format!("{}{}\n", pg.url(), shape.url_suffix))
+            let url = shape.urls.get(index).cloned().unwrap_or_else(|| pg.url());
+            std::fs::write(&url_file, format!("{url}{}\n", shape.url_suffix))
                 .expect("write the URL");
             workspace.write_config(&format!(
                 r#"[runtime]
@@ -965,4 +969,145 @@ sandbox = "none""#,
             .value(&format!("SELECT note FROM approvals WHERE id = '{id}'")),
         "from node 1"
     );
+}
+
+/// A TCP proxy between one node and PostgreSQL that a test cuts (every connection closed, new
+/// ones closed at once) and heals: a network partition of that node from the database.
+struct Partition {
+    port: u16,
+    cut: Arc<AtomicBool>,
+    open: Arc<Mutex<Vec<std::net::TcpStream>>>,
+}
+
+impl Partition {
+    fn start(upstream: u16) -> Partition {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
+        let port = listener.local_addr().expect("proxy address").port();
+        let (cut, open) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(Mutex::new(Vec::new())),
+        );
+        let (is_cut, streams) = (cut.clone(), open.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                if is_cut.load(Ordering::SeqCst) {
+                    continue;
+                }
+                let Ok(server) = std::net::TcpStream::connect(("127.0.0.1", upstream)) else {
+                    continue;
+                };
+                let (Ok(client_copy), Ok(server_copy)) = (client.try_clone(), server.try_clone())
+                else {
+                    continue;
+                };
+                if let Ok(mut held) = streams.lock() {
+                    held.extend(client.try_clone());
+                    held.extend(server.try_clone());
+                }
+                pump(client, server_copy);
+                pump(server, client_copy);
+            }
+        });
+        Partition { port, cut, open }
+    }
+
+    fn url(&self) -> String {
+        format!("postgres://agentgate@127.0.0.1:{}/agentgate", self.port)
+    }
+
+    fn cut(&self) {
+        self.cut.store(true, Ordering::SeqCst);
+        if let Ok(mut held) = self.open.lock() {
+            for stream in held.drain(..) {
+                let _ = stream.shutdown(std::net::Shutdown::Both);
+            }
+        }
+    }
+
+    fn heal(&self) {
+        self.cut.store(false, Ordering::SeqCst);
+    }
+}
+
+fn pump(mut from: std::net::TcpStream, mut to: std::net::TcpStream) {
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut from, &mut to);
+        let _ = to.shutdown(std::net::Shutdown::Both);
+    });
+}
+
+/// A node cut off from PostgreSQL kills the tool it runs before its lease can expire, so that
+/// no side effect of it happens after another node resumed the session; once healed, its late
+/// commit is refused (the session is the other node's), and the event ends once, there.
+#[test]
+fn a_node_cut_off_from_postgresql_stops_its_tools_before_another_takes_over() {
+    let Some(pg) = Postgres::start("partition") else {
+        return;
+    };
+    let ticks_dir = tempfile::tempdir().expect("tempdir");
+    let ticks = ticks_dir.path().join("ticks");
+    let model = Stub::start(|request, _| {
+        if mentions(request, "\"role\":\"tool\"") {
+            Reply::answer("done")
+        } else {
+            Reply::tool_call("call-tick", "tick", serde_json::json!({}))
+        }
+    });
+    let (first, second) = (Partition::start(pg.port), Partition::start(pg.port));
+    let urls = [first.url(), second.url()];
+    let tools = format!(
+        r#"[tools.tick]
+description = "Writes the time every 50 ms, as a side effect that keeps going"
+command = ["/bin/sh", "-c", "while :; do date +%s%3N >> {}; sleep 0.05; done"]
+timeout = "60s"
+sandbox = "none""#,
+        ticks.display()
+    );
+    let shape = Shape {
+        tools: &tools,
+        route_tools: r#""tick""#,
+        urls: &urls,
+        ..Shape::new(2, "3s")
+    };
+    let cluster = Cluster::start_on(pg, &model, &shape);
+    // Only the first node can reach the database: the event's turn runs there.
+    second.cut();
+    let event = cluster.post(0, "partitioned", "tick");
+    let read_ticks = || -> Vec<i64> {
+        std::fs::read_to_string(&ticks)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|line| line.trim().parse().ok())
+            .collect()
+    };
+    wait_until("the tool to run on the first node", LIMIT, || {
+        read_ticks().len() >= 3
+    });
+    // The partition: the first node loses the database, the second gets it back.
+    first.cut();
+    second.heal();
+    cluster.wait_all_terminal(1, LIMIT);
+    assert_eq!(cluster.event_status(&event), "completed");
+    let resumed_at: i64 = cluster
+        .pg
+        .value(&format!(
+            "SELECT max(started_at) FROM turns WHERE event_id = '{event}' AND node = 'node-1'"
+        ))
+        .parse()
+        .expect("the second node's turn");
+    let last_tick = read_ticks().last().copied().unwrap_or(i64::MAX);
+    assert!(
+        last_tick < resumed_at,
+        "the cut-off node's tool ran {} ms after the other node resumed the session",
+        last_tick - resumed_at
+    );
+    cluster.nodes[0]
+        .daemon()
+        .wait_for_log("could not renew its leases for most of store.lease_ttl");
+    // Healed, the first node's late commit is refused: the session is the other node's.
+    first.heal();
+    cluster.nodes[0]
+        .daemon()
+        .wait_for_log("its session was taken over");
+    assert_eq!(cluster.event_status(&event), "completed");
 }

@@ -71,6 +71,8 @@ enum Stop {
     Cancelled,
     Shutdown,
     Idle,
+    /// This node has not renewed its leases for most of `lease_ttl` (cut off from PostgreSQL).
+    LeaseAtRisk,
 }
 
 /// The error an operator-cancelled turn's event ends with.
@@ -644,6 +646,7 @@ impl Running<'_> {
             () = self.control.interrupt.cancelled() => Err(Stop::Interrupted),
             () = self.control.cancel.cancelled() => Err(Stop::Cancelled),
             () = self.context.cancel_turns.cancelled() => Err(Stop::Shutdown),
+            () = leases_at_risk(&self.context.store) => Err(Stop::LeaseAtRisk),
             () = tokio::time::sleep(idle) => Err(Stop::Idle),
         }
     }
@@ -659,6 +662,7 @@ impl Running<'_> {
             () = self.control.interrupt.cancelled() => Err(Stop::Interrupted),
             () = self.control.cancel.cancelled() => Err(Stop::Cancelled),
             () = self.context.cancel_turns.cancelled() => Err(Stop::Shutdown),
+            () = leases_at_risk(&self.context.store) => Err(Stop::LeaseAtRisk),
         }
     }
 
@@ -797,6 +801,7 @@ impl Running<'_> {
                 StopReason::IdleTimeout,
             ),
             Stop::Shutdown => return self.leave_for_resume(steps).await,
+            Stop::LeaseAtRisk => return self.leave_cut_off(steps).await,
         };
         self.context
             .finish(
@@ -806,6 +811,40 @@ impl Running<'_> {
                 self.progress(steps),
             )
             .await;
+    }
+
+    /// This node was cut off from the store for most of `lease_ttl`: the turn's tools were
+    /// stopped (dropping them kills them) before the lease could expire, so nothing of it runs
+    /// once another node resumes the session. When the store answers again the turn is left
+    /// `resume_pending` as crashed, for a resume here or elsewhere; if another node has taken
+    /// the session over meanwhile, that commit is refused and the turn just ends here.
+    async fn leave_cut_off(&self, steps: u32) {
+        let turn = self.turn;
+        tracing::error!(
+            "this node could not renew its leases for most of store.lease_ttl: the turn's tools \
+             were stopped so that none runs once another node resumes the session"
+        );
+        metrics::turn_ended(
+            &turn.event.route,
+            TurnStatus::Interrupted,
+            self.started.elapsed(),
+        );
+        let left = self
+            .context
+            .commit(|store| async move {
+                store
+                    .interrupt_for_resume(
+                        &turn.turn_id,
+                        &turn.event.session_key,
+                        ResumeReason::Crashed,
+                        steps,
+                    )
+                    .await
+            })
+            .await;
+        if left {
+            tracing::warn!("the store answers again; the cut-off turn is left for resume");
+        }
     }
 
     /// The drain ran out of time: the turn is left `resume_pending` for the next start.
@@ -836,3 +875,17 @@ impl Running<'_> {
         }
     }
 }
+
+/// Resolves once `store` says this node's leases are at risk (polled: the heartbeat's view),
+/// never with one node.
+async fn leases_at_risk(store: &Store) {
+    if store.failover_interval().is_none() {
+        return std::future::pending().await;
+    }
+    while !store.leases_at_risk() {
+        tokio::time::sleep(LEASE_CHECK).await;
+    }
+}
+
+/// How often a running turn looks whether its node's leases are at risk.
+const LEASE_CHECK: Duration = Duration::from_millis(100);

@@ -65,8 +65,12 @@ impl PostgresStore {
                 () = tokio::time::sleep(interval) => {}
             }
             let renewed = bounded(self.renew()).await;
-            if let Err(err) = &renewed {
-                tracing::warn!(error = %err, "cannot renew this node's leases");
+            match &renewed {
+                Ok(()) => self
+                    .shared
+                    .leases_renewed_at
+                    .store(now_millis(), Ordering::Release),
+                Err(err) => tracing::warn!(error = %err, "cannot renew this node's leases"),
             }
             self.set_writable(renewed.is_ok());
             self.shared
@@ -230,5 +234,12 @@ impl Coordination for PostgresStore {
     fn failover_interval(&self) -> Option<Duration> {
         let ttl = Duration::from_millis(u64::try_from(self.shared.lease_ttl_ms).unwrap_or(0));
         Some((ttl / 4).clamp(Duration::from_millis(250), Duration::from_secs(1)))
+    }
+
+    /// Two thirds of the lease without a renewal: the last third is the margin in which this
+    /// node's tools are killed before the lease can expire and another node resume the session.
+    fn leases_at_risk(&self) -> bool {
+        let silent = now_millis() - self.shared.leases_renewed_at.load(Ordering::Acquire);
+        silent > self.shared.lease_ttl_ms * 2 / 3
     }
 }

@@ -65,6 +65,8 @@ struct Shared {
     writable: AtomicBool,
     /// When the heartbeat last finished a round, whatever its outcome (unix ms).
     heartbeat_round_at: AtomicI64,
+    /// When this node last renewed its leases (unix ms).
+    leases_renewed_at: AtomicI64,
     /// Accepts waiting for a group commit (daemon only).
     accepts: Option<mpsc::UnboundedSender<AcceptJob>>,
     /// Stops the heartbeat at release.
@@ -140,6 +142,7 @@ impl PostgresStore {
                 lease_ttl_ms: i64::try_from(settings.lease_ttl.as_millis()).unwrap_or(i64::MAX),
                 writable: AtomicBool::new(true),
                 heartbeat_round_at: AtomicI64::new(now_millis()),
+                leases_renewed_at: AtomicI64::new(now_millis()),
                 accepts,
                 stop: CancellationToken::new(),
             }),

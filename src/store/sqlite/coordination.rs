@@ -30,4 +30,8 @@ impl Coordination for SqliteStore {
     fn failover_interval(&self) -> Option<Duration> {
         None
     }
+
+    fn leases_at_risk(&self) -> bool {
+        false
+    }
 }
