@@ -2154,21 +2154,30 @@ tools = ["again"]
     );
 }
 
+/// A model whose first request is answered only once the returned sender is used (so that the
+/// first turn holds its slot meanwhile), each request with `answer(index)`.
+fn gated_model(
+    answer: impl Fn(usize) -> String + Send + Sync + 'static,
+) -> (Stub, std::sync::mpsc::Sender<()>) {
+    let (release, gate) = std::sync::mpsc::channel::<()>();
+    let gate = std::sync::Mutex::new(gate);
+    let model = Stub::start(move |_, index| {
+        if index == 0 {
+            let waiting = gate.lock().map(|gate| gate.recv_timeout(TURN_LIMIT));
+            assert!(matches!(waiting, Ok(Ok(()))), "never released");
+        }
+        Reply::answer(&answer(index))
+    });
+    (model, release)
+}
+
 /// `coalesce`: events of a session that arrive while one of it waits join it: one turn sees
 /// them all, in order, and each is still its own event, answered 202, ended and delivered with
 /// the turn that handled it.
 #[test]
 fn events_that_arrive_while_one_waits_join_its_turn() {
-    let (release, gate) = std::sync::mpsc::channel::<()>();
-    let gate = std::sync::Mutex::new(gate);
-    let model = Stub::start(move |_, index| {
-        if index == 0 {
-            // The first turn holds the session until the others are queued behind it.
-            let waiting = gate.lock().map(|gate| gate.recv_timeout(TURN_LIMIT));
-            assert!(matches!(waiting, Ok(Ok(()))), "never released");
-        }
-        Reply::answer(&format!("answer {index}"))
-    });
+    // The first turn holds the session until the others are queued behind it.
+    let (model, release) = gated_model(|index| format!("answer {index}"));
     let (setup, daemon) = start(model, receiver(), "coalesce = \"30s\"", "");
     let alert = |n: u32| {
         let response = daemon.post_json(
@@ -2221,15 +2230,7 @@ fn events_that_arrive_while_one_waits_join_its_turn() {
 /// priority runs first, though it arrived last.
 #[test]
 fn the_higher_priority_route_runs_first_when_turns_wait() {
-    let (release, gate) = std::sync::mpsc::channel::<()>();
-    let gate = std::sync::Mutex::new(gate);
-    let model = Stub::start(move |_, index| {
-        if index == 0 {
-            let waiting = gate.lock().map(|gate| gate.recv_timeout(TURN_LIMIT));
-            assert!(matches!(waiting, Ok(Ok(()))), "never released");
-        }
-        Reply::answer("noted")
-    });
+    let (model, release) = gated_model(|_| "noted".to_string());
     let receiver = receiver();
     let text = config(&model, &receiver, "", "max_concurrent_turns = 1").replace(
         "[routes.alerts]",
