@@ -31,7 +31,7 @@ use crate::store::{DeliveryState, EventFilter, RetryTarget};
 use args::*;
 use check::check_config;
 use generate::generate;
-use send::{SendRequest, send};
+use send::{SendArguments, send};
 use sessions::{ledger_show, operator_action, reload, sessions_list, sessions_show};
 use status::status;
 
@@ -123,17 +123,19 @@ fn run(command: Command) -> Result<(), Failure> {
             url,
             delivery_id,
             event_type,
-        } => send(
-            &config.source(),
-            &SendRequest {
-                route,
-                schedule,
-                data,
-                url,
-                delivery_id,
-                event_type,
-            },
-        ),
+        } => {
+            let source = config.source();
+            let outgoing = match schedule {
+                Some(name) => schedule::outgoing(&source, &name, route.as_deref())?,
+                None => send::from_arguments(SendArguments {
+                    route,
+                    data,
+                    delivery_id,
+                    event_type,
+                })?,
+            };
+            send(&source, &outgoing, url.as_deref())
+        }
         Command::Reconcile { config, dry_run } => {
             let loaded = load_config(&config.source(), SecretCheck::CredentialsOptional)?;
             crate::reconcile::run(&loaded.config, dry_run)

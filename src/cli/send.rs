@@ -12,11 +12,10 @@ use crate::exit::Failure;
 use crate::ingress::{ListenerAnswer, post_signed_webhook};
 use crate::output::outln;
 
-pub(super) struct SendRequest {
+/// What `send` was asked to post: ROUTE with `--data`, `--delivery-id` and `--event-type`.
+pub(super) struct SendArguments {
     pub(super) route: Option<String>,
-    pub(super) schedule: Option<String>,
     pub(super) data: Option<String>,
-    pub(super) url: Option<String>,
     pub(super) delivery_id: Option<String>,
     pub(super) event_type: Option<String>,
 }
@@ -29,14 +28,15 @@ pub(super) struct Outgoing {
     pub(super) event_type: Option<String>,
 }
 
-pub(super) fn send(source: &ConfigSource, request: &SendRequest) -> Result<(), Failure> {
-    let outgoing = match &request.schedule {
-        Some(name) => super::schedule::outgoing(source, name, request.route.as_deref())?,
-        None => from_arguments(request)?,
-    };
-    let answer = match &request.url {
-        Some(base) => send_signed_here(source, &outgoing, base)?,
-        None => send_through_daemon(source, &outgoing)?,
+/// Posts `outgoing` to the running daemon's listener, or to `url`.
+pub(super) fn send(
+    source: &ConfigSource,
+    outgoing: &Outgoing,
+    url: Option<&str>,
+) -> Result<(), Failure> {
+    let answer = match url {
+        Some(base) => send_signed_here(source, outgoing, base)?,
+        None => send_through_daemon(source, outgoing)?,
     };
     outln!("{} {}", answer.status, answer.body.trim_end());
     if (200..300).contains(&answer.status) {
@@ -50,10 +50,9 @@ pub(super) fn send(source: &ConfigSource, request: &SendRequest) -> Result<(), F
 }
 
 /// What `--data`, `--delivery-id` and `--event-type` say to post to ROUTE.
-fn from_arguments(request: &SendRequest) -> Result<Outgoing, Failure> {
+pub(super) fn from_arguments(request: SendArguments) -> Result<Outgoing, Failure> {
     let route = request
         .route
-        .clone()
         .ok_or_else(|| Failure::usage("send needs a ROUTE (or --schedule NAME)"))?;
     let body = match request.data.as_deref() {
         None => b"{}".to_vec(),
@@ -65,13 +64,12 @@ fn from_arguments(request: &SendRequest) -> Result<Outgoing, Failure> {
     };
     let delivery_id = request
         .delivery_id
-        .clone()
         .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
     Ok(Outgoing {
         route,
         body,
         delivery_id,
-        event_type: request.event_type.clone(),
+        event_type: request.event_type,
     })
 }
 
