@@ -10,7 +10,10 @@ use crate::store::EventStatus;
 /// `--status S`: an event status by its name.
 fn parse_event_status(name: &str) -> Result<EventStatus, String> {
     EventStatus::from_name(name).ok_or_else(|| {
-        format!("unknown status {name:?}; use queued, running, completed, failed, abandoned or suspended")
+        format!(
+            "unknown status {name:?}; use queued, running, awaiting_approval, joined, \
+             completed, failed, abandoned or suspended"
+        )
     })
 }
 
@@ -208,7 +211,8 @@ pub(super) enum EventsCommand {
     List {
         #[command(flatten)]
         config: ConfigArg,
-        /// Only events with this status (queued, running, completed, failed, abandoned, suspended)
+        /// Only events with this status (queued, running, awaiting_approval, joined, completed,
+        /// failed, abandoned, suspended)
         #[arg(long, value_name = "S", value_parser = parse_event_status)]
         status: Option<EventStatus>,
         /// Only events of this route
