@@ -383,6 +383,10 @@ pub(crate) const DEFAULT_PROMPT: &str = "A {{ event_type or \"webhook\" }} event
 pub(crate) struct Settings {
     pub config: Config,
     pub templates: crate::template::RouteTemplates,
+    /// The routes' `priority`, as the store's claims take them: a JSON object of route name to
+    /// priority, of the routes whose priority is not 0; `None` when every route is at 0.
+    /// Made once per config, since the scheduler reads it at every claim.
+    pub priorities: Option<std::sync::Arc<str>>,
 }
 
 impl Settings {
@@ -398,7 +402,19 @@ impl Settings {
                     delivery_id: route.delivery_id.as_deref(),
                 }
             }))?;
-        Ok(Settings { config, templates })
+        let priorities: serde_json::Map<String, serde_json::Value> = config
+            .routes
+            .iter()
+            .filter(|route| route.priority != 0)
+            .map(|route| (route.name.clone(), route.priority.into()))
+            .collect();
+        let priorities = (!priorities.is_empty())
+            .then(|| serde_json::Value::Object(priorities).to_string().into());
+        Ok(Settings {
+            config,
+            templates,
+            priorities,
+        })
     }
 
     pub(crate) fn route(&self, name: &str) -> Option<&RouteSettings> {

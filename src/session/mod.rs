@@ -210,14 +210,12 @@ impl Scheduler {
         // Read each round: a reload that changes the limit or a priority applies to the next
         // claim.
         let settings = self.context.settings.get();
-        let config = &settings.config;
-        let order = ClaimOrder::of(&config.routes);
-        let limit = config.runtime.max_concurrent_turns;
+        let limit = settings.config.runtime.max_concurrent_turns;
         Ok(plan_claim(
             sessions.running_count(),
             waiting_alone,
             limit,
-            order,
+            settings.priorities.clone(),
         ))
     }
 
@@ -256,39 +254,16 @@ impl Scheduler {
     }
 }
 
-/// In which order waiting events are claimed: the longest waiting first, or with the routes'
-/// priorities counted when some route has one.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum ClaimOrder {
-    Waiting,
-    /// A JSON object of route name to priority, of the routes whose priority is not 0.
-    ByPriority(Arc<str>),
-}
-
-impl ClaimOrder {
-    fn of(routes: &[crate::config::RouteSettings]) -> ClaimOrder {
-        let priorities: serde_json::Map<String, serde_json::Value> = routes
-            .iter()
-            .filter(|route| route.priority != 0)
-            .map(|route| (route.name.clone(), route.priority.into()))
-            .collect();
-        if priorities.is_empty() {
-            ClaimOrder::Waiting
-        } else {
-            ClaimOrder::ByPriority(serde_json::Value::Object(priorities).to_string().into())
-        }
-    }
-}
-
 /// What one round claims, with `running` turns on this node (none of them alone) and
 /// `waiting_alone` saying whether a turn that must run alone waits (docs/reference.md, "Crash
 /// loops and bystanders"): that turn once nothing runs, and nothing else until it has started;
-/// otherwise the free slots of `limit`, in `order`.
+/// otherwise the free slots of `limit`, with the routes' `priorities` counted when there are
+/// any (`Settings::priorities`).
 fn plan_claim(
     running: usize,
     waiting_alone: bool,
     limit: usize,
-    order: ClaimOrder,
+    priorities: Option<Arc<str>>,
 ) -> Option<Claim> {
     if waiting_alone {
         return (running == 0).then_some(Claim::Alone);
@@ -297,9 +272,9 @@ fn plan_claim(
     if free == 0 {
         return None;
     }
-    Some(match order {
-        ClaimOrder::Waiting => Claim::Beside(free),
-        ClaimOrder::ByPriority(priorities) => Claim::BesideByPriority {
+    Some(match priorities {
+        None => Claim::Beside(free),
+        Some(priorities) => Claim::BesideByPriority {
             limit: free,
             priorities,
         },
@@ -312,8 +287,7 @@ mod tests {
 
     #[test]
     fn a_turn_that_must_run_alone_waits_for_the_others_and_holds_back_new_ones() {
-        let plan =
-            |running, waiting_alone| plan_claim(running, waiting_alone, 16, ClaimOrder::Waiting);
+        let plan = |running, waiting_alone| plan_claim(running, waiting_alone, 16, None);
         assert_eq!(plan(0, false), Some(Claim::Beside(16)));
         assert_eq!(plan(3, false), Some(Claim::Beside(13)));
         assert_eq!(plan(16, false), None);
@@ -325,14 +299,14 @@ mod tests {
     fn priorities_are_claimed_by_only_when_a_route_has_one() {
         let priorities: Arc<str> = Arc::from(r#"{"pager":10}"#);
         assert_eq!(
-            plan_claim(2, false, 16, ClaimOrder::ByPriority(priorities.clone())),
+            plan_claim(2, false, 16, Some(priorities.clone())),
             Some(Claim::BesideByPriority {
                 limit: 14,
                 priorities
             })
         );
         assert_eq!(
-            plan_claim(0, true, 16, ClaimOrder::ByPriority(Arc::from("{}"))),
+            plan_claim(0, true, 16, Some(Arc::from("{}"))),
             Some(Claim::Alone)
         );
     }
