@@ -114,9 +114,9 @@ pub(crate) const JOINED_EVENTS_SQL: &str = concatcp!(
 );
 
 /// `$1` the head event's id, `$2` its terminal status, `$3` now: the events joined to it end
-/// with it.
+/// with it; their ids.
 pub(crate) const FINISH_JOINED_SQL: &str =
-    "UPDATE events SET status = $2, updated_at = $3 WHERE joined_to = $1";
+    "UPDATE events SET status = $2, updated_at = $3 WHERE joined_to = $1 RETURNING id";
 
 /// `$1` turn id, `$2` status, `$3` reason, `$4` output, `$5` error, `$6` steps, `$7` now.
 pub(crate) const FINISH_TURN_SQL: &str = "UPDATE turns SET status = $2, reason = $3, output = $4, error = $5, steps = $6, finished_at = $7

@@ -183,12 +183,12 @@ pub(super) async fn finish_rows(
     .await?;
     // The events that joined it end with it, each delivered (what the turn spent is on its own
     // event's delivery).
-    let joined = tx.rows(JOINED_EVENTS_SQL, &[&end.event_id]).await?;
-    tx.run(
-        FINISH_JOINED_SQL,
-        &[&end.event_id, &end.terminal.event_status().sql(), &now],
-    )
-    .await?;
+    let joined = tx
+        .rows(
+            FINISH_JOINED_SQL,
+            &[&end.event_id, &end.terminal.event_status().sql(), &now],
+        )
+        .await?;
     for row in joined {
         let event_id: String = row.column("id")?;
         let body = render.body(&end.for_joined(&event_id), Spent::default())?;

@@ -24,33 +24,30 @@ use crate::store::states::{
 use crate::store::{StoreError, Turns, now_millis};
 use crate::usage::{Counted, Spending, Spent};
 
-/// Candidates for the next turns: the oldest queued event of each idle session, oldest first,
-/// unless it must run alone. Read on a reader connection, so a long backlog costs the writer
-/// (and so accepts) nothing; sessions that cannot run (busy, suspended, resume-pending) are
-/// never read, so a deep queue behind them costs nothing here. `$1` limit.
-const CANDIDATES_SQL: &str = concatcp!(
+/// The head event of each idle session whose head may run beside others (sessions that cannot
+/// run, busy, suspended or resume-pending, are never read), for the two orders below.
+const RUNNABLE_HEADS: &str = concatcp!(
     "
     SELECT e.id AS id, e.seq AS seq, e.session_key AS session_key
     FROM sessions s JOIN events e ON e.seq = s.queue_head
     WHERE s.state = ",
     IDLE,
-    " AND s.queue_head IS NOT NULL AND e.run_alone = 0
-    ORDER BY s.queue_head
-    LIMIT $1"
+    " AND s.queue_head IS NOT NULL AND e.run_alone = 0"
 );
+
+/// Candidates for the next turns: the oldest queued event of each idle session, oldest first,
+/// unless it must run alone. Read on a reader connection, so a long backlog costs the writer
+/// (and so accepts) nothing; the queue-head index stops the read at the limit, so a deep queue
+/// costs nothing here. `$1` limit.
+const CANDIDATES_SQL: &str = concatcp!(RUNNABLE_HEADS, " ORDER BY s.queue_head LIMIT $1");
 
 /// As [`CANDIDATES_SQL`], with the routes' priorities counted as waiting. `$1` limit, `$2` the
 /// priorities (a JSON object of route name to priority; route names are letters, digits, `_`
 /// and `-`), `$3` the waiting one step is worth. Every idle session with a queued event is read
 /// and sorted, so this is used only when some route has a priority.
 const PRIORITY_CANDIDATES_SQL: &str = concatcp!(
-    "
-    SELECT e.id AS id, e.seq AS seq, e.session_key AS session_key
-    FROM sessions s JOIN events e ON e.seq = s.queue_head
-    WHERE s.state = ",
-    IDLE,
-    " AND s.queue_head IS NOT NULL AND e.run_alone = 0
-    ORDER BY e.received_at - coalesce(json_extract($2, '$.\"' || e.route || '\"'), 0) * $3,
+    RUNNABLE_HEADS,
+    " ORDER BY e.received_at - coalesce(json_extract($2, '$.\"' || e.route || '\"'), 0) * $3,
              s.queue_head
     LIMIT $1"
 );
@@ -241,13 +238,11 @@ pub(super) fn finish_in(
     )?;
     // The events that joined it end with it, each delivered (what the turn spent is on its own
     // event's delivery).
-    let joined = query(connection, JOINED_EVENTS_SQL, &[&end.event_id], |row| {
-        value::<String>(row, "id")
-    })?;
-    execute(
+    let joined = query(
         connection,
         FINISH_JOINED_SQL,
         &[&end.event_id, &end.terminal.event_status().sql(), &now],
+        |row| value::<String>(row, "id"),
     )?;
     for event_id in joined {
         let body = render.body(&end.for_joined(&event_id), Spent::default())?;
