@@ -47,7 +47,7 @@ pub(super) fn outgoing(
     let text = std::fs::read_to_string(&path)
         .map_err(|err| Failure::config(format!("{}: {err}", path.display())))?;
     let file: ScheduleFile = toml::from_str(&text)
-        .map_err(|err| Failure::config(format!("{}: {}", path.display(), one_line(&err))))?;
+        .map_err(|err| Failure::config(format!("{}: {}", path.display(), err.message())))?;
     if let Some(route) = route.filter(|route| *route != file.route) {
         return Err(Failure::usage(format!(
             "{} posts to route {:?}, not {route:?}",
@@ -99,13 +99,6 @@ fn is_plain_name(name: &str) -> bool {
         && name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || "-_.:@".contains(c))
-}
-
-fn one_line(err: &toml::de::Error) -> String {
-    err.to_string()
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ")
 }
 
 #[cfg(test)]
