@@ -63,7 +63,15 @@ pub(crate) fn run(config: &Config, dry_run: bool) -> Result<(), Failure> {
             ))
         })?;
     }
-    tracing::info!(state_dir = %repair.files.path().display(), dry_run, "reconcile finished");
+    // The last line goes to standard output, which under systemd is the unit's journal stream:
+    // journald ties a stream to its unit when the stream is set up, while a datagram through the
+    // native socket is tied to a unit only if the process still exists when journald reads it,
+    // and a oneshot exits right after its last line.
+    let dry = if dry_run { " (dry run)" } else { "" };
+    outln!(
+        "reconcile finished: state directory {}{dry}",
+        repair.files.path().display()
+    );
     Ok(())
 }
 

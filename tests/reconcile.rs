@@ -124,6 +124,11 @@ fn dry_run_changes_nothing() {
         stdout.contains("would remove the stale temporary file"),
         "{stdout}"
     );
+    // The report's last line is on standard output (under systemd: the unit's journal stream).
+    assert!(
+        stdout.trim_end().ends_with("(dry run)") && stdout.contains("reconcile finished"),
+        "{stdout}"
+    );
     assert_eq!(std::fs::read(&ledger).expect("ledger"), b"nonsense");
     assert!(stale.exists());
     assert!(quarantined(&workspace.state_dir()).is_empty());
