@@ -40,6 +40,7 @@ mod signature;
 mod store;
 #[allow(unsafe_code)]
 mod sys;
+mod telemetry;
 mod template;
 mod tls;
 mod untrusted;

@@ -148,6 +148,25 @@ pub(crate) fn http_client() -> Result<reqwest::ClientBuilder, String> {
         .user_agent(format!("agentgate/{}", crate::VERSION)))
 }
 
+/// As [`http_client`], for a client that blocks its thread: the trace exporter's, which sends
+/// from a thread of its own. Built on a thread of its own too, since it starts (and on drop
+/// stops) a runtime of its own, which a thread of the daemon's runtime may not.
+pub(crate) fn blocking_http_client(
+    timeout: std::time::Duration,
+) -> Result<reqwest::blocking::Client, String> {
+    let config = client_config(outbound_roots()).map_err(|err| format!("TLS setup: {err}"))?;
+    std::thread::spawn(move || {
+        reqwest::blocking::Client::builder()
+            .use_preconfigured_tls(config)
+            .timeout(timeout)
+            .user_agent(format!("agentgate/{}", crate::VERSION))
+            .build()
+            .map_err(|err| format!("HTTP client: {err}"))
+    })
+    .join()
+    .map_err(|_| "the HTTP client could not be built".to_string())?
+}
+
 /// Why an outbound request failed, in one line: what failed (`timed_out` for a timeout, "cannot
 /// connect", "request failed") and its innermost cause (a certificate the trusted roots do not
 /// vouch for, a refused connection), never the URL, which may be a secret.

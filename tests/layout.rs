@@ -149,6 +149,7 @@ fn shared_modules_import_no_layer() {
         "tls",
         "operator",
         "output",
+        "telemetry",
     ] {
         let imported: Vec<&String> = graph
             .get(shared)

@@ -157,11 +157,19 @@ impl Connection {
         tool: &str,
         arguments: &serde_json::Value,
         key: &str,
+        traceparent: Option<String>,
     ) -> CallOutcome {
         let mut params = CallToolRequestParams::new(tool.to_string());
         params.arguments = arguments.as_object().cloned();
         let mut meta = serde_json::Map::new();
         meta.insert(CALL_KEY_META.to_string(), key.into());
+        if let Some(traceparent) = traceparent {
+            // The call's span, as MCP's trace context convention carries it.
+            meta.insert(
+                crate::telemetry::TRACEPARENT.to_string(),
+                traceparent.into(),
+            );
+        }
         params.meta = Some(RequestMetaObject(MetaObject(meta)));
         tokio::select! {
             answer = self.peer.call_tool(params) => match answer {

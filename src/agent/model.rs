@@ -43,6 +43,16 @@ pub(crate) enum ModelError {
     Malformed(String),
 }
 
+impl ModelError {
+    /// The error's kind in a word, for a span's `error.type`.
+    pub(crate) const fn kind(&self) -> &'static str {
+        match self {
+            ModelError::Unavailable(_) => "unavailable",
+            ModelError::Malformed(_) => "malformed",
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ModelSetupError {
     #[error("model.cassette {path}: {message}")]

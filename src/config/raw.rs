@@ -27,6 +27,28 @@ pub(super) struct RawConfig {
     #[serde(default)]
     pub(super) routes: BTreeMap<String, RawRoute>,
     pub(super) budgets: Option<RawBudgets>,
+    #[serde(default)]
+    pub(super) telemetry: RawTelemetry,
+    #[serde(default)]
+    pub(super) console: RawConsole,
+}
+
+/// `[telemetry]`: traces over OTLP/HTTP.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTelemetry {
+    pub(super) otlp_endpoint: Option<String>,
+    pub(super) sample_ratio: Option<f64>,
+    pub(super) capture_content: Option<bool>,
+}
+
+/// `[console]`: the web console.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawConsole {
+    pub(super) enabled: Option<bool>,
+    pub(super) listen: Option<String>,
+    pub(super) token: Option<SecretSource>,
 }
 
 /// `[budgets]`, or a route's `budget`.

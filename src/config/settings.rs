@@ -31,6 +31,20 @@ pub(crate) struct Config {
     /// `[budgets]`: caps on what model replies spend, for every route (`daily_*`: all routes
     /// together).
     pub budgets: BudgetLimits,
+    /// `[telemetry]`: where traces go.
+    pub telemetry: TelemetrySettings,
+}
+
+/// `[telemetry]` (docs/reference.md, "Traces").
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct TelemetrySettings {
+    /// The OTLP/HTTP collector (`http://host:4318`); no traces without one.
+    pub otlp_endpoint: Option<String>,
+    /// The share of new traces recorded; a trace that arrives with a parent follows the
+    /// parent's decision.
+    pub sample_ratio: f64,
+    /// Messages, tool arguments and results become span attributes.
+    pub capture_content: bool,
 }
 
 /// What a child process (a command tool, a stdio MCP server, a command delivery) may reach:

@@ -9,6 +9,10 @@
 
 pub(crate) mod body;
 
+use opentelemetry::KeyValue;
+use opentelemetry::trace::SpanKind;
+
+use crate::telemetry::{self, Span};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -178,18 +182,25 @@ impl Deliverer {
             .get()
             .route(&delivery.route)
             .map_or(DeliverSettings::Log, |route| route.deliver.clone());
+        let attempt = delivery.attempts + 1;
+        let span = attempt_span(&delivery, &settings, attempt);
         let result = match &settings {
             DeliverSettings::Log => {
                 tracing::info!(result = %delivery.body, "turn result");
                 Ok(())
             }
-            DeliverSettings::Http { url, key, .. } => self.post(url, key.as_ref(), &delivery).await,
+            DeliverSettings::Http { url, key, .. } => {
+                self.post(url, key.as_ref(), &delivery, span.traceparent())
+                    .await
+            }
             DeliverSettings::Command { argv, sandbox, .. } => {
                 let hidden = self.settings.get().config.hidden.clone();
                 run_command(argv, sandbox, &hidden, &delivery).await
             }
         };
-        let attempt = delivery.attempts + 1;
+        if let Err(error) = &result {
+            span.fail("delivery_failed", error);
+        }
         let outcome = match result {
             Ok(()) => {
                 metrics::delivery(metrics::DeliveryResult::Delivered);
@@ -275,6 +286,7 @@ impl Deliverer {
         url: &crate::config::Secret,
         key: Option<&crate::config::Secret>,
         delivery: &PendingDelivery,
+        traceparent: Option<String>,
     ) -> Result<(), String> {
         let url = String::from_utf8_lossy(url.expose()).into_owned();
         let shown = redacted_url(&url);
@@ -299,6 +311,9 @@ impl Deliverer {
                 );
                 request = request.header("webhook-signature", format!("v1,{signature}"));
             }
+            if let Some(traceparent) = &traceparent {
+                request = request.header(telemetry::TRACEPARENT, traceparent);
+            }
             match request.send().await {
                 Ok(response) if response.status().is_success() => return Ok(()),
                 Ok(response) => {
@@ -318,6 +333,34 @@ impl Deliverer {
             }
         }
     }
+}
+
+/// The span of one delivery attempt, in its event's trace: `deliver <route>`.
+fn attempt_span(delivery: &PendingDelivery, settings: &DeliverSettings, attempt: u32) -> Span {
+    if !telemetry::enabled() {
+        return Span::off();
+    }
+    let mut attributes = vec![
+        KeyValue::new("agentgate.route", delivery.route.clone()),
+        KeyValue::new("agentgate.event.id", delivery.event_id.clone()),
+        KeyValue::new("agentgate.delivery.attempt", i64::from(attempt)),
+    ];
+    let kind = match settings {
+        DeliverSettings::Http { url, .. } => {
+            let url = String::from_utf8_lossy(url.expose()).into_owned();
+            attributes.push(KeyValue::new("http.request.method", "POST"));
+            // Scheme and host only: the path of an incoming-webhook URL is its secret.
+            attributes.push(KeyValue::new("server.address", redacted_url(&url)));
+            SpanKind::Client
+        }
+        DeliverSettings::Command { .. } | DeliverSettings::Log => SpanKind::Internal,
+    };
+    telemetry::span_under(
+        delivery.trace_parent.as_deref(),
+        format!("deliver {}", delivery.route),
+        kind,
+        attributes,
+    )
 }
 
 /// Runs a `command` delivery with the result on stdin. The whole attempt is bounded: a command

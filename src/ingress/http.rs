@@ -34,7 +34,10 @@ use crate::sender;
 use crate::session::Sessions;
 use crate::signature;
 use crate::store::{AcceptOutcome, Event, NewEvent, Store};
+use crate::telemetry;
 use crate::template::EventContext;
+use opentelemetry::KeyValue;
+use opentelemetry::trace::SpanKind;
 
 /// How long a client may take to send a body once its headers arrived, per `header_timeout`.
 const BODY_TIMEOUT_FACTOR: u32 = 4;
@@ -188,10 +191,15 @@ impl Ingress {
             .map(|route| route.settings.name.clone())
             .unwrap_or_default();
         let path = request.uri().path().to_string();
-        let response = match self.answer(request, &routing).await {
+        let span = request_span(&request, &route);
+        let response = match self.answer(request, &routing, span.traceparent()).await {
             Ok(response) | Err(response) => response,
         };
         let status = response.status();
+        span.set("http.response.status_code", i64::from(status.as_u16()));
+        if status.is_server_error() {
+            span.fail(status.as_str(), "the webhook was not accepted");
+        }
         metrics::http_request(&route, status.as_u16());
         if response.extensions().get::<AcceptedEvent>().is_some() {
             metrics::accepted(arrived.elapsed());
@@ -211,10 +219,12 @@ impl Ingress {
         Ok(response)
     }
 
+    /// `trace_parent`: the request span's, stored with the event it becomes.
     async fn answer<B>(
         &self,
         request: Request<B>,
         routing: &Routing,
+        trace_parent: Option<String>,
     ) -> Result<HttpResponse, HttpResponse>
     where
         B: hyper::body::Body<Data = Bytes> + Send,
@@ -266,6 +276,7 @@ impl Ingress {
             delivery_id,
             headers: serde_json::to_string(&visible).unwrap_or_else(|_| "{}".to_string()),
             payload: payload_bytes.to_vec(),
+            trace_parent,
         };
         let acknowledged = self.accept(routing, settings, event).await?;
         Ok(reader.answer(acknowledged))
@@ -387,6 +398,30 @@ impl Ingress {
             }
         }
     }
+}
+
+/// The `SERVER` span of a request to a webhook route (none for other paths), under the sender's
+/// `traceparent` when it sent one.
+fn request_span<B>(request: &Request<B>, route: &str) -> telemetry::Span {
+    if route.is_empty() || !telemetry::enabled() {
+        return telemetry::Span::off();
+    }
+    let parent = request
+        .headers()
+        .get(telemetry::TRACEPARENT)
+        .and_then(|value| value.to_str().ok());
+    let (method, path) = (request.method().as_str(), request.uri().path());
+    telemetry::span_under(
+        parent,
+        format!("{method} {path}"),
+        SpanKind::Server,
+        vec![
+            KeyValue::new("http.request.method", method.to_string()),
+            KeyValue::new("http.route", path.to_string()),
+            KeyValue::new("url.path", path.to_string()),
+            KeyValue::new("agentgate.route", route.to_string()),
+        ],
+    )
 }
 
 /// The route at the request's path, which takes POST only.

@@ -74,6 +74,9 @@ pub(crate) fn serve(
 
 /// Opens the store, wires the handles, recovers the previous run, starts every task on the
 /// drain, says READY, serves until a stop signal, and drains.
+/// How long the last spans may take to reach the collector at exit.
+const TRACES_AT_EXIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 async fn run(
     source: &ConfigSource,
     config: Config,
@@ -93,6 +96,10 @@ async fn run(
     };
     let model = bootstrap::open_model(&config, record)?;
     reload::apply_log_settings(&config.runtime);
+    if let Err(err) = crate::telemetry::start(&config.telemetry) {
+        // Traces are worth less than the work: the daemon runs without them.
+        tracing::warn!(error = %err, "running without traces");
+    }
     let drain = Drain::new();
     let webhook_addr = listeners.webhook.local_addr().ok();
     let state_dir = config.state_dir.clone();
@@ -138,6 +145,7 @@ async fn run(
     // The drain's budgets as the config says now (a reload may have changed drain_timeout).
     let budgets = Budgets::new(settings.get().config.runtime.drain_timeout);
     let drained = drain.run(budgets, stages).await;
+    let _ = tokio::task::spawn_blocking(|| crate::telemetry::stop(TRACES_AT_EXIT)).await;
     store.release().await;
     drained.map_err(Failure::runtime)
 }

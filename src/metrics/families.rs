@@ -10,7 +10,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 
-use super::{DeliveryResult, ResumeOutcome};
+use super::{DeliveryResult, ResumeOutcome, SpanOutcome};
 use crate::operator::OperatorAction;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -89,6 +89,11 @@ pub(super) struct ActionLabel {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct OutcomeLabel {
+    pub(super) outcome: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct StatusLabel {
     pub(super) status: String,
 }
@@ -147,6 +152,7 @@ pub(super) struct State {
     pub(super) deliveries: Family<ResultLabel, Counter>,
     pub(super) store_writable: Gauge,
     pub(super) log_lines_skipped: Counter,
+    pub(super) trace_spans: Family<OutcomeLabel, Counter>,
 }
 
 impl Webhooks {
@@ -411,6 +417,17 @@ impl State {
                 result: result.label().to_string(),
             });
         }
+        let trace_spans = Family::default();
+        registry.register(
+            "trace_spans",
+            "Spans of traces, by outcome: ended, exported, or dropped by a failed export ([telemetry])",
+            trace_spans.clone(),
+        );
+        for outcome in SpanOutcome::ALL {
+            let _ = trace_spans.get_or_create(&OutcomeLabel {
+                outcome: outcome.label().to_string(),
+            });
+        }
         State {
             events,
             sessions,
@@ -418,6 +435,7 @@ impl State {
             deliveries,
             store_writable,
             log_lines_skipped,
+            trace_spans,
         }
     }
 }

@@ -335,6 +335,43 @@ impl DeliveryResult {
     }
 }
 
+/// What became of a span of a trace (`[telemetry]`): the `outcome` label of
+/// `agentgate_trace_spans_total`. Spans ended but neither exported nor dropped by a failed
+/// export are still queued, or were dropped because the queue was full.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum SpanOutcome {
+    Ended,
+    Exported,
+    Dropped,
+}
+
+impl SpanOutcome {
+    const ALL: [SpanOutcome; 3] = [
+        SpanOutcome::Ended,
+        SpanOutcome::Exported,
+        SpanOutcome::Dropped,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            SpanOutcome::Ended => "ended",
+            SpanOutcome::Exported => "exported",
+            SpanOutcome::Dropped => "dropped",
+        }
+    }
+}
+
+/// `spans` spans of traces met `outcome`.
+pub(crate) fn trace_spans(outcome: SpanOutcome, spans: u64) {
+    METRICS
+        .state
+        .trace_spans
+        .get_or_create(&families::OutcomeLabel {
+            outcome: outcome.label().to_string(),
+        })
+        .inc_by(spans);
+}
+
 /// How an interrupted session was settled at start: the `reason` label of
 /// `agentgate_resumes_total`.
 #[derive(Debug, Clone, Copy)]

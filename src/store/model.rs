@@ -24,6 +24,9 @@ pub(crate) struct Event {
     /// JSON object of the request headers (lower-case names, credentials removed).
     pub headers: String,
     pub payload: Vec<u8>,
+    /// The W3C `traceparent` of the request's span when traces are on: every later span of the
+    /// event (turns, deliveries) is in its trace, in this process or the next.
+    pub trace_parent: Option<String>,
 }
 
 /// An event about to be made durable.
@@ -142,6 +145,8 @@ pub(crate) struct PendingDelivery {
     pub session_key: String,
     pub body: String,
     pub attempts: u32,
+    /// The event's `traceparent`: the attempt's span is in its trace.
+    pub trace_parent: Option<String>,
 }
 
 /// Pending and permanently failed deliveries, for `status`.

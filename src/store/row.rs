@@ -72,6 +72,7 @@ impl Event {
             delivery_id: row.column("delivery_id")?,
             headers: row.column("headers")?,
             payload: row.column("payload")?,
+            trace_parent: row.column("trace_parent")?,
         })
     }
 }
@@ -270,6 +271,7 @@ impl PendingDelivery {
             session_key: row.column("session_key")?,
             body: row.column("body")?,
             attempts: row.number("attempts")?,
+            trace_parent: row.column("trace_parent")?,
         })
     }
 }

@@ -84,7 +84,7 @@ pub(crate) const PRUNE_SESSIONS_SQL: &str = concatcp!(
 
 /// The columns `Event::decode` reads, from `events`.
 pub(crate) const EVENT_COLUMNS: &str =
-    "id, route, session_key, event_type, delivery_id, headers, payload";
+    "id, route, session_key, event_type, delivery_id, headers, payload, trace_parent";
 
 /// The columns a claimed turn is made of: the event, why it runs again, whether agentgate
 /// queued it itself, and whether it must run alone.
@@ -234,7 +234,7 @@ pub(crate) const TRANSCRIPT_SQL: &str =
             t.created_at AS created_at,
             e.id AS id, e.route AS route, e.session_key AS session_key,
             e.event_type AS event_type, e.delivery_id AS delivery_id, e.headers AS headers,
-            e.payload AS payload
+            e.payload AS payload, e.trace_parent AS trace_parent
      FROM transcript t
      LEFT JOIN turns u ON t.kind = $2 AND u.id = t.turn_id
      LEFT JOIN events e ON e.id = u.event_id

@@ -186,6 +186,14 @@ impl Continuation {
     /// The `resume_reason` text of an event queued after a decision.
     pub(crate) const DECIDED_SQL: &'static str = "decided";
 
+    /// Why the turn runs again, in words (its column's text).
+    pub(crate) const fn label(self) -> &'static str {
+        match self {
+            Continuation::Resumed(reason) => reason.sql(),
+            Continuation::Decided => Continuation::DECIDED_SQL,
+        }
+    }
+
     pub(crate) fn from_sql(text: &str) -> Continuation {
         if text == Continuation::DECIDED_SQL {
             Continuation::Decided

@@ -100,6 +100,17 @@ impl PythonServer {
             .collect()
     }
 
+    /// The `traceparent` each `shout` call carried in its `_meta` ("-" for none), in order.
+    pub fn traceparents(&self) -> Vec<String> {
+        let mut path = self.calls.clone().into_os_string();
+        path.push(".trace");
+        std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
     /// Its `[mcp.web]` table, with the token header from a secret file.
     pub fn config(&self, workspace: &Workspace) -> String {
         format!(

@@ -5,7 +5,8 @@ Usage: http_server.py PORT TOKEN CALLS_FILE
 Every request must carry `X-Test-Token: TOKEN` (agentgate sends it from a secret), else 401.
 The `grow` tool adds a tool and sends `notifications/tools/list_changed`. The `shout` tool
 upper-cases its text; each call appends the idempotency key agentgate put in
-the request's `_meta`, and the text, to CALLS_FILE, so a test can see what arrived.
+the request's `_meta`, and the text, to CALLS_FILE, so a test can see what arrived, and the
+`traceparent` of the `_meta` (or "-") to CALLS_FILE.trace.
 """
 
 import sys
@@ -25,8 +26,13 @@ def shout(text: str, ctx: Context) -> str:
     if meta is not None:
         extra = meta.model_dump() if hasattr(meta, "model_dump") else dict(meta)
         key = extra.get("agentgate/tool_call_id")
+        traceparent = extra.get("traceparent") or "-"
+    else:
+        traceparent = "-"
     with open(calls_file, "a", encoding="utf-8") as calls:
         calls.write(f"{key} {text}\n")
+    with open(calls_file + ".trace", "a", encoding="utf-8") as traces:
+        traces.write(f"{traceparent}\n")
     return text.upper()
 
 

@@ -7,6 +7,7 @@ mod model;
 mod routes;
 mod sandbox;
 mod server;
+mod telemetry;
 mod tools;
 
 use std::collections::{BTreeMap, HashSet};
@@ -214,6 +215,8 @@ impl Checker<'_> {
             }
         }
         let budgets = self.budget_limits("budgets", raw.budgets);
+        let telemetry = self.telemetry(raw.telemetry);
+        self.console(raw.console);
         let model = model?;
         self.dollar_budgets_need_a_price(&budgets, &routes, model.price.as_ref());
         let server = server?;
@@ -226,6 +229,7 @@ impl Checker<'_> {
             model,
             store: store?,
             budgets,
+            telemetry,
             retention,
             tools,
             mcp,

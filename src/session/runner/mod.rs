@@ -33,9 +33,11 @@ use crate::store::now_millis;
 use crate::store::{
     ClaimedTurn, Continuation, ResumeReason, StopReason, Store, StoreError, TurnEnd, TurnStatus,
 };
+use crate::telemetry::Span;
 use crate::usage::{Spent, day_start};
 
 mod inputs;
+mod spans;
 
 /// Pause between attempts to commit a step while the store cannot write.
 const COMMIT_RETRY: Duration = Duration::from_secs(1);
@@ -87,6 +89,10 @@ struct Running<'a> {
     control: &'a TurnControl,
     /// When the turn was claimed, for its duration metric.
     started: Instant,
+    /// `invoke_agent <route>`, the parent of the turn's model requests and tool calls.
+    span: &'a Span,
+    /// The model its requests ask for, as spans name it.
+    model: String,
 }
 
 impl TurnContext {
@@ -95,6 +101,8 @@ impl TurnContext {
         let started = Instant::now();
         let event = &turn.event;
         let settings = self.settings.get();
+        let model = spans::requested_model(&settings.config.model);
+        let span = spans::turn_span(&turn, &model);
         let Some(route) = settings.route(&event.route) else {
             self.finish(
                 &turn,
@@ -102,7 +110,11 @@ impl TurnContext {
                     error: format!("route {} is no longer configured", event.route),
                 },
                 None,
-                TurnProgress { steps: 0, started },
+                TurnProgress {
+                    steps: 0,
+                    started,
+                    span: &span,
+                },
             )
             .await;
             return;
@@ -126,7 +138,11 @@ impl TurnContext {
                     ),
                 },
                 None,
-                TurnProgress { steps: 0, started },
+                TurnProgress {
+                    steps: 0,
+                    started,
+                    span: &span,
+                },
             )
             .await;
             return;
@@ -139,6 +155,8 @@ impl TurnContext {
             route,
             control,
             started,
+            span: &span,
+            model,
         };
         running.drive().await;
     }
@@ -148,9 +166,13 @@ impl TurnContext {
         turn: &ClaimedTurn,
         outcome: Outcome,
         stop: Option<StopReason>,
-        progress: TurnProgress,
+        progress: TurnProgress<'_>,
     ) {
-        let TurnProgress { steps, started } = progress;
+        let TurnProgress {
+            steps,
+            started,
+            span,
+        } = progress;
         let event = &turn.event;
         let completed_resume =
             matches!(outcome, Outcome::Completed { .. }) && turn.continues.is_some();
@@ -159,6 +181,10 @@ impl TurnContext {
             Outcome::Completed { output } => (Some(output), None),
             Outcome::Failed { error } => (None, Some(error)),
         };
+        span.set("agentgate.turn.status", turn_status.sql());
+        if let Some(error) = &error {
+            span.fail(turn_status.sql(), error);
+        }
         let end = TurnEnd {
             turn_id: turn.turn_id.clone(),
             event_id: event.id.clone(),
@@ -234,18 +260,20 @@ impl TurnContext {
 /// What a failed transcript read retries, in its log line.
 const READING: &str = "read the session's transcript";
 
-/// How far a turn got: its model calls so far, and when it was claimed.
+/// How far a turn got: its model calls so far, when it was claimed, and its span.
 #[derive(Clone, Copy)]
-struct TurnProgress {
+struct TurnProgress<'a> {
     steps: u32,
     started: Instant,
+    span: &'a Span,
 }
 
 impl Running<'_> {
-    fn progress(&self, steps: u32) -> TurnProgress {
+    fn progress(&self, steps: u32) -> TurnProgress<'_> {
         TurnProgress {
             steps,
             started: self.started,
+            span: self.span,
         }
     }
 
@@ -374,6 +402,7 @@ impl Running<'_> {
                         .await;
                     if committed {
                         approval::requested(&request);
+                        spans::approval_requested(self.span, &request.row);
                     }
                     return;
                 }
@@ -381,6 +410,7 @@ impl Running<'_> {
                     metrics::tool_call(&refused.tool, refused.reason.label());
                     tracing::warn!(tool = %refused.tool, reason = refused.reason.label(),
                         detail = %refused.detail, "tool call refused; the model is told why");
+                    spans::tool_refused(self.span, &refused.tool, refused.reason.label());
                     continue;
                 }
                 Action::CallModel { offer_tools } => {
@@ -406,8 +436,14 @@ impl Running<'_> {
                     arguments,
                     key,
                 } => {
-                    self.run_tool(catalog, call_id, &name, &arguments, &key)
-                        .await
+                    let span = catalog.get(&name).map_or_else(Span::off, |tool| {
+                        spans::tool_span(self.span, tool, &call_id, &arguments.to_string())
+                    });
+                    let input = self
+                        .run_tool(catalog, call_id, &name, &arguments, &key, &span)
+                        .await;
+                    spans::record_tool_result(&span, &input);
+                    input
                 }
             };
             match input {
@@ -530,6 +566,10 @@ impl Running<'_> {
         let model = &self.context.model;
         let mut outage: Option<(Instant, Duration)> = None;
         loop {
+            let span = spans::chat_span(self.span, &self.model);
+            span.content("gen_ai.input.messages", || {
+                serde_json::to_string(messages).unwrap_or_default()
+            });
             let reply = {
                 let _slot = self.unless_stopped(model.slot()).await?;
                 let asked = Instant::now();
@@ -537,8 +577,12 @@ impl Running<'_> {
                 metrics::model_request(asked.elapsed());
                 reply
             };
+            if let Err(err) = &reply {
+                span.fail(err.kind(), &err.to_string());
+            }
             let err = match reply {
                 Ok(reply) => {
+                    spans::record_reply(&span, &reply);
                     let step = Spent::of_reply(reply.usage, exchanged_bytes(messages, &reply));
                     let price = self.settings.config.model.price.as_ref();
                     metrics::model_usage(&self.turn.event.route, step, price);
@@ -580,6 +624,7 @@ impl Running<'_> {
         name: &str,
         arguments: &serde_json::Value,
         key: &str,
+        span: &Span,
     ) -> Result<Input, Stop> {
         let tool = match catalog.get(name).map(|offered| &offered.runs) {
             None => {
@@ -589,7 +634,9 @@ impl Running<'_> {
                 });
             }
             Some(Runs::Mcp { connection, tool }) => {
-                let outcome = self.guarded(connection.call(tool, arguments, key)).await?;
+                let outcome = self
+                    .guarded(connection.call(tool, arguments, key, span.traceparent()))
+                    .await?;
                 metrics::tool_call(name, outcome.result());
                 return Ok(Input::ToolFinished {
                     call_id,
@@ -651,8 +698,14 @@ impl Running<'_> {
                 ),
                 StopReason::IdleTimeout,
             ),
-            Stop::Shutdown => return self.leave_for_resume(steps).await,
-            Stop::LeaseAtRisk => return self.leave_cut_off(steps).await,
+            Stop::Shutdown => {
+                self.span.set("agentgate.turn.status", "resume_pending");
+                return self.leave_for_resume(steps).await;
+            }
+            Stop::LeaseAtRisk => {
+                self.span.set("agentgate.turn.status", "cut_off");
+                return self.leave_cut_off(steps).await;
+            }
         };
         self.context
             .finish(

@@ -37,6 +37,7 @@ fn event(id: &str, session: &str, delivery_id: Option<&str>) -> NewEvent {
             event_type: "push".into(),
             delivery_id: delivery_id.map(str::to_string),
             headers: r#"{"x-test":"1"}"#.into(),
+            trace_parent: None,
             payload: br#"{"n":1}"#.to_vec(),
         },
         dedup_since: 0,

@@ -116,12 +116,16 @@ impl PostgresStore {
                 .map(|event| event.delivery_id.as_deref())
                 .collect();
             let payloads: Vec<&[u8]> = accepted.iter().map(|event| &event.payload[..]).collect();
+            let trace_parents: Vec<Option<&str>> = accepted
+                .iter()
+                .map(|event| event.trace_parent.as_deref())
+                .collect();
             tx.run(
                 concatcp!("INSERT INTO events (id, route, session_key, event_type, delivery_id, headers, payload,
-                                     received_at, status, updated_at, node)
-                 SELECT id, route, session_key, event_type, delivery_id, headers, payload, $8, ", QUEUED, ", $8, $9
-                 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::bytea[])
-                     WITH ORDINALITY AS e(id, route, session_key, event_type, delivery_id, headers, payload, arrival)
+                                     received_at, status, updated_at, node, trace_parent)
+                 SELECT id, route, session_key, event_type, delivery_id, headers, payload, $8, ", QUEUED, ", $8, $9, trace_parent
+                 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::bytea[], $10::text[])
+                     WITH ORDINALITY AS e(id, route, session_key, event_type, delivery_id, headers, payload, trace_parent, arrival)
                  ORDER BY arrival"),
                 &[
                     &column(|e| &e.id),
@@ -133,6 +137,7 @@ impl PostgresStore {
                     &payloads,
                     &now,
                     &self.shared.node_name,
+                    &trace_parents,
                 ],
             )
             .await?;

@@ -22,7 +22,8 @@ const DUE_SQL: &str = concatcp!(
            AND NOT (route = ANY($5))
          ORDER BY next_attempt_at LIMIT $4
          FOR UPDATE SKIP LOCKED)
-     RETURNING event_id, route, session_key, body, attempts, next_attempt_at"
+     RETURNING event_id, route, session_key, body, attempts, next_attempt_at,
+               (SELECT e.trace_parent FROM events e WHERE e.id = deliveries.event_id) AS trace_parent"
 );
 
 const RECORD_SQL: &str = concatcp!(

@@ -194,6 +194,8 @@ const MIGRATIONS: &[&str] = &[
     // 10: coalescing, as in the SQLite schema.
     "ALTER TABLE events ADD COLUMN joined_to TEXT;
     CREATE INDEX events_joined ON events (joined_to) WHERE joined_to IS NOT NULL;",
+    // 11: traces, as in the SQLite schema.
+    "ALTER TABLE events ADD COLUMN trace_parent TEXT;",
 ];
 
 impl PostgresStore {

@@ -20,10 +20,10 @@ const REMEMBER_DELIVERY_SQL: &str =
 /// `$1` id ... `$7` payload, `$8` now.
 const INSERT_EVENT_SQL: &str = concatcp!(
     "INSERT INTO events (id, route, session_key, event_type, delivery_id, headers, payload,
-                         received_at, status, updated_at)
+                         received_at, status, updated_at, trace_parent)
      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, ",
     QUEUED,
-    ", $8)"
+    ", $8, $9)"
 );
 
 /// `$1` key, `$2` route, `$3` now.
@@ -76,6 +76,7 @@ fn accept_in(connection: &Connection, new: &NewEvent) -> Result<AcceptOutcome, S
             &event.headers,
             &event.payload,
             &now,
+            &event.trace_parent,
         ],
     )?;
     execute(

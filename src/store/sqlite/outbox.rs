@@ -13,7 +13,9 @@ use crate::store::{Outbox, StoreError, now_millis};
 
 /// `$1` now, `$2` limit, `$3` the routes to skip, as a JSON array.
 const DUE_SQL: &str = concatcp!(
-    "SELECT event_id, route, session_key, body, attempts FROM deliveries
+    "SELECT event_id, route, session_key, body, attempts,
+            (SELECT e.trace_parent FROM events e WHERE e.id = deliveries.event_id) AS trace_parent
+     FROM deliveries
      WHERE status = ",
     PENDING,
     " AND next_attempt_at <= $1
