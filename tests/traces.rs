@@ -178,6 +178,8 @@ fn a_turn_is_one_trace_under_the_sender_s_traceparent() {
     wait_until("the delivery", TURN_LIMIT, || {
         !receiver.requests().is_empty()
     });
+    let shown = workspace.cli_json(&["events", "show", &event_id, "--json"]);
+    assert_eq!(shown["trace_id"], SENDER_TRACE, "{shown}");
     assert!(daemon.terminate().success());
 
     let spans = exported(&collector);

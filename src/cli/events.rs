@@ -127,6 +127,9 @@ pub(super) fn events_show(source: &ConfigSource, id: &str, json: bool) -> Result
     if let Some(original) = &event.replay_of {
         outln!("replay of {original}");
     }
+    if let Some(trace_id) = &detail.trace_id {
+        outln!("trace {trace_id}");
+    }
     if !detail.replayed_as.is_empty() {
         outln!("replayed as {}", detail.replayed_as.join(", "));
     }

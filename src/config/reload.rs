@@ -60,6 +60,8 @@ pub(crate) fn list_changes(old: &Config, new: &Config, report: &mut ReloadReport
     );
     compare("store", old.store != new.store, false);
     compare("model", old.model != new.model, false);
+    // The exporter is set up once per process.
+    compare("telemetry", old.telemetry != new.telemetry, false);
     compare("store.retention", old.retention != new.retention, true);
     // Every `[runtime]` key is read from the settings in effect where it is used (the
     // scheduler's claim, the drain, the resumes, each turn and request), never kept from the

@@ -394,6 +394,9 @@ pub(crate) struct EventDetail {
     pub replayed_as: Vec<String>,
     /// What all its turns spent.
     pub usage: UsageReport,
+    /// The trace its spans are in, when traces were on as it arrived.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
 }
 
 /// One turn of an event.

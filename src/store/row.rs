@@ -283,7 +283,10 @@ impl super::model::EventDetail {
     ) -> Result<super::model::EventDetail, StoreError> {
         let payload: Vec<u8> = row.column("payload")?;
         let headers: String = row.column("headers")?;
+        let trace_parent: Option<String> = row.column("trace_parent")?;
         Ok(super::model::EventDetail {
+            // `00-TRACE-SPAN-FLAGS`.
+            trace_id: trace_parent.and_then(|t| t.split('-').nth(1).map(str::to_string)),
             event: EventRow::decode(row)?,
             payload: super::model::payload_value(&payload),
             headers: serde_json::from_str(&headers).unwrap_or_default(),

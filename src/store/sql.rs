@@ -364,7 +364,7 @@ pub(crate) const EVENTS_SQL: &str = concatcp!(
 pub(crate) const EVENT_SQL: &str = concatcp!(
     "SELECT ",
     EVENT_ROW_COLUMNS,
-    ", payload, headers FROM events WHERE id = $1"
+    ", payload, headers, trace_parent FROM events WHERE id = $1"
 );
 
 /// `$1` event id: the copies `events replay` made of it.
