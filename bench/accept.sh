@@ -3,6 +3,9 @@
 #
 #   bench/accept.sh                 # 3 runs of 30 s per phase
 #   RUNS=1 PHASE_SECONDS=10 bench/accept.sh
+#   EXTRA_CONFIG=$'[telemetry]\notlp_endpoint = "http://127.0.0.1:9"' bench/accept.sh
+#                                   # appended to the daemon's config: here, traces on, sent to
+#                                   # a closed port (a dead collector)
 #
 # Per run, on a fresh state directory, with fsync on (synchronous=FULL):
 #   1. idle RSS after start;
@@ -80,6 +83,7 @@ max_queued_events = 100000000
 [routes.bench]
 path = "/hooks/bench"
 verify = { scheme = "hmac-sha256", secret = "bench-secret" }
+${EXTRA_CONFIG:-}
 TOML
     "$BIN" serve --config "$work/agentgate.toml" 2>"$work/agentgate.log" &
     pid=$!

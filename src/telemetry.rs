@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::{SpanKind, Status, TraceContextExt, Tracer as _};
 use opentelemetry::{Context, KeyValue, Value};
+use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
@@ -65,7 +66,6 @@ pub(crate) fn start(settings: &TelemetrySettings) -> Result<(), TelemetryError> 
         endpoint: crate::config::redacted_url(endpoint),
         reason,
     };
-    use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
     let client = crate::tls::blocking_http_client(EXPORT_TIMEOUT).map_err(failed)?;
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
