@@ -103,20 +103,15 @@ impl TurnContext {
         let settings = self.settings.get();
         let model = spans::requested_model(&settings.config.model);
         let span = spans::turn_span(&turn, &model);
+        let progress = TurnProgress {
+            steps: 0,
+            started,
+            span: &span,
+        };
         let Some(route) = settings.route(&event.route) else {
-            self.finish(
-                &turn,
-                Outcome::Failed {
-                    error: format!("route {} is no longer configured", event.route),
-                },
-                None,
-                TurnProgress {
-                    steps: 0,
-                    started,
-                    span: &span,
-                },
-            )
-            .await;
+            let error = format!("route {} is no longer configured", event.route);
+            self.finish(&turn, Outcome::Failed { error }, None, progress)
+                .await;
             return;
         };
         // A chain of internal turns (a job whose result starts the job again) ends here.
@@ -128,23 +123,13 @@ impl TurnContext {
                 budget,
                 "internal turn not run: the chain reached runtime.max_internal_turns"
             );
-            self.finish(
-                &turn,
-                Outcome::Failed {
-                    error: format!(
-                        "not run: this is internal turn {chain} in a row since the session's last webhook, \
-                         past runtime.max_internal_turns ({budget}); background jobs that keep starting \
-                         themselves end here"
-                    ),
-                },
-                None,
-                TurnProgress {
-                    steps: 0,
-                    started,
-                    span: &span,
-                },
-            )
-            .await;
+            let error = format!(
+                "not run: this is internal turn {chain} in a row since the session's last webhook, \
+                 past runtime.max_internal_turns ({budget}); background jobs that keep starting \
+                 themselves end here"
+            );
+            self.finish(&turn, Outcome::Failed { error }, None, progress)
+                .await;
             return;
         }
         logging::event_line!("turn started");
@@ -528,14 +513,9 @@ impl Running<'_> {
     /// Waits for `work` unless the turn is interrupted, cancelled, or makes no progress in time.
     async fn guarded<T>(&self, work: impl std::future::Future<Output = T>) -> Result<T, Stop> {
         let idle = self.settings.config.runtime.turn_idle_timeout;
-        tokio::select! {
-            result = work => Ok(result),
-            () = self.control.interrupt.cancelled() => Err(Stop::Interrupted),
-            () = self.control.cancel.cancelled() => Err(Stop::Cancelled),
-            () = self.context.cancel_turns.cancelled() => Err(Stop::Shutdown),
-            () = leases_at_risk(&self.context.store) => Err(Stop::LeaseAtRisk),
-            () = tokio::time::sleep(idle) => Err(Stop::Idle),
-        }
+        self.unless_stopped(tokio::time::timeout(idle, work))
+            .await?
+            .map_err(|_| Stop::Idle)
     }
 
     /// Waits for `work` unless the turn is interrupted or cancelled. For waits that are not a
