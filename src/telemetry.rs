@@ -177,6 +177,17 @@ impl Span {
         self.context.span().add_event(name, attributes);
     }
 
+    /// Links this span to the one `traceparent` names (the run a resumed turn continues).
+    pub(crate) fn link_to(&self, traceparent: &str) {
+        let earlier = parent_of(Some(traceparent));
+        let context = earlier.span().span_context().clone();
+        if context.is_valid() {
+            self.context
+                .span()
+                .add_link(context, vec![KeyValue::new("agentgate.link", "continues")]);
+        }
+    }
+
     /// The span failed: `error.type` and an error status with `description`.
     pub(crate) fn fail(&self, error_type: &str, description: &str) {
         let span = self.context.span();

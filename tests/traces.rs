@@ -32,6 +32,8 @@ struct Exported {
     parent: String,
     attributes: HashMap<String, String>,
     events: Vec<String>,
+    /// (trace id, span id) of each link.
+    links: Vec<(String, String)>,
 }
 
 impl Exported {
@@ -75,6 +77,11 @@ fn exported(collector: &Stub) -> Vec<Exported> {
                             .map(|kv| (kv.key, text(kv.value.and_then(|v| v.value))))
                             .collect(),
                         events: span.events.into_iter().map(|e| e.name).collect(),
+                        links: span
+                            .links
+                            .iter()
+                            .map(|l| (hex(&l.trace_id), hex(&l.span_id)))
+                            .collect(),
                     });
                 }
             }
@@ -197,6 +204,10 @@ fn a_turn_is_one_trace_under_the_sender_s_traceparent() {
     assert_eq!(turn.attribute("gen_ai.conversation.id"), "db-1");
     assert_eq!(turn.attribute("gen_ai.request.model"), "stub");
     assert_eq!(turn.attribute("agentgate.turn.status"), "completed");
+    assert!(
+        turn.links.is_empty(),
+        "a first run links to nothing: {turn:?}"
+    );
     // The call against the schema (maxLength) did not run: an event of the turn, not a span.
     assert_eq!(turn.events, ["agentgate.tool.refused"]);
 
@@ -293,6 +304,11 @@ fn a_turn_resumed_after_kill_9_continues_its_trace() {
     assert_eq!(resumed.trace_id, request.trace_id);
     assert_eq!(resumed.parent, request.span_id);
     assert_eq!(resumed.attribute("agentgate.turn.continues"), "crashed");
+    // The interrupted run's span never ended (the process was killed), so it was never
+    // exported; the resumed run links to it, by the id recorded with its turn.
+    assert_eq!(resumed.links.len(), 1, "{resumed:?}");
+    assert_eq!(resumed.links[0].0, request.trace_id);
+    assert_ne!(resumed.links[0].1, resumed.span_id);
     let delivery = one(&spans, "deliver alerts");
     assert_eq!(delivery.trace_id, request.trace_id);
 }

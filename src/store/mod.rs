@@ -295,6 +295,14 @@ pub(crate) trait Turns: Send + Sync {
     async fn await_approval(&self, request: NewApproval, steps: u32) -> Result<(), StoreError>;
     /// Whether any run of `event_id` recorded a transcript entry.
     async fn event_has_transcript(&self, event_id: &str) -> Result<bool, StoreError>;
+    /// Records the `traceparent` of the span of `turn_id`, a turn of `event_id`, and returns
+    /// the one the event's latest earlier turn recorded: the span a resumed turn links to.
+    async fn record_turn_span(
+        &self,
+        event_id: &str,
+        turn_id: &str,
+        traceparent: &str,
+    ) -> Result<Option<String>, StoreError>;
     /// The whole transcript of a session.
     async fn transcript(&self, session_key: &str) -> Result<Vec<TranscriptRow>, StoreError>;
 }

@@ -227,6 +227,14 @@ pub(crate) const EVENT_HAS_TRANSCRIPT_SQL: &str =
     "SELECT EXISTS (SELECT 1 FROM transcript t JOIN turns u ON u.id = t.turn_id
                     WHERE u.event_id = $1) AS found";
 
+/// `$1` event id, `$2` turn id: the span of the event's latest earlier turn that recorded one.
+pub(crate) const EARLIER_TURN_SPAN_SQL: &str = "SELECT trace_span FROM turns
+     WHERE event_id = $1 AND id <> $2 AND trace_span IS NOT NULL
+     ORDER BY started_at DESC, id DESC LIMIT 1";
+
+/// `$1` turn id, `$2` the `traceparent` of its span.
+pub(crate) const RECORD_TURN_SPAN_SQL: &str = "UPDATE turns SET trace_span = $2 WHERE id = $1";
+
 /// `$1` session key, `$2` the `event` entry kind: a session's transcript, oldest first, each row
 /// with (for an `event` entry) the event it refers to, joined through the turn.
 pub(crate) const TRANSCRIPT_SQL: &str =

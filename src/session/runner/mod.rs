@@ -266,6 +266,7 @@ impl Running<'_> {
     /// step returns `None` when the turn already ended (stopped, failed, or its commit was
     /// given up because the turns are being cancelled).
     async fn drive(&self) {
+        spans::record_turn_span(&self.context.store, self.turn, self.span).await;
         let Some(catalog) = self.offered_tools().await else {
             return;
         };

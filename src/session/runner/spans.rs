@@ -11,7 +11,7 @@ use crate::agent::catalog::{OfferedTool, Runs};
 use crate::agent::model::Reply;
 use crate::config::{ModelBackend, ModelSettings};
 use crate::session::turn::Input;
-use crate::store::{ApprovalRow, ClaimedTurn};
+use crate::store::{ApprovalRow, ClaimedTurn, Store};
 use crate::telemetry::{self, Span};
 
 /// The model a request asks for, as spans name it.
@@ -47,6 +47,24 @@ pub(super) fn turn_span(turn: &ClaimedTurn, model: &str) -> Span {
         SpanKind::Internal,
         attributes,
     )
+}
+
+/// Records the turn's span with its turn, and links the span to the earlier run of the event it
+/// continues (a run cut off by a crash or the drain, or one that waited for a decision). A store
+/// that cannot record it costs the link, not the turn.
+pub(super) async fn record_turn_span(store: &Store, turn: &ClaimedTurn, span: &Span) {
+    let Some(traceparent) = span.traceparent() else {
+        return;
+    };
+    match store
+        .record_turn_span(&turn.event.id, &turn.turn_id, &traceparent)
+        .await
+    {
+        Ok(Some(earlier)) => span.link_to(&earlier),
+        Ok(None) => {}
+        Err(err) => tracing::debug!(error = %err,
+            "the turn's span is not recorded: a later run of its event will not link to it"),
+    }
 }
 
 /// `chat <model>`: one model request.

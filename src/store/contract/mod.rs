@@ -310,6 +310,11 @@ async fn interrupted_sessions_are_admitted_then_suspended(store: &Store) {
         .await
         .expect("accept");
     let turn = claim_one(store).await;
+    let first_span = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let earlier = store
+        .record_turn_span("r1", &turn.turn_id, first_span)
+        .await;
+    assert_eq!(earlier.expect("record a turn's span"), None);
     let settled = interrupt_and_settle(store, &turn, ResumeReason::ShutdownTimeout).await;
     assert!(
         matches!(settled, Settled::Resumed { attempt: 1 }),
@@ -321,6 +326,14 @@ async fn interrupted_sessions_are_admitted_then_suspended(store: &Store) {
     assert_eq!(
         again.continues,
         Some(Continuation::Resumed(ResumeReason::ShutdownTimeout))
+    );
+    let earlier = store
+        .record_turn_span("r1", &again.turn_id, "00-x-y-01")
+        .await;
+    assert_eq!(
+        earlier.expect("record").as_deref(),
+        Some(first_span),
+        "a resumed turn finds the span of the run it continues"
     );
     let settled = interrupt_and_settle(store, &again, ResumeReason::Crashed).await;
     assert!(matches!(settled, Settled::Suspended), "{settled:?}");

@@ -195,7 +195,8 @@ const MIGRATIONS: &[&str] = &[
     "ALTER TABLE events ADD COLUMN joined_to TEXT;
     CREATE INDEX events_joined ON events (joined_to) WHERE joined_to IS NOT NULL;",
     // 11: traces, as in the SQLite schema.
-    "ALTER TABLE events ADD COLUMN trace_parent TEXT;",
+    "ALTER TABLE events ADD COLUMN trace_parent TEXT;
+    ALTER TABLE turns ADD COLUMN trace_span TEXT;",
 ];
 
 impl PostgresStore {

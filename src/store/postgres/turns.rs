@@ -11,11 +11,11 @@ use crate::store::model::{
 };
 use crate::store::row::StoredRow;
 use crate::store::sql::{
-    APPEND_SQL, AWAIT_EVENT_SQL, CLAIM_COLUMNS, DAY_USAGE_SQL, END_SESSION_SET,
-    EVENT_HAS_TRANSCRIPT_SQL, EVENT_USAGE_SQL, FINISH_EVENT_SQL, FINISH_JOINED_SQL,
-    FINISH_TURN_SQL, INSERT_APPROVAL_SQL, INTERRUPT_TURN_SQL, JOIN_QUEUED_SQL, JOINED_EVENTS_SQL,
-    ROUTE_DAY_USAGE_SQL, SESSION_USAGE_SQL, START_EVENT_SQL, SUSPENDED_EVENT_WAITS_SQL,
-    TRANSCRIPT_SQL, TURN_STEPS_SQL, step_usage_values,
+    APPEND_SQL, AWAIT_EVENT_SQL, CLAIM_COLUMNS, DAY_USAGE_SQL, EARLIER_TURN_SPAN_SQL,
+    END_SESSION_SET, EVENT_HAS_TRANSCRIPT_SQL, EVENT_USAGE_SQL, FINISH_EVENT_SQL,
+    FINISH_JOINED_SQL, FINISH_TURN_SQL, INSERT_APPROVAL_SQL, INTERRUPT_TURN_SQL, JOIN_QUEUED_SQL,
+    JOINED_EVENTS_SQL, RECORD_TURN_SPAN_SQL, ROUTE_DAY_USAGE_SQL, SESSION_USAGE_SQL,
+    START_EVENT_SQL, SUSPENDED_EVENT_WAITS_SQL, TRANSCRIPT_SQL, TURN_STEPS_SQL, step_usage_values,
 };
 use crate::store::states::SessionState;
 use crate::store::states::{
@@ -485,6 +485,22 @@ impl Turns for PostgresStore {
             row.column("found")
         })
         .await
+    }
+
+    async fn record_turn_span(
+        &self,
+        event_id: &str,
+        turn_id: &str,
+        traceparent: &str,
+    ) -> Result<Option<String>, StoreError> {
+        let earlier = self
+            .fetch_optional(EARLIER_TURN_SPAN_SQL, &[&event_id, &turn_id], |row| {
+                row.column("trace_span")
+            })
+            .await?;
+        self.execute_one(RECORD_TURN_SPAN_SQL, &[&turn_id, &traceparent])
+            .await?;
+        Ok(earlier)
     }
 
     async fn transcript(&self, session_key: &str) -> Result<Vec<TranscriptRow>, StoreError> {

@@ -168,8 +168,10 @@ const MIGRATIONS: &[&str] = &[
     // by that event's turn and ends with it.
     "ALTER TABLE events ADD COLUMN joined_to TEXT;
     CREATE INDEX events_joined ON events(joined_to) WHERE joined_to IS NOT NULL;",
-    // 13: traces: the request span's `traceparent`, the parent of the event's later spans.
-    "ALTER TABLE events ADD COLUMN trace_parent TEXT;",
+    // 13: traces: the request span's `traceparent`, the parent of the event's later spans, and
+    // each turn's own span, which a resumed turn links to.
+    "ALTER TABLE events ADD COLUMN trace_parent TEXT;
+    ALTER TABLE turns ADD COLUMN trace_span TEXT;",
 ];
 
 /// The schema version this build writes.

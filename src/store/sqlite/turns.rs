@@ -4,17 +4,17 @@
 use const_format::concatcp;
 use rusqlite::Connection;
 
-use super::{SqliteStore, execute, query, query_one, value};
+use super::{SqliteStore, execute, query, query_one, query_optional, value};
 use crate::store::approval::{APPROVAL_ENTRY, NewApproval};
 use crate::store::model::{
     Claim, ClaimedTurn, EVENT_ENTRY, Event, RenderDelivery, TranscriptRow, TurnEnd,
 };
 use crate::store::sql::{
-    APPEND_SQL, AWAIT_EVENT_SQL, CLAIM_COLUMNS, DAY_USAGE_SQL, END_SESSION_SET,
-    EVENT_HAS_TRANSCRIPT_SQL, EVENT_USAGE_SQL, FINISH_EVENT_SQL, FINISH_JOINED_SQL,
-    FINISH_TURN_SQL, INSERT_APPROVAL_SQL, INTERRUPT_TURN_SQL, JOIN_QUEUED_SQL, JOINED_EVENTS_SQL,
-    ROUTE_DAY_USAGE_SQL, SESSION_USAGE_SQL, START_EVENT_SQL, SUSPENDED_EVENT_WAITS_SQL,
-    TRANSCRIPT_SQL, TURN_STEPS_SQL, step_usage_values,
+    APPEND_SQL, AWAIT_EVENT_SQL, CLAIM_COLUMNS, DAY_USAGE_SQL, EARLIER_TURN_SPAN_SQL,
+    END_SESSION_SET, EVENT_HAS_TRANSCRIPT_SQL, EVENT_USAGE_SQL, FINISH_EVENT_SQL,
+    FINISH_JOINED_SQL, FINISH_TURN_SQL, INSERT_APPROVAL_SQL, INTERRUPT_TURN_SQL, JOIN_QUEUED_SQL,
+    JOINED_EVENTS_SQL, RECORD_TURN_SPAN_SQL, ROUTE_DAY_USAGE_SQL, SESSION_USAGE_SQL,
+    START_EVENT_SQL, SUSPENDED_EVENT_WAITS_SQL, TRANSCRIPT_SQL, TURN_STEPS_SQL, step_usage_values,
 };
 use crate::store::states::SessionState;
 use crate::store::states::{
@@ -501,6 +501,30 @@ impl Turns for SqliteStore {
             query_one(connection, EVENT_HAS_TRANSCRIPT_SQL, &[&event_id], |row| {
                 value(row, "found")
             })
+        })
+        .await
+    }
+
+    async fn record_turn_span(
+        &self,
+        event_id: &str,
+        turn_id: &str,
+        traceparent: &str,
+    ) -> Result<Option<String>, StoreError> {
+        let (event_id, turn_id, traceparent) = (
+            event_id.to_string(),
+            turn_id.to_string(),
+            traceparent.to_string(),
+        );
+        self.write(move |connection| {
+            let earlier = query_optional(
+                connection,
+                EARLIER_TURN_SPAN_SQL,
+                &[&event_id, &turn_id],
+                |row| value(row, "trace_span"),
+            )?;
+            execute(connection, RECORD_TURN_SPAN_SQL, &[&turn_id, &traceparent])?;
+            Ok(earlier)
         })
         .await
     }
