@@ -1146,8 +1146,10 @@ fn stalled_connections_neither_delay_a_valid_webhook_nor_a_running_turn() {
         }
     });
     let marker = workspace.path().join("tool.ran");
+    // In [server]: the attacker may take every max_connections slot (1,024), so that the
+    // valid sender needs the slot of the connection idle the longest.
     workspace.write_config(&format!(
-        "{}\n[tools.marker]\ncommand = [\"/usr/bin/touch\", {:?}]\nwritable = [{:?}]\n\n{}",
+        "max_connections_per_peer = 2000\n{}\n[tools.marker]\ncommand = [\"/usr/bin/touch\", {:?}]\nwritable = [{:?}]\n\n{}",
         model.model_section(),
         marker.display().to_string(),
         workspace.path().display().to_string(),
@@ -1165,10 +1167,14 @@ fn stalled_connections_neither_delay_a_valid_webhook_nor_a_running_turn() {
             }
         )
     };
+    // The attacker's connections come from an address of their own, as they would: the valid
+    // sender (127.0.0.1) is not the attacker, whose address holds at most
+    // max_connections_per_peer of them.
+    let attacker = std::net::Ipv4Addr::new(127, 0, 0, 2);
     let stalled: Vec<(TcpStream, bool)> = (0..1099)
         .map(|n| {
             let signed = n % 2 == 0;
-            let mut stream = TcpStream::connect(daemon.addr).expect("connect");
+            let mut stream = connect_from(attacker, daemon.addr).expect("connect");
             stream.write_all(head(signed).as_bytes()).expect("head");
             (stream, signed)
         })

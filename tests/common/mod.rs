@@ -593,6 +593,17 @@ pub fn try_request(
     read_response(&mut stream)
 }
 
+/// A TCP connection to `addr` from the loopback address `source` (127.0.0.0/8 is all this
+/// machine's), as a second sender would make: one address's connections are counted apart from
+/// another's (`server.max_connections_per_peer`).
+pub fn connect_from(source: std::net::Ipv4Addr, addr: SocketAddr) -> std::io::Result<TcpStream> {
+    use socket2::{Domain, SockAddr, Socket, Type};
+    let socket = Socket::new(Domain::IPV4, Type::STREAM, None)?;
+    socket.bind(&SockAddr::from(SocketAddr::from((source, 0))))?;
+    socket.connect(&SockAddr::from(addr))?;
+    Ok(socket.into())
+}
+
 /// Reads a whole `Connection: close` response.
 pub fn read_response(stream: &mut TcpStream) -> std::io::Result<HttpResponse> {
     let mut raw = Vec::new();
