@@ -165,10 +165,10 @@ impl Span {
     }
 
     /// Sets `key` to what `content` makes, only with `capture_content` (the text is not even
-    /// made otherwise).
+    /// made otherwise), cut to [`CONTENT_MAX`] bytes: the export queue holds thousands of spans.
     pub(crate) fn content(&self, key: &'static str, content: impl FnOnce() -> String) {
         if captures_content() && self.context.span().is_recording() {
-            self.set(key, content());
+            self.set(key, bounded(content()));
         }
     }
 
@@ -211,6 +211,25 @@ impl Drop for Span {
     fn drop(&mut self) {
         self.context.span().end();
     }
+}
+
+/// The most of one content attribute (`capture_content`), in bytes: with the queue's 4,096
+/// spans, content can hold at most about 64 MiB while the collector is slow.
+const CONTENT_MAX: usize = 8 * 1024;
+
+/// `text` cut to [`CONTENT_MAX`] bytes at a character boundary, saying how much was left out.
+fn bounded(mut text: String) -> String {
+    if text.len() <= CONTENT_MAX {
+        return text;
+    }
+    let mut end = CONTENT_MAX;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let left_out = text.len() - end;
+    text.truncate(end);
+    text.push_str(&format!("… [{left_out} more bytes]"));
+    text
 }
 
 /// The parent a `traceparent` names: a remote span, or none (a new trace) when it is missing or
@@ -312,5 +331,20 @@ impl SpanProcessor for Ended {
 
     fn shutdown_with_timeout(&self, _: Duration) -> OTelSdkResult {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn content_is_cut_at_a_character_boundary_and_says_how_much() {
+        assert_eq!(bounded("short".to_string()), "short");
+        let long = "é".repeat(CONTENT_MAX); // two bytes each
+        let cut = bounded(long);
+        let (kept, note) = cut.split_once('…').expect("a note");
+        assert_eq!(kept.len(), CONTENT_MAX);
+        assert_eq!(note, format!(" [{} more bytes]", CONTENT_MAX));
     }
 }

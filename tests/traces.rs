@@ -353,3 +353,66 @@ fn a_dead_collector_costs_spans_not_work() {
     daemon.wait_for_log("the trace collector did not take spans");
     assert!(daemon.terminate().success());
 }
+
+/// With `capture_content`, messages, arguments and results become attributes, each cut to 8 KiB;
+/// the model's API key is in none of them.
+#[test]
+fn captured_content_is_bounded_and_holds_no_secret() {
+    let workspace = Workspace::new();
+    let model = Stub::scripted(vec![
+        Reply::tool_call("call-1", "zeros", json!({})),
+        Reply::answer("done"),
+    ]);
+    let receiver = Stub::start(|_, _| Reply::raw(204, ""));
+    let collector = collector();
+    let text = config(
+        &model,
+        &receiver,
+        &collector.url(),
+        "capture_content = true",
+    )
+    .replace(
+        "model = \"stub\"\n",
+        "model = \"stub\"\napi_key = { env = \"TEST_MODEL_KEY\" }\n",
+    )
+    .replace("tools = [\"echo\"", "tools = [\"zeros\", \"echo\"")
+    .replace(
+        "[routes.alerts]",
+        "[tools.zeros]\ndescription = \"Counts to 5,000 (23 kB)\"\n\
+             command = [\"/usr/bin/seq\", \"1\", \"5000\"]\n\n[routes.alerts]",
+    );
+    workspace.write_config(&text);
+    let daemon = workspace.start_with_env(&[("TEST_MODEL_KEY", "sk-never-in-a-span")]);
+    let response = daemon.post_json(
+        "/hooks/alerts",
+        &[],
+        &json!({"session": "db-3", "alert": "disk full on db-3"}).to_string(),
+    );
+    assert_eq!(response.status, 202, "{response:?}");
+    assert_eq!(
+        workspace.wait_terminal(&response.event_id(), TURN_LIMIT),
+        "completed"
+    );
+    assert!(daemon.terminate().success());
+    let spans = exported(&collector);
+    let first_chat = named(&spans, "chat stub")
+        .into_iter()
+        .find(|chat| chat.attribute("gen_ai.output.messages").contains("zeros"))
+        .expect("the chat span whose reply called the tool");
+    assert!(
+        first_chat
+            .attribute("gen_ai.input.messages")
+            .contains("disk full on db-3"),
+        "{first_chat:?}"
+    );
+    let tool = one(&spans, "execute_tool zeros");
+    assert_eq!(tool.attribute("gen_ai.tool.call.arguments"), "{}");
+    let result = tool.attribute("gen_ai.tool.call.result");
+    assert!(result.len() < 8 * 1024 + 64, "{} bytes", result.len());
+    assert!(result.ends_with(" more bytes]"), "{result}");
+    for span in &spans {
+        for value in span.attributes.values() {
+            assert!(!value.contains("sk-never-in-a-span"), "{span:?}");
+        }
+    }
+}
