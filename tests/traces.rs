@@ -418,8 +418,8 @@ fn captured_content_is_bounded_and_holds_no_secret() {
 }
 
 /// `[telemetry]` and `[console]` are checked: a collector that is not an http(s) URL, a share
-/// outside 0..1 and a console on TCP without a token are errors; an enabled console is accepted
-/// with a warning that this version does not serve it.
+/// outside 0..1 and a console on TCP without a token are errors; a console on TCP with a token
+/// is accepted with a warning that this version serves it on the control socket only.
 #[test]
 fn check_config_checks_telemetry_and_console() {
     let workspace = Workspace::new();
@@ -439,10 +439,10 @@ fn check_config_checks_telemetry_and_console() {
     }
     workspace.write_config(
         "[telemetry]\notlp_endpoint = \"http://127.0.0.1:4318\"\nsample_ratio = 0.25\n\n\
-         [console]\nenabled = true\n",
+         [console]\nenabled = true\nlisten = \"127.0.0.1:8788\"\ntoken = \"a-console-token\"\n",
     );
     let checked = workspace.cli(&["check-config"]);
     let said = String::from_utf8_lossy(&checked.stdout);
     assert_eq!(checked.status.code(), Some(0), "{checked:?}");
-    assert!(said.contains("does not serve the web console"), "{said}");
+    assert!(said.contains("on the control socket only"), "{said}");
 }

@@ -62,6 +62,7 @@ pub(crate) fn list_changes(old: &Config, new: &Config, report: &mut ReloadReport
     compare("model", old.model != new.model, false);
     // The exporter is set up once per process.
     compare("telemetry", old.telemetry != new.telemetry, false);
+    compare("console", old.console != new.console, true);
     compare("store.retention", old.retention != new.retention, true);
     // Every `[runtime]` key is read from the settings in effect where it is used (the
     // scheduler's claim, the drain, the resumes, each turn and request), never kept from the

@@ -33,6 +33,8 @@ pub(crate) struct Config {
     pub budgets: BudgetLimits,
     /// `[telemetry]`: where traces go.
     pub telemetry: TelemetrySettings,
+    /// `[console] enabled`: the web console's pages on the control socket.
+    pub console: bool,
 }
 
 /// `[telemetry]` (docs/reference.md, "Traces").

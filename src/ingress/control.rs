@@ -85,7 +85,7 @@ impl Query {
 
 /// A page of `rows`, fetched with one more than `limit` (which tells whether there is a next
 /// page), and the cursor of the next page (`None` on the last one).
-fn page<T>(
+pub(super) fn page<T>(
     mut rows: Vec<T>,
     limit: i64,
     cursor: impl Fn(&T) -> String,
@@ -132,6 +132,12 @@ impl Control {
         let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
         let result = match (&method, segments.as_slice()) {
             (&Method::GET, ["metrics"]) => self.metrics().await,
+            (&Method::GET, ["console", rest @ ..]) if self.settings.get().config.console => {
+                match super::console::page(self, rest, request.uri().query()).await {
+                    Some(page) => page,
+                    None => Ok(not_found(&method, &path)),
+                }
+            }
             (&Method::GET, ["v1", "status"]) => self.status().await,
             (&Method::GET, ["v1", "sessions"]) => self.sessions(request.uri().query()).await,
             (&Method::GET, ["v1", "events"]) => self.events(request.uri().query()).await,
@@ -184,6 +190,12 @@ impl Control {
     }
 
     async fn status(&self) -> Result<HttpResponse, ControlError> {
+        let document = self.status_document().await?;
+        Ok(json_response(StatusCode::OK, &json!(document)))
+    }
+
+    /// What `GET /v1/status` answers (and the console's overview shows).
+    pub(super) async fn status_document(&self) -> Result<StatusDocument, ControlError> {
         let summary = self.summary().await?;
         let writable = self.store.is_writable();
         let accepting = self.accepting();
@@ -199,7 +211,7 @@ impl Control {
         });
         document.mcp = Some(self.mcp.status());
         document.sandbox = Some(SandboxStatus::probed());
-        Ok(json_response(StatusCode::OK, &json!(document)))
+        Ok(document)
     }
 
     /// `POST /v1/routes/{route}/send[?delivery_id=ID][&event_type=T]`: `agentgate send` without
@@ -537,7 +549,7 @@ fn no_session(key: &str) -> HttpResponse {
 }
 
 /// Decodes `%XX` escapes (session keys such as `acme/web#7` travel as `acme%2Fweb%237`).
-fn percent_decode(text: &str) -> String {
+pub(super) fn percent_decode(text: &str) -> String {
     let bytes = text.as_bytes();
     let mut decoded = Vec::with_capacity(bytes.len());
     let mut index = 0;

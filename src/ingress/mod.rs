@@ -11,6 +11,7 @@ mod approvals;
 mod body;
 pub(crate) mod capacity;
 mod connection;
+mod console;
 pub(crate) mod control;
 mod http;
 mod payload;

@@ -216,7 +216,7 @@ impl Checker<'_> {
         }
         let budgets = self.budget_limits("budgets", raw.budgets);
         let telemetry = self.telemetry(raw.telemetry);
-        self.console(raw.console);
+        let console = self.console(raw.console);
         let model = model?;
         self.dollar_budgets_need_a_price(&budgets, &routes, model.price.as_ref());
         let server = server?;
@@ -230,6 +230,7 @@ impl Checker<'_> {
             store: store?,
             budgets,
             telemetry,
+            console,
             retention,
             tools,
             mcp,

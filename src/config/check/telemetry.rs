@@ -47,10 +47,11 @@ impl Checker<'_> {
         }
     }
 
-    /// The console is not served by this version: its keys are checked and accepted, so that a
-    /// config written for it keeps working, and the operator is told (docs/reference.md,
-    /// "Console").
-    pub(super) fn console(&mut self, raw: RawConsole) {
+    /// Whether the console's pages are served on the control socket (by default they are: the
+    /// socket is already the operator's). `listen` and `token` are checked and accepted so that a
+    /// config written for a console on TCP keeps working, but this version serves it on the
+    /// control socket only, and says so (docs/reference.md, "Console").
+    pub(super) fn console(&mut self, raw: RawConsole) -> bool {
         if let Some(token) = &raw.token {
             let _ = self.secret("console.token", token);
         }
@@ -59,13 +60,12 @@ impl Checker<'_> {
                 "console.listen",
                 "the console is served on TCP only with console.token",
             );
-        }
-        if raw.enabled.unwrap_or(false) || raw.listen.is_some() {
+        } else if raw.listen.is_some() {
             self.warn(
-                "console",
-                "this version of agentgate does not serve the web console yet; use the \
-                 command line (agentgate status, sessions, events, approvals)",
+                "console.listen",
+                "this version serves the console on the control socket only, not on TCP",
             );
         }
+        raw.enabled.unwrap_or(true)
     }
 }
