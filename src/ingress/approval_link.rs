@@ -13,7 +13,7 @@ use http::header::{CACHE_CONTROL, CONTENT_TYPE};
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 
-use super::control::Query;
+use super::query::Query;
 use super::response::{HttpResponse, refused};
 use crate::config::Config;
 use crate::session::Sessions;

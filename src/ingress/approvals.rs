@@ -8,7 +8,8 @@ use http_body_util::BodyExt;
 use serde_json::json;
 
 use super::api::{ApprovalsPage, DecisionRequest};
-use super::control::{Control, ControlError, Query};
+use super::control::{Control, ControlError};
+use super::query::Query;
 use super::response::{HttpResponse, error, json_response};
 use crate::session::approval::{self, Outcome};
 use crate::store::approval::Verdict;

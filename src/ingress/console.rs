@@ -14,7 +14,8 @@ use http::{HeaderValue, Response, StatusCode};
 use http_body_util::Full;
 use minijinja::{AutoEscape, Environment, Value, context};
 
-use super::control::{Control, ControlError, Query};
+use super::control::{Control, ControlError};
+use super::query::{Query, page, percent_decode};
 use super::response::{HttpResponse, error};
 
 /// The pages, by template name, embedded in the binary.
@@ -56,22 +57,24 @@ static PAGES: LazyLock<Environment<'static>> = LazyLock::new(|| {
     pages
 });
 
-/// `GET /console/...`: the page at `segments` (after `console`), or `None` for a path the
-/// console does not have.
-pub(super) async fn page(
-    control: &Control,
-    segments: &[&str],
-    query: Option<&str>,
-) -> Option<Result<HttpResponse, ControlError>> {
-    Some(match segments {
-        [] | [""] => overview(control).await,
-        ["style.css"] => Ok(stylesheet()),
-        ["sessions"] => sessions(control, &Query::parse(query)).await,
-        ["sessions", key] => session(control, &super::control::percent_decode(key)).await,
-        ["events", id] => event(control, &super::control::percent_decode(id)).await,
-        ["approvals"] => approvals(control).await,
-        _ => return None,
-    })
+impl Control {
+    /// `GET /console/...`: the page at `segments` (after `console`), or `None` for a path the
+    /// console does not have.
+    pub(super) async fn console(
+        &self,
+        segments: &[&str],
+        query: Option<&str>,
+    ) -> Option<Result<HttpResponse, ControlError>> {
+        Some(match segments {
+            [] | [""] => overview(self).await,
+            ["style.css"] => Ok(stylesheet()),
+            ["sessions"] => sessions(self, &Query::parse(query)).await,
+            ["sessions", key] => session(self, &percent_decode(key)).await,
+            ["events", id] => event(self, &percent_decode(id)).await,
+            ["approvals"] => approvals(self).await,
+            _ => return None,
+        })
+    }
 }
 
 async fn overview(control: &Control) -> Result<HttpResponse, ControlError> {
@@ -86,7 +89,7 @@ async fn sessions(control: &Control, query: &Query) -> Result<HttpResponse, Cont
         .store
         .sessions_page(query.get("after"), SESSIONS_PER_PAGE + 1)
         .await?;
-    let (rows, next) = super::control::page(rows, SESSIONS_PER_PAGE, |s| s.key.clone());
+    let (rows, next) = page(rows, SESSIONS_PER_PAGE, |s| s.key.clone());
     let sessions: Vec<_> = rows
         .into_iter()
         .filter(|s| state.as_deref().is_none_or(|state| s.state.sql() == state))

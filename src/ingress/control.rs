@@ -21,6 +21,7 @@ use super::api::{
 };
 use super::capacity::Capacity;
 use super::connection::Stream;
+use super::query::{Query, page, percent_decode};
 use super::response::{HttpResponse, error, json_response};
 use crate::agent::catalog;
 use crate::agent::mcp::McpServers;
@@ -43,63 +44,6 @@ pub(crate) enum ControlError {
 
 /// How long `cancel` waits for the cancelled turn to commit its end before it answers 202.
 const CANCEL_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
-/// Rows in one page of `/v1/sessions` and `/v1/events`: the default, and the most a request
-/// may ask for. A page is built in memory, so this bounds what one request costs.
-const PAGE_DEFAULT: i64 = 100;
-const PAGE_MAX: i64 = 1000;
-
-/// A request's query parameters.
-pub(super) struct Query(Vec<(String, String)>);
-
-impl Query {
-    pub(super) fn parse(query: Option<&str>) -> Query {
-        Query(
-            form_urlencoded::parse(query.unwrap_or_default().as_bytes())
-                .into_owned()
-                .collect(),
-        )
-    }
-
-    pub(super) fn get(&self, name: &str) -> Option<String> {
-        self.0
-            .iter()
-            .find(|(key, _)| key == name)
-            .map(|(_, value)| value.clone())
-    }
-
-    /// `limit`, 1 to `PAGE_MAX`; else the `400` to answer.
-    fn limit(&self) -> Result<i64, Box<HttpResponse>> {
-        match self.get("limit") {
-            None => Ok(PAGE_DEFAULT),
-            Some(text) => match text.parse::<i64>() {
-                Ok(limit) if (1..=PAGE_MAX).contains(&limit) => Ok(limit),
-                _ => Err(Box::new(error(
-                    StatusCode::BAD_REQUEST,
-                    "bad_limit",
-                    &format!("limit must be a whole number from 1 to {PAGE_MAX}"),
-                ))),
-            },
-        }
-    }
-}
-
-/// A page of `rows`, fetched with one more than `limit` (which tells whether there is a next
-/// page), and the cursor of the next page (`None` on the last one).
-pub(super) fn page<T>(
-    mut rows: Vec<T>,
-    limit: i64,
-    cursor: impl Fn(&T) -> String,
-) -> (Vec<T>, Option<String>) {
-    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
-    let next = if rows.len() > limit {
-        rows.truncate(limit);
-        rows.last().map(cursor)
-    } else {
-        None
-    };
-    (rows, next)
-}
-
 /// How long `GET /v1/tools` waits for an MCP server that is still starting.
 const TOOLS_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -133,7 +77,7 @@ impl Control {
         let result = match (&method, segments.as_slice()) {
             (&Method::GET, ["metrics"]) => self.metrics().await,
             (&Method::GET, ["console", rest @ ..]) if self.settings.get().config.console => {
-                match super::console::page(self, rest, request.uri().query()).await {
+                match self.console(rest, request.uri().query()).await {
                     Some(page) => page,
                     None => Ok(not_found(&method, &path)),
                 }
@@ -546,28 +490,6 @@ fn no_session(key: &str) -> HttpResponse {
         "no_session",
         &format!("no session {key:?}"),
     )
-}
-
-/// Decodes `%XX` escapes (session keys such as `acme/web#7` travel as `acme%2Fweb%237`).
-pub(super) fn percent_decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut decoded = Vec::with_capacity(bytes.len());
-    let mut index = 0;
-    while index < bytes.len() {
-        let escaped = (bytes[index] == b'%')
-            .then(|| bytes.get(index + 1..index + 3))
-            .flatten()
-            .and_then(|hex| std::str::from_utf8(hex).ok())
-            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
-        if let Some(byte) = escaped {
-            decoded.push(byte);
-            index += 3;
-        } else {
-            decoded.push(bytes[index]);
-            index += 1;
-        }
-    }
-    String::from_utf8_lossy(&decoded).into_owned()
 }
 
 /// Serves the control socket until `shutdown`.
