@@ -72,11 +72,11 @@ pub(crate) fn serve(
     }
 }
 
-/// Opens the store, wires the handles, recovers the previous run, starts every task on the
-/// drain, says READY, serves until a stop signal, and drains.
 /// How long the last spans may take to reach the collector at exit.
 const TRACES_AT_EXIT: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// Opens the store, wires the handles, recovers the previous run, starts every task on the
+/// drain, says READY, serves until a stop signal, and drains.
 async fn run(
     source: &ConfigSource,
     config: Config,
