@@ -116,15 +116,17 @@ pub(crate) fn stop(limit: Duration) {
     }
 }
 
-/// Whether traces are exported: callers skip building a span's attributes otherwise.
-pub(crate) fn enabled() -> bool {
-    TRACING.get().is_some()
-}
-
 /// Whether messages, tool arguments and results become span attributes
 /// (`[telemetry] capture_content`).
 pub(crate) fn captures_content() -> bool {
     TRACING.get().is_some_and(|tracing| tracing.capture_content)
+}
+
+/// What a span is, made only when traces are on: its name, kind and attributes.
+pub(crate) struct SpanStart {
+    pub name: String,
+    pub kind: SpanKind,
+    pub attributes: Vec<KeyValue>,
 }
 
 /// A span being recorded, ended when dropped. Does nothing when traces are off.
@@ -140,15 +142,24 @@ impl Span {
         }
     }
 
-    fn start(parent: &Context, name: String, kind: SpanKind, attributes: Vec<KeyValue>) -> Span {
+    /// The span `describe` says under `parent`; `describe` runs only when traces are on.
+    fn start(parent: impl FnOnce() -> Context, describe: impl FnOnce() -> SpanStart) -> Span {
         let Some(tracing) = TRACING.get() else {
             return Span::off();
         };
+        let (
+            parent,
+            SpanStart {
+                name,
+                kind,
+                attributes,
+            },
+        ) = (parent(), describe());
         let span = tracing.tracer.build_with_context(
             opentelemetry::trace::SpanBuilder::from_name(name)
                 .with_kind(kind)
                 .with_attributes(attributes),
-            parent,
+            &parent,
         );
         Span {
             context: parent.with_span(span),
@@ -156,8 +167,8 @@ impl Span {
     }
 
     /// A span under this one.
-    pub(crate) fn child(&self, name: String, kind: SpanKind, attributes: Vec<KeyValue>) -> Span {
-        Span::start(&self.context, name, kind, attributes)
+    pub(crate) fn child(&self, describe: impl FnOnce() -> SpanStart) -> Span {
+        Span::start(|| self.context.clone(), describe)
     }
 
     pub(crate) fn set(&self, key: &'static str, value: impl Into<Value>) {
@@ -242,18 +253,11 @@ fn parent_of(traceparent: Option<&str>) -> Context {
     TraceContextPropagator::new().extract(&carrier)
 }
 
-/// A span whose parent is `traceparent` (an incoming request's, or the one stored with an
-/// event), or the root of a new trace without one.
-pub(crate) fn span_under(
-    traceparent: Option<&str>,
-    name: String,
-    kind: SpanKind,
-    attributes: Vec<KeyValue>,
-) -> Span {
-    if TRACING.get().is_none() {
-        return Span::off();
-    }
-    Span::start(&parent_of(traceparent), name, kind, attributes)
+/// The span `describe` says, whose parent is `traceparent` (an incoming request's, or the one
+/// stored with an event), or the root of a new trace without one. With traces off nothing is
+/// made: not even the attributes.
+pub(crate) fn span_under(traceparent: Option<&str>, describe: impl FnOnce() -> SpanStart) -> Span {
+    Span::start(|| parent_of(traceparent), describe)
 }
 
 /// Counts what the collector took and what it did not, and says so in the journal at most once

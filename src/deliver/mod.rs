@@ -12,7 +12,7 @@ pub(crate) mod body;
 use opentelemetry::KeyValue;
 use opentelemetry::trace::SpanKind;
 
-use crate::telemetry::{self, Span};
+use crate::telemetry::{self, SpanStart};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -183,7 +183,9 @@ impl Deliverer {
             .route(&delivery.route)
             .map_or(DeliverSettings::Log, |route| route.deliver.clone());
         let attempt = delivery.attempts + 1;
-        let span = attempt_span(&delivery, &settings, attempt);
+        let span = telemetry::span_under(delivery.trace_parent.as_deref(), || {
+            attempt_span(&delivery, &settings, attempt)
+        });
         let result = match &settings {
             DeliverSettings::Log => {
                 tracing::info!(result = %delivery.body, "turn result");
@@ -336,10 +338,7 @@ impl Deliverer {
 }
 
 /// The span of one delivery attempt, in its event's trace: `deliver <route>`.
-fn attempt_span(delivery: &PendingDelivery, settings: &DeliverSettings, attempt: u32) -> Span {
-    if !telemetry::enabled() {
-        return Span::off();
-    }
+fn attempt_span(delivery: &PendingDelivery, settings: &DeliverSettings, attempt: u32) -> SpanStart {
     let mut attributes = vec![
         KeyValue::new("agentgate.route", delivery.route.clone()),
         KeyValue::new("agentgate.event.id", delivery.event_id.clone()),
@@ -355,12 +354,11 @@ fn attempt_span(delivery: &PendingDelivery, settings: &DeliverSettings, attempt:
         }
         DeliverSettings::Command { .. } | DeliverSettings::Log => SpanKind::Internal,
     };
-    telemetry::span_under(
-        delivery.trace_parent.as_deref(),
-        format!("deliver {}", delivery.route),
+    SpanStart {
+        name: format!("deliver {}", delivery.route),
         kind,
         attributes,
-    )
+    }
 }
 
 /// Runs a `command` delivery with the result on stdin. The whole attempt is bounded: a command

@@ -403,7 +403,7 @@ impl Ingress {
 /// The `SERVER` span of a request to a webhook route (none for other paths), under the sender's
 /// `traceparent` when it sent one.
 fn request_span<B>(request: &Request<B>, route: &str) -> telemetry::Span {
-    if route.is_empty() || !telemetry::enabled() {
+    if route.is_empty() {
         return telemetry::Span::off();
     }
     let parent = request
@@ -411,17 +411,16 @@ fn request_span<B>(request: &Request<B>, route: &str) -> telemetry::Span {
         .get(telemetry::TRACEPARENT)
         .and_then(|value| value.to_str().ok());
     let (method, path) = (request.method().as_str(), request.uri().path());
-    telemetry::span_under(
-        parent,
-        format!("{method} {path}"),
-        SpanKind::Server,
-        vec![
+    telemetry::span_under(parent, || telemetry::SpanStart {
+        name: format!("{method} {path}"),
+        kind: SpanKind::Server,
+        attributes: vec![
             KeyValue::new("http.request.method", method.to_string()),
             KeyValue::new("http.route", path.to_string()),
             KeyValue::new("url.path", path.to_string()),
             KeyValue::new("agentgate.route", route.to_string()),
         ],
-    )
+    })
 }
 
 /// The route at the request's path, which takes POST only.

@@ -91,8 +91,6 @@ struct Running<'a> {
     started: Instant,
     /// `invoke_agent <route>`, the parent of the turn's model requests and tool calls.
     span: &'a Span,
-    /// The model its requests ask for, as spans name it.
-    model: String,
 }
 
 impl TurnContext {
@@ -101,8 +99,7 @@ impl TurnContext {
         let started = Instant::now();
         let event = &turn.event;
         let settings = self.settings.get();
-        let model = spans::requested_model(&settings.config.model);
-        let span = spans::turn_span(&turn, &model);
+        let span = spans::turn_span(&turn, &settings.config.model);
         let progress = TurnProgress {
             steps: 0,
             started,
@@ -141,7 +138,6 @@ impl TurnContext {
             control,
             started,
             span: &span,
-            model,
         };
         running.drive().await;
     }
@@ -423,7 +419,7 @@ impl Running<'_> {
                     key,
                 } => {
                     let span = catalog.get(&name).map_or_else(Span::off, |tool| {
-                        spans::tool_span(self.span, tool, &call_id, &arguments.to_string())
+                        spans::tool_span(self.span, tool, &call_id, &arguments)
                     });
                     let input = self
                         .run_tool(catalog, call_id, &name, &arguments, &key, &span)
@@ -547,7 +543,7 @@ impl Running<'_> {
         let model = &self.context.model;
         let mut outage: Option<(Instant, Duration)> = None;
         loop {
-            let span = spans::chat_span(self.span, &self.model);
+            let span = spans::chat_span(self.span, &self.settings.config.model);
             span.content("gen_ai.input.messages", || {
                 serde_json::to_string(messages).unwrap_or_default()
             });

@@ -12,41 +12,39 @@ use crate::agent::model::Reply;
 use crate::config::{ModelBackend, ModelSettings};
 use crate::session::turn::Input;
 use crate::store::{ApprovalRow, ClaimedTurn, Store};
-use crate::telemetry::{self, Span};
+use crate::telemetry::{self, Span, SpanStart};
 
 /// The model a request asks for, as spans name it.
-pub(super) fn requested_model(settings: &ModelSettings) -> String {
+fn requested_model(settings: &ModelSettings) -> &str {
     match &settings.backend {
-        ModelBackend::OpenAi { model, .. } => model.clone(),
-        ModelBackend::Command { .. } => "command".to_string(),
-        ModelBackend::Replay { .. } => "replay".to_string(),
+        ModelBackend::OpenAi { model, .. } => model,
+        ModelBackend::Command { .. } => "command",
+        ModelBackend::Replay { .. } => "replay",
     }
 }
 
 /// `invoke_agent <route>`: the turn, in its event's trace. A turn that runs again (resumed after
 /// a crash or a drain, or after an approval) is another span of the same trace.
-pub(super) fn turn_span(turn: &ClaimedTurn, model: &str) -> Span {
-    if !telemetry::enabled() {
-        return Span::off();
-    }
+pub(super) fn turn_span(turn: &ClaimedTurn, model: &ModelSettings) -> Span {
     let event = &turn.event;
-    let mut attributes = vec![
-        KeyValue::new("gen_ai.operation.name", "invoke_agent"),
-        KeyValue::new("gen_ai.agent.name", event.route.clone()),
-        KeyValue::new("gen_ai.conversation.id", event.session_key.clone()),
-        KeyValue::new("gen_ai.request.model", model.to_string()),
-        KeyValue::new("agentgate.event.id", event.id.clone()),
-        KeyValue::new("agentgate.turn.id", turn.turn_id.clone()),
-    ];
-    if let Some(continues) = turn.continues {
-        attributes.push(KeyValue::new("agentgate.turn.continues", continues.label()));
-    }
-    telemetry::span_under(
-        event.trace_parent.as_deref(),
-        format!("invoke_agent {}", event.route),
-        SpanKind::Internal,
-        attributes,
-    )
+    telemetry::span_under(event.trace_parent.as_deref(), || {
+        let mut attributes = vec![
+            KeyValue::new("gen_ai.operation.name", "invoke_agent"),
+            KeyValue::new("gen_ai.agent.name", event.route.clone()),
+            KeyValue::new("gen_ai.conversation.id", event.session_key.clone()),
+            KeyValue::new("gen_ai.request.model", requested_model(model).to_string()),
+            KeyValue::new("agentgate.event.id", event.id.clone()),
+            KeyValue::new("agentgate.turn.id", turn.turn_id.clone()),
+        ];
+        if let Some(continues) = turn.continues {
+            attributes.push(KeyValue::new("agentgate.turn.continues", continues.label()));
+        }
+        SpanStart {
+            name: format!("invoke_agent {}", event.route),
+            kind: SpanKind::Internal,
+            attributes,
+        }
+    })
 }
 
 /// Records the turn's span with its turn, and links the span to the earlier run of the event it
@@ -68,18 +66,18 @@ pub(super) async fn record_turn_span(store: &Store, turn: &ClaimedTurn, span: &S
 }
 
 /// `chat <model>`: one model request.
-pub(super) fn chat_span(turn: &Span, model: &str) -> Span {
-    if !telemetry::enabled() {
-        return Span::off();
-    }
-    turn.child(
-        format!("chat {model}"),
-        SpanKind::Client,
-        vec![
-            KeyValue::new("gen_ai.operation.name", "chat"),
-            KeyValue::new("gen_ai.request.model", model.to_string()),
-        ],
-    )
+pub(super) fn chat_span(turn: &Span, model: &ModelSettings) -> Span {
+    turn.child(|| {
+        let model = requested_model(model);
+        SpanStart {
+            name: format!("chat {model}"),
+            kind: SpanKind::Client,
+            attributes: vec![
+                KeyValue::new("gen_ai.operation.name", "chat"),
+                KeyValue::new("gen_ai.request.model", model.to_string()),
+            ],
+        }
+    })
 }
 
 /// What a model reply says of itself: who answered and what it cost.
@@ -105,32 +103,33 @@ pub(super) fn record_reply(span: &Span, reply: &Reply) {
 }
 
 /// `execute_tool <tool>`: one tool call; an MCP tool's span carries the `mcp.*` attributes.
-pub(super) fn tool_span(turn: &Span, tool: &OfferedTool, call_id: &str, arguments: &str) -> Span {
-    if !telemetry::enabled() {
-        return Span::off();
-    }
-    let mut attributes = vec![
-        KeyValue::new("gen_ai.operation.name", "execute_tool"),
-        KeyValue::new("gen_ai.tool.name", tool.name.clone()),
-        KeyValue::new("gen_ai.tool.call.id", call_id.to_string()),
-        KeyValue::new("gen_ai.tool.type", "function"),
-    ];
-    match &tool.runs {
-        Runs::Mcp { connection, tool } => {
-            attributes.push(KeyValue::new("mcp.method.name", "tools/call"));
-            attributes.push(KeyValue::new(
-                "agentgate.mcp.server",
-                connection.server.clone(),
-            ));
-            attributes.push(KeyValue::new("agentgate.mcp.tool", tool.clone()));
+pub(super) fn tool_span(
+    turn: &Span,
+    tool: &OfferedTool,
+    call_id: &str,
+    arguments: &serde_json::Value,
+) -> Span {
+    let span = turn.child(|| {
+        let mut attributes = vec![
+            KeyValue::new("gen_ai.operation.name", "execute_tool"),
+            KeyValue::new("gen_ai.tool.name", tool.name.clone()),
+            KeyValue::new("gen_ai.tool.call.id", call_id.to_string()),
+            KeyValue::new("gen_ai.tool.type", "function"),
+        ];
+        match &tool.runs {
+            Runs::Mcp { connection, tool } => attributes.extend([
+                KeyValue::new("mcp.method.name", "tools/call"),
+                KeyValue::new("agentgate.mcp.server", connection.server.clone()),
+                KeyValue::new("agentgate.mcp.tool", tool.clone()),
+            ]),
+            Runs::Command(_) => {}
         }
-        Runs::Command(_) => {}
-    }
-    let span = turn.child(
-        format!("execute_tool {}", tool.name),
-        SpanKind::Internal,
-        attributes,
-    );
+        SpanStart {
+            name: format!("execute_tool {}", tool.name),
+            kind: SpanKind::Internal,
+            attributes,
+        }
+    });
     span.content("gen_ai.tool.call.arguments", || arguments.to_string());
     span
 }
