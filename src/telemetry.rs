@@ -230,16 +230,10 @@ const CONTENT_MAX: usize = 8 * 1024;
 
 /// `text` cut to [`CONTENT_MAX`] bytes at a character boundary, saying how much was left out.
 fn bounded(mut text: String) -> String {
-    if text.len() <= CONTENT_MAX {
-        return text;
+    let left_out = crate::untrusted::cut(&mut text, CONTENT_MAX);
+    if left_out > 0 {
+        text.push_str(&format!("… [{left_out} more bytes]"));
     }
-    let mut end = CONTENT_MAX;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    let left_out = text.len() - end;
-    text.truncate(end);
-    text.push_str(&format!("… [{left_out} more bytes]"));
     text
 }
 

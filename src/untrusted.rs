@@ -10,6 +10,21 @@
 //! show`) and bidirectional overrides and zero-width characters (which make text read
 //! differently from what it is).
 
+/// Cuts `text` to at most `max_bytes`, at a character boundary; returns how many bytes were
+/// left out (0: none). The caller marks the cut in its own words.
+pub(crate) fn cut(text: &mut String, max_bytes: usize) -> usize {
+    if text.len() <= max_bytes {
+        return 0;
+    }
+    let mut end = max_bytes;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let left_out = text.len() - end;
+    text.truncate(end);
+    left_out
+}
+
 /// Bidirectional overrides and isolates, and zero-width characters: they make text display
 /// differently from what it is.
 pub(crate) fn is_invisible_format(c: char) -> bool {

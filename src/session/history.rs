@@ -97,16 +97,11 @@ fn message_bytes(message: &Message) -> usize {
 /// Cuts a message's text to `max_bytes` (at a character boundary) with a marker that says how
 /// much was left out.
 pub(crate) fn bounded(mut message: Message, max_bytes: usize) -> Message {
-    if let Some(text) = &mut message.content
-        && text.len() > max_bytes
-    {
-        let mut end = max_bytes;
-        while !text.is_char_boundary(end) {
-            end -= 1;
+    if let Some(text) = &mut message.content {
+        let left_out = crate::untrusted::cut(text, max_bytes);
+        if left_out > 0 {
+            text.push_str(&format!("\n[agentgate: {left_out} more bytes cut here]"));
         }
-        let left_out = text.len() - end;
-        text.truncate(end);
-        text.push_str(&format!("\n[agentgate: {left_out} more bytes cut here]"));
     }
     message
 }
