@@ -152,15 +152,4 @@ pub(super) fn no_daemon_for_unreadable_state() -> Failure {
     )
 }
 
-/// `%XX`-encodes a session key for a control path segment (`acme/web#7` → `acme%2Fweb%237`).
-pub(super) fn path_segment(text: &str) -> String {
-    text.bytes()
-        .map(|byte| {
-            if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'_' | b'.' | b'~') {
-                char::from(byte).to_string()
-            } else {
-                format!("%{byte:02X}")
-            }
-        })
-        .collect()
-}
+pub(super) use crate::ingress::query::path_segment;

@@ -14,8 +14,8 @@ use http::{HeaderValue, Response, StatusCode};
 use http_body_util::Full;
 use minijinja::{AutoEscape, Environment, Value, context};
 
-use super::control::{Control, ControlError};
-use super::query::{Query, page, percent_decode};
+use super::control::{Control, ControlError, no_event, no_session};
+use super::query::{Query, page, path_segment, percent_decode};
 use super::response::{HttpResponse, error};
 
 /// The pages, by template name, embedded in the binary.
@@ -46,7 +46,7 @@ static PAGES: LazyLock<Environment<'static>> = LazyLock::new(|| {
     pages.add_filter("pretty", |value: Value| {
         serde_json::to_string_pretty(&value).unwrap_or_default()
     });
-    pages.add_filter("urlencode", path_segment);
+    pages.add_filter("urlencode", |text: String| path_segment(&text));
     for (name, source) in TEMPLATES {
         // Fixed at build time; the unit test renders every page, so one that does not parse
         // fails the build's tests, not a request.
@@ -102,27 +102,22 @@ async fn sessions(control: &Control, query: &Query) -> Result<HttpResponse, Cont
 }
 
 async fn session(control: &Control, key: &str) -> Result<HttpResponse, ControlError> {
-    let Some(session) = control.store.session(key).await? else {
-        return Ok(missing("no_session", &format!("no session {key:?}")));
-    };
-    let transcript = crate::session::transcript(&control.store, key).await?;
-    Ok(render("session.html", context! { session, transcript }))
+    Ok(match control.session_document(key).await? {
+        Some(document) => render("session.html", Value::from_serialize(&document)),
+        None => no_session(key),
+    })
 }
 
 async fn event(control: &Control, id: &str) -> Result<HttpResponse, ControlError> {
-    let Some(event) = control.store.event(id).await? else {
-        return Ok(missing("no_event", &format!("no event {id:?}")));
-    };
-    Ok(render("event.html", context! { event }))
+    Ok(match control.event_detail(id).await? {
+        Some(event) => render("event.html", context! { event }),
+        None => no_event(id),
+    })
 }
 
 async fn approvals(control: &Control) -> Result<HttpResponse, ControlError> {
     let approvals = control.store.approvals(true, APPROVALS_SHOWN).await?;
     Ok(render("approvals.html", context! { approvals }))
-}
-
-fn missing(code: &'static str, message: &str) -> HttpResponse {
-    error(StatusCode::NOT_FOUND, code, message)
 }
 
 /// The page `name` with `values`.
@@ -166,20 +161,6 @@ fn with_headers(body: String, content_type: &'static str) -> HttpResponse {
     response
 }
 
-/// `text` as one URL path segment: every byte but the unreserved ones percent-encoded (a
-/// session key such as `acme/web#7` holds `/` and `#`).
-fn path_segment(text: String) -> String {
-    let mut encoded = String::with_capacity(text.len());
-    for byte in text.bytes() {
-        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
-            encoded.push(char::from(byte));
-        } else {
-            encoded.push_str(&format!("%{byte:02X}"));
-        }
-    }
-    encoded
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -203,11 +184,5 @@ mod tests {
         assert!(html.contains("&lt;script&gt;"), "{html}");
         assert!(!html.contains("<script>"), "{html}");
         assert!(html.contains("/console/sessions/%3Cscript%3Ealert%281%29%3C%2Fscript%3E"));
-    }
-
-    #[test]
-    fn a_session_key_is_one_path_segment() {
-        assert_eq!(path_segment("acme/web#7".into()), "acme%2Fweb%237");
-        assert_eq!(path_segment("a b".into()), "a%20b");
     }
 }

@@ -31,7 +31,9 @@ use crate::metrics;
 use crate::operator::OperatorAction;
 use crate::session::Sessions;
 use crate::store::approval::Verdict;
-use crate::store::{EventFilter, EventStatus, SessionState, StatusSummary, Store, StoreError};
+use crate::store::{
+    EventDetail, EventFilter, EventStatus, SessionState, StatusSummary, Store, StoreError,
+};
 
 /// Why the control socket could not answer a request (503).
 #[derive(Debug, thiserror::Error)]
@@ -237,19 +239,28 @@ impl Control {
 
     /// `GET /v1/sessions/{key}`: the session and its transcript, as `sessions show --json`.
     async fn session(&self, key: &str) -> Result<HttpResponse, ControlError> {
+        Ok(match self.session_document(key).await? {
+            Some(document) => json_response(StatusCode::OK, &json!(document)),
+            None => no_session(key),
+        })
+    }
+
+    /// One session with its transcript and what it spent, priced (`GET /v1/sessions/{key}`
+    /// and the console's session page).
+    pub(super) async fn session_document(
+        &self,
+        key: &str,
+    ) -> Result<Option<SessionDocument>, ControlError> {
         let Some(mut session) = self.store.session(key).await? else {
-            return Ok(no_session(key));
+            return Ok(None);
         };
         let price = self.settings.get().config.model.price;
         session.usage = session.usage.map(|usage| usage.priced(price.as_ref()));
         let transcript = crate::session::transcript(&self.store, key).await?;
-        Ok(json_response(
-            StatusCode::OK,
-            &json!(SessionDocument {
-                session,
-                transcript
-            }),
-        ))
+        Ok(Some(SessionDocument {
+            session,
+            transcript,
+        }))
     }
 
     /// `GET /v1/usage?since=MS[&route=R]`: `agentgate usage --json` from the first UTC day of
@@ -276,18 +287,21 @@ impl Control {
 
     /// `GET /v1/events/{id}`: the event as `events show --json` shows it; `404` if unknown.
     async fn event(&self, id: &str) -> Result<HttpResponse, ControlError> {
-        match self.store.event(id).await? {
-            Some(mut detail) => {
-                let price = self.settings.get().config.model.price;
-                detail.usage = detail.usage.priced(price.as_ref());
-                Ok(json_response(StatusCode::OK, &json!(detail)))
-            }
-            None => Ok(error(
-                StatusCode::NOT_FOUND,
-                "no_event",
-                &format!("no event {id:?}"),
-            )),
-        }
+        Ok(match self.event_detail(id).await? {
+            Some(detail) => json_response(StatusCode::OK, &json!(detail)),
+            None => no_event(id),
+        })
+    }
+
+    /// One event with its turns, delivery and what it spent, priced (`GET /v1/events/{id}`
+    /// and the console's event page).
+    pub(super) async fn event_detail(&self, id: &str) -> Result<Option<EventDetail>, ControlError> {
+        let Some(mut detail) = self.store.event(id).await? else {
+            return Ok(None);
+        };
+        let price = self.settings.get().config.model.price;
+        detail.usage = detail.usage.priced(price.as_ref());
+        Ok(Some(detail))
     }
 
     /// `GET /v1/events[?status=S][&route=R][&session=KEY][&limit=N][&before=ID]`: a page of
@@ -484,7 +498,15 @@ fn not_found(method: &Method, path: &str) -> HttpResponse {
     )
 }
 
-fn no_session(key: &str) -> HttpResponse {
+pub(super) fn no_event(id: &str) -> HttpResponse {
+    error(
+        StatusCode::NOT_FOUND,
+        "no_event",
+        &format!("no event {id:?}"),
+    )
+}
+
+pub(super) fn no_session(key: &str) -> HttpResponse {
     error(
         StatusCode::NOT_FOUND,
         "no_session",

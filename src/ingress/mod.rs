@@ -15,7 +15,7 @@ mod console;
 pub(crate) mod control;
 mod http;
 mod payload;
-mod query;
+pub(crate) mod query;
 mod ratelimit;
 mod response;
 pub(crate) mod standby;

@@ -1,5 +1,5 @@
-//! What the control socket's answers share: a request's query parameters, pages of rows with
-//! their next cursor, and percent-decoded path segments.
+//! What the control socket's answers and its clients share: a request's query parameters, pages
+//! of rows with their next cursor, and path segments encoded and decoded.
 
 use http::StatusCode;
 
@@ -62,6 +62,20 @@ pub(super) fn page<T>(
     (rows, next)
 }
 
+/// `%XX`-encodes a session key for a control path segment (`acme/web#7` → `acme%2Fweb%237`):
+/// every byte but the unreserved ones; [`percent_decode`] reads it back.
+pub(crate) fn path_segment(text: &str) -> String {
+    text.bytes()
+        .map(|byte| {
+            if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'_' | b'.' | b'~') {
+                char::from(byte).to_string()
+            } else {
+                format!("%{byte:02X}")
+            }
+        })
+        .collect()
+}
+
 /// Decodes `%XX` escapes (session keys such as `acme/web#7` travel as `acme%2Fweb%237`).
 pub(super) fn percent_decode(text: &str) -> String {
     let bytes = text.as_bytes();
@@ -82,4 +96,15 @@ pub(super) fn percent_decode(text: &str) -> String {
         }
     }
     String::from_utf8_lossy(&decoded).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_session_key_is_one_path_segment() {
+        assert_eq!(path_segment("acme/web#7"), "acme%2Fweb%237");
+        assert_eq!(path_segment("a b"), "a%20b");
+    }
 }
