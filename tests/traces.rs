@@ -418,14 +418,14 @@ fn captured_content_is_bounded_and_holds_no_secret() {
 }
 
 /// `[telemetry]` and `[console]` are checked: a collector that is not an http(s) URL, a share
-/// outside 0..1 and a console on TCP without a token are errors; a console on TCP with a token
-/// is accepted with a warning that this version serves it on the control socket only.
+/// outside 0..1, a console on TCP without a token and a trace link without `{trace_id}` are
+/// errors; a console on a public address or with a short token is accepted with a warning.
 #[test]
 fn check_config_checks_telemetry_and_console() {
     let workspace = Workspace::new();
     workspace.write_config(
         "[telemetry]\notlp_endpoint = \"collector:4318\"\nsample_ratio = 1.5\n\n\
-         [console]\nlisten = \"127.0.0.1:8788\"\n",
+         [console]\nlisten = \"127.0.0.1:8788\"\ntrace_url = \"http://jaeger:16686/trace/\"\n",
     );
     let checked = workspace.cli(&["check-config"]);
     let said = String::from_utf8_lossy(&checked.stdout);
@@ -434,15 +434,19 @@ fn check_config_checks_telemetry_and_console() {
         "telemetry.otlp_endpoint",
         "telemetry.sample_ratio",
         "console.listen",
+        "console.trace_url",
     ] {
         assert!(said.contains(key), "{key}: {said}");
     }
     workspace.write_config(
         "[telemetry]\notlp_endpoint = \"http://127.0.0.1:4318\"\nsample_ratio = 0.25\n\n\
-         [console]\nenabled = true\nlisten = \"127.0.0.1:8788\"\ntoken = \"a-console-token\"\n",
+         [console]\nenabled = true\nlisten = \"0.0.0.0:8788\"\ntoken = \"short\"\n\
+         trace_url = \"http://127.0.0.1:16686/trace/{trace_id}\"\n",
     );
     let checked = workspace.cli(&["check-config"]);
     let said = String::from_utf8_lossy(&checked.stdout);
     assert_eq!(checked.status.code(), Some(0), "{checked:?}");
-    assert!(said.contains("on the control socket only"), "{said}");
+    assert!(said.contains("not a loopback address"), "{said}");
+    assert!(said.contains("shorter than 16"), "{said}");
+    assert!(!said.contains("console.trace_url"), "{said}");
 }

@@ -340,11 +340,11 @@ pub(super) fn sessions_follow(source: &ConfigSource, key: &str) -> Result<(), Fa
     }
     let mut last_seq = i64::MIN;
     loop {
-        let rows = state
-            .query(async |store| crate::session::transcript(store, key).await)?
-            .unwrap_or_default();
         let seen = last_seq;
-        for row in rows.iter().filter(|row| row.seq > seen) {
+        let rows = state
+            .query(async |store| crate::session::transcript(store, key, seen).await)?
+            .unwrap_or_default();
+        for row in &rows {
             outln!("{}", render_entry(&row.body));
             last_seq = row.seq;
         }

@@ -266,7 +266,7 @@ pub(super) fn sessions_show(source: &ConfigSource, key: &str, json: bool) -> Res
         let found = state.query(async |store| {
             Ok((
                 store.session(key).await?,
-                crate::session::transcript(store, key).await?,
+                crate::session::transcript(store, key, i64::MIN).await?,
             ))
         })?;
         let Some((Some(mut session), transcript)) = found else {

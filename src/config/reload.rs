@@ -62,7 +62,25 @@ pub(crate) fn list_changes(old: &Config, new: &Config, report: &mut ReloadReport
     compare("model", old.model != new.model, false);
     // The exporter is set up once per process.
     compare("telemetry", old.telemetry != new.telemetry, false);
-    compare("console", old.console != new.console, true);
+    // The console's listener is bound once per process; its pages read the rest live.
+    compare(
+        "console.listen",
+        old.console.listen != new.console.listen,
+        false,
+    );
+    compare(
+        "console (enabled, token, trace_url)",
+        (
+            old.console.enabled,
+            &old.console.token,
+            &old.console.trace_url,
+        ) != (
+            new.console.enabled,
+            &new.console.token,
+            &new.console.trace_url,
+        ),
+        true,
+    );
     compare("store.retention", old.retention != new.retention, true);
     // Every `[runtime]` key is read from the settings in effect where it is used (the
     // scheduler's claim, the drain, the resumes, each turn and request), never kept from the

@@ -33,8 +33,33 @@ pub(crate) struct Config {
     pub budgets: BudgetLimits,
     /// `[telemetry]`: where traces go.
     pub telemetry: TelemetrySettings,
-    /// `[console] enabled`: the web console's pages on the control socket.
-    pub console: bool,
+    /// `[console]`: the web console.
+    pub console: ConsoleSettings,
+}
+
+/// `[console]` (docs/reference.md, "Console").
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ConsoleSettings {
+    /// The pages are served (on the control socket, and on `listen`).
+    pub enabled: bool,
+    /// Also served on this TCP address, to a browser that presents `token`.
+    pub listen: Option<SocketAddr>,
+    /// What a browser presents on `listen`; never needed on the control socket.
+    pub token: Option<Secret>,
+    /// Where an event's trace is shown: a URL with `{trace_id}` in it.
+    pub trace_url: Option<String>,
+}
+
+/// What `console.trace_url` has replaced by an event's trace id.
+pub(crate) const TRACE_ID: &str = "{trace_id}";
+
+impl ConsoleSettings {
+    /// The link to the trace `trace_id` (W3C: hex digits), when `trace_url` is set.
+    pub(crate) fn trace_link(&self, trace_id: &str) -> Option<String> {
+        let template = self.trace_url.as_ref()?;
+        let hex = !trace_id.is_empty() && trace_id.bytes().all(|b| b.is_ascii_hexdigit());
+        hex.then(|| template.replace(TRACE_ID, trace_id))
+    }
 }
 
 /// `[telemetry]` (docs/reference.md, "Traces").

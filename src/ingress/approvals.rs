@@ -105,7 +105,7 @@ async fn decision_note(
 
 /// The answer to a decision: `200` with the decided request, `404` for an unknown one, `409`
 /// when it is no longer pending (decided before, expired, or its tool is gone).
-fn answer(id: &str, outcome: Outcome) -> HttpResponse {
+pub(super) fn answer(id: &str, outcome: Outcome) -> HttpResponse {
     match outcome {
         Outcome::Decided(Decided::Taken(row)) => json_response(StatusCode::OK, &json!(row)),
         Outcome::Decided(Decided::Unknown) => no_approval(id),

@@ -21,11 +21,13 @@ use super::api::{
 };
 use super::capacity::Capacity;
 use super::connection::Stream;
+use super::console::{ConsoleBody, ConsoleState, Door, boxed};
 use super::query::{Query, page, percent_decode};
 use super::response::{HttpResponse, error, json_response};
 use crate::agent::catalog;
 use crate::agent::mcp::McpServers;
 use crate::config::{ReloadReport, ServerSettings, Settings, Shared};
+use crate::deliver::DeliveryHandle;
 use crate::logging;
 use crate::metrics;
 use crate::operator::OperatorAction;
@@ -58,6 +60,10 @@ pub(crate) struct Control {
     pub settings: Arc<Shared<Settings>>,
     pub capacity: Arc<Capacity>,
     pub mcp: Arc<McpServers>,
+    /// Rung when the console queues a failed delivery again.
+    pub deliveries: DeliveryHandle,
+    /// The console's form key and live transcripts.
+    pub console: ConsoleState,
     /// To the daemon's signal loop, which carries out reloads one at a time.
     pub reload_requests: mpsc::Sender<ReloadRequest>,
     /// Where `agentgate send` reaches the webhook listener from this machine (its address, an
@@ -78,12 +84,6 @@ impl Control {
         let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
         let result = match (&method, segments.as_slice()) {
             (&Method::GET, ["metrics"]) => self.metrics().await,
-            (&Method::GET, ["console", rest @ ..]) if self.settings.get().config.console => {
-                match self.console(rest, request.uri().query()).await {
-                    Some(page) => page,
-                    None => Ok(not_found(&method, &path)),
-                }
-            }
             (&Method::GET, ["v1", "status"]) => self.status().await,
             (&Method::GET, ["v1", "sessions"]) => self.sessions(request.uri().query()).await,
             (&Method::GET, ["v1", "events"]) => self.events(request.uri().query()).await,
@@ -256,7 +256,7 @@ impl Control {
         };
         let price = self.settings.get().config.model.price;
         session.usage = session.usage.map(|usage| usage.priced(price.as_ref()));
-        let transcript = crate::session::transcript(&self.store, key).await?;
+        let transcript = crate::session::transcript(&self.store, key, i64::MIN).await?;
         Ok(Some(SessionDocument {
             session,
             transcript,
@@ -392,7 +392,7 @@ impl Control {
 
     /// `POST /v1/sessions/{key}/{resume|suspend|cancel}`: the daemon acts at once, logs the
     /// action with its `MESSAGE_ID` and counts it.
-    async fn operator_action(
+    pub(super) async fn operator_action(
         &self,
         key: &str,
         action: OperatorAction,
@@ -414,13 +414,13 @@ impl Control {
         if action == OperatorAction::Resume {
             tracing::info!(
                 message_id = logging::MESSAGE_OPERATOR_RESUMED,
-                session_key = %key, previous_state = %previous,
+                session_key = %key, previous_state = %previous, actor = %peer,
                 "session resumed by the operator; its ledger entry is cleared and its interrupted event runs again"
             );
         } else {
             tracing::warn!(
                 message_id = logging::MESSAGE_OPERATOR_SUSPENDED,
-                session_key = %key, previous_state = %previous,
+                session_key = %key, previous_state = %previous, actor = %peer,
                 "session suspended by the operator; no turn of it starts until it is resumed"
             );
         }
@@ -467,7 +467,7 @@ impl Control {
         metrics::operator_action(OperatorAction::Cancel);
         tracing::warn!(
             message_id = logging::MESSAGE_OPERATOR_CANCELLED,
-            session_key = %key, turn_id = %turn_id,
+            session_key = %key, turn_id = %turn_id, actor = %peer,
             "running turn cancelled by the operator; its tools are killed and its event ends failed"
         );
         let ended = tokio::time::timeout(CANCEL_WAIT, ended.cancelled())
@@ -490,7 +490,7 @@ impl Control {
     }
 }
 
-fn not_found(method: &Method, path: &str) -> HttpResponse {
+pub(super) fn not_found(method: &Method, path: &str) -> HttpResponse {
     error(
         StatusCode::NOT_FOUND,
         "not_found",
@@ -514,7 +514,6 @@ pub(super) fn no_session(key: &str) -> HttpResponse {
     )
 }
 
-/// Serves the control socket until `shutdown`.
 /// A listener the control endpoints are served on.
 enum ControlListener {
     /// The control socket: every endpoint, governed by the socket file's permissions.
@@ -522,6 +521,8 @@ enum ControlListener {
     /// `[server] metrics_listen`: `GET /metrics` alone, since Prometheus cannot scrape a Unix
     /// socket and the operator endpoints must stay behind the socket's permissions.
     Metrics(tokio::net::TcpListener),
+    /// `[console] listen`: the console alone, to a browser logged in with the console token.
+    Console(tokio::net::TcpListener),
 }
 
 impl ControlListener {
@@ -536,10 +537,11 @@ impl ControlListener {
         match self {
             ControlListener::Socket(_) => "control",
             ControlListener::Metrics(_) => "metrics",
+            ControlListener::Console(_) => "console",
         }
     }
 
-    /// The next connection, with its peer's Unix user (the metrics listener has none).
+    /// The next connection, with its peer's Unix user (the TCP listeners have none).
     async fn accept(&self) -> std::io::Result<(Box<dyn Stream>, String)> {
         Ok(match self {
             ControlListener::Socket(listener) => {
@@ -547,10 +549,42 @@ impl ControlListener {
                 let peer = peer_user(&stream);
                 (Box::new(stream), peer)
             }
-            ControlListener::Metrics(listener) => {
+            ControlListener::Metrics(listener) | ControlListener::Console(listener) => {
                 (Box::new(listener.accept().await?.0), String::new())
             }
         })
+    }
+}
+
+/// What a listener serves.
+#[derive(Debug, Clone, Copy)]
+enum Serves {
+    Everything,
+    Metrics,
+    Console,
+}
+
+impl Control {
+    /// Answers one request on a listener that serves `serves`.
+    async fn serve(
+        &self,
+        request: Request<hyper::body::Incoming>,
+        peer: &str,
+        serves: Serves,
+    ) -> http::Response<ConsoleBody> {
+        let path = request.uri().path();
+        let console = path == "/console" || path.starts_with("/console/");
+        let metrics = request.method() == Method::GET && path == "/metrics";
+        match serves {
+            Serves::Everything if console => self.console_request(request, Door::Socket).await,
+            Serves::Console if console => self.console_request(request, Door::Listen).await,
+            Serves::Console if path == "/" => boxed(super::console::see_other("/console/")),
+            Serves::Everything => boxed(self.answer(request, peer).await),
+            Serves::Metrics if metrics => boxed(self.answer(request, peer).await),
+            Serves::Metrics | Serves::Console => {
+                boxed(not_found(request.method(), request.uri().path()))
+            }
+        }
     }
 }
 
@@ -619,6 +653,18 @@ impl ControlServer {
                     "cannot listen on {addr} (server.metrics_listen); metrics are on the control socket only"),
             }
         }
+        let console = control.settings.get().config.console.clone();
+        if let Some(addr) = console.listen.filter(|_| console.token.is_some()) {
+            match tokio::net::TcpListener::bind(addr).await {
+                Ok(listener) => servers.push(ControlServer {
+                    listener: ControlListener::Console(listener),
+                    control: control.clone(),
+                    header_timeout,
+                }),
+                Err(err) => tracing::error!(error = %err,
+                    "cannot listen on {addr} (console.listen); the console is on the control socket only"),
+            }
+        }
         if let Some(socket) = socket {
             match ControlListener::socket(socket) {
                 Ok(listener) => servers.push(ControlServer {
@@ -640,7 +686,11 @@ impl ControlServer {
             control,
             header_timeout,
         } = self;
-        let metrics_only = matches!(listener, ControlListener::Metrics(_));
+        let serves = match listener {
+            ControlListener::Socket(_) => Serves::Everything,
+            ControlListener::Metrics(_) => Serves::Metrics,
+            ControlListener::Console(_) => Serves::Console,
+        };
         let mut backoff = AcceptBackoff::default();
         let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONTROL_CONNECTIONS));
         // hyper's header timer also runs while a connection waits for its next request, so it
@@ -672,16 +722,7 @@ impl ControlServer {
             let service = service_fn(move |request: Request<hyper::body::Incoming>| {
                 let control = control.clone();
                 let peer = peer.clone();
-                async move {
-                    let response = if metrics_only
-                        && !(request.method() == Method::GET && request.uri().path() == "/metrics")
-                    {
-                        not_found(request.method(), request.uri().path())
-                    } else {
-                        control.answer(request, &peer).await
-                    };
-                    Ok::<_, Infallible>(response)
-                }
+                async move { Ok::<_, Infallible>(control.serve(request, &peer, serves).await) }
             });
             let http = http.clone();
             tokio::spawn(async move {

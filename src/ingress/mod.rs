@@ -37,6 +37,7 @@ use tokio_util::sync::CancellationToken;
 pub(crate) use self::http::Ingress;
 use crate::config::{Config, ServerSettings, VerifyScheme};
 use connection::{Clocked, ConnectionClock, OpenConnections, Protocol, Stream, detect_protocol};
+pub(crate) use console::ConsoleState;
 
 /// Body parsing, for the `request` fuzz target.
 #[cfg(feature = "fuzzing")]

@@ -29,7 +29,7 @@ use crate::deliver::Deliverer;
 use crate::exit::Failure;
 use crate::ingress::capacity::{Capacity, CapacityWatch};
 use crate::ingress::control::{Control, ControlServer};
-use crate::ingress::{self, Ingress, Listeners, WebhookListener};
+use crate::ingress::{self, ConsoleState, Ingress, Listeners, WebhookListener};
 use crate::session::{BackgroundJobs, JobSlots, Scheduler, Sessions, TurnContext};
 use crate::store::Store;
 use bootstrap::Bootstrap;
@@ -207,6 +207,9 @@ impl Wired {
             settings: settings.clone(),
             capacity: capacity.clone(),
             mcp: mcp.clone(),
+            deliveries: deliverer.handle(),
+            console: ConsoleState::new()
+                .map_err(|err| Failure::runtime(format!("cannot draw the console's key: {err}")))?,
             reload_requests,
             webhook_url: webhook_addr
                 .filter(|_| server.tls.is_none())

@@ -153,6 +153,7 @@ pub(super) struct State {
     pub(super) store_writable: Gauge,
     pub(super) log_lines_skipped: Counter,
     pub(super) trace_spans: Family<OutcomeLabel, Counter>,
+    pub(super) console_refusals: Family<ReasonLabel, Counter>,
 }
 
 impl Webhooks {
@@ -428,6 +429,12 @@ impl State {
                 outcome: outcome.label().to_string(),
             });
         }
+        let console_refusals = Family::default();
+        registry.register(
+            "console_refusals",
+            "Console requests refused, by reason: host, cross_site, form_token, not_logged_in, wrong_token",
+            console_refusals.clone(),
+        );
         State {
             events,
             sessions,
@@ -436,6 +443,7 @@ impl State {
             store_writable,
             log_lines_skipped,
             trace_spans,
+            console_refusals,
         }
     }
 }

@@ -372,6 +372,17 @@ pub(crate) fn trace_spans(outcome: SpanOutcome, spans: u64) {
         .inc_by(spans);
 }
 
+/// A console request was refused for `reason` (docs/reference.md, "Console").
+pub(crate) fn console_refusal(reason: &str) {
+    METRICS
+        .state
+        .console_refusals
+        .get_or_create(&ReasonLabel {
+            reason: reason.to_string(),
+        })
+        .inc();
+}
+
 /// How an interrupted session was settled at start: the `reason` label of
 /// `agentgate_resumes_total`.
 #[derive(Debug, Clone, Copy)]
@@ -584,6 +595,7 @@ mod tests {
         resume(ResumeOutcome::Resumed(ResumeReason::Crashed));
         approval_requested("deploy");
         approval_decided("deploy", ApprovalStatus::Approved, Duration::from_secs(90));
+        console_refusal("form_token");
         let mut summary = StatusSummary::default();
         summary
             .events
@@ -618,6 +630,7 @@ mod tests {
             "# TYPE agentgate_store_writable gauge",
             "# TYPE agentgate_approval_requests_total counter",
             "# TYPE agentgate_approvals_total counter",
+            "# TYPE agentgate_console_refusals_total counter",
             "# TYPE agentgate_approvals_pending gauge",
             "# TYPE agentgate_large_body_slots_in_use gauge",
             "# TYPE agentgate_approval_decision_seconds histogram",

@@ -26,13 +26,15 @@ use tokio_util::task::TaskTracker;
 pub(crate) use jobs::{BackgroundJobs, JobSlots};
 pub(crate) use runner::TurnContext;
 
-/// A session's transcript as every reader sees it: each turn's event as the message the model
-/// saw (the store keeps a reference to the event, not a copy of its payload).
+/// A session's transcript after the entry `after_seq` (`i64::MIN`: all of it) as every reader
+/// sees it: each turn's event as the message the model saw (the store keeps a reference to the
+/// event, not a copy of its payload).
 pub(crate) async fn transcript(
     store: &Store,
     session_key: &str,
+    after_seq: i64,
 ) -> Result<Vec<crate::store::TranscriptRow>, crate::store::StoreError> {
-    let mut rows = store.transcript(session_key).await?;
+    let mut rows = store.transcript(session_key, after_seq).await?;
     prompt::resolve_event_rows(&mut rows);
     Ok(rows)
 }

@@ -303,8 +303,12 @@ pub(crate) trait Turns: Send + Sync {
         turn_id: &str,
         traceparent: &str,
     ) -> Result<Option<String>, StoreError>;
-    /// The whole transcript of a session.
-    async fn transcript(&self, session_key: &str) -> Result<Vec<TranscriptRow>, StoreError>;
+    /// A session's transcript after the entry `after_seq` (`i64::MIN`: all of it).
+    async fn transcript(
+        &self,
+        session_key: &str,
+        after_seq: i64,
+    ) -> Result<Vec<TranscriptRow>, StoreError>;
 }
 
 /// Interrupted sessions: crash marking, admission through the retry ledger.

@@ -235,7 +235,7 @@ pub(crate) const EARLIER_TURN_SPAN_SQL: &str = "SELECT trace_span FROM turns
 /// `$1` turn id, `$2` the `traceparent` of its span.
 pub(crate) const RECORD_TURN_SPAN_SQL: &str = "UPDATE turns SET trace_span = $2 WHERE id = $1";
 
-/// `$1` session key, `$2` the `event` entry kind: a session's transcript, oldest first, each row
+/// `$1` session key, `$2` the `event` entry kind, `$3` a seq: a session's transcript after that entry, oldest first, each row
 /// with (for an `event` entry) the event it refers to, joined through the turn.
 pub(crate) const TRANSCRIPT_SQL: &str =
     "SELECT t.seq AS seq, t.turn_id AS turn_id, t.kind AS kind, t.body AS body,
@@ -246,7 +246,7 @@ pub(crate) const TRANSCRIPT_SQL: &str =
      FROM transcript t
      LEFT JOIN turns u ON t.kind = $2 AND u.id = t.turn_id
      LEFT JOIN events e ON e.id = u.event_id
-     WHERE t.session_key = $1 ORDER BY t.seq";
+     WHERE t.session_key = $1 AND t.seq > $3 ORDER BY t.seq";
 
 // ---- Recovery --------------------------------------------------------------------------------
 

@@ -1,8 +1,13 @@
-//! `[telemetry]` and `[console]`: where traces go, and the web console's switches.
+//! `[telemetry]` and `[console]`: where traces go, and where the web console is served.
+
+use std::net::SocketAddr;
 
 use super::Checker;
 use crate::config::raw::{RawConsole, RawTelemetry};
-use crate::config::settings::TelemetrySettings;
+use crate::config::settings::{ConsoleSettings, TRACE_ID, TelemetrySettings};
+
+/// A console token shorter than this is warned about.
+const MIN_TOKEN_BYTES: usize = 16;
 
 impl Checker<'_> {
     /// The collector must be an `http` or `https` URL; the share of traces kept is between 0
@@ -47,25 +52,72 @@ impl Checker<'_> {
         }
     }
 
-    /// Whether the console's pages are served on the control socket (by default they are: the
-    /// socket is already the operator's). `listen` and `token` are checked and accepted so that a
-    /// config written for a console on TCP keeps working, but this version serves it on the
-    /// control socket only, and says so (docs/reference.md, "Console").
-    pub(super) fn console(&mut self, raw: RawConsole) -> bool {
-        if let Some(token) = &raw.token {
-            let _ = self.secret("console.token", token);
-        }
-        if raw.listen.is_some() && raw.token.is_none() {
+    /// The console (docs/reference.md, "Console"): on the control socket unless `enabled` is
+    /// false, and on TCP at `listen` only with a `token`, since anyone who reaches that address
+    /// would otherwise act as the operator. A trace link must be an `http(s)` URL that names
+    /// `{trace_id}`.
+    pub(super) fn console(&mut self, raw: RawConsole) -> ConsoleSettings {
+        let token = raw
+            .token
+            .as_ref()
+            .and_then(|token| self.secret("console.token", token));
+        let listen = raw.listen.and_then(|text| {
+            let parsed = text.parse::<SocketAddr>().ok();
+            if parsed.is_none() {
+                self.error(
+                    "console.listen",
+                    format!("{text:?} is not an address:port such as \"127.0.0.1:8788\""),
+                );
+            }
+            parsed
+        });
+        if listen.is_some() && raw.token.is_none() {
             self.error(
                 "console.listen",
                 "the console is served on TCP only with console.token",
             );
-        } else if raw.listen.is_some() {
+        }
+        if token
+            .as_ref()
+            .is_some_and(|token| token.expose().len() < MIN_TOKEN_BYTES)
+        {
             self.warn(
-                "console.listen",
-                "this version serves the console on the control socket only, not on TCP",
+                "console.token",
+                format!(
+                    "is shorter than {MIN_TOKEN_BYTES} bytes: whoever reaches console.listen may \
+                     guess it (`openssl rand -hex 32` makes a good one)"
+                ),
             );
         }
-        raw.enabled.unwrap_or(true)
+        if let Some(addr) = listen.filter(|addr| !addr.ip().is_loopback()) {
+            self.warn(
+                "console.listen",
+                format!(
+                    "{addr} is not a loopback address: the console speaks plain HTTP, so put it \
+                     behind a TLS proxy or a private network"
+                ),
+            );
+        }
+        let trace_url = raw.trace_url.and_then(|text| match url::Url::parse(&text) {
+            Ok(url) if matches!(url.scheme(), "http" | "https") && text.contains(TRACE_ID) => {
+                Some(text)
+            }
+            _ => {
+                self.error(
+                    "console.trace_url",
+                    format!(
+                        "{text:?} is not an http(s) URL with {TRACE_ID} in it, such as \
+                         \"http://127.0.0.1:16686/trace/{TRACE_ID}\""
+                    ),
+                );
+                None
+            }
+        });
+        ConsoleSettings {
+            enabled: raw.enabled.unwrap_or(true),
+            listen,
+            token,
+            trace_url,
+        }
     }
 }

@@ -127,7 +127,7 @@ impl Running<'_> {
         let rows = self
             .context
             .retrying(READING, |store| async move {
-                crate::session::transcript(&store, key).await
+                crate::session::transcript(&store, key, i64::MIN).await
             })
             .await?;
         let mut turns: Vec<Vec<Entry>> = Vec::new();

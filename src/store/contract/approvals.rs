@@ -108,7 +108,7 @@ pub(super) async fn approvals_pause_and_continue(store: &Store) {
     );
     assert_eq!(continued.continues, Some(Continuation::Decided));
     let kinds: Vec<String> = store
-        .transcript("sa")
+        .transcript("sa", i64::MIN)
         .await
         .expect("transcript")
         .into_iter()

@@ -206,12 +206,17 @@ async fn accept_claim_finish_deliver(store: &Store) {
             .expect("append usage");
     }
     assert!(store.event_has_transcript("e1").await.expect("has"));
-    let transcript = store.transcript("s1").await.expect("transcript");
+    let transcript = store.transcript("s1", i64::MIN).await.expect("transcript");
     assert_eq!(transcript.len(), 1);
     assert_eq!(
         transcript[0].event.as_ref().map(|e| e.id.as_str()),
         Some("e1")
     );
+    let after_first = store
+        .transcript("s1", transcript[0].seq)
+        .await
+        .expect("transcript after the first entry");
+    assert!(after_first.is_empty(), "{after_first:?}");
     complete(store, &turn).await;
     assert_eq!(event_status(store, "e1").await, EventStatus::Completed);
     let due = store.due_deliveries(10, Vec::new()).await.expect("due");

@@ -503,10 +503,14 @@ impl Turns for PostgresStore {
         Ok(earlier)
     }
 
-    async fn transcript(&self, session_key: &str) -> Result<Vec<TranscriptRow>, StoreError> {
+    async fn transcript(
+        &self,
+        session_key: &str,
+        after_seq: i64,
+    ) -> Result<Vec<TranscriptRow>, StoreError> {
         self.fetch(
             TRANSCRIPT_SQL,
-            &[&session_key, &EVENT_ENTRY],
+            &[&session_key, &EVENT_ENTRY, &after_seq],
             TranscriptRow::decode,
         )
         .await

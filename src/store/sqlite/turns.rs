@@ -529,12 +529,19 @@ impl Turns for SqliteStore {
         .await
     }
 
-    async fn transcript(&self, session_key: &str) -> Result<Vec<TranscriptRow>, StoreError> {
+    async fn transcript(
+        &self,
+        session_key: &str,
+        after_seq: i64,
+    ) -> Result<Vec<TranscriptRow>, StoreError> {
         let key = session_key.to_string();
         self.read(move |connection| {
-            query(connection, TRANSCRIPT_SQL, &[&key, &EVENT_ENTRY], |row| {
-                TranscriptRow::decode(row)
-            })
+            query(
+                connection,
+                TRANSCRIPT_SQL,
+                &[&key, &EVENT_ENTRY, &after_seq],
+                |row| TranscriptRow::decode(row),
+            )
         })
         .await
     }

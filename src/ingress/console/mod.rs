@@ -1,0 +1,265 @@
+//! The web console (docs/reference.md, "Console"): pages of what the control API serves, and
+//! the operator's actions as forms, for a browser that reaches the control socket through
+//! `ssh -L 8788:/run/agentgate/control.sock`, or `[console] listen` with the token.
+//!
+//! Pages are rendered on the server with every value HTML-escaped, since a payload, a header, a
+//! session key or a tool's output is a stranger's text. They load nothing from elsewhere, and a
+//! Content-Security-Policy forbids it. One small script of the console's own makes a session's
+//! transcript live; without it, every page still reads and every action still works. Who may
+//! use the console, and how its forms stay its own, is `guard`.
+
+mod actions;
+pub(crate) mod guard;
+mod live;
+mod pages;
+
+use std::convert::Infallible;
+use std::sync::LazyLock;
+
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full};
+use minijinja::{AutoEscape, Environment, Value, context};
+
+use guard::ConsoleKey;
+pub(crate) use guard::Door;
+use guard::{COOKIE, Refusal};
+
+use super::control::Control;
+use super::query::{Query, path_segment};
+use super::response::HttpResponse;
+
+/// What the console keeps for the daemon's run: its form key, and the live transcripts'
+/// slots.
+pub(crate) struct ConsoleState {
+    key: ConsoleKey,
+    live: live::LiveSlots,
+}
+
+impl ConsoleState {
+    pub(crate) fn new() -> Result<ConsoleState, getrandom::Error> {
+        Ok(ConsoleState {
+            key: ConsoleKey::generate()?,
+            live: live::LiveSlots::default(),
+        })
+    }
+}
+
+/// A console answer: a page, or the live transcript's stream.
+pub(crate) type ConsoleBody = UnsyncBoxBody<Bytes, Infallible>;
+pub(crate) type ConsoleResponse = Response<ConsoleBody>;
+
+/// The pages, by template name, embedded in the binary.
+const TEMPLATES: [(&str, &str); 11] = [
+    ("layout.html", include_str!("layout.html")),
+    ("overview.html", include_str!("overview.html")),
+    ("sessions.html", include_str!("sessions.html")),
+    ("session.html", include_str!("session.html")),
+    ("events.html", include_str!("events.html")),
+    ("event.html", include_str!("event.html")),
+    ("deliveries.html", include_str!("deliveries.html")),
+    ("approvals.html", include_str!("approvals.html")),
+    ("ledger.html", include_str!("ledger.html")),
+    ("login.html", include_str!("login.html")),
+    ("refused.html", include_str!("refused.html")),
+];
+
+const STYLESHEET: &str = include_str!("style.css");
+const SCRIPT: &str = include_str!("live.js");
+
+/// What a page may load: its own stylesheet and script, and the live transcript from its own
+/// origin; forms post only to the console.
+const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; style-src 'self'; script-src 'self'; \
+     connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+
+static PAGES: LazyLock<Environment<'static>> = LazyLock::new(|| {
+    let mut pages = Environment::new();
+    pages.set_auto_escape_callback(|_| AutoEscape::Html);
+    pages.add_filter("time", |millis: i64| crate::store::rfc3339(millis));
+    pages.add_filter("pretty", |value: Value| {
+        serde_json::to_string_pretty(&value).unwrap_or_default()
+    });
+    pages.add_filter("urlencode", |text: String| path_segment(&text));
+    for (name, source) in TEMPLATES {
+        // Fixed at build time; the unit test renders every page, so one that does not parse
+        // fails the build's tests, not a request.
+        if let Err(err) = pages.add_template(name, source) {
+            tracing::error!(template = name, error = %err, "console page does not parse");
+        }
+    }
+    pages
+});
+
+impl Control {
+    /// A request under `/console/` (`segments` after `console`) that came in at `door`.
+    pub(super) async fn console_request(
+        &self,
+        request: Request<hyper::body::Incoming>,
+        door: Door,
+    ) -> ConsoleResponse {
+        let console = self.settings.get().config.console.clone();
+        let path = request.uri().path().to_string();
+        let segments: Vec<&str> = path.trim_matches('/').split('/').skip(1).collect();
+        if !console.enabled {
+            return boxed(super::control::not_found(request.method(), &path));
+        }
+        let public = matches!(segments.as_slice(), ["login"] | ["style.css"]);
+        let refusal = match door {
+            Door::Socket if !guard::loopback_host(request.headers()) => Some(Refusal::Host),
+            Door::Listen if !public => match &console.token {
+                Some(token) if guard::logged_in(token, request.headers()) => None,
+                _ if request.method() == Method::GET => return boxed(see_other("/console/login")),
+                _ => Some(Refusal::NotLoggedIn),
+            },
+            Door::Socket | Door::Listen => None,
+        };
+        let refusal = refusal.or_else(|| {
+            (request.method() == Method::POST && !guard::same_origin(request.headers()))
+                .then_some(Refusal::CrossSite)
+        });
+        if let Some(refusal) = refusal {
+            return boxed(self.refuse(refusal, door, &path));
+        }
+        let query = request.uri().query().map(str::to_string);
+        match (request.method(), segments.as_slice()) {
+            (&Method::GET, ["sessions", key, "live"]) => {
+                let after = live::start_after(request.headers(), query.as_deref());
+                self.live_transcript(&super::query::percent_decode(key), after)
+                    .await
+            }
+            (&Method::GET, _) => boxed(self.page(&segments, query.as_deref(), door).await),
+            (&Method::POST, _) => boxed(self.act(&segments, request, door, &console).await),
+            _ => boxed(super::response::error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "the console answers GET and POST",
+            )),
+        }
+    }
+
+    /// Counts and logs the refusal, and tells the browser why.
+    fn refuse(&self, refusal: Refusal, door: Door, path: &str) -> HttpResponse {
+        self.console.key.refused(refusal, door, path);
+        let status = match refusal {
+            Refusal::NotLoggedIn | Refusal::WrongToken => StatusCode::UNAUTHORIZED,
+            Refusal::Host | Refusal::CrossSite | Refusal::FormToken => StatusCode::FORBIDDEN,
+        };
+        self.refused_page(status, refusal.message(), door)
+    }
+
+    /// A page that says why something was not done, with status `status`.
+    fn refused_page(&self, status: StatusCode, message: &str, door: Door) -> HttpResponse {
+        let mut page = self.render(
+            "refused.html",
+            context! { message, status => status.as_u16() },
+            door,
+        );
+        *page.status_mut() = status;
+        page
+    }
+
+    /// The page `name` with `values`, and the headers that keep it to itself.
+    fn render(&self, name: &str, values: Value, door: Door) -> HttpResponse {
+        let values = context! {
+            version => crate::VERSION,
+            csrf => self.console.key.form_token(),
+            logout => door == Door::Listen,
+            ..values
+        };
+        match PAGES
+            .get_template(name)
+            .and_then(|page| page.render(values))
+        {
+            Ok(html) => with_headers(html, "text/html; charset=utf-8"),
+            Err(err) => super::response::error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "console_page",
+                &format!("the page could not be rendered: {err}"),
+            ),
+        }
+    }
+}
+
+/// A page as the console's answer body.
+pub(super) fn boxed(response: HttpResponse) -> ConsoleResponse {
+    response.map(|body| body.map_err(|never| match never {}).boxed_unsync())
+}
+
+/// `303 See Other` to `location` (after a form, to the page that shows what it did).
+pub(super) fn see_other(location: &str) -> HttpResponse {
+    let mut response = Response::new(Full::new(Bytes::new()));
+    *response.status_mut() = StatusCode::SEE_OTHER;
+    if let Ok(location) = HeaderValue::from_str(location) {
+        response
+            .headers_mut()
+            .insert(http::header::LOCATION, location);
+    }
+    response
+}
+
+fn with_headers(body: String, content_type: &'static str) -> HttpResponse {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    let headers = response.headers_mut();
+    let fixed = [
+        (http::header::CONTENT_TYPE, content_type),
+        (
+            http::header::CONTENT_SECURITY_POLICY,
+            CONTENT_SECURITY_POLICY,
+        ),
+        (http::header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        (http::header::REFERRER_POLICY, "no-referrer"),
+        (http::header::CACHE_CONTROL, "no-store"),
+    ];
+    for (name, value) in fixed {
+        headers.insert(name, HeaderValue::from_static(value));
+    }
+    response
+}
+
+/// The fields of a form body (`application/x-www-form-urlencoded`), at most `MAX_FORM` bytes.
+async fn form(request: Request<hyper::body::Incoming>) -> Option<Query> {
+    /// A console form holds a token, an id and a note of at most 2,000 characters.
+    const MAX_FORM: usize = 16 * 1024;
+    let body = http_body_util::Limited::new(request.into_body(), MAX_FORM)
+        .collect()
+        .await
+        .ok()?
+        .to_bytes();
+    Some(Query::parse(Some(std::str::from_utf8(&body).ok()?)))
+}
+
+/// The `Set-Cookie` value that logs a browser in (`Some`) or out (`None`): only for the
+/// console's paths, never sent by another site's requests, and out of reach of scripts.
+fn login_cookie_header(value: Option<&str>) -> String {
+    let attributes = "Path=/console; HttpOnly; SameSite=Strict";
+    match value {
+        Some(value) => format!("{COOKIE}={value}; {attributes}"),
+        None => format!("{COOKIE}=; Max-Age=0; {attributes}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_page_parses_and_escapes_what_it_shows() {
+        for (name, _) in TEMPLATES {
+            assert!(PAGES.get_template(name).is_ok(), "{name}");
+        }
+        let planted = "<script>alert(1)</script>";
+        let event = serde_json::json!({
+            "id": planted, "route": "r", "session": planted, "event_type": planted,
+            "status": "completed", "received_at": 0, "turns": [],
+            "headers": {"x": planted}, "payload": {"body": planted},
+        });
+        let html = PAGES
+            .get_template("event.html")
+            .and_then(|page| page.render(context! { event => Value::from_serialize(&event) }))
+            .expect("the event page renders");
+        assert!(html.contains("&lt;script&gt;"), "{html}");
+        assert!(!html.contains("<script>alert"), "{html}");
+        assert!(html.contains("/console/sessions/%3Cscript%3Ealert%281%29%3C%2Fscript%3E"));
+    }
+}
