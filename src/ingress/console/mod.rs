@@ -138,14 +138,20 @@ impl Control {
         }
     }
 
-    /// Counts and logs the refusal, and tells the browser why.
+    /// Counts and logs the refusal, and tells the browser why (a login refused, on the login
+    /// page again).
     fn refuse(&self, refusal: Refusal, door: Door, path: &str) -> HttpResponse {
         self.console.key.refused(refusal, door, path);
-        let status = match refusal {
-            Refusal::NotLoggedIn | Refusal::WrongToken => StatusCode::UNAUTHORIZED,
-            Refusal::Host | Refusal::CrossSite | Refusal::FormToken => StatusCode::FORBIDDEN,
+        let (status, page) = match refusal {
+            Refusal::NotLoggedIn | Refusal::WrongToken => (StatusCode::UNAUTHORIZED, "login.html"),
+            Refusal::Host | Refusal::CrossSite | Refusal::FormToken => {
+                (StatusCode::FORBIDDEN, "refused.html")
+            }
         };
-        self.refused_page(status, refusal.message(), door)
+        let values = context! { message => refusal.message(), status => status.as_u16() };
+        let mut page = self.render(page, values, door);
+        *page.status_mut() = status;
+        page
     }
 
     /// A page that says why something was not done, with status `status`.
@@ -164,7 +170,7 @@ impl Control {
         let values = context! {
             version => crate::VERSION,
             csrf => self.console.key.form_token(),
-            logout => door == Door::Listen,
+            logout => door == Door::Listen && name != "login.html",
             ..values
         };
         match PAGES
@@ -208,7 +214,9 @@ fn with_headers(body: String, content_type: &'static str) -> HttpResponse {
             CONTENT_SECURITY_POLICY,
         ),
         (http::header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
-        (http::header::REFERRER_POLICY, "no-referrer"),
+        // Not `no-referrer`: with it a browser sends `Origin: null` on the console's own forms,
+        // and the origin check needs the real one. Other sites get no referrer.
+        (http::header::REFERRER_POLICY, "same-origin"),
         (http::header::CACHE_CONTROL, "no-store"),
     ];
     for (name, value) in fixed {

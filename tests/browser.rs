@@ -1,0 +1,498 @@
+//! The console in a real browser: Debian's Chromium, driven through chromedriver (WebDriver),
+//! against the real binary. The browser reaches the control socket the way an operator's does,
+//! through a forwarded port (as `ssh -L 8788:/run/agentgate/control.sock` makes one), or
+//! `[console] listen` with the token.
+//!
+//! It loads each page, follows a session's transcript live while its turn runs, approves the
+//! call the turn waits for and sees the turn finish, retries a failed delivery, and is refused a
+//! cross-site form from another site's page; a payload's `<script>` shows as text and never
+//! runs. The screenshots it takes are the ones in docs/console/ (written there when
+//! `AGENTGATE_UPDATE_SCREENSHOTS=1`).
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::stub::{Reply, Stub};
+use common::*;
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::json;
+
+const TURN_LIMIT: Duration = Duration::from_secs(30);
+const CHROMIUM: &str = "/usr/bin/chromium";
+const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
+/// What a stranger's payload carries; the page must show it and never run it.
+const PLANTED: &str =
+    "<script>window.planted = 1</script><img src=x onerror=\"window.planted = 2\">";
+
+/// Whether the browser is here: `.ci/run` installs it, and under CI its absence is a failure.
+fn browser_or_skip(test: &str) -> bool {
+    if Path::new(CHROMIUM).exists() && Path::new(CHROMEDRIVER).exists() {
+        return true;
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{test} needs chromium and chromium-driver; .ci/run installs them"
+    );
+    eprintln!("{test}: not run (chromium and chromium-driver are not installed)");
+    false
+}
+
+/// chromedriver on a loopback port, and the headless Chromium sessions it starts; killed on
+/// drop.
+struct Driver {
+    child: Child,
+    url: String,
+    profile: tempfile::TempDir,
+}
+
+impl Driver {
+    fn start() -> Driver {
+        let port = free_port();
+        let child = Command::new(CHROMEDRIVER)
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start chromedriver");
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        wait_until("chromedriver to listen", Duration::from_secs(20), || {
+            std::net::TcpStream::connect(addr).is_ok()
+        });
+        Driver {
+            child,
+            url: format!("http://{addr}"),
+            profile: tempfile::tempdir().expect("a browser profile directory"),
+        }
+    }
+
+    /// A new headless browser window, 1280x900 (as the screenshots are).
+    async fn browser(&self) -> Client {
+        let arguments = [
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--window-size=1280,900",
+            &format!("--user-data-dir={}", self.profile.path().display()),
+        ];
+        let mut capabilities = serde_json::Map::new();
+        capabilities.insert(
+            "goog:chromeOptions".to_string(),
+            json!({"binary": CHROMIUM, "args": arguments}),
+        );
+        ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+            .capabilities(capabilities)
+            .connect(&self.url)
+            .await
+            .expect("a browser session")
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A loopback port forwarded to the control socket, as `ssh -L` forwards one.
+fn tunnel(socket: PathBuf) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind the tunnel");
+    let port = listener.local_addr().expect("its address").port();
+    std::thread::spawn(move || {
+        for client in listener.incoming().flatten() {
+            let Ok(server) = std::os::unix::net::UnixStream::connect(&socket) else {
+                continue;
+            };
+            let (Ok(mut client_in), Ok(mut server_in)) = (client.try_clone(), server.try_clone())
+            else {
+                continue;
+            };
+            let (mut client_out, mut server_out) = (client, server);
+            std::thread::spawn(move || std::io::copy(&mut client_in, &mut server_out));
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut server_in, &mut client_out);
+                let _ = client_out.shutdown(std::net::Shutdown::Both);
+            });
+        }
+    });
+    port
+}
+
+/// Another site (another origin), whose page posts a form to the console as soon as it loads.
+fn attacker_site(console: &str) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind the attacker's site");
+    let addr = listener.local_addr().expect("its address");
+    let page = format!(
+        "<!doctype html><form id=f method=post action=\"{console}/console/sessions/deploy-1/suspend\">\
+         <input name=note value=gotcha></form><script>document.getElementById('f').submit()</script>"
+    );
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().flatten() {
+            let mut request = [0u8; 4096];
+            let _ = stream.read(&mut request);
+            let _ = write!(
+                stream,
+                "HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{page}",
+                page.len()
+            );
+        }
+    });
+    format!("http://{addr}/")
+}
+
+/// A model that asks for `deploy` once, then answers.
+fn deploying_model() -> Stub {
+    Stub::start(|request, _| {
+        let body = request.json();
+        let last = body["messages"].as_array().and_then(|m| m.last()).cloned();
+        match last {
+            Some(message) if message["role"] == "tool" => {
+                Reply::answer("Deployed to prod; the disk alert is handled.")
+            }
+            _ => Reply::tool_call("call-1", "deploy", json!({"target": "prod"})),
+        }
+    })
+}
+
+fn config(model: &Stub, receiver: &Stub, extra: &str) -> String {
+    format!(
+        r#"[model]
+backend = "openai"
+base_url = "{model}/v1"
+model = "stub-model"
+request_timeout = "5s"
+
+[tools.deploy]
+description = "Deploy to a target"
+command = ["/bin/echo", "deployed"]
+parameters = {{ type = "object", properties = {{ target = {{ type = "string" }} }}, required = ["target"] }}
+approval = true
+sandbox = "none"
+
+[routes.ops]
+path = "/hooks/ops"
+verify = {{ scheme = "none" }}
+session = "{{{{ payload.session }}}}"
+tools = ["deploy"]
+deliver = {{ kind = "http", url = "{receiver}/results" }}
+{extra}"#,
+        model = model.url(),
+        receiver = receiver.url(),
+    )
+}
+
+/// Saves a screenshot of what the browser shows as `name`.png (in the test's target directory,
+/// and in docs/console/ with `AGENTGATE_UPDATE_SCREENSHOTS=1`).
+async fn screenshot(browser: &Client, name: &str) {
+    let png = browser.screenshot().await.expect("a screenshot");
+    assert!(png.starts_with(b"\x89PNG"), "{name} is a PNG");
+    let mut places = vec![PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("console")];
+    if std::env::var_os("AGENTGATE_UPDATE_SCREENSHOTS").is_some() {
+        places.push(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/console"));
+    }
+    for place in places {
+        std::fs::create_dir_all(&place).expect("a screenshot directory");
+        std::fs::write(place.join(format!("{name}.png")), &png).expect("save the screenshot");
+    }
+}
+
+async fn text_of(browser: &Client, css: &str) -> String {
+    browser
+        .wait()
+        .at_most(TURN_LIMIT)
+        .for_element(Locator::Css(css))
+        .await
+        .unwrap_or_else(|err| panic!("{css} on the page: {err}"))
+        .text()
+        .await
+        .expect("its text")
+}
+
+/// Waits until the element `css` says `text`.
+async fn wait_for_text(browser: &Client, css: &str, text: &str) {
+    let deadline = std::time::Instant::now() + TURN_LIMIT;
+    loop {
+        let found = browser.find(Locator::Css(css)).await;
+        if let Ok(element) = found
+            && element.text().await.is_ok_and(|shown| shown.contains(text))
+        {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{css} never said {text:?}: {}",
+            browser.source().await.unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn entries(browser: &Client) -> usize {
+    browser
+        .find_all(Locator::Css("ol.transcript li.entry"))
+        .await
+        .map_or(0, |found| found.len())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_operator_follows_a_turn_approves_its_call_and_retries_its_delivery() {
+    if !browser_or_skip("an_operator_follows_a_turn_approves_its_call_and_retries_its_delivery") {
+        return;
+    }
+    let model = deploying_model();
+    let receiver = Stub::start(|_, _| Reply::raw(204, ""));
+    let workspace = Workspace::new();
+    workspace.write_config(&config(&model, &receiver, ""));
+    let daemon = workspace.start();
+    let console = format!(
+        "http://localhost:{}",
+        tunnel(workspace.path().join("control.sock"))
+    );
+    let payload = json!({"session": "deploy-1", "title": format!("Disk full {PLANTED}")});
+    let event_id = daemon
+        .post_json(
+            "/hooks/ops",
+            &[("x-planted", PLANTED)],
+            &payload.to_string(),
+        )
+        .event_id();
+    wait_until("the call to wait for approval", TURN_LIMIT, || {
+        workspace.event_status(&event_id) == "awaiting_approval"
+    });
+    let pending = workspace.cli_json(&["approvals", "list", "--json"]);
+    let approval = pending["approvals"][0]["id"]
+        .as_str()
+        .expect("the request")
+        .to_string();
+
+    let driver = Driver::start();
+    let browser = driver.browser().await;
+    browser
+        .goto(&format!("{console}/console/"))
+        .await
+        .expect("the overview");
+    assert!(
+        text_of(&browser, "main")
+            .await
+            .contains("Accepting webhooks")
+    );
+    screenshot(&browser, "overview").await;
+    browser
+        .goto(&format!("{console}/console/sessions"))
+        .await
+        .expect("sessions");
+    screenshot(&browser, "sessions").await;
+    browser
+        .find(Locator::LinkText("deploy-1"))
+        .await
+        .expect("the session's link")
+        .click()
+        .await
+        .expect("follow it");
+    wait_for_text(&browser, "#live-status", "live").await;
+    let shown = text_of(&browser, "ol.transcript").await;
+    assert!(shown.contains("window.planted = 1"), "{shown}");
+    let before = entries(&browser).await;
+    assert!(before >= 2, "the event and the model's call: {before}");
+    // A mark that a reload would erase: the entries below arrive without one.
+    browser
+        .execute("window.sameVisit = true", Vec::new())
+        .await
+        .expect("mark the page");
+    let session_tab = browser.window().await.expect("this tab");
+    screenshot(&browser, "session").await;
+
+    // Approved in another tab, the call runs and the turn finishes, live in the first.
+    let approvals_tab = browser.new_window(true).await.expect("a new tab").handle;
+    browser
+        .switch_to_window(approvals_tab)
+        .await
+        .expect("to the new tab");
+    browser
+        .goto(&format!("{console}/console/approvals"))
+        .await
+        .expect("approvals");
+    assert!(
+        text_of(&browser, "main")
+            .await
+            .contains("\"target\": \"prod\"")
+    );
+    screenshot(&browser, "approvals").await;
+    browser
+        .find(Locator::Css("tr.approval input[name=note]"))
+        .await
+        .expect("the note field")
+        .send_keys("checked the disk graph")
+        .await
+        .expect("type a note");
+    browser
+        .find(Locator::Css("button.approve"))
+        .await
+        .expect("the approve button")
+        .click()
+        .await
+        .expect("approve");
+    assert_eq!(workspace.wait_terminal(&event_id, TURN_LIMIT), "completed");
+    browser
+        .switch_to_window(session_tab)
+        .await
+        .expect("back to the session");
+    wait_for_text(&browser, "ol.transcript", "the disk alert is handled").await;
+    wait_for_text(&browser, "#session-state", "idle").await;
+    let marked = browser
+        .execute("return window.sameVisit === true", Vec::new())
+        .await;
+    assert_eq!(marked.ok(), Some(json!(true)), "the page was not reloaded");
+    assert!(entries(&browser).await > before);
+    let planted = browser
+        .execute("return window.planted === undefined", Vec::new())
+        .await;
+    assert_eq!(
+        planted.ok(),
+        Some(json!(true)),
+        "the payload's markup never ran"
+    );
+    let decided = workspace.cli_json(&["approvals", "show", &approval, "--json"]);
+    assert_eq!(decided["decided_by"], "console", "{decided}");
+    assert_eq!(decided["note"], "checked the disk graph", "{decided}");
+
+    // The event page shows the stranger's headers and payload as text.
+    browser
+        .goto(&format!("{console}/console/events/{event_id}"))
+        .await
+        .expect("the event");
+    assert!(
+        text_of(&browser, "main")
+            .await
+            .contains("<img src=x onerror=")
+    );
+    screenshot(&browser, "event").await;
+
+    // A delivery that failed for good, retried from the deliveries page.
+    wait_until("the delivery", TURN_LIMIT, || {
+        !receiver.requests().is_empty()
+    });
+    fail_delivery(&workspace, &event_id);
+    browser
+        .goto(&format!("{console}/console/deliveries"))
+        .await
+        .expect("deliveries");
+    screenshot(&browser, "deliveries").await;
+    browser
+        .find(Locator::Css("tr.failed button"))
+        .await
+        .expect("the retry button")
+        .click()
+        .await
+        .expect("retry");
+    wait_until("the retried delivery", TURN_LIMIT, || {
+        receiver.requests().len() >= 2
+    });
+    browser
+        .goto(&format!("{console}/console/deliveries"))
+        .await
+        .expect("deliveries again");
+    assert!(
+        browser.find(Locator::Css("tr.failed")).await.is_err(),
+        "none failed now"
+    );
+
+    // Another site's page posts to the console: refused, and the session is as it was.
+    browser
+        .goto(&attacker_site(&console))
+        .await
+        .expect("the attacker's page");
+    wait_for_text(&browser, "#refusal", "only from the console's own pages").await;
+    let session = workspace.cli_json(&["sessions", "show", "deploy-1", "--json"]);
+    assert_eq!(session["session"]["state"], "idle", "{session}");
+
+    for page in ["events", "ledger"] {
+        browser
+            .goto(&format!("{console}/console/{page}"))
+            .await
+            .expect(page);
+        assert!(text_of(&browser, "h1").await.len() > 3, "{page}");
+    }
+    browser.close().await.expect("close the browser");
+}
+
+/// As if every attempt of the event's delivery had failed.
+fn fail_delivery(workspace: &Workspace, event_id: &str) {
+    let database = rusqlite::Connection::open(workspace.state_dir().join("agentgate.db"))
+        .expect("open the database");
+    database
+        .busy_timeout(Duration::from_secs(5))
+        .expect("busy timeout");
+    database
+        .execute(
+            "UPDATE deliveries SET status = 'failed', attempts = 16, last_error = 'receiver down' WHERE event_id = ?1",
+            [event_id],
+        )
+        .expect("fail the delivery");
+}
+
+/// On `[console] listen`, the browser is asked for the token, and its login cookie is out of
+/// the page's scripts' reach.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_console_on_tcp_asks_the_browser_for_the_token() {
+    if !browser_or_skip("the_console_on_tcp_asks_the_browser_for_the_token") {
+        return;
+    }
+    let model = deploying_model();
+    let receiver = Stub::start(|_, _| Reply::raw(204, ""));
+    let workspace = Workspace::new();
+    let port = free_port();
+    let token = "a-long-console-token-of-the-operator";
+    let extra = format!("\n[console]\nlisten = \"127.0.0.1:{port}\"\ntoken = \"{token}\"\n");
+    workspace.write_config(&config(&model, &receiver, &extra));
+    let _daemon = workspace.start();
+    let driver = Driver::start();
+    let browser = driver.browser().await;
+    browser
+        .goto(&format!("http://127.0.0.1:{port}/console/sessions"))
+        .await
+        .expect("the console");
+    let field = browser
+        .wait()
+        .at_most(TURN_LIMIT)
+        .for_element(Locator::Css("input[name=token]"))
+        .await
+        .expect("the login page");
+    field.send_keys("not the token").await.expect("type");
+    login_button(&browser).await;
+    wait_for_text(&browser, "#refusal", "not the console token").await;
+    browser
+        .goto(&format!("http://127.0.0.1:{port}/console/login"))
+        .await
+        .expect("login again");
+    let field = browser
+        .find(Locator::Css("input[name=token]"))
+        .await
+        .expect("the field");
+    field.send_keys(token).await.expect("type the token");
+    login_button(&browser).await;
+    wait_for_text(&browser, "main h1", "Overview").await;
+    let cookie = browser.execute("return document.cookie", Vec::new()).await;
+    assert_eq!(cookie.ok(), Some(json!("")), "the login cookie is HttpOnly");
+    browser.close().await.expect("close the browser");
+}
+
+async fn login_button(browser: &Client) {
+    browser
+        .find(Locator::Css("main form button"))
+        .await
+        .expect("the login button")
+        .click()
+        .await
+        .expect("log in");
+}
