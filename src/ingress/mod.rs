@@ -13,6 +13,7 @@ pub(crate) mod capacity;
 mod connection;
 mod console;
 pub(crate) mod control;
+pub(crate) mod control_listener;
 mod http;
 mod payload;
 pub(crate) mod query;
@@ -37,7 +38,7 @@ use tokio_util::sync::CancellationToken;
 pub(crate) use self::http::Ingress;
 use crate::config::{Config, ServerSettings, VerifyScheme};
 use connection::{Clocked, ConnectionClock, OpenConnections, Protocol, Stream, detect_protocol};
-pub(crate) use console::ConsoleState;
+pub(crate) use console::state::ConsoleState;
 
 /// Body parsing, for the `request` fuzz target.
 #[cfg(feature = "fuzzing")]

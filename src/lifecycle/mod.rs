@@ -28,7 +28,8 @@ use crate::config::{self, Config, ConfigSource, ServerSettings, Settings, Shared
 use crate::deliver::Deliverer;
 use crate::exit::Failure;
 use crate::ingress::capacity::{Capacity, CapacityWatch};
-use crate::ingress::control::{Control, ControlServer};
+use crate::ingress::control::Control;
+use crate::ingress::control_listener::ControlServer;
 use crate::ingress::{self, ConsoleState, Ingress, Listeners, WebhookListener};
 use crate::session::{BackgroundJobs, JobSlots, Scheduler, Sessions, TurnContext};
 use crate::store::Store;

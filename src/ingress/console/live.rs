@@ -9,7 +9,6 @@
 
 use std::convert::Infallible;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -18,8 +17,9 @@ use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::{Body, Frame};
 use serde::Serialize;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, mpsc};
 
+use super::state::MAX_LIVE_STREAMS;
 use super::{ConsoleResponse, boxed};
 use crate::ingress::control::{Control, no_session};
 use crate::ingress::query::Query;
@@ -32,19 +32,8 @@ const POLL: Duration = Duration::from_millis(500);
 const KEEPALIVE: Duration = Duration::from_secs(15);
 /// How long one stream runs before the browser is asked to reconnect.
 const STREAM_FOR: Duration = Duration::from_secs(600);
-/// Live transcripts followed at once, over every browser.
-const MAX_LIVE_STREAMS: usize = 16;
 /// The longest entry text sent; a longer one is cut with a note (the page has all of it).
 const ENTRY_TEXT_MAX: usize = 64 * 1024;
-
-/// The slots of live streams.
-pub(crate) struct LiveSlots(Arc<Semaphore>);
-
-impl Default for LiveSlots {
-    fn default() -> Self {
-        LiveSlots(Arc::new(Semaphore::new(MAX_LIVE_STREAMS)))
-    }
-}
 
 /// Where a stream starts: after the entry of `Last-Event-ID` (a reconnect), else after the
 /// `after` the page was rendered with, else at the beginning.
@@ -82,7 +71,7 @@ impl Control {
                 ));
             }
         }
-        let Ok(permit) = self.console.live.0.clone().try_acquire_owned() else {
+        let Some(permit) = self.console.live_slot() else {
             return boxed(crate::ingress::response::unavailable_for(
                 &format!(
                     "{MAX_LIVE_STREAMS} live transcripts are followed already; reload the page later"

@@ -9,9 +9,10 @@
 //! use the console, and how its forms stay its own, is `guard`.
 
 mod actions;
-pub(crate) mod guard;
+mod guard;
 mod live;
 mod pages;
+pub(crate) mod state;
 
 use std::convert::Infallible;
 use std::sync::LazyLock;
@@ -22,29 +23,12 @@ use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
 use minijinja::{AutoEscape, Environment, Value, context};
 
-use guard::ConsoleKey;
 pub(crate) use guard::Door;
 use guard::{COOKIE, Refusal};
 
 use super::control::Control;
 use super::query::{Query, path_segment};
 use super::response::HttpResponse;
-
-/// What the console keeps for the daemon's run: its form key, and the live transcripts'
-/// slots.
-pub(crate) struct ConsoleState {
-    key: ConsoleKey,
-    live: live::LiveSlots,
-}
-
-impl ConsoleState {
-    pub(crate) fn new() -> Result<ConsoleState, getrandom::Error> {
-        Ok(ConsoleState {
-            key: ConsoleKey::generate()?,
-            live: live::LiveSlots::default(),
-        })
-    }
-}
 
 /// A console answer: a page, or the live transcript's stream.
 pub(crate) type ConsoleBody = UnsyncBoxBody<Bytes, Infallible>;
