@@ -17,12 +17,15 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use common::approving::{approval_config, deploying_model};
 use common::stub::{Reply, Stub};
 use common::*;
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::json;
 
 const TURN_LIMIT: Duration = Duration::from_secs(30);
+/// What the model answers once the approved call ran.
+const ANSWER: &str = "Deployed to prod; the disk alert is handled.";
 const CHROMIUM: &str = "/usr/bin/chromium";
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 /// What a stranger's payload carries; the page must show it and never run it.
@@ -150,47 +153,6 @@ fn attacker_site(console: &str) -> String {
     format!("http://{addr}/")
 }
 
-/// A model that asks for `deploy` once, then answers.
-fn deploying_model() -> Stub {
-    Stub::start(|request, _| {
-        let body = request.json();
-        let last = body["messages"].as_array().and_then(|m| m.last()).cloned();
-        match last {
-            Some(message) if message["role"] == "tool" => {
-                Reply::answer("Deployed to prod; the disk alert is handled.")
-            }
-            _ => Reply::tool_call("call-1", "deploy", json!({"target": "prod"})),
-        }
-    })
-}
-
-fn config(model: &Stub, receiver: &Stub, extra: &str) -> String {
-    format!(
-        r#"[model]
-backend = "openai"
-base_url = "{model}/v1"
-model = "stub-model"
-request_timeout = "5s"
-
-[tools.deploy]
-description = "Deploy to a target"
-command = ["/bin/echo", "deployed"]
-parameters = {{ type = "object", properties = {{ target = {{ type = "string" }} }}, required = ["target"] }}
-approval = true
-sandbox = "none"
-
-[routes.ops]
-path = "/hooks/ops"
-verify = {{ scheme = "none" }}
-session = "{{{{ payload.session }}}}"
-tools = ["deploy"]
-deliver = {{ kind = "http", url = "{receiver}/results" }}
-{extra}"#,
-        model = model.url(),
-        receiver = receiver.url(),
-    )
-}
-
 /// Saves a screenshot of what the browser shows as `name`.png (in the test's target directory,
 /// and in docs/console/ with `AGENTGATE_UPDATE_SCREENSHOTS=1`).
 async fn screenshot(browser: &Client, name: &str) {
@@ -249,10 +211,10 @@ async fn an_operator_follows_a_turn_approves_its_call_and_retries_its_delivery()
     if !browser_or_skip("an_operator_follows_a_turn_approves_its_call_and_retries_its_delivery") {
         return;
     }
-    let model = deploying_model();
+    let model = deploying_model(ANSWER);
     let receiver = Stub::start(|_, _| Reply::raw(204, ""));
     let workspace = Workspace::new();
-    workspace.write_config(&config(&model, &receiver, ""));
+    workspace.write_config(&approval_config(&model, &receiver, ""));
     let daemon = workspace.start();
     let console = format!(
         "http://localhost:{}",
@@ -382,7 +344,7 @@ async fn an_operator_follows_a_turn_approves_its_call_and_retries_its_delivery()
     wait_until("the delivery", TURN_LIMIT, || {
         !receiver.requests().is_empty()
     });
-    fail_delivery(&workspace, &event_id);
+    workspace.fail_delivery(&event_id);
     browser
         .goto(&format!("{console}/console/deliveries"))
         .await
@@ -426,21 +388,6 @@ async fn an_operator_follows_a_turn_approves_its_call_and_retries_its_delivery()
     browser.close().await.expect("close the browser");
 }
 
-/// As if every attempt of the event's delivery had failed.
-fn fail_delivery(workspace: &Workspace, event_id: &str) {
-    let database = rusqlite::Connection::open(workspace.state_dir().join("agentgate.db"))
-        .expect("open the database");
-    database
-        .busy_timeout(Duration::from_secs(5))
-        .expect("busy timeout");
-    database
-        .execute(
-            "UPDATE deliveries SET status = 'failed', attempts = 16, last_error = 'receiver down' WHERE event_id = ?1",
-            [event_id],
-        )
-        .expect("fail the delivery");
-}
-
 /// On `[console] listen`, the browser is asked for the token, and its login cookie is out of
 /// the page's scripts' reach.
 #[tokio::test(flavor = "multi_thread")]
@@ -448,13 +395,13 @@ async fn the_console_on_tcp_asks_the_browser_for_the_token() {
     if !browser_or_skip("the_console_on_tcp_asks_the_browser_for_the_token") {
         return;
     }
-    let model = deploying_model();
+    let model = deploying_model(ANSWER);
     let receiver = Stub::start(|_, _| Reply::raw(204, ""));
     let workspace = Workspace::new();
     let port = free_port();
     let token = "a-long-console-token-of-the-operator";
     let extra = format!("\n[console]\nlisten = \"127.0.0.1:{port}\"\ntoken = \"{token}\"\n");
-    workspace.write_config(&config(&model, &receiver, &extra));
+    workspace.write_config(&approval_config(&model, &receiver, &extra));
     let _daemon = workspace.start();
     let driver = Driver::start();
     let browser = driver.browser().await;

@@ -10,6 +10,7 @@ mod common;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::time::Duration;
 
+use common::approving::{approval_config, deploying_model};
 use common::stub::{Reply, Stub};
 use common::*;
 use serde_json::json;
@@ -151,6 +152,8 @@ fn every_page_shows_a_stranger_s_markup_as_text() {
     assert!(listed.contains("db-1 &lt;script&gt;"), "{listed}");
     let event = get(&workspace, &format!("/console/events/{event_id}")).body;
     assert!(event.contains("&lt;script&gt;alert("), "{event}");
+    let overview = get(&workspace, "/console/").body;
+    assert!(overview.contains("<th>webhooks accepted</th><td>1</td>"), "{overview}");
     let events = get(&workspace, "/console/events?status=completed&route=alerts").body;
     assert!(events.contains(&event_id), "{events}");
     assert!(events.contains("db-1 &lt;script&gt;"), "{events}");
@@ -297,54 +300,14 @@ fn an_action_needs_the_form_token_and_the_console_s_own_origin() {
     assert_eq!(unknown.status, 404, "{unknown:?}");
 }
 
-/// A model that asks for `deploy` once, then answers with what the tool said.
-fn deploying_model() -> Stub {
-    Stub::start(|request, _| {
-        let body = request.json();
-        let last = body["messages"].as_array().and_then(|m| m.last()).cloned();
-        match last {
-            Some(message) if message["role"] == "tool" => Reply::answer("deployed it"),
-            _ => Reply::tool_call("call-1", "deploy", json!({"target": "prod"})),
-        }
-    })
-}
-
-/// A route whose `deploy` tool waits for approval, delivering to `receiver`.
-fn approval_config(model: &Stub, receiver: &Stub) -> String {
-    format!(
-        r#"[model]
-backend = "openai"
-base_url = "{model}/v1"
-model = "stub-model"
-request_timeout = "5s"
-
-[tools.deploy]
-description = "Deploy to a target"
-command = ["/bin/echo", "deployed"]
-parameters = {{ type = "object", properties = {{ target = {{ type = "string" }} }}, required = ["target"] }}
-approval = true
-sandbox = "none"
-
-[routes.ops]
-path = "/hooks/ops"
-verify = {{ scheme = "none" }}
-session = "{{{{ payload.session }}}}"
-tools = ["deploy"]
-deliver = {{ kind = "http", url = "{receiver}/results" }}
-"#,
-        model = model.url(),
-        receiver = receiver.url(),
-    )
-}
-
 /// Approved from the console, the call runs and the turn completes, decided by "console"; a
 /// failed delivery is retried from the console and reaches the receiver again.
 #[test]
 fn an_approval_and_a_retry_from_the_console() {
-    let model = deploying_model();
+    let model = deploying_model("deployed it");
     let receiver = Stub::start(|_, _| Reply::raw(204, ""));
     let workspace = Workspace::new();
-    workspace.write_config(&approval_config(&model, &receiver));
+    workspace.write_config(&approval_config(&model, &receiver, ""));
     let daemon = workspace.start();
     let event_id = daemon
         .post_json(
@@ -385,18 +348,7 @@ fn an_approval_and_a_retry_from_the_console() {
     wait_until("the delivery", TURN_LIMIT, || {
         !receiver.requests().is_empty()
     });
-    let database = rusqlite::Connection::open(workspace.state_dir().join("agentgate.db"))
-        .expect("open the database");
-    database
-        .busy_timeout(Duration::from_secs(5))
-        .expect("busy timeout");
-    // As if every attempt had failed.
-    database
-        .execute(
-            "UPDATE deliveries SET status = 'failed', attempts = 16, last_error = 'receiver down' WHERE event_id = ?1",
-            [&event_id],
-        )
-        .expect("fail the delivery");
+    workspace.fail_delivery(&event_id);
     let deliveries = get(&workspace, "/console/deliveries");
     assert!(
         deliveries.body.contains("receiver down"),

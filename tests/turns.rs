@@ -1381,17 +1381,7 @@ fn events_deliveries_tools_backup_and_follow_without_sql() {
     wait_delivery(&setup.receiver, &copy);
 
     // A delivery that failed for good is sent again with a fresh budget.
-    let database = rusqlite::Connection::open(workspace.state_dir().join("agentgate.db"))
-        .expect("open the database");
-    database
-        .busy_timeout(Duration::from_secs(5))
-        .expect("busy timeout");
-    database
-        .execute(
-            "UPDATE deliveries SET status = 'failed', attempts = 16, last_error = 'receiver down' WHERE event_id = ?1",
-            [&id],
-        )
-        .expect("fail the delivery");
+    workspace.fail_delivery(&id);
     let failed = cli_json(workspace, &["deliveries", "list", "--failed", "--json"]);
     assert_eq!(failed[0]["event_id"], id.as_str(), "{failed}");
     assert_eq!(failed[0]["last_error"], "receiver down");

@@ -55,9 +55,22 @@ impl Control {
             Ok(note) => note,
             Err(refusal) => return Ok(*refusal),
         };
+        let outcome = self.take_decision(id, verdict, peer, note).await?;
+        Ok(answer(id, outcome))
+    }
+
+    /// The decision `verdict` on request `id`, taken `by` with `note`, against the routes of the
+    /// config in effect (the control API's, and the console's).
+    pub(super) async fn take_decision(
+        &self,
+        id: &str,
+        verdict: Verdict,
+        by: &str,
+        note: Option<String>,
+    ) -> Result<Outcome, ControlError> {
         let settings = self.settings.get();
-        let decision = (peer.to_string(), note);
-        let outcome = approval::decide(
+        let decision = (by.to_string(), note);
+        Ok(approval::decide(
             &self.store,
             &settings.config,
             &self.sessions,
@@ -65,8 +78,7 @@ impl Control {
             verdict,
             decision,
         )
-        .await?;
-        Ok(answer(id, outcome))
+        .await?)
     }
 }
 

@@ -2,6 +2,7 @@
 //! talks to it over raw HTTP/1.1 so that tests control every byte (slow clients, chunked bodies).
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
+pub mod approving;
 pub mod basics;
 pub mod fsync_lint;
 pub mod load;
@@ -191,6 +192,22 @@ impl Workspace {
 
     pub fn addr(&self) -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    /// Marks event `id`'s delivery failed, as if every attempt had failed (the real way takes
+    /// 16 attempts over hours of backoff).
+    pub fn fail_delivery(&self, id: &str) {
+        let database = rusqlite::Connection::open(self.state_dir().join("agentgate.db"))
+            .expect("open the database");
+        database
+            .busy_timeout(Duration::from_secs(5))
+            .expect("busy timeout");
+        database
+            .execute(
+                "UPDATE deliveries SET status = 'failed', attempts = 16, last_error = 'receiver down' WHERE event_id = ?1",
+                [id],
+            )
+            .expect("fail the delivery");
     }
 
     /// Runs an `agentgate` subcommand with this workspace's config and returns its output.

@@ -13,7 +13,7 @@ use crate::ingress::control::{Control, ControlError, no_event, not_found};
 use crate::ingress::query::{path_segment, percent_decode};
 use crate::ingress::response::HttpResponse;
 use crate::operator::OperatorAction;
-use crate::session::approval::{self, Outcome};
+use crate::session::approval::Outcome;
 use crate::store::approval::Verdict;
 use crate::store::{Decided, RetryTarget};
 
@@ -61,7 +61,10 @@ impl Control {
         }
         let done = match segments {
             ["sessions", key, action] => match OperatorAction::from_name(action) {
-                Some(action) => self.session_action(&percent_decode(key), action).await,
+                Some(action) => {
+                    self.operator_action(&percent_decode(key), action, CONSOLE)
+                        .await
+                }
                 None => Ok(not_found(&http::Method::POST, &path)),
             },
             ["events", id, "replay"] => self.replay(&percent_decode(id)).await,
@@ -104,15 +107,6 @@ impl Control {
             .and_then(|message| message.as_str())
             .unwrap_or("the daemon did not say why");
         self.refused_page(status, message, door)
-    }
-
-    /// resume, suspend or cancel, as `agentgate sessions` does.
-    async fn session_action(
-        &self,
-        key: &str,
-        action: OperatorAction,
-    ) -> Result<HttpResponse, ControlError> {
-        self.operator_action(key, action, CONSOLE).await
     }
 
     /// A copy of the event, accepted as a new one; the browser goes to the copy.
@@ -160,17 +154,7 @@ impl Control {
         verdict: Verdict,
         note: Option<String>,
     ) -> Result<HttpResponse, ControlError> {
-        let settings = self.settings.get();
-        let decision = (CONSOLE.to_string(), note);
-        let outcome = approval::decide(
-            &self.store,
-            &settings.config,
-            &self.sessions,
-            id,
-            verdict,
-            decision,
-        )
-        .await?;
+        let outcome = self.take_decision(id, verdict, CONSOLE, note).await?;
         Ok(match outcome {
             Outcome::Decided(Decided::Taken(row)) => {
                 see_other(&format!("/console/sessions/{}", path_segment(&row.session)))

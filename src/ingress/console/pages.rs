@@ -60,9 +60,25 @@ impl Control {
         })
     }
 
+    /// The status figures, and what the daemon did since it started, per minute.
     async fn overview(&self, door: Door) -> Result<HttpResponse, ControlError> {
         let status = self.status_document().await?;
-        Ok(self.render("overview.html", context! { status }, door))
+        let done = crate::metrics::activity();
+        let minutes = self.console.started.elapsed().as_secs() / 60;
+        let rates = [
+            ("webhooks accepted", done.accepted),
+            ("webhooks refused", done.refused),
+            ("turns completed", done.turns_completed),
+            ("turns failed, interrupted or cancelled", done.turns_failed),
+            ("results delivered", done.delivered),
+            ("delivery attempts failed", done.delivery_failures),
+        ]
+        .map(|(what, total)| {
+            let per_minute = format!("{:.1}", total as f64 / minutes.max(1) as f64);
+            context! { what, total, per_minute }
+        });
+        let values = context! { status, rates, minutes };
+        Ok(self.render("overview.html", values, door))
     }
 
     /// A page of sessions, filtered by `state` and `route` (within the page).

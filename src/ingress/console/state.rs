@@ -1,7 +1,8 @@
 //! What the console keeps for the daemon's run, held by `Control`: the key of its form tokens,
-//! and the slots of live transcripts.
+//! the slots of live transcripts, and when the daemon started.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -13,6 +14,8 @@ pub(super) const MAX_LIVE_STREAMS: usize = 16;
 pub(crate) struct ConsoleState {
     pub(super) key: ConsoleKey,
     live: Arc<Semaphore>,
+    /// When the daemon started: the overview's rates are since then.
+    pub(super) started: Instant,
 }
 
 impl ConsoleState {
@@ -20,6 +23,7 @@ impl ConsoleState {
         Ok(ConsoleState {
             key: ConsoleKey::generate()?,
             live: Arc::new(Semaphore::new(MAX_LIVE_STREAMS)),
+            started: Instant::now(),
         })
     }
 
