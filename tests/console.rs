@@ -153,7 +153,10 @@ fn every_page_shows_a_stranger_s_markup_as_text() {
     let event = get(&workspace, &format!("/console/events/{event_id}")).body;
     assert!(event.contains("&lt;script&gt;alert("), "{event}");
     let overview = get(&workspace, "/console/").body;
-    assert!(overview.contains("<th>webhooks accepted</th><td>1</td>"), "{overview}");
+    assert!(
+        overview.contains("<th>webhooks accepted</th><td>1</td>"),
+        "{overview}"
+    );
     let events = get(&workspace, "/console/events?status=completed&route=alerts").body;
     assert!(events.contains(&event_id), "{events}");
     assert!(events.contains("db-1 &lt;script&gt;"), "{events}");
@@ -417,20 +420,7 @@ fn the_live_transcript_streams_entries_as_they_are_committed() {
         )
         .event_id();
     assert_eq!(workspace.wait_terminal(&first, TURN_LIMIT), "completed");
-    let stream = std::os::unix::net::UnixStream::connect(workspace.path().join("control.sock"))
-        .expect("connect the control socket");
-    stream.set_read_timeout(Some(TURN_LIMIT)).expect("timeout");
-    (&stream)
-        .write_all(
-            format!("GET /console/sessions/live-1/live HTTP/1.1\r\nhost: {TUNNEL}\r\n\r\n")
-                .as_bytes(),
-        )
-        .expect("write");
-    let mut reader = BufReader::new(stream);
-    let mut head = String::new();
-    while reader.read_line(&mut head).expect("read the head") > 2 && !head.ends_with("\r\n\r\n") {}
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    assert!(head.contains("content-type: text/event-stream"), "{head}");
+    let mut reader = open_live(&workspace, "live-1");
     let answered = |events: &[(String, String)], text: &str| {
         events
             .iter()
@@ -472,6 +462,35 @@ fn the_live_transcript_streams_entries_as_they_are_committed() {
 
     let missing = get(&workspace, "/console/sessions/no-such-session/live");
     assert_eq!(missing.status, 404, "{missing:?}");
+
+    // At most 16 streams at once (one is open above): the control socket stays usable.
+    let held: Vec<_> = (0..15).map(|_| open_live(&workspace, "live-1")).collect();
+    let refused = get(&workspace, "/console/sessions/live-1/live");
+    assert_eq!(refused.status, 503, "{refused:?}");
+    assert_eq!(get(&workspace, "/v1/status").status, 200);
+    drop(held);
+    // A stream open at SIGTERM does not hold up the stop.
+    assert!(daemon.terminate().success());
+    drop(reader);
+}
+
+/// A live transcript stream of `key`, its head read.
+fn open_live(workspace: &Workspace, key: &str) -> BufReader<std::os::unix::net::UnixStream> {
+    let stream = std::os::unix::net::UnixStream::connect(workspace.path().join("control.sock"))
+        .expect("connect the control socket");
+    stream.set_read_timeout(Some(TURN_LIMIT)).expect("timeout");
+    (&stream)
+        .write_all(
+            format!("GET /console/sessions/{key}/live HTTP/1.1\r\nhost: {TUNNEL}\r\n\r\n")
+                .as_bytes(),
+        )
+        .expect("write");
+    let mut reader = BufReader::new(stream);
+    let mut head = String::new();
+    while reader.read_line(&mut head).expect("read the head") > 2 {}
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(head.contains("content-type: text/event-stream"), "{head}");
+    reader
 }
 
 fn tcp(
@@ -567,4 +586,50 @@ fn the_console_on_tcp_serves_only_a_browser_logged_in_with_the_token() {
     assert_eq!(unlogged_post.status, 401, "{unlogged_post:?}");
     assert_eq!(refusals(&workspace, "wrong_token"), 1.0);
     assert_eq!(refusals(&workspace, "not_logged_in"), 1.0);
+}
+
+/// A long session's page shows its latest 500 entries and says how many it leaves out.
+#[test]
+fn a_long_transcript_is_shown_from_its_latest_entries() {
+    let workspace = Workspace::new();
+    workspace.write_config(&config(""));
+    let daemon = workspace.start();
+    let id = daemon
+        .post_json(
+            "/hooks/alerts",
+            &[],
+            &json!({"session": "long"}).to_string(),
+        )
+        .event_id();
+    assert_eq!(workspace.wait_terminal(&id, TURN_LIMIT), "completed");
+    let database = rusqlite::Connection::open(workspace.state_dir().join("agentgate.db"))
+        .expect("open the database");
+    database.busy_timeout(TURN_LIMIT).expect("busy timeout");
+    let recorded: i64 = database
+        .query_row(
+            "SELECT count(*) FROM transcript WHERE session_key = 'long'",
+            [],
+            |row| row.get(0),
+        )
+        .expect("count the entries");
+    // Months of a busy session, as the store holds them.
+    database
+        .execute_batch(
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 600)
+             INSERT INTO transcript (session_key, seq, turn_id, kind, body, created_at)
+             SELECT 'long', 1000 + i, 'old-turn', 'message',
+                    json_object('kind', 'message', 'message', json_object('role', 'assistant', 'content', 'entry ' || i)),
+                    0
+             FROM n",
+        )
+        .expect("add entries");
+    let page = get(&workspace, "/console/sessions/long").body;
+    let left_out = recorded + 600 - 500;
+    assert!(
+        page.contains(&format!("{left_out} earlier entries are not shown")),
+        "{page}"
+    );
+    assert_eq!(page.matches("<li class=\"entry").count(), 500);
+    assert!(page.contains("entry 600"), "the latest is shown");
+    assert!(!page.contains("\"entry 1\""), "the oldest is not");
 }

@@ -13,6 +13,8 @@ use crate::store::{DeliveryState, EventFilter, EventStatus};
 const PER_PAGE: i64 = 100;
 /// Approval requests the page lists at most.
 const APPROVALS_SHOWN: i64 = 200;
+/// The latest transcript entries a session page shows (the command line shows all).
+const ENTRIES_SHOWN: usize = 500;
 /// Deliveries of each state the page lists at most (failed first).
 const DELIVERIES_SHOWN: i64 = 200;
 
@@ -100,9 +102,11 @@ impl Control {
 
     async fn session_page(&self, key: &str, door: Door) -> Result<HttpResponse, ControlError> {
         Ok(match self.session_document(key).await? {
-            Some(document) => {
+            Some(mut document) => {
                 let last_seq = document.transcript.last().map(|entry| entry.seq);
-                let values = context! { last_seq, ..Value::from_serialize(&document) };
+                let earlier = document.transcript.len().saturating_sub(ENTRIES_SHOWN);
+                document.transcript.drain(..earlier);
+                let values = context! { last_seq, earlier, ..Value::from_serialize(&document) };
                 self.render("session.html", values, door)
             }
             None => no_session(key),
