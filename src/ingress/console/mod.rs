@@ -76,7 +76,8 @@ static PAGES: LazyLock<Environment<'static>> = LazyLock::new(|| {
 });
 
 impl Control {
-    /// A request under `/console/` (`segments` after `console`) that came in at `door`.
+    /// A request under `/console/` that came in at `door`: whether it may be served is decided
+    /// here (see `guard`), then a page, the live stream or an action answers it.
     pub(super) async fn console_request(
         &self,
         request: Request<hyper::body::Incoming>,
