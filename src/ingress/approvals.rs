@@ -15,8 +15,8 @@ use crate::session::approval::{self, Outcome};
 use crate::store::approval::Verdict;
 use crate::store::{ApprovalRow, Decided};
 
-/// The longest note or reason a decision may carry.
-const MAX_NOTE: usize = 2000;
+/// The longest note or reason a decision may carry (over the control API and the console).
+pub(super) const MAX_NOTE: usize = 2000;
 /// Requests listed at most (the oldest first).
 const LIST_MAX: i64 = 1000;
 

@@ -101,12 +101,12 @@ fn peer_user(stream: &tokio::net::UnixStream) -> String {
     crate::operator::user_name(credentials.uid())
 }
 
-/// Connections served at once on each of the control socket and the metrics listener; past it
-/// new ones wait in the backlog. Operators' commands and a scraper need a handful: the bound
+/// Connections served at once on each listener (the control socket, metrics, the console); past
+/// it new ones wait in the backlog. Operators' commands and a scraper need a handful: the bound
 /// keeps a flood from taking the descriptors that turns, tools and the store need.
 const MAX_CONTROL_CONNECTIONS: usize = 64;
 
-/// A control or metrics listener task.
+/// A control, metrics or console listener task.
 pub(crate) struct ControlServer {
     listener: ControlListener,
     control: Arc<Control>,

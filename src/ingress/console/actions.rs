@@ -9,6 +9,7 @@ use http_body_util::BodyExt;
 use super::guard::{self, FORM_TOKEN_FIELD, Refusal};
 use super::{Door, form, login_cookie_header, see_other};
 use crate::config::ConsoleSettings;
+use crate::ingress::approvals::MAX_NOTE;
 use crate::ingress::control::{Control, ControlError, no_event, not_found};
 use crate::ingress::query::{path_segment, percent_decode};
 use crate::ingress::response::HttpResponse;
@@ -19,8 +20,6 @@ use crate::store::{Decided, RetryTarget};
 
 /// Who the console's actions are recorded as (docs/reference.md, "Approvals").
 pub(crate) const CONSOLE: &str = "console";
-/// The longest note or reason a decision may carry (as over the control API).
-const MAX_NOTE: usize = 2000;
 
 impl Control {
     /// `POST /console/...`: the action at `segments`, once its form proves it is the console's.
