@@ -251,6 +251,8 @@ fn a_turn_is_one_trace_under_the_sender_s_traceparent() {
     assert_eq!(mcp.attribute("mcp.method.name"), "tools/call");
     assert_eq!(server.traceparents().len(), 1);
     assert_eq!(span_of(&server.traceparents()[0]), mcp.span_id);
+    // The HTTP request carries the same context as a header, for the server's HTTP layer.
+    assert_eq!(server.header_traceparents(), server.traceparents());
 
     let delivery = one(&spans, "deliver alerts");
     assert_eq!(delivery.parent, request.span_id);

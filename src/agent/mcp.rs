@@ -553,7 +553,7 @@ async fn connect(
                 .build()
                 .map_err(|err| format!("cannot build the HTTP client: {err}"))?;
             let transport = StreamableHttpClientTransport::with_client(
-                client,
+                super::mcp_http::TracedClient(client),
                 StreamableHttpClientTransportConfig::with_uri(url.as_str()),
             );
             let running = serve_client_with_ct(listener, transport, service.clone())

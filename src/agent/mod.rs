@@ -4,6 +4,7 @@ pub(crate) mod catalog;
 mod confinement;
 pub(crate) mod endpoint;
 pub(crate) mod mcp;
+mod mcp_http;
 pub(crate) mod message;
 pub(crate) mod model;
 pub(crate) mod process;

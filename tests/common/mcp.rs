@@ -102,12 +102,22 @@ impl PythonServer {
 
     /// The `traceparent` each `shout` call carried in its `_meta` ("-" for none), in order.
     pub fn traceparents(&self) -> Vec<String> {
+        self.trace_lines(0)
+    }
+
+    /// The `traceparent` HTTP header of each `shout` call's request, in order ("-" for none).
+    pub fn header_traceparents(&self) -> Vec<String> {
+        self.trace_lines(1)
+    }
+
+    /// Field `field` of each line of the calls' trace file.
+    fn trace_lines(&self, field: usize) -> Vec<String> {
         let mut path = self.calls.clone().into_os_string();
         path.push(".trace");
         std::fs::read_to_string(path)
             .unwrap_or_default()
             .lines()
-            .map(str::to_string)
+            .map(|line| line.split(' ').nth(field).unwrap_or("-").to_string())
             .collect()
     }
 

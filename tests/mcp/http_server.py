@@ -6,7 +6,8 @@ Every request must carry `X-Test-Token: TOKEN` (agentgate sends it from a secret
 The `grow` tool adds a tool and sends `notifications/tools/list_changed`. The `shout` tool
 upper-cases its text; each call appends the idempotency key agentgate put in
 the request's `_meta`, and the text, to CALLS_FILE, so a test can see what arrived, and the
-`traceparent` of the `_meta` (or "-") to CALLS_FILE.trace.
+`traceparent` of the `_meta` and of the HTTP request's header (each "-" when absent) to
+CALLS_FILE.trace.
 """
 
 import sys
@@ -31,8 +32,10 @@ def shout(text: str, ctx: Context) -> str:
         traceparent = "-"
     with open(calls_file, "a", encoding="utf-8") as calls:
         calls.write(f"{key} {text}\n")
+    request = ctx.request_context.request
+    header = request.headers.get("traceparent", "-") if request is not None else "-"
     with open(calls_file + ".trace", "a", encoding="utf-8") as traces:
-        traces.write(f"{traceparent}\n")
+        traces.write(f"{traceparent} {header}\n")
     return text.upper()
 
 
