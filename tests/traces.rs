@@ -170,7 +170,10 @@ fn a_turn_is_one_trace_under_the_sender_s_traceparent() {
         &model,
         &receiver,
         &collector.url(),
-        &server.config(&workspace),
+        &format!(
+            "{}\n[console]\ntrace_url = \"http://127.0.0.1:16686/trace/{{trace_id}}\"\n",
+            server.config(&workspace)
+        ),
     ));
     let daemon = workspace.start();
     let traceparent = format!("00-{SENDER_TRACE}-{SENDER_SPAN}-01");
@@ -187,6 +190,18 @@ fn a_turn_is_one_trace_under_the_sender_s_traceparent() {
     });
     let shown = workspace.cli_json(&["events", "show", &event_id, "--json"]);
     assert_eq!(shown["trace_id"], SENDER_TRACE, "{shown}");
+    let page = control_request(
+        &workspace.path().join("control.sock"),
+        "GET",
+        &format!("/console/events/{event_id}"),
+    );
+    let link = format!("href=\"http://127.0.0.1:16686/trace/{SENDER_TRACE}\"");
+    // The page escapes `/` in attributes as `&#x2f;`, which a browser reads as `/`.
+    let html = page.body.replace("&#x2f;", "/");
+    assert!(
+        html.contains(&link),
+        "the event page links its trace: {html}"
+    );
     assert!(daemon.terminate().success());
 
     let spans = exported(&collector);

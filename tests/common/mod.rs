@@ -632,7 +632,7 @@ pub fn read_response(stream: &mut TcpStream) -> std::io::Result<HttpResponse> {
 pub fn control_request(path: &std::path::Path, method: &str, target: &str) -> HttpResponse {
     let mut stream = std::os::unix::net::UnixStream::connect(path).expect("connect control socket");
     stream
-        .write_all(format!("{method} {target} HTTP/1.1\r\nhost: control\r\nconnection: close\r\ncontent-length: 0\r\n\r\n").as_bytes())
+        .write_all(format!("{method} {target} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\ncontent-length: 0\r\n\r\n").as_bytes())
         .expect("write");
     let mut raw = Vec::new();
     stream.read_to_end(&mut raw).expect("read");
