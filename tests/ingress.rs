@@ -1339,13 +1339,15 @@ fn one_address_holds_at_most_max_connections_per_peer() {
         .output()
         .expect("curl");
     assert_eq!(String::from_utf8_lossy(&other.stdout), "200", "{other:?}");
-    assert!(
-        workspace
-            .metrics()
-            .contains("agentgate_peer_connections_refused_total 1"),
-        "{}",
-        workspace.metrics()
-    );
+    // At least the probe above; on a loaded machine the start's own health poll may still hold
+    // its slot as the busy connections open, and one of those is refused too.
+    let metrics = workspace.metrics();
+    let refused: u64 = metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("agentgate_peer_connections_refused_total "))
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(0);
+    assert!(refused >= 1, "{metrics}");
     daemon.wait_for_log("its address holds server.max_connections_per_peer");
     drop(held);
     drop(daemon);
