@@ -170,13 +170,33 @@ fn every_page_shows_a_stranger_s_markup_as_text() {
     drop(daemon);
 }
 
+/// `enabled = false` answers 404 on the console's paths and nowhere else; a reload turns it on
+/// at once, while a new `listen` waits for a restart and the report says so.
 #[test]
-fn a_disabled_console_is_not_served() {
+fn a_disabled_console_is_not_served_until_a_reload_turns_it_on() {
     let workspace = Workspace::new();
     workspace.write_config(&config("\n[console]\nenabled = false\n"));
     let _daemon = workspace.start();
     assert_eq!(get(&workspace, "/console/").status, 404);
     assert_eq!(get(&workspace, "/v1/status").status, 200);
+
+    // Turned on by a reload, at once; a new listener waits for a restart, and says so.
+    workspace.write_config(&config(&format!(
+        "\n[console]\nenabled = true\nlisten = \"127.0.0.1:{}\"\ntoken = \"a-long-console-token-0123\"\n",
+        free_port()
+    )));
+    let reload = workspace.cli(&["reload"]);
+    let said = String::from_utf8_lossy(&reload.stdout);
+    assert!(reload.status.success(), "{reload:?}");
+    assert!(
+        said.contains("console (enabled, token, trace_url)"),
+        "{said}"
+    );
+    assert!(
+        said.contains("waiting for a restart: console.listen"),
+        "{said}"
+    );
+    assert_eq!(get(&workspace, "/console/").status, 200);
 }
 
 fn session_state(workspace: &Workspace, key: &str) -> String {
