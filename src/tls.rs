@@ -123,6 +123,16 @@ pub(crate) fn server_config(settings: &TlsSettings) -> Result<Arc<rustls::Server
     Ok(Arc::new(config))
 }
 
+/// The console listener's TLS (`[console] tls`): as the webhook socket's, but HTTP/1.1 alone,
+/// which is what the console serves.
+pub(crate) fn http1_server_config(
+    settings: &TlsSettings,
+) -> Result<Arc<rustls::ServerConfig>, String> {
+    let mut config = Arc::unwrap_or_clone(server_config(settings)?);
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
 /// The roots outbound HTTPS trusts: the public web roots, and the machine's own trust store
 /// (on Debian `/etc/ssl/certs`, where `update-ca-certificates` puts a private CA; also
 /// `SSL_CERT_FILE` and `SSL_CERT_DIR`), read once. A certificate of the store that rustls cannot

@@ -193,7 +193,7 @@ fn a_disabled_console_is_not_served_until_a_reload_turns_it_on() {
         "{said}"
     );
     assert!(
-        said.contains("waiting for a restart: console.listen"),
+        said.contains("waiting for a restart: console (listen, tls)"),
         "{said}"
     );
     assert_eq!(get(&workspace, "/console/").status, 200);
@@ -652,4 +652,62 @@ fn a_long_transcript_is_shown_from_its_latest_entries() {
     assert_eq!(page.matches("<li class=\"entry").count(), 500);
     assert!(page.contains("entry 600"), "the latest is shown");
     assert!(!page.contains("\"entry 1\""), "the oldest is not");
+}
+
+/// With `[console] tls` the console on TCP speaks HTTPS alone: the login works over it, its
+/// cookie is `Secure`, and a plain HTTP client gets no page.
+#[test]
+fn the_console_on_tcp_speaks_https_with_a_certificate() {
+    let workspace = Workspace::new();
+    self_signed(workspace.path(), "console");
+    let (cert, key) = (
+        workspace.path().join("cert.pem"),
+        workspace.path().join("key.pem"),
+    );
+    let port = free_port();
+    workspace.write_config(&config(&format!(
+        "\n[console]\nlisten = \"127.0.0.1:{port}\"\ntoken = \"correct horse battery staple\"\n\
+         tls = {{ cert = {{ file = {:?} }}, key = {{ file = {:?} }} }}\n",
+        cert.display().to_string(),
+        key.display().to_string(),
+    )));
+    let _daemon = workspace.start();
+    let base = format!("https://127.0.0.1:{port}");
+    let curl = |args: &[&str]| {
+        let output = std::process::Command::new("curl")
+            .args(["-s", "-i", "--max-time", "10", "--cacert"])
+            .arg(&cert)
+            .args(args)
+            .output()
+            .expect("run curl");
+        String::from_utf8_lossy(&output.stdout).to_string()
+    };
+    let login_page = curl(&[&format!("{base}/console/login")]);
+    assert!(login_page.starts_with("HTTP/1.1 200"), "{login_page}");
+    let origin = format!("origin: {base}");
+    let logged_in = curl(&[
+        "-H",
+        &origin,
+        "--data-urlencode",
+        "token=correct horse battery staple",
+        &format!("{base}/console/login"),
+    ]);
+    assert!(logged_in.starts_with("HTTP/1.1 303"), "{logged_in}");
+    let cookie = logged_in
+        .lines()
+        .find(|line| line.to_ascii_lowercase().starts_with("set-cookie:"))
+        .unwrap_or_default();
+    assert!(cookie.contains("; Secure"), "{cookie}");
+    let plain = try_request(
+        ([127, 0, 0, 1], port).into(),
+        "GET",
+        "/console/login",
+        &[],
+        b"",
+    );
+    assert!(
+        !plain.as_ref().is_ok_and(|answer| answer.status == 200),
+        "plain HTTP got a page: {plain:?}"
+    );
+    assert_eq!(refusals(&workspace, "tls"), 1.0);
 }

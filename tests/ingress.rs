@@ -990,32 +990,6 @@ hidden_headers = ["X-Internal-Token"]
     }
 }
 
-/// A self-signed certificate for 127.0.0.1 with the common name `name`, written to
-/// `cert.pem` and `key.pem` in `dir` (replacing them, as a renewal does).
-fn self_signed(dir: &std::path::Path, name: &str) {
-    let made = std::process::Command::new("openssl")
-        .args([
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-        ])
-        .arg("-keyout")
-        .arg(dir.join("key.pem"))
-        .arg("-out")
-        .arg(dir.join("cert.pem"))
-        .args(["-days", "2", "-subj", &format!("/CN={name}")])
-        .args(["-addext", "subjectAltName=IP:127.0.0.1"])
-        // A server's certificate, not a CA's: rustls refuses a CA certificate as a server's.
-        .args(["-addext", "basicConstraints=critical,CA:FALSE"])
-        .output()
-        .expect("run openssl");
-    assert!(made.status.success(), "{made:?}");
-}
-
 /// POSTs `{}` to `url` with curl, trusting `ca`, and returns (HTTP version, status, curl's
 /// verbose log).
 fn curl_post(url: &str, ca: &std::path::Path, version: &str) -> (String, String, String) {

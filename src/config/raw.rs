@@ -49,6 +49,7 @@ pub(super) struct RawConsole {
     pub(super) enabled: Option<bool>,
     pub(super) listen: Option<String>,
     pub(super) token: Option<SecretSource>,
+    pub(super) tls: Option<RawTls>,
     pub(super) trace_url: Option<String>,
 }
 

@@ -64,8 +64,8 @@ pub(crate) fn list_changes(old: &Config, new: &Config, report: &mut ReloadReport
     compare("telemetry", old.telemetry != new.telemetry, false);
     // The console's listener is bound once per process; its pages read the rest live.
     compare(
-        "console.listen",
-        old.console.listen != new.console.listen,
+        "console (listen, tls)",
+        (&old.console.listen, &old.console.tls) != (&new.console.listen, &new.console.tls),
         false,
     );
     compare(

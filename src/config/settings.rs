@@ -46,6 +46,8 @@ pub(crate) struct ConsoleSettings {
     pub listen: Option<SocketAddr>,
     /// What a browser presents on `listen`; never needed on the control socket.
     pub token: Option<Secret>,
+    /// HTTPS on `listen` with this certificate and key.
+    pub tls: Option<TlsSettings>,
     /// Where an event's trace is shown: a URL with `{trace_id}` in it.
     pub trace_url: Option<String>,
 }

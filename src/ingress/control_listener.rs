@@ -5,6 +5,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::{Method, Request};
 use hyper::server::conn::http1;
@@ -25,8 +26,35 @@ enum ControlListener {
     /// `[server] metrics_listen`: `GET /metrics` alone, since Prometheus cannot scrape a Unix
     /// socket and the operator endpoints must stay behind the socket's permissions.
     Metrics(tokio::net::TcpListener),
-    /// `[console] listen`: the console alone, to a browser logged in with the console token.
-    Console(tokio::net::TcpListener),
+    /// `[console] listen`: the console alone, to a browser logged in with the console token;
+    /// HTTPS with `[console] tls`.
+    Console(tokio::net::TcpListener, Option<tokio_rustls::TlsAcceptor>),
+}
+
+/// An accepted connection: ready to serve, or a TLS handshake to make first (on the
+/// connection's own task, so that a slow one holds up no other).
+enum Accepted {
+    Ready(Box<dyn Stream>),
+    Handshake(tokio::net::TcpStream, tokio_rustls::TlsAcceptor),
+}
+
+impl Accepted {
+    /// The stream to serve, once its TLS handshake (if any) is done within `header_timeout`;
+    /// `None`, counted and logged, when it is not.
+    async fn opened(self, header_timeout: Duration, control: &Control) -> Option<Box<dyn Stream>> {
+        match self {
+            Accepted::Ready(stream) => Some(stream),
+            Accepted::Handshake(stream, acceptor) => {
+                if let Ok(Ok(stream)) =
+                    tokio::time::timeout(header_timeout, acceptor.accept(stream)).await
+                {
+                    return Some(Box::new(stream));
+                }
+                control.console_handshake_failed();
+                None
+            }
+        }
+    }
 }
 
 impl ControlListener {
@@ -41,20 +69,25 @@ impl ControlListener {
         match self {
             ControlListener::Socket(_) => "control",
             ControlListener::Metrics(_) => "metrics",
-            ControlListener::Console(_) => "console",
+            ControlListener::Console(..) => "console",
         }
     }
 
     /// The next connection, with its peer's Unix user (the TCP listeners have none).
-    async fn accept(&self) -> std::io::Result<(Box<dyn Stream>, String)> {
+    async fn accept(&self) -> std::io::Result<(Accepted, String)> {
         Ok(match self {
             ControlListener::Socket(listener) => {
                 let stream = listener.accept().await?.0;
                 let peer = peer_user(&stream);
-                (Box::new(stream), peer)
+                (Accepted::Ready(Box::new(stream)), peer)
             }
-            ControlListener::Metrics(listener) | ControlListener::Console(listener) => {
-                (Box::new(listener.accept().await?.0), String::new())
+            ControlListener::Metrics(listener) | ControlListener::Console(listener, None) => {
+                let stream = listener.accept().await?.0;
+                (Accepted::Ready(Box::new(stream)), String::new())
+            }
+            ControlListener::Console(listener, Some(acceptor)) => {
+                let stream = listener.accept().await?.0;
+                (Accepted::Handshake(stream, acceptor.clone()), String::new())
             }
         })
     }
@@ -111,7 +144,7 @@ pub(crate) struct ControlServer {
     listener: ControlListener,
     control: Arc<Control>,
     /// A request head must come within this, and an idle connection is closed after it.
-    header_timeout: std::time::Duration,
+    header_timeout: Duration,
 }
 
 impl ControlServer {
@@ -136,17 +169,12 @@ impl ControlServer {
                     "cannot listen on {addr} (server.metrics_listen); metrics are on the control socket only"),
             }
         }
-        let console = control.settings.get().config.console.clone();
-        if let Some(addr) = console.listen.filter(|_| console.token.is_some()) {
-            match tokio::net::TcpListener::bind(addr).await {
-                Ok(listener) => servers.push(ControlServer {
-                    listener: ControlListener::Console(listener),
-                    control: control.clone(),
-                    header_timeout,
-                }),
-                Err(err) => tracing::error!(error = %err,
-                    "cannot listen on {addr} (console.listen); the console is on the control socket only"),
-            }
+        if let Some(listener) = console_listener(control).await {
+            servers.push(ControlServer {
+                listener,
+                control: control.clone(),
+                header_timeout,
+            });
         }
         if let Some(socket) = socket {
             match ControlListener::socket(socket) {
@@ -172,7 +200,7 @@ impl ControlServer {
         let serves = match listener {
             ControlListener::Socket(_) => Serves::Everything,
             ControlListener::Metrics(_) => Serves::Metrics,
-            ControlListener::Console(_) => Serves::Console,
+            ControlListener::Console(..) => Serves::Console,
         };
         let mut backoff = AcceptBackoff::default();
         let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONTROL_CONNECTIONS));
@@ -189,7 +217,7 @@ impl ControlServer {
                     Err(_) => return,
                 },
             };
-            let (stream, peer) = tokio::select! {
+            let (accepted, peer) = tokio::select! {
                 () = shutdown.cancelled() => return,
                 accepted = listener.accept() => match accepted {
                     Ok(accepted) => accepted,
@@ -200,6 +228,7 @@ impl ControlServer {
                 },
             };
             backoff.succeeded();
+            let opening = control.clone();
             let control = control.clone();
             let peer: Arc<str> = peer.into();
             let service = service_fn(move |request: Request<hyper::body::Incoming>| {
@@ -209,9 +238,35 @@ impl ControlServer {
             });
             let http = http.clone();
             tokio::spawn(async move {
-                let _ = http.serve_connection(TokioIo::new(stream), service).await;
+                if let Some(stream) = accepted.opened(header_timeout, &opening).await {
+                    let _ = http.serve_connection(TokioIo::new(stream), service).await;
+                }
                 drop(permit);
             });
+        }
+    }
+}
+
+/// `[console] listen` bound, with its TLS when `[console] tls` is set; `None` (logged) when it
+/// is not set or cannot be served. A console that should speak TLS and cannot is not served in
+/// plain HTTP instead.
+async fn console_listener(control: &Control) -> Option<ControlListener> {
+    let console = control.settings.get().config.console.clone();
+    let addr = console.listen.filter(|_| console.token.is_some())?;
+    let tls = match console.tls.as_ref().map(crate::tls::http1_server_config) {
+        None => None,
+        Some(Ok(config)) => Some(tokio_rustls::TlsAcceptor::from(config)),
+        Some(Err(problem)) => {
+            tracing::error!("console.tls: {problem}; the console is on the control socket only");
+            return None;
+        }
+    };
+    match tokio::net::TcpListener::bind(addr).await {
+        Ok(listener) => Some(ControlListener::Console(listener, tls)),
+        Err(err) => {
+            tracing::error!(error = %err,
+                "cannot listen on {addr} (console.listen); the console is on the control socket only");
+            None
         }
     }
 }

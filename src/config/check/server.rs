@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::{Checker, host_name, valid_name};
-use crate::config::raw::{RawRuntime, RawServer, RawStore};
+use crate::config::raw::{RawRuntime, RawServer, RawStore, RawTls};
 use crate::config::settings::{PostgresSettings, RuntimeSettings, ServerSettings, StoreSettings};
 use crate::config::units::parse_size;
 use crate::logging::{DEFAULT_EVENT_LINES_PER_SECOND, EventLogLevel};
@@ -93,29 +93,33 @@ impl Checker<'_> {
         parsed
     }
 
+    /// `KEY = { cert, key }`: a certificate chain and its key, which rustls must take; `None`
+    /// (with an error) when it does not.
+    pub(super) fn tls(&mut self, key: &str, raw: &RawTls) -> Option<TlsSettings> {
+        let cert = self.secret(&format!("{key}.cert"), &raw.cert);
+        let private = self.secret(&format!("{key}.key"), &raw.key);
+        let tls = TlsSettings {
+            cert: cert?,
+            key: private?,
+        };
+        // Credentials are only there under systemd; what cannot be read here is checked when
+        // the service loads it.
+        if !tls.cert.expose().is_empty()
+            && !tls.key.expose().is_empty()
+            && let Err(problem) = crate::tls::server_config(&tls)
+        {
+            self.error(key, problem);
+            return None;
+        }
+        Some(tls)
+    }
+
     pub(super) fn server(&mut self, raw: RawServer) -> Option<ServerSettings> {
         let listen = self.listen(raw.listen)?;
         let max_body = self.value("server.max_body", raw.max_body, 1 << 20, |t| parse_size(&t));
         let tls = match raw.tls {
             None => None,
-            Some(tls) => {
-                let cert = self.secret("server.tls.cert", &tls.cert);
-                let key = self.secret("server.tls.key", &tls.key);
-                let tls = TlsSettings {
-                    cert: cert?,
-                    key: key?,
-                };
-                // Credentials are only there under systemd; what cannot be read here is checked
-                // when the service loads it.
-                if !tls.cert.expose().is_empty()
-                    && !tls.key.expose().is_empty()
-                    && let Err(problem) = crate::tls::server_config(&tls)
-                {
-                    self.error("server.tls", problem);
-                    return None;
-                }
-                Some(tls)
-            }
+            Some(tls) => Some(self.tls("server.tls", &tls)?),
         };
         let mut trusted_proxies = Vec::new();
         for entry in raw.trusted_proxies.unwrap_or_default() {

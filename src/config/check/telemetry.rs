@@ -89,12 +89,19 @@ impl Checker<'_> {
                 ),
             );
         }
-        if let Some(addr) = listen.filter(|addr| !addr.ip().is_loopback()) {
+        let tls = raw
+            .tls
+            .as_ref()
+            .and_then(|tls| self.tls("console.tls", tls));
+        if raw.tls.is_some() && listen.is_none() {
+            self.warn("console.tls", "has no effect without console.listen");
+        }
+        if let Some(addr) = listen.filter(|addr| !addr.ip().is_loopback() && raw.tls.is_none()) {
             self.warn(
                 "console.listen",
                 format!(
-                    "{addr} is not a loopback address: the console speaks plain HTTP, so put it \
-                     behind a TLS proxy or a private network"
+                    "{addr} is not a loopback address and there is no console.tls: the token \
+                     and the pages would cross the network in plain HTTP"
                 ),
             );
         }
@@ -117,6 +124,7 @@ impl Checker<'_> {
             enabled: raw.enabled.unwrap_or(true),
             listen,
             token,
+            tls,
             trace_url,
         }
     }

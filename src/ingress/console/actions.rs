@@ -40,7 +40,7 @@ impl Control {
         };
         match segments {
             ["login"] => return self.login(form.get("token").as_deref(), door, console),
-            ["logout"] => return logged_out(),
+            ["logout"] => return logged_out(console.tls.is_some()),
             _ => {}
         }
         if !self
@@ -177,7 +177,8 @@ impl Control {
             return self.refuse(Refusal::WrongToken, door, "/console/login");
         }
         let mut answer = see_other("/console/");
-        if let Ok(cookie) = login_cookie_header(Some(&guard::login_cookie(token))).parse() {
+        let cookie = login_cookie_header(Some(&guard::login_cookie(token)), console.tls.is_some());
+        if let Ok(cookie) = cookie.parse() {
             answer
                 .headers_mut()
                 .insert(http::header::SET_COOKIE, cookie);
@@ -187,9 +188,9 @@ impl Control {
 }
 
 /// `POST /console/logout`: the cookie is cleared.
-fn logged_out() -> HttpResponse {
+fn logged_out(secure: bool) -> HttpResponse {
     let mut answer = see_other("/console/login");
-    if let Ok(cookie) = login_cookie_header(None).parse() {
+    if let Ok(cookie) = login_cookie_header(None, secure).parse() {
         answer
             .headers_mut()
             .insert(http::header::SET_COOKIE, cookie);

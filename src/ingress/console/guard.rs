@@ -52,15 +52,18 @@ pub(crate) enum Refusal {
     NotLoggedIn,
     /// A login with a wrong token.
     WrongToken,
+    /// A connection to `[console] listen` whose TLS handshake failed or did not come in time.
+    Tls,
 }
 
 impl Refusal {
-    pub(crate) const ALL: [Refusal; 5] = [
+    pub(crate) const ALL: [Refusal; 6] = [
         Refusal::Host,
         Refusal::CrossSite,
         Refusal::FormToken,
         Refusal::NotLoggedIn,
         Refusal::WrongToken,
+        Refusal::Tls,
     ];
 
     pub(crate) fn label(self) -> &'static str {
@@ -70,6 +73,7 @@ impl Refusal {
             Refusal::FormToken => "form_token",
             Refusal::NotLoggedIn => "not_logged_in",
             Refusal::WrongToken => "wrong_token",
+            Refusal::Tls => "tls",
         }
     }
 
@@ -87,6 +91,7 @@ impl Refusal {
             }
             Refusal::NotLoggedIn => "log in with the console token first",
             Refusal::WrongToken => "that is not the console token",
+            Refusal::Tls => "the TLS handshake failed or did not come within server.header_timeout",
         }
     }
 }

@@ -129,7 +129,7 @@ impl Control {
         self.console.key.refused(refusal, door, path);
         let (status, page) = match refusal {
             Refusal::NotLoggedIn | Refusal::WrongToken => (StatusCode::UNAUTHORIZED, "login.html"),
-            Refusal::Host | Refusal::CrossSite | Refusal::FormToken => {
+            Refusal::Host | Refusal::CrossSite | Refusal::FormToken | Refusal::Tls => {
                 (StatusCode::FORBIDDEN, "refused.html")
             }
         };
@@ -137,6 +137,12 @@ impl Control {
         let mut page = self.render(page, values, door);
         *page.status_mut() = status;
         page
+    }
+
+    /// A connection to `[console] listen` that never got through its TLS handshake: counted and
+    /// logged as the console's refusals are.
+    pub(super) fn console_handshake_failed(&self) {
+        self.console.key.refused(Refusal::Tls, Door::Listen, "");
     }
 
     /// A page that says why something was not done, with status `status`.
@@ -223,9 +229,14 @@ async fn form(request: Request<hyper::body::Incoming>) -> Option<Query> {
 }
 
 /// The `Set-Cookie` value that logs a browser in (`Some`) or out (`None`): only for the
-/// console's paths, never sent by another site's requests, and out of reach of scripts.
-fn login_cookie_header(value: Option<&str>) -> String {
-    let attributes = "Path=/console; HttpOnly; SameSite=Strict";
+/// console's paths, never sent by another site's requests, out of reach of scripts, and over
+/// HTTPS only when the console speaks it (`secure`).
+fn login_cookie_header(value: Option<&str>, secure: bool) -> String {
+    let attributes = if secure {
+        "Path=/console; HttpOnly; SameSite=Strict; Secure"
+    } else {
+        "Path=/console; HttpOnly; SameSite=Strict"
+    };
     match value {
         Some(value) => format!("{COOKIE}={value}; {attributes}"),
         None => format!("{COOKIE}=; Max-Age=0; {attributes}"),
