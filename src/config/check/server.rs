@@ -83,11 +83,16 @@ impl Checker<'_> {
         let Some(text) = raw else {
             return Some(SocketAddr::from(([127, 0, 0, 1], 8787)));
         };
+        self.address("server.listen", &text, "127.0.0.1:8787")
+    }
+
+    /// `text` as an address:port, or `None` with an error on `key` that shows `example`.
+    pub(super) fn address(&mut self, key: &str, text: &str, example: &str) -> Option<SocketAddr> {
         let parsed = text.parse::<SocketAddr>().ok();
         if parsed.is_none() {
             self.error(
-                "server.listen",
-                format!("{text:?} is not an address:port such as \"127.0.0.1:8787\""),
+                key,
+                format!("{text:?} is not an address:port such as \"{example}\""),
             );
         }
         parsed
@@ -134,16 +139,9 @@ impl Checker<'_> {
                 ),
             }
         }
-        let metrics_listen = raw.metrics_listen.and_then(|text| {
-            let parsed = text.parse::<SocketAddr>().ok();
-            if parsed.is_none() {
-                self.error(
-                    "server.metrics_listen",
-                    format!("{text:?} is not an address:port such as \"127.0.0.1:9464\""),
-                );
-            }
-            parsed
-        });
+        let metrics_listen = raw
+            .metrics_listen
+            .and_then(|text| self.address("server.metrics_listen", &text, "127.0.0.1:9464"));
         let public_url = raw
             .public_url
             .and_then(|text| match url::Url::parse(&text) {

@@ -1,7 +1,5 @@
 //! `[telemetry]` and `[console]`: where traces go, and where the web console is served.
 
-use std::net::SocketAddr;
-
 use super::Checker;
 use crate::config::raw::{RawConsole, RawTelemetry};
 use crate::config::settings::{ConsoleSettings, TRACE_ID, TelemetrySettings};
@@ -61,16 +59,10 @@ impl Checker<'_> {
             .token
             .as_ref()
             .and_then(|token| self.secret("console.token", token));
-        let listen = raw.listen.and_then(|text| {
-            let parsed = text.parse::<SocketAddr>().ok();
-            if parsed.is_none() {
-                self.error(
-                    "console.listen",
-                    format!("{text:?} is not an address:port such as \"127.0.0.1:8788\""),
-                );
-            }
-            parsed
-        });
+        let listen = raw
+            .listen
+            .as_ref()
+            .and_then(|text| self.address("console.listen", text, "127.0.0.1:8788"));
         if listen.is_some() && raw.token.is_none() {
             self.error(
                 "console.listen",
