@@ -251,7 +251,8 @@ impl ControlServer {
 /// is not set or cannot be served. A console that should speak TLS and cannot is not served in
 /// plain HTTP instead.
 async fn console_listener(control: &Control) -> Option<ControlListener> {
-    let console = control.settings.get().config.console.clone();
+    let settings = control.settings.get();
+    let console = &settings.config.console;
     let addr = console.listen.filter(|_| console.token.is_some())?;
     let tls = match console.tls.as_ref().map(crate::tls::http1_server_config) {
         None => None,

@@ -83,7 +83,9 @@ impl Control {
         request: Request<hyper::body::Incoming>,
         door: Door,
     ) -> ConsoleResponse {
-        let console = self.settings.get().config.console.clone();
+        // The settings in effect, held (not copied: they include the TLS key) for the request.
+        let settings = self.settings.get();
+        let console = &settings.config.console;
         let path = request.uri().path().to_string();
         let segments: Vec<&str> = path.trim_matches('/').split('/').skip(1).collect();
         if !console.enabled {
@@ -114,7 +116,7 @@ impl Control {
                     .await
             }
             (&Method::GET, _) => boxed(self.page(&segments, query.as_deref(), door).await),
-            (&Method::POST, _) => boxed(self.act(&segments, request, door, &console).await),
+            (&Method::POST, _) => boxed(self.act(&segments, request, door, console).await),
             _ => boxed(super::response::error(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "method_not_allowed",
