@@ -3,7 +3,8 @@
 #
 #   bench/all.sh                 # RUNS=3 by default
 #
-# 1. durable accept vs Debian's webhook (bench/accept.sh, RUNS runs), and memory under stalled
+# 1. durable accept vs Debian's webhook (bench/accept.sh, RUNS runs), instructions per accepted
+#    event with and without a deep backlog (bench/instructions.sh), and memory under stalled
 #    large bodies (bench/stalled-bodies.py);
 # 2. turns: per-step overhead at 1 and 16 concurrent turns, 1,000 concurrent turns on a slow
 #    model, time to READY with 100,000 and 1,000,000 stored events, command against MCP tool
@@ -13,13 +14,17 @@
 # 5. 10,000 pending approvals at idle, and decision-to-turn-end latency (bench/approvals.sh);
 # 6. a sandboxed call in a unit of its own against the same sandbox started directly, under a
 #    real systemd (bench/tool-units.sh, root only);
-# 7. a valid webhook and the daemon's memory under five floods (bench/attack.py).
+# 7. a valid webhook and the daemon's memory under five floods (bench/attack.py);
+# 8. `agentgate backup` of a 180 MB database idle and under load (bench/backup.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-3}
 
 echo "== durable accept"
 RUNS=$RUNS bench/accept.sh
+
+echo "== instructions per accepted event"
+bench/instructions.sh
 
 echo "== stalled large bodies"
 for connections in 300 900; do bench/stalled-bodies.py "$connections"; done
@@ -50,6 +55,9 @@ bench/tool-units.sh
 
 echo "== floods"
 bench/attack.py
+
+echo "== backup under load"
+RUNS=$RUNS bench/backup.sh
 
 echo "== scale-out on PostgreSQL"
 RUNS=$RUNS bench/scaleout.sh

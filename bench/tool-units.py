@@ -1,7 +1,7 @@
 """Per-call cost of a tool unit (docs/benchmarks.md, "Tool units").
 
-Run inside a booted systemd with agentgate-tool.socket started, as the service's user:
-python3 tool-units.py CALLS. Makes CALLS calls of /bin/true in the sandbox, once through
+Run inside a booted systemd with agentgate-tool.socket started, as the service's user in a
+unit named agentgate.service (the only caller a tool unit admits): python3 tool-units.py CALLS. Makes CALLS calls of /bin/true in the sandbox, once through
 /run/agentgate/tool.sock (a unit per call, as the daemon does it) and once by starting bubblewrap
 directly (as outside systemd), alternating, and prints the medians and 95th percentiles in ms.
 """
@@ -14,21 +14,22 @@ import subprocess
 import sys
 import time
 
+# What the daemon sends: at least the floor a tool unit holds every request to.
 CONFINEMENT = {
-    "bwrap": "/usr/bin/bwrap",
     "network": False,
     "writable": [],
-    "hidden_dirs": ["/var/lib/agentgate"],
-    "hidden_files": [],
+    "hidden_dirs": ["/etc/agentgate/credentials", "/run/agentgate", "/run/credentials",
+                    "/var/lib/agentgate"],
+    "hidden_files": ["/run/agentgate/tool.sock"],
 }
 WRAPPER = ["/usr/bin/bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop",
            "ALL", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
-           "--setenv", "HOME", "/tmp", "--chdir", "/", "--"]
+           "--setenv", "HOME", "/tmp", "--tmpfs", "/run", "--chdir", "/", "--"]
 
 
 def through_unit():
-    request = json.dumps({"program": "/bin/true", "args": [], "env": [], "cwd": None,
-                          "confinement": CONFINEMENT}).encode()
+    request = json.dumps({"Run": {"program": "/bin/true", "args": [], "env": [], "cwd": None,
+                                  "confinement": CONFINEMENT}}).encode()
     null_in = os.open("/dev/null", os.O_RDONLY)
     null_out = os.open("/dev/null", os.O_WRONLY)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:

@@ -21,6 +21,7 @@ systemd-sysusers agentgate.conf
 install -m 0644 $REPO/systemd/agentgate-tool.socket '$REPO/systemd/agentgate-tool@.service' /etc/systemd/system/
 systemctl daemon-reload
 systemctl start agentgate-tool.socket"
-# As a service of the same user with a /proc of its own, as agentgate.service has (a shell
-# entered from outside, under the harness's covered /proc, may not mount a fresh one).
-ns "systemd-run --quiet --wait --pipe --uid=_agentgate --gid=_agentgate -p WorkingDirectory=/ -p ProtectProc=invisible -p PrivateMounts=yes python3 $REPO/bench/tool-units.py $CALLS"
+# As the service's user in a unit named agentgate.service (a tool unit admits no other caller),
+# with a /proc of its own (a shell entered from outside, under the harness's covered /proc, may
+# not mount a fresh one).
+ns "systemd-run --quiet --wait --pipe --unit=agentgate.service --uid=_agentgate --gid=_agentgate -p WorkingDirectory=/ -p ProtectProc=invisible -p PrivateMounts=yes python3 $REPO/bench/tool-units.py $CALLS"

@@ -17,7 +17,7 @@
 //! Run: cargo bench --bench turns
 
 #[path = "../tests/common/stub.rs"]
-#[allow(dead_code)]
+#[expect(dead_code, reason = "the tests' stub model; the benchmark uses a part")]
 mod stub;
 
 use std::os::unix::net::UnixDatagram;
@@ -324,6 +324,10 @@ fn time_to_ready() {
     );
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "one measured scenario: its servers, turns and report read best in one place"
+)]
 fn tool_calls() {
     const TURNS: usize = 50;
     const CALLS_PER_TURN: usize = 20;

@@ -6,9 +6,9 @@
 //! the model and tools of `agent`, commit every step to `store`, and end with a result that
 //! `deliver` sends from the outbox. `lifecycle` owns the daemon's bootstrap and its stop
 //! (`lifecycle::drain`); `reconcile` repairs state before a start; `cli` is the command line.
-//! `config`, `signature`, `secret`, `template`, `tls`, `logging`, `operator` (what an operator
-//! can do to a session) and `output` (stdout for commands) serve every layer and import none of
-//! them; the top-level modules import one another without a cycle (tests/layout.rs).
+//! `config`, `signature`, `secret`, `template`, `tls`, `logging`, `clock`, `locks`, `operator`
+//! (what an operator can do to a session) and `output` (stdout for commands) serve every layer
+//! and import none of them; the top-level modules import one another without a cycle (tests/layout.rs).
 
 #![deny(unsafe_code)]
 
@@ -22,11 +22,13 @@ pub(crate) const VERSION: &str = match option_env!("AGENTGATE_PACKAGE_VERSION") 
 
 mod agent;
 mod cli;
+mod clock;
 mod config;
 mod deliver;
 mod exit;
 mod ingress;
 mod lifecycle;
+mod locks;
 mod logging;
 mod metrics;
 mod operator;
@@ -38,7 +40,10 @@ mod sender;
 mod session;
 mod signature;
 mod store;
-#[allow(unsafe_code)]
+#[expect(
+    unsafe_code,
+    reason = "what no safe API offers, in one module (its doc lists each)"
+)]
 mod sys;
 mod telemetry;
 mod template;

@@ -8,7 +8,7 @@
 use std::io::IsTerminal;
 use std::sync::LazyLock;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use prometheus_client::metrics::counter::Counter;
 use tracing_subscriber::EnvFilter;
@@ -38,6 +38,8 @@ pub(crate) const MESSAGE_OPERATOR_RESUMED: &str = "7416ee7898a9431690ced81933602
 pub(crate) const MESSAGE_OPERATOR_SUSPENDED: &str = "edcec10b073e46c1af472b6ca6e53c23";
 /// The operator cancelled a session's running turn (`sessions cancel`).
 pub(crate) const MESSAGE_OPERATOR_CANCELLED: &str = "21225f76e7564e6d8df082b2fd4275e0";
+/// The operator reran a session from a transcript entry (`sessions rewind|fork`).
+pub(crate) const MESSAGE_OPERATOR_RERUN: &str = "e6d605b8597d43bc83fde185614d01e3";
 /// A tool call waits for an operator's decision (`approval = true`).
 pub(crate) const MESSAGE_APPROVAL_REQUESTED: &str = "3f0a9c51d2b84e6f9a7c1e5d08b4f2a6";
 /// An approval request was decided (approved, denied or expired).
@@ -47,8 +49,7 @@ pub(crate) const MESSAGE_SUMMARY: &str = "b9407274a51241d6a2033e70e2f89303";
 
 /// The level of the per-event lines (event accepted, turn started and completed, result
 /// delivered): `[runtime] event_log_level`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) enum EventLogLevel {
     #[default]
     Info,
@@ -98,6 +99,78 @@ impl LineBudget {
             self.skipped.fetch_add(1, Ordering::Relaxed);
             None
         }
+    }
+}
+
+/// A line about something that may repeat fast (an accept that keeps failing, a collector that
+/// is down, a refusal): at most one every `every`; the rest are counted.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct OneLineEvery {
+    every: Duration,
+    last: Option<Instant>,
+    left_out: u64,
+}
+
+impl OneLineEvery {
+    pub(crate) const fn new(every: Duration) -> OneLineEvery {
+        OneLineEvery {
+            every,
+            last: None,
+            left_out: 0,
+        }
+    }
+
+    /// `Some(lines left out since the last)` when a line is due now; else the line is counted
+    /// as left out.
+    pub(crate) fn due(&mut self) -> Option<u64> {
+        self.due_at(Instant::now())
+    }
+
+    fn due_at(&mut self, now: Instant) -> Option<u64> {
+        if self
+            .last
+            .is_some_and(|last| now.duration_since(last) < self.every)
+        {
+            self.left_out += 1;
+            return None;
+        }
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.left_out))
+    }
+}
+
+/// A warning that repeats for as long as something outside stays down (a delivery target, a
+/// model endpoint): [`OneLineEvery`] per key. Keys are few (routes, endpoints), so the map stays
+/// small.
+pub(crate) struct RepeatedLines {
+    every: Duration,
+    lines: std::sync::Mutex<std::collections::HashMap<String, OneLineEvery>>,
+}
+
+impl RepeatedLines {
+    pub(crate) fn new(every: Duration) -> RepeatedLines {
+        RepeatedLines {
+            every,
+            lines: std::sync::Mutex::default(),
+        }
+    }
+
+    /// `Some(lines left out since the last)` when a line of `key` is due now.
+    pub(crate) fn due(&self, key: &str) -> Option<u64> {
+        let mut lines = crate::locks::lock(&self.lines);
+        if let Some(line) = lines.get_mut(key) {
+            return line.due();
+        }
+        let mut line = OneLineEvery::new(self.every);
+        let due = line.due();
+        lines.insert(key.to_string(), line);
+        due
+    }
+
+    /// `key` is well again: its next failure is written at once. Whether it had failed.
+    pub(crate) fn clear(&self, key: &str) -> bool {
+        let mut lines = crate::locks::lock(&self.lines);
+        lines.remove(key).is_some()
     }
 }
 
@@ -272,6 +345,19 @@ mod tests {
         assert_eq!(next, Some(90));
         let unlimited = LineBudget::new(0);
         assert!((0..1000).all(|_| unlimited.admit_at(start).is_some()));
+    }
+
+    #[test]
+    fn one_line_every_interval_says_how_many_were_left_out() {
+        let every = Duration::from_secs(10);
+        let mut lines = OneLineEvery::new(every);
+        let start = Instant::now();
+        assert_eq!(lines.due_at(start), Some(0));
+        assert_eq!(lines.due_at(start + Duration::from_secs(3)), None);
+        assert_eq!(lines.due_at(start + Duration::from_secs(9)), None);
+        assert_eq!(lines.due_at(start + every), Some(2));
+        assert_eq!(lines.due_at(start + every), None);
+        assert_eq!(lines.due_at(start + every * 3), Some(1));
     }
 
     /// Counts the lines that reach it.

@@ -47,6 +47,37 @@ impl OperatorAction {
     }
 }
 
+/// What an operator can do to rerun a session from one of its transcript entries (`agentgate
+/// sessions rewind|fork`, `POST /v1/sessions/{key}/{rewind|fork}`): unlike the actions above,
+/// each names an entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Rerun {
+    /// Rerun the session itself from the entry; the entries from it on are superseded.
+    Rewind,
+    /// Rerun it in a new session that gets copies of the entries before it.
+    Fork,
+}
+
+impl Rerun {
+    pub(crate) const ALL: [Rerun; 2] = [Rerun::Rewind, Rerun::Fork];
+
+    /// The name in commands, control paths, log lines and metric labels.
+    pub(crate) const fn name(self) -> &'static str {
+        match self {
+            Rerun::Rewind => "rewind",
+            Rerun::Fork => "fork",
+        }
+    }
+
+    /// The metric label of a refused one.
+    pub(crate) const fn refused(self) -> &'static str {
+        match self {
+            Rerun::Rewind => "rewind_refused",
+            Rerun::Fork => "fork_refused",
+        }
+    }
+}
+
 /// The Unix user `uid` by name, else `uid N`: who took an operator's action, as recorded.
 pub(crate) fn user_name(uid: u32) -> String {
     match nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) {

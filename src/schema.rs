@@ -10,6 +10,8 @@
 //! built without remote references: a schema whose `$ref` would need a fetch is not valid, and
 //! nothing is fetched because of one (docs/tools.md, "Arguments").
 
+use std::sync::Arc;
+
 use serde_json::Value;
 
 /// At most this many of a call's problems are reported.
@@ -32,12 +34,30 @@ pub(crate) fn compile(schema: &Value) -> Result<jsonschema::Validator, String> {
         .map_err(|err| err.to_string())
 }
 
-/// Validates `value` against `schema`.
-pub(crate) fn validate(schema: &Value, value: &Value) -> Result<(), Mismatch> {
-    let validator = compile(schema).map_err(|err| Mismatch {
-        for_model: format!("the tool's parameter schema is not valid ({err}); it cannot be called"),
-        for_log: format!("the tool's parameter schema is not valid: {err}"),
-    })?;
+/// A tool's parameter schema, compiled once (a command tool's when a turn's catalog is built, an
+/// MCP tool's when its server lists it) for every call; or why it is not a valid schema, which each call of the tool is then told.
+#[derive(Clone)]
+pub(crate) struct Parameters(Arc<Result<jsonschema::Validator, String>>);
+
+impl Parameters {
+    pub(crate) fn compile(schema: &Value) -> Parameters {
+        Parameters(Arc::new(compile(schema)))
+    }
+
+    /// Validates a call's arguments, `value`.
+    pub(crate) fn validate(&self, value: &Value) -> Result<(), Mismatch> {
+        let validator = self.0.as_ref().as_ref().map_err(|err| Mismatch {
+            for_model: format!(
+                "the tool's parameter schema is not valid ({err}); it cannot be called"
+            ),
+            for_log: format!("the tool's parameter schema is not valid: {err}"),
+        })?;
+        validate(validator, value)
+    }
+}
+
+/// Validates `value` with `validator`.
+fn validate(validator: &jsonschema::Validator, value: &Value) -> Result<(), Mismatch> {
     let problems: Vec<_> = validator.iter_errors(value).take(MAX_PROBLEMS).collect();
     if problems.is_empty() {
         return Ok(());
@@ -111,7 +131,7 @@ mod tests {
             "additionalProperties": false
         });
         let valid = json!({"path": "/srv/reports/q3.txt", "depth": 2, "since": "2026-12-01"});
-        assert_eq!(validate(&schema, &valid), Ok(()));
+        assert_eq!(Parameters::compile(&schema).validate(&valid), Ok(()));
         let refused = [
             (json!({"depth": 2}), "\"path\" is a required property"),
             (json!({"path": "/etc/shadow"}), "does not match"),
@@ -142,7 +162,9 @@ mod tests {
             (json!([1]), "is not of type \"object\""),
         ];
         for (value, expected) in refused {
-            let mismatch = validate(&schema, &value).expect_err("invalid");
+            let mismatch = Parameters::compile(&schema)
+                .validate(&value)
+                .expect_err("invalid");
             assert!(
                 mismatch.for_model.contains(expected),
                 "{} vs {expected}",
@@ -154,7 +176,9 @@ mod tests {
     #[test]
     fn the_journal_line_names_the_rule_but_not_the_value() {
         let schema = json!({"type": "object", "properties": {"path": {"type": "string", "pattern": "^/srv/"}}});
-        let mismatch = validate(&schema, &json!({"path": "/etc/shadow"})).expect_err("invalid");
+        let mismatch = Parameters::compile(&schema)
+            .validate(&json!({"path": "/etc/shadow"}))
+            .expect_err("invalid");
         assert!(mismatch.for_model.contains("/etc/shadow"), "{mismatch:?}");
         assert!(
             mismatch.for_log.starts_with("at arguments/path"),

@@ -85,7 +85,8 @@ impl SecretSource {
     pub(crate) fn unloaded_credential(&self) -> Option<Secret> {
         match self {
             SecretSource::Reference(SecretReference::Credential(_)) => Some(self.unloaded()),
-            _ => None,
+            SecretSource::Literal(_)
+            | SecretSource::Reference(SecretReference::File(_) | SecretReference::Env(_)) => None,
         }
     }
 
@@ -110,6 +111,10 @@ impl SecretSource {
     }
 
     /// Reads the secret. The error says where it looked, never what it found.
+    #[expect(
+        clippy::wildcard_enum_match_arm,
+        reason = "io::ErrorKind is open-ended: every kind but NotFound reads the same"
+    )]
     pub(crate) fn load(&self, credentials_dir: Option<&Path>) -> Result<Secret, String> {
         let (bytes, origin) = match self {
             SecretSource::Literal(text) => (text.as_bytes().to_vec(), "a literal".to_string()),
@@ -119,13 +124,21 @@ impl SecretSource {
                 }
                 let dir = credentials_dir.ok_or_else(|| {
                     format!(
-                        "credential {name:?} is needed but $CREDENTIALS_DIRECTORY is not set \
-                         (add LoadCredential={name}:/path to the unit)"
+                        "credential {name:?} is needed but $CREDENTIALS_DIRECTORY is not set; {}",
+                        load_credential_hint(name)
                     )
                 })?;
                 let path = dir.join(name);
-                let bytes = std::fs::read(&path)
-                    .map_err(|err| format!("credential {name:?} ({}): {err}", path.display()))?;
+                let bytes = std::fs::read(&path).map_err(|err| match err.kind() {
+                    // systemd fills the directory at a start: a LoadCredential= line added since
+                    // takes a restart, which a reload is not.
+                    std::io::ErrorKind::NotFound => format!(
+                        "credential {name:?} is not among the service's credentials ({}); {}",
+                        path.display(),
+                        load_credential_hint(name)
+                    ),
+                    _ => format!("credential {name:?} ({}): {err}", path.display()),
+                })?;
                 (bytes, format!("credential {name}"))
             }
             SecretSource::Reference(SecretReference::File(path)) => {
@@ -148,6 +161,15 @@ impl SecretSource {
         }
         Ok(Secret { bytes, origin })
     }
+}
+
+/// How a credential reaches the service. systemd fills `$CREDENTIALS_DIRECTORY` at a start: a
+/// `LoadCredential=` line added since takes a restart, which a reload is not.
+fn load_credential_hint(name: &str) -> String {
+    format!(
+        "add LoadCredential={name}:/etc/agentgate/credentials/{name} to the unit, then systemctl \
+         restart agentgate.service (a reload cannot load a credential)"
+    )
 }
 
 fn trim_one_trailing_newline(mut bytes: Vec<u8>) -> Vec<u8> {

@@ -353,9 +353,7 @@ pub(crate) fn webhook_headers(
     delivery_id: &str,
     event_type: Option<&str>,
 ) -> Vec<(String, String)> {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |since| since.as_secs());
+    let now = crate::clock::now_seconds();
     let mut headers = vec![
         ("content-type".to_string(), "application/json".to_string()),
         ("idempotency-key".to_string(), delivery_id.to_string()),
@@ -477,7 +475,12 @@ pub(crate) fn event_type_header(scheme: VerifyScheme) -> Option<&'static str> {
     match scheme {
         VerifyScheme::Github => Some("x-github-event"),
         VerifyScheme::Gitlab => Some("x-gitlab-event"),
-        _ => None,
+        VerifyScheme::Standard
+        | VerifyScheme::Stripe
+        | VerifyScheme::Slack
+        | VerifyScheme::Bearer
+        | VerifyScheme::HmacSha256
+        | VerifyScheme::None => None,
     }
 }
 

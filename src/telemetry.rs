@@ -8,11 +8,14 @@
 //! (counted), never work, and the accept path and the turns never wait on it.
 //!
 //! With no `otlp_endpoint` every function here returns a span that does nothing.
+//!
+//! These spans are made here directly, not from the `tracing` spans of the journal through a
+//! layer: why is written in `session::runner::spans`.
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::{SpanKind, Status, TraceContextExt, Tracer as _};
@@ -226,7 +229,7 @@ impl Drop for Span {
 
 /// The most of one content attribute (`capture_content`), in bytes: with the queue's 4,096
 /// spans, content can hold at most about 64 MiB while the collector is slow.
-const CONTENT_MAX: usize = 8 * 1024;
+pub(crate) const CONTENT_MAX: usize = 8 * 1024;
 
 /// `text` cut to [`CONTENT_MAX`] bytes at a character boundary, saying how much was left out.
 fn bounded(mut text: String) -> String {
@@ -259,7 +262,7 @@ pub(crate) fn span_under(traceparent: Option<&str>, describe: impl FnOnce() -> S
 #[derive(Debug)]
 struct Counted<E> {
     inner: E,
-    last_failure_line: std::sync::Mutex<Option<Instant>>,
+    failure_lines: std::sync::Mutex<crate::logging::OneLineEvery>,
     failed_since_line: AtomicU64,
 }
 
@@ -267,7 +270,9 @@ impl<E> Counted<E> {
     fn new(inner: E) -> Counted<E> {
         Counted {
             inner,
-            last_failure_line: std::sync::Mutex::new(None),
+            failure_lines: std::sync::Mutex::new(crate::logging::OneLineEvery::new(
+                FAILURE_LINE_EVERY,
+            )),
             failed_since_line: AtomicU64::new(0),
         }
     }
@@ -275,11 +280,7 @@ impl<E> Counted<E> {
     fn failed(&self, spans: u64, error: &str) {
         metrics::trace_spans(metrics::SpanOutcome::Dropped, spans);
         let skipped = self.failed_since_line.fetch_add(spans, Ordering::Relaxed) + spans;
-        let Ok(mut last) = self.last_failure_line.lock() else {
-            return;
-        };
-        if last.is_none_or(|at| at.elapsed() >= FAILURE_LINE_EVERY) {
-            *last = Some(Instant::now());
+        if crate::locks::lock(&self.failure_lines).due().is_some() {
             self.failed_since_line.store(0, Ordering::Relaxed);
             tracing::warn!(error = %error, spans_dropped = skipped,
                 "the trace collector did not take spans; they are dropped");

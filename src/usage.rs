@@ -211,6 +211,33 @@ pub(crate) struct Spending {
     pub route_day: Spent,
 }
 
+impl Spending {
+    /// Each part of `self` with the same part of `other` added.
+    pub(crate) fn plus(&self, other: &Spending) -> Spending {
+        let sum = |mut mine: Spent, theirs: Spent| {
+            mine.add(theirs);
+            mine
+        };
+        Spending {
+            turn: sum(self.turn, other.turn),
+            session: sum(self.session, other.session),
+            day: sum(self.day, other.day),
+            route_day: sum(self.route_day, other.route_day),
+        }
+    }
+
+    /// The parts `counted` names; the others zero.
+    pub(crate) fn only(self, counted: Counted) -> Spending {
+        let part = |wanted: bool, spent: Spent| if wanted { spent } else { Spent::default() };
+        Spending {
+            turn: part(counted.turn, self.turn),
+            session: part(counted.session, self.session),
+            day: part(counted.day, self.day),
+            route_day: part(counted.route_day, self.route_day),
+        }
+    }
+}
+
 /// Which parts of a [`Spending`] a turn's budgets count: only those are summed (each is a query
 /// before every model request); the others stay zero.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -268,6 +295,49 @@ pub(crate) fn daily_budget_use(
                 used: spent.budget_usd(price),
             });
         }
+    }
+    used
+}
+
+/// The session budgets (`session_tokens`, `session_usd`) of a session of `route` whose turns
+/// spent `spent`: the route's own `budget` where it sets one, else `[budgets]`. A dollar budget
+/// without a price is left out (check-config refuses one).
+pub(crate) fn session_budget_use(
+    global: &BudgetLimits,
+    route: &str,
+    own: &BudgetLimits,
+    spent: Spent,
+    price: Option<&Price>,
+) -> Vec<BudgetUse> {
+    let scope = |from_route: bool, name: &str| {
+        if from_route {
+            format!("routes.{route}.budget.{name}")
+        } else {
+            format!("budgets.{name}")
+        }
+    };
+    let mut used = Vec::new();
+    let tokens = own
+        .session_tokens
+        .map(|limit| (limit, true))
+        .or(global.session_tokens.map(|limit| (limit, false)));
+    if let Some((limit, from_route)) = tokens {
+        used.push(BudgetUse {
+            budget: scope(from_route, "session_tokens"),
+            limit: limit as f64,
+            used: spent.budget_tokens() as f64,
+        });
+    }
+    let dollars = own
+        .session_usd
+        .map(|limit| (limit, true))
+        .or(global.session_usd.map(|limit| (limit, false)));
+    if let (Some((limit, from_route)), Some(price)) = (dollars, price) {
+        used.push(BudgetUse {
+            budget: scope(from_route, "session_usd"),
+            limit,
+            used: spent.budget_usd(price),
+        });
     }
     used
 }

@@ -37,31 +37,40 @@ struct Setup {
 
 impl Setup {
     fn new(runtime_extra: &str) -> Setup {
+        Setup::asked_by(deploying_model(), runtime_extra)
+    }
+
+    /// As [`Setup::new`], with `model` asking.
+    fn asked_by(model: Stub, runtime_extra: &str) -> Setup {
         let workspace = Workspace::new();
         let receiver = Stub::start(|_, _| Reply::raw(204, ""));
         let deliver = format!(
             "{{ kind = \"http\", url = \"{}/results\" }}",
             receiver.url()
         );
-        Setup::configured(workspace, receiver, ("", runtime_extra), &deliver)
+        Setup::configured(workspace, (model, receiver), ("", runtime_extra), &deliver)
     }
 
     /// With `public_url` on the listener, and `deliver` as the route's target.
     fn linked(workspace: Workspace, receiver: Stub, deliver: &str) -> Setup {
         let server = format!("public_url = \"http://{}/\"", workspace.addr());
-        Setup::configured(workspace, receiver, (&server, ""), deliver)
+        Setup::configured(
+            workspace,
+            (deploying_model(), receiver),
+            (&server, ""),
+            deliver,
+        )
     }
 
-    /// `extra`: lines for `[server]` (the table the workspace's config starts with) and for
-    /// `[runtime]`.
+    /// `stubs`: the model and the receiver of deliveries; `extra`: lines for `[server]` (the
+    /// table the workspace's config starts with) and for `[runtime]`.
     fn configured(
         workspace: Workspace,
-        receiver: Stub,
+        stubs: (Stub, Stub),
         extra: (&str, &str),
         deliver: &str,
     ) -> Setup {
-        let (server, runtime) = extra;
-        let model = deploying_model();
+        let ((model, receiver), (server, runtime)) = (stubs, extra);
         let runs = workspace.path().join("runs.log");
         workspace.write_config(&format!(
             r#"{server}
@@ -102,9 +111,10 @@ deliver = {deliver}
         }
     }
 
+    /// The calls of `deploy` that ran (each appends its arguments to the log).
     fn runs(&self) -> usize {
         std::fs::read_to_string(self.workspace.path().join("runs.log"))
-            .map(|text| text.lines().filter(|line| !line.is_empty()).count())
+            .map(|text| text.matches(r#""target""#).count())
             .unwrap_or(0)
     }
 
@@ -193,6 +203,25 @@ fn metric(text: &str, prefix: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// An approval request goes out as soon as it is committed: the deliverer is rung, as for a
+/// turn's result. Its periodic read of the outbox is an hour apart here, so a request that
+/// waited for it would not arrive.
+#[test]
+fn an_approval_request_is_delivered_without_waiting_for_the_outbox_poll() {
+    let setup = Setup::new("");
+    let daemon = setup
+        .workspace
+        .start_with_env(&[("AGENTGATE_OUTBOX_POLL", "1h")]);
+    let event = post(&daemon, "deploy-at-once");
+    let approval = setup.wait_awaiting(&event);
+    wait_until("the approval request's delivery", TURN_LIMIT, || {
+        setup.receiver.requests().iter().any(|request| {
+            let body = request.json();
+            body["kind"] == "approval_request" && body["approval_id"] == approval.as_str()
+        })
+    });
+}
+
 /// The gated call waits: nothing runs and the model is not asked again until a person decides;
 /// approved, the call runs exactly once with the arguments shown, the turn completes, and a
 /// second decision is refused.
@@ -269,6 +298,90 @@ fn an_approved_call_runs_once_after_the_decision() {
         "{metrics}"
     );
     assert_eq!(metric(&metrics, "agentgate_approvals_pending "), 0.0);
+}
+
+/// A model that asks for `deploy prod` under an id the turn already ran, in a later reply
+/// beside a new call: the approval of the first call does not let the second one run. It asks
+/// for a decision of its own, under an id of its own, once the call before it is decided.
+#[test]
+fn an_approval_does_not_run_a_later_call_that_reuses_its_id() {
+    let model = Stub::start(|request, _| {
+        let messages = request.messages();
+        let asked_twice = messages.iter().any(|message| {
+            message["tool_calls"]
+                .as_array()
+                .is_some_and(|calls| calls.len() == 2)
+        });
+        if messages.iter().all(|message| message["role"] != "tool") {
+            return Reply::tool_call("call-1", "deploy", json!({"target": "prod"}));
+        }
+        if asked_twice {
+            return Reply::answer("done");
+        }
+        Reply::completion(json!({"role": "assistant", "content": null, "tool_calls": [
+            {"id": "call-2", "type": "function",
+             "function": {"name": "deploy", "arguments": r#"{"target":"staging"}"#}},
+            {"id": "call-1", "type": "function",
+             "function": {"name": "deploy", "arguments": r#"{"target":"prod"}"#}}]}))
+    });
+    let setup = Setup::asked_by(model, "");
+    let daemon = setup.workspace.start();
+    let event = post(&daemon, "reused-id");
+    let first = setup.wait_awaiting(&event);
+    let (ok, text) = decide(&setup.workspace, &["approvals", "approve", &first]);
+    assert!(ok, "{text}");
+    let staging = setup.wait_awaiting(&event);
+    let shown = setup
+        .workspace
+        .cli_json(&["approvals", "show", &staging, "--json"]);
+    assert_eq!(shown["arguments"], json!({"target": "staging"}), "{shown}");
+    let (ok, text) = decide(&setup.workspace, &["approvals", "approve", &staging]);
+    assert!(ok, "{text}");
+    let mut status = String::new();
+    wait_until("the turn to ask again or end", TURN_LIMIT, || {
+        status = setup.workspace.event_status(&event);
+        matches!(
+            status.as_str(),
+            "awaiting_approval" | "completed" | "failed"
+        )
+    });
+    let runs = std::fs::read_to_string(setup.workspace.path().join("runs.log")).unwrap_or_default();
+    assert_eq!(
+        runs.matches("prod").count(),
+        1,
+        "one approval, one run of the call it was taken on: {runs}"
+    );
+    assert_eq!(status, "awaiting_approval", "{runs}");
+    let again = setup.pending();
+    assert_eq!(again.len(), 1, "{again:?}");
+    assert_eq!(
+        again[0]["arguments"],
+        json!({"target": "prod"}),
+        "{again:?}"
+    );
+    assert_eq!(again[0]["call_id"], "call-1-2", "{again:?}");
+    let (ok, text) = decide(
+        &setup.workspace,
+        &[
+            "approvals",
+            "deny",
+            again[0]["id"].as_str().unwrap_or_default(),
+        ],
+    );
+    assert!(ok, "{text}");
+    assert_eq!(
+        setup.workspace.wait_terminal(&event, TURN_LIMIT),
+        "completed"
+    );
+    let runs = std::fs::read_to_string(setup.workspace.path().join("runs.log")).unwrap_or_default();
+    assert_eq!(
+        (
+            runs.matches("prod").count(),
+            runs.matches("staging").count()
+        ),
+        (1, 1),
+        "{runs}"
+    );
 }
 
 /// Denied: the call does not run and the model is told "denied by operator" with the reason.

@@ -6,7 +6,8 @@
 //! It loads each page, follows a session's transcript live while its turn runs, approves the
 //! call the turn waits for and sees the turn finish, retries a failed delivery, and is refused a
 //! cross-site form from another site's page; a payload's `<script>` shows as text and never
-//! runs. The screenshots it takes are the ones in docs/console/ (written there when
+//! runs. An event page draws a turn's timeline, a bar for each thing it did in order, and the
+//! overview charts a known set of webhooks and turns. The screenshots it takes are the ones in docs/console/ (written there when
 //! `AGENTGATE_UPDATE_SCREENSHOTS=1`).
 
 mod common;
@@ -32,17 +33,10 @@ const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 const PLANTED: &str =
     "<script>window.planted = 1</script><img src=x onerror=\"window.planted = 2\">";
 
-/// Whether the browser is here: `.ci/run` installs it, and under CI its absence is a failure.
+/// Whether the browser is here (see [`common::can_run`]).
 fn browser_or_skip(test: &str) -> bool {
-    if Path::new(CHROMIUM).exists() && Path::new(CHROMEDRIVER).exists() {
-        return true;
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "{test} needs chromium and chromium-driver; .ci/run installs them"
-    );
-    eprintln!("{test}: not run (chromium and chromium-driver are not installed)");
-    false
+    let present = Path::new(CHROMIUM).exists() && Path::new(CHROMEDRIVER).exists();
+    can_run(test, Need::Browser, present)
 }
 
 /// chromedriver on a loopback port, and the headless Chromium sessions it starts; killed on
@@ -98,6 +92,17 @@ impl Driver {
             .await
             .expect("a browser session")
     }
+}
+
+/// A chromedriver with one browser window, at `url` (`what` names it in a failure).
+async fn open(url: &str, what: &str) -> (Driver, Client) {
+    let driver = Driver::start();
+    let browser = driver.browser().await;
+    browser
+        .goto(url)
+        .await
+        .unwrap_or_else(|err| panic!("{what}: {err}"));
+    (driver, browser)
 }
 
 impl Drop for Driver {
@@ -207,6 +212,10 @@ async fn entries(browser: &Client) -> usize {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one operator's path through the console, step by step"
+)]
 async fn an_operator_follows_a_turn_approves_its_call_and_retries_its_delivery() {
     if !browser_or_skip("an_operator_follows_a_turn_approves_its_call_and_retries_its_delivery") {
         return;
@@ -220,7 +229,8 @@ async fn an_operator_follows_a_turn_approves_its_call_and_retries_its_delivery()
         "http://localhost:{}",
         tunnel(workspace.path().join("control.sock"))
     );
-    let payload = json!({"session": "deploy-1", "title": format!("Disk full {PLANTED}")});
+    let payload =
+        json!({"session": "deploy-1", "title": format!("Disk full </details></pre> {PLANTED}")});
     let event_id = daemon
         .post_json(
             "/hooks/ops",
@@ -237,12 +247,7 @@ async fn an_operator_follows_a_turn_approves_its_call_and_retries_its_delivery()
         .expect("the request")
         .to_string();
 
-    let driver = Driver::start();
-    let browser = driver.browser().await;
-    browser
-        .goto(&format!("{console}/console/"))
-        .await
-        .expect("the overview");
+    let (_driver, browser) = open(&format!("{console}/console/"), "the overview").await;
     assert!(
         text_of(&browser, "main")
             .await
@@ -262,8 +267,24 @@ async fn an_operator_follows_a_turn_approves_its_call_and_retries_its_delivery()
         .await
         .expect("follow it");
     wait_for_text(&browser, "#live-status", "live").await;
-    let shown = text_of(&browser, "ol.transcript").await;
-    assert!(shown.contains("window.planted = 1"), "{shown}");
+    // The payload is folded in its entry; opened, it reads as text, whatever it closes.
+    browser
+        .find(Locator::Css("li.entry.event details.payload summary"))
+        .await
+        .expect("the event's payload")
+        .click()
+        .await
+        .expect("open the payload");
+    let shown = text_of(&browser, "li.entry.event details.payload").await;
+    assert!(
+        shown.contains("Disk full </details></pre> <script>window.planted = 1"),
+        "{shown}"
+    );
+    let call = text_of(&browser, "ol.transcript .tool-call .tool-name").await;
+    assert_eq!(
+        call, "deploy",
+        "the model's call is a card with the tool's name"
+    );
     let before = entries(&browser).await;
     assert!(before >= 2, "the event and the model's call: {before}");
     // A mark that a reload would erase: the entries below arrive without one.
@@ -338,6 +359,8 @@ async fn an_operator_follows_a_turn_approves_its_call_and_retries_its_delivery()
             .await
             .contains("<img src=x onerror=")
     );
+    let wait = text_of(&browser, "table.timeline tr.bar.approval").await;
+    assert!(wait.contains("approval of deploy: approved"), "{wait}");
     screenshot(&browser, "event").await;
 
     // A delivery that failed for good, retried from the deliveries page.
@@ -378,7 +401,7 @@ async fn an_operator_follows_a_turn_approves_its_call_and_retries_its_delivery()
     let session = workspace.cli_json(&["sessions", "show", "deploy-1", "--json"]);
     assert_eq!(session["session"]["state"], "idle", "{session}");
 
-    for page in ["events", "ledger"] {
+    for page in ["events", "ledger", "what-if"] {
         browser
             .goto(&format!("{console}/console/{page}"))
             .await
@@ -403,12 +426,11 @@ async fn the_console_on_tcp_asks_the_browser_for_the_token() {
     let extra = format!("\n[console]\nlisten = \"127.0.0.1:{port}\"\ntoken = \"{token}\"\n");
     workspace.write_config(&approval_config(&model, &receiver, &extra));
     let _daemon = workspace.start();
-    let driver = Driver::start();
-    let browser = driver.browser().await;
-    browser
-        .goto(&format!("http://127.0.0.1:{port}/console/sessions"))
-        .await
-        .expect("the console");
+    let (_driver, browser) = open(
+        &format!("http://127.0.0.1:{port}/console/sessions"),
+        "the console",
+    )
+    .await;
     let field = browser
         .wait()
         .at_most(TURN_LIMIT)
@@ -442,4 +464,277 @@ async fn login_button(browser: &Client) {
         .click()
         .await
         .expect("log in");
+}
+
+/// The operator rewinds a finished session to the model's first reply from its page: the
+/// browser posts the entry's form, comes back to the session, and sees the entries from that
+/// one on marked superseded by the new turn, which runs and is delivered.
+/// A daemon whose route `ops` has the model call `check` once and then answer, delivering to
+/// `receiver`, and the console's address through a tunnel.
+struct Checking {
+    daemon: Daemon,
+    console: String,
+    receiver: Stub,
+    _model: Stub,
+    workspace: Workspace,
+}
+
+impl Checking {
+    /// The id of an event of `session`, once its turn completed.
+    fn completed(&self, session: &str) -> String {
+        let body = json!({"session": session}).to_string();
+        let event = self.daemon.post_json("/hooks/ops", &[], &body).event_id();
+        assert_eq!(
+            self.workspace.wait_terminal(&event, TURN_LIMIT),
+            "completed"
+        );
+        event
+    }
+}
+
+fn checking() -> Checking {
+    let receiver = Stub::start(|_, _| Reply::raw(204, ""));
+    let model = Stub::start(|request, _| {
+        let answered = request.json()["messages"]
+            .as_array()
+            .and_then(|messages| messages.last())
+            .is_some_and(|message| message["role"] == "tool");
+        if answered {
+            Reply::answer(ANSWER)
+        } else {
+            Reply::tool_call("call-1", "check", json!({}))
+        }
+    });
+    let workspace = Workspace::new();
+    workspace.write_config(&format!(
+        r#"{model}
+[tools.check]
+description = "Checks the disk"
+command = ["/bin/echo", "92% used"]
+
+[routes.ops]
+path = "/hooks/ops"
+verify = {{ scheme = "none" }}
+session = "{{{{ payload.session }}}}"
+tools = ["check"]
+deliver = {{ kind = "http", url = "{receiver}/results" }}
+"#,
+        model = model.model_section(),
+        receiver = receiver.url(),
+    ));
+    let daemon = workspace.start();
+    let console = format!(
+        "http://localhost:{}",
+        tunnel(workspace.path().join("control.sock"))
+    );
+    Checking {
+        daemon,
+        console,
+        receiver,
+        _model: model,
+        workspace,
+    }
+}
+
+/// The event page draws each turn of a real turn as a waterfall: one bar per model request,
+/// tool call and the delivery, in the order they ran, each drawn by the browser under the
+/// page's Content-Security-Policy.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_event_page_draws_a_turn_as_a_timeline() {
+    if !browser_or_skip("an_event_page_draws_a_turn_as_a_timeline") {
+        return;
+    }
+    let checking = checking();
+    let (workspace, receiver, console) =
+        (&checking.workspace, &checking.receiver, &checking.console);
+    let event = checking.completed("disk-2");
+    wait_until("the delivery", TURN_LIMIT, || {
+        !receiver.requests().is_empty()
+    });
+    wait_until("the delivery recorded", TURN_LIMIT, || {
+        workspace.cli_json(&["events", "show", &event, "--json"])["delivery"]["status"]
+            == "delivered"
+    });
+
+    let (_driver, browser) = open(&format!("{console}/console/events/{event}"), "the event").await;
+    let bars = browser
+        .find_all(Locator::Css("section.turn table.timeline rect"))
+        .await
+        .expect("the timeline's bars");
+    let mut kinds = Vec::new();
+    let mut last_x = 0.0;
+    for bar in &bars {
+        kinds.push(
+            bar.attr("data-kind")
+                .await
+                .expect("its kind")
+                .unwrap_or_default(),
+        );
+        let (x, _, width, height) = bar.rectangle().await.expect("where it is drawn");
+        assert!(width > 0.0 && height > 0.0, "the bar is drawn");
+        assert!(x >= last_x, "bars start in order: {x} after {last_x}");
+        last_x = x;
+    }
+    assert_eq!(kinds, ["model", "tool", "model", "delivery"]);
+    let labels = text_of(&browser, "section.turn table.timeline").await;
+    assert!(labels.contains("tool check"), "{labels}");
+    browser
+        .execute(
+            "document.querySelector('section.turn').scrollIntoView()",
+            Vec::new(),
+        )
+        .await
+        .expect("scroll to the turn");
+    screenshot(&browser, "event-timeline").await;
+    browser.close().await.expect("close the browser");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_operator_rewinds_a_session_from_its_page() {
+    if !browser_or_skip("an_operator_rewinds_a_session_from_its_page") {
+        return;
+    }
+    let checking = checking();
+    let (workspace, receiver, console) =
+        (&checking.workspace, &checking.receiver, &checking.console);
+    checking.completed("disk-1");
+
+    let (_driver, browser) =
+        open(&format!("{console}/console/sessions/disk-1"), "the session").await;
+    assert_eq!(
+        entries(&browser).await,
+        5,
+        "event, call, start, result, answer"
+    );
+    browser
+        .find(Locator::Css("#entry-5 button.rewind"))
+        .await
+        .expect("the answer's rewind button")
+        .click()
+        .await
+        .expect("rewind");
+    wait_for_text(&browser, "#entry-5 .meta", "superseded by turn").await;
+    assert!(
+        browser
+            .current_url()
+            .await
+            .expect("the page's address")
+            .as_str()
+            .ends_with("/console/sessions/disk-1"),
+        "back on the session"
+    );
+    let superseded = workspace.session_json("disk-1")["transcript"][4]["superseded_by"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(!superseded.is_empty());
+    wait_until("the rerun's delivery", TURN_LIMIT, || {
+        receiver
+            .requests()
+            .iter()
+            .any(|request| request.json()["rewind_of"] == json!({"session": "disk-1", "entry": 5}))
+    });
+    browser.refresh().await.expect("reload");
+    wait_for_text(&browser, "#entry-6", ANSWER).await;
+    screenshot(&browser, "session-rewound").await;
+    browser.close().await.expect("close the browser");
+}
+
+/// The sum of the `data-value`s of the chart points `css`, and how many there are.
+async fn points(browser: &Client, css: &str) -> (usize, f64) {
+    let found = browser
+        .find_all(Locator::Css(css))
+        .await
+        .unwrap_or_else(|err| panic!("{css}: {err}"));
+    let mut sum = 0.0;
+    for point in &found {
+        let value = point.attr("data-value").await.expect("its value");
+        sum += value
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(f64::NAN);
+    }
+    (found.len(), sum)
+}
+
+/// The overview charts what the daemon did: for three webhooks accepted and answered and two
+/// refused, the hour has a point per minute and the day one per hour, summing to them; each
+/// minute with turns has their durations; the last days' tokens are held against the daily
+/// budgets.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_overview_charts_the_last_hour_and_day() {
+    if !browser_or_skip("the_overview_charts_the_last_hour_and_day") {
+        return;
+    }
+    let model = Stub::start(|_, _| Reply::answer("noted").with_usage(10, 0, 5));
+    let workspace = Workspace::new();
+    workspace.write_config(&format!(
+        "{}\n[budgets]\ndaily_tokens = 1000\n\n[routes.ops]\npath = \"/hooks/ops\"\n\
+         verify = {{ scheme = \"none\" }}\nsession = \"{{{{ payload.session }}}}\"\n\
+         budget = {{ daily_tokens = 500 }}\n",
+        model.model_section()
+    ));
+    let daemon = workspace.start();
+    let console = format!(
+        "http://localhost:{}",
+        tunnel(workspace.path().join("control.sock"))
+    );
+    for n in 1..=3 {
+        let body = json!({"session": format!("s-{n}")}).to_string();
+        let event = daemon.post_json("/hooks/ops", &[], &body).event_id();
+        assert_eq!(workspace.wait_terminal(&event, TURN_LIMIT), "completed");
+    }
+    for _ in 0..2 {
+        assert_eq!(daemon.post_json("/hooks/nowhere", &[], "{}").status, 404);
+    }
+
+    let (_driver, browser) = open(&format!("{console}/console/"), "the overview").await;
+    for (css, expected) in [
+        ("#webhooks-hour circle.accepted", (60, 3.0)),
+        ("#webhooks-hour circle.refused", (60, 2.0)),
+        ("#webhooks-day circle.accepted", (24, 3.0)),
+        ("#turns-hour circle.completed", (60, 3.0)),
+        ("#turns-day circle.failed", (24, 0.0)),
+    ] {
+        assert_eq!(points(&browser, css).await, expected, "{css}");
+    }
+    // A duration for each minute that had turns, and none for the others.
+    let mut busy = 0;
+    for point in browser
+        .find_all(Locator::Css("#turns-hour circle.completed"))
+        .await
+        .expect("the turns")
+    {
+        let value = point.attr("data-value").await.expect("a value");
+        busy += usize::from(value.as_deref() != Some("0"));
+    }
+    assert!(busy >= 1);
+    assert_eq!(points(&browser, "#durations-hour circle.p95").await.0, busy);
+    assert!(points(&browser, "#deliveries-hour circle.pending").await.0 >= 1);
+    // 15 tokens a turn, today, against both daily budgets.
+    let (days, _) = points(&browser, "#tokens-days circle.tokens").await;
+    assert_eq!(days, 7);
+    let today = text_of(&browser, "#tokens-days .axis-labels").await;
+    assert!(today.contains("budgets.daily_tokens: 1000"), "{today}");
+    let route = "[id='budget-routes.ops.budget.daily_tokens']";
+    assert_eq!(
+        points(&browser, &format!("{route} circle.used")).await,
+        (7, 45.0)
+    );
+    let drawn = browser
+        .find(Locator::Css("#webhooks-hour circle.accepted"))
+        .await
+        .expect("a point")
+        .rectangle()
+        .await
+        .expect("where it is drawn");
+    assert!(drawn.2 > 0.0 && drawn.3 > 0.0, "drawn: {drawn:?}");
+    browser
+        .execute(
+            "document.getElementById('webhooks-hour').scrollIntoView()",
+            Vec::new(),
+        )
+        .await
+        .expect("scroll to the charts");
+    screenshot(&browser, "overview-charts").await;
+    browser.close().await.expect("close the browser");
 }

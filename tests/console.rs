@@ -2,7 +2,9 @@
 //! answers, with the headers that keep it to itself; a payload's, a header's and a session
 //! key's markup reaches the page as text; an action needs this run's form token and the
 //! console's own origin, and is recorded as "console"; the live transcript streams entries as
-//! they are committed; `[console] listen` serves only a browser logged in with the token.
+//! they are committed, and so does `sessions follow` through the daemon; `[console] listen`
+//! serves only a browser logged in with the token; an event page lists each model request of a
+//! turn with its model, tokens, cost and time.
 //! (tests/browser.rs drives the same pages in Chromium.)
 
 mod common;
@@ -188,12 +190,9 @@ fn a_disabled_console_is_not_served_until_a_reload_turns_it_on() {
     let reload = workspace.cli(&["reload"]);
     let said = String::from_utf8_lossy(&reload.stdout);
     assert!(reload.status.success(), "{reload:?}");
+    assert!(said.contains("console.enabled, console.token"), "{said}");
     assert!(
-        said.contains("console (enabled, token, trace_url)"),
-        "{said}"
-    );
-    assert!(
-        said.contains("waiting for a restart: console (listen, tls)"),
+        said.contains("waiting for a restart: console.listen"),
         "{said}"
     );
     assert_eq!(get(&workspace, "/console/").status, 200);
@@ -220,12 +219,9 @@ fn refusals(workspace: &Workspace, reason: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// A form without this run's token, from another site, or addressed to a name that is not
-/// loopback (DNS rebinding) changes nothing, and each refusal is counted and logged; the
-/// console's own form acts, as "console", and answers with the page that shows it.
-#[test]
-fn an_action_needs_the_form_token_and_the_console_s_own_origin() {
-    let workspace = Workspace::new();
+/// A daemon whose session `db-1` finished a turn: the daemon, the turn's event, and the
+/// session's page.
+fn finished_session(workspace: &Workspace) -> (Daemon, String, HttpResponse) {
     workspace.write_config(&config(""));
     let daemon = workspace.start();
     let posted = daemon.post_json(
@@ -235,7 +231,17 @@ fn an_action_needs_the_form_token_and_the_console_s_own_origin() {
     );
     let event_id = posted.event_id();
     assert_eq!(workspace.wait_terminal(&event_id, TURN_LIMIT), "completed");
-    let page = get(&workspace, "/console/sessions/db-1");
+    let page = get(workspace, "/console/sessions/db-1");
+    (daemon, event_id, page)
+}
+
+/// A form without this run's token, from another site, or addressed to a name that is not
+/// loopback (DNS rebinding) changes nothing, and each refusal is counted and logged; the
+/// console's own form acts, as "console", and answers with the page that shows it.
+#[test]
+fn an_action_needs_the_form_token_and_the_console_s_own_origin() {
+    let workspace = Workspace::new();
+    let (daemon, event_id, page) = finished_session(&workspace);
     let token = form_token(&page.body);
     assert_eq!(token.len(), 64, "{token}");
 
@@ -420,17 +426,23 @@ fn read_events(
     events
 }
 
-/// The live transcript sends what is committed, as it is committed, from where the page left
-/// off, as text for the page's script to add.
-#[test]
-fn the_live_transcript_streams_entries_as_they_are_committed() {
-    let model = Stub::start(|_, n| Reply::answer(&format!("answer number {n} <b>bold</b>")));
+/// A workspace whose route `alerts` is answered by `model`.
+fn answered_by(model: &Stub) -> Workspace {
     let workspace = Workspace::new();
     workspace.write_config(&format!(
         "[model]\nbackend = \"openai\"\nbase_url = \"{}/v1\"\nmodel = \"stub\"\n\n{}",
         model.url(),
         config("")
     ));
+    workspace
+}
+
+/// The live transcript sends what is committed, as it is committed, from where the page left
+/// off, rendered as the page renders it, every value escaped.
+#[test]
+fn the_live_transcript_streams_entries_as_they_are_committed() {
+    let model = Stub::start(|_, n| Reply::answer(&format!("answer number {n} <b>bold</b>")));
+    let workspace = answered_by(&model);
     let daemon = workspace.start();
     let first = daemon
         .post_json(
@@ -470,13 +482,12 @@ fn the_live_transcript_streams_entries_as_they_are_committed() {
         .find(|(kind, data)| kind == "entry" && data.contains("answer number 1"))
         .map(|(_, data)| serde_json::from_str(data).expect("an entry is JSON"))
         .expect("the second answer streamed");
+    let html = entry["html"].as_str().unwrap_or_default();
     assert!(
-        entry["text"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("<b>bold</b>"),
+        html.contains("answer number 1 &lt;b&gt;bold&lt;&#x2f;b&gt;") && !html.contains("<b>"),
         "{entry}"
     );
+    assert!(html.contains("<details class=\"raw\">"), "{entry}");
     assert!(entry["seq"].as_i64().is_some(), "{entry}");
     assert_eq!(workspace.wait_terminal(&second, TURN_LIMIT), "completed");
 
@@ -492,6 +503,105 @@ fn the_live_transcript_streams_entries_as_they_are_committed() {
     // A stream open at SIGTERM does not hold up the stop.
     assert!(daemon.terminate().success());
     drop(reader);
+}
+
+/// Posts an event of `session` and waits for its turn to complete.
+fn post_completed(workspace: &Workspace, daemon: &Daemon, session: &str) {
+    let body = json!({ "session": session }).to_string();
+    let id = daemon.post_json("/hooks/alerts", &[], &body).event_id();
+    assert_eq!(workspace.wait_terminal(&id, TURN_LIMIT), "completed");
+}
+
+/// `sessions follow KEY` running, and the lines it prints; the process is killed however the
+/// test ends, so that it holds no pipe open.
+fn follow(workspace: &Workspace, key: &str) -> (KillOnDrop, std::sync::mpsc::Receiver<String>) {
+    let mut follow = KillOnDrop(
+        std::process::Command::new(BIN)
+            .args(["sessions", "follow", key, "--config"])
+            .arg(workspace.config_path())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("follow"),
+    );
+    let stdout = follow.0.stdout.take().expect("stdout");
+    let (sender, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if sender.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    (follow, lines)
+}
+
+/// The first line `follow` prints that contains `text`.
+fn shown_until(lines: &std::sync::mpsc::Receiver<String>, text: &str) -> String {
+    loop {
+        let line = lines.recv_timeout(TURN_LIMIT).expect("follow prints");
+        if line.contains(text) {
+            return line;
+        }
+    }
+}
+
+/// `agentgate_follow_reads_total`.
+fn follow_reads(workspace: &Workspace) -> f64 {
+    let metrics = get(workspace, "/metrics").body;
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("agentgate_follow_reads_total "))
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// `sessions follow` while the daemon runs: the daemon streams the entries as it commits them,
+/// and reads the store for it only when its session commits, not when another one does.
+#[test]
+fn sessions_follow_streams_the_daemon_s_commits() {
+    let model = Stub::start(|_, n| Reply::answer(&format!("answer number {n}")));
+    let workspace = answered_by(&model);
+    let daemon = workspace.start();
+    post_completed(&workspace, &daemon, "followed");
+    let (_follow, lines) = follow(&workspace, "followed");
+    shown_until(&lines, "answer number 0");
+    let opened = follow_reads(&workspace);
+    assert!(opened >= 1.0, "the daemon streams the transcript");
+
+    post_completed(&workspace, &daemon, "elsewhere");
+    assert_eq!(
+        follow_reads(&workspace),
+        opened,
+        "another session's commits read nothing"
+    );
+
+    post_completed(&workspace, &daemon, "followed");
+    let shown = shown_until(&lines, "answer number 2");
+    assert!(shown.contains("assistant: answer number 2"), "{shown}");
+    assert!(
+        follow_reads(&workspace) > opened,
+        "its session's commits are read"
+    );
+}
+
+/// `sessions follow` with no daemon reads the store itself, and turns to the daemon once one
+/// runs.
+#[test]
+fn sessions_follow_without_a_daemon_reads_the_store_until_one_runs() {
+    let model = Stub::start(|_, n| Reply::answer(&format!("answer number {n}")));
+    let workspace = answered_by(&model);
+    let daemon = workspace.start();
+    post_completed(&workspace, &daemon, "followed");
+    assert!(daemon.terminate().success());
+    let (_follow, lines) = follow(&workspace, "followed");
+    shown_until(&lines, "answer number 0");
+
+    let daemon = workspace.start();
+    post_completed(&workspace, &daemon, "followed");
+    shown_until(&lines, "answer number 1");
+    wait_until("follow asks the daemon", TURN_LIMIT, || {
+        follow_reads(&workspace) >= 1.0
+    });
 }
 
 /// A live transcript stream of `key`, its head read.
@@ -608,7 +718,8 @@ fn the_console_on_tcp_serves_only_a_browser_logged_in_with_the_token() {
     assert_eq!(refusals(&workspace, "not_logged_in"), 1.0);
 }
 
-/// A long session's page shows its latest 500 entries and says how many it leaves out.
+/// A long session's page shows its latest 500 entries, numbered as the session recorded them,
+/// and says that it leaves earlier ones out.
 #[test]
 fn a_long_transcript_is_shown_from_its_latest_entries() {
     let workspace = Workspace::new();
@@ -625,13 +736,6 @@ fn a_long_transcript_is_shown_from_its_latest_entries() {
     let database = rusqlite::Connection::open(workspace.state_dir().join("agentgate.db"))
         .expect("open the database");
     database.busy_timeout(TURN_LIMIT).expect("busy timeout");
-    let recorded: i64 = database
-        .query_row(
-            "SELECT count(*) FROM transcript WHERE session_key = 'long'",
-            [],
-            |row| row.get(0),
-        )
-        .expect("count the entries");
     // Months of a busy session, as the store holds them.
     database
         .execute_batch(
@@ -644,10 +748,13 @@ fn a_long_transcript_is_shown_from_its_latest_entries() {
         )
         .expect("add entries");
     let page = get(&workspace, "/console/sessions/long").body;
-    let left_out = recorded + 600 - 500;
     assert!(
-        page.contains(&format!("{left_out} earlier entries are not shown")),
+        page.contains("Only the latest 500 entries are shown here"),
         "{page}"
+    );
+    assert!(
+        page.contains("start=\"1101\""),
+        "numbered from seq 1101: {page}"
     );
     assert_eq!(page.matches("<li class=\"entry").count(), 500);
     assert!(page.contains("entry 600"), "the latest is shown");
@@ -710,4 +817,523 @@ fn the_console_on_tcp_speaks_https_with_a_certificate() {
         "plain HTTP got a page: {plain:?}"
     );
     assert_eq!(refusals(&workspace, "tls"), 1.0);
+}
+
+/// `[console] listen` with the token `correct horse battery staple` and `header_timeout` at
+/// `header_timeout`: the daemon and the listener's address.
+fn console_on_tcp(workspace: &Workspace, header_timeout: &str) -> (Daemon, std::net::SocketAddr) {
+    let port = free_port();
+    workspace.write_config(&config(&format!(
+        "\n[console]\nlisten = \"127.0.0.1:{port}\"\ntoken = \"correct horse battery staple\"\n"
+    )));
+    let path = workspace.config_path();
+    let text = std::fs::read_to_string(&path).expect("config");
+    let text = text.replace(
+        "header_timeout = \"1s\"",
+        &format!("header_timeout = \"{header_timeout}\""),
+    );
+    std::fs::write(&path, text).expect("config");
+    let daemon = workspace.start();
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    wait_until("the console listener", Duration::from_secs(10), || {
+        std::net::TcpStream::connect(addr).is_ok()
+    });
+    (daemon, addr)
+}
+
+/// A logout ends its login (the cookie no longer opens a page), and an address that keeps
+/// sending wrong tokens is made to wait: past five, `429` with `Retry-After`, the right token
+/// too, counted as `throttled`.
+#[test]
+fn a_logout_ends_the_login_and_wrong_tokens_are_throttled() {
+    let workspace = Workspace::new();
+    let (_daemon, addr) = console_on_tcp(&workspace, "1s");
+    let origin = format!("http://{addr}");
+    let form = [
+        ("content-type", "application/x-www-form-urlencoded"),
+        ("origin", origin.as_str()),
+    ];
+    let login = |token: &str| {
+        tcp(
+            addr,
+            "POST",
+            "/console/login",
+            &form,
+            encoded(&[("token", token)]).as_bytes(),
+        )
+    };
+    let right = login("correct horse battery staple");
+    assert_eq!(right.status, 303, "{right:?}");
+    let cookie = header(&right, "set-cookie");
+    let pair = cookie.split(';').next().unwrap_or_default().to_string();
+    let again = login("correct horse battery staple");
+    let other = header(&again, "set-cookie")
+        .split(';')
+        .next()
+        .unwrap_or_default();
+    assert_ne!(other, pair, "each login has its own cookie");
+    let page = |pair: &str| tcp(addr, "GET", "/console/", &[("cookie", pair)], b"").status;
+    assert_eq!(page(&pair), 200);
+    let mut logout_headers = form.to_vec();
+    logout_headers.push(("cookie", pair.as_str()));
+    let out = tcp(addr, "POST", "/console/logout", &logout_headers, b"");
+    assert_eq!(out.status, 303, "{out:?}");
+    assert_eq!(page(&pair), 303, "the logged-out cookie opens nothing");
+    assert_eq!(page(other), 200, "another login goes on");
+
+    for attempt in 1..=6 {
+        assert_eq!(login("guess").status, 401, "wrong token {attempt}");
+    }
+    let throttled = login("correct horse battery staple");
+    assert_eq!(throttled.status, 429, "{throttled:?}");
+    let retry_after: u64 = header(&throttled, "retry-after").parse().unwrap_or(0);
+    assert!(retry_after >= 1, "{throttled:?}");
+    assert_eq!(refusals(&workspace, "throttled"), 1.0);
+    assert_eq!(refusals(&workspace, "wrong_token"), 6.0);
+}
+
+/// A logged-in page on `addr`, whose slots are all held, is answered within 5 s, because a
+/// connection in `state` (`idle`, `body`) was closed to make room for it.
+fn a_page_makes_room(workspace: &Workspace, addr: std::net::SocketAddr, state: &str) {
+    let started = std::time::Instant::now();
+    let page = tcp(
+        addr,
+        "GET",
+        "/console/sessions",
+        &[("authorization", "Bearer correct horse battery staple")],
+        b"",
+    );
+    let waited = started.elapsed();
+    assert_eq!(page.status, 200, "{page:?}");
+    assert!(waited < Duration::from_secs(5), "waited {waited:?}");
+    let metrics = get(workspace, "/metrics").body;
+    let closed =
+        format!(r#"agentgate_idle_connections_closed_total{{listener="console",state="{state}"}}"#);
+    assert!(metrics.contains(&closed), "{metrics}");
+}
+
+/// 64 idle unauthenticated connections hold every slot of `[console] listen`: the one idle the
+/// longest is closed for a new one, so a logged-in page is answered well before
+/// `header_timeout` (10 s here) would close them.
+#[test]
+fn idle_connections_to_the_console_make_room_for_an_operator() {
+    let workspace = Workspace::new();
+    let (_daemon, addr) = console_on_tcp(&workspace, "10s");
+    let idle: Vec<std::net::TcpStream> = (0..64)
+        .map(|_| std::net::TcpStream::connect(addr).expect("connect"))
+        .collect();
+    a_page_makes_room(&workspace, addr, "idle");
+    drop(idle);
+}
+
+/// A login `POST` to `addr` whose body stops after its first bytes: the connection, held open.
+fn stalled_login(addr: std::net::SocketAddr) -> std::net::TcpStream {
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+    let head = format!(
+        "POST /console/login HTTP/1.1\r\nhost: {addr}\r\norigin: http://{addr}\r\n\
+         content-type: application/x-www-form-urlencoded\r\ncontent-length: 100\r\n\r\ntoken="
+    );
+    stream.write_all(head.as_bytes()).expect("the head");
+    stream
+}
+
+/// 64 login forms whose bodies stall hold every slot of `[console] listen`: the one stalled
+/// the longest is closed for a new connection, so a logged-in page is answered long before
+/// their bodies' time (four times `header_timeout`, 40 s here) runs out.
+#[test]
+fn stalled_login_bodies_make_room_for_an_operator() {
+    let workspace = Workspace::new();
+    let (_daemon, addr) = console_on_tcp(&workspace, "10s");
+    let stalled: Vec<std::net::TcpStream> = (0..64).map(|_| stalled_login(addr)).collect();
+    a_page_makes_room(&workspace, addr, "body");
+    drop(stalled);
+}
+
+/// A body that stops arriving gets `408` after four times `header_timeout` (1 s here), and
+/// its connection is closed: a console login form on `[console] listen`, and a decision's
+/// document on the control socket.
+#[test]
+fn a_stalled_body_is_answered_408_after_four_times_header_timeout() {
+    let workspace = Workspace::new();
+    let (_daemon, addr) = console_on_tcp(&workspace, "1s");
+    let started = std::time::Instant::now();
+    let console = std::thread::spawn(move || {
+        let mut stream = stalled_login(addr);
+        read_response(&mut stream).expect("an answer")
+    });
+    let control = {
+        let socket = workspace.path().join("control.sock");
+        std::thread::spawn(move || {
+            let mut stream = std::os::unix::net::UnixStream::connect(socket).expect("connect");
+            stream
+                .write_all(
+                    b"POST /v1/approvals/none/approve HTTP/1.1\r\nhost: localhost\r\n\
+                      content-type: application/json\r\ncontent-length: 100\r\n\r\n{\"note\"",
+                )
+                .expect("the head");
+            let mut raw = Vec::new();
+            stream.read_to_end(&mut raw).expect("read the answer");
+            parse_response(&raw).expect("an HTTP answer")
+        })
+    };
+    for (name, answer) in [("console", console), ("control", control)] {
+        let answer = answer.join().expect("answered");
+        let waited = started.elapsed();
+        assert_eq!(answer.status, 408, "{name}: {answer:?}");
+        assert!(
+            waited >= Duration::from_secs(4) && waited < Duration::from_secs(10),
+            "{name}: answered after {waited:?}"
+        );
+    }
+    assert_eq!(refusals(&workspace, "wrong_token"), 0.0, "no token came");
+}
+
+/// The session page offers a rewind and a fork on each event entry and assistant message; each
+/// is a form `POST` guarded as every console action is, and the rerun's superseded entries are
+/// shown as such.
+#[test]
+fn a_rewind_and_a_fork_from_the_session_page() {
+    let workspace = Workspace::new();
+    let (daemon, first, page) = finished_session(&workspace);
+    assert!(page.body.contains("Rewind to #2"), "{}", page.body);
+    assert!(page.body.contains("Fork at #1"), "{}", page.body);
+    let token = form_token(&page.body);
+
+    let forged = post_form(
+        &workspace,
+        "/console/sessions/db-1/rewind",
+        &[("csrf", &"0".repeat(64)), ("to", "2")],
+    );
+    assert_eq!(forged.status, 403, "{forged:?}");
+    let cross_site = exchange(
+        &workspace,
+        "POST",
+        "/console/sessions/db-1/rewind",
+        &[
+            ("origin", "https://evil.example"),
+            ("content-type", "application/x-www-form-urlencoded"),
+        ],
+        &encoded(&[("csrf", &token), ("to", "2")]),
+    );
+    assert_eq!(cross_site.status, 403, "{cross_site:?}");
+    let not_rerunnable = post_form(
+        &workspace,
+        "/console/sessions/db-1/rewind",
+        &[("csrf", &token), ("to", "9")],
+    );
+    assert_eq!(not_rerunnable.status, 422, "{not_rerunnable:?}");
+    assert!(
+        not_rerunnable.body.contains("no transcript entry 9"),
+        "{}",
+        not_rerunnable.body
+    );
+    let transcript = |key: &str| workspace.session_json(key)["transcript"].clone();
+    assert!(
+        transcript("db-1")[1].get("superseded_by").is_none(),
+        "refused actions change nothing"
+    );
+
+    let rewound = post_form(
+        &workspace,
+        "/console/sessions/db-1/rewind",
+        &[("csrf", &token), ("to", "2")],
+    );
+    assert_eq!(rewound.status, 303, "{rewound:?}");
+    assert_eq!(location(&rewound), "/console/sessions/db-1");
+    let turn_id = transcript("db-1")[1]["superseded_by"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(!turn_id.is_empty(), "{}", transcript("db-1"));
+    daemon.wait_for_log("action=\"rewind\"");
+    let newest =
+        |key: &str| workspace.cli_json(&["events", "list", "--session", key, "--json"])[0].clone();
+    wait_until("the rerun to complete", TURN_LIMIT, || {
+        let event = newest("db-1");
+        event["id"] != first.as_str() && event["status"] == "completed"
+    });
+    let page = get(&workspace, "/console/sessions/db-1");
+    assert!(
+        page.body
+            .contains(&format!("superseded by turn <code>{turn_id}</code>")),
+        "{}",
+        page.body
+    );
+
+    let forked = post_form(
+        &workspace,
+        "/console/sessions/db-1/fork",
+        &[("csrf", &token), ("at", "1"), ("as", "db-2")],
+    );
+    assert_eq!(forked.status, 303, "{forked:?}");
+    assert_eq!(location(&forked), "/console/sessions/db-2");
+    wait_until("the fork's turn to complete", TURN_LIMIT, || {
+        newest("db-2")["status"] == "completed"
+    });
+    let exists = post_form(
+        &workspace,
+        "/console/sessions/db-1/fork",
+        &[("csrf", &token), ("at", "1"), ("as", "db-2")],
+    );
+    assert_eq!(exists.status, 409, "{exists:?}");
+}
+
+/// Markup that would close the blocks an entry is laid out in, run a script, or break out of
+/// an attribute, were it not escaped.
+const HOSTILE: &str = "</details></pre></section><script>alert(1)</script>\" onerror=\"alert(2)";
+
+/// A session page reads as a conversation: the event with its route, sender and payload in a
+/// `<details>`, each tool call as a card with its name, arguments and result (a command's
+/// stdout and exit status), the model's answer as text, and each entry's raw JSON a click away.
+/// A stranger's markup in the payload, a tool's name, its arguments and its output stays text,
+/// on the page and in the live stream, which sends the same rendering.
+#[test]
+fn a_transcript_reads_as_a_conversation_with_a_stranger_s_markup_as_text() {
+    let model = Stub::scripted(vec![
+        Reply::tool_call("call-1", "echo", json!({"text": HOSTILE})),
+        Reply::tool_call("call-2", HOSTILE, json!({HOSTILE: HOSTILE})),
+        named_model(Reply::answer(&format!("all done {HOSTILE}")), HOSTILE),
+    ]);
+    let workspace = Workspace::new();
+    workspace.write_config(&format!(
+        "{}\n[tools.echo]\ndescription = \"Echoes its arguments\"\ncommand = [\"/bin/cat\"]\n\
+         parameters = {{ type = \"object\" }}\nsandbox = \"none\"\n\n{}tools = [\"echo\"]\n",
+        model.model_section(),
+        config("")
+    ));
+    let daemon = workspace.start();
+    let payload = json!({"session": "talk-1", "sender": {"login": HOSTILE}, "note": HOSTILE});
+    let event = daemon
+        .post_json("/hooks/alerts", &[], &payload.to_string())
+        .event_id();
+    assert_eq!(workspace.wait_terminal(&event, TURN_LIMIT), "completed");
+
+    let page = get(&workspace, "/console/sessions/talk-1").body;
+    let escaped = "&lt;&#x2f;details&gt;&lt;&#x2f;pre&gt;&lt;&#x2f;section&gt;&lt;script&gt;alert(1)\
+                   &lt;&#x2f;script&gt;&quot; onerror=&quot;alert(2)";
+    assert!(
+        !page.contains("<script>") && !page.contains("\" onerror"),
+        "{page}"
+    );
+    assert_eq!(
+        page.matches("<details").count(),
+        page.matches("</details>").count(),
+        "{page}"
+    );
+    assert!(page.contains("<th>route</th><td>alerts</td>"), "{page}");
+    assert!(
+        page.contains(&format!("<th>sender</th><td>{escaped}</td>")),
+        "{page}"
+    );
+    let payload = page
+        .split("<details class=\"payload\"><summary>payload</summary><pre>")
+        .nth(1)
+        .and_then(|rest| rest.split("</pre></details>").next())
+        .expect("the payload in a details block");
+    assert!(
+        payload.contains("&quot;note&quot;: &quot;&lt;&#x2f;details&gt;&lt;&#x2f;pre&gt;"),
+        "pretty-printed, escaped: {payload}"
+    );
+    assert!(
+        page.contains(
+            "<section class=\"tool-call\"><h3>calls <code class=\"tool-name\">echo</code>"
+        ),
+        "{page}"
+    );
+    assert!(
+        page.contains(&format!("<code class=\"tool-name\">{escaped}</code>")),
+        "the hostile tool name is a card's name, as text: {page}"
+    );
+    let result = page
+        .split("<section class=\"tool-call result\">")
+        .nth(1)
+        .expect("a result card");
+    assert!(
+        result.starts_with("<h3>result of <code class=\"tool-name\">echo</code>"),
+        "{result}"
+    );
+    assert!(
+        result.contains("exit status <span class=\"ok\">0</span>"),
+        "{result}"
+    );
+    assert!(result.contains("<h4>stdout</h4>"), "{result}");
+    assert!(result.contains("<pre class=\"output stdout\">"), "{result}");
+    assert!(
+        result.contains(escaped),
+        "stdout echoes the arguments: {result}"
+    );
+    assert!(
+        page.contains(&format!("<div class=\"text\">all done {escaped}</div>")),
+        "{page}"
+    );
+    assert!(
+        page.contains("<details class=\"raw\"><summary>raw JSON</summary>"),
+        "{page}"
+    );
+
+    steps_show_names_as_text(&workspace, "talk-1", &event, escaped);
+
+    let htmls = live_entries(&workspace, "talk-1", "all done");
+    let live = htmls.concat();
+    assert!(
+        !live.contains("<script>") && !live.contains("\" onerror"),
+        "{live}"
+    );
+    assert_eq!(
+        live.matches("<details").count(),
+        live.matches("</details>").count()
+    );
+    for shown in htmls {
+        assert!(
+            page.contains(&shown),
+            "the live entry is the page's: {shown}"
+        );
+    }
+    drop(daemon);
+}
+
+/// The event page's steps and timeline of `event` and its session `key`'s page show the model's
+/// and the tool's names, which the model server chose, as the text `escaped`.
+fn steps_show_names_as_text(workspace: &Workspace, key: &str, event: &str, escaped: &str) {
+    let session = get(workspace, &format!("/console/sessions/{key}")).body;
+    assert!(
+        session.contains(&format!(
+            "<span class=\"answered\">by <code>{escaped}</code> in "
+        )),
+        "the reply's entry names its model as text: {session}"
+    );
+    let steps = get(workspace, &format!("/console/events/{event}")).body;
+    assert!(
+        !steps.contains("<script>") && !steps.contains("\" onerror"),
+        "{steps}"
+    );
+    assert!(
+        steps.contains(&format!("<td><code>{escaped}</code>")),
+        "the model that answered, as text: {steps}"
+    );
+    assert!(
+        steps.contains(&format!("<span class=\"kind\">tool</span> {escaped}</td>")),
+        "the tool's bar, as text: {steps}"
+    );
+    assert!(
+        steps.contains(&format!("<span class=\"kind\">model</span> {escaped}</td>")),
+        "the model's bar, as text: {steps}"
+    );
+}
+
+/// `reply` as a server that names the model that answered `model`.
+fn named_model(reply: Reply, model: &str) -> Reply {
+    let mut body: serde_json::Value = serde_json::from_str(&reply.body).expect("JSON");
+    body["model"] = json!(model);
+    Reply::json(reply.status, body)
+}
+
+/// The HTML of the entries the live stream of `key` sends from the start, until one says
+/// `until`.
+fn live_entries(workspace: &Workspace, key: &str, until: &str) -> Vec<String> {
+    let mut reader = open_live(workspace, key);
+    let streamed = read_events(&mut reader, |events| {
+        events
+            .iter()
+            .any(|(kind, data)| kind == "entry" && data.contains(until))
+    });
+    streamed
+        .iter()
+        .filter(|(kind, _)| kind == "entry")
+        .map(|(_, data)| {
+            let entry: serde_json::Value = serde_json::from_str(data).expect("an entry is JSON");
+            entry["html"].as_str().unwrap_or_default().to_string()
+        })
+        .collect()
+}
+
+/// A workspace whose route `alerts` is answered by `model` (with `fallback` behind it), priced,
+/// and may call `echo`.
+fn echoing(model: &Stub, fallback: &Stub) -> Workspace {
+    let workspace = Workspace::new();
+    workspace.write_config(&format!(
+        "{}fallback = [{{ base_url = \"{}/v1\", model = \"spare\" }}]\n\
+         price = {{ input_per_mtok = 1.0, cached_input_per_mtok = 0.5, output_per_mtok = 2.0 }}\n\n\
+         [tools.echo]\ndescription = \"Echoes its arguments\"\ncommand = [\"/bin/cat\"]\n\
+         parameters = {{ type = \"object\" }}\nsandbox = \"none\"\n\n{}tools = [\"echo\"]\n",
+        model.model_section(),
+        fallback.url(),
+        config("")
+    ));
+    workspace
+}
+
+/// The event page lists each model request of a turn with the model that answered (a fallback
+/// marked as one), its tokens in, cached and out, its cost at the price and its time, and the
+/// turn's totals.
+#[test]
+fn an_event_page_shows_each_step_s_model_tokens_cost_and_time() {
+    let primary = Stub::start(|_, n| match n {
+        0 => Reply::tool_call("call-1", "echo", json!({"text": "hi"})).with_usage(100, 40, 10),
+        _ => Reply::json(503, json!({"error": "overloaded"})),
+    });
+    let fallback =
+        Stub::start(|_, _| named_model(Reply::answer("done"), "spare-q4").with_usage(30, 0, 4));
+    let workspace = echoing(&primary, &fallback);
+    let daemon = workspace.start();
+    let event = daemon
+        .post_json(
+            "/hooks/alerts",
+            &[],
+            &json!({"session": "steps-1"}).to_string(),
+        )
+        .event_id();
+    assert_eq!(workspace.wait_terminal(&event, TURN_LIMIT), "completed");
+
+    let page = get(&workspace, &format!("/console/events/{event}")).body;
+    let steps: Vec<&str> = page.split("<tr class=\"step\">").skip(1).collect();
+    assert_eq!(steps.len(), 2, "two model requests: {page}");
+    assert!(steps[0].contains("<code>stub</code>"), "{}", steps[0]);
+    assert!(!steps[0].contains("fallback"), "{}", steps[0]);
+    assert!(
+        steps[0].contains("<td>100</td><td>40</td><td>10</td>\n<td>$0.000100</td>"),
+        "60 uncached at $1, 40 cached at $0.5, 10 out at $2 per million: {}",
+        steps[0]
+    );
+    assert!(
+        steps[1]
+            .contains("<code>spare-q4</code> <strong class=\"mark fallback\">fallback</strong>"),
+        "{}",
+        steps[1]
+    );
+    assert!(
+        steps[1].contains("(asked for <code>spare</code>)"),
+        "{}",
+        steps[1]
+    );
+    assert!(
+        steps[1].contains("<td>30</td><td>0</td><td>4</td>\n<td>$0.000038</td>"),
+        "{}",
+        steps[1]
+    );
+    for step in &steps {
+        let took = step.split("</td>\n<td>").last().unwrap_or_default();
+        assert!(
+            took.contains(" ms") || took.contains(" s"),
+            "a time: {step}"
+        );
+    }
+    let session = get(&workspace, "/console/sessions/steps-1").body;
+    assert!(
+        session.contains(
+            "by <code>spare-q4</code> <strong class=\"mark fallback\">fallback</strong> in "
+        ),
+        "{session}"
+    );
+    assert!(
+        session.contains(", 100 tokens in (40 cached), 10 out</span>"),
+        "{session}"
+    );
+    assert!(
+        page.contains(
+            "<tr class=\"total\"><th>total</th><th>2 step(s)</th><th>130</th><th>40</th><th>14</th><th>$0.000138</th>"
+        ),
+        "{page}"
+    );
+    drop(daemon);
 }

@@ -3,7 +3,16 @@
 //! markers of the prompt. Each runs for AGENTGATE_FUZZ_SECONDS (default 10); `fuzz/run.sh` runs
 //! them for longer.
 
+#[path = "common/basics.rs"]
+#[expect(
+    dead_code,
+    reason = "the harness's basics; this file uses the gating only"
+)]
+mod basics;
+
 use std::process::Command;
+
+use basics::{Need, can_run};
 
 const FUZZ_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz");
 
@@ -16,14 +25,12 @@ fn cargo_fuzz_available() -> bool {
 
 #[test]
 fn every_fuzz_target_survives_a_short_run() {
-    // `.ci/run` installs cargo-fuzz (pinned); a test never installs software. Under CI a
-    // missing cargo-fuzz is a failure, on a developer's machine a skip that says so.
-    if !cargo_fuzz_available() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "cargo fuzz is not installed; .ci/run installs it"
-        );
-        eprintln!("skipped: cargo fuzz is not installed (`.ci/run` installs cargo-fuzz 0.13.1)");
+    // `tests/setup` installs cargo-fuzz (pinned); a test never installs software.
+    if !can_run(
+        "every_fuzz_target_survives_a_short_run",
+        Need::Fuzz,
+        cargo_fuzz_available(),
+    ) {
         return;
     }
     let seconds = std::env::var("AGENTGATE_FUZZ_SECONDS").unwrap_or_else(|_| "10".to_string());

@@ -502,14 +502,45 @@ fn send_without_url_asks_the_daemon_which_holds_the_secret() {
     assert_eq!(unknown.status.code(), Some(78), "{unknown:?}");
 }
 
-/// Past `server.max_connections`, with no connection idle, new connections wait (one accepted,
-/// the rest in the kernel's backlog; none refused) until a slot frees, here when
-/// `header_timeout` cuts a stalled client off. The limit is logged when it is reached.
+/// The config of a github route with `server` keys, and `header_timeout` at `header_timeout`
+/// (the workspace's 1 s would close stalled connections before the rule under test does).
+fn github_with_server(workspace: &Workspace, server: &str, header_timeout: &str) -> Daemon {
+    workspace.write_config(&format!("{server}\n{}", github_config("")));
+    let path = workspace.config_path();
+    let text = std::fs::read_to_string(&path).expect("config");
+    let text = text.replace(
+        "header_timeout = \"1s\"",
+        &format!("header_timeout = \"{header_timeout}\""),
+    );
+    std::fs::write(&path, text).expect("config");
+    workspace.start_with_env(&[("TEST_GITHUB_SECRET", GITHUB_SECRET)])
+}
+
+/// `agentgate_idle_connections_closed_total` of the webhook listener for connections that were
+/// `state` when they were closed.
+fn closed_to_make_room(workspace: &Workspace, state: &str) -> u64 {
+    let series = format!(
+        "agentgate_idle_connections_closed_total{{listener=\"webhook\",state=\"{state}\"}} "
+    );
+    workspace
+        .metrics()
+        .lines()
+        .find_map(|line| line.strip_prefix(&series).map(str::to_string))
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The bound on a valid webhook's answer while others hold every connection slot: generous for
+/// a loaded 2-core machine; holding on to the connections (as before) took 10 s and more here.
+const ROOM_WITHIN: Duration = Duration::from_secs(5);
+
+/// Every `max_connections` slot held by connections whose request head does not finish: the
+/// head stalled the longest is closed for a new connection (counted, logged), so a valid
+/// webhook is answered well before `header_timeout` (10 s here) would cut them off.
 #[test]
-fn connections_past_max_connections_wait_in_the_backlog() {
+fn heads_that_do_not_finish_make_room_at_max_connections() {
     let workspace = Workspace::new();
-    workspace.write_config(&format!("max_connections = 8\n{}", github_config("")));
-    let daemon = workspace.start_with_env(&[("TEST_GITHUB_SECRET", GITHUB_SECRET)]);
+    let daemon = github_with_server(&workspace, "max_connections = 8", "10s");
     let stalled: Vec<TcpStream> = (0..8)
         .map(|_| {
             let mut stream = TcpStream::connect(daemon.addr).expect("connect");
@@ -519,21 +550,83 @@ fn connections_past_max_connections_wait_in_the_backlog() {
             stream
         })
         .collect();
-    // Connections are taken in the order they came: the next one finds every slot taken.
     let started = Instant::now();
     assert_eq!(github_post(&daemon, ISSUE, "past-the-limit").status, 202);
     let waited = started.elapsed();
+    assert!(waited < ROOM_WITHIN, "waited {waited:?}");
     assert!(
-        waited >= Duration::from_millis(300),
-        "answered at once ({waited:?}) although every slot was taken"
-    );
-    assert!(waited < Duration::from_secs(5), "waited {waited:?}");
-    assert!(
-        daemon
-            .log()
-            .contains("webhook connections at server.max_connections, none idle"),
+        closed_to_make_room(&workspace, "head") >= 1,
         "{}",
-        daemon.log()
+        workspace.metrics()
+    );
+    daemon.wait_for_log("connection closed to make room for a new one");
+    drop(stalled);
+}
+
+/// 300 HTTP/2 connections that sent only the preface, from 64 addresses, against
+/// `max_connections = 256`: a valid webhook from another address, sent behind them, is
+/// answered at once (each idle connection closed for a new one gives its slot back at once),
+/// and each closing is counted.
+#[test]
+fn idle_http2_connections_from_many_addresses_make_room_for_a_webhook() {
+    let workspace = Workspace::new();
+    let daemon = github_with_server(&workspace, "max_connections = 256", "10s");
+    let mut settings = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    settings.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+    let idle: Vec<TcpStream> = (0..300u16)
+        .map(|n| {
+            let address = std::net::Ipv4Addr::new(127, 0, 1, 1 + (n % 64) as u8);
+            let mut stream = connect_from(address, daemon.addr).expect("connect");
+            stream.write_all(&settings).expect("preface");
+            stream
+        })
+        .collect();
+    let started = Instant::now();
+    let response = github_post(&daemon, ISSUE, "behind-idle-h2");
+    let waited = started.elapsed();
+    assert_eq!(response.status, 202, "{response:?}");
+    assert!(
+        waited < ROOM_WITHIN,
+        "waited {waited:?} behind idle HTTP/2 connections"
+    );
+    assert!(
+        closed_to_make_room(&workspace, "idle") >= 44,
+        "{}",
+        workspace.metrics()
+    );
+    drop(idle);
+}
+
+/// Every slot held by request bodies that stall (signed heads, one byte of a 1,000-byte body,
+/// from 4 addresses): the body stalled the longest is closed for a new connection, so a valid
+/// webhook is answered well before the body timeout (4 × `header_timeout`, 40 s here).
+#[test]
+fn stalled_bodies_from_a_few_addresses_make_room_for_a_webhook() {
+    let workspace = Workspace::new();
+    let daemon = github_with_server(&workspace, "max_connections = 64", "10s");
+    let head = "POST /hooks/github HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+                x-github-event: issues\r\nx-hub-signature-256: sha256=00\r\n\
+                content-length: 1000\r\n\r\n{";
+    let stalled: Vec<TcpStream> = (0..80u8)
+        .map(|n| {
+            let address = std::net::Ipv4Addr::new(127, 0, 2, 1 + n % 4);
+            let mut stream = connect_from(address, daemon.addr).expect("connect");
+            stream.write_all(head.as_bytes()).expect("head");
+            stream
+        })
+        .collect();
+    let started = Instant::now();
+    let response = github_post(&daemon, ISSUE, "behind-stalled-bodies");
+    let waited = started.elapsed();
+    assert_eq!(response.status, 202, "{response:?}");
+    assert!(
+        waited < ROOM_WITHIN,
+        "waited {waited:?} behind stalled bodies"
+    );
+    assert!(
+        closed_to_make_room(&workspace, "body") >= 16,
+        "{}",
+        workspace.metrics()
     );
     drop(stalled);
 }
@@ -1119,14 +1212,17 @@ fn stalled_connections_neither_delay_a_valid_webhook_nor_a_running_turn() {
             Reply::answer("done")
         }
     });
-    let marker = workspace.path().join("tool.ran");
+    // The tool's own directory: a writable path may not hold the state or the config.
+    let tool_dir = workspace.path().join("tool");
+    std::fs::create_dir_all(&tool_dir).expect("the tool's directory");
+    let marker = tool_dir.join("tool.ran");
     // In [server]: the attacker may take every max_connections slot (1,024), so that the
     // valid sender needs the slot of the connection idle the longest.
     workspace.write_config(&format!(
         "max_connections_per_peer = 2000\n{}\n[tools.marker]\ncommand = [\"/usr/bin/touch\", {:?}]\nwritable = [{:?}]\n\n{}",
         model.model_section(),
         marker.display().to_string(),
-        workspace.path().display().to_string(),
+        tool_dir.display().to_string(),
         github_config("tools = [\"marker\"]"),
     ));
     let daemon = workspace.start_with_env(&[("TEST_GITHUB_SECRET", GITHUB_SECRET)]);
@@ -1295,7 +1391,8 @@ fn health_from_loopback(daemon: &Daemon) -> String {
 
 /// One address cannot take every connection slot: past `max_connections_per_peer` busy
 /// connections, its next one is closed at once (logged, counted), while another address is
-/// served as usual; a trusted proxy, which carries everyone's connections, is not counted.
+/// served as usual; a trusted proxy, which carries everyone's connections, is not counted. A
+/// reload applies both to the next connection.
 #[test]
 fn one_address_holds_at_most_max_connections_per_peer() {
     let workspace = Workspace::new();
@@ -1324,14 +1421,18 @@ fn one_address_holds_at_most_max_connections_per_peer() {
     assert!(refused >= 1, "{metrics}");
     daemon.wait_for_log("its address holds server.max_connections_per_peer");
     drop(held);
-    drop(daemon);
 
-    let proxied = Workspace::new();
-    proxied.write_config(&format!(
-        "max_connections_per_peer = 4\ntrusted_proxies = [\"127.0.0.1\"]\n{}",
-        github_config("")
-    ));
-    let daemon = proxied.start_with_env(&[("TEST_GITHUB_SECRET", GITHUB_SECRET)]);
+    // A reload applies both to the next connection: a lower cap, then a trusted proxy.
+    let reload = |server: &str| {
+        workspace.write_config(&format!("{server}\n{}", github_config("")));
+        let output = workspace.cli(&["reload"]);
+        assert!(output.status.success(), "{output:?}");
+    };
+    reload("max_connections_per_peer = 2");
+    let held = busy_connections(&daemon, 2);
+    assert_eq!(health_from_loopback(&daemon), "closed");
+    drop(held);
+    reload("max_connections_per_peer = 2\ntrusted_proxies = [\"127.0.0.1\"]");
     let _held = busy_connections(&daemon, 4);
     assert_eq!(health_from_loopback(&daemon), "HTTP/1.1 200 OK");
 }
@@ -1403,9 +1504,9 @@ fn idle_connections_make_room_at_max_connections() {
         started.elapsed()
     );
     assert!(
-        workspace
-            .metrics()
-            .contains("agentgate_idle_connections_closed_total 1"),
+        workspace.metrics().contains(
+            r#"agentgate_idle_connections_closed_total{listener="webhook",state="idle"} 1"#
+        ),
         "{}",
         workspace.metrics()
     );

@@ -91,6 +91,11 @@ fn notify_protocol_ready_status_watchdog_reload_stopping_and_extend() {
     signal(pid, "TERM");
     notify.expect("STOPPING=1", Duration::from_secs(5));
     notify.expect("EXTEND_TIMEOUT_USEC=", Duration::from_secs(5));
+    // The hand-over is a stage of the drain, inside the extension systemd is told about.
+    notify.expect(
+        "STATUS=stopping: handing the store's leases back",
+        Duration::from_secs(30),
+    );
     drop(daemon);
 }
 
@@ -509,6 +514,286 @@ fn every_runtime_key_applies_at_once_and_the_reload_says_so() {
     assert_eq!(reason, ["shutdown_timeout"]);
 }
 
+/// Every key of every section (docs/reference.md) but `[runtime]`'s (`RUNTIME_KEYS`), the
+/// PostgreSQL keys of `[store]` and the keys of `[model]`'s other backends (the report's unit
+/// tests cover those): its value before a reload (`""`: not set), after it, and whether the
+/// reload applies it at once. `{dir}` is the workspace, `{addr}` its webhook address, `{stub}`
+/// the model's URL, `{port}` a free port, `{tls}` the certificate `self_signed` writes.
+const EVERY_KEY: [(&str, &str, &str, bool); 39] = [
+    ("state_dir", "\"{dir}/state\"", "\"{dir}/moved\"", false),
+    ("server.listen", "\"{addr}\"", "\"127.0.0.1:{port}\"", false),
+    (
+        "server.control_socket",
+        "\"{dir}/control.sock\"",
+        "\"{dir}/other.sock\"",
+        false,
+    ),
+    ("server.header_timeout", "\"1s\"", "\"2s\"", false),
+    ("server.max_body", "\"64KiB\"", "\"32KiB\"", true),
+    ("server.keepalive_timeout", "", "\"60s\"", false),
+    ("server.max_connections", "", "100", false),
+    ("server.max_connections_per_peer", "", "50", true),
+    ("server.trusted_proxies", "", "[\"10.0.0.0/8\"]", true),
+    ("server.metrics_listen", "", "\"127.0.0.1:{port}\"", false),
+    ("server.public_url", "", "\"http://{addr}\"", true),
+    ("model.backend", "\"openai\"", "\"openai\"", false),
+    (
+        "model.base_url",
+        "\"{stub}/v1\"",
+        "\"http://127.0.0.1:9/v1\"",
+        false,
+    ),
+    ("model.model", "\"stub\"", "\"other\"", false),
+    ("model.api_key", "", "\"sk-not-a-key\"", false),
+    ("model.request_timeout", "\"60s\"", "\"30s\"", false),
+    ("model.max_retries", "0", "2", false),
+    ("model.outage_wait", "", "\"5s\"", false),
+    ("model.params", "", "{ temperature = 0.5 }", false),
+    ("model.tool_calls_in_content", "", "true", false),
+    (
+        "model.price",
+        "",
+        "{ input_per_mtok = 1.0, output_per_mtok = 2.0 }",
+        true,
+    ),
+    (
+        "model.fallback",
+        "",
+        "[{ base_url = \"http://127.0.0.1:9/v1\", model = \"m\" }]",
+        false,
+    ),
+    ("model.max_concurrent_requests", "", "3", false),
+    ("store.retention", "", "\"10d\"", true),
+    ("budgets.turn_tokens", "", "100000", true),
+    ("budgets.turn_usd", "", "10.0", true),
+    ("budgets.session_tokens", "", "100000", true),
+    ("budgets.session_usd", "", "10.0", true),
+    ("budgets.daily_tokens", "", "500", true),
+    ("budgets.daily_usd", "", "10.0", true),
+    ("budgets.warn_at", "", "0.5", true),
+    (
+        "telemetry.otlp_endpoint",
+        "",
+        "\"http://127.0.0.1:9\"",
+        false,
+    ),
+    ("telemetry.sample_ratio", "", "0.5", false),
+    ("telemetry.capture_content", "", "true", false),
+    ("console.enabled", "", "false", true),
+    ("console.listen", "", "\"127.0.0.1:{port}\"", false),
+    ("console.token", "", "\"a-long-console-token-0123\"", true),
+    ("console.tls", "", "{tls}", false),
+    (
+        "console.trace_url",
+        "",
+        "\"http://127.0.0.1:16686/trace/{trace_id}\"",
+        true,
+    ),
+];
+
+/// One key of `EVERY_KEY` or `RUNTIME_KEYS`, its placeholders filled in.
+struct Key {
+    name: String,
+    before: Option<String>,
+    after: String,
+    now: bool,
+}
+
+/// `EVERY_KEY` and `RUNTIME_KEYS` for `workspace` and `model`.
+fn every_key(workspace: &Workspace, model: &Stub) -> Vec<Key> {
+    let fill = |value: &str| {
+        let mut value = value
+            .replace("{dir}", &workspace.path().display().to_string())
+            .replace("{addr}", &workspace.addr().to_string())
+            .replace("{stub}", &model.url())
+            .replace("{tls}", &tls_of(workspace));
+        while value.contains("{port}") {
+            value = value.replacen("{port}", &free_port().to_string(), 1);
+        }
+        value
+    };
+    let runtime = RUNTIME_KEYS.iter().map(|(name, value)| {
+        // Webhooks must still be taken after the reload.
+        let value = if *name == "min_free_disk" {
+            "\"1KB\""
+        } else {
+            value
+        };
+        (format!("runtime.{name}"), "", value, true)
+    });
+    EVERY_KEY
+        .iter()
+        .map(|(name, before, after, now)| (name.to_string(), *before, *after, *now))
+        .chain(runtime)
+        .map(|(name, before, after, now)| Key {
+            name,
+            before: (!before.is_empty()).then(|| fill(before)),
+            after: fill(after),
+            now,
+        })
+        .collect()
+}
+
+/// The config with each of `keys` set to what `value` picks, in its section; then the route.
+fn config_of(keys: &[Key], value: impl Fn(&Key) -> Option<String>) -> String {
+    let mut sections: Vec<(&str, String)> = Vec::new();
+    for key in keys {
+        let (section, name) = key.name.split_once('.').unwrap_or(("", &key.name));
+        let Some(value) = value(key) else { continue };
+        let line = format!("{name} = {value}\n");
+        match sections.iter_mut().find(|(known, _)| *known == section) {
+            Some((_, lines)) => lines.push_str(&line),
+            None => sections.push((section, line)),
+        }
+    }
+    let tables: String = sections
+        .iter()
+        .map(|(section, lines)| match *section {
+            "" => lines.clone(),
+            section => format!("\n[{section}]\n{lines}"),
+        })
+        .collect();
+    format!("{tables}\n{ROUTE}")
+}
+
+/// `tls = …` with the certificate and key `self_signed` writes in the workspace.
+fn tls_of(workspace: &Workspace) -> String {
+    let path = |name: &str| workspace.path().join(name).display().to_string();
+    format!(
+        "{{ cert = {{ file = {:?} }}, key = {{ file = {:?} }} }}",
+        path("cert.pem"),
+        path("key.pem")
+    )
+}
+
+/// The report of a reload through the control socket at `socket`: what changed now and what
+/// waits for a restart, each sorted.
+fn reload_report(socket: &std::path::Path) -> (Vec<String>, Vec<String>) {
+    let answer = control_request(socket, "POST", "/v1/reload");
+    assert_eq!(answer.status, 200, "{answer:?}");
+    let report = answer.json();
+    let list = |name: &str| {
+        let mut keys: Vec<String> = report[name]
+            .as_array()
+            .unwrap_or_else(|| panic!("no {name} in {report}"))
+            .iter()
+            .filter_map(|key| key.as_str().map(str::to_string))
+            .collect();
+        keys.sort();
+        keys
+    };
+    (list("changed"), list("at_restart"))
+}
+
+/// Changing every key of every section in one reload: the report names each key, as applied
+/// now or at the next restart, and the daemon then does what it says: the new `max_body`,
+/// `public_url`, `[budgets]`, `model.price` and `console.enabled` apply to the next request and
+/// turn, while the old listeners, state directory and model endpoint keep serving. A second
+/// reload that turns on `server.tls` serves HTTPS at once.
+#[test]
+fn every_key_of_every_section_is_reported_as_it_applies() {
+    let workspace = Workspace::new();
+    let model = Stub::start(|_, _| Reply::answer("done").with_usage(1000, 0, 20));
+    let keys = every_key(&workspace, &model);
+    std::fs::write(
+        workspace.config_path(),
+        config_of(&keys, |key| key.before.clone()),
+    )
+    .expect("config");
+    let daemon = workspace.start();
+    let socket = workspace.path().join("control.sock");
+    self_signed(workspace.path(), "reloaded");
+    let after = config_of(&keys, |key| Some(key.after.clone()));
+    std::fs::write(workspace.config_path(), &after).expect("config");
+    let (changed, at_restart) = reload_report(&socket);
+
+    let named = |now: bool| {
+        let mut names: Vec<String> = keys
+            .iter()
+            .filter(|key| key.now == now && key.before.as_ref() != Some(&key.after))
+            .map(|key| key.name.clone())
+            .collect();
+        // `server.max_body` is the route's default: the route changed too.
+        if now {
+            names.push("routes.hook".into());
+        }
+        names.sort();
+        names
+    };
+    assert_eq!(changed, named(true), "applied now");
+    assert_eq!(at_restart, named(false), "waiting for a restart");
+
+    // Applied now: the smaller body limit, the approval links, the disabled console.
+    let body = format!("{{\"pad\":\"{}\"}}", "x".repeat(40 * 1024));
+    assert_eq!(daemon.post_json("/hook", &[], &body).status, 413);
+    let link = daemon.request("GET", "/approvals/none/approve", &[], b"");
+    assert!(link.body.contains("no_approval"), "{link:?}");
+    assert_eq!(control_request(&socket, "GET", "/console/").status, 404);
+    // The model endpoint, state directory and listeners of the start still serve; the price and
+    // the daily budget of the reload count what it spends.
+    let first = daemon.post_json("/hook", &[], "{}").event_id();
+    assert_eq!(
+        workspace.wait_terminal(&first, Duration::from_secs(30)),
+        "completed"
+    );
+    assert_eq!(model.requests().len(), 1);
+    let metrics = workspace.metrics();
+    let cost: f64 = metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("agentgate_model_cost_usd_total{route=\"hook\"} "))
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(0.0);
+    assert!((cost - 0.00104).abs() < 1e-9, "{metrics}");
+    let second = daemon.post_json("/hook", &[], "{}").event_id();
+    assert_eq!(
+        workspace.wait_terminal(&second, Duration::from_secs(30)),
+        "failed"
+    );
+    let errors: Vec<String> = workspace.query(
+        &format!("SELECT error FROM turns WHERE event_id = '{second}'"),
+        |row| row.get(0),
+    );
+    assert!(
+        errors
+            .iter()
+            .any(|error| error.starts_with("budget exceeded: budgets.daily_tokens")),
+        "{errors:?}"
+    );
+    for key in keys.iter().filter(|key| key.name.ends_with("listen")) {
+        let addr = key.after.trim_matches('"');
+        assert!(
+            std::net::TcpStream::connect(addr).is_err(),
+            "{} is bound before a restart",
+            key.name
+        );
+    }
+
+    // TLS on the webhook listener is taken by the next connection.
+    let with_tls = after.replace(
+        "\n[server]\n",
+        &format!("\n[server]\ntls = {}\n", tls_of(&workspace)),
+    );
+    std::fs::write(workspace.config_path(), with_tls).expect("config");
+    assert_eq!(
+        reload_report(&socket),
+        (vec!["server.tls".to_string()], vec![])
+    );
+    let https = Command::new("curl")
+        .args([
+            "-sk",
+            "--max-time",
+            "5",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+        ])
+        .arg(format!("https://{}/healthz", workspace.addr()))
+        .output()
+        .expect("curl");
+    assert_eq!(String::from_utf8_lossy(&https.stdout), "200", "{https:?}");
+}
+
 #[test]
 fn socket_activation_takes_the_named_socket_and_refuses_unknown_names() {
     let workspace = Workspace::new();
@@ -757,7 +1042,7 @@ fn metrics_listen_serves_what_the_packaged_rules_and_dashboard_use() {
             .args(&args)
             .current_dir(&examples)
             .output()
-            .expect("promtool (.ci/run installs prometheus)");
+            .expect("promtool (`tests/setup` installs prometheus)");
         assert!(checked.status.success(), "promtool {args:?}: {checked:?}");
     }
 
@@ -856,6 +1141,8 @@ fn the_man_pages_render_cleanly_and_carry_the_reference() {
                 "FILES",
                 "sessions cancel",
                 "LISTEN_FDNAMES",
+                // A `|` in a table cell's code ends the cell unless escaped.
+                "error|warning",
             ][..],
         ),
         (
@@ -884,9 +1171,14 @@ fn the_man_pages_render_cleanly_and_carry_the_reference() {
 }
 
 /// A user who may use the control socket (mode 0660, the daemon's group) but cannot read the
-/// state directory still runs `sessions list`, `sessions show`, `events list`, `events show` and
-/// `status`: they go through the daemon.
+/// state directory still runs `sessions list`, `sessions show`, `events list`, `events show`,
+/// `status`, `deliveries list`, `ledger show`, `events replay` and `deliveries retry`: they go
+/// through the daemon.
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one user's commands, each checked in turn against the same daemon"
+)]
 fn sessions_go_through_the_control_socket_for_users_who_cannot_read_the_state() {
     use std::os::unix::fs::PermissionsExt;
     if !root_or_skip("sessions_go_through_the_control_socket_for_users_who_cannot_read_the_state") {
@@ -968,4 +1260,271 @@ fn sessions_go_through_the_control_socket_for_users_who_cannot_read_the_state() 
     );
     let unknown = as_group_member(&["events", "show", "nope"]);
     assert!(String::from_utf8_lossy(&unknown.stderr).contains("no event \"nope\""));
+    // The outbox, the ledger, a replay and a retry go through the daemon too (exit 73 before).
+    let deliveries = as_group_member(&["deliveries", "list", "--json"]);
+    assert!(deliveries.status.success(), "{deliveries:?}");
+    assert!(
+        String::from_utf8_lossy(&deliveries.stdout).contains(&event_id),
+        "{deliveries:?}"
+    );
+    let ledger = as_group_member(&["ledger", "show", "--json"]);
+    assert!(ledger.status.success(), "{ledger:?}");
+    assert!(
+        String::from_utf8_lossy(&ledger.stdout).contains("\"version\""),
+        "{ledger:?}"
+    );
+    let replayed = as_group_member(&["events", "replay", &event_id]);
+    assert!(replayed.status.success(), "{replayed:?}");
+    let copy = String::from_utf8_lossy(&replayed.stdout).trim().to_string();
+    assert_eq!(
+        workspace.wait_terminal(&copy, Duration::from_secs(30)),
+        "completed"
+    );
+    let bulk = as_group_member(&["events", "replay", "--status", "completed", "--limit", "1"]);
+    assert!(bulk.status.success(), "{bulk:?}");
+    assert!(
+        String::from_utf8_lossy(&bulk.stderr)
+            .contains("replayed 1 completed event(s); more matched"),
+        "{bulk:?}"
+    );
+    workspace.fail_delivery(&event_id);
+    let retried = as_group_member(&["deliveries", "retry", &event_id]);
+    assert!(retried.status.success(), "{retried:?}");
+    let pending = as_group_member(&["deliveries", "retry", "--pending"]);
+    assert!(pending.status.success(), "{pending:?}");
+    let none = as_group_member(&["deliveries", "retry", &copy]);
+    assert!(
+        String::from_utf8_lossy(&none.stderr).contains("no failed delivery"),
+        "{none:?}"
+    );
+    wait_until("the retried delivery", Duration::from_secs(30), || {
+        workspace.cli_json(&["events", "show", &event_id, "--json"])["delivery"]["status"]
+            == "delivered"
+    });
+}
+
+/// check-config with the console token in a credential: where it cannot read the credential (no
+/// `$CREDENTIALS_DIRECTORY`, or no such file), it says so and never calls the token short; a
+/// short token it reads is warned about, a long one is not.
+#[test]
+fn check_config_tells_a_console_token_it_cannot_read_from_a_short_one() {
+    let workspace = Workspace::new();
+    workspace.write_config(
+        "[console]\nlisten = \"127.0.0.1:8788\"\ntoken = { credential = \"console-token\" }\n",
+    );
+    let credentials = workspace.path().join("credentials");
+    std::fs::create_dir(&credentials).expect("credentials");
+    let check = |credentials_dir: Option<&std::path::Path>| {
+        let mut command = std::process::Command::new(BIN);
+        command
+            .args(["check-config", "--config"])
+            .arg(workspace.config_path())
+            .env_remove("CREDENTIALS_DIRECTORY");
+        if let Some(dir) = credentials_dir {
+            command.env("CREDENTIALS_DIRECTORY", dir);
+        }
+        let output = command.output().expect("check-config");
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        (output.status.code(), said)
+    };
+    let (code, said) = check(None);
+    assert_eq!(code, Some(0), "{said}");
+    assert!(
+        said.contains("console.token: cannot be read here"),
+        "{said}"
+    );
+    assert!(!said.contains("shorter"), "{said}");
+    let (code, said) = check(Some(&credentials));
+    assert_eq!(code, Some(78), "{said}");
+    assert!(said.contains("credential \"console-token\""), "{said}");
+    assert!(!said.contains("shorter"), "{said}");
+    std::fs::write(credentials.join("console-token"), "short\n").expect("token");
+    let (code, said) = check(Some(&credentials));
+    assert_eq!(code, Some(0), "{said}");
+    assert!(said.contains("shorter than 16 bytes"), "{said}");
+    std::fs::write(
+        credentials.join("console-token"),
+        "0f3c9a5e1d7b2c8a4e6f0b3d9c1a7e5f\n",
+    )
+    .expect("token");
+    let (code, said) = check(Some(&credentials));
+    assert_eq!(code, Some(0), "{said}");
+    assert!(!said.contains("console.token"), "{said}");
+}
+
+/// `status` of a daemon killed while a turn ran: not running, and the turn's event and session
+/// shown as interrupted (they resume at the next start), never as running.
+#[test]
+fn status_of_a_stopped_daemon_shows_its_turns_as_interrupted() {
+    let workspace = Workspace::new();
+    let model = slow_tool_model();
+    write_slow_turn_config(&workspace, &model, "");
+    let daemon = workspace.start();
+    let accepted = daemon.post_json("/hook", &[], r#"{"n":1}"#);
+    assert_eq!(accepted.status, 202, "{accepted:?}");
+    wait_for_tool_starts(&workspace, 1);
+    let running = workspace.cli(&["status"]);
+    let said = String::from_utf8_lossy(&running.stdout);
+    assert!(said.contains("running 1"), "{said}");
+    daemon.kill9();
+    let stopped = workspace.cli(&["status"]);
+    let said = String::from_utf8_lossy(&stopped.stdout);
+    assert!(stopped.status.success(), "{stopped:?}");
+    assert!(said.contains("daemon:     not running"), "{said}");
+    assert!(!said.contains("running 1"), "{said}");
+    assert!(said.contains("interrupted 1"), "{said}");
+}
+
+/// A model endpoint that is down while turns keep retrying it: the journal gets one "model
+/// request failed; retrying" line for it per 10 s, saying how many it left out, as a delivery
+/// target's failures do, not a line per attempt (151 in a one-minute outage).
+#[test]
+fn a_model_outage_is_logged_within_a_budget() {
+    let workspace = Workspace::new();
+    let model = Stub::start(|_, _| Reply::raw(503, "{}").with_header("retry-after", "0"));
+    workspace.write_config(&format!(
+        "{}\n{ROUTE}",
+        model
+            .model_section()
+            .replace("max_retries = 0", "max_retries = 5")
+    ));
+    let daemon = workspace.start();
+    for n in 0..4 {
+        let accepted = daemon.post_json("/hook", &[], &format!(r#"{{"n":{n}}}"#));
+        assert_eq!(accepted.status, 202, "{accepted:?}");
+    }
+    wait_until(
+        "the turns to retry the model",
+        Duration::from_secs(30),
+        || model.requests().len() >= 20,
+    );
+    let lines = daemon
+        .log()
+        .matches("model request failed; retrying")
+        .count();
+    assert_eq!(lines, 1, "{}", daemon.log());
+}
+
+/// Every `agentgate` command README, README.Debian and docs/ show (in code blocks, and in inline
+/// code that names a command) is one the command line takes as written: each is run with
+/// `--help` appended, which checks its subcommand, flags and values and runs nothing. Placeholders
+/// (`ID`, `KEY`, `ROUTE`, …) stand for an example value; synopses (`[--json]`, `a|b`) are skipped.
+/// The commands that change or read a running system are run for real under systemd
+/// (tests/systemd.rs, the operations guide; tests/package.rs, README.Debian).
+#[test]
+fn every_agentgate_command_in_the_docs_is_one_the_command_line_takes() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut documents = vec![root.join("README.md"), root.join("packaging/README.Debian")];
+    let mut docs: Vec<_> = std::fs::read_dir(root.join("docs"))
+        .expect("docs")
+        .filter_map(|entry| entry.ok().map(|entry| entry.path()))
+        .filter(|path| path.extension().is_some_and(|ext| ext == "md"))
+        .collect();
+    docs.sort();
+    documents.extend(docs);
+    let help = Command::new(BIN).arg("--help").output().expect("help");
+    let help = String::from_utf8_lossy(&help.stdout).to_string();
+    let known = |command: &str| {
+        command
+            .split_whitespace()
+            .nth(1)
+            .is_some_and(|sub| help.contains(&format!("\n  {sub} ")))
+    };
+    let bin_dir = std::path::Path::new(BIN).parent().expect("bin dir");
+    let path = format!("{}:/usr/bin:/bin", bin_dir.display());
+    let mut checked = 0;
+    for document in &documents {
+        let text = std::fs::read_to_string(document).expect("document");
+        for (command, in_code_block) in documented_commands(&text) {
+            // Inline code that is prose ("agentgate cannot accept events now") names no command.
+            if !in_code_block && !known(&command) {
+                continue;
+            }
+            let example = example_values(&command);
+            if ["[", "|", "…", "<"]
+                .iter()
+                .any(|synopsis| example.contains(synopsis))
+                || command.split_whitespace().nth(1) == Some("tool-exec")
+            {
+                continue;
+            }
+            let output = Command::new("sh")
+                .args(["-c", &format!("{example} --help")])
+                .env("PATH", &path)
+                .output()
+                .expect("sh");
+            assert!(
+                output.status.success(),
+                "{}: `{command}` is not a command agentgate takes: {}",
+                document.display(),
+                String::from_utf8_lossy(&output.stderr)
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked > 40, "only {checked} commands found");
+}
+
+/// `agentgate …` lines of fenced code blocks (and of README.Debian's indented ones), without a
+/// prompt, `sudo` or a trailing comment; `cargo run -- ARGS` as `agentgate ARGS`; then inline
+/// code spans. Each with whether it was in a code block.
+fn documented_commands(text: &str) -> Vec<(String, bool)> {
+    let mut commands = Vec::new();
+    let mut in_fence = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            in_fence = !in_fence;
+            continue;
+        }
+        let indented = line.starts_with("    ");
+        if !(in_fence || indented) {
+            continue;
+        }
+        let mut command = line
+            .trim()
+            .trim_start_matches("$ ")
+            .trim_start_matches("sudo ");
+        if let Some(comment) = command.find(" #") {
+            command = command[..comment].trim_end();
+        }
+        let command = match command.strip_prefix("cargo run --release -- ") {
+            Some(args) => format!("agentgate {args}"),
+            None => command.to_string(),
+        };
+        if command.starts_with("agentgate ") {
+            commands.push((command, true));
+        }
+    }
+    for (index, span) in text.split('`').enumerate() {
+        if index % 2 == 1 && span.starts_with("agentgate ") && !span.contains('\n') {
+            commands.push((span.to_string(), false));
+        }
+    }
+    commands
+}
+
+/// `command` with its placeholders replaced by example values.
+fn example_values(command: &str) -> String {
+    command
+        .split(' ')
+        .map(|word| match word {
+            "ID" | "0193b5c2-…" => "01a24217-903d-76c0-a447-7ae6df3ba1e8",
+            "KEY" => "'acme/web#7'",
+            "ROUTE" | "R" => "demo",
+            "NAME" => "nightly",
+            "FILE" => "agentgate.toml",
+            "PATH" => "/var/backups/agentgate-example",
+            "DURATION" => "1h",
+            "N" => "5",
+            "S" => "failed",
+            "TEXT" => "checked",
+            "'{...}'" => "'{}'",
+            other => other,
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }

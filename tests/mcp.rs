@@ -1,13 +1,16 @@
 //! MCP tools against MCP servers that nobody here wrote: the reference servers from npm
 //! (`@modelcontextprotocol/server-everything` and `server-filesystem`, over stdio) and a server
-//! of the official Python SDK (over streamable HTTP), driven by a scripted model. `.ci/run`
+//! of the official Python SDK (over streamable HTTP), driven by a scripted model. `tests/setup`
 //! installs them under `tests/mcp/` (`npm ci`, and a venv with the pinned `mcp` package).
 
 mod common;
 
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use common::mcp::{PythonServer, children_of, node_server};
+use common::mcp::{
+    PythonServer, children_of, memo_server, node_server, processes_with, servers_or_skip,
+};
 use common::stub::{Received, Reply, Stub};
 use common::*;
 use serde_json::{Value, json};
@@ -121,6 +124,11 @@ fn files_server(workspace: &Workspace, extra: &str) -> (std::path::PathBuf, Stri
 
 #[test]
 fn a_filesystem_tool_reads_a_file_and_its_result_reaches_the_model_and_the_transcript() {
+    if !servers_or_skip(
+        "a_filesystem_tool_reads_a_file_and_its_result_reaches_the_model_and_the_transcript",
+    ) {
+        return;
+    }
     let workspace = Workspace::new();
     let (files, server) = files_server(&workspace, "");
     let path = files.join("notes.txt").display().to_string();
@@ -200,7 +208,13 @@ fn a_filesystem_tool_reads_a_file_and_its_result_reaches_the_model_and_the_trans
 }
 
 #[test]
-fn a_server_killed_mid_call_fails_the_call_with_a_recorded_error_and_is_restarted() {
+fn a_server_killed_mid_call_fails_the_call_with_a_recorded_error_and_the_next_turn_starts_another()
+{
+    if !servers_or_skip(
+        "a_server_killed_mid_call_fails_the_call_with_a_recorded_error_and_the_next_turn_starts_another",
+    ) {
+        return;
+    }
     let workspace = Workspace::new();
     let model = Stub::start(|request, _| {
         let body = request.json().to_string();
@@ -227,13 +241,23 @@ fn a_server_killed_mid_call_fails_the_call_with_a_recorded_error_and_is_restarte
         route(r#"["everything.*"]"#),
     ));
     let daemon = workspace.start();
+    wait_until("the server to list its tools", LIMIT, || {
+        workspace.status()["mcp"]["everything"]["state"] == "ready"
+    });
+    let lister = children_of(daemon.pid(), "server-everything");
+    assert_eq!(lister.len(), 1, "{lister:?}");
     let first = post(&daemon, json!({"session": "slow"}));
     wait_until("the slow call to start", LIMIT, || {
         !tool_starts(&workspace, "slow").is_empty()
     });
-    let servers = children_of(daemon.pid(), "server-everything");
-    assert_eq!(servers.len(), 1, "one server process: {servers:?}");
-    // Kill the server's whole process group (it leads its own), as a crash of it would.
+    // The call runs in a process of the turn's own, not in the one that listed the tools.
+    let mut servers = Vec::new();
+    wait_until("the turn's process", LIMIT, || {
+        servers = children_of(daemon.pid(), "server-everything");
+        servers.retain(|pid| !lister.contains(pid));
+        servers.len() == 1
+    });
+    // Kill the process's whole group (it leads its own), as a crash of it would.
     let killed = std::process::Command::new("kill")
         .args(["-KILL", "--", &format!("-{}", servers[0])])
         .status()
@@ -245,11 +269,8 @@ fn a_server_killed_mid_call_fails_the_call_with_a_recorded_error_and_is_restarte
         results.len() == 1 && results[0].starts_with("error: MCP server \"everything\""),
         "{results:?}"
     );
-    // It is started again, and the next turn's call works.
-    wait_until("the server to be restarted", LIMIT, || {
-        log_count(&daemon, "MCP server everything is ready") >= 2
-    });
-    assert!(daemon.log().contains("MCP server everything is down"));
+    // The server's tools are still offered, and the next turn's call starts another process.
+    assert_eq!(workspace.status()["mcp"]["everything"]["state"], "ready");
     let second = post(&daemon, json!({"session": "echo", "text": "echo-me"}));
     assert_eq!(workspace.wait_terminal(&second, LIMIT), "completed");
     let results = recorded_results(&workspace, "echo");
@@ -259,6 +280,11 @@ fn a_server_killed_mid_call_fails_the_call_with_a_recorded_error_and_is_restarte
 
 #[test]
 fn after_a_sigkill_a_read_only_call_runs_again_with_its_key_and_a_side_effect_does_not() {
+    if !servers_or_skip(
+        "after_a_sigkill_a_read_only_call_runs_again_with_its_key_and_a_side_effect_does_not",
+    ) {
+        return;
+    }
     let workspace = Workspace::new();
     // Two servers of the same program: "slow" is declared not idempotent, overriding the
     // tool's readOnlyHint; "reader" keeps it.
@@ -328,6 +354,11 @@ fn after_a_sigkill_a_read_only_call_runs_again_with_its_key_and_a_side_effect_do
 
 #[test]
 fn the_streamable_http_transport_carries_headers_from_secrets_and_the_call_key() {
+    if !servers_or_skip(
+        "the_streamable_http_transport_carries_headers_from_secrets_and_the_call_key",
+    ) {
+        return;
+    }
     let workspace = Workspace::new();
     let server = PythonServer::start(&workspace);
     let model = Stub::start(|request, _| {
@@ -360,6 +391,9 @@ fn the_streamable_http_transport_carries_headers_from_secrets_and_the_call_key()
 
 #[test]
 fn a_server_that_changes_its_tools_has_them_offered_in_the_next_turn() {
+    if !servers_or_skip("a_server_that_changes_its_tools_has_them_offered_in_the_next_turn") {
+        return;
+    }
     let workspace = Workspace::new();
     let server = PythonServer::start(&workspace);
     let model = Stub::start(|request, _| {
@@ -439,11 +473,13 @@ url = "http://127.0.0.1:1/mcp"
 [mcp.web]
 url = "ftp://example.com"
 cwd = "/tmp"
+max_instances = 2
 
 [mcp.ok]
 command = ["/bin/true"]
 idempotent = ["x"]
 not_idempotent = ["x"]
+max_instances = 0
 
 [routes.hook]
 path = "/hook"
@@ -459,6 +495,8 @@ tools = ["missing.*", "ok."]
         "mcp.both: give exactly one transport",
         "mcp.web.url: \"ftp://example.com\" is not an http:// or https:// URL",
         "mcp.web.cwd: cwd is for the stdio transport",
+        "mcp.web.max_instances: max_instances is for the stdio transport",
+        "mcp.ok.max_instances: 0 must be a positive whole number",
         "\"x\" is in both idempotent and not_idempotent",
         "names the MCP server \"missing\", which has no [mcp.missing] table",
         "\"ok.\" names no tool",
@@ -469,6 +507,9 @@ tools = ["missing.*", "ok."]
 
 #[test]
 fn reload_adds_and_removes_servers() {
+    if !servers_or_skip("reload_adds_and_removes_servers") {
+        return;
+    }
     let workspace = Workspace::new();
     let model = Stub::start(|_, _| Reply::answer("fine"));
     let files = workspace.path().display().to_string();
@@ -520,6 +561,9 @@ fn reload_adds_and_removes_servers() {
 /// approved it runs with the arguments shown. A tool the list does not name runs at once.
 #[test]
 fn an_mcp_tool_named_in_approval_waits_for_a_decision() {
+    if !servers_or_skip("an_mcp_tool_named_in_approval_waits_for_a_decision") {
+        return;
+    }
     let workspace = Workspace::new();
     let (files, server) = files_server(&workspace, "approval = [\"read_*\"]");
     let path = files.join("notes.txt").display().to_string();
@@ -556,4 +600,255 @@ fn an_mcp_tool_named_in_approval_waits_for_a_decision() {
             .any(|r| r.contains("needle-4711")),
         "the approved read ran"
     );
+}
+
+/// Holds the model's answers of a turn until the test opens it, so that the turn (and the
+/// processes it started) stays running meanwhile.
+#[derive(Clone, Default)]
+struct Gate(Arc<(Mutex<bool>, Condvar)>);
+
+impl Gate {
+    fn wait(&self) {
+        let (open, opened) = &*self.0;
+        let guard = open.lock().expect("gate");
+        let _ = opened
+            .wait_timeout_while(guard, LIMIT, |open| !*open)
+            .expect("gate");
+    }
+
+    fn open(&self) {
+        let (open, opened) = &*self.0;
+        *open.lock().expect("gate") = true;
+        opened.notify_all();
+    }
+}
+
+/// A test of the memo server: its workspace, the tag of its processes, and a closed gate; `None`
+/// when the servers are not installed and the test is skipped.
+fn memo_test(test: &str) -> Option<(Workspace, String, Gate)> {
+    if !servers_or_skip(test) {
+        return None;
+    }
+    let workspace = Workspace::new();
+    let tag = format!("memo-{}", workspace.path().display());
+    Some((workspace, tag, Gate::default()))
+}
+
+/// The memo server's Python processes of this test (tagged `tag`), not the sandbox's.
+fn memo_processes(tag: &str) -> Vec<i32> {
+    processes_with(&["memo_server.py", tag])
+        .into_iter()
+        .filter(|(_, program)| program.contains("python"))
+        .map(|(pid, _)| pid)
+        .collect()
+}
+
+/// A stdio server that remembers what a call gives it: each turn that calls it gets a process of
+/// its own, so what one session stores another cannot read. The process starts at the turn's
+/// first call, keeps what the turn gave it for the rest of the turn, and is gone when the turn
+/// ends; one still running at a drain is gone with the daemon, none left behind.
+#[test]
+fn a_stdio_server_is_a_process_per_turn_and_no_session_reads_what_another_stored() {
+    let Some((workspace, tag, gate)) =
+        memo_test("a_stdio_server_is_a_process_per_turn_and_no_session_reads_what_another_stored")
+    else {
+        return;
+    };
+    let held = gate.clone();
+    let model = Stub::start(move |request, _| {
+        let body = request.json().to_string();
+        let done = tool_results(request).len();
+        let remember =
+            |value: &str| Reply::tool_call("call_r", "memo__remember", json!({"value": value}));
+        let recall = Reply::tool_call("call_q", "memo__recall", json!({}));
+        if body.contains("store-it") {
+            match done {
+                0 => remember("secret-4711"),
+                1 => recall,
+                _ => Reply::answer("stored"),
+            }
+        } else if body.contains("ask-for-it") {
+            match done {
+                0 => recall,
+                _ => Reply::answer("asked"),
+            }
+        } else {
+            if done > 0 {
+                held.wait();
+            }
+            match done {
+                0 => remember("held"),
+                _ => Reply::answer("held"),
+            }
+        }
+    });
+    workspace.write_config(&format!(
+        "{}\n[runtime]\ndrain_timeout = \"2s\"\n\n{}\n{}",
+        model.model_section(),
+        memo_server("memo", &tag, ""),
+        route(r#"["memo.*"]"#),
+    ));
+    let daemon = workspace.start();
+    wait_until("the server to list its tools", LIMIT, || {
+        workspace.status()["mcp"]["memo"]["state"] == "ready"
+    });
+    // The process that listed the tools gets no call.
+    let lister = memo_processes(&tag);
+    assert_eq!(lister.len(), 1, "{lister:?}");
+    // With its sandbox's processes.
+    let listing = processes_with(&["memo_server.py", &tag]);
+
+    let stored = post(&daemon, json!({"session": "alice", "do": "store-it"}));
+    assert_eq!(workspace.wait_terminal(&stored, LIMIT), "completed");
+    let results = recorded_results(&workspace, "alice");
+    assert!(
+        results.len() == 2 && results[1].contains("secret-4711"),
+        "the turn's process keeps what the turn gave it: {results:?}"
+    );
+    // The turn ended: its process is gone.
+    wait_until("alice's process to stop", LIMIT, || {
+        memo_processes(&tag) == lister && processes_with(&["memo_server.py", &tag]) == listing
+    });
+
+    let asked = post(&daemon, json!({"session": "bob", "do": "ask-for-it"}));
+    assert_eq!(workspace.wait_terminal(&asked, LIMIT), "completed");
+    let results = recorded_results(&workspace, "bob");
+    assert!(
+        results.len() == 1 && results[0].contains("nothing"),
+        "{results:?}"
+    );
+    assert!(!results[0].contains("secret-4711"), "{results:?}");
+    assert_eq!(log_count(&daemon, "starting the MCP server"), 3);
+
+    // A turn that still runs at the drain: its process goes with the daemon.
+    let _held = post(&daemon, json!({"session": "carol", "do": "hold"}));
+    wait_until("carol's call to be answered", LIMIT, || {
+        recorded_results(&workspace, "carol").len() == 1
+    });
+    let running = memo_processes(&tag);
+    assert_eq!(running.len(), 2, "{running:?}");
+    let everything = processes_with(&["memo_server.py", &tag]);
+    assert!(daemon.terminate().success());
+    // A sandbox's processes die with the one the daemon killed, a moment after it.
+    wait_until("every process of the server to exit", LIMIT, || {
+        everything
+            .iter()
+            .all(|(pid, _)| !process_alive(*pid as u32))
+    });
+    gate.open();
+}
+
+/// `max_instances` bounds a stdio server's processes: a call that finds them all running
+/// waits up to the server's `timeout` for one to end, then fails visibly (a warning, the
+/// counter, an error result); one that gets a process in time runs in it, fresh.
+#[test]
+fn a_stdio_server_runs_at_most_max_instances_processes_and_calls_past_it_wait_or_are_refused() {
+    let Some((workspace, tag, gate)) = memo_test(
+        "a_stdio_server_runs_at_most_max_instances_processes_and_calls_past_it_wait_or_are_refused",
+    ) else {
+        return;
+    };
+    let held = gate.clone();
+    let model = Stub::start(move |request, _| {
+        let body = request.json().to_string();
+        let done = tool_results(request).len();
+        if body.contains("hold-both") {
+            match done {
+                0 => Reply::tool_call("call_1", "quick__remember", json!({"value": "first"})),
+                1 => Reply::tool_call("call_2", "patient__remember", json!({"value": "first"})),
+                _ => {
+                    held.wait();
+                    Reply::answer("held")
+                }
+            }
+        } else if done > 0 {
+            Reply::answer("asked")
+        } else if body.contains("ask-quick") {
+            Reply::tool_call("call_1", "quick__recall", json!({}))
+        } else {
+            Reply::tool_call("call_1", "patient__recall", json!({}))
+        }
+    });
+    let config = |quick_timeout: &str| {
+        format!(
+            "{}\n{}\n{}\n{}",
+            model.model_section(),
+            memo_server(
+                "quick",
+                &tag,
+                &format!("max_instances = 1\ntimeout = \"{quick_timeout}\"")
+            ),
+            memo_server("patient", &tag, "max_instances = 1\ntimeout = \"60s\""),
+            route(r#"["quick.*", "patient.*"]"#),
+        )
+    };
+    workspace.write_config(&config("1s"));
+    let daemon = workspace.start();
+    // Each server's process that lists its tools, and the holder's own process of each.
+    let holder = post(&daemon, json!({"session": "holder", "do": "hold-both"}));
+    wait_until("the holder's calls to be answered", LIMIT, || {
+        recorded_results(&workspace, "holder").len() == 2
+    });
+    assert_eq!(memo_processes(&tag).len(), 4);
+
+    // quick's one process is the holder's: the call waits its timeout, then is refused.
+    let refused = post(&daemon, json!({"session": "second", "do": "ask-quick"}));
+    assert_eq!(workspace.wait_terminal(&refused, LIMIT), "completed");
+    let results = recorded_results(&workspace, "second");
+    assert!(
+        results.len() == 1
+            && results[0].starts_with("error: MCP server \"quick\": not called: all 1 processes")
+            && results[0].contains("max_instances"),
+        "{results:?}"
+    );
+    assert!(
+        daemon
+            .log()
+            .contains("MCP server quick: the call was refused")
+    );
+
+    // A reload that replaces quick (its timeout changed) keeps its bound: the holder's process
+    // still counts against it, so the next call is refused too.
+    workspace.write_config(&config("2s"));
+    let reload = workspace.cli(&["reload"]);
+    assert!(reload.status.success(), "{reload:?}");
+    wait_until("the replaced server to list its tools", LIMIT, || {
+        workspace.status()["mcp"]["quick"]["state"] == "ready"
+            && log_count(&daemon, "starting the MCP server") == 5
+            && memo_processes(&tag).len() == 4
+    });
+    let refused = post(&daemon, json!({"session": "fourth", "do": "ask-quick"}));
+    assert_eq!(workspace.wait_terminal(&refused, LIMIT), "completed");
+    let results = recorded_results(&workspace, "fourth");
+    assert!(
+        results.len() == 1 && results[0].contains("not called: all 1 processes"),
+        "the reload gave quick no fresh bound: {results:?}"
+    );
+
+    // patient's call waits; once the holder's turn ends, it gets a fresh process.
+    let waited = post(&daemon, json!({"session": "third", "do": "ask-patient"}));
+    wait_until("the call to wait for a process", LIMIT, || {
+        daemon.log().contains(
+            "MCP server patient: all 1 of its processes (max_instances) run for other turns",
+        )
+    });
+    assert_eq!(memo_processes(&tag).len(), 4, "no process past the bound");
+    gate.open();
+    assert_eq!(workspace.wait_terminal(&holder, LIMIT), "completed");
+    assert_eq!(workspace.wait_terminal(&waited, LIMIT), "completed");
+    let results = recorded_results(&workspace, "third");
+    assert!(
+        results.len() == 1 && results[0].contains("nothing"),
+        "{results:?}"
+    );
+    let metrics = workspace.metrics();
+    for line in [
+        r#"agentgate_mcp_over_bound_total{mcp_server="quick",outcome="refused"} 2"#,
+        r#"agentgate_mcp_over_bound_total{mcp_server="patient",outcome="waited"} 1"#,
+    ] {
+        assert!(metrics.contains(line), "missing {line} in:\n{metrics}");
+    }
+    wait_until("the turns' processes to stop", LIMIT, || {
+        memo_processes(&tag).len() == 2
+    });
 }

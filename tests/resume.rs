@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use common::marks::{self, marks, runs, slow_tools};
 use common::stub::{Received, Reply, Stub};
 use common::*;
 use serde_json::{Value, json};
@@ -15,17 +16,11 @@ use serde_json::{Value, json};
 const LIMIT: Duration = Duration::from_secs(30);
 
 fn messages(request: &Received) -> Vec<Value> {
-    request.json()["messages"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
+    request.messages()
 }
 
 fn last_text(request: &Received) -> String {
-    messages(request)
-        .last()
-        .and_then(|m| m["content"].as_str().map(str::to_string))
-        .unwrap_or_default()
+    request.last_text()
 }
 
 /// The model: calls `tool` once, then answers once it sees a tool result or the resume note.
@@ -57,7 +52,9 @@ fn config(
     extra_route: &str,
     runtime: &str,
 ) -> String {
-    let marks = workspace.path().display();
+    // The tools' own directory: a writable path may not hold the state or the config.
+    let marks = marks(workspace);
+    let marks = marks.display();
     format!(
         r#"[runtime]
 drain_timeout = "1s"
@@ -65,19 +62,7 @@ max_turn_steps = 8
 {runtime}
 
 {model}
-[tools.slow_side_effect]
-description = "Changes something, slowly"
-command = ["/bin/sh", "-c", "echo ran >> {marks}/side_effect.runs; sleep 30"]
-writable = ["{marks}"]
-timeout = "60s"
-
-[tools.slow_lookup]
-description = "Reads something, slowly"
-command = ["/bin/sh", "-c", "echo ran >> {marks}/lookup.runs; [ $(wc -l < {marks}/lookup.runs) -ge 2 ] || sleep 30"]
-writable = ["{marks}"]
-timeout = "60s"
-idempotent = true
-
+{slow_tools}
 [tools.flaky_lookup]
 description = "Reads something; hangs on its first two runs"
 command = ["/bin/sh", "-c", "echo ran >> {marks}/flaky.runs; [ $(wc -l < {marks}/flaky.runs) -ge 3 ] || sleep 30"]
@@ -107,6 +92,7 @@ deliver = {{ kind = "http", url = "{receiver}/results" }}
 "#,
         model = model.model_section(),
         receiver = receiver.url(),
+        slow_tools = slow_tools(workspace),
     )
 }
 
@@ -135,16 +121,8 @@ fn delivered(receiver: &Stub, event_id: &str) -> Value {
     found
 }
 
-fn runs(workspace: &Workspace, name: &str) -> usize {
-    std::fs::read_to_string(workspace.path().join(name))
-        .map(|t| t.lines().count())
-        .unwrap_or(0)
-}
-
 fn wait_for_runs(workspace: &Workspace, name: &str, count: usize) {
-    wait_until(&format!("{name} to run {count} time(s)"), LIMIT, || {
-        runs(workspace, name) >= count
-    });
+    marks::wait_for_runs(workspace, name, count, LIMIT);
 }
 
 fn ledger(workspace: &Workspace) -> Value {
@@ -207,11 +185,9 @@ fn sigterm_mid_turn_resumes_and_completes_without_rerunning_the_side_effect() {
     );
     assert!(daemon.log().contains("interrupted session resumed"));
     // A completed resume clears the session's ledger entry.
-    assert!(
-        ledger(&workspace)["sessions"].get("term").is_none(),
-        "{}",
-        ledger(&workspace)
-    );
+    wait_until("the ledger entry to be cleared", LIMIT, || {
+        ledger(&workspace)["sessions"].get("term").is_none()
+    });
 }
 
 #[test]
@@ -265,8 +241,11 @@ fn sigkill_mid_turn_resumes_as_crashed_and_reruns_an_idempotent_tool() {
         ]
     );
     assert!(daemon.log().contains("reason=crashed"), "{}", daemon.log());
-    // The completed resume cleared the ledger entry it had counted.
-    assert!(ledger(&workspace)["sessions"].get("crash").is_none());
+    // The completed resume clears the ledger entry it had counted, once the completion is
+    // committed (so just after the terminal status can be read).
+    wait_until("the ledger entry to be cleared", LIMIT, || {
+        ledger(&workspace)["sessions"].get("crash").is_none()
+    });
 }
 
 /// An idempotent call cut off twice (by two crashes, in the original run and in its first
@@ -317,7 +296,7 @@ fn sigkill_mid_call_reruns_a_tool_that_dedupes_with_the_same_call_key() {
     let _daemon = workspace.start();
     assert_eq!(workspace.wait_terminal(&event_id, LIMIT), "completed");
     // Run again, with the key of the run that was cut off: the tool saw it and did nothing.
-    let keys = std::fs::read_to_string(workspace.path().join("keyed.runs")).expect("runs");
+    let keys = std::fs::read_to_string(marks(&workspace).join("keyed.runs")).expect("runs");
     let keys: Vec<&str> = keys.lines().collect();
     assert_eq!(keys.len(), 2, "{keys:?}");
     assert!(!keys[0].is_empty() && keys[0] == keys[1], "{keys:?}");
@@ -412,18 +391,27 @@ fn a_session_that_kills_the_process_every_time_is_suspended_and_others_keep_work
     let mut daemon = workspace.start();
     let poison = post(&daemon, "poison");
     // The first run and three resumes each get as far as the model, and each is killed there.
+    // Others run beside its first run; each resume after a crash runs alone, so the events that
+    // arrive meanwhile wait for it, and run once it is suspended.
+    let mut healthy = Vec::new();
     for run in 1..=4 {
         wait_until(
             &format!("poison run {run} to reach the model"),
             LIMIT,
             || poison_calls(&model) >= run,
         );
-        let healthy = post(&daemon, &format!("healthy-{run}"));
-        assert_eq!(workspace.wait_terminal(&healthy, LIMIT), "completed");
+        let event_id = post(&daemon, &format!("healthy-{run}"));
+        if run == 1 {
+            assert_eq!(workspace.wait_terminal(&event_id, LIMIT), "completed");
+        }
+        healthy.push(event_id);
         daemon.kill9();
         daemon = workspace.start();
     }
     assert_eq!(workspace.wait_terminal(&poison, LIMIT), "suspended");
+    for event_id in &healthy {
+        assert_eq!(workspace.wait_terminal(event_id, LIMIT), "completed");
+    }
     let body = delivered(&receiver, &poison);
     assert_eq!(body["status"], "suspended");
     assert_eq!(
@@ -438,7 +426,9 @@ fn a_session_that_kills_the_process_every_time_is_suspended_and_others_keep_work
         });
     assert_eq!(state, ["suspended"]);
     // Its ledger entry went with the committed suspension; other sessions still work.
-    assert!(ledger(&workspace)["sessions"].get("poison").is_none());
+    wait_until("the ledger entry to be cleared", LIMIT, || {
+        ledger(&workspace)["sessions"].get("poison").is_none()
+    });
     let after = post(&daemon, "healthy-after");
     assert_eq!(workspace.wait_terminal(&after, LIMIT), "completed");
     // The operator can resume it, and the event it was suspended on runs again.
@@ -774,7 +764,9 @@ fn suspension_outlives(interruption: Interruption) {
         1,
         "resumed despite the suspension"
     );
-    assert!(ledger(&workspace)["sessions"].get("held").is_none());
+    wait_until("the ledger entry to be cleared", LIMIT, || {
+        ledger(&workspace)["sessions"].get("held").is_none()
+    });
 
     let output = workspace.cli(&["sessions", "resume", "held"]);
     assert!(output.status.success(), "{output:?}");

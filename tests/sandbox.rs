@@ -1,12 +1,13 @@
 //! Tools run least-privileged (docs/tools.md, "Sandbox"): the real binary runs a tool that tries
-//! every escape a prompt-injected model could ask of it, and each fails while the same tool's
-//! legitimate work succeeds. The same probe with `sandbox = "none"` escapes each time, which shows
-//! that the probe can see an escape.
+//! every way out a prompt-injected model could ask of it, and each fails while the same tool's
+//! legitimate work succeeds. The same probe with `sandbox = "none"` gets out each time, which
+//! shows that the probe can see a way out. Under the packaged units the same probe runs in
+//! tests/package.rs.
 
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::stub::{Reply, Stub};
@@ -17,73 +18,79 @@ const LIMIT: Duration = Duration::from_secs(30);
 const TOKEN: &str = "bearer-token-7d1c";
 const DELIVER_SECRET: &str = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
 
-/// Tries each escape and each legitimate action (tests/common/escape-probe.py).
+/// Tries each way out and each legitimate action (tests/common/escape-probe.py).
 const PROBE: &str = include_str!("common/escape-probe.py");
 
-/// A file on the host's disk (not under `/tmp`, which a sandbox replaces) that no tool may write.
-fn outside(workspace: &Workspace, name: &str) -> std::path::PathBuf {
-    let unique = workspace
-        .path()
-        .file_name()
-        .expect("a name")
-        .to_string_lossy()
-        .to_string();
-    Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("outside-{unique}-{name}.txt"))
+/// A workspace on the host's disk rather than under `/tmp`, which a sandbox replaces: what stays
+/// out of a tool's sight there does so because it is hidden, not because `/tmp` is private.
+fn disk_workspace() -> Workspace {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("a workspace");
+    let state = dir.path().join("state");
+    Workspace::with_state_dir(dir, state)
 }
 
-/// The probe tool's table: `name`, with `extra` keys (sandbox, network). Its writable path is the
-/// whole workspace, which holds the state, the credentials, the secret file and the control
-/// socket: what is hidden stays hidden inside a writable path.
-fn probe_tool(workspace: &Workspace, name: &str, extra: &str, port: u16) -> String {
-    let path = workspace.path();
-    let work = path.join("work");
-    let args = [
-        workspace.state_dir().join("agentgate.db"),
-        path.join("credentials").join("token"),
-        path.join("deliver.secret"),
-        path.join("control.sock"),
-        outside(workspace, name),
-        work.clone(),
-        port.to_string().into(),
-        work.join(format!("{name}.json")),
+/// The probe tool's table: `name`, with `extra` keys (sandbox, network), trying what `plan`
+/// says. Its writable path is the workspace's `work` directory, next to the state, the
+/// credentials, the secret file, the config and the control socket.
+fn probe_tool(workspace: &Workspace, name: &str, extra: &str, plan: &Value) -> String {
+    let work = workspace.path().join("work");
+    let plan_file = work.join(format!("{name}.plan.json"));
+    let mut plan = plan.clone();
+    plan["write"]["write_outside_writable"] = json!(outside(workspace, name));
+    plan["legit"]["write_private_tmp"] = json!(["write", private_tmp_file(name)]);
+    std::fs::write(&plan_file, plan.to_string()).expect("the plan");
+    let argv = [
+        "/usr/bin/python3".to_string(),
+        work.join("probe.py").display().to_string(),
+        plan_file.display().to_string(),
+        work.join(format!("{name}.json")).display().to_string(),
     ];
-    let argv: Vec<String> = ["/usr/bin/python3".into(), work.join("probe.py")]
-        .iter()
-        .chain(&args)
-        .map(|arg| format!("{:?}", arg.display().to_string()))
-        .collect();
     format!(
-        "[tools.{name}]\ndescription = \"Probes what it can reach\"\ncommand = [{}]\nwritable = [{:?}]\ntimeout = \"20s\"\n{extra}\n",
-        argv.join(", "),
-        path.display().to_string()
+        "[tools.{name}]\ndescription = \"Probes what it can reach\"\ncommand = {argv:?}\nwritable = [{:?}]\ntimeout = \"20s\"\n{extra}\n",
+        work.display().to_string()
     )
 }
 
-fn report(workspace: &Workspace, name: &str) -> BTreeMap<String, String> {
+/// A file in the workspace, outside the probe's writable path.
+fn outside(workspace: &Workspace, name: &str) -> PathBuf {
+    workspace.path().join(format!("outside-{name}.txt"))
+}
+
+/// Where the probe writes in its private `/tmp`: on the host, nothing should appear there.
+fn private_tmp_file(name: &str) -> PathBuf {
+    PathBuf::from(format!(
+        "/tmp/agentgate-probe-{}-{name}.txt",
+        std::process::id()
+    ))
+}
+
+/// The probe's report: each way out, and each legitimate action.
+fn report(
+    workspace: &Workspace,
+    name: &str,
+) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
     let path = workspace.path().join("work").join(format!("{name}.json"));
     let text =
         std::fs::read_to_string(&path).unwrap_or_else(|err| panic!("{name}'s report: {err}"));
     let value: Value = serde_json::from_str(&text).expect("a JSON report");
-    value
-        .as_object()
-        .expect("an object")
-        .iter()
-        .map(|(key, value)| (key.clone(), value.as_str().unwrap_or("").to_string()))
-        .collect()
+    let part = |key: &str| {
+        value[key]
+            .as_object()
+            .expect("an object")
+            .iter()
+            .map(|(key, value)| (key.clone(), value.as_str().unwrap_or("").to_string()))
+            .collect()
+    };
+    (part("escapes"), part("legit"))
 }
 
+/// The ways out that worked.
 fn escapes(report: &BTreeMap<String, String>) -> Vec<&str> {
-    [
-        "read_database",
-        "read_credential",
-        "read_secret_file",
-        "connect_control_socket",
-        "write_outside_writable",
-        "reach_loopback",
-    ]
-    .into_iter()
-    .filter(|escape| report.get(*escape).map(String::as_str) == Some("done"))
-    .collect()
+    report
+        .iter()
+        .filter(|(_, outcome)| *outcome == "done")
+        .map(|(escape, _)| escape.as_str())
+        .collect()
 }
 
 fn prepare(workspace: &Workspace) {
@@ -95,9 +102,40 @@ fn prepare(workspace: &Workspace) {
     std::fs::write(path.join("deliver.secret"), DELIVER_SECRET).expect("secret file");
 }
 
+/// A Unix socket listening under `/run` (root only): where the host's services keep theirs.
+struct RunSocket {
+    path: PathBuf,
+    _listener: std::os::unix::net::UnixListener,
+}
+
+impl RunSocket {
+    /// `None` when not root and `AGENTGATE_TEST_SKIP` lists `root` (see [`can_run`]).
+    fn bind(test: &str, name: &str) -> Option<RunSocket> {
+        if !can_run(test, Need::Root, is_root()) {
+            return None;
+        }
+        let path = PathBuf::from(format!(
+            "/run/agentgate-probe-{}-{name}.sock",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_file(&path);
+        let listener = std::os::unix::net::UnixListener::bind(&path).expect("a socket under /run");
+        Some(RunSocket {
+            path,
+            _listener: listener,
+        })
+    }
+}
+
+impl Drop for RunSocket {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
 #[test]
 fn a_sandboxed_tool_reaches_only_what_the_operator_allowed() {
-    let workspace = Workspace::new();
+    let workspace = disk_workspace();
     prepare(&workspace);
     let model = Stub::scripted(vec![
         Reply::tool_call("c1", "strict", json!({})),
@@ -106,16 +144,46 @@ fn a_sandboxed_tool_reaches_only_what_the_operator_allowed() {
         Reply::answer("probed"),
     ]);
     let receiver = Stub::start(|_, _| Reply::raw(204, ""));
-    let port = model
+    let port: u16 = model
         .url()
         .rsplit(':')
         .next()
         .and_then(|p| p.parse().ok())
         .expect("port");
+    let service_socket = RunSocket::bind(
+        "a_sandboxed_tool_reaches_only_what_the_operator_allowed (a service's socket under /run)",
+        "service",
+    );
+    let abstract_name = format!("agentgate-probe-{}", std::process::id());
+    let abstract_listener = {
+        use std::os::linux::net::SocketAddrExt;
+        let address = std::os::unix::net::SocketAddr::from_abstract_name(abstract_name.as_bytes())
+            .expect("an abstract address");
+        std::os::unix::net::UnixListener::bind_addr(&address).expect("an abstract socket")
+    };
+    let path = workspace.path();
+    let mut plan = json!({
+        "read": {
+            "read_database": workspace.state_dir().join("agentgate.db"),
+            "read_credential": path.join("credentials").join("token"),
+            "read_secret_file": path.join("deliver.secret"),
+            "read_config": workspace.config_path(),
+        },
+        "stream": {"connect_control_socket": path.join("control.sock")},
+        "abstract": {"connect_abstract_socket": abstract_name},
+        "tcp": {"reach_loopback": port},
+        "legit": {
+            "write_in_writable": ["write", path.join("work").join("legit.txt")],
+            "read_system_file": ["read", "/etc/os-release"],
+        },
+    });
+    if let Some(socket) = &service_socket {
+        plan["stream"]["connect_service_socket_under_run"] = json!(socket.path);
+    }
     let tools = [
-        probe_tool(&workspace, "strict", "", port),
-        probe_tool(&workspace, "networked", "network = true", port),
-        probe_tool(&workspace, "unconfined", "sandbox = \"none\"", port),
+        probe_tool(&workspace, "strict", "", &plan),
+        probe_tool(&workspace, "networked", "network = true", &plan),
+        probe_tool(&workspace, "unconfined", "sandbox = \"none\"", &plan),
     ]
     .concat();
     workspace.write_config(&format!(
@@ -129,13 +197,9 @@ deliver = {{ kind = "http", url = "{receiver}/results", secret = {{ file = {secr
 "#,
         model = model.model_section(),
         receiver = receiver.url(),
-        secret = workspace
-            .path()
-            .join("deliver.secret")
-            .display()
-            .to_string(),
+        secret = path.join("deliver.secret").display().to_string(),
     ));
-    let credentials = workspace.path().join("credentials");
+    let credentials = path.join("credentials");
     let daemon = workspace.start_with_env(&[(
         "CREDENTIALS_DIRECTORY",
         credentials.to_str().expect("utf-8"),
@@ -150,28 +214,30 @@ deliver = {{ kind = "http", url = "{receiver}/results", secret = {{ file = {secr
         workspace.wait_terminal(&posted.event_id(), LIMIT),
         "completed"
     );
+    drop(abstract_listener);
 
-    let strict = report(&workspace, "strict");
+    let (strict, legit) = report(&workspace, "strict");
     assert_eq!(escapes(&strict), Vec::<&str>::new(), "{strict:#?}");
-    for legitimate in ["write_in_writable", "read_system_file", "write_private_tmp"] {
-        assert_eq!(strict[legitimate], "done", "{legitimate}: {strict:#?}");
-    }
+    assert_eq!(escapes(&legit).len(), legit.len(), "{legit:#?}");
     assert!(!outside(&workspace, "strict").exists());
-    assert!(
-        !Path::new("/tmp/agentgate-probe-strict.json").exists(),
-        "its /tmp is its own"
-    );
+    assert!(!private_tmp_file("strict").exists(), "its /tmp is its own");
 
-    let networked = report(&workspace, "networked");
-    assert_eq!(escapes(&networked), ["reach_loopback"], "{networked:#?}");
-
-    // The same probe, unconfined, escapes every time: the probe sees escapes.
-    let unconfined = report(&workspace, "unconfined");
-    assert_eq!(escapes(&unconfined).len(), 6, "{unconfined:#?}");
-    let _ = std::fs::remove_file("/tmp/agentgate-probe-unconfined.json");
-    for name in ["strict", "networked", "unconfined"] {
-        let _ = std::fs::remove_file(outside(&workspace, name));
+    // With the network: the host's loopback, abstract sockets and service sockets, nothing else.
+    let (networked, _) = report(&workspace, "networked");
+    let mut reached = vec!["connect_abstract_socket", "reach_loopback"];
+    if service_socket.is_some() {
+        reached.insert(1, "connect_service_socket_under_run");
     }
+    assert_eq!(escapes(&networked), reached, "{networked:#?}");
+
+    // The same probe, unconfined, gets out every time: the probe sees a way out.
+    let (unconfined, _) = report(&workspace, "unconfined");
+    assert_eq!(
+        escapes(&unconfined).len(),
+        unconfined.len(),
+        "{unconfined:#?}"
+    );
+    let _ = std::fs::remove_file(private_tmp_file("unconfined"));
     let log = daemon.log();
     assert!(log.contains("sandbox=\"bubblewrap\""), "{log}");
 }
@@ -221,25 +287,71 @@ tools = ["touch"]
     assert!(daemon.log().contains("no tool sandbox"), "{}", daemon.log());
 }
 
-/// The agent cannot loosen its own leash: `check-config` flags a config file others may write,
-/// and a tool whose writable path holds what configures agentgate.
+/// Runs `agentgate ARGS --config CONFIG`, which must exit within a few seconds.
+fn exits(workspace: &Workspace, args: &[&str]) -> std::process::Output {
+    let mut child = std::process::Command::new(BIN)
+        .args(args)
+        .arg("--config")
+        .arg(workspace.config_path())
+        .env_remove("AGENTGATE_CONFIG")
+        .env_remove("NOTIFY_SOCKET")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("agentgate");
+    let deadline = std::time::Instant::now() + LIMIT;
+    while child.try_wait().expect("wait").is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("agentgate {args:?} did not exit");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().expect("output")
+}
+
+/// The agent cannot loosen its own leash: a tool whose writable path holds what configures
+/// agentgate (here the config, the state and the control socket) could rename it and plant its
+/// own for the next reload, so `check-config`, `serve` and `reload` refuse the config; and
+/// `check-config` flags a config file others may write.
 #[test]
-fn check_config_flags_what_a_tool_or_another_user_could_rewrite() {
+fn a_writable_path_that_holds_the_config_or_the_state_is_refused() {
     use std::os::unix::fs::PermissionsExt;
     let workspace = Workspace::new();
-    let config = format!(
-        "[tools.editor]\ncommand = [\"/bin/true\"]\nwritable = [{:?}]\n\n[routes.hook]\npath = \"/hook\"\nverify = {{ scheme = \"none\" }}\ntools = [\"editor\"]\n",
-        workspace.path().display().to_string()
-    );
-    workspace.write_config(&config);
+    let work = workspace.path().join("work");
+    std::fs::create_dir_all(&work).expect("work dir");
+    let config = |writable: &Path| {
+        format!(
+            "[model]\nbackend = \"replay\"\n\n[tools.editor]\ncommand = [\"/bin/true\"]\nwritable = [{:?}]\n\n[routes.hook]\npath = \"/hook\"\nverify = {{ scheme = \"none\" }}\ntools = [\"editor\"]\n",
+            writable.display().to_string()
+        )
+    };
+    workspace.write_config(&config(workspace.path()));
+    let refused = |output: &std::process::Output, workspace: &Workspace| {
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert_eq!(output.status.code(), Some(78), "{said}");
+        assert!(
+            said.contains("tools.editor.writable")
+                && said.contains(&format!("{} holds", workspace.path().display())),
+            "{said}"
+        );
+    };
+    refused(&workspace.cli(&["check-config"]), &workspace);
+    workspace.release_port();
+    refused(&exits(&workspace, &["serve"]), &workspace);
+
+    // A daemon on a config that keeps it apart refuses the same change at a reload.
+    let workspace = Workspace::new();
+    let work = workspace.path().join("work");
+    std::fs::create_dir_all(&work).expect("work dir");
+    workspace.write_config(&config(&work));
     let checked = workspace.cli(&["check-config"]);
     let said = String::from_utf8_lossy(&checked.stdout).into_owned();
     assert!(checked.status.success(), "{checked:?}");
-    assert!(
-        said.contains("tools.editor.writable includes")
-            && said.contains(&workspace.config_path().display().to_string()),
-        "{said}"
-    );
     if is_root() {
         // Written by root, 0644: nobody else may rewrite it.
         assert!(
@@ -247,11 +359,15 @@ fn check_config_flags_what_a_tool_or_another_user_could_rewrite() {
             "{said}"
         );
     }
+    let _daemon = workspace.start();
+    workspace.write_config(&config(workspace.path()));
+    refused(&workspace.cli(&["reload"]), &workspace);
     std::fs::set_permissions(
         workspace.config_path(),
         std::fs::Permissions::from_mode(0o666),
     )
     .expect("chmod");
+    workspace.write_config(&config(&work));
     let said = String::from_utf8_lossy(&workspace.cli(&["check-config"]).stdout).into_owned();
     assert!(
         said.contains("is writable by a user other than root"),
@@ -282,22 +398,45 @@ fn check_config_warns_of_programs_the_private_tmp_hides() {
 
 /// Where systemd's `agentgate-tool.socket` would run each call in an `agentgate-tool@.service`
 /// instance, `systemd-socket-activate --accept --inetd` starts `agentgate tool-exec` for each
-/// connection the same way. Each sandboxed call goes there: its output reaches the model, and a
-/// call past its timeout is stopped with everything it started.
+/// connection the same way.
+struct ToolUnits {
+    socket: PathBuf,
+    log: PathBuf,
+    _activator: KillOnDrop,
+}
+
+impl ToolUnits {
+    fn start(workspace: &Workspace) -> ToolUnits {
+        let socket = workspace.path().join("tool.sock");
+        let log = workspace.path().join("units.log");
+        let activator = std::process::Command::new("systemd-socket-activate")
+            .args(["--accept", "--inetd", "-l"])
+            .arg(&socket)
+            .args([BIN, "tool-exec"])
+            .stderr(std::fs::File::create(&log).expect("log"))
+            .spawn()
+            .expect("systemd-socket-activate");
+        let units = ToolUnits {
+            socket,
+            log,
+            _activator: KillOnDrop(activator),
+        };
+        wait_until("the tool socket", LIMIT, || units.socket.exists());
+        units
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).expect("units log")
+    }
+}
+
+/// Each sandboxed call goes to a tool unit: its output reaches the model, and a call past its
+/// timeout is stopped with everything it started.
 #[test]
 fn each_sandboxed_call_runs_in_a_tool_unit_of_its_own() {
     let workspace = Workspace::new();
-    let socket = workspace.path().join("tool.sock");
-    let units_log = workspace.path().join("units.log");
-    let activator = std::process::Command::new("systemd-socket-activate")
-        .args(["--accept", "--inetd", "-l"])
-        .arg(&socket)
-        .args([BIN, "tool-exec"])
-        .stderr(std::fs::File::create(&units_log).expect("log"))
-        .spawn()
-        .expect("systemd-socket-activate");
-    let _activator = KillOnDrop(activator);
-    wait_until("the tool socket", LIMIT, || socket.exists());
+    let units = ToolUnits::start(&workspace);
+    let socket = &units.socket;
     let pid_file = workspace.path().join("work").join("sleeper.pid");
     std::fs::create_dir_all(pid_file.parent().expect("dir")).expect("work dir");
     let model = Stub::scripted(vec![
@@ -339,9 +478,9 @@ tools = ["greet", "sleeper"]
         .to_string();
     assert!(results.contains("hello from a unit"), "{results}");
     assert!(results.contains("timed_out"), "{results}");
-    let log = std::fs::read_to_string(&units_log).expect("units log");
-    // The start's trial, then one unit per call.
-    assert_eq!(log.matches("Spawned ").count(), 3, "{log}");
+    let log = units.log();
+    // The start's trial and its check of the writable paths, then one unit per call.
+    assert_eq!(log.matches("Spawned ").count(), 4, "{log}");
     let log = daemon.log();
     assert!(
         log.contains("sandbox=\"systemd unit, bubblewrap\""),
@@ -353,5 +492,167 @@ tools = ["greet", "sleeper"]
             .args(["-f", "^sleep 300$"])
             .status()
             .is_ok_and(|status| status.success())
+    });
+}
+
+/// A tool unit decides the least a sandbox hides, whatever it is asked: a request with no
+/// sandbox, and one that hides nothing and has the network, are refused and logged, though they
+/// come from a caller it admits (here, one in its own cgroup).
+#[test]
+fn a_tool_unit_refuses_a_call_below_its_floor() {
+    let workspace = Workspace::new();
+    let units = ToolUnits::start(&workspace);
+    let plan = workspace.path().join("plan.json");
+    std::fs::write(
+        &plan,
+        json!({"tool_socket": {"tool_socket": units.socket}}).to_string(),
+    )
+    .expect("plan");
+    let probe = workspace.path().join("probe.py");
+    std::fs::write(&probe, PROBE).expect("probe");
+    let output = std::process::Command::new("/usr/bin/python3")
+        .arg(&probe)
+        .arg(&plan)
+        .output()
+        .expect("the probe");
+    let report: Value =
+        serde_json::from_slice(&output.stdout).unwrap_or_else(|_| panic!("a report: {output:?}"));
+    for attempt in [
+        "tool_socket_null_confinement",
+        "tool_socket_lax_confinement",
+    ] {
+        let outcome = report["escapes"][attempt].as_str().unwrap_or_default();
+        assert!(outcome.starts_with("refused"), "{attempt}: {report:#}");
+    }
+    let log = units.log();
+    assert!(
+        log.contains("<3>refused: a call that asks for no sandbox"),
+        "{log}"
+    );
+    assert!(
+        log.contains("<3>refused: a call whose sandbox is below the floor: it does not hide"),
+        "{log}"
+    );
+}
+
+const README: &str = include_str!("../README.md");
+
+/// A command exactly as the README shows it, as this test runs it: `cargo run --release --`
+/// is the binary. The test fails if the README stops showing it.
+fn readme_command(command: &str) -> String {
+    assert!(
+        README.lines().any(|line| line.trim() == command),
+        "README.md no longer shows `{command}`"
+    );
+    let args = command
+        .strip_prefix("cargo run --release -- ")
+        .expect("a cargo run command");
+    format!("{BIN} {args}")
+}
+
+/// The README's two commands, as a new user runs them from a fresh clone: `serve` on the
+/// embedded defaults (a relative state directory), then `send demo`. The demo's turn calls its
+/// `disk_usage` tool in the sandbox, and the tool's real output (`df -h`) is in the transcript.
+/// (Root: a network and mount namespace of its own, so that the defaults' port and control
+/// socket are the test's alone.)
+#[test]
+fn the_readme_s_two_commands_show_the_tool_s_output() {
+    if !root_or_skip("the_readme_s_two_commands_show_the_tool_s_output") {
+        return;
+    }
+    let clone = tempfile::tempdir().expect("a fresh clone's directory");
+    let serve = readme_command("cargo run --release -- serve");
+    let send = readme_command(
+        r#"cargo run --release -- send demo --data '{"alert": "disk full on db-1"}'"#,
+    );
+    let script = format!(
+        r#"set -u
+ip link set lo up
+mount -t tmpfs tmpfs /run
+if [ -d /etc/agentgate ]; then mount -t tmpfs tmpfs /etc/agentgate; fi
+cd {clone}
+unset AGENTGATE_CONFIG
+{serve} 2>serve.log &
+daemon=$!
+for _ in $(seq 300); do
+    {send} >send.out 2>&1 && break
+    sleep 0.1
+done
+id=$(grep -o '"event_id":"[^"]*"' send.out | cut -d'"' -f4)
+for _ in $(seq 300); do
+    {bin} events show "$id" --json 2>/dev/null | grep -q '"status": "completed"' && break
+    sleep 0.1
+done
+{bin} sessions show "demo:$id" --json
+kill -TERM $daemon
+wait $daemon
+"#,
+        clone = clone.path().display(),
+        bin = BIN,
+    );
+    let output = std::process::Command::new("unshare")
+        .args(["-n", "-m", "--propagation", "private", "sh", "-c", &script])
+        .output()
+        .expect("unshare");
+    let transcript = String::from_utf8_lossy(&output.stdout);
+    let log = std::fs::read_to_string(clone.path().join("serve.log")).unwrap_or_default();
+    let sent = std::fs::read_to_string(clone.path().join("send.out")).unwrap_or_default();
+    assert!(sent.starts_with("202 "), "{sent}\n{log}");
+    assert!(
+        transcript.contains("Filesystem") && transcript.contains("Mounted on"),
+        "the tool's output is not in the transcript: {transcript}\n{log}"
+    );
+    assert!(!transcript.contains("bwrap:"), "{transcript}");
+    assert!(clone.path().join("agentgate-state").is_dir());
+}
+
+/// With `sandbox = "none"` no sandbox takes what a call leaves running, and a child that starts
+/// a session of its own leaves the call's process group: it is still killed, when the call ends
+/// and when the drain cuts a call short.
+#[test]
+fn an_unconfined_call_s_children_do_not_outlive_it_or_the_drain() {
+    let workspace = Workspace::new();
+    let work = workspace.path().join("work");
+    std::fs::create_dir_all(&work).expect("work dir");
+    let model = Stub::scripted(vec![
+        Reply::tool_call("c1", "leave", json!({})),
+        Reply::tool_call("c2", "hang", json!({})),
+        Reply::answer("done"),
+    ]);
+    let orphan = |name: &str| {
+        format!(
+            "[tools.{name}]\ndescription = \"Leaves a child of its own session\"\ncommand = [\"/bin/sh\", \"-c\", \"setsid sleep 300 >/dev/null 2>&1 < /dev/null & echo $! > {pid}; {then}\"]\nsandbox = \"none\"\ntimeout = \"60s\"\n",
+            pid = work.join(format!("{name}.pid")).display(),
+            then = if name == "hang" { "sleep 60" } else { "true" },
+        )
+    };
+    workspace.write_config(&format!(
+        "[runtime]\ndrain_timeout = \"1s\"\n\n{model}\n{leave}\n{hang}\n[routes.hook]\npath = \"/hook\"\nverify = {{ scheme = \"none\" }}\ntools = [\"leave\", \"hang\"]\n",
+        model = model.model_section(),
+        leave = orphan("leave"),
+        hang = orphan("hang"),
+    ));
+    let daemon = workspace.start();
+    daemon.post_json("/hook", &[], "{}");
+    let pid = |name: &str| -> u32 {
+        let file = work.join(format!("{name}.pid"));
+        wait_until(&format!("{name}'s child"), LIMIT, || {
+            std::fs::read_to_string(&file).is_ok_and(|pid| pid.ends_with('\n'))
+        });
+        std::fs::read_to_string(&file)
+            .expect("pid")
+            .trim()
+            .parse()
+            .expect("a pid")
+    };
+    let left = pid("leave");
+    let hanging = pid("hang");
+    wait_until("the ended call's child to be killed", LIMIT, || {
+        !process_alive(left)
+    });
+    assert!(process_alive(hanging), "the running call's child is alive");
+    daemon.terminate();
+    wait_until("the drained call's child to be killed", LIMIT, || {
+        !process_alive(hanging)
     });
 }

@@ -1,5 +1,5 @@
 //! The recipes in docs/senders.md, driven by the senders' own payloads: every packaged example
-//! takes its sender's events into the session its comments promise, a real Alertmanager's
+//! takes its sender's events into the session its comments promise, a real Alertmanager pair's
 //! notifications each reach a turn, and Slack is answered the way Slack asks.
 
 mod common;
@@ -14,6 +14,10 @@ use common::*;
 /// that sender sends it (signed by `agentgate send` the way the route verifies), with the
 /// session key its comments promise.
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one table of packaged examples with the payload each sender sends"
+)]
 fn every_packaged_example_takes_its_senders_payload() {
     let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/examples");
     let cases: &[(&str, &str, serde_json::Value, Option<&str>)] = &[
@@ -89,7 +93,7 @@ fn every_packaged_example_takes_its_senders_payload() {
         .arg("check-config")
         .arg(examples.join("alertmanager.yml"))
         .output()
-        .expect("amtool (.ci/run installs prometheus-alertmanager)");
+        .expect("amtool (`tests/setup` installs prometheus-alertmanager)");
     assert!(checked.status.success(), "{checked:?}");
     for (example, route, payload, session) in cases {
         let workspace = Workspace::new();
@@ -151,11 +155,15 @@ fn every_packaged_example_takes_its_senders_payload() {
     }
 }
 
-/// Debian's Alertmanager, configured from `packaging/examples/alertmanager.yml`, notifies the
-/// example route when `amtool` fires an alert: the bearer token from a credentials file, the
-/// notification's status as the event type, one session per group, and the turn runs.
+/// Debian's Alertmanager, configured from `packaging/examples/alertmanager.yml`, as an HA pair
+/// whose peers do not reach each other, so both send every notification (as a pair does when its
+/// gossip lags or is cut): an alert fires, a second joins the group with an older start, the
+/// first resolves, the second too, the first fires again and resolves again. Each of those six
+/// notifications is one event of the group's session whose turn runs; each copy from the other
+/// peer is a duplicate. Without `startsAt` in the key, the second firing was a duplicate of the
+/// first.
 #[test]
-fn a_real_alertmanager_notification_becomes_a_turn() {
+fn a_real_alertmanager_pair_notifies_each_change_once() {
     let workspace = Workspace::new();
     let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/examples");
     let credentials = workspace.path().join("credentials");
@@ -165,8 +173,6 @@ fn a_real_alertmanager_notification_becomes_a_turn() {
     workspace.write_config(&format!("[model]\nbackend = \"replay\"\n\n{route}"));
     let credentials_env = credentials.display().to_string();
     let daemon = workspace.start_with_env(&[("CREDENTIALS_DIRECTORY", credentials_env.as_str())]);
-
-    let am_port = free_port();
     let am_config = std::fs::read_to_string(examples.join("alertmanager.yml"))
         .expect("alertmanager.yml")
         .replace("http://127.0.0.1:8787", &format!("http://{}", daemon.addr))
@@ -174,95 +180,54 @@ fn a_real_alertmanager_notification_becomes_a_turn() {
             "/etc/prometheus/agentgate-token",
             &credentials.join("alertmanager-token").display().to_string(),
         )
-        .replace("group_wait: 30s", "group_wait: 1s")
-        .replace("group_interval: 5m", "group_interval: 1s");
+        .replace("group_wait: 30s", "group_wait: 200ms")
+        .replace("group_interval: 5m", "group_interval: 500ms");
     std::fs::write(workspace.path().join("alertmanager.yml"), am_config).expect("am config");
-    let _alertmanager = KillOnDrop(
-        std::process::Command::new("prometheus-alertmanager")
-            .arg(format!(
-                "--config.file={}",
-                workspace.path().join("alertmanager.yml").display()
-            ))
-            .arg(format!(
-                "--storage.path={}",
-                workspace.path().join("am-data").display()
-            ))
-            .arg(format!("--web.listen-address=127.0.0.1:{am_port}"))
-            .arg("--cluster.listen-address=")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("start prometheus-alertmanager (.ci/run installs it)"),
-    );
-    wait_until("Alertmanager to listen", Duration::from_secs(30), || {
-        TcpStream::connect(("127.0.0.1", am_port)).is_ok()
-    });
-    amtool(
-        am_port,
-        &["alertname=DiskFull", "instance=db-1", "severity=page"],
-        &[],
-    );
+    let peers = [free_port(), free_port()];
+    let _alertmanagers = peers.map(|port| start_alertmanager(&workspace, port));
 
-    let mut event: Option<(String, String, String)> = None;
-    wait_until(
-        "the notification to arrive",
-        Duration::from_secs(60),
-        || {
-            event = workspace
-                .query(
-                    "SELECT id, event_type, session_key FROM events WHERE route = 'alertmanager'",
-                    |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
-                )
-                .into_iter()
-                .next();
-            event.is_some()
-        },
-    );
-    let (id, event_type, session) = event.expect("an event");
-    assert_eq!(event_type, "firing");
-    assert_eq!(session, "alertmanager:DiskFull:db-1");
-    assert_eq!(
-        workspace.wait_terminal(&id, Duration::from_secs(30)),
-        "completed"
-    );
-
-    // An alert joins the group with an older start (a longer `for:`, or restored after a
-    // Prometheus restart), then the first one resolves while the second still fires: each is
-    // a notification with something new, and each reaches a turn of the group's session.
-    let an_hour_ago = chrono_like_rfc3339(3600);
-    amtool(
-        am_port,
-        &[
-            "alertname=DiskFull",
-            "instance=db-1",
-            "mount=/var",
-            "severity=page",
-        ],
-        &[format!("--start={an_hour_ago}")],
-    );
-    let notifications = |count: usize| {
-        let events: Vec<(String, String)> = workspace.query(
-            "SELECT id, session_key FROM events WHERE route = 'alertmanager' ORDER BY id",
+    let events = || -> Vec<(String, String)> {
+        workspace.query(
+            "SELECT id, session_key FROM events WHERE route = 'alertmanager' ORDER BY seq",
             |row| Ok((row.get(0)?, row.get(1)?)),
-        );
-        (events.len() >= count).then_some(events)
+        )
     };
-    wait_until(
-        "the joining alert's notification",
-        Duration::from_secs(60),
-        || notifications(2).is_some(),
-    );
-    amtool(
-        am_port,
-        &["alertname=DiskFull", "instance=db-1", "severity=page"],
-        &[format!("--end={}", chrono_like_rfc3339(1))],
-    );
-    wait_until(
-        "the partial resolution's notification",
-        Duration::from_secs(60),
-        || notifications(3).is_some(),
-    );
-    let events = notifications(3).unwrap_or_default();
+    let duplicates = || {
+        metric(
+            &workspace,
+            "agentgate_http_requests_total{route=\"alertmanager\",code=\"200\"}",
+        )
+    };
+    let root = |start: &str, end: Option<&str>| alert_flags("/", start, end);
+    let var = |start: &str, end: Option<&str>| alert_flags("/var", start, end);
+    let (first_start, var_start) = (rfc3339_ago(60), rfc3339_ago(3600));
+    let mut again_start = String::new();
+    for step in 1..=6 {
+        let now = rfc3339_ago(0);
+        let flags = match step {
+            1 => root(&first_start, None),
+            2 => var(&var_start, None),
+            3 => root(&first_start, Some(&now)),
+            4 => var(&var_start, Some(&now)),
+            5 => {
+                // After the resolution: a new firing starts a second later than it ended.
+                std::thread::sleep(Duration::from_millis(1100));
+                again_start = rfc3339_ago(0);
+                root(&again_start, None)
+            }
+            _ => root(&again_start, Some(&now)),
+        };
+        for port in peers {
+            amtool(port, &flags);
+        }
+        wait_until(
+            &format!("step {step}'s notification from both peers"),
+            Duration::from_secs(30),
+            || events().len() >= step && duplicates() >= step as u64,
+        );
+        assert_eq!(events().len(), step, "one event per change");
+    }
+    let events = events();
     for (id, session) in &events {
         assert_eq!(session, "alertmanager:DiskFull:db-1");
         assert_eq!(
@@ -270,27 +235,89 @@ fn a_real_alertmanager_notification_becomes_a_turn() {
             "completed"
         );
     }
-    let stored: Vec<Vec<u8>> = workspace.query(
-        &format!("SELECT payload FROM events WHERE id = '{}'", events[2].0),
-        |row| row.get(0),
+    let statuses = |id: &str| -> Vec<String> {
+        let stored: Vec<Vec<u8>> = workspace.query(
+            &format!("SELECT payload FROM events WHERE id = '{id}'"),
+            |row| row.get(0),
+        );
+        let payload: serde_json::Value = serde_json::from_slice(&stored[0]).expect("payload");
+        payload["alerts"]
+            .as_array()
+            .map(|alerts| {
+                alerts
+                    .iter()
+                    .map(|a| format!("{}={}", a["labels"]["mount"], a["status"]))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    // The partial resolution, and the second firing of "/" (alone in its group again).
+    assert_eq!(
+        statuses(&events[2].0),
+        ["\"/\"=\"resolved\"", "\"/var\"=\"firing\""]
     );
-    let last: serde_json::Value = serde_json::from_slice(&stored[0]).expect("payload");
-    let statuses: Vec<&str> = last["alerts"]
-        .as_array()
-        .map(|alerts| alerts.iter().filter_map(|a| a["status"].as_str()).collect())
-        .unwrap_or_default();
-    assert!(
-        statuses.contains(&"resolved") && statuses.contains(&"firing"),
-        "{last}"
+    assert_eq!(statuses(&events[4].0), ["\"/\"=\"firing\""]);
+    assert_eq!(
+        duplicates(),
+        6,
+        "each copy of the other peer, and nothing else"
     );
 }
 
-/// Runs `amtool alert add LABELS FLAGS` against the Alertmanager on `port`.
-fn amtool(port: u16, labels: &[&str], flags: &[String]) {
+/// A `prometheus-alertmanager` on `port` with the workspace's `alertmanager.yml`, clustered
+/// with nobody.
+fn start_alertmanager(workspace: &Workspace, port: u16) -> KillOnDrop {
+    let alertmanager = KillOnDrop(
+        std::process::Command::new("prometheus-alertmanager")
+            .arg(format!(
+                "--config.file={}",
+                workspace.path().join("alertmanager.yml").display()
+            ))
+            .arg(format!(
+                "--storage.path={}",
+                workspace.path().join(format!("am-data-{port}")).display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .arg("--cluster.listen-address=")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start prometheus-alertmanager (`tests/setup` installs it)"),
+    );
+    wait_until("Alertmanager to listen", Duration::from_secs(30), || {
+        TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    alertmanager
+}
+
+/// `amtool alert add` arguments for the DiskFull alert of `mount` on db-1, firing since `start`,
+/// resolved at `end`.
+fn alert_flags(mount: &str, start: &str, end: Option<&str>) -> Vec<String> {
+    let mut flags = vec![
+        "alertname=DiskFull".to_string(),
+        "instance=db-1".to_string(),
+        format!("mount={mount}"),
+        "severity=page".to_string(),
+        format!("--start={start}"),
+    ];
+    flags.extend(end.map(|end| format!("--end={end}")));
+    flags
+}
+
+/// The value of the sample `name{labels}` in the daemon's metrics (0 when absent).
+fn metric(workspace: &Workspace, sample: &str) -> u64 {
+    workspace
+        .metrics()
+        .lines()
+        .find_map(|line| line.strip_prefix(sample)?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Runs `amtool alert add ARGS` against the Alertmanager on `port`.
+fn amtool(port: u16, args: &[String]) {
     let added = std::process::Command::new("amtool")
         .args(["alert", "add"])
-        .args(labels)
-        .args(flags)
+        .args(args)
         .arg(format!("--alertmanager.url=http://127.0.0.1:{port}"))
         .output()
         .expect("amtool");
@@ -298,7 +325,7 @@ fn amtool(port: u16, labels: &[&str], flags: &[String]) {
 }
 
 /// The UTC time `seconds_ago` seconds ago, as RFC 3339 (what amtool's --start and --end take).
-fn chrono_like_rfc3339(seconds_ago: u64) -> String {
+fn rfc3339_ago(seconds_ago: u64) -> String {
     let output = std::process::Command::new("date")
         .args(["-u", "-d", &format!("@{}", unix_now() - seconds_ago)])
         .arg("+%Y-%m-%dT%H:%M:%SZ")
@@ -555,9 +582,14 @@ fn notification(group_labels: serde_json::Value, alerts: &[serde_json::Value]) -
 /// Alert groups as they change: the same notification again (a repeat, the other member of an
 /// HA pair) is a duplicate; an alert that joins with an older start, an alert that resolves
 /// while another fires, and the resolution are each a new event of the group's one session.
-/// A `group_by` without `alertname` is a session of its own labels, not a refusal; Grafana's
-/// firing and resolved notifications are one session.
+/// An alert that fires again after it resolved, and its next resolution, are new too. A
+/// `group_by` without `alertname` is a session of its own labels, not a refusal; Grafana's
+/// notifications are one session and keyed the same way.
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one alert group's life, step by step"
+)]
 fn alert_groups_that_gain_lose_and_resolve_alerts_are_each_new() {
     let workspace = Workspace::new();
     let daemon = start_examples(&workspace, &["alertmanager", "grafana"]);
@@ -587,6 +619,24 @@ fn alert_groups_that_gain_lose_and_resolve_alerts_are_each_new() {
             ],
             202,
         ),
+        // "/" fires again after it resolved (a new start), is repeated, and resolves again.
+        (
+            vec![alert("aa01", "firing", "2026-12-01T07:00:00Z", labels("/"))],
+            202,
+        ),
+        (
+            vec![alert("aa01", "firing", "2026-12-01T07:00:00Z", labels("/"))],
+            200,
+        ),
+        (
+            vec![alert(
+                "aa01",
+                "resolved",
+                "2026-12-01T07:00:00Z",
+                labels("/"),
+            )],
+            202,
+        ),
     ];
     let mut accepted = Vec::new();
     for (step, (alerts, status)) in steps.iter().enumerate() {
@@ -601,7 +651,7 @@ fn alert_groups_that_gain_lose_and_resolve_alerts_are_each_new() {
             accepted.push(answer.event_id());
         }
     }
-    assert_eq!(accepted.len(), 4);
+    assert_eq!(accepted.len(), 6);
 
     let by_cluster = am(&notification(
         serde_json::json!({"cluster": "eu-1"}),
@@ -615,29 +665,45 @@ fn alert_groups_that_gain_lose_and_resolve_alerts_are_each_new() {
     assert_eq!(by_cluster.status, 202, "{by_cluster:?}");
     assert_eq!(by_cluster.json()["session"], "alertmanager:eu-1");
 
-    let grafana = |alerts: &[serde_json::Value]| {
-        let mut body: serde_json::Value = serde_json::from_str(&notification(
-            serde_json::json!({"alertname": "HighCPU", "grafana_folder": "Infra"}),
-            alerts,
-        ))
-        .expect("notification");
-        body["title"] = format!(
-            "[{}:1] HighCPU Infra",
-            body["status"].as_str().unwrap_or("").to_uppercase()
-        )
-        .into();
+    // Grafana, in the shape of its webhook contact point: a repeat while the rule fires (new
+    // values, same alert) and the copy of a second Grafana instance are duplicates; the
+    // resolution, the rule firing again later and that resolution are each new.
+    let firing: serde_json::Value =
+        serde_json::from_str(&fixture("grafana-firing.json")).expect("fixture");
+    let grafana = |status: &str, starts_at: &str, value: f64| {
+        let mut body = firing.clone();
+        let resolved = status == "resolved";
+        body["status"] = status.into();
+        body["state"] = if resolved { "ok" } else { "alerting" }.into();
+        body["title"] = if resolved {
+            "[RESOLVED] HighCPU Infra (web-1)".into()
+        } else {
+            body["title"].clone()
+        };
+        let alert = &mut body["alerts"][0];
+        alert["status"] = status.into();
+        alert["startsAt"] = starts_at.into();
+        alert["values"]["A"] = value.into();
+        if resolved {
+            alert["endsAt"] = "2026-12-01T05:20:00Z".into();
+        }
         post("/hooks/grafana", "grafana-token-value", &body.to_string())
     };
-    let cpu = serde_json::json!({"alertname": "HighCPU", "grafana_folder": "Infra"});
-    let fired = grafana(&[alert("dd04", "firing", "2026-12-01T05:00:00Z", cpu.clone())]);
-    let resolved = grafana(&[alert("dd04", "resolved", "2026-12-01T05:00:00Z", cpu)]);
-    assert_eq!(
-        (fired.status, resolved.status),
-        (202, 202),
-        "{fired:?} {resolved:?}"
-    );
-    assert_eq!(fired.json()["session"], "grafana:HighCPU:Infra");
-    assert_eq!(resolved.json()["session"], fired.json()["session"]);
+    let first = "2026-12-01T05:00:10.123456789Z";
+    let later = "2026-12-01T09:30:10.5Z";
+    let answers = [
+        grafana("firing", first, 93.4),
+        grafana("firing", first, 95.1),
+        grafana("firing", first, 95.1),
+        grafana("resolved", first, 41.0),
+        grafana("firing", later, 97.0),
+        grafana("resolved", later, 40.0),
+    ];
+    let statuses: Vec<u16> = answers.iter().map(|answer| answer.status).collect();
+    assert_eq!(statuses, [202, 200, 200, 202, 202, 202], "{answers:?}");
+    for answer in answers.iter().filter(|answer| answer.status == 202) {
+        assert_eq!(answer.json()["session"], "grafana:HighCPU:Infra");
+    }
 }
 
 /// `agentgate send --schedule NAME`, as `agentgate-schedule@NAME.service` runs it: the route and
@@ -664,9 +730,13 @@ fn a_schedule_posts_once_per_fire() {
         command
             .args(["send", "--schedule", name, "--config"])
             .arg(workspace.config_path())
+            .env_remove("TRIGGER_UNIT")
             .env_remove("TRIGGER_TIMER_REALTIME_USEC");
+        // Started by its timer (which keeps no stamp on this machine): the time systemd passed.
         if let Some(micros) = elapsed {
-            command.env("TRIGGER_TIMER_REALTIME_USEC", micros);
+            command
+                .env("TRIGGER_UNIT", format!("agentgate-schedule@{name}.timer"))
+                .env("TRIGGER_TIMER_REALTIME_USEC", micros);
         }
         command.output().expect("send --schedule")
     };
@@ -706,4 +776,43 @@ fn a_schedule_posts_once_per_fire() {
     );
     let missing = fire("weekly", None);
     assert_eq!(missing.status.code(), Some(78), "{missing:?}");
+}
+
+/// A Stripe retry is the same event signed again, with the time of its own attempt in
+/// `Stripe-Signature` (`t=<unix seconds>,v1=<HMAC-SHA256 of "t.body">`): one whose event id is
+/// a number, and one that has none, are each answered as a duplicate of the first delivery.
+#[test]
+fn a_stripe_retry_is_a_duplicate_whatever_its_event_id() {
+    let workspace = Workspace::new();
+    let secret = "whsec_retry_test";
+    workspace.write_config(
+        "[model]\nbackend = \"replay\"\n\n[routes.stripe]\npath = \"/hooks/stripe\"\n\
+         verify = { scheme = \"stripe\", secret = { env = \"TEST_STRIPE_SECRET\" } }\n\
+         deliver = { kind = \"log\" }\n",
+    );
+    let daemon = workspace.start_with_env(&[("TEST_STRIPE_SECRET", secret)]);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs();
+    let attempt = |body: &str, at: u64| {
+        let signed = format!("{at}.{body}");
+        let signature = format!(
+            "t={at},v1={}",
+            hmac_sha256_hex(secret.as_bytes(), signed.as_bytes())
+        );
+        daemon.post_json("/hooks/stripe", &[("stripe-signature", &signature)], body)
+    };
+    for body in [
+        r#"{"id": 9001, "object": "event", "type": "invoice.payment_failed"}"#,
+        r#"{"object": "event", "type": "charge.dispute.created", "created": 1767225600}"#,
+    ] {
+        let first = attempt(body, now - 120);
+        assert_eq!(first.status, 202, "{first:?}");
+        let retry = attempt(body, now);
+        assert_eq!(retry.status, 200, "{body}: {retry:?}");
+        assert_eq!(retry.json()["status"], "duplicate", "{retry:?}");
+        assert_eq!(retry.json()["event_id"], first.json()["event_id"]);
+    }
+    assert_eq!(workspace.events_total(), 2);
 }

@@ -1,5 +1,5 @@
 //! agentgate's units under a real systemd: PID 1 of a private namespace booted by the harness in
-//! `tests/systemd/` (root only; CI runs as root). Socket activation, restarts under load,
+//! `tests/systemd/` (root; see `common::can_run`). Socket activation, restarts under load,
 //! watchdog, drain past TimeoutStopSec, reload, crash restarts, journal fields and catalog.
 
 mod common;
@@ -39,7 +39,10 @@ fn cold_start_by_socket_activation_with_journal_fields_and_catalog() {
         .post(r#"{"session":"acme/web#7"}"#)
         .expect("first POST");
     assert_eq!(response.status, 202, "{response:?}");
-    assert_eq!(machine.show("agentgate.service", "ActiveState"), "active");
+    // READY=1 reaches systemd by a datagram of its own: the 202 may come first.
+    wait_for("the service to be active", Duration::from_secs(10), || {
+        machine.show("agentgate.service", "ActiveState") == "active"
+    });
     assert!(machine.reconcile_runs() >= 1);
     let lines = machine.journal("-u agentgate.service SESSION_KEY=acme/web#7");
     assert!(lines.contains("event accepted"), "{lines}");
@@ -62,11 +65,17 @@ fn cold_start_by_socket_activation_with_journal_fields_and_catalog() {
         explained.contains("was verified and committed to the state"),
         "{explained}"
     );
-    // 2.7 here, 2.0 before tools were sandboxed: the service may now create the namespaces,
-    // mounts and netlink socket its tools' sandboxes need, and keeps /proc uncovered for theirs
-    // (systemd/agentgate.service says which settings that costs and why it is worth it).
+    // A refusal's reason is in its message, which is all `-o cat` shows.
+    let refused = try_request(machine.addr(), "POST", "/nowhere", &[], b"{}").expect("POST");
+    assert_eq!(refused.status, 404, "{refused:?}");
+    wait_for("the refusal's line", Duration::from_secs(10), || {
+        machine
+            .journal("-u agentgate.service")
+            .contains("webhook refused (404): no route")
+    });
+    // Its tools run in tool units: the service keeps every protection (SPEC: at most 2.0).
     let (score, security) = machine.security_score();
-    assert!(score <= 2.8, "{security}");
+    assert!(score <= 2.0, "{security}");
     let pid = machine.show("agentgate.service", "MainPID");
     let environment = machine.ok(&format!("tr '\\0' '\\n' < /proc/{pid}/environ"));
     assert!(!environment.contains("LISTEN_FDS=") || environment.contains("LISTEN_FDNAMES"));
@@ -265,6 +274,29 @@ fn assert_held(machine: &Machine, reason: &str) {
         machine.sh("curl -sS --unix-socket /run/agentgate/control.sock http://localhost/v1/status");
     let said = String::from_utf8_lossy(&control.stdout);
     assert!(said.contains(reason), "{control:?}");
+    assert_not_serving(machine, reason);
+}
+
+/// `agentgate status` of a daemon that runs but answers 503 (held on a config error, or
+/// waiting for the state): running, not serving, and why, in both lines and in the JSON.
+fn assert_not_serving(machine: &Machine, reason: &str) {
+    let status = machine.ok("agentgate status --config /etc/agentgate/agentgate.toml");
+    assert!(
+        status.contains("daemon:     running, NOT SERVING")
+            && status.contains("accepting:  NO, webhooks get 503")
+            && status.contains(reason)
+            && !status.contains("not running"),
+        "{status}"
+    );
+    let json = machine.status_json();
+    assert_eq!(json["daemon"]["running"], true, "{json}");
+    assert_eq!(json["accepting"]["ok"], false, "{json}");
+    assert!(
+        json["daemon"]["not_serving"]
+            .as_str()
+            .is_some_and(|why| why.contains(reason)),
+        "{json}"
+    );
 }
 
 /// A config error never takes the endpoint offline (docs/reference.md, "systemd"): whether only
@@ -288,6 +320,15 @@ fn a_config_error_holds_the_sockets_and_a_restart_after_the_fix_serves() {
     assert_held(&machine, "routes.hook.deliver.secret");
 
     machine.ok("printf 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw' > /etc/agentgate/deliver.secret");
+    // A held service has no config to reload: a reload fails and names the command that works.
+    let reload = machine.sh("systemctl try-reload-or-restart agentgate.service");
+    assert!(!reload.status.success(), "{reload:?}");
+    assert!(
+        machine
+            .journal("-u agentgate.service")
+            .contains("then run systemctl restart agentgate"),
+        "the refused reload names the restart"
+    );
     machine.ok("systemctl restart agentgate.service");
     assert_eq!(
         machine.post(r#"{"session":"fixed"}"#).expect("POST").status,
@@ -315,119 +356,18 @@ fn a_config_error_holds_the_sockets_and_a_restart_after_the_fix_serves() {
     );
 }
 
-/// The packaged service sandboxes its tools (docs/tools.md, "Sandbox"): a tool asked to read
-/// the database, a credential and the config, to connect to the control socket and the webhook
-/// socket, and to write under /etc, fails at each, while it reads the system's files and writes
-/// its private /tmp.
-/// The `stdout` of the first tool result anywhere in `value` (a transcript document).
-fn tool_stdout(value: &serde_json::Value) -> Option<String> {
-    match value {
-        serde_json::Value::Object(fields) => {
-            if fields.get("role").and_then(|r| r.as_str()) == Some("tool") {
-                let content = fields.get("content")?.as_str()?;
-                let outcome: serde_json::Value = serde_json::from_str(content).ok()?;
-                return outcome["stdout"].as_str().map(str::to_string);
-            }
-            fields.values().find_map(tool_stdout)
-        }
-        serde_json::Value::Array(items) => items.iter().find_map(tool_stdout),
-        _ => None,
-    }
-}
-
+/// Crash restarts, on one booted namespace: a ledger planted before a crash is reconciled, then
+/// a poison event under load costs no more restarts than documented.
 #[test]
-fn the_packaged_service_runs_tools_in_a_sandbox() {
-    let Some(machine) = Machine::boot("sandbox") else {
-        return;
-    };
-    let share = machine.share.path();
-    std::fs::write(
-        share.join("model"),
-        r#"#!/usr/bin/python3
-import json, sys
-messages = json.load(sys.stdin)["messages"]
-if any(m.get("role") == "tool" for m in messages):
-    print(json.dumps({"role": "assistant", "content": "probed"}))
-else:
-    call = {"id": "c1", "type": "function", "function": {"name": "probe", "arguments": "{}"}}
-    print(json.dumps({"role": "assistant", "content": None, "tool_calls": [call]}))
-"#,
-    )
-    .expect("write the model");
-    std::fs::write(
-        share.join("probe.py"),
-        include_str!("common/escape-probe.py"),
-    )
-    .expect("write the probe");
-    machine.ok(&format!(
-        "install -m 0755 {share}/model /usr/local/bin/probe-model && \
-         install -m 0644 {share}/probe.py /usr/local/lib/escape-probe.py && \
-         mkdir -p /etc/agentgate && printf 'token-1' > /etc/agentgate/token",
-        share = share.display()
-    ));
-    let text = config("")
-        .replace(
-            "[routes.hook]",
-            "[model]\nbackend = \"command\"\ncommand = [\"/usr/local/bin/probe-model\"]\n\n\
-             [tools.probe]\ncommand = [\"/usr/bin/python3\", \"/usr/local/lib/escape-probe.py\", \
-             \"/var/lib/agentgate/agentgate.db\", \"/run/credentials/agentgate.service/token\", \
-             \"/etc/agentgate/agentgate.toml\", \"/run/agentgate/control.sock\", \
-             \"/etc/agentgate/written\", \"/tmp\", \"PORT\"]\n\n[routes.hook]",
-        )
-        .replace(
-            "verify = { scheme = \"none\" }",
-            "verify = { scheme = \"bearer\", secret = { credential = \"token\" } }\ntools = [\"probe\"]",
-        );
-    let text = text.replace("PORT", &machine.addr().port().to_string());
-    machine.install(&text, "LoadCredential=token:/etc/agentgate/token");
-    let answer = machine
-        .post_with(
-            r#"{"session":"probe"}"#,
-            &[("authorization", "Bearer token-1")],
-        )
-        .expect("POST");
-    assert_eq!(answer.status, 202, "{answer:?}");
-    let id = answer.event_id();
-    let show = |what: &str| {
-        machine.ok(&format!(
-            "agentgate {what} --json --config /etc/agentgate/agentgate.toml"
-        ))
-    };
-    wait_for("the probe's turn to end", Duration::from_secs(30), || {
-        show(&format!("events show {id}")).contains("\"status\": \"completed\"")
-    });
-    let transcript: serde_json::Value =
-        serde_json::from_str(&show("sessions show probe")).expect("the transcript");
-    let report = tool_stdout(&transcript)
-        .and_then(|stdout| serde_json::from_str::<serde_json::Value>(&stdout).ok())
-        .unwrap_or_else(|| panic!("no probe report in {transcript:#}"));
-    let legitimate = ["write_in_writable", "read_system_file", "write_private_tmp"];
-    for (escape, outcome) in report.as_object().expect("a report") {
-        let expected = if legitimate.contains(&escape.as_str()) {
-            "done"
-        } else {
-            "refused"
-        };
-        assert!(
-            outcome.as_str().is_some_and(|o| o.starts_with(expected)),
-            "{escape}: {outcome} in {report:#}"
-        );
-    }
-    let journal = machine.journal("-u agentgate.service");
-    assert!(
-        journal.contains("each call runs in a unit of its own"),
-        "{journal}"
-    );
-    // The probe's call ran in an instance of agentgate-tool@.service, which systemd then ended.
-    let units = machine.journal("-u 'agentgate-tool@*'");
-    assert!(units.contains("agentgate tool call"), "{units}");
-}
-
-#[test]
-fn a_crash_restart_reconciles_a_ledger_planted_before_it() {
+fn crash_restarts_reconcile_and_a_crash_loop_stays_within_its_bound() {
     let Some(machine) = Machine::boot("crash") else {
         return;
     };
+    a_crash_restart_reconciles_a_ledger_planted_before_it(&machine);
+    a_poison_event_under_load_kills_the_daemon_at_most_max_attempts_plus_two_times(&machine);
+}
+
+fn a_crash_restart_reconciles_a_ledger_planted_before_it(machine: &Machine) {
     machine.install(&config(""), "");
     assert_eq!(
         machine.post(r#"{"session":"c"}"#).expect("POST").status,
@@ -548,6 +488,86 @@ fn install_model(machine: &Machine, name: &str, script: &str) -> String {
     )
 }
 
+/// A command model that kills the daemon (its parent) whenever its messages carry
+/// `POISON-PILL`, and otherwise answers after 0.1 s, so that turns overlap under load.
+const POISON_MODEL: &str = r#"#!/bin/sh
+input=$(cat)
+case "$input" in
+*POISON-PILL*) kill -KILL "$PPID"; sleep 30 ;;
+esac
+sleep 0.1
+printf '{"role": "assistant", "content": "done"}'
+"#;
+
+/// docs/reference.md, "Crash loops and bystanders": 300 events for 300 sessions, the 20th of
+/// them poison (its model call kills the daemon, each time). Its first run crashes beside about
+/// 15 others, which are not blamed: each resumes alone once and completes. The poison session
+/// resumes alone from then on, so each of its later crashes is its own and counts, and it is
+/// suspended after `resume_max_attempts` (3) counted resumes: systemd restarts the daemon at
+/// most 3 + 2 times, however many events wait. Every other event completes.
+fn a_poison_event_under_load_kills_the_daemon_at_most_max_attempts_plus_two_times(
+    machine: &Machine,
+) {
+    let model = install_model(machine, "poison-model", POISON_MODEL);
+    let config = config("").replace("[routes.hook]", &format!("{model}\n[routes.hook]"));
+    // From an empty state: only this scenario's events are counted.
+    machine.ok("systemctl stop agentgate.service && rm -rf /var/lib/agentgate/*");
+    machine.install(
+        &format!("{config}delivery_id = \"{{{{ payload.n }}}}\"\n"),
+        "",
+    );
+    machine.ok("systemctl start agentgate.service");
+    let restarts = || -> u32 {
+        machine
+            .show("agentgate.service", "NRestarts")
+            .parse()
+            .expect("NRestarts")
+    };
+    let before = restarts();
+    let started = Instant::now();
+    const EVENTS: u32 = 300;
+    for n in 0..EVENTS {
+        let task = if n == 19 { "POISON-PILL" } else { "routine" };
+        let body = format!(r#"{{"session":"load-{n}","n":{n},"task":"{task}"}}"#);
+        // A sender retries what a dying daemon left unanswered; the delivery id makes that safe.
+        wait_for(
+            &format!("event {n} to be acknowledged"),
+            Duration::from_secs(60),
+            || {
+                machine
+                    .post(&body)
+                    .is_ok_and(|r| r.status == 202 || r.status == 200)
+            },
+        );
+    }
+    let counts = |status: &str| machine.status_json()["events"]["by_status"][status].as_u64();
+    wait_for(
+        "the poison event's suspension and every other event's completion",
+        Duration::from_secs(180),
+        || counts("suspended") == Some(1) && counts("completed") == Some(u64::from(EVENTS) - 1),
+    );
+    let deaths = restarts() - before;
+    let suspended =
+        machine.ok("agentgate sessions list --json --config /etc/agentgate/agentgate.toml");
+    let sessions: serde_json::Value = serde_json::from_str(&suspended).expect("sessions json");
+    let suspended: Vec<&str> = sessions
+        .as_array()
+        .expect("sessions")
+        .iter()
+        .filter(|s| s["state"] == "suspended")
+        .filter_map(|s| s["key"].as_str())
+        .collect();
+    assert_eq!(suspended, ["load-19"]);
+    eprintln!(
+        "crash loop: {EVENTS} events, {deaths} daemon deaths for the poison event, {:?}",
+        started.elapsed()
+    );
+    assert!(
+        (4..=5).contains(&deaths),
+        "the daemon was restarted {deaths} times for one poison event (resume_max_attempts = 3)"
+    );
+}
+
 fn install_hold_model(machine: &Machine) -> String {
     install_model(
         machine,
@@ -644,6 +664,7 @@ fn a_start_on_a_full_disk_answers_503_and_resumes_once_freed() {
         },
     );
     assert_eq!(machine.show("agentgate.service", "ActiveState"), "active");
+    assert_not_serving(&machine, "waiting for the state to be writable");
     let refused = machine
         .post(r#"{"session":"later"}"#)
         .expect("POST while full");
@@ -712,6 +733,10 @@ fn a_member_of_the_daemon_s_group_reads_through_the_control_socket() {
 /// waits (one turn per session), and `sessions cancel` kills the hung model process and ends the
 /// event `failed`, delivered; each action is journaled with its MESSAGE_ID.
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one session's control actions under systemd, step by step"
+)]
 fn suspend_restart_resume_and_cancel_under_systemd() {
     let Some(machine) = Machine::boot("control") else {
         return;
@@ -1028,46 +1053,91 @@ else:
 }
 
 /// A schedule as README.Debian adds one: a file naming the route and the payload, a calendar in
-/// the timer's drop-in, the timer enabled. The timer fires at its time and the event arrives
-/// with the delivery id `schedule:NAME:<time>`; the same fire posted again is a duplicate.
+/// the timer's drop-in (here every second, so that the test takes seconds), the timer enabled.
+/// Every fire is a new event with the delivery id `schedule:NAME:<time of the fire>`: on
+/// systemd 252 `TRIGGER_TIMER_REALTIME_USEC` keeps the first fire's time, so a key made of it
+/// made every later fire a duplicate. Then a fire missed while the timer was stopped runs once
+/// when it starts again (`Persistent=true`), as a new event too, and the same fire posted again
+/// is a duplicate.
 #[test]
-fn a_schedule_timer_fires_once_per_scheduled_time() {
+fn every_fire_of_a_schedule_timer_is_one_event() {
     let Some(machine) = Machine::boot("schedule") else {
         return;
     };
     machine.install(&config(""), "");
-    let at = machine.ok("date -u -d '+4 sec' '+%Y-%m-%d %H:%M:%S'");
-    machine.ok(&format!(
-        r#"set -e
-printf 'route = "hook"\npayload = {{ session = "nightly", task = "report" }}\n' | install -D -m 0640 -g _agentgate /dev/stdin /etc/agentgate/schedules/nightly.toml
-printf '[Timer]\nOnCalendar=\nOnCalendar={at} UTC\n' | install -D -m 0644 /dev/stdin /etc/systemd/system/agentgate-schedule@nightly.timer.d/calendar.conf
-systemctl daemon-reload && systemctl enable --now agentgate-schedule@nightly.timer"#
-    ));
-    let events = || -> Vec<serde_json::Value> {
-        let text = machine.ok(
-            "agentgate events list --session nightly --json --config /etc/agentgate/agentgate.toml",
-        );
-        serde_json::from_str::<serde_json::Value>(&text)
-            .ok()
-            .and_then(|list| list.as_array().cloned())
-            .unwrap_or_default()
+    let calendar = |on_calendar: &str| {
+        machine.ok(&format!(
+            "printf '[Timer]\\nOnCalendar=\\nOnCalendar={on_calendar}\\n' | install -D -m 0644 /dev/stdin /etc/systemd/system/agentgate-schedule@tick.timer.d/calendar.conf && systemctl daemon-reload"
+        ));
     };
-    wait_for("the timer's event", Duration::from_secs(30), || {
-        !events().is_empty()
-    });
-    let expected = format!("schedule:nightly:{}Z", at.trim().replace(' ', "T"));
-    let fired = events();
-    assert_eq!(fired.len(), 1, "{fired:?}");
-    assert_eq!(fired[0]["delivery_id"], expected.as_str(), "{fired:?}");
-    assert_eq!(
-        machine.show("agentgate-schedule@nightly.service", "Result"),
-        "success"
+    machine.ok(
+        r#"printf 'route = "hook"\npayload = { session = "tick", task = "report" }\n' | install -D -m 0640 -g _agentgate /dev/stdin /etc/agentgate/schedules/tick.toml"#,
     );
-    // The same fire again (the service run again for that time): a duplicate, nothing new.
-    let again = machine.ok(&format!(
-        "TRIGGER_TIMER_REALTIME_USEC=$(( $(date -u -d '{at} UTC' +%s) * 1000000 + 250000 )) \
-         runuser -u _agentgate -- agentgate send --schedule nightly"
-    ));
+    calendar("*-*-* *:*:*");
+    machine.ok("systemctl enable --now agentgate-schedule@tick.timer");
+    // What each run of the service printed: the daemon's answer to its fire.
+    let answers = || -> Vec<String> {
+        machine
+            .journal("-u agentgate-schedule@tick.service")
+            .lines()
+            .filter(|line| line.starts_with("20"))
+            .map(str::to_string)
+            .collect()
+    };
+    let events = || -> Vec<String> {
+        let text = machine.ok(
+            "agentgate events list --session tick --json --config /etc/agentgate/agentgate.toml",
+        );
+        serde_json::from_str::<Vec<serde_json::Value>>(&text)
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|event| event["delivery_id"].as_str().map(str::to_string))
+            .collect()
+    };
+    wait_for("three fires", Duration::from_secs(30), || {
+        answers().len() >= 3
+    });
+    machine.ok("systemctl stop agentgate-schedule@tick.timer");
+    wait_for(
+        "the last fire's run to end",
+        Duration::from_secs(10),
+        || machine.show("agentgate-schedule@tick.service", "ActiveState") == "inactive",
+    );
+    let fired = answers();
+    assert!(
+        fired.iter().all(|answer| answer.contains("\"accepted\"")),
+        "every fire is a new event: {fired:#?}"
+    );
+    let mut keys = events();
+    assert_eq!(keys.len(), fired.len(), "{keys:#?} {fired:#?}");
+    assert!(keys.iter().all(|key| key.starts_with("schedule:tick:20")));
+
+    // A fire missed while the timer is stopped runs once when it starts again.
+    let missed = machine.ok("date -u -d '+1 sec' '+%Y-%m-%d %H:%M:%S'");
+    calendar(&format!("{missed} UTC"));
+    let missed_at = machine.ok(&format!("date -u -d '{missed} UTC' +%s"));
+    wait_for("the missed time to pass", Duration::from_secs(10), || {
+        machine.ok("date -u +%s") > missed_at
+    });
+    machine.ok("systemctl start agentgate-schedule@tick.timer");
+    wait_for("the catch-up", Duration::from_secs(30), || {
+        answers().len() == fired.len() + 1
+            && machine.show("agentgate-schedule@tick.service", "ActiveState") == "inactive"
+    });
+    let caught_up = answers();
+    assert!(
+        caught_up[fired.len()].contains("\"accepted\""),
+        "{caught_up:#?}"
+    );
+    keys = events();
+    assert_eq!(keys.len(), caught_up.len(), "{keys:#?}");
+    let distinct: std::collections::BTreeSet<_> = keys.iter().collect();
+    assert_eq!(distinct.len(), keys.len(), "{keys:#?}");
+
+    // The same fire posted again (the service run again for it): a duplicate, nothing new.
+    let again = machine.ok(
+        "TRIGGER_UNIT=agentgate-schedule@tick.timer runuser -u _agentgate -- agentgate send --schedule tick",
+    );
     assert!(again.contains("\"duplicate\""), "{again}");
-    assert_eq!(events().len(), 1);
+    assert_eq!(events().len(), keys.len());
 }

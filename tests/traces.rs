@@ -42,15 +42,40 @@ impl Exported {
     }
 }
 
+/// An attribute value as text; an array as a JSON list of its items' texts.
 fn text(value: Option<Value>) -> String {
     match value {
         Some(Value::StringValue(text)) => text,
         Some(Value::IntValue(number)) => number.to_string(),
         Some(Value::BoolValue(flag)) => flag.to_string(),
         Some(Value::DoubleValue(number)) => number.to_string(),
+        Some(Value::ArrayValue(array)) => {
+            let items: Vec<String> = array
+                .values
+                .into_iter()
+                .map(|item| text(item.value))
+                .collect();
+            json!(items).to_string()
+        }
         other => format!("{other:?}"),
     }
 }
+
+/// `reply` as a server that names its completion `id` and says it stopped for `finish`.
+fn identified(reply: Reply, id: &str, finish: &str) -> Reply {
+    let mut body: serde_json::Value = serde_json::from_str(&reply.body).expect("a JSON reply");
+    body["id"] = json!(id);
+    body["choices"][0]["finish_reason"] = json!(finish);
+    body["system_fingerprint"] = json!("b6990-cpu");
+    Reply {
+        body: body.to_string(),
+        ..reply
+    }
+}
+
+/// The request parameters the spans must carry, as `[model] params`.
+const PARAMS: &str = "params = { temperature = 0.2, max_tokens = 256, seed = 7, top_p = 0.9, \
+    top_k = 40, presence_penalty = 0.5, stop = [\"END\"] }\n";
 
 /// Every span the collector received, decoded as OTLP/HTTP protobuf.
 fn exported(collector: &Stub) -> Vec<Exported> {
@@ -149,7 +174,11 @@ fn collector() -> Stub {
 /// sender's `traceparent`, with the GenAI spans and attributes; the delivery and the MCP
 /// request carry their own span's `traceparent`; no content without `capture_content`.
 #[test]
+#[expect(clippy::too_many_lines, reason = "one turn's trace, span by span")]
 fn a_turn_is_one_trace_under_the_sender_s_traceparent() {
+    if !common::mcp::servers_or_skip("a_turn_is_one_trace_under_the_sender_s_traceparent") {
+        return;
+    }
     let workspace = Workspace::new();
     let server = PythonServer::start(&workspace);
     let two_calls = json!({"role": "assistant", "content": null, "tool_calls": [
@@ -160,13 +189,18 @@ fn a_turn_is_one_trace_under_the_sender_s_traceparent() {
         {"id": "call-4", "type": "function",
          "function": {"name": "echo", "arguments": json!({"text": "x".repeat(200)}).to_string()}}]});
     let model = Stub::scripted(vec![
-        Reply::completion(two_calls).with_usage(120, 0, 7),
-        Reply::tool_call("call-3", "web__shout", json!({"text": "hi"})).with_usage(150, 100, 5),
-        Reply::answer("done").with_usage(170, 140, 2),
+        identified(Reply::completion(two_calls), "chatcmpl-1", "tool_calls").with_usage(120, 0, 7),
+        identified(
+            Reply::tool_call("call-3", "web__shout", json!({"text": "hi"})),
+            "chatcmpl-2",
+            "tool_calls",
+        )
+        .with_usage(150, 100, 5),
+        identified(Reply::answer("done"), "chatcmpl-3", "stop").with_usage(170, 140, 2),
     ]);
     let receiver = Stub::start(|_, _| Reply::raw(204, ""));
     let collector = collector();
-    workspace.write_config(&config(
+    let text = config(
         &model,
         &receiver,
         &collector.url(),
@@ -174,7 +208,9 @@ fn a_turn_is_one_trace_under_the_sender_s_traceparent() {
             "{}\n[console]\ntrace_url = \"http://127.0.0.1:16686/trace/{{trace_id}}\"\n",
             server.config(&workspace)
         ),
-    ));
+    )
+    .replace("max_retries = 0\n", &format!("max_retries = 0\n{PARAMS}"));
+    workspace.write_config(&text);
     let daemon = workspace.start();
     let traceparent = format!("00-{SENDER_TRACE}-{SENDER_SPAN}-01");
     let response = daemon.post_json(
@@ -216,8 +252,22 @@ fn a_turn_is_one_trace_under_the_sender_s_traceparent() {
     let turn = one(&spans, "invoke_agent alerts");
     assert_eq!(turn.parent, request.span_id);
     assert_eq!(turn.attribute("gen_ai.operation.name"), "invoke_agent");
+    assert_eq!(turn.attribute("gen_ai.provider.name"), "openai");
+    assert_eq!(turn.attribute("gen_ai.agent.name"), "alerts");
     assert_eq!(turn.attribute("gen_ai.conversation.id"), "db-1");
     assert_eq!(turn.attribute("gen_ai.request.model"), "stub");
+    assert_request_parameters(turn);
+    // The turn's usage is the sum of its replies'; it stopped for its last reply's reason.
+    let usage = [
+        "gen_ai.usage.input_tokens",
+        "gen_ai.usage.output_tokens",
+        "gen_ai.usage.cache_read.input_tokens",
+    ];
+    assert_eq!(usage.map(|key| turn.attribute(key)), ["440", "14", "240"]);
+    assert_eq!(
+        turn.attribute("gen_ai.response.finish_reasons"),
+        r#"["stop"]"#
+    );
     assert_eq!(turn.attribute("agentgate.turn.status"), "completed");
     assert!(
         turn.links.is_empty(),
@@ -226,20 +276,48 @@ fn a_turn_is_one_trace_under_the_sender_s_traceparent() {
     // The call against the schema (maxLength) did not run: an event of the turn, not a span.
     assert_eq!(turn.events, ["agentgate.tool.refused"]);
 
-    let chats = named(&spans, "chat stub");
+    let mut chats = named(&spans, "chat stub");
     assert_eq!(chats.len(), 3, "{spans:#?}");
     for chat in &chats {
         assert_eq!(chat.parent, turn.span_id);
         assert_eq!(chat.kind, SpanKind::Client as i32);
         assert_eq!(chat.attribute("gen_ai.operation.name"), "chat");
+        assert_eq!(chat.attribute("gen_ai.provider.name"), "openai");
+        assert_eq!(chat.attribute("gen_ai.request.model"), "stub");
+        assert_eq!(chat.attribute("gen_ai.conversation.id"), "db-1");
+        assert_eq!(chat.attribute("openai.api.type"), "chat_completions");
+        assert_eq!(chat.attribute("server.address"), "127.0.0.1");
+        assert_eq!(chat.attribute("server.port"), model.addr.port().to_string());
+        assert_eq!(
+            chat.attribute("openai.response.system_fingerprint"),
+            "b6990-cpu"
+        );
+        assert_request_parameters(chat);
         assert!(!chat.attributes.contains_key("gen_ai.input.messages"));
+        assert!(!chat.attributes.contains_key("gen_ai.output.messages"));
+        assert!(!chat.attributes.contains_key("agentgate.model.fallback"));
     }
-    let mut input_tokens: Vec<&str> = chats
+    chats.sort_by_key(|chat| chat.attribute("gen_ai.response.id").to_string());
+    let replies: Vec<[&str; 4]> = chats
         .iter()
-        .map(|c| c.attribute("gen_ai.usage.input_tokens"))
+        .map(|c| {
+            [
+                "gen_ai.response.id",
+                "gen_ai.response.finish_reasons",
+                "gen_ai.usage.input_tokens",
+                "gen_ai.usage.cache_read.input_tokens",
+            ]
+            .map(|key| c.attribute(key))
+        })
         .collect();
-    input_tokens.sort();
-    assert_eq!(input_tokens, ["120", "150", "170"]);
+    assert_eq!(
+        replies,
+        [
+            ["chatcmpl-1", r#"["tool_calls"]"#, "120", "0"],
+            ["chatcmpl-2", r#"["tool_calls"]"#, "150", "100"],
+            ["chatcmpl-3", r#"["stop"]"#, "170", "140"],
+        ]
+    );
 
     let tools = named(&spans, "execute_tool ");
     let mut calls: Vec<(&str, &str)> = tools
@@ -278,6 +356,93 @@ fn a_turn_is_one_trace_under_the_sender_s_traceparent() {
         .unwrap_or_default();
     assert!(sent.starts_with(&format!("00-{SENDER_TRACE}-")), "{sent}");
     assert_eq!(span_of(&sent), delivery.span_id);
+}
+
+/// The request parameters of [`PARAMS`], as the GenAI conventions name them.
+fn assert_request_parameters(span: &Exported) {
+    let parameters = [
+        ("gen_ai.request.temperature", "0.2"),
+        ("gen_ai.request.max_tokens", "256"),
+        ("gen_ai.request.seed", "7"),
+        ("gen_ai.request.top_p", "0.9"),
+        ("gen_ai.request.top_k", "40"),
+        ("gen_ai.request.presence_penalty", "0.5"),
+        ("gen_ai.request.stop_sequences", r#"["END"]"#),
+    ];
+    for (key, value) in parameters {
+        assert_eq!(span.attribute(key), value, "{key} of {span:#?}");
+    }
+    assert!(
+        !span
+            .attributes
+            .contains_key("gen_ai.request.frequency_penalty")
+    );
+}
+
+/// A request the primary cannot answer goes to the fallback endpoint: each is a `chat` span of
+/// its own, named after the model it asked, with its own server; the primary's failed, the
+/// fallback's carries the answer and the model its server named.
+#[test]
+fn a_fallback_s_answer_is_in_a_span_of_the_fallback_model() {
+    let workspace = Workspace::new();
+    let primary = Stub::start(|_, _| Reply::json(503, json!({"error": "overloaded"})));
+    let fallback = Stub::start(|_, _| {
+        let reply = identified(Reply::answer("from the fallback"), "chatcmpl-f", "stop");
+        let mut body: serde_json::Value = serde_json::from_str(&reply.body).expect("JSON");
+        body["model"] = json!("fallback-model-q4");
+        Reply::json(200, body).with_usage(30, 0, 4)
+    });
+    let receiver = Stub::start(|_, _| Reply::raw(204, ""));
+    let collector = collector();
+    let text = config(&primary, &receiver, &collector.url(), "").replace(
+        "max_retries = 0\n",
+        &format!(
+            "max_retries = 0\nfallback = [{{ base_url = \"{}/v1\", model = \"fallback-model\" }}]\n",
+            fallback.url()
+        ),
+    );
+    workspace.write_config(&text);
+    let daemon = workspace.start();
+    let response = daemon.post_json(
+        "/hooks/alerts",
+        &[],
+        &json!({"session": "db-4", "alert": "disk full"}).to_string(),
+    );
+    assert_eq!(response.status, 202, "{response:?}");
+    assert_eq!(
+        workspace.wait_terminal(&response.event_id(), TURN_LIMIT),
+        "completed"
+    );
+    assert!(daemon.terminate().success());
+    let spans = exported(&collector);
+    let turn = one(&spans, "invoke_agent alerts");
+    let asked = one(&spans, "chat stub");
+    assert_eq!(asked.parent, turn.span_id);
+    assert_eq!(asked.attribute("gen_ai.request.model"), "stub");
+    assert_eq!(
+        asked.attribute("server.port"),
+        primary.addr.port().to_string()
+    );
+    assert_eq!(asked.attribute("error.type"), "unavailable");
+    assert!(!asked.attributes.contains_key("gen_ai.response.id"));
+    let answered = one(&spans, "chat fallback-model");
+    assert_eq!(answered.parent, turn.span_id);
+    assert_eq!(answered.kind, SpanKind::Client as i32);
+    assert_eq!(answered.attribute("gen_ai.provider.name"), "openai");
+    assert_eq!(answered.attribute("gen_ai.request.model"), "fallback-model");
+    assert_eq!(
+        answered.attribute("gen_ai.response.model"),
+        "fallback-model-q4"
+    );
+    assert_eq!(answered.attribute("gen_ai.response.id"), "chatcmpl-f");
+    assert_eq!(answered.attribute("server.address"), "127.0.0.1");
+    assert_eq!(
+        answered.attribute("server.port"),
+        fallback.addr.port().to_string()
+    );
+    assert_eq!(answered.attribute("agentgate.model.fallback"), "true");
+    assert_eq!(answered.attribute("gen_ai.usage.input_tokens"), "30");
+    assert!(!answered.attributes.contains_key("error.type"));
 }
 
 /// A turn cut off by kill -9 and resumed by the next process continues the event's trace: the
@@ -416,11 +581,40 @@ fn captured_content_is_bounded_and_holds_no_secret() {
         .into_iter()
         .find(|chat| chat.attribute("gen_ai.output.messages").contains("zeros"))
         .expect("the chat span whose reply called the tool");
+    // Messages in the conventions' schema: a role and its parts.
+    let input: serde_json::Value =
+        serde_json::from_str(first_chat.attribute("gen_ai.input.messages")).expect("JSON");
+    assert_eq!(input[0]["role"], "system", "{input}");
+    assert_eq!(input[0]["parts"][0]["type"], "text");
+    assert_eq!(input[1]["role"], "user");
     assert!(
-        first_chat
-            .attribute("gen_ai.input.messages")
-            .contains("disk full on db-3"),
-        "{first_chat:?}"
+        input[1]["parts"][0]["content"]
+            .as_str()
+            .is_some_and(|text| text.contains("disk full on db-3")),
+        "{input}"
+    );
+    let output: serde_json::Value =
+        serde_json::from_str(first_chat.attribute("gen_ai.output.messages")).expect("JSON");
+    assert_eq!(
+        output,
+        json!([{"role": "assistant", "finish_reason": "stop", "parts": [
+            {"type": "tool_call", "id": "call-1", "name": "zeros", "arguments": {}}]}])
+    );
+    let second_chat = named(&spans, "chat stub")
+        .into_iter()
+        .find(|chat| chat.attribute("gen_ai.output.messages").contains("done"))
+        .expect("the chat span of the answer");
+    let input: serde_json::Value =
+        serde_json::from_str(second_chat.attribute("gen_ai.input.messages")).expect("JSON");
+    let result = &input[3]["parts"][0];
+    assert_eq!(
+        (&input[3]["role"], &result["type"], &result["id"]),
+        (
+            &json!("tool"),
+            &json!("tool_call_response"),
+            &json!("call-1")
+        ),
+        "{input}"
     );
     let tool = one(&spans, "execute_tool zeros");
     assert_eq!(tool.attribute("gen_ai.tool.call.arguments"), "{}");

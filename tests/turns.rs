@@ -304,6 +304,10 @@ fn bad_model_output_is_recorded_and_recoverable() {
     assert!(transcript.contains("Your reply was empty"));
 }
 
+/// A model that still only calls tools at the last step gives no answer: the turn ends
+/// `failed` with "no final answer within max_turn_steps", its delivery carries what the tools
+/// found (and not the call as an answer), the metric counts it and the console shows it; the
+/// call it wrote at the last step did not run.
 #[test]
 fn a_model_that_never_answers_fails_at_the_step_limit_and_the_failure_is_delivered() {
     let model = Stub::scripted(vec![Reply::tool_call(
@@ -319,13 +323,44 @@ fn a_model_that_never_answers_fails_at_the_step_limit_and_the_failure_is_deliver
     );
     let body = wait_delivery(&setup.receiver, &event_id).json();
     assert_eq!(body["status"], "failed");
-    assert!(
-        body["error"]
-            .as_str()
-            .unwrap_or("")
-            .contains("max_turn_steps")
+    assert_eq!(
+        body["error"], "no final answer within max_turn_steps",
+        "{body}"
     );
-    assert_eq!(setup.model.requests().len(), 6);
+    let found = body["output"].as_str().unwrap_or("");
+    assert!(
+        found.contains(r#"- echo({"text":"again"}): {"#) && found.contains(r#"\"again\""#),
+        "what the tools found: {body}"
+    );
+    let requests = setup.model.requests();
+    assert_eq!(requests.len(), 6);
+    assert_eq!(requests[5].json()["tool_choice"], "none");
+    let results = tool_results(&requests);
+    let ran = results.iter().filter(|r| r.contains("\"stdout\"")).count();
+    assert_eq!(
+        ran, 2,
+        "two identical calls ran, the next ones were refused"
+    );
+    let metrics = setup.workspace.metrics();
+    assert!(
+        metrics.contains(r#"agentgate_turns_without_answer_total{route="alerts"} 1"#),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(r#"agentgate_turns_total{route="alerts",status="failed"} 1"#),
+        "{metrics}"
+    );
+    let page = control_request(
+        &setup.workspace.path().join("control.sock"),
+        "GET",
+        &format!("/console/events/{event_id}"),
+    );
+    assert!(
+        page.body.contains("no final answer within max_turn_steps"),
+        "the console shows why: {}",
+        page.body
+    );
+    drop(daemon);
 }
 
 #[test]
@@ -456,8 +491,8 @@ parameters = {{ type = "object", properties = {{ path = {{ type = "string", patt
 }
 
 /// `history = { max_turns = 2 }`: the fourth turn of a session sees the newest earlier turns
-/// that fit (dropped in steps of half the bound, so one here), each whole, after a note of
-/// what was left out.
+/// that fit (dropped in blocks of two here, so one is left), each whole, after a note of what
+/// was left out.
 #[test]
 fn the_history_bound_counts_the_turns_of_a_session() {
     let model = Stub::start(|_, _| Reply::answer("noted"));
@@ -471,22 +506,24 @@ fn the_history_bound_counts_the_turns_of_a_session() {
     }
     let requests = setup.model.requests();
     let last = requests.last().expect("a request").json().to_string();
-    assert!(last.contains("1 earlier turn(s) of this session"), "{last}");
-    assert!(!last.contains("alert number 1"), "{last}");
-    for n in 2..=4 {
+    assert!(last.contains("2 earlier turn(s) of this session"), "{last}");
+    for n in 1..=2 {
+        assert!(!last.contains(&format!("alert number {n}")), "{last}");
+    }
+    for n in 3..=4 {
         assert!(last.contains(&format!("alert number {n}")), "{last}");
     }
 }
 
 /// A small local model's habits: `[model] params` reach every request; a tool call written as
 /// the reply's content is taken as that call; a model that repeats the same call is stopped
-/// after `max_repeated_tool_calls`, and its last step, offered no tools, ends the turn with an
-/// answer instead of a failure.
+/// after `max_repeated_tool_calls`, and its last step, where no call may be made, ends the
+/// turn with an answer instead of a failure.
 #[test]
 fn a_looping_model_that_writes_calls_as_text_still_ends_with_an_answer() {
     let model = Stub::start(|request, _| {
         let body = request.json();
-        if body.get("tools").is_none() {
+        if body["tool_choice"] == "none" {
             Reply::answer("final answer from what the tool said")
         } else {
             Reply::answer(
@@ -521,9 +558,16 @@ fn a_looping_model_that_writes_calls_as_text_still_ends_with_an_answer() {
         );
         assert_eq!(body["top_k"], 40);
     }
+    let last = requests[5].json();
+    assert_eq!(
+        (&last["tools"], &last["tool_choice"]),
+        (&requests[0].json()["tools"], &json!("none")),
+        "the last step sends the same tools and allows no call"
+    );
     assert!(
-        requests[5].json().get("tools").is_none(),
-        "the last step offers no tools"
+        requests[..5]
+            .iter()
+            .all(|r| r.json().get("tool_choice").is_none())
     );
     let results = tool_results(&requests);
     let ran = results.iter().filter(|r| r.contains("\"stdout\"")).count();
@@ -677,6 +721,116 @@ fn a_turn_past_its_budget_ends_failed_and_a_restart_does_not_reset_the_day() {
     assert_eq!(setup.model.requests().len(), 3);
 }
 
+/// A reply that takes a session budget from 55 % to 110 % warns (once per budget and window),
+/// though no request follows it; `usage --session` and `sessions show` say how much of the
+/// session's budget its turns used.
+#[test]
+fn a_reply_that_jumps_past_a_session_budget_warns_and_the_session_shows_its_budget() {
+    let model = Stub::start(|_, _| Reply::answer("done").with_usage(500, 0, 50));
+    let receiver = receiver();
+    let text = config(
+        &model,
+        &receiver,
+        "\n[budgets]\nsession_tokens = 1000\n",
+        "",
+    );
+    let (setup, daemon) = start_with_config(model, receiver, &text);
+    let warning =
+        r#"agentgate_budget_warnings_total{route="alerts",budget="budgets.session_tokens"}"#;
+    let first = post(&daemon, "jumps");
+    assert_eq!(
+        setup.workspace.wait_terminal(&first, TURN_LIMIT),
+        "completed"
+    );
+    assert!(
+        !setup.workspace.metrics().contains(warning),
+        "55 % is below warn_at"
+    );
+    let second = post(&daemon, "jumps");
+    assert_eq!(
+        setup.workspace.wait_terminal(&second, TURN_LIMIT),
+        "completed"
+    );
+    let metrics = setup.workspace.metrics();
+    assert!(metrics.contains(&format!("{warning} 1")), "{metrics}");
+    daemon.wait_for_log("a budget is nearly used up (warn_at)");
+    let expected = json!([{"budget": "budgets.session_tokens", "limit": 1000.0, "used": 1100.0}]);
+    let usage = setup
+        .workspace
+        .cli_json(&["usage", "--session", "jumps", "--json"]);
+    assert_eq!(usage["budgets"], expected, "{usage}");
+    assert_eq!(usage["usage"]["input_tokens"], 1000, "{usage}");
+    let shown = setup
+        .workspace
+        .cli_json(&["sessions", "show", "jumps", "--json"]);
+    assert_eq!(shown["budgets"], expected, "{shown}");
+    let text = setup.workspace.cli(&["usage", "--session", "jumps"]);
+    let said = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        said.contains("budgets.session_tokens: 1100.0000 of 1000 used in this session (110%)"),
+        "{said}"
+    );
+}
+
+/// A daily budget holds with turns running at once: 16 events sent together, 16 turns at once,
+/// `daily_tokens = 5000`. What requests in flight may spend is reserved before they are sent,
+/// so the day ends within the documented bound (the limit and one reply), however many run at
+/// once; the events past the budget end `failed` ("budget exceeded: budgets.daily_tokens"),
+/// delivered.
+#[test]
+fn a_daily_budget_holds_with_turns_running_at_once() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let largest_reply = std::sync::Arc::new(AtomicU64::new(0));
+    let largest = largest_reply.clone();
+    // Each reply reports a token for every two bytes of its request (as a tokenizer may) and
+    // 50 of its own, and takes a while, so that the turns' requests overlap.
+    let model = Stub::start(move |request, _| {
+        let prompt = request.body.len() as u64 / 2;
+        largest.fetch_max(prompt + 50, Ordering::SeqCst);
+        Reply::answer("looked into it")
+            .with_usage(prompt, 0, 50)
+            .after(Duration::from_millis(300))
+    });
+    let receiver = receiver();
+    let text = config(
+        &model,
+        &receiver,
+        "\n[budgets]\ndaily_tokens = 5000\n",
+        "max_concurrent_turns = 16",
+    )
+    .replace(
+        "max_retries = 2\n",
+        "max_retries = 2\nparams = { max_tokens = 60 }\n",
+    );
+    let (setup, daemon) = start_with_config(model, receiver, &text);
+    let events: Vec<String> = (0..16)
+        .map(|n| post(&daemon, &format!("together-{n}")))
+        .collect();
+    let mut ended = std::collections::BTreeMap::<String, usize>::new();
+    for id in &events {
+        let status = setup.workspace.wait_terminal(id, TURN_LIMIT);
+        let body = wait_delivery(&setup.receiver, id).json();
+        if status == "failed" {
+            let error = body["error"].as_str().unwrap_or("");
+            assert!(
+                error.starts_with("budget exceeded: budgets.daily_tokens"),
+                "{body}"
+            );
+        }
+        *ended.entry(status).or_default() += 1;
+    }
+    assert!(ended.get("completed").is_some_and(|n| *n > 0), "{ended:?}");
+    assert!(ended.get("failed").is_some_and(|n| *n > 0), "{ended:?}");
+    let usage = setup.workspace.cli_json(&["usage", "--json"]);
+    let spent = usage["total"]["input_tokens"].as_u64().unwrap_or(0)
+        + usage["total"]["output_tokens"].as_u64().unwrap_or(0);
+    let bound = 5000 + largest_reply.load(Ordering::SeqCst);
+    assert!(
+        spent <= bound,
+        "16 turns at once spent {spent} tokens of a 5000 budget (bound {bound}): {ended:?}"
+    );
+}
+
 /// A primary that fails after its retries hands the request to the `fallback` endpoint, whose
 /// answer the transcript records (with the model it named); the circuit breaker then skips the
 /// dead primary instead of retrying it on every step.
@@ -732,48 +886,160 @@ fn a_dead_primary_falls_back_and_is_skipped_while_its_breaker_is_open() {
     assert_eq!(fallback.requests().len(), 2);
 }
 
-/// A session's requests keep a stable prefix for the server's prompt cache: each request begins
-/// with the previous one's messages (across steps and across turns), and once the history bound
-/// is reached old turns go in steps of half of it, so the prefix breaks once per step, not on
-/// every turn.
+/// The raw bytes of each top-level item of a JSON object or array as it was sent (an object's
+/// items as `"key":value`): what a server's prompt cache compares, byte for byte.
+fn raw_items(json: &[u8]) -> Vec<&[u8]> {
+    let inner = &json[1..json.len() - 1];
+    let (mut items, mut start, mut depth) = (Vec::new(), 0, 0i32);
+    let (mut in_string, mut escaped) = (false, false);
+    for (at, &byte) in inner.iter().enumerate() {
+        if in_string {
+            match byte {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => depth -= 1,
+            b',' if depth == 0 => {
+                items.push(&inner[start..at]);
+                start = at + 1;
+            }
+            _ => {}
+        }
+    }
+    if !inner.is_empty() {
+        items.push(&inner[start..]);
+    }
+    items
+}
+
+/// The raw bytes of the value of `key` in a JSON object's top level.
+fn raw_member<'a>(json: &'a [u8], key: &str) -> Option<&'a [u8]> {
+    let prefix = format!("\"{key}\":");
+    raw_items(json)
+        .into_iter()
+        .find_map(|item| item.strip_prefix(prefix.as_bytes()))
+}
+
+/// Every request of `bodies` sends the same tools, byte for byte.
+fn assert_same_tools(bodies: &[Vec<u8>]) {
+    let tools: Vec<&[u8]> = bodies
+        .iter()
+        .filter_map(|b| raw_member(b, "tools"))
+        .collect();
+    assert_eq!(tools.len(), bodies.len(), "every request has the tools");
+    assert!(
+        tools.iter().all(|t| *t == tools[0]),
+        "the same tools, byte for byte"
+    );
+}
+
+/// A session's requests keep a stable prefix for the server's prompt cache, byte for byte: the
+/// same tools on every request, the last step's included (it allows no call instead), and each
+/// request's messages begin with the previous one's, across steps and across turns. With
+/// `history = { max_turns = 2 }` old turns go two at a time, so the prefix breaks at the first
+/// request of every other turn past the bound, never within a turn; notes go at the end.
 #[test]
 fn a_session_s_requests_keep_a_stable_prefix_also_past_the_history_bound() {
     let model = Stub::start(|request, _| {
         let body = request.json();
-        let last = body["messages"].as_array().and_then(|m| m.last()).cloned();
-        if last.is_some_and(|m| m["role"] == "tool") {
-            Reply::answer("checked")
-        } else {
-            Reply::tool_call("c", "echo", json!({"text": "look"}))
+        if body["tool_choice"] == "none" {
+            return Reply::answer("checked");
         }
+        let step = body["messages"].as_array().map_or(0, Vec::len);
+        Reply::tool_call(
+            &format!("c{step}"),
+            "echo",
+            json!({"text": format!("look {step}")}),
+        )
     });
     let receiver = receiver();
-    let text = config(&model, &receiver, "history = { max_turns = 4 }", "");
+    let text = config(&model, &receiver, "history = { max_turns = 2 }", "")
+        .replace("max_turn_steps = 6", "max_turn_steps = 3");
     let (setup, daemon) = start_with_config(model, receiver, &text);
-    for _ in 0..8 {
+    for _ in 0..6 {
         let id = post(&daemon, "cached");
         assert_eq!(setup.workspace.wait_terminal(&id, TURN_LIMIT), "completed");
     }
-    let requests: Vec<Vec<serde_json::Value>> = setup
-        .model
-        .requests()
+    let bodies: Vec<Vec<u8>> = setup.model.requests().into_iter().map(|r| r.body).collect();
+    assert_eq!(bodies.len(), 18, "three steps per turn");
+    assert_same_tools(&bodies);
+    let last_steps: Vec<usize> = (0..18)
+        .filter(|&i| raw_member(&bodies[i], "tool_choice") == Some(b"\"none\""))
+        .collect();
+    assert_eq!(last_steps, [2, 5, 8, 11, 14, 17]);
+    let messages: Vec<Vec<&[u8]>> = bodies
         .iter()
-        .map(|r| r.json()["messages"].as_array().cloned().unwrap_or_default())
+        .map(|b| raw_items(raw_member(b, "messages").expect("messages")))
         .collect();
-    assert_eq!(requests.len(), 16, "two steps per turn");
-    let breaks: Vec<usize> = (1..requests.len())
-        .filter(|&i| !requests[i].starts_with(&requests[i - 1]))
+    let breaks: Vec<usize> = (1..messages.len())
+        .filter(|&i| !messages[i].starts_with(&messages[i - 1]))
         .collect();
-    // Turns 1-5 see up to 4 earlier turns whole; turn 6 drops the oldest 2 (half the bound)
-    // and turn 7 keeps that cut; turn 8 drops 2 more: a break every other turn, at the first
-    // request of turns 6 and 8, never within a turn.
-    assert_eq!(breaks, [10, 14], "requests whose prefix changed");
-    for pair in requests
-        .windows(2)
-        .filter(|pair| pair[1].starts_with(&pair[0]))
-    {
-        assert!(pair[1].len() > pair[0].len());
+    // Turns 1-3 see every earlier turn (at most 2); turn 4 drops the oldest 2 and turn 5 keeps
+    // that cut; turn 6 drops 2 more: breaks at the first request of turns 4 and 6.
+    assert_eq!(breaks, [9, 15], "requests whose prefix changed");
+    for &at in &breaks {
+        assert_eq!(
+            messages[at][0],
+            messages[at - 1][0],
+            "the system text stays"
+        );
+        let note = String::from_utf8_lossy(messages[at][1]);
+        assert!(note.contains("earlier turn(s) of this session"), "{note}");
     }
+    drop(daemon);
+}
+
+/// What a small local model does (measured with Qwen2.5-Coder 0.5B under llama.cpp): it writes
+/// the same call as text on every step, the last one included, so each turn runs the call
+/// twice, is refused the third time, and ends without a final answer. None of that may move a
+/// request's early bytes: the call read from the text, the refusal, the last step's note, the
+/// call not run at the last step and the failed turn's end are all at the end of a request, and
+/// the next turn's history shows them as they were sent. With `history = { max_turns = 2 }` the
+/// prefix breaks only where the history bound drops two old turns.
+#[test]
+fn a_model_that_only_writes_calls_as_text_keeps_a_stable_prefix() {
+    let model = Stub::start(|_, _| {
+        Reply::answer("```json\n{\"name\": \"echo\", \"arguments\": {\"text\": \"df\"}}\n```")
+    });
+    let receiver = receiver();
+    let text = config(&model, &receiver, "history = { max_turns = 2 }", "")
+        .replace(
+            "max_turn_steps = 6",
+            "max_turn_steps = 4\nmax_repeated_tool_calls = 2",
+        )
+        .replace(
+            "max_retries = 2\n",
+            "max_retries = 2\ntool_calls_in_content = true\n",
+        );
+    let (setup, daemon) = start_with_config(model, receiver, &text);
+    for _ in 0..6 {
+        let id = post(&daemon, "written");
+        assert_eq!(setup.workspace.wait_terminal(&id, TURN_LIMIT), "failed");
+        let error = wait_delivery(&setup.receiver, &id).json()["error"].clone();
+        assert_eq!(error, "no final answer within max_turn_steps");
+    }
+    let bodies: Vec<Vec<u8>> = setup.model.requests().into_iter().map(|r| r.body).collect();
+    assert_eq!(bodies.len(), 24, "four steps per turn");
+    assert_same_tools(&bodies);
+    let messages: Vec<Vec<&[u8]>> = bodies
+        .iter()
+        .map(|b| raw_items(raw_member(b, "messages").expect("messages")))
+        .collect();
+    let results = String::from_utf8_lossy(&bodies[3]).into_owned();
+    assert!(results.contains("already ran 2 time(s)"), "{results}");
+    let breaks: Vec<usize> = (1..messages.len())
+        .filter(|&i| !messages[i].starts_with(&messages[i - 1]))
+        .collect();
+    // Turn 4 drops the two oldest turns and turn 5 keeps that cut; turn 6 drops two more.
+    assert_eq!(breaks, [12, 20], "requests whose prefix changed");
+    drop(daemon);
 }
 
 /// A budget in dollars cannot be enforced without a price: check-config says so.
@@ -1443,7 +1709,7 @@ fn events_deliveries_tools_backup_and_follow_without_sql() {
         .expect("follow");
     let mut lines = std::io::BufReader::new(follow.stdout.take().expect("stdout")).lines();
     let first = lines.next().expect("a line").expect("text");
-    assert!(first.starts_with("user:"), "{first}");
+    assert!(first.trim_start().starts_with("1 user:"), "{first}");
     let _ = follow.kill();
     let _ = follow.wait();
 }
@@ -1851,7 +2117,10 @@ fn history_keeps_model_requests_within_the_budget() {
 #[test]
 fn tools_inherit_no_parent_descriptors_and_die_with_the_daemon() {
     let workspace = Workspace::new();
-    let fds_file = workspace.path().join("tool.fds");
+    // The tool's own directory: a writable path may not hold the state or the config.
+    let dir = workspace.path().join("tool");
+    std::fs::create_dir_all(&dir).expect("the tool's directory");
+    let fds_file = dir.join("tool.fds");
     let model = Stub::start(|request, _| {
         if request.json().to_string().contains("\"tool\"") {
             Reply::answer("done")
@@ -1874,7 +2143,7 @@ tools = ["probe"]
 "#,
         model = model.model_section(),
         fds = fds_file.display(),
-        dir = workspace.path().display(),
+        dir = dir.display(),
     ));
     // The workspace's sockets, passed as systemd passes them, and fd 7 left open by the parent.
     let mut daemon = KillOnDrop(
@@ -1976,7 +2245,10 @@ tools = ["spawner"]
 #[test]
 fn background_jobs_are_bounded_per_session() {
     let workspace = Workspace::new();
-    let started_file = workspace.path().join("started");
+    // The job's own directory: a writable path may not hold the state or the config.
+    let dir = workspace.path().join("job");
+    std::fs::create_dir_all(&dir).expect("the job's directory");
+    let started_file = dir.join("started");
     let model = Stub::start(|request, _| {
         let body = request.json().to_string();
         if body.contains("not started") || body.contains("job_id") {
@@ -2013,7 +2285,7 @@ tools = ["job"]
 "#,
         model = model.model_section(),
         started = started_file.display(),
-        dir = workspace.path().display(),
+        dir = dir.display(),
     ));
     let daemon = workspace.start();
     let response = daemon.post_json("/hooks/alerts", &[], "{}");
@@ -2214,6 +2486,17 @@ fn events_that_arrive_while_one_waits_join_its_turn() {
         .workspace
         .query("SELECT count(*) FROM turns", |row| row.get(0));
     assert_eq!(counted, [2]);
+    // The joined events' entries say what they are.
+    let session = setup.workspace.session_json("flapping");
+    let coalesced: Vec<String> = session["transcript"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|row| row["body"]["mark"] == "coalesced")
+        .map(|row| row["body"]["message"]["content"].to_string())
+        .collect();
+    assert_eq!(coalesced.len(), 2, "{session}");
+    assert!(coalesced[0].contains("notice 3") && coalesced[1].contains("notice 4"));
 }
 
 /// `priority`: when turns wait for the one slot, the event of the route with the higher

@@ -9,16 +9,17 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-use super::mcp::{Connection, McpServers};
+use super::mcp::{McpServers, Server, TurnServers};
 use crate::config::{Config, McpServerSettings, RouteSettings, ToolRef, ToolSettings};
+use crate::schema;
 
 /// OpenAI function names: letters, digits, '_' and '-', at most 64.
 const MAX_FUNCTION_NAME: usize = 64;
 
 /// Whether a call that started and has no recorded result may run again at a resume.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum Rerun {
     /// Running it again has no further effect (`idempotent`, or MCP `readOnlyHint` /
@@ -33,6 +34,15 @@ pub(crate) enum Rerun {
 impl Rerun {
     pub(crate) fn is_safe(self) -> bool {
         self != Rerun::Never
+    }
+
+    /// As `tools list` shows it (and its JSON spells it).
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Rerun::Idempotent => "idempotent",
+            Rerun::Dedupes => "dedupes",
+            Rerun::Never => "never",
+        }
     }
 
     fn of_command(tool: &ToolSettings) -> Rerun {
@@ -67,7 +77,7 @@ impl Rerun {
 pub(crate) enum Runs {
     Command(ToolSettings),
     Mcp {
-        connection: Arc<Connection>,
+        server: Arc<Server>,
         /// The server's own name for the tool.
         tool: String,
     },
@@ -80,6 +90,8 @@ pub(crate) struct OfferedTool {
     pub name: String,
     pub description: String,
     pub parameters: serde_json::Value,
+    /// `parameters`, compiled: what each call's arguments are checked against.
+    pub checked: schema::Parameters,
     pub rerun: Rerun,
     /// Every call waits for an operator's decision before it runs.
     pub approval: bool,
@@ -94,14 +106,22 @@ impl OfferedTool {
             (
                 ToolRef::Mcp { server, tool },
                 Runs::Mcp {
-                    connection,
+                    server: offered,
                     tool: name,
                 },
-            ) => {
-                *server == connection.server && tool.as_deref().is_none_or(|wanted| wanted == name)
-            }
+            ) => *server == offered.name && tool.as_deref().is_none_or(|wanted| wanted == name),
             (ToolRef::Command(_), Runs::Mcp { .. }) | (ToolRef::Mcp { .. }, Runs::Command(_)) => {
                 false
+            }
+        }
+    }
+
+    /// What it is, for a problem line: `tools.NAME`, or `MCP server S's tool T`.
+    fn described(&self) -> String {
+        match &self.runs {
+            Runs::Command(settings) => format!("tools.{}", settings.name),
+            Runs::Mcp { server, tool } => {
+                format!("MCP server {:?}'s tool {tool:?}", server.name)
             }
         }
     }
@@ -110,7 +130,7 @@ impl OfferedTool {
     pub(crate) fn mcp_server(&self) -> Option<&str> {
         match &self.runs {
             Runs::Command(_) => None,
-            Runs::Mcp { connection, .. } => Some(&connection.server),
+            Runs::Mcp { server, .. } => Some(&server.name),
         }
     }
 }
@@ -132,10 +152,12 @@ pub(crate) fn model_name(server: &str, tool: &str) -> String {
     name
 }
 
-/// A turn's tools, in the route's order.
+/// A turn's tools, in the route's order, and the processes of stdio servers the turn started
+/// to call them (stopped when the turn drops its catalog).
 #[derive(Clone, Default)]
 pub(crate) struct Catalog {
     tools: Vec<OfferedTool>,
+    servers: Arc<TurnServers>,
 }
 
 impl Catalog {
@@ -163,21 +185,22 @@ impl Catalog {
             match entry {
                 ToolRef::Command(name) => {
                     if let Some(tool) = config.tools.get(name) {
-                        catalog.add(OfferedTool {
+                        problems.extend(catalog.add(OfferedTool {
                             name: tool.name.clone(),
                             description: tool.description.clone(),
                             parameters: tool.parameters.clone(),
+                            checked: schema::Parameters::compile(&tool.parameters),
                             rerun: Rerun::of_command(tool),
                             approval: tool.approval,
                             runs: Runs::Command(tool.clone()),
-                        });
+                        }));
                     }
                 }
                 ToolRef::Mcp { server, tool } => {
                     let Some(settings) = config.mcp.get(server) else {
                         continue;
                     };
-                    let (connection, tools) = match servers.ready(server, wait).await {
+                    let (reached, tools) = match servers.ready(server, wait).await {
                         Ok(ready) => ready,
                         Err(problem) => {
                             problems.push(problem);
@@ -190,10 +213,11 @@ impl Catalog {
                         .filter(|t| tool.as_deref().is_none_or(|wanted| t.name == wanted))
                     {
                         found = true;
-                        catalog.add(OfferedTool {
+                        problems.extend(catalog.add(OfferedTool {
                             name: model_name(server, &offered.name),
                             description: offered.description.clone(),
                             parameters: offered.input_schema.clone(),
+                            checked: offered.checked.clone(),
                             rerun: Rerun::of_mcp(
                                 settings,
                                 &offered.name,
@@ -201,10 +225,10 @@ impl Catalog {
                             ),
                             approval: settings.needs_approval(&offered.name),
                             runs: Runs::Mcp {
-                                connection: connection.clone(),
+                                server: reached.clone(),
                                 tool: offered.name.clone(),
                             },
-                        });
+                        }));
                     }
                     if let (Some(tool), false) = (tool, found) {
                         problems.push(format!("MCP server {server:?} has no tool {tool:?}"));
@@ -215,22 +239,40 @@ impl Catalog {
         (catalog, problems)
     }
 
-    /// Adds `tool` unless a tool of that name is already offered (the first one wins).
-    fn add(&mut self, tool: OfferedTool) {
-        if !self.tools.iter().any(|t| t.name == tool.name) {
+    /// Adds `tool`, unless the route names it twice, or another tool already goes by its name
+    /// (two of a server's tools whose names differ only in characters a function name cannot
+    /// have, say): then it is left out, and the problem names both.
+    fn add(&mut self, tool: OfferedTool) -> Option<String> {
+        let Some(first) = self.tools.iter().find(|t| t.name == tool.name) else {
             self.tools.push(tool);
-        }
+            return None;
+        };
+        let same = match (&first.runs, &tool.runs) {
+            (Runs::Command(a), Runs::Command(b)) => a.name == b.name,
+            (Runs::Mcp { server: a, tool: x }, Runs::Mcp { server: b, tool: y }) => {
+                a.name == b.name && x == y
+            }
+            (Runs::Command(_), Runs::Mcp { .. }) | (Runs::Mcp { .. }, Runs::Command(_)) => false,
+        };
+        (!same).then(|| {
+            format!(
+                "{} and {} are both called {:?} by the model; only the first is offered",
+                first.described(),
+                tool.described(),
+                tool.name
+            )
+        })
     }
 
     pub(crate) fn get(&self, name: &str) -> Option<&OfferedTool> {
         self.tools.iter().find(|tool| tool.name == name)
     }
 
-    /// Each tool's parameter schema, by the name the model calls it.
-    pub(crate) fn schemas(&self) -> BTreeMap<String, serde_json::Value> {
+    /// Each tool's compiled parameter schema, by the name the model calls it.
+    pub(crate) fn schemas(&self) -> BTreeMap<String, schema::Parameters> {
         self.tools
             .iter()
-            .map(|tool| (tool.name.clone(), tool.parameters.clone()))
+            .map(|tool| (tool.name.clone(), tool.checked.clone()))
             .collect()
     }
 
@@ -254,6 +296,11 @@ impl Catalog {
     pub(crate) fn tools(&self) -> &[OfferedTool] {
         &self.tools
     }
+
+    /// The turn's own processes of the stdio servers it calls.
+    pub(crate) fn servers(&self) -> &TurnServers {
+        &self.servers
+    }
 }
 
 /// Whether route `route` still offers the tool the model calls `name` (a reload may have
@@ -275,6 +322,33 @@ pub(crate) fn still_offered(config: &Config, route: &str, name: &str) -> bool {
     })
 }
 
+/// How a listed tool runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum ListedKind {
+    Command,
+    Mcp,
+}
+
+/// One tool of `tools list`, as the daemon sends it (`GET /v1/tools`) and the CLI reads and
+/// prints it. The fields are in alphabetical order, the order `tools list --json` prints them in.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct ListedTool {
+    pub approval: bool,
+    pub background: bool,
+    /// A command tool's argv; `null` for an MCP server's tool.
+    pub command: Option<Vec<String>>,
+    pub description: String,
+    pub idempotent: bool,
+    pub kind: ListedKind,
+    pub mcp_server: Option<String>,
+    pub name: String,
+    pub parameters: serde_json::Value,
+    pub rerun: Rerun,
+    pub routes: Vec<String>,
+    pub timeout_seconds: u64,
+}
+
 /// `tools list`: every tool `route` offers (or, without a route, every tool of the config),
 /// with its schema, whether it may run again after an interruption, and the routes that offer
 /// it; then the problems met (a server that is down), one line each.
@@ -283,7 +357,7 @@ pub(crate) async fn listing(
     servers: &McpServers,
     route: Option<&str>,
     wait: Duration,
-) -> Result<(Vec<serde_json::Value>, Vec<String>), String> {
+) -> Result<(Vec<ListedTool>, Vec<String>), String> {
     let entries: Vec<ToolRef> = match route {
         Some(name) => config
             .routes
@@ -307,37 +381,35 @@ pub(crate) async fn listing(
         .tools()
         .iter()
         .map(|tool| {
-            let routes: Vec<&str> = config
+            let routes = config
                 .routes
                 .iter()
                 .filter(|route| route.tools.iter().any(|entry| tool.is_named_by(entry)))
-                .map(|route| route.name.as_str())
+                .map(|route| route.name.clone())
                 .collect();
             let (kind, command, background, timeout) = match &tool.runs {
                 Runs::Command(settings) => (
-                    "command",
-                    serde_json::json!(settings.command),
+                    ListedKind::Command,
+                    Some(settings.command.clone()),
                     settings.background,
                     settings.timeout,
                 ),
-                Runs::Mcp { connection, .. } => {
-                    ("mcp", serde_json::Value::Null, false, connection.timeout())
-                }
+                Runs::Mcp { server, .. } => (ListedKind::Mcp, None, false, server.timeout()),
             };
-            serde_json::json!({
-                "name": tool.name,
-                "kind": kind,
-                "mcp_server": tool.mcp_server(),
-                "description": tool.description,
-                "command": command,
-                "parameters": tool.parameters,
-                "idempotent": tool.rerun.is_safe(),
-                "rerun": tool.rerun,
-                "approval": tool.approval,
-                "background": background,
-                "timeout_seconds": timeout.as_secs(),
-                "routes": routes,
-            })
+            ListedTool {
+                approval: tool.approval,
+                background,
+                command,
+                description: tool.description.clone(),
+                idempotent: tool.rerun.is_safe(),
+                kind,
+                mcp_server: tool.mcp_server().map(str::to_string),
+                name: tool.name.clone(),
+                parameters: tool.parameters.clone(),
+                rerun: tool.rerun,
+                routes,
+                timeout_seconds: timeout.as_secs(),
+            }
         })
         .collect();
     Ok((tools, problems))
@@ -346,6 +418,16 @@ pub(crate) async fn listing(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rerun_is_labelled_as_its_json_spells_it() {
+        for rerun in [Rerun::Idempotent, Rerun::Dedupes, Rerun::Never] {
+            assert_eq!(
+                serde_json::to_value(rerun).expect("serializes"),
+                rerun.label()
+            );
+        }
+    }
 
     #[test]
     fn model_names_are_valid_function_names() {

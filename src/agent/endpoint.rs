@@ -20,6 +20,8 @@ pub(super) struct Endpoint {
     pub url: String,
     /// The base URL as logs and transcripts show it: scheme and host only.
     pub shown: String,
+    /// The host and port requests go to, as spans name the server.
+    pub server: Option<Server>,
     pub model: String,
     pub api_key: Option<Secret>,
     /// One of `fallback`, not the primary.
@@ -31,6 +33,24 @@ pub(super) struct Endpoint {
 struct Breaker {
     failures_in_a_row: u32,
     open_until: Option<Instant>,
+}
+
+/// The host and port of an endpoint (`server.address`, `server.port` in traces).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Server {
+    pub address: String,
+    pub port: u16,
+}
+
+impl Server {
+    /// The host and port of `url` (the scheme's default port when it names none).
+    fn of(url: &str) -> Option<Server> {
+        let parsed = url::Url::parse(url).ok()?;
+        Some(Server {
+            address: parsed.host_str()?.trim_matches(['[', ']']).to_string(),
+            port: parsed.port_or_known_default()?,
+        })
+    }
 }
 
 /// Which endpoint answered a reply, as the transcript records it.
@@ -60,6 +80,7 @@ impl Endpoint {
             client,
             url: format!("{base_url}/chat/completions"),
             shown: crate::config::redacted_url(base_url),
+            server: Server::of(base_url),
             model: model.to_string(),
             api_key,
             fallback,
@@ -141,6 +162,21 @@ mod tests {
         assert_eq!(in_order(&endpoints).len(), 2, "all open: all tried");
         endpoints[0].answered();
         assert!(!in_order(&endpoints)[0].fallback);
+    }
+
+    #[test]
+    fn the_server_is_a_host_and_a_port() {
+        let server = |url: &str| Server::of(url).map(|s| (s.address, s.port));
+        assert_eq!(
+            server("http://127.0.0.1:31501/v1"),
+            Some(("127.0.0.1".into(), 31501))
+        );
+        assert_eq!(
+            server("https://api.openai.com/v1"),
+            Some(("api.openai.com".into(), 443))
+        );
+        assert_eq!(server("http://[::1]/v1"), Some(("::1".into(), 80)));
+        assert_eq!(server("not a url"), None);
     }
 
     #[test]

@@ -7,16 +7,23 @@
 //! serving webhooks.
 //!
 //! Servers start with the daemon rather than at their first use: the first webhook then does not
-//! pay a server's start-up (seconds, for an `npx` server), a server that cannot start is reported
-//! at start rather than in the middle of a turn, and `status` can show every server's state.
+//! pay for listing a server's tools (seconds, for an `npx` server), a server that cannot start is
+//! reported at start rather than in the middle of a turn, and `status` can show every server's
+//! state.
 //!
-//! A turn takes the connection it starts with (an `Arc`) and keeps it until it ends, so a reload
-//! that replaces a server does not cut off a call in flight. The process is stopped when the last
-//! holder lets go: its whole process group is killed, and it dies with the daemon
-//! (`PR_SET_PDEATHSIG`).
+//! A stdio server's calls never go to the supervisor's process, which only lists its tools: a
+//! turn that calls the server starts a process of its own ([`TurnServers`]), within the server's
+//! `max_instances`, and it is stopped when the turn ends. A server that remembers what one call
+//! gave it, or runs what its arguments say, thus never carries one session's payload into
+//! another session's calls. An HTTP server is remote: every turn shares its one connection.
+//!
+//! A turn takes the server it starts with (an `Arc`) and keeps it until it ends, so a reload
+//! that replaces a server does not cut off a call in flight. A process is stopped when the last
+//! holder lets go: its whole process group is killed, or, under the packaged units, where it
+//! runs in a tool unit of its own like any sandboxed child, its unit is stopped; either way it
+//! dies with the daemon (`PR_SET_PDEATHSIG`, or the unit's connection closing).
 
 use std::collections::{BTreeMap, HashMap};
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -25,18 +32,19 @@ use rmcp::model::{
     RequestMetaObject, ServerNotification, SubscriptionFilter,
 };
 use rmcp::service::{NotificationContext, RunningService, serve_client_with_ct};
+use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::{ClientHandler, Peer, RoleClient};
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::sync::{Notify, watch};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, TryAcquireError, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use super::process::{Child, ProcessGroup};
+use super::process::{Child, Running};
 use super::tools::OUTPUT_CAP;
 use crate::config::{HiddenPaths, McpServerSettings, McpTransport};
+use crate::metrics::OverBound;
 
 /// How long a server may take to start and answer `initialize` and `tools/list`.
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -52,12 +60,14 @@ const STDERR_LINE_CAP: usize = 512;
 pub(crate) const CALL_KEY_META: &str = "agentgate/tool_call_id";
 
 /// A tool an MCP server offers, as its server describes it.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub(crate) struct McpTool {
     /// The server's own name for it.
     pub name: String,
     pub description: String,
     pub input_schema: serde_json::Value,
+    /// `input_schema`, compiled once when the server lists its tools, for every turn's calls.
+    pub checked: crate::schema::Parameters,
     /// What the annotations say: `readOnlyHint` or `idempotentHint`, and not `destructiveHint`.
     pub annotated_idempotent: bool,
 }
@@ -67,7 +77,7 @@ pub(crate) struct McpTool {
 pub(crate) enum ServerState {
     Starting,
     Ready {
-        connection: Arc<Connection>,
+        server: Arc<Server>,
         tools: Arc<Vec<McpTool>>,
     },
     /// It could not start, or went away; the supervisor tries again after a backoff.
@@ -90,25 +100,103 @@ pub(crate) enum McpServerStatus {
     },
 }
 
+/// A ready server as turns reach it.
+pub(crate) struct Server {
+    pub name: String,
+    timeout: Duration,
+    reach: Reach,
+}
+
+enum Reach {
+    /// Over HTTP: one connection for every turn. The server is remote; what it keeps between
+    /// calls is its own affair.
+    Shared(Arc<Connection>),
+    /// Over stdio: a process for each turn that calls it.
+    PerTurn(Arc<Instances>),
+}
+
+/// How a stdio server's per-turn processes start, and how many may run at once.
+struct Instances {
+    settings: McpServerSettings,
+    hidden: HiddenPaths,
+    /// `max_instances` permits; a process holds one until it is stopped.
+    slots: Arc<Semaphore>,
+    max_instances: usize,
+    /// The drain's token: it closes every process still running.
+    drain: CancellationToken,
+}
+
+/// A stdio server's process slots: `max` permits, each held by a running process.
+struct Slots {
+    permits: Arc<Semaphore>,
+    max: Mutex<usize>,
+}
+
+impl Slots {
+    fn new(max: usize) -> Slots {
+        Slots {
+            permits: Arc::new(Semaphore::new(max)),
+            max: Mutex::new(max),
+        }
+    }
+
+    /// Sets the bound to `max`. A larger one frees slots at once. A smaller one takes the
+    /// slots it drops as processes stop: the semaphore is fair, so starts queue behind that
+    /// (until `stop`, the drain).
+    fn resize(&self, max: usize, tracker: &TaskTracker, stop: &CancellationToken) {
+        let mut current = crate::locks::lock(&self.max);
+        if max > *current {
+            self.permits.add_permits(max - *current);
+        } else if let Ok(fewer) = u32::try_from(*current - max)
+            && fewer > 0
+        {
+            let permits = self.permits.clone();
+            let stop = stop.clone();
+            tracker.spawn(async move {
+                tokio::select! {
+                    taken = permits.acquire_many_owned(fewer) => {
+                        if let Ok(taken) = taken {
+                            taken.forget();
+                        }
+                    }
+                    () = stop.cancelled() => {}
+                }
+            });
+        }
+        *current = max;
+    }
+}
+
+/// One turn's own processes of stdio servers, by server name. Each is started at the turn's
+/// first call to its server and stopped (its process group killed) when the turn ends and drops
+/// this; no other turn, of this session or any other, ever reaches it.
+#[derive(Default)]
+pub(crate) struct TurnServers {
+    started: tokio::sync::Mutex<HashMap<String, Arc<Instance>>>,
+}
+
+/// A turn's process of a server, holding its slot until it is stopped.
+struct Instance {
+    connection: Connection,
+    // Declared after the connection: the slot is free only once the process is gone.
+    _slot: OwnedSemaphorePermit,
+}
+
 /// A live connection to one server. Dropping the last reference stops the server.
 pub(crate) struct Connection {
-    pub server: String,
     peer: Peer<RoleClient>,
     /// Fires when the connection ends (the server exited or closed it).
     closed: CancellationToken,
     /// Cancels the client's service loop, which closes the transport.
     service: CancellationToken,
-    /// A stdio server's process group: whatever the server left running goes with it.
-    process_group: Option<ProcessGroup>,
+    /// A stdio server's process: dropping it stops the server and whatever it left running.
+    _process: Option<Running>,
     timeout: Duration,
 }
 
 impl Drop for Connection {
     fn drop(&mut self) {
         self.service.cancel();
-        if let Some(group) = self.process_group {
-            group.kill();
-        }
     }
 }
 
@@ -144,12 +232,103 @@ impl CallOutcome {
     }
 }
 
-impl Connection {
+impl Server {
     /// How long one call may take.
     pub(crate) fn timeout(&self) -> Duration {
         self.timeout
     }
 
+    /// Calls `tool` with `arguments` on this server: over its shared connection (HTTP), or on
+    /// the process of `turn` (stdio), started at the turn's first call to it.
+    pub(crate) async fn call(
+        &self,
+        turn: &TurnServers,
+        tool: &str,
+        arguments: &serde_json::Value,
+        key: &str,
+        traceparent: Option<String>,
+    ) -> CallOutcome {
+        match &self.reach {
+            Reach::Shared(connection) => connection.call(tool, arguments, key, traceparent).await,
+            Reach::PerTurn(instances) => match turn.instance(instances).await {
+                Ok(instance) => {
+                    let connection = &instance.connection;
+                    connection.call(tool, arguments, key, traceparent).await
+                }
+                Err(why) => CallOutcome::Failed(why),
+            },
+        }
+    }
+}
+
+impl TurnServers {
+    /// The turn's process of the server of `instances`: the one it started, unless that one
+    /// went away, else a new one.
+    async fn instance(&self, instances: &Instances) -> Result<Arc<Instance>, String> {
+        let name = &instances.settings.name;
+        let mut started = self.started.lock().await;
+        if let Some(instance) = started.get(name)
+            && !instance.connection.closed.is_cancelled()
+        {
+            return Ok(instance.clone());
+        }
+        // One that went away is stopped (what it left running goes) before another starts.
+        started.remove(name);
+        let instance = Arc::new(instances.start().await?);
+        started.insert(name.clone(), instance.clone());
+        Ok(instance)
+    }
+}
+
+impl Instances {
+    /// Starts a process of the server for one turn, once one of its `max_instances` slots is
+    /// free. A call that finds them all taken waits up to the server's `timeout`, then is
+    /// refused; either way a warning and `agentgate_mcp_over_bound_total` say so.
+    async fn start(&self) -> Result<Instance, String> {
+        let name = &self.settings.name;
+        let max = self.max_instances;
+        let slot = match self.slots.clone().try_acquire_owned() {
+            Ok(slot) => slot,
+            Err(TryAcquireError::NoPermits | TryAcquireError::Closed) => {
+                let wait = self.settings.timeout;
+                tracing::warn!(
+                    max_instances = max,
+                    "MCP server {name}: all {max} of its processes (max_instances) run for other turns; the call waits up to {wait:?} for one to end"
+                );
+                let waited = tokio::time::timeout(wait, self.slots.clone().acquire_owned()).await;
+                let Ok(Ok(slot)) = waited else {
+                    crate::metrics::mcp_over_bound(name, OverBound::Refused);
+                    tracing::warn!(
+                        max_instances = max,
+                        "MCP server {name}: the call was refused: no process of it ended within {wait:?}"
+                    );
+                    return Err(format!(
+                        "not called: all {max} processes of the server (max_instances) run \
+                         for other turns, and none ended within {wait:?}"
+                    ));
+                };
+                crate::metrics::mcp_over_bound(name, OverBound::Waited);
+                slot
+            }
+        };
+        let opened = open(
+            &self.settings,
+            &self.hidden,
+            self.drain.child_token(),
+            Arc::new(Notify::new()),
+        );
+        let connection = tokio::time::timeout(STARTUP_TIMEOUT, opened)
+            .await
+            .unwrap_or_else(|_| Err(format!("it did not answer within {STARTUP_TIMEOUT:?}")))
+            .map_err(|error| format!("its process for this turn did not start: {error}"))?;
+        Ok(Instance {
+            connection,
+            _slot: slot,
+        })
+    }
+}
+
+impl Connection {
     /// Calls `tool` with `arguments`, carrying `key` in `_meta`. Fails at once if the server
     /// goes away, and after the server's `timeout`.
     pub(crate) async fn call(
@@ -262,6 +441,9 @@ impl ClientHandler for Listener {
 /// Every configured server, each with its supervisor.
 pub(crate) struct McpServers {
     servers: Mutex<HashMap<String, Supervised>>,
+    /// Each stdio server's process slots, by name, kept while the daemon runs (one entry per
+    /// name the configuration ever had).
+    slots: Mutex<HashMap<String, Arc<Slots>>>,
     tracker: TaskTracker,
     /// The drain's token for background tasks: it stops every supervisor.
     stop: CancellationToken,
@@ -277,16 +459,14 @@ impl McpServers {
     pub(crate) fn new(tracker: TaskTracker, stop: CancellationToken) -> McpServers {
         McpServers {
             servers: Mutex::new(HashMap::new()),
+            slots: Mutex::new(HashMap::new()),
             tracker,
             stop,
         }
     }
 
     fn servers(&self) -> std::sync::MutexGuard<'_, HashMap<String, Supervised>> {
-        match self.servers.lock() {
-            Ok(guard) => guard,
-            Err(poisoned) => poisoned.into_inner(),
-        }
+        crate::locks::lock(&self.servers)
     }
 
     /// Starts the servers of `config` that are not running, stops those it no longer has, and
@@ -307,9 +487,24 @@ impl McpServers {
             let (state, watcher) = watch::channel(ServerState::Starting);
             let stop = self.stop.child_token();
             let span = tracing::info_span!("mcp", mcp_server = %name);
-            self.tracker.spawn(
-                supervise(settings.clone(), hidden.clone(), state, stop.clone()).instrument(span),
-            );
+            let instances = match &settings.transport {
+                McpTransport::Stdio { max_instances, .. } => Some(Arc::new(Instances {
+                    settings: settings.clone(),
+                    hidden: hidden.clone(),
+                    slots: self.slots_of(name, *max_instances),
+                    max_instances: *max_instances,
+                    drain: self.stop.clone(),
+                })),
+                McpTransport::Http { .. } => None,
+            };
+            let supervisor = Supervisor {
+                settings: settings.clone(),
+                hidden: hidden.clone(),
+                instances,
+                state,
+            };
+            self.tracker
+                .spawn(supervisor.run(stop.clone()).instrument(span));
             servers.insert(
                 name.clone(),
                 Supervised {
@@ -321,13 +516,25 @@ impl McpServers {
         }
     }
 
+    /// The process slots of stdio server `name`, bounded to `max` from now on. A reload that
+    /// replaces the server keeps them: the processes turns still hold count against the new
+    /// bound, so a reload never lets more than `max_instances` run.
+    fn slots_of(&self, name: &str, max: usize) -> Arc<Semaphore> {
+        let mut slots = crate::locks::lock(&self.slots);
+        let pool = slots
+            .entry(name.to_string())
+            .or_insert_with(|| Arc::new(Slots::new(max)));
+        pool.resize(max, &self.tracker, &self.stop);
+        pool.permits.clone()
+    }
+
     /// The server's connection and tools once it has started, waiting up to `wait` while it
     /// is starting; else why not.
     pub(crate) async fn ready(
         &self,
         name: &str,
         wait: Duration,
-    ) -> Result<(Arc<Connection>, Arc<Vec<McpTool>>), String> {
+    ) -> Result<(Arc<Server>, Arc<Vec<McpTool>>), String> {
         let watcher = self.servers().get(name).map(|s| s.state.clone());
         let Some(mut watcher) = watcher else {
             return Err(format!("MCP server {name:?} is not configured"));
@@ -343,7 +550,7 @@ impl McpServers {
             Err(_) => return Err(format!("MCP server {name:?} is still starting")),
         };
         match state {
-            ServerState::Ready { connection, tools } => Ok((connection, tools)),
+            ServerState::Ready { server, tools } => Ok((server, tools)),
             ServerState::Down { error } => Err(format!("MCP server {name:?} is down: {error}")),
             ServerState::Starting => Err(format!("MCP server {name:?} is still starting")),
         }
@@ -369,98 +576,125 @@ impl McpServers {
     }
 }
 
-/// Keeps one server connected until `stop`: connect, list its tools, serve calls, and after the
-/// server goes away (or cannot start), try again after a backoff.
-async fn supervise(
+/// One server's supervisor: what it starts the server with, and where it tells its state.
+struct Supervisor {
     settings: McpServerSettings,
     hidden: HiddenPaths,
+    /// A stdio server's per-turn processes; `None` over HTTP.
+    instances: Option<Arc<Instances>>,
     state: watch::Sender<ServerState>,
-    stop: CancellationToken,
-) {
-    let mut backoff = BACKOFF_FIRST;
-    loop {
-        state.send_replace(ServerState::Starting);
-        let tools_changed = Arc::new(Notify::new());
-        let started = Instant::now();
-        let connected = tokio::select! {
-            connected = tokio::time::timeout(STARTUP_TIMEOUT, connect(&settings, &hidden, tools_changed.clone())) => {
-                connected.unwrap_or_else(|_| Err(format!("it did not answer within {STARTUP_TIMEOUT:?}")))
-            }
-            () = stop.cancelled() => return,
-        };
-        let error = match connected {
-            Ok((connection, tools)) => {
-                tracing::info!(
-                    tools = tools.len(),
-                    "MCP server {} is ready with {} tools",
-                    settings.name,
-                    tools.len()
-                );
-                let connection = Arc::new(connection);
-                state.send_replace(ServerState::Ready {
-                    connection: connection.clone(),
-                    tools: Arc::new(tools),
-                });
-                let error = serve(&settings, &connection, &state, &tools_changed, &stop).await;
-                let Some(error) = error else {
-                    // Stopped: close its stdin, give it a moment to exit, then the group goes.
-                    connection.service.cancel();
-                    let _ = tokio::time::timeout(STOP_GRACE, connection.closed.cancelled()).await;
-                    state.send_replace(ServerState::Down {
-                        error: "stopped".to_string(),
-                    });
-                    return;
-                };
-                error
-            }
-            Err(error) => error,
-        };
-        if started.elapsed() > BACKOFF_LAST {
-            backoff = BACKOFF_FIRST;
-        }
-        tracing::error!(
-            error = %error,
-            retry_in = ?backoff,
-            "MCP server {} is down; its tools are not offered until it is back",
-            settings.name
-        );
-        state.send_replace(ServerState::Down { error });
-        tokio::select! {
-            () = tokio::time::sleep(backoff) => {}
-            () = stop.cancelled() => return,
-        }
-        backoff = (backoff * 2).min(BACKOFF_LAST);
-    }
 }
 
-/// Serves a connected server until it goes away (`Some(why)`) or `stop` fires (`None`),
-/// re-listing its tools whenever it says they changed.
-async fn serve(
-    settings: &McpServerSettings,
-    connection: &Arc<Connection>,
-    state: &watch::Sender<ServerState>,
-    tools_changed: &Notify,
-    stop: &CancellationToken,
-) -> Option<String> {
-    loop {
-        tokio::select! {
-            () = connection.closed.cancelled() => {
-                return Some("the server closed the connection or exited".to_string());
-            }
-            () = tools_changed.notified() => {
-                match list_tools(&connection.peer).await {
-                    Ok(tools) => {
-                        tracing::info!(tools = tools.len(), "MCP server {} changed its tools", settings.name);
-                        state.send_replace(ServerState::Ready {
-                            connection: connection.clone(),
-                            tools: Arc::new(tools),
-                        });
-                    }
-                    Err(error) => tracing::warn!(error = %error,
-                        "MCP server {} said its tools changed, but cannot list them", settings.name),
+impl Supervisor {
+    /// Keeps the server connected until `stop`: connect, list its tools, serve them, and after
+    /// the server goes away (or cannot start), try again after a backoff.
+    async fn run(self, stop: CancellationToken) {
+        let settings = &self.settings;
+        let mut backoff = BACKOFF_FIRST;
+        loop {
+            self.state.send_replace(ServerState::Starting);
+            let tools_changed = Arc::new(Notify::new());
+            let started = Instant::now();
+            let connecting = connect(settings, &self.hidden, tools_changed.clone());
+            let connected = tokio::select! {
+                connected = tokio::time::timeout(STARTUP_TIMEOUT, connecting) => {
+                    connected.unwrap_or_else(|_| Err(format!("it did not answer within {STARTUP_TIMEOUT:?}")))
                 }
+                () = stop.cancelled() => return,
+            };
+            let error = match connected {
+                Ok((connection, tools)) => {
+                    tracing::info!(
+                        tools = tools.len(),
+                        "MCP server {} is ready with {} tools",
+                        settings.name,
+                        tools.len()
+                    );
+                    let connection = Arc::new(connection);
+                    let server = Arc::new(self.server(&connection));
+                    self.state.send_replace(ServerState::Ready {
+                        server: server.clone(),
+                        tools: Arc::new(tools),
+                    });
+                    let served = self
+                        .serve(&connection, &server, &tools_changed, &stop)
+                        .await;
+                    let Some(error) = served else {
+                        // Stopped: close its stdin, give it a moment to exit, then the group goes.
+                        connection.service.cancel();
+                        let _ =
+                            tokio::time::timeout(STOP_GRACE, connection.closed.cancelled()).await;
+                        self.state.send_replace(ServerState::Down {
+                            error: "stopped".to_string(),
+                        });
+                        return;
+                    };
+                    error
+                }
+                Err(error) => error,
+            };
+            if started.elapsed() > BACKOFF_LAST {
+                backoff = BACKOFF_FIRST;
             }
-            () = stop.cancelled() => return None,
+            tracing::error!(
+                error = %error,
+                retry_in = ?backoff,
+                "MCP server {} is down; its tools are not offered until it is back",
+                settings.name
+            );
+            self.state.send_replace(ServerState::Down { error });
+            tokio::select! {
+                () = tokio::time::sleep(backoff) => {}
+                () = stop.cancelled() => return,
+            }
+            backoff = (backoff * 2).min(BACKOFF_LAST);
+        }
+    }
+
+    /// The server as turns reach it once `connection` is up: through that connection (HTTP),
+    /// or through processes of their own (stdio), never through the one that listed the tools.
+    fn server(&self, connection: &Arc<Connection>) -> Server {
+        let reach = match &self.instances {
+            Some(instances) => Reach::PerTurn(instances.clone()),
+            None => Reach::Shared(connection.clone()),
+        };
+        Server {
+            name: self.settings.name.clone(),
+            timeout: self.settings.timeout,
+            reach,
+        }
+    }
+
+    /// Serves a connected server until it goes away (`Some(why)`) or `stop` fires (`None`),
+    /// re-listing its tools whenever it says they changed.
+    async fn serve(
+        &self,
+        connection: &Connection,
+        server: &Arc<Server>,
+        tools_changed: &Notify,
+        stop: &CancellationToken,
+    ) -> Option<String> {
+        let name = &self.settings.name;
+        loop {
+            tokio::select! {
+                () = connection.closed.cancelled() => {
+                    return Some("the server closed the connection or exited".to_string());
+                }
+                () = tools_changed.notified() => {
+                    match list_tools(&connection.peer).await {
+                        Ok(tools) => {
+                            tracing::info!(tools = tools.len(), "MCP server {name} changed its tools");
+                            self.state.send_replace(ServerState::Ready {
+                                server: server.clone(),
+                                tools: Arc::new(tools),
+                            });
+                        }
+                        Err(error) => tracing::warn!(error = %error,
+                            "MCP server {name} said its tools changed, but cannot list them"),
+                    }
+                }
+                () = stop.cancelled() => return None,
+            }
         }
     }
 }
@@ -480,32 +714,57 @@ async fn list_tools(peer: &Peer<RoleClient>) -> Result<Vec<McpTool>, String> {
             let read_only = hint(|a| a.read_only_hint);
             let idempotent = hint(|a| a.idempotent_hint);
             let destructive = hint(|a| a.destructive_hint);
+            let input_schema = serde_json::Value::Object((*tool.input_schema).clone());
             McpTool {
                 name: tool.name.to_string(),
                 description: tool.description.as_deref().unwrap_or_default().to_string(),
-                input_schema: serde_json::Value::Object((*tool.input_schema).clone()),
+                checked: crate::schema::Parameters::compile(&input_schema),
+                input_schema,
                 annotated_idempotent: read_only || (idempotent && !destructive),
             }
         })
         .collect())
 }
 
-/// Starts (stdio) or reaches (HTTP) the server and lists its tools.
+/// Starts (stdio) or reaches (HTTP) the server and lists its tools; a changed list is told to
+/// `tools_changed`.
 async fn connect(
     settings: &McpServerSettings,
     hidden: &HiddenPaths,
     tools_changed: Arc<Notify>,
 ) -> Result<(Connection, Vec<McpTool>), String> {
-    let listener = Listener {
-        tools_changed: tools_changed.clone(),
-    };
-    let service = CancellationToken::new();
-    let (running, process_group) = match &settings.transport {
+    let connection = open(
+        settings,
+        hidden,
+        CancellationToken::new(),
+        tools_changed.clone(),
+    )
+    .await?;
+    // A server that does not get as far as its tools is stopped with `connection`.
+    let tools = list_tools(&connection.peer).await?;
+    // Ends with the connection: `next` fails once the transport is gone.
+    tokio::spawn(
+        subscribe_to_tool_changes(connection.peer.clone(), tools_changed).in_current_span(),
+    );
+    Ok((connection, tools))
+}
+
+/// Starts (stdio) or reaches (HTTP) the server and initializes the session with it; `service`
+/// closes the connection when cancelled.
+async fn open(
+    settings: &McpServerSettings,
+    hidden: &HiddenPaths,
+    service: CancellationToken,
+    tools_changed: Arc<Notify>,
+) -> Result<Connection, String> {
+    let listener = Listener { tools_changed };
+    let (running, process) = match &settings.transport {
         McpTransport::Stdio {
             command,
             env,
             cwd,
             sandbox,
+            max_instances: _,
         } => {
             let Some(mut child) = Child::new(command) else {
                 return Err("the command is empty".to_string());
@@ -519,24 +778,17 @@ async fn connect(
             let child = super::sandbox::confine(child, sandbox, hidden)
                 .map_err(|not_confined| not_confined.to_string())?;
             tracing::info!(
-                sandbox = super::sandbox::mechanism(sandbox, false),
+                sandbox = super::sandbox::mechanism(sandbox),
                 "starting the MCP server"
             );
-            let (transport, stderr) = TokioChildProcess::builder(child.command())
-                .stderr(Stdio::piped())
-                .spawn()
-                .map_err(|err| format!("cannot start {}: {err}", child.program()))?;
-            let process_group = ProcessGroup::led_by(transport.id());
-            if let Some(stderr) = stderr {
-                tokio::spawn(log_stderr(stderr, settings.name.clone()).in_current_span());
-            }
-            let running = serve_client_with_ct(listener, transport, service.clone())
-                .await
-                .map_err(|err| format!("initialize failed: {err}"));
-            if running.is_err() {
-                process_group.kill();
-            }
-            (running?, Some(process_group))
+            let started = child.start()?;
+            tokio::spawn(log_stderr(started.stderr, settings.name.clone()).in_current_span());
+            // A server that does not answer `initialize` is stopped with `started.running`.
+            let running =
+                serve_client_with_ct(listener, (started.stdout, started.stdin), service.clone())
+                    .await
+                    .map_err(|err| format!("initialize failed: {err}"))?;
+            (running, Some(started.running))
         }
         McpTransport::Http { url, headers } => {
             let mut default_headers = http::HeaderMap::new();
@@ -563,31 +815,15 @@ async fn connect(
         }
     };
     let peer = running.peer().clone();
-    let tools = match list_tools(&peer).await {
-        Ok(tools) => tools,
-        Err(error) => {
-            service.cancel();
-            if let Some(group) = process_group {
-                group.kill();
-            }
-            return Err(error);
-        }
-    };
     let closed = CancellationToken::new();
-    // Ends with the connection: `next` fails once the transport is gone.
-    tokio::spawn(subscribe_to_tool_changes(peer.clone(), tools_changed).in_current_span());
     tokio::spawn(watch_service(running, closed.clone()));
-    Ok((
-        Connection {
-            server: settings.name.clone(),
-            peer,
-            closed,
-            service,
-            process_group,
-            timeout: settings.timeout,
-        },
-        tools,
-    ))
+    Ok(Connection {
+        peer,
+        closed,
+        service,
+        _process: process,
+        timeout: settings.timeout,
+    })
 }
 
 /// Fires `closed` when the client's service loop ends.
@@ -600,7 +836,7 @@ async fn watch_service(running: RunningService<RoleClient, Listener>, closed: Ca
 /// per-event lines: within `[runtime] event_log_max_per_second`, the rest counted in
 /// `agentgate_log_lines_skipped_total`. A server that writes without end costs neither memory
 /// nor the journal's allowance.
-async fn log_stderr(stderr: tokio::process::ChildStderr, server: String) {
+async fn log_stderr(stderr: super::process::Output, server: String) {
     let mut reader = BufReader::new(stderr);
     while let Some(line) = read_capped_line(&mut reader, STDERR_LINE_CAP).await {
         crate::logging::event_line!(stderr = %crate::untrusted::for_terminal(&line), "MCP server {server} says");

@@ -55,7 +55,10 @@ fn arguments_as_text<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Strin
     Ok(match serde_json::Value::deserialize(deserializer)? {
         serde_json::Value::String(text) => text,
         serde_json::Value::Null => String::new(),
-        other => other.to_string(),
+        other @ (serde_json::Value::Bool(_)
+        | serde_json::Value::Number(_)
+        | serde_json::Value::Array(_)
+        | serde_json::Value::Object(_)) => other.to_string(),
     })
 }
 

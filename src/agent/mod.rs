@@ -9,6 +9,6 @@ pub(crate) mod message;
 pub(crate) mod model;
 pub(crate) mod process;
 pub(crate) mod sandbox;
-mod textcall;
+pub(crate) mod textcall;
 pub(crate) mod tools;
 pub(crate) mod unit;

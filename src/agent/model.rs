@@ -15,10 +15,11 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::catalog::OfferedTool;
-use super::endpoint::{self, AnsweredBy, Endpoint};
+use super::endpoint::{self, AnsweredBy, Endpoint, Server};
 use super::message::{Message, Role};
 use super::process::{Aborted, Child, Limits};
 use crate::config::{ModelBackend, ModelSettings};
+use crate::telemetry::Span;
 use crate::usage::Usage;
 
 /// The demo cassette bundled with agentgate, used by `backend = "replay"` without a `cassette`.
@@ -26,6 +27,9 @@ const BUNDLED_CASSETTE: &str = include_str!("../../examples/triage.cassette.json
 const BACKOFF_BASE: Duration = Duration::from_millis(500);
 const BACKOFF_CAP: Duration = Duration::from_secs(30);
 const RETRY_AFTER_CAP: Duration = Duration::from_secs(120);
+/// An endpoint's "retrying" lines: at most one every 10 s, as a delivery target's.
+static RETRY_LINES: std::sync::LazyLock<crate::logging::RepeatedLines> =
+    std::sync::LazyLock::new(|| crate::logging::RepeatedLines::new(Duration::from_secs(10)));
 /// The most a model's reply may take, from an endpoint or a command backend: a reply is held in
 /// memory and its message stored, so a model that writes without end (a loop, a hostile
 /// endpoint) fails its request instead. Bound the tokens too, with `[model] params` `max_tokens`.
@@ -79,13 +83,45 @@ enum Backend {
     },
 }
 
-/// A model's answer: the assistant message, the tokens it cost when the server says, and the
-/// endpoint that answered (openai backend).
+/// Whether the model may call the tools a request shows it. The tools are sent either way, so
+/// that the request's early bytes (which chat templates render the tools into) stay the same.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ToolUse {
+    /// The server's default (`tool_choice` is not sent).
+    Allowed,
+    /// `tool_choice: "none"`: the turn's last step, which asks for the answer.
+    Forbidden,
+}
+
+/// One request to one endpoint, as its `chat` span describes it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Attempt<'a> {
+    /// The model asked for (`command` and `replay` for those backends).
+    pub model: &'a str,
+    pub server: Option<&'a Server>,
+    /// A `fallback` endpoint, asked because those before it failed.
+    pub fallback: bool,
+}
+
+/// A model's answer: the assistant message, the tokens it cost when the server says, the
+/// endpoint that answered (openai backend) and what the server said of its reply.
 #[derive(Debug, Clone)]
 pub(crate) struct Reply {
     pub message: Message,
     pub usage: Option<Usage>,
     pub answered_by: Option<AnsweredBy>,
+    pub response: ResponseFacts,
+}
+
+/// What an OpenAI-compatible server says of its reply besides the message, when it says it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct ResponseFacts {
+    /// The completion's `id`.
+    pub id: Option<String>,
+    /// Each choice's `finish_reason`.
+    pub finish_reasons: Vec<String>,
+    pub system_fingerprint: Option<String>,
+    pub service_tier: Option<String>,
 }
 
 impl Reply {
@@ -95,6 +131,7 @@ impl Reply {
             message,
             usage: None,
             answered_by: None,
+            response: ResponseFacts::default(),
         }
     }
 }
@@ -105,6 +142,7 @@ struct Completion {
     usage: Option<Usage>,
     /// The model the server names in its reply.
     model: Option<String>,
+    response: ResponseFacts,
 }
 
 /// A configured model. Cheap to share behind an `Arc`.
@@ -242,20 +280,45 @@ impl Model {
         matches!(self.backend, Backend::Replay { .. })
     }
 
-    /// Asks the model for the next assistant message.
+    /// Asks the model for the next assistant message. Each request to an endpoint is traced in
+    /// the span `trace` starts for it (a failed one is marked so and ended); the span of the
+    /// request that gave the result comes back with it, for the reply's attributes.
     pub(crate) async fn complete(
         &self,
         messages: &[Message],
         tools: &[OfferedTool],
-    ) -> Result<Reply, ModelError> {
-        let mut reply = match &self.backend {
-            Backend::OpenAi { endpoints } => self.complete_openai(endpoints, messages, tools).await,
-            Backend::Command { argv } => self
-                .complete_command(argv, messages, tools)
-                .await
-                .map(Reply::of),
-            Backend::Replay { replies } => Ok(Reply::of(replay(replies, messages))),
-        }?;
+        tool_use: ToolUse,
+        trace: &(dyn Fn(&Attempt<'_>) -> Span + Sync),
+    ) -> (Result<Reply, ModelError>, Span) {
+        let (reply, span) = match &self.backend {
+            Backend::OpenAi { endpoints } => {
+                self.complete_openai(endpoints, messages, tools, tool_use, trace)
+                    .await
+            }
+            Backend::Command { argv } => {
+                let span = trace(&Attempt {
+                    model: "command",
+                    server: None,
+                    fallback: false,
+                });
+                let reply = self.complete_command(argv, messages, tools, tool_use).await;
+                (reply.map(Reply::of), span)
+            }
+            Backend::Replay { replies } => {
+                let span = trace(&Attempt {
+                    model: "replay",
+                    server: None,
+                    fallback: false,
+                });
+                (Ok(Reply::of(replay(replies, messages))), span)
+            }
+        };
+        (reply.map(|reply| self.finish_reply(reply, tools)), span)
+    }
+
+    /// Records `reply` (`--record`) and reads a tool call written as its text, when
+    /// `tool_calls_in_content` says so.
+    fn finish_reply(&self, mut reply: Reply, tools: &[OfferedTool]) -> Reply {
         if let Some(recorder) = &self.recorder
             && let Ok(mut file) = recorder.lock()
             && let Ok(line) = serde_json::to_string(&reply.message)
@@ -267,7 +330,7 @@ impl Model {
             let offered: Vec<&str> = tools.iter().map(|tool| tool.name.as_str()).collect();
             reply.message = super::textcall::call_in_content(reply.message, &offered);
         }
-        Ok(reply)
+        reply
     }
 
     /// Asks the endpoints in order (`endpoint::in_order`), each with its retries, until one
@@ -277,10 +340,18 @@ impl Model {
         endpoints: &[Endpoint],
         messages: &[Message],
         tools: &[OfferedTool],
-    ) -> Result<Reply, ModelError> {
+        tool_use: ToolUse,
+        trace: &(dyn Fn(&Attempt<'_>) -> Span + Sync),
+    ) -> (Result<Reply, ModelError>, Span) {
         let mut failures = Vec::new();
+        let mut last = Span::off();
         for endpoint in endpoint::in_order(endpoints) {
-            let body = request_body(&endpoint.model, &self.params, messages, tools);
+            let span = trace(&Attempt {
+                model: &endpoint.model,
+                server: endpoint.server.as_ref(),
+                fallback: endpoint.fallback,
+            });
+            let body = request_body(&endpoint.model, &self.params, messages, tools, tool_use);
             match self.complete_http(endpoint, &body).await {
                 Ok(completion) => {
                     endpoint.answered();
@@ -288,22 +359,29 @@ impl Model {
                         tracing::warn!(endpoint = %endpoint.shown, model = %endpoint.model,
                             "a fallback model endpoint answered");
                     }
-                    return Ok(Reply {
+                    let reply = Reply {
                         message: completion.message,
                         usage: completion.usage,
                         answered_by: Some(endpoint.answered_by(completion.model)),
-                    });
+                        response: completion.response,
+                    };
+                    return (Ok(reply), span);
                 }
-                Err(err @ ModelError::Malformed(_)) => return Err(err),
-                Err(ModelError::Unavailable(reason)) => {
+                Err(err @ ModelError::Malformed(_)) => return (Err(err), span),
+                Err(err @ ModelError::Unavailable(_)) => {
                     if endpoints.len() > 1 {
                         endpoint.failed();
                     }
-                    failures.push(reason);
+                    span.fail(err.kind(), &err.to_string());
+                    if let ModelError::Unavailable(reason) = err {
+                        failures.push(reason);
+                    }
+                    last = span;
                 }
             }
         }
-        Err(ModelError::Unavailable(failures.join("; then ")))
+        let failed = ModelError::Unavailable(failures.join("; then "));
+        (Err(failed), last)
     }
 
     async fn complete_http(
@@ -373,7 +451,9 @@ impl Model {
                 )));
             }
             let delay = failure.1.unwrap_or_else(|| backoff(attempt));
-            tracing::warn!(attempt = attempt + 1, delay_ms = delay.as_millis() as u64, error = %failure.0, "model request failed; retrying");
+            if let Some(left_out) = RETRY_LINES.due(url) {
+                tracing::warn!(attempt = attempt + 1, delay_ms = delay.as_millis() as u64, error = %failure.0, left_out, "model request failed; retrying");
+            }
             tokio::time::sleep(delay).await;
             attempt += 1;
         }
@@ -384,12 +464,17 @@ impl Model {
         argv: &[String],
         messages: &[Message],
         tools: &[OfferedTool],
+        tool_use: ToolUse,
     ) -> Result<Message, ModelError> {
         let Some(child) = Child::new(argv) else {
             return Err(ModelError::Unavailable("model.command is empty".into()));
         };
         let program = child.program().to_string();
-        let input = json!({"messages": messages, "tools": tool_definitions(tools)}).to_string();
+        let mut input = json!({"messages": messages, "tools": tool_definitions(tools)});
+        if tool_use == ToolUse::Forbidden {
+            input["tool_choice"] = json!("none");
+        }
+        let input = input.to_string();
         let limits = Limits {
             timeout: self.request_timeout,
             output_cap: REPLY_CAP,
@@ -438,11 +523,7 @@ fn one_line(text: &str, limit: usize) -> String {
 
 /// Exponential backoff with ±50% jitter.
 fn backoff(attempt: u32) -> Duration {
-    let exponential = BACKOFF_BASE
-        .saturating_mul(1u32 << attempt.min(16))
-        .min(BACKOFF_CAP);
-    let jitter = 0.5 + fastrand::f64();
-    exponential.mul_f64(jitter)
+    crate::clock::backoff(BACKOFF_BASE, BACKOFF_CAP, attempt, 1.0)
 }
 
 fn tool_definitions(tools: &[OfferedTool]) -> Vec<serde_json::Value> {
@@ -462,18 +543,25 @@ fn tool_definitions(tools: &[OfferedTool]) -> Vec<serde_json::Value> {
 }
 
 /// A Chat Completions request: `params` (`[model] params`, checked to hold none of the keys set
-/// here), then the model, the messages and the tools.
+/// here), then the model, the messages and the tools, and `tool_choice: "none"` when no call
+/// may be made. The tools are the same on every step of a turn, the last included: chat
+/// templates render them right after the system text, so leaving them out would change the
+/// prompt's early bytes and cost the server's prompt cache.
 fn request_body(
     model: &str,
     params: &serde_json::Map<String, serde_json::Value>,
     messages: &[Message],
     tools: &[OfferedTool],
+    tool_use: ToolUse,
 ) -> serde_json::Value {
     let mut body = serde_json::Value::Object(params.clone());
     body["model"] = json!(model);
     body["messages"] = json!(messages);
     if !tools.is_empty() {
         body["tools"] = serde_json::Value::Array(tool_definitions(tools));
+        if tool_use == ToolUse::Forbidden {
+            body["tool_choice"] = json!("none");
+        }
     }
     body
 }
@@ -489,10 +577,23 @@ fn parse_completion(bytes: &[u8]) -> Result<Completion, ModelError> {
     let mut message: Message = serde_json::from_value(message)
         .map_err(|err| ModelError::Malformed(format!("choices[0].message: {err}")))?;
     message.role = Role::Assistant;
+    let text = |key: &str| value[key].as_str().map(str::to_string);
+    let finish_reasons = value["choices"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|choice| choice["finish_reason"].as_str().map(str::to_string))
+        .collect();
     Ok(Completion {
         message,
         usage: Usage::of_reply(&value),
-        model: value["model"].as_str().map(str::to_string),
+        model: text("model"),
+        response: ResponseFacts {
+            id: text("id"),
+            finish_reasons,
+            system_fingerprint: text("system_fingerprint"),
+            service_tier: text("service_tier"),
+        },
     })
 }
 
@@ -563,6 +664,21 @@ mod tests {
         .expect("valid");
         assert_eq!(ok.message.visible_text(), Some("hi"));
         assert_eq!((ok.usage, ok.model.as_deref()), (None, Some("m-1")));
+        assert_eq!(ok.response, ResponseFacts::default());
+        let full = parse_completion(
+            br#"{"id":"chatcmpl-7","model":"m","system_fingerprint":"b1","service_tier":"default",
+                "choices":[{"finish_reason":"tool_calls","message":{"role":"assistant","content":null}}]}"#,
+        )
+        .expect("valid");
+        assert_eq!(
+            full.response,
+            ResponseFacts {
+                id: Some("chatcmpl-7".into()),
+                finish_reasons: vec!["tool_calls".into()],
+                system_fingerprint: Some("b1".into()),
+                service_tier: Some("default".into()),
+            }
+        );
         assert!(matches!(
             parse_completion(b"<html>"),
             Err(ModelError::Malformed(_))

@@ -9,7 +9,9 @@
 //!   daemon's own (credentials, notify and activation variables) leaks in;
 //! - a process group of its own, so that its children go with it; death with the daemon
 //!   (`PR_SET_PDEATHSIG`, `sys.rs`), and a mark that lets the next start reap what a killed
-//!   daemon left behind ([`claim_and_reap_leftovers`]);
+//!   daemon left behind ([`claim_and_reap_leftovers`]); an unconfined child (`sandbox =
+//!   "none"`), which no sandbox or tool unit outlives, also carries a mark of its run, and what
+//!   still carries it when the run ends is killed ([`RunMark`]);
 //! - one stop policy: on timeout or cancellation SIGTERM to the group, SIGKILL after
 //!   `KILL_GRACE`; when the leader exits, whatever it left running in its group is killed;
 //! - capped output: what is over the cap is read and discarded, and the truncation is marked.
@@ -22,6 +24,7 @@ use std::time::Duration;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio_util::either::Either;
 use tokio_util::sync::CancellationToken;
 
 use super::confinement::Confinement;
@@ -36,7 +39,39 @@ const INHERITED_ENVIRONMENT: &[&str] = &["PATH", "HOME", "LANG", "LC_ALL", "TZ",
 /// holds.
 const OWNER_VARIABLE: &str = "AGENTGATE_STATE_DIRECTORY";
 
+/// Marks what one unconfined run started (`NAME=<daemon pid>-<run>`), in its environment and
+/// that of everything it starts: whatever still carries it when the run ends is killed.
+const RUN_VARIABLE: &str = "AGENTGATE_RUN";
+
 static OWNER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// An unconfined run's mark (`None` for a sandboxed one, whose sandbox takes what it leaves):
+/// when it is dropped, every process that carries it is killed.
+pub(crate) struct RunMark(Option<String>);
+
+impl RunMark {
+    fn new(unconfined: bool) -> RunMark {
+        RunMark(unconfined.then(|| {
+            let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            format!("{}-{run}", std::process::id())
+        }))
+    }
+}
+
+impl Drop for RunMark {
+    fn drop(&mut self) {
+        if let Some(run) = &self.0 {
+            let killed = kill_marked(&format!("{RUN_VARIABLE}={run}"));
+            if killed > 0 {
+                tracing::info!(
+                    killed,
+                    "killed what an unconfined child left running after it ended"
+                );
+            }
+        }
+    }
+}
 
 /// A child process to start: its argv and what is added to its clean environment.
 #[derive(Debug, Clone)]
@@ -50,6 +85,9 @@ pub(crate) struct Child {
     /// When it runs in a tool unit of its own (`agent/unit.rs`): the socket whose connections
     /// systemd runs as units, and the sandbox the unit sets up for it.
     unit: Option<(PathBuf, Confinement)>,
+    /// It runs unconfined (`sandbox = "none"`): no sandbox's pid namespace or unit takes what
+    /// it leaves running, so whatever carries its run's mark is killed when it ends.
+    unconfined: bool,
 }
 
 /// What a run may take: how long, and how much of each output stream is kept.
@@ -97,6 +135,7 @@ impl Child {
             cwd: None,
             shown_as: None,
             unit: None,
+            unconfined: false,
         })
     }
 
@@ -139,14 +178,13 @@ impl Child {
         self
     }
 
-    /// The command as it is started, for a caller that drives the process itself (an MCP
-    /// server's stdio transport); it must stop the group with [`ProcessGroup`].
-    pub(crate) fn command(&self) -> tokio::process::Command {
+    /// The command as it is started here, with `mark` (an unconfined run's) in its environment.
+    fn command(&self, mark: &RunMark) -> tokio::process::Command {
         let mut command = tokio::process::Command::new(&self.program);
         command
             .args(&self.args)
             .env_clear()
-            .envs(self.environment())
+            .envs(self.environment(mark))
             .process_group(0)
             .kill_on_drop(true);
         if let Some(cwd) = &self.cwd {
@@ -156,8 +194,7 @@ impl Child {
         command
     }
 
-    /// The same child, run in a systemd unit of its own through `socket`, confined there
-    /// ([`Child::run`] only: a caller that drives the process itself must use [`Child::within`]).
+    /// The same child, run in a systemd unit of its own through `socket`, confined there.
     pub(crate) fn in_unit(self, socket: PathBuf, confinement: Confinement) -> Child {
         Child {
             unit: Some((socket, confinement)),
@@ -165,8 +202,19 @@ impl Child {
         }
     }
 
-    /// Its whole environment: the inherited part, the owner mark and what the caller added.
-    fn environment(&self) -> Vec<(OsString, OsString)> {
+    /// The same child, run without a sandbox: what it leaves running is found by its run's mark
+    /// and killed when the run ends ([`Child::run`], or the drop of what [`Child::start`]
+    /// returned), even if it left the child's process group or session.
+    pub(crate) fn unconfined(self) -> Child {
+        Child {
+            unconfined: true,
+            ..self
+        }
+    }
+
+    /// Its whole environment: the inherited part, the owner mark, the run's mark (unconfined
+    /// runs) and what the caller added.
+    fn environment(&self, mark: &RunMark) -> Vec<(OsString, OsString)> {
         let mut environment: Vec<(OsString, OsString)> = INHERITED_ENVIRONMENT
             .iter()
             .filter_map(|name| std::env::var_os(name).map(|value| (OsString::from(name), value)))
@@ -179,7 +227,52 @@ impl Child {
         if let Some(owner) = OWNER.get() {
             environment.push((OWNER_VARIABLE.into(), owner.into()));
         }
+        if let Some(run) = &mark.0 {
+            environment.push((RUN_VARIABLE.into(), run.into()));
+        }
         environment
+    }
+
+    /// Starts the child, for a caller that drives it through its stdio (an MCP server): here or
+    /// in its tool unit. Dropping what it returns stops the child and everything it started.
+    pub(crate) fn start(&self) -> Result<Started, String> {
+        let mark = RunMark::new(self.unconfined);
+        if let Some((socket, confinement)) = &self.unit {
+            let (connection, stdin, stdout, stderr) = self
+                .start_in_unit(socket, confinement)
+                .map_err(|err| self.not_started_in_unit(socket, &err))?;
+            return Ok(Started {
+                stdin: Either::Right(stdin),
+                stdout: Either::Right(stdout),
+                stderr: Either::Right(stderr),
+                running: Running::Unit(connection),
+            });
+        }
+        let mut command = self.command(&mark);
+        command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = command
+            .spawn()
+            .map_err(|err| format!("cannot start {}: {err}", self.program()))?;
+        let group = ProcessGroup::of(&child);
+        let (Some(stdin), Some(stdout), Some(stderr)) =
+            (child.stdin.take(), child.stdout.take(), child.stderr.take())
+        else {
+            group.kill();
+            return Err(format!("cannot start {}: no stdio", self.program()));
+        };
+        Ok(Started {
+            stdin: Either::Left(stdin),
+            stdout: Either::Left(Either::Left(stdout)),
+            stderr: Either::Left(Either::Right(stderr)),
+            running: Running::Local {
+                _child: Box::new(child),
+                group,
+                _mark: mark,
+            },
+        })
     }
 
     /// Runs the child with `input` on its stdin until it exits, `limits.timeout` passes (then it
@@ -196,7 +289,9 @@ impl Child {
                 .run_in_unit(socket, confinement, input, limits, cancel)
                 .await;
         }
-        let mut command = self.command();
+        // Dropped when this returns, however it returns: what the run left running goes.
+        let mark = RunMark::new(self.unconfined);
+        let mut command = self.command(&mark);
         command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -233,7 +328,54 @@ impl Child {
     }
 }
 
+/// The pipes of a child started in a tool unit: the connection (closing it stops the child),
+/// and the child's stdin, stdout and stderr.
+type UnitPipes = (
+    std::os::unix::net::UnixStream,
+    tokio::net::unix::pipe::Sender,
+    tokio::net::unix::pipe::Receiver,
+    tokio::net::unix::pipe::Receiver,
+);
+
 impl Child {
+    fn not_started_in_unit(&self, socket: &std::path::Path, err: &std::io::Error) -> String {
+        format!(
+            "cannot start {} in a tool unit ({}): {err}",
+            self.program(),
+            socket.display()
+        )
+    }
+
+    /// Asks for the child in a tool unit through `socket`, in `confinement`.
+    fn start_in_unit(
+        &self,
+        socket: &std::path::Path,
+        confinement: &Confinement,
+    ) -> std::io::Result<UnitPipes> {
+        let (stdin_child, stdin) = std::io::pipe()?;
+        let (stdout, stdout_child) = std::io::pipe()?;
+        let (stderr, stderr_child) = std::io::pipe()?;
+        let request = unit::Request::Run(unit::Call {
+            program: self.program.clone(),
+            args: self.args.clone(),
+            env: self
+                .environment(&RunMark(None))
+                .iter()
+                .map(|(name, value)| unit::env_entry(name, value))
+                .collect(),
+            cwd: self.cwd.clone(),
+            confinement: Some(confinement.clone()),
+        });
+        let stdio = [stdin_child.into(), stdout_child.into(), stderr_child.into()];
+        let connection = unit::start(socket, &request, stdio)?;
+        Ok((
+            connection,
+            tokio::net::unix::pipe::Sender::from_owned_fd(stdin.into())?,
+            tokio::net::unix::pipe::Receiver::from_owned_fd(stdout.into())?,
+            tokio::net::unix::pipe::Receiver::from_owned_fd(stderr.into())?,
+        ))
+    }
+
     /// [`Child::run`] in a tool unit: the same pipes, caps and deadlines; stopping it is
     /// closing the connection, after which the unit stops the call's whole process tree.
     async fn run_in_unit(
@@ -244,37 +386,13 @@ impl Child {
         limits: Limits,
         cancel: &CancellationToken,
     ) -> Result<Finished, Aborted> {
-        let not_started = |err: std::io::Error| {
-            Aborted::NotStarted(format!(
-                "cannot start {} in a tool unit ({}): {err}",
-                self.program(),
-                socket.display()
-            ))
-        };
-        let (stdin_child, stdin) = std::io::pipe().map_err(not_started)?;
-        let (stdout, stdout_child) = std::io::pipe().map_err(not_started)?;
-        let (stderr, stderr_child) = std::io::pipe().map_err(not_started)?;
-        let request = unit::Request {
-            program: self.program.clone(),
-            args: self.args.clone(),
-            env: self
-                .environment()
-                .iter()
-                .map(|(name, value)| unit::env_entry(name, value))
-                .collect(),
-            cwd: self.cwd.clone(),
-            confinement: Some(confinement.clone()),
-        };
-        let stdio = [stdin_child.into(), stdout_child.into(), stderr_child.into()];
-        let connection = unit::start(socket, &request, stdio).map_err(not_started)?;
+        let not_started =
+            |err: std::io::Error| Aborted::NotStarted(self.not_started_in_unit(socket, &err));
+        let (connection, stdin, stdout, stderr) = self
+            .start_in_unit(socket, confinement)
+            .map_err(not_started)?;
         connection.set_nonblocking(true).map_err(not_started)?;
         let mut connection = tokio::net::UnixStream::from_std(connection).map_err(not_started)?;
-        let stdin =
-            tokio::net::unix::pipe::Sender::from_owned_fd(stdin.into()).map_err(not_started)?;
-        let stdout =
-            tokio::net::unix::pipe::Receiver::from_owned_fd(stdout.into()).map_err(not_started)?;
-        let stderr =
-            tokio::net::unix::pipe::Receiver::from_owned_fd(stderr.into()).map_err(not_started)?;
         let streams = Streams::start(
             Some(stdin),
             Some(stdout),
@@ -297,12 +415,52 @@ impl Child {
         }
         let status = match unit::read_reply(&answer) {
             Ok(status) => Ok(status),
-            Err(reason) if answer.is_empty() && !timed_out => {
+            Err(reason) if !timed_out => {
                 return Err(Aborted::NotStarted(format!("{}: {reason}", self.program())));
             }
             Err(reason) => Err(std::io::Error::other(reason)),
         };
         Ok(streams.finished(status, timed_out).await)
+    }
+}
+
+/// A started child's stdin: a pipe to a child here or in a tool unit.
+pub(crate) type Input =
+    tokio_util::either::Either<tokio::process::ChildStdin, tokio::net::unix::pipe::Sender>;
+/// A started child's stdout or stderr.
+pub(crate) type Output = tokio_util::either::Either<
+    tokio_util::either::Either<tokio::process::ChildStdout, tokio::process::ChildStderr>,
+    tokio::net::unix::pipe::Receiver,
+>;
+
+/// A child started by [`Child::start`], with its stdio.
+pub(crate) struct Started {
+    pub stdin: Input,
+    pub stdout: Output,
+    pub stderr: Output,
+    pub running: Running,
+}
+
+/// A started child as long as it may run: dropping it stops the child, and whatever it started.
+pub(crate) enum Running {
+    /// Here: its process group is killed (and, unconfined, what carries its run's mark).
+    Local {
+        _child: Box<tokio::process::Child>,
+        group: ProcessGroup,
+        _mark: RunMark,
+    },
+    /// In a tool unit: closing the connection makes the unit stop it.
+    Unit(std::os::unix::net::UnixStream),
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        match self {
+            Running::Local { group, .. } => group.kill(),
+            Running::Unit(connection) => {
+                let _ = connection.shutdown(std::net::Shutdown::Both);
+            }
+        }
     }
 }
 
@@ -395,7 +553,7 @@ impl ProcessGroup {
     }
 
     /// The group led by `pid` (`None`: the child is already gone).
-    pub(crate) fn led_by(pid: Option<u32>) -> ProcessGroup {
+    fn led_by(pid: Option<u32>) -> ProcessGroup {
         ProcessGroup(
             pid.and_then(|pid| i32::try_from(pid).ok())
                 .filter(|pid| *pid > 0),
@@ -430,13 +588,18 @@ impl ProcessGroup {
 /// At start, before any child runs: marks this daemon's children, and kills what an earlier
 /// run of it left behind. `PR_SET_PDEATHSIG` takes a child itself down with a daemon killed
 /// outside systemd, but not the child's own children, and an idempotent re-run of a call must
-/// not race them. A process is killed only if its environment names this state directory, and
-/// only if its start time did not change while it was checked (a reused pid is never killed).
-/// Returns how many processes were killed.
+/// not race them. Returns how many processes were killed.
 pub(crate) fn claim_and_reap_leftovers(state_dir: &std::path::Path) -> usize {
     let owner = state_dir.display().to_string();
     let _ = OWNER.set(owner.clone());
-    let wanted = format!("{OWNER_VARIABLE}={owner}");
+    kill_marked(&format!("{OWNER_VARIABLE}={owner}"))
+}
+
+/// Kills every process whose environment holds `wanted` (`NAME=value`), this one excepted. A
+/// process is killed only if its start time did not change while it was checked (a reused pid
+/// is never killed); another user's processes are not readable, and not ours. Returns how many
+/// were killed.
+fn kill_marked(wanted: &str) -> usize {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return 0;
     };
@@ -449,17 +612,16 @@ pub(crate) fn claim_and_reap_leftovers(state_dir: &std::path::Path) -> usize {
         let Some(started) = start_time(pid) else {
             continue;
         };
-        // Another user's processes are not readable, and not ours.
         let Ok(environment) = std::fs::read(format!("/proc/{pid}/environ")) else {
             continue;
         };
-        let ours = environment
+        let marked = environment
             .split(|byte| *byte == 0)
             .any(|variable| variable == wanted.as_bytes());
         let Ok(raw_pid) = i32::try_from(pid) else {
             continue;
         };
-        if ours
+        if marked
             && start_time(pid) == Some(started)
             && nix::sys::signal::kill(Pid::from_raw(raw_pid), Signal::SIGKILL).is_ok()
         {

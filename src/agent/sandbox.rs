@@ -5,24 +5,30 @@
 //! A webhook payload reaches the model, and the model chooses the calls: so a tool must reach
 //! only what the operator meant it to. In the sandbox a process sees the file system read-only
 //! (but for its `writable` paths), none of [`HiddenPaths`] (the state with every session's
-//! payloads, the credentials, secret files, the config and the control socket), a private
-//! `/tmp`, its own process, IPC and host name namespaces, no capabilities, and no network unless
-//! `network = true` (a network namespace of its own, with only a loopback that is not the
-//! host's). bubblewrap is Debian's `bubblewrap`, the sandbox Flatpak uses; it needs no
-//! privilege, only user namespaces. Under the packaged units each call's sandbox also runs in
-//! a systemd unit of its own (`agent/unit.rs`), which systemd accounts for, limits and stops;
-//! MCP servers, which live as long as the daemon, stay in the service's cgroup.
+//! payloads, the credentials, secret files, the config, agentgate's runtime directory and its
+//! sockets), a private `/tmp`, its own process, IPC and host name namespaces, no capabilities,
+//! and, unless `network = true`, neither the network nor the host's `/run` with its service
+//! sockets (a network namespace of its own, with only a loopback that is not the host's).
+//! bubblewrap is Debian's `bubblewrap`, the sandbox Flatpak uses; it needs no privilege, only
+//! user namespaces.
 //!
-//! Where bubblewrap cannot set up a sandbox (missing, or user namespaces refused), a strict
-//! child does not start: the call fails with the reason, and `check-config` and `status` say
-//! so. It is never run unconfined instead.
+//! Under the packaged units every sandbox is set up in a systemd unit of its own
+//! (`agent/unit.rs`), which systemd accounts for, limits and stops, and which adds its own
+//! layer: no network and no Unix sockets for a strict call, and agentgate's state and sockets
+//! out of reach. The service itself then creates no namespace and mounts nothing, and gives up
+//! the privileges to. Elsewhere the daemon starts bubblewrap itself.
+//!
+//! Where no sandbox can be set up (bubblewrap missing, user namespaces refused, tool units that
+//! fail their trial), a strict child does not start: the call fails with the reason, and
+//! `check-config` and `status` say so. It is never run unconfined instead.
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 use super::confinement::Confinement;
 use super::process::Child;
-use crate::config::{HiddenPaths, Sandboxing};
+use super::unit::{self, UnitSockets};
+use crate::config::{Config, HiddenPaths, Sandboxing};
 
 /// Where Debian installs bubblewrap; `PATH` is searched when it is not there.
 const BWRAP: &str = "/usr/bin/bwrap";
@@ -32,7 +38,7 @@ const BWRAP_VARIABLE: &str = "AGENTGATE_BWRAP";
 /// Whether bubblewrap can set up a sandbox on this machine.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Availability {
-    /// It can: the program and its version line, and whether each call runs in a systemd unit
+    /// It can: the program and its version line, and whether each child runs in a systemd unit
     /// of its own.
     Ready {
         program: PathBuf,
@@ -43,29 +49,29 @@ pub(crate) enum Availability {
     Unavailable(String),
 }
 
-/// Whether sandboxed calls run in tool units (`agent/unit.rs`).
+/// Whether sandboxed children run in tool units (`agent/unit.rs`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum ToolUnits {
-    /// Not under the packaged units: calls run in the daemon's own cgroup.
+    /// Not under the packaged units: the daemon starts bubblewrap itself.
     NotConfigured,
-    /// Each call runs in a unit started through this socket.
-    Ready(PathBuf),
-    /// The socket is configured but a trial call failed there: calls run in the daemon's own
-    /// cgroup (still sandboxed), and the start says why.
-    Failed { socket: PathBuf, reason: String },
+    /// Each child runs in a unit started through one of these sockets.
+    Ready(UnitSockets),
 }
 
 static AVAILABILITY: OnceLock<Availability> = OnceLock::new();
+/// What the start found of strict children's `writable` paths that their tool units cannot
+/// write, one line each.
+static UNWRITABLE: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
 /// Whether strict children can run here, probed once per process (a sandbox that starts
-/// `/bin/true`). Call it before the async runtime runs: the probe waits for a process.
+/// `/bin/true`, in each tool unit template when there are any). Call it before the async runtime
+/// runs: the probe waits for a process.
 pub(crate) fn availability() -> &'static Availability {
     AVAILABILITY.get_or_init(probe)
 }
 
-/// The mechanism a sandboxing uses, for journal lines and `status`: `per_call` for a run that
-/// [`Child::run`] drives (it can go to a tool unit), not for an MCP server.
-pub(crate) fn mechanism(sandboxing: &Sandboxing, per_call: bool) -> &'static str {
+/// The mechanism a sandboxing uses, for journal lines and `status`.
+pub(crate) fn mechanism(sandboxing: &Sandboxing) -> &'static str {
     match (sandboxing, availability()) {
         (Sandboxing::Off, _) => "none",
         (
@@ -74,7 +80,7 @@ pub(crate) fn mechanism(sandboxing: &Sandboxing, per_call: bool) -> &'static str
                 units: ToolUnits::Ready(_),
                 ..
             },
-        ) if per_call => "systemd unit, bubblewrap",
+        ) => "systemd unit, bubblewrap",
         (Sandboxing::Strict { .. }, _) => "bubblewrap",
     }
 }
@@ -91,19 +97,25 @@ pub(crate) enum NotConfined {
     /// could not start something).
     #[error("cannot start {program}: {reason}")]
     ProgramNotFound { program: String, reason: String },
+    #[error(
+        "not run: network = true needs agentgate-tool-network.socket, and the service names \
+         none (AGENTGATE_TOOL_NETWORK_SOCKET)"
+    )]
+    NoNetworkUnits,
 }
 
-/// `child` as it is started under `sandboxing`, with `hidden` out of its sight.
+/// `child` as it is started under `sandboxing`, with `hidden` out of its sight (and, whatever
+/// `hidden` says, the sockets of the tool units and the service's runtime directory).
 pub(crate) fn confine(
     child: Child,
     sandboxing: &Sandboxing,
     hidden: &HiddenPaths,
 ) -> Result<Child, NotConfined> {
     let Sandboxing::Strict { network, writable } = sandboxing else {
-        return Ok(child);
+        return Ok(child.unconfined());
     };
     let (program, units) = match availability() {
-        Availability::Ready { program, units, .. } => (program.clone(), units),
+        Availability::Ready { program, units, .. } => (program, units),
         Availability::Unavailable(reason) => {
             return Err(NotConfined::Unavailable(reason.clone()));
         }
@@ -114,59 +126,105 @@ pub(crate) fn confine(
             reason,
         });
     }
-    let confinement = Confinement::new(program, *network, writable, hidden);
-    Ok(match units {
-        ToolUnits::Ready(socket) => child.in_unit(socket.clone(), confinement),
-        ToolUnits::NotConfigured | ToolUnits::Failed { .. } => {
-            let wrapper = confinement.wrapper(child.working_dir());
-            child.within(wrapper)
+    let confinement = Confinement::new(*network, writable, &with_runtime(hidden, units));
+    match units {
+        ToolUnits::Ready(sockets) => {
+            let socket = sockets
+                .for_network(*network)
+                .ok_or(NotConfined::NoNetworkUnits)?;
+            Ok(child.in_unit(socket.to_path_buf(), confinement))
         }
-    })
+        ToolUnits::NotConfigured => {
+            let wrapper = confinement.wrapper(program, child.working_dir());
+            Ok(child.within(wrapper))
+        }
+    }
 }
 
-/// Finds bubblewrap and starts `/bin/true` in a sandbox like the ones children get.
+/// `hidden`, and what only the running daemon knows: the tool units' sockets and its runtime
+/// directory (`$RUNTIME_DIRECTORY`, when its unit has one).
+fn with_runtime(hidden: &HiddenPaths, units: &ToolUnits) -> HiddenPaths {
+    let mut all = hidden.clone();
+    all.dirs.extend(
+        std::env::var_os("RUNTIME_DIRECTORY")
+            .into_iter()
+            .flat_map(|dirs| std::env::split_paths(&dirs).collect::<Vec<_>>()),
+    );
+    if let ToolUnits::Ready(sockets) = units {
+        all.files.extend(sockets.files());
+    }
+    all
+}
+
+/// The bubblewrap program: `AGENTGATE_BWRAP`, else Debian's, else the first in `PATH`.
+pub(crate) fn bubblewrap() -> Result<PathBuf, String> {
+    if let Some(chosen) = std::env::var_os(BWRAP_VARIABLE).map(PathBuf::from) {
+        return match executable(&chosen.display().to_string()) {
+            Ok(()) => Ok(chosen),
+            Err(reason) => Err(format!("{BWRAP_VARIABLE}={}: {reason}", chosen.display())),
+        };
+    }
+    if Path::new(BWRAP).exists() {
+        return Ok(PathBuf::from(BWRAP));
+    }
+    find_in_path("bwrap").ok_or_else(|| "bubblewrap (bwrap) is not installed".to_string())
+}
+
+/// Finds bubblewrap and starts `/bin/true` in a sandbox like the ones children get: in each
+/// tool unit template under the packaged units (the service itself may not create namespaces
+/// there), else here.
 fn probe() -> Availability {
-    let chosen = std::env::var_os(BWRAP_VARIABLE).map(PathBuf::from);
-    let program = if let Some(chosen) = chosen {
-        if let Err(reason) = executable(&chosen.display().to_string()) {
-            return Availability::Unavailable(format!(
-                "{BWRAP_VARIABLE}={}: {reason}",
-                chosen.display()
-            ));
-        }
-        chosen
-    } else if Path::new(BWRAP).exists() {
-        PathBuf::from(BWRAP)
-    } else {
-        match find_in_path("bwrap") {
-            Some(program) => program,
-            None => {
-                return Availability::Unavailable(
-                    "bubblewrap (bwrap) is not installed".to_string(),
-                );
-            }
-        }
+    let program = match bubblewrap() {
+        Ok(program) => program,
+        Err(reason) => return Availability::Unavailable(reason),
     };
     let version = std::process::Command::new(&program)
         .arg("--version")
         .output()
         .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_string())
         .unwrap_or_default();
-    let confinement = Confinement::new(program.clone(), false, &[], &HiddenPaths::default());
+    let always = HiddenPaths {
+        dirs: crate::config::ALWAYS_HIDDEN
+            .iter()
+            .map(PathBuf::from)
+            .collect(),
+        files: Vec::new(),
+    };
+    if let Some(sockets) = unit::configured_sockets() {
+        let units = ToolUnits::Ready(sockets.clone());
+        let hidden = with_runtime(&always, &units);
+        let networks = [false]
+            .into_iter()
+            .chain(sockets.network.iter().map(|_| true));
+        for network in networks {
+            let Some(socket) = sockets.for_network(network) else {
+                continue;
+            };
+            if let Err(reason) = unit::trial(socket, Confinement::new(network, &[], &hidden)) {
+                return Availability::Unavailable(format!(
+                    "the tool units of {} cannot run a sandbox: {reason}",
+                    socket.display()
+                ));
+            }
+        }
+        return Availability::Ready {
+            program,
+            version,
+            units,
+        };
+    }
     let trial = std::process::Command::new(&program)
-        .args(confinement.wrapper(None).iter().skip(1))
+        .args(Confinement::new(false, &[], &always).options(None))
+        .arg("--")
         .arg("/bin/true")
         .env_clear()
         .output();
     match trial {
-        Ok(out) if out.status.success() => {
-            let units = probe_units(confinement);
-            Availability::Ready {
-                program,
-                version,
-                units,
-            }
-        }
+        Ok(out) if out.status.success() => Availability::Ready {
+            program,
+            version,
+            units: ToolUnits::NotConfigured,
+        },
         Ok(out) => Availability::Unavailable(format!(
             "{} cannot start a sandbox: {}",
             program.display(),
@@ -176,15 +234,75 @@ fn probe() -> Availability {
     }
 }
 
-/// Under the packaged units, starts the same trial sandbox in a tool unit.
-fn probe_units(confinement: Confinement) -> ToolUnits {
-    let Some(socket) = super::unit::configured_socket() else {
-        return ToolUnits::NotConfigured;
+/// Under the packaged units, asks each tool unit template whether it can write the `writable`
+/// paths of the strict children that run there (a path outside its `ReadWritePaths=` is
+/// read-only in the unit, and a call that writes there would fail only once it runs, perhaps
+/// after a person approved it). Returns a warning for each path it cannot write, and keeps
+/// them for `status`. Blocking.
+pub(crate) fn check_writable(config: &Config) -> Vec<String> {
+    let Availability::Ready {
+        units: ToolUnits::Ready(sockets),
+        ..
+    } = availability()
+    else {
+        return Vec::new();
     };
-    match super::unit::trial(&socket, confinement) {
-        Ok(()) => ToolUnits::Ready(socket),
-        Err(reason) => ToolUnits::Failed { socket, reason },
+    let mut warnings = Vec::new();
+    for network in [false, true] {
+        let children: Vec<_> = crate::config::strict_children(config)
+            .into_iter()
+            .filter(|child| child.network == network && !child.writable.is_empty())
+            .collect();
+        let (Some(socket), false) = (sockets.for_network(network), children.is_empty()) else {
+            continue;
+        };
+        let template = if network {
+            "agentgate-tool-network@.service"
+        } else {
+            "agentgate-tool@.service"
+        };
+        let paths: Vec<PathBuf> = children
+            .iter()
+            .flat_map(|child| {
+                child
+                    .writable
+                    .iter()
+                    .map(|path| crate::config::resolved(path))
+            })
+            .collect();
+        let unwritable = match unit::unwritable(socket, &paths) {
+            Ok(unwritable) => unwritable,
+            Err(reason) => {
+                warnings.push(format!(
+                    "cannot check the writable paths in {template}: {reason}"
+                ));
+                continue;
+            }
+        };
+        for (path, reason) in unwritable {
+            for child in children.iter().filter(|child| {
+                child
+                    .writable
+                    .iter()
+                    .any(|writable| crate::config::resolved(writable) == path)
+            }) {
+                warnings.push(format!(
+                    "{}.writable: {} is not writable in {template} ({reason}); its calls will \
+                     fail there: add ReadWritePaths={} with `systemctl edit {template}`",
+                    child.key,
+                    path.display(),
+                    path.display()
+                ));
+            }
+        }
     }
+    crate::locks::lock(&UNWRITABLE).clone_from(&warnings);
+    warnings
+}
+
+/// What the last [`check_writable`] found, for `status`.
+pub(crate) fn unwritable_paths() -> Vec<String> {
+    crate::locks::lock(&UNWRITABLE).clone()
 }
 
 /// Whether `program` names an executable file, found as `execvp` would find it.

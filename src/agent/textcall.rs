@@ -31,15 +31,35 @@ pub(crate) fn call_in_content(reply: Message, offered: &[&str]) -> Message {
     }
 }
 
-fn spelled_call(content: &str, offered: &[&str]) -> Option<ToolCall> {
-    let text = unfenced(content.trim());
-    let Value::Object(object) = serde_json::from_str::<Value>(text).ok()? else {
+/// Whether `content` is nothing but a tool call written as text: one call-shaped object
+/// (`{"name": …, "arguments": …}`), or a list of them, bare or in a fence, of any tool, offered
+/// or not. A reply like that is no answer, whatever `tool_calls_in_content` says.
+pub(crate) fn is_written_call(content: &str) -> bool {
+    match serde_json::from_str::<Value>(unfenced(content.trim())) {
+        Ok(Value::Array(items)) => {
+            !items.is_empty() && items.iter().all(|item| call_shaped(item).is_some())
+        }
+        Ok(value) => call_shaped(&value).is_some(),
+        Err(_) => false,
+    }
+}
+
+/// The tool name of a call-shaped object: a string `name`, and no key but `name` and
+/// `arguments`.
+fn call_shaped(value: &Value) -> Option<&str> {
+    let Value::Object(object) = value else {
         return None;
     };
     if object.keys().any(|key| key != "name" && key != "arguments") {
         return None;
     }
-    let name = object.get("name")?.as_str()?;
+    object.get("name")?.as_str()
+}
+
+fn spelled_call(content: &str, offered: &[&str]) -> Option<ToolCall> {
+    let value = serde_json::from_str::<Value>(unfenced(content.trim())).ok()?;
+    let name = call_shaped(&value)?;
+    let object = value.as_object()?;
     if !offered.contains(&name) {
         return None;
     }
@@ -93,6 +113,26 @@ mod tests {
             assert_eq!(call.name, "disk_usage");
             let arguments: Value = serde_json::from_str(&call.arguments).expect("JSON");
             assert_eq!(arguments, serde_json::json!({"path": "/"}));
+        }
+    }
+
+    #[test]
+    fn a_written_call_of_any_tool_is_no_answer() {
+        for content in [
+            r#"{"name": "rm_rf", "arguments": {}}"#,
+            "```json\n{\"name\": \"disk_usage\", \"arguments\": {\"path\": \"/\"}}\n```",
+            r#"[{"name": "a"}, {"name": "b", "arguments": {}}]"#,
+        ] {
+            assert!(is_written_call(content), "{content}");
+        }
+        for content in [
+            "The disk is 93% full.",
+            r#"I will call {"name": "disk_usage", "arguments": {}} now"#,
+            r#"{"name": "disk_usage", "arguments": {}, "note": "x"}"#,
+            r#"{"disk": "93%"}"#,
+            "[]",
+        ] {
+            assert!(!is_written_call(content), "{content}");
         }
     }
 

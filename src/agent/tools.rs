@@ -97,7 +97,7 @@ pub(crate) async fn run(
             return Ok(ToolOutcome::failed_to_start(not_confined.to_string()));
         }
     };
-    tracing::info!(tool = %tool.name, sandbox = sandbox::mechanism(&tool.sandbox, true), "running the tool");
+    tracing::info!(tool = %tool.name, sandbox = sandbox::mechanism(&tool.sandbox), "running the tool");
     let limits = Limits {
         timeout: tool.timeout,
         output_cap: OUTPUT_CAP,

@@ -1,13 +1,15 @@
 //! A sandboxed call in a systemd unit of its own (docs/tools.md, "Sandbox").
 //!
-//! Under the packaged units each sandboxed run (a command tool's call, a command delivery, the
-//! command model) is an instance of `agentgate-tool@.service`, which systemd starts for each
-//! connection to `agentgate-tool.socket` (`Accept=yes`). So systemd accounts for every call, the
-//! template's limits apply to each (`MemoryMax=`, `TasksMax=`, … by `systemctl edit`), and
-//! whatever a call leaves running is killed with its unit. The daemon needs no privilege for
-//! that beyond its own socket: starting transient units through the manager would need a
-//! polkit grant, and polkit cannot restrict the units so started, so the daemon's user would
-//! become root-equivalent. The template is fixed; a tool cannot ask for a laxer one.
+//! Under the packaged units each sandboxed child (a command tool's call, a command delivery, a
+//! stdio MCP server) is an instance of `agentgate-tool@.service`, which systemd
+//! starts for each connection to `agentgate-tool.socket` (`Accept=yes`), or, when it may use the
+//! network, of `agentgate-tool-network@.service` through `agentgate-tool-network.socket`: the
+//! first has no network and no Unix sockets at all, whatever its request says. So systemd
+//! accounts for every call, the template's limits apply to each (`MemoryMax=`, `TasksMax=`, …
+//! by `systemctl edit`), and whatever a call leaves running is killed with its unit. The daemon
+//! needs no privilege for that beyond its own sockets: starting transient units through the
+//! manager would need a polkit grant, and polkit cannot restrict the units so started, so the
+//! daemon's user would become root-equivalent.
 //!
 //! The exchange on one connection: the daemon sends a [`Request`] (a big-endian `u32` length,
 //! then JSON) with the child's stdin, stdout and stderr as descriptors (`SCM_RIGHTS`), so output
@@ -15,11 +17,15 @@
 //! the argv in its bubblewrap sandbox, in a process group of its own, and answers
 //! with one [`Reply`] line. When the daemon shuts its end first (timeout, cancellation, its own
 //! death), the instance stops the group and exits, and systemd stops the unit.
+//!
+//! The instance trusts neither the connection nor the request ([`admit`], [`floor`]): only the
+//! daemon's own process (its user or root, in `agentgate.service`'s cgroup, not in a tool
+//! unit) may ask, and whatever it asks, the sandbox hides at least what the unit's floor names,
+//! from settings no tool can change; a request that asks for less is refused and logged.
 
-use std::ffi::OsString;
-use std::io::{IoSlice, IoSliceMut, Read, Write};
+use std::io::{IoSlice, IoSliceMut, Read, Seek, Write};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
@@ -33,10 +39,18 @@ use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 
 use super::confinement::Confinement;
+use crate::config::{ConfigSource, HiddenPaths};
 
 /// The environment variable (set by the packaged service) that names the socket whose
-/// connections systemd runs as tool units.
+/// connections systemd runs as tool units without the network.
 pub(crate) const SOCKET_VARIABLE: &str = "AGENTGATE_TOOL_SOCKET";
+/// The same for the units of calls that may use the network.
+pub(crate) const NETWORK_SOCKET_VARIABLE: &str = "AGENTGATE_TOOL_NETWORK_SOCKET";
+/// Set to `no` by a tool unit template whose calls have no network: such an instance refuses a
+/// request that asks for it (its unit has none to give in any case).
+const UNIT_NETWORK_VARIABLE: &str = "AGENTGATE_TOOL_UNIT_NETWORK";
+/// The unit whose process alone may start calls in a tool unit.
+const DAEMON_UNIT: &str = "agentgate.service";
 /// The largest request: an argv and environment, not data (stdin goes through its pipe).
 const MAX_REQUEST: usize = 4 * 1024 * 1024;
 /// How long the start's trial call may take.
@@ -44,35 +58,81 @@ const TRIAL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Between SIGTERM and SIGKILL of the call's process group.
 const KILL_GRACE: Duration = Duration::from_secs(2);
 
-/// What to start, as the daemon's [`super::process::Child`] would start it locally.
+/// What the daemon asks of a tool unit.
 #[derive(Debug, Serialize, Deserialize)]
-pub(crate) struct Request {
+pub(crate) enum Request {
+    /// Start a child, as the daemon's [`super::process::Child`] would start it locally.
+    Run(Call),
+    /// Which of these paths the unit cannot write (the start's check of `writable` paths).
+    CheckWritable(Vec<PathBuf>),
+}
+
+/// A child to start.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct Call {
     pub program: String,
     pub args: Vec<String>,
     /// Names and values as bytes: the complete environment of the child.
     pub env: Vec<(Vec<u8>, Vec<u8>)>,
     pub cwd: Option<PathBuf>,
     /// The sandbox to start it in, set up here (a path is hidden where it exists in the unit).
+    /// Always given: one without is refused.
     pub confinement: Option<Confinement>,
 }
 
-/// How the call ended, as the instance saw it.
+/// How the request ended, as the instance saw it.
 #[derive(Debug, Serialize, Deserialize)]
 enum Reply {
     /// The leader's raw wait status.
     Exited(i32),
-    /// It could not be started.
+    /// It could not be started, or it was refused.
     NotStarted(String),
+    /// The paths of a [`Request::CheckWritable`] this unit cannot write, each with the reason.
+    NotWritable(Vec<(PathBuf, String)>),
 }
 
-/// The socket named by [`SOCKET_VARIABLE`], if the daemon runs under the packaged units.
-pub(crate) fn configured_socket() -> Option<PathBuf> {
-    std::env::var_os(SOCKET_VARIABLE)
-        .filter(|value| !value.is_empty())
-        .map(PathBuf::from)
+/// The sockets whose connections systemd runs as tool units.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct UnitSockets {
+    /// For children without the network.
+    pub strict: PathBuf,
+    /// For children with it; `None` when the service names none (they cannot run then).
+    pub network: Option<PathBuf>,
 }
 
-/// Connects to `socket` and hands it the call, with `stdio` (stdin, stdout, stderr) as the
+impl UnitSockets {
+    /// The socket of a child with or without the network.
+    pub(crate) fn for_network(&self, network: bool) -> Option<&Path> {
+        if network {
+            self.network.as_deref()
+        } else {
+            Some(&self.strict)
+        }
+    }
+
+    /// Both sockets, as files no sandboxed process may reach.
+    pub(crate) fn files(&self) -> Vec<PathBuf> {
+        std::iter::once(self.strict.clone())
+            .chain(self.network.clone())
+            .collect()
+    }
+}
+
+/// The sockets named by [`SOCKET_VARIABLE`] and [`NETWORK_SOCKET_VARIABLE`], if the daemon
+/// runs under the packaged units.
+pub(crate) fn configured_sockets() -> Option<UnitSockets> {
+    let named = |variable: &str| {
+        std::env::var_os(variable)
+            .filter(|value| !value.is_empty())
+            .map(PathBuf::from)
+    };
+    Some(UnitSockets {
+        strict: named(SOCKET_VARIABLE)?,
+        network: named(NETWORK_SOCKET_VARIABLE),
+    })
+}
+
+/// Connects to `socket` and hands it the request, with `stdio` (stdin, stdout, stderr) as the
 /// child's. The connection is the call: closing it stops the call.
 pub(crate) fn start(
     socket: &Path,
@@ -108,29 +168,191 @@ pub(crate) fn start(
 /// Reads the instance's answer: the child's exit status, or why it did not start. An instance
 /// that ended without answering (stopped by systemd, say) is an error.
 pub(crate) fn read_reply(answer: &[u8]) -> Result<ExitStatus, String> {
+    match parse_reply(answer) {
+        Ok(Reply::Exited(raw)) => Ok(ExitStatus::from_raw(raw)),
+        Ok(Reply::NotStarted(reason)) => Err(reason),
+        Ok(Reply::NotWritable(_)) => Err("its tool unit answered another request".to_string()),
+        Err(reason) => Err(reason),
+    }
+}
+
+fn parse_reply(answer: &[u8]) -> Result<Reply, String> {
     let line = answer
         .split(|byte| *byte == b'\n')
         .next()
         .unwrap_or_default();
-    match serde_json::from_slice::<Reply>(line) {
-        Ok(Reply::Exited(raw)) => Ok(ExitStatus::from_raw(raw)),
-        Ok(Reply::NotStarted(reason)) => Err(reason),
-        Err(_) => Err("its tool unit ended without an answer".to_string()),
-    }
+    serde_json::from_slice::<Reply>(line)
+        .map_err(|_| "its tool unit ended without an answer".to_string())
 }
 
-/// `agentgate tool-exec`: runs the one call on the connection systemd passed as stdin. An error
-/// is a request that could not be read; the call's own failure is in the answer.
+/// `agentgate tool-exec`: runs the one request on the connection systemd passed as stdin. An
+/// error is a request that could not be read or was refused (also logged, and answered); the
+/// call's own failure is in the answer.
 pub(crate) fn serve_connection() -> Result<(), String> {
     use std::os::fd::AsFd;
-    let connection = std::io::stdin()
+    let mut connection = std::io::stdin()
         .as_fd()
         .try_clone_to_owned()
         .map(UnixStream::from)
         .map_err(|err| format!("no connection on stdin: {err}"))?;
+    if let Err(reason) = admit(&connection) {
+        return Err(refuse(&mut connection, &reason));
+    }
     let (request, stdio) =
         receive(&connection).map_err(|err| format!("cannot read the call: {err}"))?;
-    run(connection, request, stdio)
+    match request {
+        Request::Run(call) => match confined(&connection, &call) {
+            Ok(confinement) => run(connection, call, confinement, stdio),
+            Err(reason) => Err(refuse(&mut connection, &reason)),
+        },
+        Request::CheckWritable(paths) => {
+            answer(&mut connection, &Reply::NotWritable(not_writable(&paths)));
+            Ok(())
+        }
+    }
+}
+
+/// Logs a refusal (as an error, which the template's `LogLevelMax=` keeps) and answers it.
+fn refuse(connection: &mut UnixStream, reason: &str) -> String {
+    let line = format!("refused: {reason}");
+    eprintln!("<3>{line}");
+    answer(
+        connection,
+        &Reply::NotStarted(format!("its tool unit {line}")),
+    );
+    line
+}
+
+/// Whether the process at the other end may ask for calls: the daemon, that is, a process of
+/// this unit's user (or root) in the daemon's unit, `agentgate.service`. Outside a tool unit
+/// (a test's `systemd-socket-activate`), a process in this one's own cgroup.
+fn admit(connection: &UnixStream) -> Result<(), String> {
+    use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
+    let peer = getsockopt(connection, PeerCredentials)
+        .map_err(|err| format!("the caller cannot be identified: {err}"))?;
+    let own_user = nix::unistd::getuid().as_raw();
+    let (pid, user) = (peer.pid(), peer.uid());
+    let theirs = cgroup_of(&pid.to_string());
+    let who = format!(
+        "pid {pid}, uid {user}, cgroup {}",
+        theirs.as_deref().unwrap_or("unknown")
+    );
+    if user != own_user && user != 0 {
+        return Err(format!("a call from {who}: not the daemon's user"));
+    }
+    let own = cgroup_of("self").ok_or_else(|| format!("a call from {who}: own cgroup unknown"))?;
+    let Some(theirs) = theirs else {
+        return Err(format!("a call from {who}: its cgroup cannot be read"));
+    };
+    let leaf = |cgroup: &str| cgroup.rsplit('/').next().unwrap_or_default().to_string();
+    let in_tool_unit = leaf(&own).starts_with("agentgate-tool");
+    let allowed = if in_tool_unit {
+        theirs == daemon_cgroup(&own)
+    } else {
+        theirs == own
+    };
+    if allowed {
+        Ok(())
+    } else {
+        Err(format!(
+            "a call from {who}: only {DAEMON_UNIT} may start calls here"
+        ))
+    }
+}
+
+/// The daemon's cgroup, seen from a tool unit's (`own`): `agentgate.service` in the system
+/// manager's slice that holds the tool units, `/system.slice/agentgate.service`. The whole path,
+/// not its last part: a user's manager can run a unit of that name too
+/// (`/user.slice/…/user@UID.service/app.slice/agentgate.service`).
+fn daemon_cgroup(own: &str) -> String {
+    let slice = own
+        .trim_start_matches('/')
+        .split('/')
+        .next()
+        .unwrap_or_default();
+    format!("/{slice}/{DAEMON_UNIT}")
+}
+
+/// The cgroup (v2) of process `pid` ("self" for this one), as `/proc` shows it.
+fn cgroup_of(pid: &str) -> Option<String> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    text.lines()
+        .find_map(|line| line.strip_prefix("0::"))
+        .map(str::to_string)
+}
+
+/// What this unit hides from every call, whatever its request says: the config's floor
+/// ([`crate::config::floor`], read here from the file only root may write); and what a request
+/// must hide itself: [`crate::config::ALWAYS_HIDDEN`] and the socket the call came in through.
+fn floor(connection: &UnixStream) -> Result<(HiddenPaths, HiddenPaths), String> {
+    let source = ConfigSource::resolve(None);
+    let mut floor = crate::config::floor(&source)
+        .map_err(|err| format!("the sandbox's floor cannot be read from {source}: {err}"))?;
+    let own_socket =
+        nix::sys::socket::getsockname::<nix::sys::socket::UnixAddr>(connection.as_raw_fd())
+            .ok()
+            .and_then(|address| address.path().map(Path::to_path_buf));
+    let required = HiddenPaths {
+        dirs: crate::config::ALWAYS_HIDDEN
+            .iter()
+            .map(PathBuf::from)
+            .collect(),
+        files: own_socket.clone().into_iter().collect(),
+    };
+    floor.files.extend(own_socket);
+    Ok((floor, required))
+}
+
+/// The sandbox a call runs in: its request's, held against this unit's floor. A request that
+/// asks for no sandbox, for the network in a unit without one, or for less than the floor (a
+/// path of it shown, or writable) is refused; what the config names beyond the request is
+/// hidden as well (a daemon that has not reloaded a changed config yet does not know it).
+fn confined(connection: &UnixStream, call: &Call) -> Result<Confinement, String> {
+    let Some(requested) = &call.confinement else {
+        return Err("a call that asks for no sandbox".to_string());
+    };
+    // bubblewrap reads its options NUL-separated: a NUL would start an option of the request's
+    // making.
+    let paths = requested
+        .writable
+        .iter()
+        .chain(&requested.hidden_dirs)
+        .chain(&requested.hidden_files)
+        .chain(&call.cwd);
+    let nul = |bytes: &[u8]| bytes.contains(&0);
+    if call.env.iter().any(|(name, value)| nul(name) || nul(value))
+        || paths
+            .into_iter()
+            .any(|path| nul(path.as_os_str().as_bytes()))
+    {
+        return Err("a call with a NUL byte in its environment or its paths".to_string());
+    }
+    let unit_has_network = std::env::var(UNIT_NETWORK_VARIABLE).as_deref() != Ok("no");
+    if requested.network && !unit_has_network {
+        return Err("a call that asks for the network in a unit without it".to_string());
+    }
+    let (floor, required) = floor(connection)?;
+    if let Some(why) = requested.falls_short_of(&required) {
+        return Err(format!("a call whose sandbox is below the floor: {why}"));
+    }
+    let raised = requested.clone().hiding(&floor);
+    match raised.falls_short_of(&floor) {
+        Some(why) => Err(format!("a call whose sandbox is below the floor: {why}")),
+        None => Ok(raised),
+    }
+}
+
+/// Each of `paths` that a call in this unit could not write, with the reason: a path outside
+/// the template's `ReadWritePaths=` is on a read-only file system here.
+fn not_writable(paths: &[PathBuf]) -> Vec<(PathBuf, String)> {
+    use nix::unistd::{AccessFlags, access};
+    paths
+        .iter()
+        .filter_map(|path| {
+            let refused = access(path.as_path(), AccessFlags::W_OK).err()?;
+            Some((path.clone(), refused.desc().to_string()))
+        })
+        .collect()
 }
 
 /// The request and its three descriptors.
@@ -185,36 +407,42 @@ enum Ending {
     Hangup,
 }
 
-/// Starts the request and answers when it ends, or stops it when the daemon hangs up.
-fn run(mut connection: UnixStream, request: Request, stdio: [OwnedFd; 3]) -> Result<(), String> {
+/// Starts the call in its sandbox and answers when it ends, or stops it when the daemon hangs
+/// up.
+fn run(
+    mut connection: UnixStream,
+    call: Call,
+    confinement: Confinement,
+    stdio: [OwnedFd; 3],
+) -> Result<(), String> {
     let [stdin, stdout, stderr] = stdio;
-    let mut argv = match &request.confinement {
-        Some(confinement) => confinement.wrapper(request.cwd.as_deref()),
-        None => Vec::new(),
-    };
-    argv.push(request.program.clone());
-    argv.extend(request.args);
-    let mut command = std::process::Command::new(&argv[0]);
-    command
-        .args(&argv[1..])
-        .env_clear()
-        .envs(
-            request
-                .env
-                .into_iter()
-                .map(|(name, value)| (OsString::from_vec(name), OsString::from_vec(value))),
-        )
-        .stdin(Stdio::from(stdin))
-        .stdout(Stdio::from(stdout))
-        .stderr(Stdio::from(stderr));
-    std::os::unix::process::CommandExt::process_group(&mut command, 0);
-    if let Some(cwd) = &request.cwd {
-        command.current_dir(cwd);
-    }
-    let mut child = match command.spawn() {
+    let started = super::sandbox::bubblewrap().and_then(|bwrap| {
+        let options = options_file(&confinement, &call)
+            .map_err(|err| format!("cannot pass the sandbox's options: {err}"))?;
+        let mut command = std::process::Command::new(&bwrap);
+        // bubblewrap itself starts with an empty environment (nothing a request says reaches
+        // it before the sandbox is set up) and reads its options, the child's environment among
+        // them, from a file: an argv would show them to every user on the host.
+        command
+            .arg("--args")
+            .arg(options.as_raw_fd().to_string())
+            .arg("--")
+            .arg(&call.program)
+            .args(&call.args)
+            .env_clear()
+            .stdin(Stdio::from(stdin))
+            .stdout(Stdio::from(stdout))
+            .stderr(Stdio::from(stderr));
+        std::os::unix::process::CommandExt::process_group(&mut command, 0);
+        let child = command
+            .spawn()
+            .map_err(|err| format!("cannot start {}: {err}", bwrap.display()));
+        drop(options);
+        child
+    });
+    let mut child = match started {
         Ok(child) => child,
-        Err(err) => {
-            let reason = format!("cannot start {}: {err}", request.program);
+        Err(reason) => {
             answer(&mut connection, &Reply::NotStarted(reason));
             return Ok(());
         }
@@ -266,6 +494,32 @@ fn run(mut connection: UnixStream, request: Request, stdio: [OwnedFd; 3]) -> Res
     Ok(())
 }
 
+/// bubblewrap's options for `call` as the file its `--args` reads (NUL-separated, in memory,
+/// inherited by bubblewrap alone, which closes it): the child's environment first, then the
+/// sandbox, whose own settings (`HOME`) come last and win. [`confined`] made sure that no NUL
+/// ends an argument early.
+fn options_file(confinement: &Confinement, call: &Call) -> std::io::Result<std::fs::File> {
+    use nix::sys::memfd::{MFdFlags, memfd_create};
+    let mut bytes = Vec::new();
+    let mut push = |arg: &[u8]| {
+        bytes.extend_from_slice(arg);
+        bytes.push(0);
+    };
+    for (name, value) in &call.env {
+        push(b"--setenv");
+        push(name);
+        push(value);
+    }
+    for option in confinement.options(call.cwd.as_deref()) {
+        push(option.as_bytes());
+    }
+    // Without close-on-exec: bubblewrap must inherit it (and closes it once read).
+    let mut file = std::fs::File::from(memfd_create(c"agentgate-bwrap-args", MFdFlags::empty())?);
+    file.write_all(&bytes)?;
+    file.rewind()?;
+    Ok(file)
+}
+
 /// The call's exit status, if it comes within `grace`.
 fn wait_for_exit(
     ending: &mpsc::Receiver<Ending>,
@@ -295,17 +549,42 @@ pub(crate) fn env_entry(name: &std::ffi::OsStr, value: &std::ffi::OsStr) -> (Vec
     (name.as_bytes().to_vec(), value.as_bytes().to_vec())
 }
 
-/// Runs `/bin/true` (stdin empty, output discarded) in a tool unit, confined, and says whether
-/// it succeeded:
-/// the start's check that tool units work. Blocking, bounded by a timeout.
+/// Runs `/bin/true` in a tool unit, in `confinement`, and says whether it succeeded: the
+/// start's check that tool units work. Blocking, bounded by a timeout.
 pub(crate) fn trial(socket: &Path, confinement: Confinement) -> Result<(), String> {
-    let request = Request {
+    let request = Request::Run(Call {
         program: "/bin/true".to_string(),
         args: Vec::new(),
         env: Vec::new(),
         cwd: None,
         confinement: Some(confinement),
-    };
+    });
+    match ask(socket, &request)? {
+        Reply::Exited(raw) if ExitStatus::from_raw(raw).success() => Ok(()),
+        Reply::Exited(raw) => Err(format!(
+            "a trial sandbox in a tool unit ended with {}",
+            ExitStatus::from_raw(raw)
+        )),
+        Reply::NotStarted(reason) => Err(reason),
+        Reply::NotWritable(_) => Err("its tool unit answered another request".to_string()),
+    }
+}
+
+/// Which of `paths` a call in the units of `socket` could not write, each with the reason.
+/// Blocking, bounded by a timeout.
+pub(crate) fn unwritable(
+    socket: &Path,
+    paths: &[PathBuf],
+) -> Result<Vec<(PathBuf, String)>, String> {
+    match ask(socket, &Request::CheckWritable(paths.to_vec()))? {
+        Reply::NotWritable(paths) => Ok(paths),
+        Reply::NotStarted(reason) => Err(reason),
+        Reply::Exited(_) => Err("its tool unit answered another request".to_string()),
+    }
+}
+
+/// Sends `request` (stdin empty, output discarded) and waits for the answer.
+fn ask(socket: &Path, request: &Request) -> Result<Reply, String> {
     let null = |write: bool| {
         std::fs::OpenOptions::new()
             .read(!write)
@@ -317,7 +596,7 @@ pub(crate) fn trial(socket: &Path, confinement: Confinement) -> Result<(), Strin
     let [Ok(stdin), Ok(stdout), Ok(stderr)] = stdio else {
         return Err("cannot open /dev/null".to_string());
     };
-    let mut connection = start(socket, &request, [stdin, stdout, stderr]).map_err(|err| {
+    let mut connection = start(socket, request, [stdin, stdout, stderr]).map_err(|err| {
         format!(
             "cannot start a tool unit through {}: {err}",
             socket.display()
@@ -328,10 +607,19 @@ pub(crate) fn trial(socket: &Path, confinement: Confinement) -> Result<(), Strin
         .map_err(|err| err.to_string())?;
     let mut answer = Vec::new();
     let _ = connection.read_to_end(&mut answer);
-    match read_reply(&answer)? {
-        status if status.success() => Ok(()),
-        status => Err(format!(
-            "a trial sandbox in a tool unit ended with {status}"
-        )),
+    parse_reply(&answer)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::daemon_cgroup;
+
+    #[test]
+    fn only_the_system_manager_s_agentgate_service_is_the_daemon() {
+        let own = "/system.slice/system-agentgate\\x2dtool.slice/agentgate-tool@3-1234-0.service";
+        assert_eq!(daemon_cgroup(own), "/system.slice/agentgate.service");
+        let a_user_s_unit =
+            "/user.slice/user-995.slice/user@995.service/app.slice/agentgate.service";
+        assert_ne!(daemon_cgroup(own), a_user_s_unit);
     }
 }

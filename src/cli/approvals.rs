@@ -9,7 +9,7 @@
 use crate::config::ConfigSource;
 use crate::exit::Failure;
 use crate::ingress::api::{ApprovalsPage, DecisionRequest};
-use crate::output::outln;
+use crate::output::{Table, outln};
 use crate::store::approval::Verdict;
 use crate::store::rfc3339;
 use crate::store::{ApprovalRow, Decided, Decision};
@@ -41,22 +41,16 @@ pub(super) fn approvals_list(source: &ConfigSource, json: bool) -> Result<(), Fa
         outln!("{:#}", serde_json::json!(ApprovalsPage { approvals }));
         return Ok(());
     }
-    outln!(
-        "{:<36}  {:<24}  {:<24}  {:<20}",
-        "ID",
-        "TOOL",
-        "SESSION",
-        "EXPIRES"
-    );
+    let mut table = Table::new(&["ID", "TOOL", "SESSION", "EXPIRES"]);
     for row in &approvals {
-        outln!(
-            "{:<36}  {:<24}  {:<24}  {:<20}",
-            row.id,
+        table.row(vec![
+            row.id.clone(),
             text(&row.tool),
             text(&row.session),
-            rfc3339(row.expires_at)
-        );
+            rfc3339(row.expires_at),
+        ]);
     }
+    table.print();
     Ok(())
 }
 

@@ -101,15 +101,20 @@ pub(super) enum Command {
         #[command(flatten)]
         config: ConfigArg,
         /// Only this route
-        #[arg(long, value_name = "R")]
+        #[arg(long, value_name = "R", conflicts_with = "session")]
         route: Option<String>,
         /// From the UTC day this long ago (e.g. 30d) [default: the last 7 days]
-        #[arg(long, value_name = "DURATION", value_parser = parse_since)]
+        #[arg(long, value_name = "DURATION", value_parser = parse_since, conflicts_with = "session")]
         since: Option<std::time::Duration>,
+        /// What one session's turns spent, against its session budgets
+        #[arg(long, value_name = "KEY")]
+        session: Option<String>,
         /// Print JSON
         #[arg(long)]
         json: bool,
     },
+    /// Run recorded events again under another config without side effects, and compare
+    WhatIf(WhatIfArgs),
     /// Copy the state (database and ledger) into the new directory PATH while the daemon runs
     Backup {
         #[command(flatten)]
@@ -130,14 +135,15 @@ pub(super) enum Command {
         #[arg(required_unless_present = "schedule")]
         route: Option<String>,
         /// Post the schedule schedules/NAME.toml beside the config file (route and payload),
-        /// with the delivery id schedule:NAME:<the time its timer elapsed>
-        /// (agentgate-schedule@NAME.service runs this)
+        /// with the delivery id schedule:NAME:<the time of its timer's fire> (now when run by
+        /// hand; agentgate-schedule@NAME.service runs this)
         #[arg(long, value_name = "NAME", conflicts_with_all = ["data", "delivery_id", "event_type"])]
         schedule: Option<String>,
         /// JSON payload, or @FILE to read it from a file [default: {}]
         #[arg(long, value_name = "JSON|@FILE")]
         data: Option<String>,
-        /// Base URL of the listener [default: http://<server.listen>]
+        /// Post to the listener at BASE, signed with the secrets this user can read [default:
+        /// through the running daemon, which signs and posts to the listener it serves]
         #[arg(long, value_name = "BASE")]
         url: Option<String>,
         /// Delivery id to send [default: a new one]
@@ -196,6 +202,29 @@ pub(super) enum SessionsCommand {
         #[command(flatten)]
         config: ConfigArg,
         key: String,
+    },
+    /// Run the session again from transcript entry N (an event entry or an assistant message);
+    /// the entries from N on are superseded. Prints the new turn id
+    Rewind {
+        #[command(flatten)]
+        config: ConfigArg,
+        key: String,
+        /// The entry to run again from, as `sessions show` numbers it
+        #[arg(long = "to", value_name = "N")]
+        to: i64,
+    },
+    /// Copy the entries before N into the new session NEWKEY and run its turn from entry N
+    /// there; KEY is left as it is. Prints the new turn id
+    Fork {
+        #[command(flatten)]
+        config: ConfigArg,
+        key: String,
+        /// The entry to run again from, as `sessions show` numbers it
+        #[arg(long = "at", value_name = "N")]
+        at: i64,
+        /// The new session's key
+        #[arg(long = "as", value_name = "NEWKEY")]
+        as_key: String,
     },
     /// Print the transcript, then each entry as it is committed, until interrupted
     Follow {
@@ -352,4 +381,38 @@ pub(super) enum LedgerCommand {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// `what-if`: which recorded events run again under which config (docs/reference.md, "what-if").
+#[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("which").required(true).args(["events", "route"])))]
+pub(super) struct WhatIfArgs {
+    /// The config to try (NEW); the state is found through --live-config
+    #[arg(long, value_name = "NEW")]
+    pub(super) config: PathBuf,
+    /// The config in effect, which says where the state is [default: $AGENTGATE_CONFIG, else
+    /// /etc/agentgate/agentgate.toml]
+    #[arg(long, value_name = "PATH")]
+    pub(super) live_config: Option<PathBuf>,
+    /// A recorded event to run again (repeat for more)
+    #[arg(long = "event", value_name = "ID", conflicts_with_all = ["route", "since", "limit"])]
+    pub(super) events: Vec<String>,
+    /// The latest recorded events of this route
+    #[arg(long, value_name = "R")]
+    pub(super) route: Option<String>,
+    /// Only events received within this long (e.g. 7d)
+    #[arg(long, value_name = "DURATION", value_parser = parse_since)]
+    pub(super) since: Option<std::time::Duration>,
+    /// At most this many events (the newest) [default: 20]
+    #[arg(long, value_name = "N")]
+    pub(super) limit: Option<usize>,
+    /// Print JSON
+    #[arg(long)]
+    pub(super) json: bool,
+    /// Exit 1 when any event's run changed
+    #[arg(long)]
+    pub(super) fail_on_change: bool,
+    /// Also keep the report in the state directory's what-if/, for the console
+    #[arg(long)]
+    pub(super) save: bool,
 }

@@ -15,7 +15,10 @@ pub(super) fn check_config(source: &ConfigSource) -> Result<(), Failure> {
                 outln!("{source}: warning: {finding}");
             }
             // A machine property, not the file's: said after the file's findings.
-            let strict = config::strict_children(&loaded.config);
+            let strict: Vec<String> = config::strict_children(&loaded.config)
+                .into_iter()
+                .map(|child| child.key)
+                .collect();
             if let (Availability::Unavailable(reason), false) =
                 (sandbox::availability(), strict.is_empty())
             {

@@ -6,6 +6,7 @@ use std::path::Path;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 
 use crate::exit::Failure;
@@ -37,45 +38,78 @@ impl ControlAnswer {
     }
 }
 
-/// Sends `method path` to the control socket at `socket` and waits for the answer. A socket that
-/// cannot be reached is `Ok(None)`: the caller decides whether that means "no daemon".
-async fn request(
+/// Sends `method path` to the control socket at `socket`: the response, its body still to be
+/// read. A socket that cannot be reached is `Ok(None)`: the caller decides whether that means
+/// "no daemon".
+async fn send(
     socket: &Path,
     method: http::Method,
     path: &str,
     body: Bytes,
-) -> Result<Option<ControlAnswer>, Failure> {
+) -> Result<Option<http::Response<Incoming>>, Failure> {
     let Ok(stream) = tokio::net::UnixStream::connect(socket).await else {
         return Ok(None);
     };
-    let unreachable = |err: &dyn std::fmt::Display| {
-        Failure::unavailable(format!("control socket {}: {err}", socket.display()))
-    };
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
-        .map_err(|err| unreachable(&err))?;
+        .map_err(|err| unreachable(socket, &err))?;
     tokio::spawn(connection);
     let request = http::Request::builder()
         .method(method)
         .uri(path)
         .header(http::header::HOST, "control")
         .body(Full::new(body))
-        .map_err(|err| unreachable(&err))?;
+        .map_err(|err| unreachable(socket, &err))?;
     let response = sender
         .send_request(request)
         .await
-        .map_err(|err| unreachable(&err))?;
+        .map_err(|err| unreachable(socket, &err))?;
+    Ok(Some(response))
+}
+
+fn unreachable(socket: &Path, err: &dyn std::fmt::Display) -> Failure {
+    Failure::unavailable(format!("control socket {}: {err}", socket.display()))
+}
+
+/// Sends `method path` to the control socket at `socket` and waits for the whole answer.
+async fn request(
+    socket: &Path,
+    method: http::Method,
+    path: &str,
+    body: Bytes,
+) -> Result<Option<ControlAnswer>, Failure> {
+    let Some(response) = send(socket, method, path, body).await? else {
+        return Ok(None);
+    };
+    answer(socket, response).await.map(Some)
+}
+
+/// The answer of `response`, its body read whole.
+async fn answer(
+    socket: &Path,
+    response: http::Response<Incoming>,
+) -> Result<ControlAnswer, Failure> {
     let status = response.status();
     let bytes = response
         .into_body()
         .collect()
         .await
-        .map_err(|err| unreachable(&err))?
+        .map_err(|err| unreachable(socket, &err))?
         .to_bytes();
     let body = serde_json::from_slice(&bytes).unwrap_or_else(|_| {
         serde_json::Value::String(String::from_utf8_lossy(&bytes).trim().to_string())
     });
-    Ok(Some(ControlAnswer { status, body }))
+    Ok(ControlAnswer { status, body })
+}
+
+/// How a stream of lines from the daemon ended.
+pub(super) enum Streamed {
+    /// No daemon answers on the control socket.
+    NoDaemon,
+    /// The daemon refused the request.
+    Refused(ControlAnswer),
+    /// The daemon ended the stream, or went away.
+    Ended,
 }
 
 /// A command's way to the daemon of its config: the config's locations read once, and one
@@ -137,6 +171,40 @@ impl DaemonClient {
             path,
             Bytes::from(body),
         ))
+    }
+
+    /// `GET path` on the control socket, a stream of lines: each non-empty line is handed to
+    /// `line` as it arrives, until the stream ends or `line` fails.
+    pub(super) fn lines(
+        &self,
+        path: &str,
+        mut line: impl FnMut(&[u8]) -> Result<(), Failure>,
+    ) -> Result<Streamed, Failure> {
+        let socket = &self.location.control_socket;
+        self.block_on(async {
+            let sent = send(socket, http::Method::GET, path, Bytes::new()).await?;
+            let Some(response) = sent else {
+                return Ok(Streamed::NoDaemon);
+            };
+            if !response.status().is_success() {
+                return Ok(Streamed::Refused(answer(socket, response).await?));
+            }
+            let mut body = response.into_body();
+            let mut pending = Vec::new();
+            while let Some(Ok(frame)) = body.frame().await {
+                let Ok(data) = frame.into_data() else {
+                    continue;
+                };
+                pending.extend_from_slice(&data);
+                while let Some(end) = pending.iter().position(|byte| *byte == b'\n') {
+                    let text: Vec<u8> = pending.drain(..=end).collect();
+                    if end > 0 {
+                        line(&text[..end])?;
+                    }
+                }
+            }
+            Ok(Streamed::Ended)
+        })
     }
 
     pub(super) fn block_on<F: Future>(&self, future: F) -> F::Output {

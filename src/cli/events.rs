@@ -2,25 +2,29 @@
 //! `backup`: the operator's view of accepted work and the outbox, without SQL.
 //!
 //! They read and write the store directly, daemon or not: a replayed event or a retried delivery
-//! is picked up by a running daemon's scheduler or deliverer within a second.
+//! is picked up by a running daemon's scheduler or deliverer within a second. A user who may not
+//! read the state (a member of the daemon's group) goes through the running daemon instead
+//! (`access.rs`).
 
 use std::path::Path;
 use std::time::Duration;
 
-use super::control::{self, DaemonClient};
-use super::sessions::render_entry;
+use super::access::Access;
+use super::control::{DaemonClient, Streamed, no_daemon_for_unreadable_state, path_segment};
+use super::sessions::numbered_entry;
 use super::state::StateAccess;
 use crate::agent::catalog;
 use crate::agent::mcp::McpServers;
 use crate::config::{self, ConfigSource, SecretCheck, StoreSettings};
 use crate::exit::Failure;
-use crate::ingress::api::{EventsPage, ToolsDocument};
-use crate::output::outln;
+use crate::ingress::api::ToolsDocument;
+use crate::output::{Table, outln};
 use crate::store::rfc3339 as time;
-use crate::store::{self, DeliveryState, EventDetail, EventFilter, EventStatus, RetryTarget};
+use crate::store::{self, DeliveryState, EventFilter, EventStatus, RetryTarget, TranscriptRow};
 
-/// How often `sessions follow` looks for new transcript entries.
-const FOLLOW_POLL: Duration = Duration::from_millis(250);
+/// How often `sessions follow` reads the store itself: while no daemon runs (then only another
+/// node of a shared store commits), and before it asks the daemon again after a stream ended.
+const FOLLOW_POLL: Duration = Duration::from_millis(500);
 /// `tools list` without a daemon: how long each MCP server may take to start.
 const TOOLS_LIST_START_WAIT: Duration = Duration::from_secs(30);
 
@@ -36,75 +40,34 @@ pub(super) fn events_list(
     filter: EventFilter,
     json: bool,
 ) -> Result<(), Failure> {
-    let daemon = DaemonClient::new(source)?;
-    let events = if daemon.state_unreadable() {
-        // A member of the daemon's group: the running daemon answers for the state.
-        let mut path = format!("/v1/events?limit={}", filter.limit);
-        for (name, value) in [
-            ("status", filter.status.map(|status| status.to_string())),
-            ("route", filter.route),
-            ("session", filter.session),
-        ] {
-            if let Some(value) = value {
-                path.push_str(&format!("&{name}={}", control::path_segment(&value)));
-            }
-        }
-        match daemon.request(http::Method::GET, &path)? {
-            Some(answer) if answer.status.is_success() => answer.document::<EventsPage>()?.events,
-            Some(answer) => return Err(Failure::unavailable(answer.message())),
-            None => return Err(control::no_daemon_for_unreadable_state()),
-        }
-    } else {
-        StateAccess::open(source)?
-            .query(async |store| store.events(filter).await)?
-            .unwrap_or_default()
-    };
+    let events = Access::open(source)?.events(filter)?;
     if json {
         json_out(&events);
         return Ok(());
     }
-    outln!(
-        "{:<36}  {:<10}  {:<16}  {:<20}  {:<20}  SESSION",
-        "EVENT",
-        "STATUS",
-        "ROUTE",
-        "TYPE",
-        "RECEIVED"
-    );
+    let mut table = Table::new(&["EVENT", "STATUS", "ROUTE", "TYPE", "RECEIVED", "SESSION"]);
     for event in events {
-        outln!(
-            "{:<36}  {:<10}  {:<16}  {:<20}  {:<20}  {}",
+        table.row(vec![
             event.id,
-            event.status,
+            event.status.to_string(),
             event.route,
-            event.event_type,
+            if event.event_type.is_empty() {
+                "-".to_string()
+            } else {
+                crate::untrusted::for_terminal(&event.event_type)
+            },
             time(event.received_at),
-            event.session
-        );
+            crate::untrusted::for_terminal(&event.session),
+        ]);
     }
+    table.print();
     Ok(())
 }
 
 pub(super) fn events_show(source: &ConfigSource, id: &str, json: bool) -> Result<(), Failure> {
-    let no_event = || Failure::runtime(format!("no event {id:?}"));
-    let daemon = DaemonClient::new(source)?;
-    let detail = if daemon.state_unreadable() {
-        let path = format!("/v1/events/{}", control::path_segment(id));
-        match daemon.request(http::Method::GET, &path)? {
-            Some(answer) if answer.status == http::StatusCode::NOT_FOUND => return Err(no_event()),
-            Some(answer) if answer.status.is_success() => answer.document::<EventDetail>()?,
-            Some(answer) => return Err(Failure::unavailable(answer.message())),
-            None => return Err(control::no_daemon_for_unreadable_state()),
-        }
-    } else {
-        let state = StateAccess::open(source)?;
-        let mut detail = state
-            .query(async |store| store.event(id).await)?
-            .flatten()
-            .ok_or_else(no_event)?;
-        detail.usage = detail.usage.priced(state.price.as_ref());
-        detail
-    };
+    let detail = Access::open(source)?
+        .event(id)?
+        .ok_or_else(|| Failure::runtime(format!("no event {id:?}")))?;
     if json {
         json_out(&detail);
         return Ok(());
@@ -124,6 +87,13 @@ pub(super) fn events_show(source: &ConfigSource, id: &str, json: bool) -> Result
         time(event.received_at),
         event.origin
     );
+    if let Some(of) = &event.rewind_of {
+        outln!(
+            "rerun of entry {} of session {}",
+            of.entry,
+            crate::untrusted::for_terminal(&of.session)
+        );
+    }
     if let Some(original) = &event.replay_of {
         outln!("replay of {original}");
     }
@@ -170,12 +140,11 @@ pub(super) fn events_show(source: &ConfigSource, id: &str, json: bool) -> Result
 }
 
 pub(super) fn events_replay(source: &ConfigSource, id: &str) -> Result<(), Failure> {
-    let state = StateAccess::open(source)?;
-    let copy = state
-        .query(async |store| store.replay_event(id).await)?
-        .flatten()
+    let access = Access::open(source)?;
+    let copy = access
+        .replay(id)?
         .ok_or_else(|| Failure::runtime(format!("no event {id:?}")))?;
-    state.restore_ownership()?;
+    access.changed()?;
     outln!("{copy}");
     Ok(())
 }
@@ -199,19 +168,16 @@ pub(super) fn events_replay_matching(
     source: &ConfigSource,
     selection: &ReplaySelection,
 ) -> Result<(), Failure> {
-    let state = StateAccess::open(source)?;
-    let (selected, more) = state
-        .query(async |store| select_for_replay(store, selection).await)?
-        .unwrap_or_default();
+    let access = Access::open(source)?;
+    let (selected, more) = select_for_replay(&access, selection)?;
     let mut replayed = 0;
     for original in &selected {
-        let copy = state.query(async |store| store.replay_event(original).await)?;
-        if let Some(Some(copy)) = copy {
+        if let Some(copy) = access.replay(original)? {
             outln!("{original} {copy}");
             replayed += 1;
         }
     }
-    state.restore_ownership()?;
+    access.changed()?;
     eprintln!(
         "replayed {replayed} {} event(s){}",
         selection.status,
@@ -225,25 +191,23 @@ pub(super) fn events_replay_matching(
 }
 
 /// The ids `selection` picks, newest first, and whether more matched than its limit.
-async fn select_for_replay(
-    store: &crate::store::Store,
+fn select_for_replay(
+    access: &Access,
     selection: &ReplaySelection,
-) -> Result<(Vec<String>, bool), crate::store::StoreError> {
+) -> Result<(Vec<String>, bool), Failure> {
     let cutoff = selection.since.map(|since| {
         crate::store::now_millis() - i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
     });
     let mut selected = Vec::new();
     let mut before = None;
     loop {
-        let page = store
-            .events(EventFilter {
-                status: Some(selection.status),
-                route: selection.route.clone(),
-                session: None,
-                limit: REPLAY_PAGE as i64,
-                before: before.take(),
-            })
-            .await?;
+        let page = access.events(EventFilter {
+            status: Some(selection.status),
+            route: selection.route.clone(),
+            session: None,
+            limit: REPLAY_PAGE as i64,
+            before: before.take(),
+        })?;
         let full = page.len() == REPLAY_PAGE;
         for event in page {
             if cutoff.is_some_and(|cutoff| event.received_at < cutoff) {
@@ -267,47 +231,44 @@ pub(super) fn deliveries_list(
     limit: i64,
     json: bool,
 ) -> Result<(), Failure> {
-    let deliveries = StateAccess::open(source)?
-        .query(async |store| store.deliveries(state, limit).await)?
-        .unwrap_or_default();
+    let deliveries = Access::open(source)?.deliveries(state, limit)?;
     if json {
         json_out(&deliveries);
         return Ok(());
     }
-    outln!(
-        "{:<36}  {:<9}  {:>8}  {:<16}  {:<20}  {:<20}  LAST ERROR",
+    let mut table = Table::new(&[
         "EVENT",
         "STATUS",
         "ATTEMPTS",
         "ROUTE",
         "UPDATED",
-        "NEXT ATTEMPT"
-    );
+        "NEXT ATTEMPT",
+        "LAST ERROR",
+    ])
+    .right(&[2]);
     for delivery in deliveries {
         let next = match delivery.status {
             DeliveryState::Pending => time(delivery.next_attempt_at),
             DeliveryState::Delivered | DeliveryState::Failed => "-".to_string(),
         };
-        outln!(
-            "{:<36}  {:<9}  {:>8}  {:<16}  {:<20}  {:<20}  {}",
+        table.row(vec![
             delivery.event_id,
-            delivery.status,
-            delivery.attempts,
+            delivery.status.to_string(),
+            delivery.attempts.to_string(),
             delivery.route,
             time(delivery.updated_at),
             next,
-            delivery.last_error.as_deref().unwrap_or("-")
-        );
+            delivery.last_error.unwrap_or_else(|| "-".to_string()),
+        ]);
     }
+    table.print();
     Ok(())
 }
 
 pub(super) fn deliveries_retry(source: &ConfigSource, target: RetryTarget) -> Result<(), Failure> {
-    let state = StateAccess::open(source)?;
-    let count = state
-        .query(async |store| store.retry_deliveries(target.clone()).await)?
-        .unwrap_or(0);
-    state.restore_ownership()?;
+    let access = Access::open(source)?;
+    let count = access.retry(target.clone())?;
+    access.changed()?;
     match target {
         RetryTarget::One(id) if count == 0 => Err(Failure::runtime(format!(
             "no failed delivery for event {id:?} (see `agentgate deliveries list --failed`)"
@@ -328,25 +289,63 @@ pub(super) fn deliveries_retry(source: &ConfigSource, target: RetryTarget) -> Re
 }
 
 /// `sessions follow KEY`: what is in the transcript now, then every entry as it is committed,
-/// until interrupted.
+/// until interrupted. While the daemon runs, it streams the entries as it commits them over the
+/// control socket (`GET /v1/sessions/{key}/follow`); while none runs, the store is read every
+/// `FOLLOW_POLL`, and the daemon is asked again as soon as one runs. A user who may not read
+/// the state follows through the daemon alone.
 pub(super) fn sessions_follow(source: &ConfigSource, key: &str) -> Result<(), Failure> {
-    let state = StateAccess::open(source)?;
-    if state
-        .query(async |store| store.session(key).await)?
-        .flatten()
-        .is_none()
-    {
-        return Err(Failure::runtime(format!("no session {key:?}")));
-    }
-    let mut last_seq = i64::MIN;
+    let daemon = DaemonClient::new(source)?;
+    let state = if daemon.state_unreadable() {
+        None
+    } else {
+        Some(StateAccess::open(source)?)
+    };
+    let mut after = i64::MIN;
+    let mut known = false;
     loop {
-        let seen = last_seq;
-        let rows = state
-            .query(async |store| crate::session::transcript(store, key, seen).await)?
-            .unwrap_or_default();
-        for row in &rows {
-            outln!("{}", render_entry(&row.body));
-            last_seq = row.seq;
+        // Only a running daemon is asked: under socket activation, a connection to the control
+        // socket would start a stopped one.
+        if state.is_none() || daemon.runs() {
+            let path = format!("/v1/sessions/{}/follow?after={after}", path_segment(key));
+            let streamed = daemon.lines(&path, |line| {
+                let row: TranscriptRow = serde_json::from_slice(line).map_err(|err| {
+                    Failure::runtime(format!(
+                        "the daemon sent an entry this agentgate does not read ({err}); is it \
+                         another version?"
+                    ))
+                })?;
+                outln!("{}", numbered_entry(&row));
+                after = row.seq;
+                Ok(())
+            })?;
+            match streamed {
+                Streamed::Ended => known = true,
+                Streamed::NoDaemon if state.is_none() => {
+                    return Err(no_daemon_for_unreadable_state());
+                }
+                Streamed::NoDaemon => {}
+                Streamed::Refused(answer) if answer.status == http::StatusCode::NOT_FOUND => {
+                    return Err(Failure::runtime(format!("no session {key:?}")));
+                }
+                Streamed::Refused(answer) => return Err(Failure::unavailable(answer.message())),
+            }
+        }
+        if let Some(state) = &state {
+            if !known {
+                let session = state.query(async |store| store.session(key).await)?;
+                if session.flatten().is_none() {
+                    return Err(Failure::runtime(format!("no session {key:?}")));
+                }
+                known = true;
+            }
+            let seen = after;
+            let rows = state
+                .query(async |store| crate::session::transcript(store, key, seen).await)?
+                .unwrap_or_default();
+            for row in &rows {
+                outln!("{}", numbered_entry(row));
+                after = row.seq;
+            }
         }
         std::thread::sleep(FOLLOW_POLL);
     }
@@ -360,7 +359,7 @@ pub(super) fn tools_list(
     route: Option<&str>,
     json: bool,
 ) -> Result<(), Failure> {
-    let daemon = super::control::DaemonClient::new(source)?;
+    let daemon = DaemonClient::new(source)?;
     let path = match route {
         Some(route) => format!(
             "/v1/tools?route={}",
@@ -410,34 +409,21 @@ pub(super) fn tools_list(
         json_out(&tools);
         return Ok(());
     }
-    outln!(
-        "{:<40}  {:<20}  {:<10}  {:<10}  ROUTES",
-        "TOOL",
-        "KIND",
-        "RERUN",
-        "BACKGROUND"
-    );
+    let mut table = Table::new(&["TOOL", "KIND", "RERUN", "BACKGROUND", "ROUTES"]);
     for tool in &tools {
-        let kind = match tool["mcp_server"].as_str() {
+        let kind = match &tool.mcp_server {
             Some(server) => format!("mcp:{server}"),
             None => "command".to_string(),
         };
-        outln!(
-            "{:<40}  {:<20}  {:<10}  {:<10}  {}",
-            tool["name"].as_str().unwrap_or(""),
+        table.row(vec![
+            tool.name.clone(),
             kind,
-            tool["rerun"].as_str().unwrap_or(""),
-            tool["background"],
-            tool["routes"]
-                .as_array()
-                .map(|routes| routes
-                    .iter()
-                    .filter_map(|r| r.as_str())
-                    .collect::<Vec<_>>()
-                    .join(","))
-                .unwrap_or_default()
-        );
+            tool.rerun.label().to_string(),
+            tool.background.to_string(),
+            tool.routes.join(","),
+        ]);
     }
+    table.print();
     Ok(())
 }
 

@@ -2,7 +2,7 @@
 
 use crate::exit::Failure;
 
-use super::args::*;
+use super::args::{Cli, GenerateCommand};
 
 pub(super) fn generate(what: GenerateCommand) -> Result<(), Failure> {
     use clap::CommandFactory;

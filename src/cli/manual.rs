@@ -140,6 +140,10 @@ impl RoffWriter {
         self.cell.as_mut().unwrap_or(&mut self.line)
     }
 
+    #[expect(
+        clippy::wildcard_enum_match_arm,
+        reason = "pulldown-cmark's events the reference does not use add nothing to the page"
+    )]
     fn event(&mut self, event: Event<'_>) {
         match event {
             Event::Start(tag) => self.start(tag),
@@ -166,6 +170,10 @@ impl RoffWriter {
         }
     }
 
+    #[expect(
+        clippy::wildcard_enum_match_arm,
+        reason = "pulldown-cmark's tags the reference does not use add no markup"
+    )]
     fn start(&mut self, tag: Tag<'_>) {
         match tag {
             Tag::Heading { level, .. } => {
@@ -208,6 +216,10 @@ impl RoffWriter {
         }
     }
 
+    #[expect(
+        clippy::wildcard_enum_match_arm,
+        reason = "pulldown-cmark's tags the reference does not use add no markup"
+    )]
     fn end(&mut self, tag: TagEnd) {
         match tag {
             TagEnd::Heading(_) => {

@@ -3,6 +3,7 @@
 //! Commands that inspect state (`status`, `sessions`, `ledger`) read the state directory directly,
 //! so they work whether or not the daemon runs.
 
+mod access;
 mod approvals;
 mod args;
 mod check;
@@ -16,6 +17,7 @@ mod sessions;
 mod state;
 mod status;
 mod usage;
+mod whatif;
 
 use std::process::ExitCode;
 
@@ -26,9 +28,13 @@ use crate::exit::Failure;
 use crate::lifecycle;
 use crate::logging;
 
-use crate::operator::OperatorAction;
+use crate::ingress::api::RerunRequest;
+use crate::operator::{OperatorAction, Rerun};
 use crate::store::{DeliveryState, EventFilter, RetryTarget};
-use args::*;
+use args::{
+    ApprovalsCommand, Cli, Command, DeliveriesCommand, EventsCommand, LedgerCommand,
+    SessionsCommand, ToolsCommand,
+};
 use check::check_config;
 use generate::generate;
 use send::{SendArguments, send};
@@ -48,7 +54,22 @@ pub(crate) fn main() -> ExitCode {
         Command::Serve { .. } | Command::Reconcile { dry_run: false, .. } => {
             logging::LogTarget::Daemon
         }
-        _ => logging::LogTarget::Terminal,
+        Command::Reconcile { dry_run: true, .. }
+        | Command::CheckConfig(_)
+        | Command::Reload(_)
+        | Command::Status { .. }
+        | Command::Sessions(_)
+        | Command::Ledger(_)
+        | Command::Events(_)
+        | Command::Deliveries(_)
+        | Command::Tools(_)
+        | Command::Approvals(_)
+        | Command::Usage { .. }
+        | Command::Backup { .. }
+        | Command::WhatIf(_)
+        | Command::Generate(_)
+        | Command::ToolExec
+        | Command::Send { .. } => logging::LogTarget::Terminal,
     };
     logging::init(target);
     match run(cli.command) {
@@ -113,6 +134,16 @@ fn run(command: Command) -> Result<(), Failure> {
             config,
             route,
             since,
+            session: Some(key),
+            json,
+        } if route.is_none() && since.is_none() => {
+            usage::session_usage(&config.source(), &key, json)
+        }
+        Command::Usage {
+            config,
+            route,
+            since,
+            session: _,
             json,
         } => usage::usage(&config.source(), route, since, json),
         Command::Send {
@@ -144,13 +175,32 @@ fn run(command: Command) -> Result<(), Failure> {
         Command::Reload(config) => reload(&config.source()),
         Command::Approvals(command) => approvals_command(command),
         Command::Events(command) => events_command(command),
-        Command::Deliveries(DeliveriesCommand::List {
+        Command::Deliveries(command) => deliveries_command(command),
+        Command::Tools(ToolsCommand::List {
+            config,
+            route,
+            json,
+        }) => events::tools_list(&config.source(), route.as_deref(), json),
+        Command::WhatIf(arguments) => whatif::what_if(&arguments),
+        Command::Backup { config, path } => events::backup(&config.source(), &path),
+        Command::Ledger(LedgerCommand::Show { config, json }) => {
+            ledger_show(&config.source(), json)
+        }
+        Command::Generate(what) => generate(what),
+        Command::ToolExec => crate::agent::unit::serve_connection().map_err(Failure::runtime),
+    }
+}
+
+/// `agentgate deliveries …`.
+fn deliveries_command(command: DeliveriesCommand) -> Result<(), Failure> {
+    match command {
+        DeliveriesCommand::List {
             config,
             failed,
             pending,
             limit,
             json,
-        }) => {
+        } => {
             let state = match (failed, pending) {
                 (true, _) => Some(DeliveryState::Failed),
                 (false, true) => Some(DeliveryState::Pending),
@@ -158,12 +208,12 @@ fn run(command: Command) -> Result<(), Failure> {
             };
             events::deliveries_list(&config.source(), state, limit, json)
         }
-        Command::Deliveries(DeliveriesCommand::Retry {
+        DeliveriesCommand::Retry {
             config,
             id,
             failed,
             pending,
-        }) => {
+        } => {
             let target = match (id, pending) {
                 (Some(id), _) => RetryTarget::One(id),
                 (None, true) => RetryTarget::Pending { route: None },
@@ -176,17 +226,6 @@ fn run(command: Command) -> Result<(), Failure> {
             };
             events::deliveries_retry(&config.source(), target)
         }
-        Command::Tools(ToolsCommand::List {
-            config,
-            route,
-            json,
-        }) => events::tools_list(&config.source(), route.as_deref(), json),
-        Command::Backup { config, path } => events::backup(&config.source(), &path),
-        Command::Ledger(LedgerCommand::Show { config, json }) => {
-            ledger_show(&config.source(), json)
-        }
-        Command::Generate(what) => generate(what),
-        Command::ToolExec => crate::agent::unit::serve_connection().map_err(Failure::runtime),
     }
 }
 
@@ -203,6 +242,26 @@ fn sessions_command(command: SessionsCommand) -> Result<(), Failure> {
         }
         SessionsCommand::Cancel { config, key } => {
             operator_action(&config.source(), &key, OperatorAction::Cancel)
+        }
+        SessionsCommand::Rewind { config, key, to } => {
+            let asked = RerunRequest {
+                to: Some(to),
+                ..RerunRequest::default()
+            };
+            sessions::rerun(&config.source(), &key, Rerun::Rewind, asked)
+        }
+        SessionsCommand::Fork {
+            config,
+            key,
+            at,
+            as_key,
+        } => {
+            let asked = RerunRequest {
+                at: Some(at),
+                as_key: Some(as_key),
+                ..RerunRequest::default()
+            };
+            sessions::rerun(&config.source(), &key, Rerun::Fork, asked)
         }
         SessionsCommand::Follow { config, key } => events::sessions_follow(&config.source(), &key),
     }

@@ -5,9 +5,16 @@
 //! and an instance of the `agentgate-schedule@.timer` template whose calendar the operator sets
 //! in a drop-in: the systemd way to run an agent every night, with `Persistent=true` catching up
 //! a fire missed while the machine was off. The event goes through the running daemon like any
-//! `send`, with the delivery id `schedule:NAME:<the time the timer elapsed>` (systemd passes it
-//! as `TRIGGER_TIMER_REALTIME_USEC`), so one fire posted twice is a duplicate. Started by hand,
-//! without its timer, the time is now: a new event. See docs/reference.md, "Schedules".
+//! `send`, with the delivery id `schedule:NAME:<the time of this fire>`, so one fire posted
+//! twice is a duplicate and every fire is a new event. Started by hand, without its timer, the
+//! time is now: a new event. See docs/reference.md, "Schedules".
+//!
+//! The time of a fire is the one systemd stamps on the timer's file in
+//! `/var/lib/systemd/timers` as it starts the service (`Persistent=true` keeps that file). It is
+//! not `TRIGGER_TIMER_REALTIME_USEC`: systemd 252 (Debian 12) sets that variable from the first
+//! fire and keeps it for every later one until a `daemon-reload`, so a key made of it turned
+//! every later fire, and a catch-up, into a duplicate of the first. The variable is used only
+//! where the timer keeps no stamp.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -57,13 +64,13 @@ pub(super) fn outgoing(
     }
     let payload = serde_json::to_vec(&file.payload.unwrap_or_default())
         .map_err(|err| Failure::config(format!("{}: payload: {err}", path.display())))?;
-    let elapsed = timer_elapsed()?;
+    let fired = Trigger::from_environment().fire_time(Path::new(TIMER_STAMPS))?;
     Ok(Outgoing {
         route: file.route,
         body: payload,
         delivery_id: format!(
             "schedule:{name}:{}",
-            humantime::format_rfc3339_seconds(elapsed)
+            humantime::format_rfc3339_seconds(fired)
         ),
         event_type: file.event_type,
     })
@@ -81,15 +88,48 @@ fn schedules_dir(source: &ConfigSource) -> PathBuf {
         .join("schedules")
 }
 
-/// When the timer that started this service elapsed, else now (started by hand).
-fn timer_elapsed() -> Result<SystemTime, Failure> {
-    match std::env::var("TRIGGER_TIMER_REALTIME_USEC") {
-        Ok(value) => value
-            .trim()
-            .parse::<u64>()
-            .map(|micros| UNIX_EPOCH + Duration::from_micros(micros))
-            .map_err(|err| Failure::usage(format!("TRIGGER_TIMER_REALTIME_USEC={value:?}: {err}"))),
-        Err(_) => Ok(SystemTime::now()),
+/// Where systemd keeps the time of each persistent timer's last fire (`stamp-UNIT`).
+const TIMER_STAMPS: &str = "/var/lib/systemd/timers";
+
+/// What systemd says about the timer that started this service: the unit (`TRIGGER_UNIT`) and
+/// the time it elapsed (`TRIGGER_TIMER_REALTIME_USEC`, µs since the epoch).
+struct Trigger {
+    unit: Option<String>,
+    realtime_usec: Option<String>,
+}
+
+impl Trigger {
+    fn from_environment() -> Trigger {
+        Trigger {
+            unit: std::env::var("TRIGGER_UNIT").ok(),
+            realtime_usec: std::env::var("TRIGGER_TIMER_REALTIME_USEC").ok(),
+        }
+    }
+
+    /// The time of the fire that started this service: the stamp in `stamps` of the timer that
+    /// started it, else `realtime_usec`; now when no timer started it.
+    fn fire_time(&self, stamps: &Path) -> Result<SystemTime, Failure> {
+        let Some(timer) = self
+            .unit
+            .as_deref()
+            .filter(|unit| unit.ends_with(".timer") && is_plain_name(unit))
+        else {
+            return Ok(SystemTime::now());
+        };
+        let stamp = stamps.join(format!("stamp-{timer}"));
+        if let Ok(fired) = std::fs::metadata(&stamp).and_then(|stamp| stamp.modified()) {
+            return Ok(fired);
+        }
+        match &self.realtime_usec {
+            Some(value) => value
+                .trim()
+                .parse::<u64>()
+                .map(|micros| UNIX_EPOCH + Duration::from_micros(micros))
+                .map_err(|err| {
+                    Failure::usage(format!("TRIGGER_TIMER_REALTIME_USEC={value:?}: {err}"))
+                }),
+            None => Ok(SystemTime::now()),
+        }
     }
 }
 
@@ -113,5 +153,36 @@ mod tests {
         for name in ["", "../agentgate", "a/b", ".hidden", "sp ace", "x\n"] {
             assert!(!is_plain_name(name), "{name:?}");
         }
+    }
+
+    #[test]
+    fn a_fire_is_the_time_systemd_stamped_on_its_timer() {
+        let stamps = tempfile::tempdir().expect("tempdir");
+        let stamp = stamps.path().join("stamp-agentgate-schedule@nightly.timer");
+        let file = std::fs::File::create(&stamp).expect("stamp");
+        let fired = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        file.set_modified(fired).expect("mtime");
+        // systemd 252 keeps the first fire's time in the variable; the stamp is this fire's.
+        let trigger = Trigger {
+            unit: Some("agentgate-schedule@nightly.timer".into()),
+            realtime_usec: Some("1699913600000000".into()),
+        };
+        assert_eq!(trigger.fire_time(stamps.path()).ok(), Some(fired));
+        // A timer that keeps no stamp (Persistent=false): the variable.
+        let unstamped = Trigger {
+            unit: Some("agentgate-schedule@weekly.timer".into()),
+            ..trigger
+        };
+        assert_eq!(
+            unstamped.fire_time(stamps.path()).ok(),
+            Some(UNIX_EPOCH + Duration::from_secs(1_699_913_600))
+        );
+        // By hand: now, whatever the variable says.
+        let by_hand = Trigger {
+            unit: None,
+            realtime_usec: Some("1699913600000000".into()),
+        };
+        let now = by_hand.fire_time(stamps.path()).ok();
+        assert!(now.is_some_and(|now| now > fired), "{now:?}");
     }
 }

@@ -1,18 +1,20 @@
-//! `sessions list/show/resume/suspend/cancel`, `reload` and `ledger show`: the operator's view
-//! of sessions, and the overrides.
+//! `sessions list/show/resume/suspend/cancel/rewind/fork`, `reload` and `ledger show`: the
+//! operator's view of sessions, and the overrides.
 
 use crate::config::ConfigSource;
 use crate::exit::Failure;
-use crate::operator::OperatorAction;
-use crate::output::{out, outln};
+use crate::operator::{OperatorAction, Rerun};
+use crate::output::{Table, out, outln};
 
 use super::control::{self, DaemonClient};
 use super::state::StateAccess;
 use crate::agent::message::Role;
 use crate::config::ReloadReport;
-use crate::ingress::api::{OperatorAnswer, SessionDocument, SessionsPage};
+use crate::ingress::api::{
+    OperatorAnswer, RerunAnswer, RerunRequest, SessionDocument, SessionsPage,
+};
 use crate::session::turn::Entry;
-use crate::store::{ApprovalStatus, Decision, SessionRow};
+use crate::store::{ApprovalStatus, Decision, SessionRow, TranscriptRow};
 
 /// `sessions resume|suspend|cancel KEY`. While the daemon runs, it carries the action out itself
 /// (over the control socket), so that it acts at once, logs the action and counts it. Without a
@@ -126,6 +128,48 @@ fn override_stored_state(
     Ok(())
 }
 
+/// `sessions rewind KEY --to N` and `sessions fork KEY --at N --as NEWKEY`: prints the new turn
+/// id. While the daemon runs (or for a user who cannot read the state) the daemon queues it, logs
+/// and counts it, and starts it at once; otherwise the state is changed directly and the next
+/// start runs it. A refusal exits 1 with its reason.
+pub(super) fn rerun(
+    source: &ConfigSource,
+    key: &str,
+    rerun: Rerun,
+    asked: RerunRequest,
+) -> Result<(), Failure> {
+    let request = asked.clone().of(key, rerun).map_err(Failure::runtime)?;
+    let daemon = DaemonClient::new(source)?;
+    if daemon.runs() || daemon.state_unreadable() {
+        let path = format!(
+            "/v1/sessions/{}/{}",
+            control::path_segment(key),
+            rerun.name()
+        );
+        let body = serde_json::to_vec(&asked).map_err(|err| Failure::runtime(err.to_string()))?;
+        let Some(answer) = daemon.post(&path, body)? else {
+            return Err(control::no_daemon_for_unreadable_state());
+        };
+        return match answer.status.as_u16() {
+            200 => {
+                outln!("{}", answer.document::<RerunAnswer>()?.turn_id);
+                Ok(())
+            }
+            503 => Err(Failure::temporary(answer.message())),
+            _ => Err(Failure::runtime(answer.message())),
+        };
+    }
+    drop(daemon);
+    let state = StateAccess::open(source)?;
+    let rewound = state
+        .query(async |store| store.rewind(request).await)?
+        .ok_or_else(|| Failure::runtime(format!("no session {key:?}")))?
+        .map_err(|refusal| Failure::runtime(refusal.to_string()))?;
+    state.restore_ownership()?;
+    outln!("{}", rewound.turn_id);
+    Ok(())
+}
+
 /// `agentgate reload`: asks the running daemon to re-read its config and prints its findings.
 /// Exit 0 when the new config is in effect, 78 when the daemon refused it.
 pub(super) fn reload(source: &ConfigSource) -> Result<(), Failure> {
@@ -169,17 +213,20 @@ pub(super) fn reload(source: &ConfigSource) -> Result<(), Failure> {
 }
 
 pub(super) fn ledger_show(source: &ConfigSource, json: bool) -> Result<(), Failure> {
-    let ledger = StateAccess::open(source)?
-        .query(async |store| store.resume_ledger().await)?
-        .unwrap_or_default();
+    let ledger = super::access::Access::open(source)?.ledger()?;
     if json {
         out!("{}", String::from_utf8_lossy(&ledger.to_json()));
         return Ok(());
     }
-    outln!("{:<48} {:>8}  LAST ATTEMPT", "SESSION", "ATTEMPTS");
+    let mut table = Table::new(&["SESSION", "ATTEMPTS", "LAST ATTEMPT"]).right(&[1]);
     for (key, entry) in &ledger.sessions {
-        outln!("{key:<48} {:>8}  {}", entry.attempts, entry.last_attempt);
+        table.row(vec![
+            crate::untrusted::for_terminal(key),
+            entry.attempts.to_string(),
+            entry.last_attempt.to_string(),
+        ]);
     }
+    table.print();
     Ok(())
 }
 
@@ -224,31 +271,30 @@ pub(super) fn sessions_list(source: &ConfigSource, json: bool) -> Result<(), Fai
         outln!("{:#}", serde_json::json!(sessions));
         return Ok(());
     }
-    outln!(
-        "{:<40} {:<16} {:<15} {:>5} {:>6}  LAST TURN",
-        "SESSION",
-        "ROUTE",
-        "STATE",
-        "TURNS",
-        "QUEUED"
-    );
+    let mut table =
+        Table::new(&["SESSION", "ROUTE", "STATE", "TURNS", "QUEUED", "LAST TURN"]).right(&[3, 4]);
     for session in sessions {
-        outln!(
-            "{:<40} {:<16} {:<15} {:>5} {:>6}  {}",
+        table.row(vec![
             crate::untrusted::for_terminal(&session.key),
             session.route,
-            session.state,
-            session.turns,
-            session.queued,
+            session.state.to_string(),
+            session.turns.to_string(),
+            session.queued.to_string(),
             session
                 .last_turn_status
-                .map_or_else(|| "-".to_string(), |status| status.to_string())
-        );
+                .map_or_else(|| "-".to_string(), |status| status.to_string()),
+        ]);
     }
+    table.print();
     Ok(())
 }
 
-pub(super) fn sessions_show(source: &ConfigSource, key: &str, json: bool) -> Result<(), Failure> {
+/// The session `key` with its usage, budgets and transcript: from the state, or from the daemon
+/// for a user who cannot read the state.
+pub(super) fn session_document(
+    source: &ConfigSource,
+    key: &str,
+) -> Result<SessionDocument, Failure> {
     let no_session = || Failure::runtime(format!("no session {key:?}"));
     let daemon = DaemonClient::new(source)?;
     let shown = if daemon.state_unreadable() {
@@ -276,10 +322,16 @@ pub(super) fn sessions_show(source: &ConfigSource, key: &str, json: bool) -> Res
             .usage
             .map(|usage| usage.priced(state.price.as_ref()));
         SessionDocument {
+            budgets: state.limits.session_use(&session),
             session,
             transcript,
         }
     };
+    Ok(shown)
+}
+
+pub(super) fn sessions_show(source: &ConfigSource, key: &str, json: bool) -> Result<(), Failure> {
+    let shown = session_document(source, key)?;
     if json {
         outln!("{:#}", serde_json::json!(shown));
         return Ok(());
@@ -300,10 +352,25 @@ pub(super) fn sessions_show(source: &ConfigSource, key: &str, json: bool) -> Res
     if let Some(usage) = &session.usage {
         outln!("usage {usage}");
     }
+    for budget in &shown.budgets {
+        outln!("{}", super::usage::budget_line(budget, "in this session"));
+    }
     for row in &shown.transcript {
-        outln!("{}", render_entry(&row.body));
+        outln!("{}", numbered_entry(row));
     }
     Ok(())
+}
+
+/// A transcript entry with its number (what `sessions rewind --to` names) and, when a rewind
+/// superseded it, the turn that did.
+pub(super) fn numbered_entry(row: &TranscriptRow) -> String {
+    let superseded = row
+        .superseded_by
+        .as_deref()
+        .map(|turn_id| format!("[superseded by turn {turn_id}] "))
+        .unwrap_or_default();
+    let entry = render_entry(&row.body).replace('\n', "\n     ");
+    format!("{:>4} {superseded}{entry}", row.n)
 }
 
 /// One transcript entry as a readable block: who said what, which tool ran with what. Payload and

@@ -6,7 +6,7 @@ use crate::config::ConfigSource;
 use crate::exit::Failure;
 use crate::ingress::api::{Accepting, DaemonStatus, LedgerStatus, StatusDocument};
 use crate::output::{out, outln};
-use crate::store::{DaemonLock, NodeState};
+use crate::store::{DaemonLock, EventStatus, NodeState, SessionState};
 
 use super::control::DaemonClient;
 use super::state::StateAccess;
@@ -16,8 +16,16 @@ pub(super) fn status(source: &ConfigSource, json: bool) -> Result<(), Failure> {
     let document = if daemon.state_unreadable() {
         // A user who may not read the state (a member of the daemon's group) gets the daemon's
         // own document from the control socket, without the ledger, which only the state holds.
-        let mut document = daemons_document(&daemon)?
-            .ok_or_else(super::control::no_daemon_for_unreadable_state)?;
+        let mut document = match ask(&daemon)? {
+            Daemon::Serving(document) => *document,
+            Daemon::NotServing(reason) => {
+                return Err(Failure::unavailable(format!(
+                    "the daemon runs but does not serve, and the state is not readable by this \
+                     user: {reason}"
+                )));
+            }
+            Daemon::Stopped => return Err(super::control::no_daemon_for_unreadable_state()),
+        };
         document.ledger = Some(LedgerStatus {
             valid: None,
             sessions: None,
@@ -35,6 +43,18 @@ pub(super) fn status(source: &ConfigSource, json: bool) -> Result<(), Failure> {
     Ok(())
 }
 
+/// What the daemon is, as one value from which both the daemon line and the accepting line are
+/// written.
+enum Daemon {
+    /// No daemon runs (nothing holds the state's lock).
+    Stopped,
+    /// It runs and serves: its own `/v1/status`.
+    Serving(Box<StatusDocument>),
+    /// It runs and answers 503 (it holds its sockets on a config error, or its start waits for
+    /// the state): why.
+    NotServing(String),
+}
+
 /// The document read from the state itself, with what only the running daemon knows (its MCP
 /// servers, whether it accepts webhooks now) asked of it when it runs.
 fn document_from_state(
@@ -45,12 +65,12 @@ fn document_from_state(
     let summary = state
         .query(async |store| store.status_summary().await)?
         .unwrap_or_default();
-    let running = DaemonLock::is_held(&state.state_dir)
-        || summary
-            .nodes
-            .iter()
-            .flatten()
-            .any(|node| node.state == NodeState::Running);
+    // Another node of a shared database runs, this machine's daemon need not.
+    let node_runs = summary
+        .nodes
+        .iter()
+        .flatten()
+        .any(|node| node.state == NodeState::Running);
     // The ledger as the next resume will see it: a malformed one blocks every resume.
     let ledger = match state.query(async |store| store.resume_ledger().await) {
         Ok(ledger) => LedgerStatus {
@@ -65,59 +85,96 @@ fn document_from_state(
         },
     };
     // Only a running daemon is asked: under socket activation a connection starts a stopped one.
-    let live = if running {
-        daemons_document(daemon).ok().flatten()
+    let local = if DaemonLock::is_held(&state.state_dir) {
+        ask(daemon)?
     } else {
-        None
+        Daemon::Stopped
     };
-    let accepting = live.as_ref().map_or_else(
-        || Accepting::refused("the daemon is not running"),
-        |live| live.accepting.clone(),
-    );
-    let mut document = StatusDocument::of(
-        summary,
-        DaemonStatus {
-            running,
-            pid: live.as_ref().and_then(|live| live.daemon.pid),
-            writable: live.as_ref().and_then(|live| live.daemon.writable),
-        },
-        accepting,
-        state.price.as_ref(),
-    );
+    let (daemon_status, accepting) = match &local {
+        Daemon::Serving(live) => (
+            DaemonStatus {
+                not_serving: None,
+                ..live.daemon.clone()
+            },
+            live.accepting.clone(),
+        ),
+        Daemon::NotServing(reason) => (
+            DaemonStatus {
+                running: true,
+                not_serving: Some(reason.clone()),
+                pid: None,
+                writable: None,
+            },
+            Accepting::refused(reason.clone()),
+        ),
+        Daemon::Stopped => (
+            DaemonStatus {
+                running: node_runs,
+                not_serving: None,
+                pid: None,
+                writable: None,
+            },
+            Accepting::refused(if node_runs {
+                "no daemon runs on this machine (the running nodes serve)"
+            } else {
+                "the daemon is not running"
+            }),
+        ),
+    };
+    let mut document = StatusDocument::of(summary, daemon_status, accepting, state.price.as_ref());
     document.state_dir = Some(state.state_dir.clone());
     document.ledger = Some(ledger);
-    document.turns = live.as_ref().and_then(|live| live.turns);
-    document.sandbox = live.as_ref().and_then(|live| live.sandbox.clone());
-    document.mcp = live.and_then(|live| live.mcp);
+    if let Daemon::Serving(live) = local {
+        document.turns = live.turns;
+        document.sandbox = live.sandbox;
+        document.mcp = live.mcp;
+    }
     Ok(document)
 }
 
-/// The running daemon's `/v1/status`; `None` when it does not answer.
-fn daemons_document(daemon: &DaemonClient) -> Result<Option<StatusDocument>, Failure> {
-    match daemon.request(http::Method::GET, "/v1/status")? {
-        Some(answer) if answer.status.is_success() => Ok(Some(answer.document()?)),
-        Some(answer) => Err(Failure::unavailable(answer.message())),
-        None => Ok(None),
-    }
+/// Asks the daemon for its `/v1/status`: served, or answered 503 with the reason it does not
+/// serve (`Stopped` when nothing answers).
+fn ask(daemon: &DaemonClient) -> Result<Daemon, Failure> {
+    Ok(match daemon.request(http::Method::GET, "/v1/status")? {
+        Some(answer) if answer.status.is_success() => Daemon::Serving(Box::new(answer.document()?)),
+        Some(answer) if answer.status == http::StatusCode::SERVICE_UNAVAILABLE => {
+            Daemon::NotServing(answer.message())
+        }
+        Some(answer) => return Err(Failure::unavailable(answer.message())),
+        None => Daemon::Stopped,
+    })
 }
 
 fn render(document: &StatusDocument) -> String {
     let mut text = format!("agentgate:  {}\n", crate::VERSION);
-    let daemon = match (document.daemon.running, document.daemon.pid) {
-        (true, Some(pid)) => format!("running (pid {pid})"),
-        (true, None) => "running".to_string(),
-        (false, _) => "not running".to_string(),
+    let daemon = match (
+        document.daemon.running,
+        &document.daemon.not_serving,
+        document.daemon.pid,
+    ) {
+        (true, Some(_), _) => "running, NOT SERVING (webhooks get 503)".to_string(),
+        (true, None, Some(pid)) => format!("running (pid {pid})"),
+        (true, None, None) => "running".to_string(),
+        (false, _, _) => "not running".to_string(),
     };
     text.push_str(&format!("daemon:     {daemon}\n"));
+    // What was running when a daemon stopped did not finish: it resumes at the next start.
+    let stopped = !document.daemon.running;
     if let Some(state_dir) = &document.state_dir {
         text.push_str(&format!("state:      {}\n", state_dir.display()));
     }
     text.push_str(&format!(
         "events:     {} total ({})\nsessions:   {} total ({})\ndeliveries: {} pending, {} failed\n",
         document.events.total,
-        breakdown(&document.events.by_status),
+        breakdown(
+            &document.events.by_status,
+            stopped.then_some(EventStatus::Running)
+        ),
         document.sessions.total,
-        breakdown(&document.sessions.by_state),
+        breakdown(
+            &document.sessions.by_state,
+            stopped.then_some(SessionState::Running)
+        ),
         document.deliveries.pending,
         document.deliveries.failed,
     ));
@@ -148,6 +205,9 @@ fn render(document: &StatusDocument) -> String {
                 sandbox.detail
             )
         });
+        for warning in &sandbox.warnings {
+            text.push_str(&format!("sandbox:    warning: {warning}\n"));
+        }
     }
     for (name, server) in document.mcp.iter().flatten() {
         text.push_str(&match server {
@@ -188,11 +248,21 @@ fn ledger_line(ledger: &LedgerStatus) -> String {
     }
 }
 
-/// `name n, name n, ...` of a count by status or state.
-fn breakdown<K: std::fmt::Display>(counts: &std::collections::BTreeMap<K, i64>) -> String {
+/// `name n, name n, ...` of a count by status or state; `interrupted` is shown as such (the
+/// running status of a daemon that is not running).
+fn breakdown<K: std::fmt::Display + PartialEq>(
+    counts: &std::collections::BTreeMap<K, i64>,
+    interrupted: Option<K>,
+) -> String {
     counts
         .iter()
-        .map(|(name, n)| format!("{name} {n}"))
+        .map(|(name, n)| {
+            if interrupted.as_ref() == Some(name) {
+                format!("interrupted {n} (they resume when the daemon starts)")
+            } else {
+                format!("{name} {n}")
+            }
+        })
         .collect::<Vec<_>>()
         .join(", ")
 }

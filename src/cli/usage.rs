@@ -8,7 +8,7 @@ use crate::exit::Failure;
 use crate::ingress::api::UsageDocument;
 use crate::output::outln;
 use crate::store::now_millis;
-use crate::usage::{day_start, default_usage_since};
+use crate::usage::{BudgetUse, day_start, default_usage_since};
 
 use super::control::{self, DaemonClient};
 use super::state::StateAccess;
@@ -70,15 +70,50 @@ pub(super) fn usage(
     }
     outln!("since {}: {}", document.since, document.total);
     for budget in &document.budgets {
-        outln!(
-            "{}: {:.4} of {} used today ({:.0}%)",
-            budget.budget,
-            budget.used,
-            budget.limit,
-            100.0 * budget.used / budget.limit
-        );
+        outln!("{}", budget_line(budget, "today"));
     }
     Ok(())
+}
+
+/// `usage --session KEY`: what the session's turns spent, against its session budgets; the
+/// same figures `sessions show` gives with its transcript.
+pub(super) fn session_usage(source: &ConfigSource, key: &str, json: bool) -> Result<(), Failure> {
+    let shown = super::sessions::session_document(source, key)?;
+    let session = &shown.session;
+    if json {
+        outln!(
+            "{:#}",
+            serde_json::json!({"session": session.key, "route": session.route,
+                "usage": session.usage, "budgets": shown.budgets})
+        );
+        return Ok(());
+    }
+    outln!(
+        "session {}  route {}",
+        crate::untrusted::for_terminal(&session.key),
+        session.route
+    );
+    if let Some(usage) = &session.usage {
+        outln!("usage {usage}");
+    }
+    if shown.budgets.is_empty() {
+        outln!("no session budget applies (budgets.session_tokens, budgets.session_usd)");
+    }
+    for budget in &shown.budgets {
+        outln!("{}", budget_line(budget, "in this session"));
+    }
+    Ok(())
+}
+
+/// "budgets.session_tokens: 1100 of 1000 used in this session (110%)".
+pub(super) fn budget_line(budget: &BudgetUse, window: &str) -> String {
+    format!(
+        "{}: {:.4} of {} used {window} ({:.0}%)",
+        budget.budget,
+        budget.used,
+        budget.limit,
+        100.0 * budget.used / budget.limit
+    )
 }
 
 fn cost(cost_usd: Option<f64>) -> String {

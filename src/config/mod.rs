@@ -21,9 +21,10 @@ pub(crate) use crate::secret::Secret;
 pub(crate) use crate::signature::VerifyScheme;
 use check::{Checker, syntax_finding};
 pub(crate) use check::{check, redacted_url};
-pub(crate) use leash::{Writer, loosened};
+use leash::writable_holding_hidden;
+pub(crate) use leash::{ALWAYS_HIDDEN, Writer, floor, loosened, resolved};
 use locate::Locator;
-use raw::*;
+use raw::{RawBudgets, RawPrice, RawStore};
 pub(crate) use reload::{ReloadReport, list_changes};
 pub(crate) use settings::*;
 pub(crate) use units::{Rate, parse_duration};
@@ -349,6 +350,50 @@ mod tests {
         )
         .expect("embedded defaults must load");
         assert!(!loaded.config.routes.is_empty());
+    }
+
+    #[test]
+    fn a_postgres_store_s_unix_socket_is_hidden_from_every_sandbox() {
+        let loaded = check_text(
+            "[store]\nbackend = \"postgres\"\nurl = \"host=/run/postgresql port=5433 dbname=agentgate\"\n",
+        )
+        .expect("a valid config");
+        assert!(
+            loaded
+                .config
+                .hidden
+                .files
+                .contains(&PathBuf::from("/run/postgresql/.s.PGSQL.5433")),
+            "{:?}",
+            loaded.config.hidden
+        );
+    }
+
+    #[test]
+    fn tools_the_model_could_not_tell_apart_are_errors_naming_both() {
+        let found = findings(
+            "[mcp.gh]\nurl = \"http://127.0.0.1:1/mcp\"\n\n[mcp.gh_]\nurl = \"http://127.0.0.1:2/mcp\"\n\n\
+             [mcp.a-server-whose-name-is-long-enough-to-be-cut]\nurl = \"http://127.0.0.1:3/mcp\"\n\n\
+             [tools.gh__create_issue]\ncommand = [\"/bin/true\"]\n",
+        );
+        let error = |key: &str, text: &str| {
+            found
+                .iter()
+                .any(|f| f.severity == Severity::Error && f.key == key && f.message.contains(text))
+        };
+        assert!(error("mcp.gh_", "as those of mcp.gh"), "{found:#?}");
+        assert!(
+            error("tools.gh__create_issue", "mcp.gh's tool \"create_issue\""),
+            "{found:#?}"
+        );
+        assert!(
+            error(
+                "mcp.a-server-whose-name-is-long-enough-to-be-cut",
+                "at most 40"
+            ),
+            "{found:#?}"
+        );
+        assert!(!found.iter().any(|f| f.key == "mcp.gh"), "{found:#?}");
     }
 
     #[test]

@@ -198,6 +198,7 @@ pub(super) struct RawMcp {
     pub(super) sandbox: Option<String>,
     pub(super) network: Option<bool>,
     pub(super) writable: Option<Vec<PathBuf>>,
+    pub(super) max_instances: Option<i64>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -90,33 +90,44 @@ pub(crate) enum Sandboxing {
     Off,
 }
 
-/// The children of `config` that run only sandboxed, by their config key.
-pub(crate) fn strict_children(config: &Config) -> Vec<String> {
-    let strict = |sandbox: &Sandboxing| matches!(sandbox, Sandboxing::Strict { .. });
+/// A child of the config that runs only sandboxed: its config key and its sandbox's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct StrictChild {
+    pub key: String,
+    pub network: bool,
+    pub writable: Vec<PathBuf>,
+}
+
+/// The children of `config` that run only sandboxed (command tools, stdio MCP servers, command
+/// deliveries with `sandbox = "strict"`).
+pub(crate) fn strict_children(config: &Config) -> Vec<StrictChild> {
+    let strict = |key: String, sandbox: &Sandboxing| match sandbox {
+        Sandboxing::Strict { network, writable } => Some(StrictChild {
+            key,
+            network: *network,
+            writable: writable.clone(),
+        }),
+        Sandboxing::Off => None,
+    };
     let tools = config
         .tools
         .values()
-        .filter(|tool| strict(&tool.sandbox))
-        .map(|tool| format!("tools.{}", tool.name));
+        .filter_map(|tool| strict(format!("tools.{}", tool.name), &tool.sandbox));
     let servers = config
         .mcp
         .values()
         .filter_map(|server| match &server.transport {
-            McpTransport::Stdio { sandbox, .. } if strict(sandbox) => {
-                Some(format!("mcp.{}", server.name))
-            }
-            McpTransport::Stdio { .. } | McpTransport::Http { .. } => None,
+            McpTransport::Stdio { sandbox, .. } => strict(format!("mcp.{}", server.name), sandbox),
+            McpTransport::Http { .. } => None,
         });
     let deliveries = config
         .routes
         .iter()
         .filter_map(|route| match &route.deliver {
-            DeliverSettings::Command { sandbox, .. } if strict(sandbox) => {
-                Some(format!("routes.{}.deliver", route.name))
+            DeliverSettings::Command { sandbox, .. } => {
+                strict(format!("routes.{}.deliver", route.name), sandbox)
             }
-            DeliverSettings::Command { .. }
-            | DeliverSettings::Log
-            | DeliverSettings::Http { .. } => None,
+            DeliverSettings::Log | DeliverSettings::Http { .. } => None,
         });
     tools.chain(servers).chain(deliveries).collect()
 }
@@ -163,8 +174,8 @@ pub(crate) struct ServerSettings {
 
 /// `[runtime]`. Every key applies at once on a reload: code reads these from the settings in
 /// effect where it uses them, and keeps no copy from the start (the reload report,
-/// `config::list_changes`, relies on it).
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+/// `config::list_changes`, says so for each).
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct RuntimeSettings {
     pub max_concurrent_turns: usize,
     pub max_turn_steps: u32,
@@ -312,6 +323,8 @@ pub(crate) enum McpTransport {
         env: BTreeMap<String, Secret>,
         cwd: Option<PathBuf>,
         sandbox: Sandboxing,
+        /// Processes of it running at once: each turn that calls it has one of its own.
+        max_instances: usize,
     },
     /// The streamable HTTP transport.
     Http {
@@ -474,17 +487,10 @@ impl<T> Shared<T> {
     }
 
     pub(crate) fn get(&self) -> std::sync::Arc<T> {
-        match self.0.read() {
-            Ok(guard) => guard.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
-        }
+        crate::locks::read(&self.0).clone()
     }
 
     pub(crate) fn replace(&self, value: T) {
-        let value = std::sync::Arc::new(value);
-        match self.0.write() {
-            Ok(mut guard) => *guard = value,
-            Err(poisoned) => *poisoned.into_inner() = value,
-        }
+        *crate::locks::write(&self.0) = std::sync::Arc::new(value);
     }
 }

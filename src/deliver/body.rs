@@ -9,7 +9,7 @@
 
 use serde::Serialize;
 
-use crate::store::{RenderDelivery, Terminal, TurnEnd};
+use crate::store::{RenderDelivery, RewindOf, Terminal, TurnEnd};
 use crate::usage::{Price, UsageReport};
 
 /// What the store renders delivery bodies with, showing cost at `price`.
@@ -19,6 +19,12 @@ pub(crate) fn renderer(price: Option<Price>) -> RenderDelivery {
 
 /// The body of the outbound delivery of `end`, whose event's turns spent `usage`.
 fn render(end: &TurnEnd, usage: &UsageReport) -> serde_json::Result<String> {
+    // A rewind reruns its own session; a fork, another one.
+    let (rewind_of, fork_of) = match &end.rewind_of {
+        Some(of) if of.session == end.session_key => (Some(of), None),
+        Some(of) => (None, Some(of)),
+        None => (None, None),
+    };
     serde_json::to_string(&DeliveryBody {
         event_id: &end.event_id,
         route: &end.route,
@@ -34,6 +40,8 @@ fn render(end: &TurnEnd, usage: &UsageReport) -> serde_json::Result<String> {
             output_tokens: usage.output_tokens,
             cost_usd: usage.cost_usd,
         },
+        rewind_of,
+        fork_of,
     })
 }
 
@@ -48,6 +56,12 @@ struct DeliveryBody<'a> {
     turn_id: &'a str,
     steps: u32,
     usage: DeliveryUsage,
+    /// The session and entry a `sessions rewind` reran (only then).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rewind_of: Option<&'a RewindOf>,
+    /// The session and entry a `sessions fork` copied from (only then).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fork_of: Option<&'a RewindOf>,
 }
 
 /// The `usage` of a delivery: exactly the documented keys (a count of replies without usage is
@@ -79,6 +93,7 @@ mod tests {
             output: Some("the answer".into()),
             error: None,
             steps: 3,
+            rewind_of: None,
         };
         let usage = UsageReport {
             input_tokens: 1200,
@@ -104,5 +119,44 @@ mod tests {
                     "output_tokens": 80, "cost_usd": 0.5},
             })
         );
+    }
+
+    /// A rerun's result says what it reran: `rewind_of` in its own session, `fork_of` in a new
+    /// one.
+    #[test]
+    fn a_rerun_says_what_it_reran() {
+        let of = RewindOf {
+            session: "s".into(),
+            entry: 4,
+        };
+        let end = |session: &str| TurnEnd {
+            turn_id: "t-1".into(),
+            event_id: "e-1".into(),
+            session_key: session.into(),
+            route: "r".into(),
+            turn_status: TurnStatus::Completed,
+            terminal: Terminal::Completed,
+            reason: None,
+            output: None,
+            error: None,
+            steps: 1,
+            rewind_of: Some(of.clone()),
+        };
+        let usage = UsageReport::of(crate::usage::Spent::default(), None);
+        let body = |session| -> serde_json::Value {
+            serde_json::from_str(&render(&end(session), &usage).expect("renders")).expect("JSON")
+        };
+        let rewound = body("s");
+        assert_eq!(
+            rewound["rewind_of"],
+            serde_json::json!({"session": "s", "entry": 4})
+        );
+        assert!(rewound.get("fork_of").is_none());
+        let forked = body("t");
+        assert_eq!(
+            forked["fork_of"],
+            serde_json::json!({"session": "s", "entry": 4})
+        );
+        assert!(forked.get("rewind_of").is_none());
     }
 }

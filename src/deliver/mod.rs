@@ -14,7 +14,7 @@ use opentelemetry::trace::SpanKind;
 
 use crate::telemetry::{self, SpanStart};
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{Notify, Semaphore};
@@ -26,6 +26,7 @@ use tracing::Instrument;
 use crate::agent::process::{Aborted, Child, Limits};
 use crate::agent::sandbox::confine;
 use crate::config::{DeliverSettings, HiddenPaths, Sandboxing, Settings, Shared, redacted_url};
+use crate::locks::lock;
 use crate::logging;
 use crate::metrics;
 use crate::signature::standard_signature;
@@ -45,7 +46,10 @@ const MAX_IN_FLIGHT: usize = 256;
 /// receiver had closed): the receiver saw nothing, so trying again at once is safe, and waiting
 /// a backoff for it is what made connection-closing receivers slow.
 const TRANSPORT_RETRIES: u32 = 2;
+/// How often the outbox is read when nothing rings the deliverer (for deliveries whose retry
+/// time came), unless `AGENTGATE_OUTBOX_POLL` says otherwise.
 const POLL_INTERVAL: Duration = Duration::from_secs(1);
+const POLL_VARIABLE: &str = "AGENTGATE_OUTBOX_POLL";
 /// A route's repeated failures are logged at most this often, with how many were left out.
 const FAILURE_LINE_EVERY: Duration = Duration::from_secs(10);
 
@@ -67,8 +71,9 @@ pub(crate) struct Deliverer {
     settings: Arc<Shared<Settings>>,
     client: reqwest::Client,
     wake: DeliveryHandle,
-    /// When each route's last "will retry" line was written, and how many were left out since.
-    failure_lines: Mutex<HashMap<String, (std::time::Instant, u64)>>,
+    poll: Duration,
+    /// Each route's "will retry" lines, at most one every `FAILURE_LINE_EVERY`.
+    failure_lines: logging::RepeatedLines,
 }
 
 impl Deliverer {
@@ -77,12 +82,24 @@ impl Deliverer {
             .timeout(ATTEMPT_TIMEOUT)
             .build()
             .map_err(|err| format!("cannot build the delivery HTTP client: {err}"))?;
+        let poll = match std::env::var(POLL_VARIABLE) {
+            Ok(text) => humantime::parse_duration(&text)
+                .map_err(|err| err.to_string())
+                .and_then(|poll| {
+                    (!poll.is_zero())
+                        .then_some(poll)
+                        .ok_or_else(|| "it must be more than 0".to_string())
+                })
+                .map_err(|err| format!("{POLL_VARIABLE}={text:?}: {err}"))?,
+            Err(_) => POLL_INTERVAL,
+        };
         Ok(Deliverer {
             store,
             settings,
             client,
             wake: DeliveryHandle::default(),
-            failure_lines: Mutex::default(),
+            poll,
+            failure_lines: logging::RepeatedLines::new(FAILURE_LINE_EVERY),
         })
     }
 
@@ -171,7 +188,7 @@ impl Deliverer {
                 () = shutdown.cancelled() => {}
                 () = self.wake.0.notified() => {}
                 () = finished.notified() => {}
-                () = tokio::time::sleep(POLL_INTERVAL) => {}
+                () = tokio::time::sleep(self.poll) => {}
             }
         }
     }
@@ -208,7 +225,7 @@ impl Deliverer {
                 metrics::delivery(metrics::DeliveryResult::Delivered);
                 logging::event_line!(attempt, "result delivered");
                 // It had failed, or the route's target has failed here since: the target is back.
-                let failed_here = lock(&self.failure_lines).remove(&delivery.route).is_some();
+                let failed_here = self.failure_lines.clear(&delivery.route);
                 if attempt > 1 || failed_here {
                     self.target_answers_again(&delivery.route).await;
                 }
@@ -223,7 +240,7 @@ impl Deliverer {
             Err(error) => {
                 metrics::delivery(metrics::DeliveryResult::Retry);
                 let delay = backoff(attempt);
-                if let Some(left_out) = self.failure_line_due(&delivery.route) {
+                if let Some(left_out) = self.failure_lines.due(&delivery.route) {
                     tracing::warn!(attempt, retry_in_s = delay.as_secs(), error = %error,
                         left_out, "delivery failed; will retry");
                 }
@@ -261,28 +278,6 @@ impl Deliverer {
         }
     }
 
-    /// Whether a "will retry" line of `route` is due (at most one every `FAILURE_LINE_EVERY`),
-    /// and if so how many were left out since the last.
-    fn failure_line_due(&self, route: &str) -> Option<u64> {
-        let mut lines = lock(&self.failure_lines);
-        let now = std::time::Instant::now();
-        match lines.get_mut(route) {
-            Some((last, left_out)) if now.duration_since(*last) < FAILURE_LINE_EVERY => {
-                *left_out += 1;
-                None
-            }
-            Some((last, left_out)) => {
-                let skipped = std::mem::take(left_out);
-                *last = now;
-                Some(skipped)
-            }
-            None => {
-                lines.insert(route.to_string(), (now, 0));
-                Some(0)
-            }
-        }
-    }
-
     async fn post(
         &self,
         url: &crate::config::Secret,
@@ -294,9 +289,7 @@ impl Deliverer {
         let shown = redacted_url(&url);
         let mut retries = 0;
         loop {
-            let timestamp = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs());
+            let timestamp = crate::clock::now_seconds();
             let mut request = self
                 .client
                 .post(&url)
@@ -399,15 +392,8 @@ async fn run_command(
     }
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    match mutex.lock() {
-        Ok(guard) => guard,
-        Err(poisoned) => poisoned.into_inner(),
-    }
-}
-
-/// 2^attempt seconds, capped, with jitter so that many failed deliveries do not retry in lockstep.
+/// 2^attempt seconds, capped, within ±25% so that many failed deliveries do not retry in
+/// lockstep.
 fn backoff(attempt: u32) -> Duration {
-    let base = Duration::from_secs(1u64 << attempt.min(12)).min(BACKOFF_CAP);
-    base.mul_f64(0.75 + fastrand::f64() / 2.0)
+    crate::clock::backoff(Duration::from_secs(1), BACKOFF_CAP, attempt, 0.5)
 }

@@ -15,6 +15,7 @@ use serde_json::json;
 
 use super::payload::Encoding;
 use super::response::{HttpResponse, json_response};
+use crate::sender::{self, Answers};
 use crate::signature::VerifyScheme;
 
 /// What a 2xx answer says, before it is worded for its sender.
@@ -42,13 +43,10 @@ pub(super) enum Reader {
 
 impl Reader {
     pub(super) fn of(scheme: VerifyScheme, encoding: Encoding) -> Reader {
-        if scheme != VerifyScheme::Slack {
-            return Reader::Json;
-        }
-        match encoding {
-            Encoding::Json => Reader::Json,
-            Encoding::FormPayload => Reader::SlackInteraction,
-            Encoding::FormFields => Reader::SlackCommand,
+        match (sender::profile(scheme).answers, encoding) {
+            (Answers::Json, _) | (Answers::Slack, Encoding::Json) => Reader::Json,
+            (Answers::Slack, Encoding::FormPayload) => Reader::SlackInteraction,
+            (Answers::Slack, Encoding::FormFields) => Reader::SlackCommand,
         }
     }
 

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+use crate::agent::catalog::ListedTool;
 use crate::agent::mcp::McpServerStatus;
 use crate::agent::sandbox::{self, Availability, ToolUnits};
 use crate::config::BudgetLimits;
@@ -14,6 +15,8 @@ use crate::usage::{
     BudgetUse, DAY_MS, Price, UsageDay, UsageReport, UsageToday, daily_budget_use, day_start,
 };
 
+use crate::operator::Rerun;
+use crate::store::RewindRequest;
 use crate::store::{
     ApprovalCounts, ApprovalRow, DeliveryCounts, EventCounts, EventRow, NodeRow, SessionCounts,
     SessionRow, SessionState, StatusSummary, TranscriptRow,
@@ -62,6 +65,9 @@ pub(crate) struct SandboxStatus {
     pub mechanism: String,
     /// Its version when available, else why it is not.
     pub detail: String,
+    /// What the start found wrong with it: `writable` paths a tool unit cannot write.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 impl SandboxStatus {
@@ -71,11 +77,6 @@ impl SandboxStatus {
             Availability::Ready { version, units, .. } => match units {
                 ToolUnits::Ready(_) => (true, "systemd unit, bubblewrap", version.clone()),
                 ToolUnits::NotConfigured => (true, "bubblewrap", version.clone()),
-                ToolUnits::Failed { reason, .. } => (
-                    true,
-                    "bubblewrap",
-                    format!("{version}; tool units cannot be started: {reason}"),
-                ),
             },
             Availability::Unavailable(reason) => (false, "bubblewrap", reason.clone()),
         };
@@ -83,6 +84,7 @@ impl SandboxStatus {
             available,
             mechanism: mechanism.to_string(),
             detail,
+            warnings: sandbox::unwritable_paths(),
         }
     }
 }
@@ -120,6 +122,10 @@ impl StatusDocument {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct DaemonStatus {
     pub running: bool,
+    /// Why a running daemon does not serve (it holds its sockets on a config error, or its start
+    /// waits for the state): every webhook gets 503 meanwhile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_serving: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pid: Option<u32>,
     /// Whether the store takes writes now.
@@ -188,6 +194,9 @@ pub(crate) struct EventsPage {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct SessionDocument {
     pub session: SessionRow,
+    /// The session budgets against what its turns spent.
+    #[serde(default)]
+    pub budgets: Vec<BudgetUse>,
     pub transcript: Vec<TranscriptRow>,
 }
 
@@ -204,6 +213,78 @@ pub(crate) struct OperatorAnswer {
     pub turn_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended: Option<bool>,
+}
+
+/// The body of `POST /v1/sessions/{key}/rewind` (`{"to": N}`) and of `POST
+/// /v1/sessions/{key}/fork` (`{"at": N, "as": NEWKEY}`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RerunRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<i64>,
+    #[serde(default, rename = "as", skip_serializing_if = "Option::is_none")]
+    pub as_key: Option<String>,
+}
+
+impl RerunRequest {
+    /// The rerun of session `key` this asks for, or what is missing or wrong.
+    pub(crate) fn of(self, key: &str, rerun: Rerun) -> Result<RewindRequest, String> {
+        let (entry, fork_as) = match (rerun, self) {
+            (
+                Rerun::Rewind,
+                RerunRequest {
+                    to: Some(to),
+                    at: None,
+                    as_key: None,
+                },
+            ) => (to, None),
+            (
+                Rerun::Fork,
+                RerunRequest {
+                    to: None,
+                    at: Some(at),
+                    as_key: Some(new_key),
+                },
+            ) => (at, Some(new_key)),
+            (Rerun::Rewind, _) => return Err("a rewind takes {\"to\": N}".to_string()),
+            (Rerun::Fork, _) => {
+                return Err("a fork takes {\"at\": N, \"as\": NEWKEY}".to_string());
+            }
+        };
+        if entry < 1 {
+            return Err(format!("entries are numbered from 1, not {entry}"));
+        }
+        if fork_as
+            .as_deref()
+            .is_some_and(|new_key| new_key.trim().is_empty())
+        {
+            return Err("the new session's key is empty".to_string());
+        }
+        Ok(RewindRequest {
+            session: key.to_string(),
+            entry,
+            fork_as,
+        })
+    }
+}
+
+/// What a rewind or fork queued.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct RerunAnswer {
+    /// The session rewound, or forked from.
+    pub session: String,
+    /// `rewind` or `fork`.
+    pub action: String,
+    pub entry: i64,
+    /// The turn that reruns it (superseded entries name it), and its event.
+    pub turn_id: String,
+    pub event_id: String,
+    /// The session the turn runs in: the same for a rewind, the new one for a fork.
+    pub runs_in: String,
+    /// How many entries the rewind superseded (0 for a fork).
+    pub superseded: u64,
 }
 
 /// `GET /v1/approvals`: requests, oldest first.
@@ -226,7 +307,7 @@ pub(crate) struct DecisionRequest {
 /// `GET /v1/tools`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct ToolsDocument {
-    pub tools: Vec<serde_json::Value>,
+    pub tools: Vec<ListedTool>,
     pub problems: Vec<String>,
 }
 
@@ -321,6 +402,23 @@ pub(crate) struct UsageLimits {
 }
 
 impl UsageLimits {
+    /// How much of its session budgets `session` (read with its usage) used.
+    pub(crate) fn session_use(&self, session: &SessionRow) -> Vec<BudgetUse> {
+        let own = self
+            .routes
+            .iter()
+            .find(|(name, _)| *name == session.route)
+            .map(|(_, limits)| *limits)
+            .unwrap_or_default();
+        crate::usage::session_budget_use(
+            &self.budgets,
+            &session.route,
+            &own,
+            session.spent.unwrap_or_default(),
+            self.price.as_ref(),
+        )
+    }
+
     pub(crate) fn of(config: &crate::config::Config) -> UsageLimits {
         UsageLimits {
             price: config.model.price,

@@ -12,6 +12,7 @@ use bytes::Bytes;
 use http::header::{CACHE_CONTROL, CONTENT_TYPE};
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
+use minijinja::context;
 
 use super::query::Query;
 use super::response::{HttpResponse, refused};
@@ -62,7 +63,7 @@ where
     };
     let row = linked_request(store, id, action, request.uri().query()).await?;
     match *request.method() {
-        Method::GET | Method::HEAD => Ok(page(StatusCode::OK, &confirm_page(&row, verdict))),
+        Method::GET | Method::HEAD => Ok(confirm_page(&row, action)),
         Method::POST => {
             let note = form_reason(request).await?;
             let outcome = approval::decide(
@@ -154,15 +155,10 @@ where
 /// The answer to a confirm button's POST: the page that says what was decided, or the refusal.
 fn decided_page(outcome: Outcome) -> HttpResponse {
     match outcome {
-        Outcome::Decided(Decided::Taken(row)) => page(
-            StatusCode::OK,
-            &format!(
-                "<h1>{}</h1><p>The request for <code>{}</code> is {}; the agent's turn goes on.</p>",
-                escape(&row.status.to_string()),
-                escape(&row.tool),
-                escape(&row.status.to_string())
-            ),
-        ),
+        Outcome::Decided(Decided::Taken(row)) => {
+            let values = context! { status => row.status.to_string(), tool => shown(&row.tool) };
+            page(StatusCode::OK, "link_decided.html", values)
+        }
         Outcome::Decided(Decided::Already(row) | Decided::Expired(row)) => gone(&row),
         Outcome::Decided(Decided::Unknown) => refusal(
             StatusCode::NOT_FOUND,
@@ -194,44 +190,35 @@ fn gone(row: &ApprovalRow) -> HttpResponse {
     refusal(StatusCode::GONE, "approval_closed", &message)
 }
 
-/// The page a `GET` shows: what is asked, and one button that decides.
-fn confirm_page(row: &ApprovalRow, verdict: Verdict) -> String {
-    let (title, button, reason) = match verdict {
-        Verdict::Approve => ("Approve this tool call?", "Approve", ""),
-        Verdict::Deny => (
-            "Deny this tool call?",
-            "Deny",
-            "<p><label>Reason (the agent is told): <input name=\"reason\" maxlength=\"2000\"></label></p>",
-        ),
-    };
+/// The page a `GET` shows: what is asked, and one button that decides (`action`).
+fn confirm_page(row: &ApprovalRow, action: &str) -> HttpResponse {
     let arguments =
         serde_json::to_string_pretty(&row.arguments).unwrap_or_else(|_| row.arguments.to_string());
-    format!(
-        "<h1>{title}</h1>
-<table>
-<tr><th>Tool</th><td><code>{tool}</code></td></tr>
-<tr><th>Arguments</th><td><pre>{arguments}</pre></td></tr>
-<tr><th>Session</th><td>{session}</td></tr>
-<tr><th>Event</th><td>{event}</td></tr>
-<tr><th>Route</th><td>{route}</td></tr>
-<tr><th>Expires</th><td>{expires}</td></tr>
-</table>
-<form method=\"post\">{reason}<button type=\"submit\">{button}</button></form>",
-        tool = escape(&row.tool),
-        arguments = escape(&arguments),
-        session = escape(&row.session),
-        event = escape(&row.event_id),
-        route = escape(&row.route),
-        expires = crate::store::rfc3339(row.expires_at),
-    )
+    let values = context! {
+        verdict => action,
+        tool => shown(&row.tool),
+        arguments => shown(&arguments),
+        session => shown(&row.session),
+        event => shown(&row.event_id),
+        route => shown(&row.route),
+        expires_at => row.expires_at,
+    };
+    page(StatusCode::OK, "link_confirm.html", values)
 }
 
-/// An HTML page that loads nothing, runs nothing and is not framed or cached.
-fn page(status: StatusCode, body: &str) -> HttpResponse {
-    let html = format!(
-        "<!doctype html><html><head><meta charset=\"utf-8\"><title>agentgate approval</title>\
-         <meta name=\"viewport\" content=\"width=device-width\"></head><body>{body}</body></html>"
-    );
+/// The page `template` with `values` (the console's templates escape every value): a page that
+/// loads nothing, runs nothing and is not framed or cached.
+fn page(status: StatusCode, template: &str, values: minijinja::Value) -> HttpResponse {
+    let html = match super::console::html(template, values) {
+        Ok(html) => html,
+        Err(err) => {
+            return refusal(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "approval_page",
+                &format!("the page could not be rendered: {err}"),
+            );
+        }
+    };
     let mut response = Response::new(Full::new(Bytes::from(html)));
     *response.status_mut() = status;
     let headers = response.headers_mut();
@@ -267,7 +254,53 @@ fn refusal(status: StatusCode, code: &'static str, message: &str) -> HttpRespons
     refused(status, code, code, message)
 }
 
-/// Text for HTML: payloads and models wrote the arguments.
-fn escape(text: &str) -> String {
-    minijinja::HtmlEscape(&crate::untrusted::for_terminal(text)).to_string()
+/// Text a payload or a model wrote, as the page shows it: hidden characters removed (the
+/// template escapes the rest).
+fn shown(text: &str) -> String {
+    crate::untrusted::for_terminal(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A model or a payload wrote the tool's arguments (and the session key): the pages show
+    /// them as text, never as markup.
+    #[tokio::test]
+    async fn the_pages_show_what_a_stranger_wrote_as_text() {
+        let planted = "<script>alert(1)</script>";
+        let row = ApprovalRow {
+            id: "a1".into(),
+            event_id: "e1".into(),
+            session: planted.into(),
+            route: "r".into(),
+            turn_id: "t1".into(),
+            call_id: "c1".into(),
+            tool: planted.into(),
+            arguments: serde_json::json!({"target": planted}),
+            status: ApprovalStatus::Approved,
+            requested_at: 0,
+            expires_at: 0,
+            decided_at: None,
+            decided_by: None,
+            note: None,
+            link_secret: String::new(),
+        };
+        let confirm = confirm_page(&row, DENY);
+        let decided = decided_page(Outcome::Decided(Decided::Taken(row)));
+        for answer in [confirm, decided] {
+            assert_eq!(answer.status(), StatusCode::OK);
+            let body = answer
+                .into_body()
+                .collect()
+                .await
+                .map(http_body_util::Collected::to_bytes);
+            let html = String::from_utf8(body.unwrap_or_default().to_vec()).unwrap_or_default();
+            assert!(
+                html.contains("&lt;script&gt;alert(1)&lt;&#x2f;script&gt;"),
+                "{html}"
+            );
+            assert!(!html.contains("<script>"), "{html}");
+        }
+    }
 }

@@ -3,15 +3,17 @@
 //! it: the Unix user of the connecting process, from the socket's peer credentials, so that
 //! nobody can claim another name by what they send.
 
+use bytes::Bytes;
 use http::{Request, StatusCode};
-use http_body_util::BodyExt;
 use serde_json::json;
 
 use super::api::{ApprovalsPage, DecisionRequest};
+use super::body::BodyError;
+use super::connection::RequestBody;
 use super::control::{Control, ControlError};
 use super::query::Query;
-use super::response::{HttpResponse, error, json_response};
-use crate::session::approval::{self, Outcome};
+use super::response::{HttpResponse, error, json_response, request_timeout};
+use crate::session::approval::Outcome;
 use crate::store::approval::Verdict;
 use crate::store::{ApprovalRow, Decided};
 
@@ -27,7 +29,7 @@ impl Control {
         query: Option<&str>,
     ) -> Result<HttpResponse, ControlError> {
         let all = Query::parse(query).get("all").as_deref() == Some("true");
-        let approvals = self.store.approvals(!all, LIST_MAX).await?;
+        let approvals = self.ops.store.approvals(!all, LIST_MAX).await?;
         Ok(json_response(
             StatusCode::OK,
             &json!(ApprovalsPage { approvals }),
@@ -36,7 +38,7 @@ impl Control {
 
     /// `GET /v1/approvals/{id}`.
     pub(super) async fn approval(&self, id: &str) -> Result<HttpResponse, ControlError> {
-        Ok(match self.store.approval(id).await? {
+        Ok(match self.ops.store.approval(id).await? {
             Some(row) => json_response(StatusCode::OK, &json!(row)),
             None => no_approval(id),
         })
@@ -49,52 +51,35 @@ impl Control {
         id: &str,
         verdict: Verdict,
         peer: &str,
-        request: Request<hyper::body::Incoming>,
+        request: Request<RequestBody>,
     ) -> Result<HttpResponse, ControlError> {
-        let note = match decision_note(request, verdict).await {
+        let body = self
+            .ops
+            .read_body(request.into_body(), MAX_NOTE * 4 + 64)
+            .await;
+        let note = match decision_note(body, verdict) {
             Ok(note) => note,
             Err(refusal) => return Ok(*refusal),
         };
-        let outcome = self.take_decision(id, verdict, peer, note).await?;
+        let outcome = self.ops.take_decision(id, verdict, peer, note).await?;
         Ok(answer(id, outcome))
-    }
-
-    /// The decision `verdict` on request `id`, taken `by` with `note`, against the routes of the
-    /// config in effect (the control API's, and the console's).
-    pub(super) async fn take_decision(
-        &self,
-        id: &str,
-        verdict: Verdict,
-        by: &str,
-        note: Option<String>,
-    ) -> Result<Outcome, ControlError> {
-        let settings = self.settings.get();
-        let decision = (by.to_string(), note);
-        Ok(approval::decide(
-            &self.store,
-            &settings.config,
-            &self.sessions,
-            id,
-            verdict,
-            decision,
-        )
-        .await?)
     }
 }
 
 /// The note or reason of a decision's body (none for an empty body); a `400` for a body that is
 /// not the document, or a note longer than `MAX_NOTE`.
-async fn decision_note(
-    request: Request<hyper::body::Incoming>,
+fn decision_note(
+    body: Result<Bytes, BodyError>,
     verdict: Verdict,
 ) -> Result<Option<String>, Box<HttpResponse>> {
     let bad = |message: &str| Box::new(error(StatusCode::BAD_REQUEST, "bad_decision", message));
-    let limit = MAX_NOTE * 4 + 64;
-    let body = http_body_util::Limited::new(request.into_body(), limit)
-        .collect()
-        .await
-        .map_err(|_| bad("the body is too long or was cut off"))?
-        .to_bytes();
+    let body = match body {
+        Ok(body) => body,
+        Err(BodyError::TimedOut) => return Err(Box::new(request_timeout())),
+        Err(BodyError::TooLarge | BodyError::Unreadable | BodyError::NoSlot) => {
+            return Err(bad("the body is too long or was cut off"));
+        }
+    };
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(None);
     }

@@ -16,10 +16,20 @@
 
 use std::time::Duration;
 
+use crate::config::ServerSettings;
 use bytes::{Bytes, BytesMut};
 use http_body_util::{BodyExt, Limited};
 use tokio::sync::Semaphore;
 use tokio::time::{Instant, timeout_at};
+
+/// How long a body may take to arrive once its head has, per `header_timeout`.
+const BODY_TIMEOUT_FACTOR: u32 = 4;
+
+/// How long a request body may take to arrive on any listener: four times `header_timeout`
+/// (docs/reference.md, `[server]`); past it the answer is `408` and the connection is closed.
+pub(super) fn body_timeout(server: &ServerSettings) -> Duration {
+    server.header_timeout * BODY_TIMEOUT_FACTOR
+}
 
 /// Bytes of a body read without a large-body slot.
 pub(super) const SMALL_BODY: usize = 16 * 1024;
@@ -39,8 +49,9 @@ pub(super) enum BodyError {
     NoSlot,
 }
 
-/// The large-body slots of one listener, and the memory budget of the small bodies' first bytes.
-pub(super) struct BodySlots {
+/// The large-body slots of the webhook listener (or of the control listeners together), and the
+/// memory budget of the small bodies' first bytes.
+pub(crate) struct BodySlots {
     large: Semaphore,
     /// KiB of [`SMALL_BODY_BUDGET`]: each body holds what its first [`SMALL_BODY`] bytes take.
     small: Semaphore,
@@ -82,7 +93,7 @@ impl Gathered {
 }
 
 impl BodySlots {
-    pub(super) fn new() -> BodySlots {
+    pub(crate) fn new() -> BodySlots {
         BodySlots {
             large: Semaphore::new(LARGE_BODY_SLOTS),
             small: Semaphore::new(SMALL_BODY_BUDGET / 1024),

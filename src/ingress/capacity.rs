@@ -88,10 +88,7 @@ impl Capacity {
     }
 
     fn by_route(&self) -> std::sync::MutexGuard<'_, HashMap<String, u64>> {
-        // Counts only: a panic elsewhere leaves nothing half-done in them.
-        self.queued_by_route
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::locks::lock(&self.queued_by_route)
     }
 
     fn refresh(

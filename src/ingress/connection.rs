@@ -9,8 +9,10 @@
 //! the bytes: [`ConnectionClock`] notes when the first byte of a request arrives, and the service
 //! notes when the head was complete. HTTP/2 has no such timer: a connection with no stream is
 //! closed (GOAWAY) after `header_timeout` if it never opened one, else after
-//! `keepalive_timeout`. And when every connection slot is taken, the connection idle the
-//! longest is closed for the new one ([`OpenConnections`]).
+//! `keepalive_timeout`. And when every connection slot is taken, a connection that is idle or
+//! stalled (no request under way, a head that does not finish, bodies that stop arriving) is
+//! closed for the new one ([`OpenConnections`]), so that any number of addresses holding
+//! connections open cannot keep a valid request waiting.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -66,9 +68,10 @@ pub(super) async fn detect_protocol(
     }
 }
 
-/// What one connection is doing, for its deadlines and for the choice of which idle connection
-/// to close when all are taken: when the head of an HTTP/1 request began to arrive, how many
-/// requests (HTTP/2: streams) are being answered, and when the last answer was done.
+/// What one connection is doing, for its deadlines and for the choice of which connection to
+/// close when all are taken: when the head of an HTTP/1 request began to arrive, how many
+/// requests (HTTP/2: streams) are being answered and how many of them still wait for their
+/// body, when a body last made progress, and when the last answer was done.
 pub(super) struct ConnectionClock {
     origin: Instant,
     /// Milliseconds after `origin` (plus one) when the first byte of a request head arrived;
@@ -76,8 +79,34 @@ pub(super) struct ConnectionClock {
     head_started: AtomicU64,
     /// Requests whose head is complete and whose answer is not done yet.
     in_flight: AtomicUsize,
+    /// Requests whose body has not ended (nor been given up) yet.
+    reading: AtomicUsize,
+    /// Milliseconds after `origin` when a request began or a body's bytes last arrived.
+    last_progress: AtomicU64,
     /// Milliseconds after `origin` when the last answer was done (0: none yet).
     last_answered: AtomicU64,
+}
+
+/// What a connection is doing, when it may be closed to make room.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Quiet {
+    /// No request under way: between requests, or none yet (HTTP/2: no stream open).
+    Idle,
+    /// A request head that has not finished arriving.
+    Head,
+    /// Every request under way waits for body bytes that do not come.
+    Body,
+}
+
+impl Quiet {
+    /// The `state` label of `agentgate_idle_connections_closed_total`.
+    pub(super) fn label(self) -> &'static str {
+        match self {
+            Quiet::Idle => "idle",
+            Quiet::Head => "head",
+            Quiet::Body => "body",
+        }
+    }
 }
 
 impl ConnectionClock {
@@ -86,6 +115,8 @@ impl ConnectionClock {
             origin: Instant::now(),
             head_started: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
+            reading: AtomicUsize::new(0),
+            last_progress: AtomicU64::new(0),
             last_answered: AtomicU64::new(0),
         })
     }
@@ -105,10 +136,46 @@ impl ConnectionClock {
         }
     }
 
-    /// A head is complete: its request is being answered.
+    /// A head is complete: its request is being answered, and its body is awaited.
     pub(super) fn answering(&self) {
+        self.last_progress.store(self.now(), Ordering::Relaxed);
+        self.reading.fetch_add(1, Ordering::Relaxed);
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         self.head_started.store(0, Ordering::Relaxed);
+    }
+
+    fn body_progressed(&self) {
+        self.last_progress.store(self.now(), Ordering::Relaxed);
+    }
+
+    fn body_done(&self) {
+        self.reading.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// How long the connection has made no progress that may be worth waiting for, and what
+    /// it is doing then: nothing under way (since its last answer, or its opening), a head
+    /// under way (since its first byte), or only bodies that are awaited (since their last
+    /// bytes). `None` while a request is being answered.
+    pub(super) fn quiet_for(&self) -> Option<(Duration, Quiet)> {
+        if let Some(idle) = self.idle_for() {
+            return Some((idle, Quiet::Idle));
+        }
+        let since = |millis: u64| {
+            self.origin
+                .elapsed()
+                .saturating_sub(Duration::from_millis(millis))
+        };
+        let started = self.head_started.load(Ordering::Relaxed);
+        let in_flight = self.in_flight.load(Ordering::Relaxed);
+        if in_flight == 0 && started != 0 {
+            return Some((since(started - 1), Quiet::Head));
+        }
+        (self.reading.load(Ordering::Relaxed) >= in_flight).then(|| {
+            (
+                since(self.last_progress.load(Ordering::Relaxed)),
+                Quiet::Body,
+            )
+        })
     }
 
     /// An answer is done: on HTTP/1 the next bytes start a new head.
@@ -218,18 +285,23 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for Clocked<I> {
     }
 }
 
-/// A connection idle for less than this is never closed to make room: its client may be about
-/// to reuse it.
-const MIN_IDLE_TO_CLOSE: Duration = Duration::from_secs(1);
+/// A connection quiet for less than this is never closed to make room: its client may be about
+/// to send (a head or a body under way, a connection it is about to reuse or has just opened).
+const MIN_QUIET_TO_CLOSE: Duration = Duration::from_millis(500);
 
-/// The open webhook connections, each with its clock, its peer address and a token that closes
-/// it: when every `max_connections` slot is taken, the one idle the longest is closed so that a
-/// new connection is served instead of waiting in the backlog behind idle ones; and one peer
-/// address holds at most `max_connections_per_peer` of them.
-#[derive(Default)]
+/// Lines about connections closed to make room, at most this many a second per listener.
+const CLOSED_LINES_PER_SECOND: u32 = 5;
+
+/// The open connections of a listener, each with its clock, its peer address and a token that
+/// closes it: when every slot is taken, the one quiet the longest (idle, or stalled in its head
+/// or body) is closed so that a new connection is served instead of waiting in the backlog
+/// behind them; and one peer address holds at most `max_connections_per_peer` of them.
 pub(super) struct OpenConnections {
+    /// The listener's name in logs and metrics: `webhook`, `control`, `metrics`, `console`.
+    pub(super) listener: &'static str,
     next_id: AtomicU64,
     open: Mutex<Table>,
+    closed_lines: crate::logging::LineBudget,
 }
 
 #[derive(Default)]
@@ -273,11 +345,17 @@ impl Drop for Registration {
 }
 
 impl OpenConnections {
+    pub(super) fn new(listener: &'static str) -> OpenConnections {
+        OpenConnections {
+            listener,
+            next_id: AtomicU64::new(0),
+            open: Mutex::default(),
+            closed_lines: crate::logging::LineBudget::new(CLOSED_LINES_PER_SECOND),
+        }
+    }
+
     fn table(&self) -> std::sync::MutexGuard<'_, Table> {
-        // The table holds no invariant a panic elsewhere could break.
-        self.open
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::locks::lock(&self.open)
     }
 
     /// Registers a connection from `peer` (`None`: a peer that is not counted).
@@ -313,24 +391,140 @@ impl OpenConnections {
         self.table().per_peer.get(&peer).copied().unwrap_or(0)
     }
 
-    /// Closes the connection idle the longest (at least [`MIN_IDLE_TO_CLOSE`]), of `peer` only
-    /// when one is given; whether there was one.
-    pub(super) fn close_longest_idle(&self, peer: Option<IpAddr>) -> bool {
+    /// Closes the connection quiet the longest (at least [`MIN_QUIET_TO_CLOSE`]), counting and
+    /// logging it (within a budget of lines); whether there was one. With `peer`, only an idle
+    /// one of that address (its stalled ones hold only its own share).
+    pub(super) fn close_quietest(&self, peer: Option<IpAddr>) -> bool {
         let table = self.table();
-        let longest = table
+        let quietest = table
             .connections
             .values()
             .filter(|open| !open.close.is_cancelled())
             .filter(|open| peer.is_none() || open.peer == peer)
-            .filter_map(|open| Some((open.clock.idle_for()?, &open.close)))
-            .filter(|(idle, _)| *idle >= MIN_IDLE_TO_CLOSE)
-            .max_by_key(|(idle, _)| *idle);
-        match longest {
-            Some((_, close)) => {
-                close.cancel();
-                true
-            }
-            None => false,
+            .filter_map(|open| Some((open.clock.quiet_for()?, open)))
+            .filter(|((_, state), _)| peer.is_none() || *state == Quiet::Idle)
+            .filter(|((quiet, _), _)| *quiet >= MIN_QUIET_TO_CLOSE)
+            .max_by_key(|((quiet, _), _)| *quiet);
+        let Some(((quiet, state), open)) = quietest else {
+            return false;
+        };
+        open.close.cancel();
+        crate::metrics::idle_connection_closed(self.listener, state.label());
+        if let Some(suppressed) = self.closed_lines.admit() {
+            let peer = open.peer.map(|peer| peer.to_string()).unwrap_or_default();
+            tracing::info!(listener = self.listener, peer = %peer, state = state.label(),
+                quiet_ms = quiet.as_millis() as u64, suppressed_before = suppressed,
+                "connection closed to make room for a new one: every slot was taken");
         }
+        true
+    }
+}
+
+/// A response body that tells its connection's clock when it is done (sent, or dropped with
+/// the connection), so that a connection streaming an answer is not taken for an idle one.
+pub(super) struct Answering<B> {
+    body: B,
+    clock: Arc<ConnectionClock>,
+}
+
+impl<B> Answering<B> {
+    pub(super) fn new(body: B, clock: Arc<ConnectionClock>) -> Answering<B> {
+        Answering { body, clock }
+    }
+}
+
+impl<B> Drop for Answering<B> {
+    fn drop(&mut self) {
+        self.clock.answered();
+    }
+}
+
+impl<B: hyper::body::Body + Unpin> hyper::body::Body for Answering<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<B::Data>, B::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// A request body that tells its connection's clock when its bytes arrive and when it is done
+/// (ended, or given up), so that a connection whose bodies stall can be told from one whose
+/// request is being answered.
+pub(super) struct Watched<B> {
+    body: B,
+    clock: Option<Arc<ConnectionClock>>,
+}
+
+/// A request body on the control, metrics and console listeners.
+pub(super) type RequestBody = Watched<hyper::body::Incoming>;
+
+impl<B: hyper::body::Body> Watched<B> {
+    /// `body` watched; one that is empty (no body, `Content-Length: 0`) is done at once, so
+    /// that a request that never reads it is not taken for one whose body stalls.
+    pub(super) fn new(body: B, clock: Arc<ConnectionClock>) -> Watched<B> {
+        let mut watched = Watched {
+            body,
+            clock: Some(clock),
+        };
+        if watched.body.is_end_stream() {
+            watched.done();
+        }
+        watched
+    }
+}
+
+impl<B> Watched<B> {
+    fn done(&mut self) {
+        if let Some(clock) = self.clock.take() {
+            clock.body_done();
+        }
+    }
+}
+
+impl<B> Drop for Watched<B> {
+    fn drop(&mut self) {
+        self.done();
+    }
+}
+
+impl<B: hyper::body::Body + Unpin> hyper::body::Body for Watched<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<B::Data>, B::Error>>> {
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(_))) => {
+                if let Some(clock) = &self.clock {
+                    clock.body_progressed();
+                }
+            }
+            Poll::Ready(None | Some(Err(_))) => self.done(),
+            Poll::Pending => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
     }
 }

@@ -2,33 +2,26 @@
 //! daemon. It is a separate listener so that operator access is governed by file permissions,
 //! never by the webhook port.
 
-use std::sync::Arc;
-
 use http::{Method, Request, StatusCode};
-use http_body_util::BodyExt;
 use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 
 use super::api::{
-    Accepting, DaemonStatus, EventsPage, OperatorAnswer, SandboxStatus, SessionDocument,
-    SessionsPage, StatusDocument, ToolsDocument, TurnCounts, UsageDocument, UsageLimits,
+    EventsPage, RerunRequest, SessionsPage, ToolsDocument, UsageDocument, UsageLimits,
 };
-use super::capacity::Capacity;
-use super::console::state::ConsoleState;
+use super::body::BodyError;
+use super::connection::RequestBody;
+use super::console::{Console, ConsoleResponse, boxed};
+use super::follow::EntryLines;
+use super::operations::{Entries, Operations};
 use super::query::{Query, page, percent_decode};
-use super::response::{HttpResponse, error, json_response};
+use super::response::{HttpResponse, error, json_response, request_timeout};
 use crate::agent::catalog;
-use crate::agent::mcp::McpServers;
-use crate::config::{ReloadReport, Settings, Shared};
-use crate::deliver::DeliveryHandle;
-use crate::logging;
+use crate::config::ReloadReport;
 use crate::metrics;
-use crate::operator::OperatorAction;
-use crate::session::Sessions;
+use crate::operator::{OperatorAction, Rerun};
 use crate::store::approval::Verdict;
-use crate::store::{
-    EventDetail, EventFilter, EventStatus, SessionState, StatusSummary, Store, StoreError,
-};
+use crate::store::{DeliveryState, EventFilter, EventStatus, RetryTarget, StoreError};
 
 /// Why the control socket could not answer a request (503).
 #[derive(Debug, thiserror::Error)]
@@ -39,8 +32,6 @@ pub(crate) enum ControlError {
     Stopping,
 }
 
-/// How long `cancel` waits for the cancelled turn to commit its end before it answers 202.
-const CANCEL_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// How long `GET /v1/tools` waits for an MCP server that is still starting.
 const TOOLS_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -48,15 +39,10 @@ const TOOLS_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 pub(crate) type ReloadRequest = oneshot::Sender<ReloadReport>;
 
 pub(crate) struct Control {
-    pub store: Store,
-    pub sessions: Arc<Sessions>,
-    pub settings: Arc<Shared<Settings>>,
-    pub capacity: Arc<Capacity>,
-    pub mcp: Arc<McpServers>,
-    /// Rung when the console queues a failed delivery again.
-    pub deliveries: DeliveryHandle,
-    /// The console's form key and live transcripts.
-    pub console: ConsoleState,
+    /// The reads and actions the control API serves.
+    pub ops: Operations,
+    /// The web console, on the control socket and `[console] listen`.
+    pub console: Console,
     /// To the daemon's signal loop, which carries out reloads one at a time.
     pub reload_requests: mpsc::Sender<ReloadRequest>,
     /// Where `agentgate send` reaches the webhook listener from this machine (its address, an
@@ -65,17 +51,9 @@ pub(crate) struct Control {
 }
 
 impl Control {
-    async fn summary(&self) -> Result<StatusSummary, ControlError> {
-        Ok(self.store.status_summary().await?)
-    }
-
     /// Answers one request of the connection whose peer is `peer` (the connecting process's
     /// Unix user, or its uid when it has no name).
-    pub(super) async fn answer(
-        &self,
-        request: Request<hyper::body::Incoming>,
-        peer: &str,
-    ) -> HttpResponse {
+    pub(super) async fn answer(&self, request: Request<RequestBody>, peer: &str) -> HttpResponse {
         let path = request.uri().path().to_string();
         let method = request.method().clone();
         let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
@@ -99,13 +77,30 @@ impl Control {
                 let id = percent_decode(id);
                 self.decide(&id, Verdict::Deny, peer, request).await
             }
+            (&Method::GET, ["v1", "deliveries"]) => self.deliveries(request.uri().query()).await,
+            (&Method::POST, ["v1", "deliveries", "retry"]) => {
+                self.retry_answer(request.uri().query(), peer).await
+            }
+            (&Method::POST, ["v1", "events", id, "replay"]) => {
+                self.replay_answer(&percent_decode(id), peer).await
+            }
+            (&Method::GET, ["v1", "ledger"]) => self.ledger().await,
             (&Method::POST, ["v1", "routes", route, "send"]) => {
                 self.send(&percent_decode(route), request).await
+            }
+            (&Method::POST, ["v1", "sessions", key, "rewind"]) => {
+                self.rerun_answer(&percent_decode(key), Rerun::Rewind, request, peer)
+                    .await
+            }
+            (&Method::POST, ["v1", "sessions", key, "fork"]) => {
+                self.rerun_answer(&percent_decode(key), Rerun::Fork, request, peer)
+                    .await
             }
             (&Method::POST, ["v1", "sessions", key, action]) => {
                 match OperatorAction::from_name(action) {
                     Some(action) => {
-                        self.operator_action(&percent_decode(key), action, peer)
+                        self.ops
+                            .operator_action(&percent_decode(key), action, peer)
                             .await
                     }
                     None => Ok(not_found(&method, &path)),
@@ -122,39 +117,42 @@ impl Control {
         })
     }
 
-    /// Whether a webhook would be accepted now, and why not.
-    fn accepting(&self) -> Accepting {
-        if self.store.is_writable() {
-            let runtime = &self.settings.get().config.runtime;
-            Accepting::from_refusal(self.capacity.refusal(runtime))
-        } else {
-            Accepting::refused("the state cannot be written durably")
+    /// `GET /v1/sessions/{key}/follow[?after=SEQ]` (`agentgate sessions follow`): a stream,
+    /// so answered here rather than by `answer`; `None` for any other request.
+    pub(super) async fn follow(&self, request: &Request<RequestBody>) -> Option<ConsoleResponse> {
+        let path = request.uri().path();
+        let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+        let ["v1", "sessions", key, "follow"] = segments.as_slice() else {
+            return None;
+        };
+        if request.method() != Method::GET {
+            return None;
         }
+        let query = Query::parse(request.uri().query());
+        let after = match query.get("after").map(|text| text.parse::<i64>()) {
+            None => i64::MIN,
+            Some(Ok(after)) => after,
+            Some(Err(_)) => {
+                let problem = "after must be a transcript entry's seq";
+                return Some(boxed(error(StatusCode::BAD_REQUEST, "bad_after", problem)));
+            }
+        };
+        let changes = EntryLines { after };
+        let key = percent_decode(key);
+        let streams = self.console.streams();
+        let stream = streams.follow(
+            &self.ops.store,
+            &key,
+            changes,
+            "application/x-ndjson",
+            "try again later",
+        );
+        Some(stream.await)
     }
 
     async fn status(&self) -> Result<HttpResponse, ControlError> {
-        let document = self.status_document().await?;
+        let document = self.ops.status_document().await?;
         Ok(json_response(StatusCode::OK, &json!(document)))
-    }
-
-    /// What `GET /v1/status` answers (and the console's overview shows).
-    pub(super) async fn status_document(&self) -> Result<StatusDocument, ControlError> {
-        let summary = self.summary().await?;
-        let writable = self.store.is_writable();
-        let accepting = self.accepting();
-        let daemon = DaemonStatus {
-            running: true,
-            pid: Some(std::process::id()),
-            writable: Some(writable),
-        };
-        let price = self.settings.get().config.model.price;
-        let mut document = StatusDocument::of(summary, daemon, accepting, price.as_ref());
-        document.turns = Some(TurnCounts {
-            running: self.sessions.running_count(),
-        });
-        document.mcp = Some(self.mcp.status());
-        document.sandbox = Some(SandboxStatus::probed());
-        Ok(document)
     }
 
     /// `POST /v1/routes/{route}/send[?delivery_id=ID][&event_type=T]`: `agentgate send` without
@@ -165,10 +163,10 @@ impl Control {
     async fn send(
         &self,
         route_name: &str,
-        request: Request<hyper::body::Incoming>,
+        request: Request<RequestBody>,
     ) -> Result<HttpResponse, ControlError> {
         let query = Query::parse(request.uri().query());
-        let settings = self.settings.get();
+        let settings = self.ops.settings.get();
         let Some(route) = settings
             .config
             .routes
@@ -189,16 +187,18 @@ impl Control {
             ));
         };
         let limit = usize::try_from(settings.config.server.max_body).unwrap_or(usize::MAX);
-        let Ok(body) = http_body_util::Limited::new(request.into_body(), limit)
-            .collect()
-            .await
-            .map(http_body_util::Collected::to_bytes)
-        else {
-            return Ok(error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "body_too_large",
-                &format!("the payload is over [server] max_body ({limit} bytes) or was cut off"),
-            ));
+        let body = match self.ops.read_body(request.into_body(), limit).await {
+            Ok(body) => body,
+            Err(BodyError::TimedOut) => return Ok(request_timeout()),
+            Err(BodyError::TooLarge | BodyError::Unreadable | BodyError::NoSlot) => {
+                return Ok(error(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "body_too_large",
+                    &format!(
+                        "the payload is over [server] max_body ({limit} bytes) or was cut off"
+                    ),
+                ));
+            }
         };
         let delivery_id = query
             .get("delivery_id")
@@ -224,6 +224,7 @@ impl Control {
             Err(refusal) => return Ok(*refusal),
         };
         let sessions = self
+            .ops
             .store
             .sessions_page(query.get("after"), limit + 1)
             .await?;
@@ -236,28 +237,10 @@ impl Control {
 
     /// `GET /v1/sessions/{key}`: the session and its transcript, as `sessions show --json`.
     async fn session(&self, key: &str) -> Result<HttpResponse, ControlError> {
-        Ok(match self.session_document(key).await? {
-            Some(document) => json_response(StatusCode::OK, &json!(document)),
+        Ok(match self.ops.session_document(key, Entries::All).await? {
+            Some((document, _)) => json_response(StatusCode::OK, &json!(document)),
             None => no_session(key),
         })
-    }
-
-    /// One session with its transcript and what it spent, priced (`GET /v1/sessions/{key}`
-    /// and the console's session page).
-    pub(super) async fn session_document(
-        &self,
-        key: &str,
-    ) -> Result<Option<SessionDocument>, ControlError> {
-        let Some(mut session) = self.store.session(key).await? else {
-            return Ok(None);
-        };
-        let price = self.settings.get().config.model.price;
-        session.usage = session.usage.map(|usage| usage.priced(price.as_ref()));
-        let transcript = crate::session::transcript(&self.store, key, i64::MIN).await?;
-        Ok(Some(SessionDocument {
-            session,
-            transcript,
-        }))
     }
 
     /// `GET /v1/usage?since=MS[&route=R]`: `agentgate usage --json` from the first UTC day of
@@ -275,8 +258,8 @@ impl Control {
                 ));
             }
         };
-        let days = self.store.usage_by_day(since).await?;
-        let limits = UsageLimits::of(&self.settings.get().config);
+        let days = self.ops.store.usage_by_day(since).await?;
+        let limits = UsageLimits::of(&self.ops.settings.get().config);
         let route = query.get("route");
         let document = UsageDocument::of(days, since, route.as_deref(), &limits);
         Ok(json_response(StatusCode::OK, &json!(document)))
@@ -284,21 +267,10 @@ impl Control {
 
     /// `GET /v1/events/{id}`: the event as `events show --json` shows it; `404` if unknown.
     async fn event(&self, id: &str) -> Result<HttpResponse, ControlError> {
-        Ok(match self.event_detail(id).await? {
+        Ok(match self.ops.event_detail(id).await? {
             Some(detail) => json_response(StatusCode::OK, &json!(detail)),
             None => no_event(id),
         })
-    }
-
-    /// One event with its turns, delivery and what it spent, priced (`GET /v1/events/{id}`
-    /// and the console's event page).
-    pub(super) async fn event_detail(&self, id: &str) -> Result<Option<EventDetail>, ControlError> {
-        let Some(mut detail) = self.store.event(id).await? else {
-            return Ok(None);
-        };
-        let price = self.settings.get().config.model.price;
-        detail.usage = detail.usage.priced(price.as_ref());
-        Ok(Some(detail))
     }
 
     /// `GET /v1/events[?status=S][&route=R][&session=KEY][&limit=N][&before=ID]`: a page of
@@ -323,6 +295,7 @@ impl Control {
             },
         };
         let events = self
+            .ops
             .store
             .events(EventFilter {
                 status,
@@ -339,12 +312,125 @@ impl Control {
         ))
     }
 
+    /// `GET /v1/deliveries[?state=failed|pending][&limit=N]`: `deliveries list --json`, newest
+    /// first.
+    async fn deliveries(&self, query: Option<&str>) -> Result<HttpResponse, ControlError> {
+        let query = Query::parse(query);
+        let limit = match query.limit() {
+            Ok(limit) => limit,
+            Err(refusal) => return Ok(*refusal),
+        };
+        let state = match query.get("state").as_deref() {
+            None => None,
+            Some("failed") => Some(DeliveryState::Failed),
+            Some("pending") => Some(DeliveryState::Pending),
+            Some(other) => {
+                return Ok(error(
+                    StatusCode::BAD_REQUEST,
+                    "bad_state",
+                    &format!("state {other:?} is not failed or pending"),
+                ));
+            }
+        };
+        let deliveries = self.ops.store.deliveries(state, limit).await?;
+        Ok(json_response(StatusCode::OK, &json!(deliveries)))
+    }
+
+    /// `POST /v1/deliveries/retry?event=ID|failed|pending`: `deliveries retry`; answers how
+    /// many were queued again, or `409` when event ID has no failed delivery.
+    async fn retry_answer(
+        &self,
+        query: Option<&str>,
+        peer: &str,
+    ) -> Result<HttpResponse, ControlError> {
+        let query = Query::parse(query);
+        let target = match (
+            query.get("event"),
+            query.get("failed"),
+            query.get("pending"),
+        ) {
+            (Some(id), None, None) => RetryTarget::One(id),
+            (None, Some(_), None) => RetryTarget::AllFailed,
+            (None, None, Some(_)) => RetryTarget::Pending { route: None },
+            _ => {
+                return Ok(error(
+                    StatusCode::BAD_REQUEST,
+                    "bad_target",
+                    "name one of event=ID, failed or pending",
+                ));
+            }
+        };
+        let queued = self.ops.retry(target.clone(), peer).await?;
+        Ok(match target {
+            RetryTarget::One(id) if queued == 0 => error(
+                StatusCode::CONFLICT,
+                "not_failed",
+                &format!("no failed delivery for event {id:?}"),
+            ),
+            RetryTarget::One(_) | RetryTarget::AllFailed | RetryTarget::Pending { .. } => {
+                json_response(StatusCode::OK, &json!({ "queued": queued }))
+            }
+        })
+    }
+
+    /// `POST /v1/events/{id}/replay`: `events replay ID`; answers the copy's id.
+    async fn replay_answer(&self, id: &str, peer: &str) -> Result<HttpResponse, ControlError> {
+        Ok(match self.ops.replay(id, peer).await? {
+            Some(copy) => json_response(StatusCode::OK, &json!({ "event_id": id, "copy": copy })),
+            None => no_event(id),
+        })
+    }
+
+    /// `POST /v1/sessions/{key}/rewind` `{"to": N}` and `POST /v1/sessions/{key}/fork` `{"at":
+    /// N, "as": NEWKEY}`: `sessions rewind|fork`; answers the new turn.
+    async fn rerun_answer(
+        &self,
+        key: &str,
+        rerun: Rerun,
+        request: Request<RequestBody>,
+        peer: &str,
+    ) -> Result<HttpResponse, ControlError> {
+        let body = match self
+            .ops
+            .read_body(request.into_body(), MAX_RERUN_BODY)
+            .await
+        {
+            Ok(body) => body,
+            Err(BodyError::TimedOut) => return Ok(request_timeout()),
+            Err(BodyError::TooLarge | BodyError::Unreadable | BodyError::NoSlot) => {
+                return Ok(bad_rerun("the body is too long or was cut off"));
+            }
+        };
+        let asked = serde_json::from_slice::<RerunRequest>(&body)
+            .map_err(|err| err.to_string())
+            .and_then(|asked| asked.of(key, rerun));
+        match asked {
+            Ok(request) => self.ops.rerun(request, peer).await,
+            Err(message) => Ok(bad_rerun(&message)),
+        }
+    }
+
+    /// `GET /v1/ledger`: the retry ledger as `ledger.json` holds it; `503` with the reason when it
+    /// cannot be read.
+    async fn ledger(&self) -> Result<HttpResponse, ControlError> {
+        let ledger = self.ops.store.resume_ledger().await?;
+        let text = ledger.to_json();
+        let document: serde_json::Value = serde_json::from_slice(&text).unwrap_or_default();
+        Ok(json_response(StatusCode::OK, &document))
+    }
+
     /// `GET /v1/tools[?route=R]`: what `agentgate tools list` shows, from the running servers.
     async fn tools(&self, query: Option<&str>) -> Result<HttpResponse, ControlError> {
         let route = Query::parse(query).get("route");
-        let settings = self.settings.get();
+        let settings = self.ops.settings.get();
         Ok(
-            match catalog::listing(&settings.config, &self.mcp, route.as_deref(), TOOLS_WAIT).await
+            match catalog::listing(
+                &settings.config,
+                &self.ops.mcp,
+                route.as_deref(),
+                TOOLS_WAIT,
+            )
+            .await
             {
                 Ok((tools, problems)) => {
                     json_response(StatusCode::OK, &json!(ToolsDocument { tools, problems }))
@@ -355,12 +441,12 @@ impl Control {
     }
 
     async fn metrics(&self) -> Result<HttpResponse, ControlError> {
-        let summary = self.summary().await?;
+        let summary = self.ops.summary().await?;
         let text = metrics::render(&metrics::Snapshot {
             summary: &summary,
-            turns_running: self.sessions.running_count(),
-            store_writable: self.store.is_writable(),
-            accepting: self.accepting().ok,
+            turns_running: self.ops.sessions.running_count(),
+            store_writable: self.ops.store.is_writable(),
+            accepting: self.ops.accepting().ok,
         });
         let mut response = http::Response::new(http_body_util::Full::new(bytes::Bytes::from(text)));
         response.headers_mut().insert(
@@ -386,105 +472,13 @@ impl Control {
         };
         Ok(json_response(status, &json!(report)))
     }
+}
 
-    /// `POST /v1/sessions/{key}/{resume|suspend|cancel}`: the daemon acts at once, logs the
-    /// action with its `MESSAGE_ID` and counts it.
-    pub(super) async fn operator_action(
-        &self,
-        key: &str,
-        action: OperatorAction,
-        peer: &str,
-    ) -> Result<HttpResponse, ControlError> {
-        let previous = match action {
-            OperatorAction::Resume => self.store.operator_resume(key).await,
-            OperatorAction::Suspend => self.store.operator_suspend(key).await,
-            OperatorAction::Cancel => return self.cancel(key, peer).await,
-        }?;
-        let Some(previous) = previous else {
-            return Ok(no_session(key));
-        };
-        if action == OperatorAction::Suspend {
-            self.deny_pending(key, peer, action).await?;
-        }
-        self.sessions.wake();
-        metrics::operator_action(action);
-        if action == OperatorAction::Resume {
-            tracing::info!(
-                message_id = logging::MESSAGE_OPERATOR_RESUMED,
-                session_key = %key, previous_state = %previous, actor = %peer,
-                "session resumed by the operator; its ledger entry is cleared and its interrupted event runs again"
-            );
-        } else {
-            tracing::warn!(
-                message_id = logging::MESSAGE_OPERATOR_SUSPENDED,
-                session_key = %key, previous_state = %previous, actor = %peer,
-                "session suspended by the operator; no turn of it starts until it is resumed"
-            );
-        }
-        Ok(json_response(
-            StatusCode::OK,
-            &json!(OperatorAnswer {
-                session: key.to_string(),
-                action: action.name().to_string(),
-                previous_state: Some(previous),
-                turn_id: None,
-                ended: None,
-            }),
-        ))
-    }
+/// The longest body of a rewind or fork: an entry number and a session key.
+const MAX_RERUN_BODY: usize = 8 * 1024;
 
-    /// Cancels the session's running turn and waits (briefly) until its end is committed. A
-    /// session whose turn waits for a decision has its requests denied instead: the turn goes
-    /// on without the calls.
-    async fn cancel(&self, key: &str, peer: &str) -> Result<HttpResponse, ControlError> {
-        let Some(session) = self.store.session(key).await? else {
-            return Ok(no_session(key));
-        };
-        if session.state == SessionState::AwaitingApproval {
-            let denied = self.deny_pending(key, peer, OperatorAction::Cancel).await?;
-            metrics::operator_action(OperatorAction::Cancel);
-            return Ok(json_response(
-                StatusCode::OK,
-                &json!(OperatorAnswer {
-                    session: key.to_string(),
-                    action: OperatorAction::Cancel.name().to_string(),
-                    previous_state: Some(session.state),
-                    turn_id: denied.first().map(|row| row.turn_id.clone()),
-                    ended: Some(false),
-                }),
-            ));
-        }
-        let Some((turn_id, ended)) = self.sessions.cancel(key) else {
-            return Ok(error(
-                StatusCode::CONFLICT,
-                "not_running",
-                &format!("session {key:?} has no turn running on this daemon"),
-            ));
-        };
-        metrics::operator_action(OperatorAction::Cancel);
-        tracing::warn!(
-            message_id = logging::MESSAGE_OPERATOR_CANCELLED,
-            session_key = %key, turn_id = %turn_id, actor = %peer,
-            "running turn cancelled by the operator; its tools are killed and its event ends failed"
-        );
-        let ended = tokio::time::timeout(CANCEL_WAIT, ended.cancelled())
-            .await
-            .is_ok();
-        Ok(json_response(
-            if ended {
-                StatusCode::OK
-            } else {
-                StatusCode::ACCEPTED
-            },
-            &json!(OperatorAnswer {
-                session: key.to_string(),
-                action: OperatorAction::Cancel.name().to_string(),
-                previous_state: None,
-                turn_id: Some(turn_id),
-                ended: Some(ended),
-            }),
-        ))
-    }
+fn bad_rerun(message: &str) -> HttpResponse {
+    error(StatusCode::BAD_REQUEST, "bad_rerun", message)
 }
 
 pub(super) fn not_found(method: &Method, path: &str) -> HttpResponse {
@@ -509,25 +503,4 @@ pub(super) fn no_session(key: &str) -> HttpResponse {
         "no_session",
         &format!("no session {key:?}"),
     )
-}
-
-impl Control {
-    /// Denies the session's pending approval requests as `action` does, decided by `peer`; the
-    /// turn goes on without the calls.
-    async fn deny_pending(
-        &self,
-        key: &str,
-        peer: &str,
-        action: OperatorAction,
-    ) -> Result<Vec<crate::store::ApprovalRow>, ControlError> {
-        let Some(why) = action.denial() else {
-            return Ok(Vec::new());
-        };
-        let decision = crate::store::Decision::denied(peer, why);
-        let denied = self.store.deny_session_approvals(key, decision).await?;
-        for row in &denied {
-            crate::session::approval::decided(&self.sessions, row);
-        }
-        Ok(denied)
-    }
 }

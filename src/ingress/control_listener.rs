@@ -1,7 +1,10 @@
 //! The listeners the control endpoints are served on: the control socket (everything, to whom
 //! its file permissions allow), `[server] metrics_listen` (`GET /metrics` alone) and `[console]
 //! listen` (the console alone, to a browser logged in with its token). Each bounds its
-//! connections and closes idle ones.
+//! connections and closes idle ones; at its bound, the connection idle or stalled (in its head or
+//! its body) the longest is closed for a new one, as on the webhook listener, so that a crowd of
+//! unauthenticated connections cannot keep an operator waiting. Bodies are read as there too:
+//! within four times `header_timeout`, else `408` (see `body`).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -13,10 +16,12 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio_util::sync::CancellationToken;
 
-use super::AcceptBackoff;
-use super::connection::Stream;
+use super::connection::{
+    Answering, Clocked, ConnectionClock, OpenConnections, RequestBody, Stream, Watched,
+};
 use super::console::{ConsoleBody, Door, boxed, see_other};
 use super::control::{Control, not_found};
+use super::{AcceptBackoff, next_slot};
 use crate::config::ServerSettings;
 
 /// A listener the control endpoints are served on.
@@ -50,7 +55,7 @@ impl Accepted {
                 {
                     return Some(Box::new(stream));
                 }
-                control.console_handshake_failed();
+                control.console.handshake_failed();
                 None
             }
         }
@@ -73,7 +78,8 @@ impl ControlListener {
         }
     }
 
-    /// The next connection, with its peer's Unix user (the TCP listeners have none).
+    /// The next connection, with its peer: the Unix user on the control socket, the address on
+    /// a TCP listener.
     async fn accept(&self) -> std::io::Result<(Accepted, String)> {
         Ok(match self {
             ControlListener::Socket(listener) => {
@@ -82,12 +88,13 @@ impl ControlListener {
                 (Accepted::Ready(Box::new(stream)), peer)
             }
             ControlListener::Metrics(listener) | ControlListener::Console(listener, None) => {
-                let stream = listener.accept().await?.0;
-                (Accepted::Ready(Box::new(stream)), String::new())
+                let (stream, peer) = listener.accept().await?;
+                (Accepted::Ready(Box::new(stream)), peer.ip().to_string())
             }
             ControlListener::Console(listener, Some(acceptor)) => {
-                let stream = listener.accept().await?.0;
-                (Accepted::Handshake(stream, acceptor.clone()), String::new())
+                let (stream, peer) = listener.accept().await?;
+                let accepted = Accepted::Handshake(stream, acceptor.clone());
+                (accepted, peer.ip().to_string())
             }
         })
     }
@@ -105,7 +112,7 @@ impl Control {
     /// Answers one request on a listener that serves `serves`.
     async fn serve(
         &self,
-        request: Request<hyper::body::Incoming>,
+        request: Request<RequestBody>,
         peer: &str,
         serves: Serves,
     ) -> http::Response<ConsoleBody> {
@@ -113,10 +120,18 @@ impl Control {
         let console = path == "/console" || path.starts_with("/console/");
         let metrics = request.method() == Method::GET && path == "/metrics";
         match serves {
-            Serves::Everything if console => self.console_request(request, Door::Socket).await,
-            Serves::Console if console => self.console_request(request, Door::Listen).await,
+            Serves::Everything if console => {
+                self.console.request(request, Door::Socket, None).await
+            }
+            Serves::Console if console => {
+                let address = peer.parse().ok();
+                self.console.request(request, Door::Listen, address).await
+            }
             Serves::Console if path == "/" => boxed(see_other("/console/")),
-            Serves::Everything => boxed(self.answer(request, peer).await),
+            Serves::Everything => match self.follow(&request).await {
+                Some(stream) => stream,
+                None => boxed(self.answer(request, peer).await),
+            },
             Serves::Metrics if metrics => boxed(self.answer(request, peer).await),
             Serves::Metrics | Serves::Console => {
                 boxed(not_found(request.method(), request.uri().path()))
@@ -135,8 +150,9 @@ fn peer_user(stream: &tokio::net::UnixStream) -> String {
 }
 
 /// Connections served at once on each listener (the control socket, metrics, the console); past
-/// it new ones wait in the backlog. Operators' commands and a scraper need a handful: the bound
-/// keeps a flood from taking the descriptors that turns, tools and the store need.
+/// it the one idle the longest is closed for a new one, else new ones wait in the backlog.
+/// Operators' commands and a scraper need a handful: the bound keeps a flood from taking the
+/// descriptors that turns, tools and the store need.
 const MAX_CONTROL_CONNECTIONS: usize = 64;
 
 /// A control, metrics or console listener task.
@@ -204,19 +220,16 @@ impl ControlServer {
         };
         let mut backoff = AcceptBackoff::default();
         let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONTROL_CONNECTIONS));
+        let open = Arc::new(OpenConnections::new(listener.name()));
+        let mut at_limit_since = None;
         // hyper's header timer also runs while a connection waits for its next request, so it
         // closes idle connections too.
         let mut http = http1::Builder::new();
         http.timer(TokioTimer::new())
             .header_read_timeout(header_timeout);
         loop {
-            let permit = tokio::select! {
-                () = shutdown.cancelled() => return,
-                permit = slots.clone().acquire_owned() => match permit {
-                    Ok(permit) => permit,
-                    Err(_) => return,
-                },
-            };
+            // Accepted before its slot: at the limit the one connection that waits for a slot
+            // is the one that makes an idle connection close (the rest wait in the backlog).
             let (accepted, peer) = tokio::select! {
                 () = shutdown.cancelled() => return,
                 accepted = listener.accept() => match accepted {
@@ -228,18 +241,38 @@ impl ControlServer {
                 },
             };
             backoff.succeeded();
+            let permit = tokio::select! {
+                () = shutdown.cancelled() => return,
+                permit = next_slot(&slots, &open, MAX_CONTROL_CONNECTIONS, &mut at_limit_since) => match permit {
+                    Some(permit) => permit,
+                    None => return,
+                },
+            };
+            at_limit_since = None;
+            let clock = ConnectionClock::new();
+            let registration = open.register(clock.clone(), None);
             let opening = control.clone();
             let control = control.clone();
             let peer: Arc<str> = peer.into();
+            let answering = clock.clone();
             let service = service_fn(move |request: Request<hyper::body::Incoming>| {
-                let control = control.clone();
-                let peer = peer.clone();
-                async move { Ok::<_, Infallible>(control.serve(request, &peer, serves).await) }
+                let (control, peer, clock) = (control.clone(), peer.clone(), answering.clone());
+                clock.answering();
+                let request = request.map(|body| Watched::new(body, clock.clone()));
+                async move {
+                    let answer = control.serve(request, &peer, serves).await;
+                    Ok::<_, Infallible>(answer.map(|body| Answering::new(body, clock)))
+                }
             });
             let http = http.clone();
             tokio::spawn(async move {
                 if let Some(stream) = accepted.opened(header_timeout, &opening).await {
-                    let _ = http.serve_connection(TokioIo::new(stream), service).await;
+                    let io = TokioIo::new(Clocked::new(stream, clock));
+                    // Closed to make room only while idle, or in a head or bodies that stop.
+                    tokio::select! {
+                        _ = http.serve_connection(io, service) => {}
+                        () = registration.close.cancelled() => {}
+                    }
                 }
                 drop(permit);
             });
@@ -251,7 +284,7 @@ impl ControlServer {
 /// is not set or cannot be served. A console that should speak TLS and cannot is not served in
 /// plain HTTP instead.
 async fn console_listener(control: &Control) -> Option<ControlListener> {
-    let settings = control.settings.get();
+    let settings = control.ops.settings.get();
     let console = &settings.config.console;
     let addr = console.listen.filter(|_| console.token.is_some())?;
     let tls = match console.tls.as_ref().map(crate::tls::http1_server_config) {

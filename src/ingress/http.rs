@@ -4,9 +4,11 @@
 //! unauthenticated, oversized or malformed reaches the disk, and the 202 is written only after the
 //! store reports the commit that holds the event.
 
-// A refusal here is the HTTP response itself, built once per refused request; boxing it would
-// only add an allocation to every refusal.
-#![allow(clippy::result_large_err)]
+#![expect(
+    clippy::result_large_err,
+    reason = "a refusal here is the HTTP response itself, built once per refused request; \
+              boxing it would only add an allocation to every refusal"
+)]
 
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
@@ -20,27 +22,25 @@ use http::{HeaderMap, HeaderValue, Method, Request, StatusCode};
 use serde_json::json;
 
 use super::acknowledge::{AcceptedEvent, Acknowledged, Reader};
-use super::body::{BodyError, BodySlots};
+use super::body::{BodyError, BodySlots, body_timeout};
 use super::capacity::{self, Capacity};
 use super::payload::{decode_content, parse_payload};
 use super::ratelimit::TokenBucket;
 use super::response::{
-    HttpResponse, RefusalReason, error, json_response, refused, unavailable_for,
+    HttpResponse, RefusalReason, error, json_response, refused, request_timeout, unavailable_for,
 };
-use crate::config::{RouteSettings, Settings, Shared, VerifyScheme};
+use crate::clock;
+use crate::config::{RouteSettings, Settings, Shared};
 use crate::logging::{self, LineBudget};
 use crate::metrics;
 use crate::sender;
 use crate::session::Sessions;
 use crate::signature;
-use crate::store::{AcceptOutcome, Event, NewEvent, Store};
+use crate::store::{AcceptOutcome, DedupWindow, Event, NewEvent, Store};
 use crate::telemetry;
 use crate::template::EventContext;
 use opentelemetry::KeyValue;
 use opentelemetry::trace::SpanKind;
-
-/// How long a client may take to send a body once its headers arrived, per `header_timeout`.
-const BODY_TIMEOUT_FACTOR: u32 = 4;
 
 struct Route {
     settings: RouteSettings,
@@ -85,6 +85,9 @@ pub(crate) struct Ingress {
     /// `[server] tls`: new connections take the acceptor of the config in effect, so a reload
     /// serves a renewed certificate.
     tls: Shared<Option<tokio_rustls::TlsAcceptor>>,
+    /// How long a body may take once its headers arrived: `header_timeout` as the listener
+    /// started with it, which sets the headers' own timer too.
+    body_timeout: std::time::Duration,
 }
 
 /// The TLS acceptor of `settings`, if it sets `[server] tls`.
@@ -110,6 +113,7 @@ impl Ingress {
         capacity: Arc<Capacity>,
     ) -> Result<Ingress, String> {
         Ok(Ingress {
+            body_timeout: body_timeout(&settings.config.server),
             refusal_log: LineBudget::new(REFUSAL_LINES_PER_SECOND),
             body_slots: BodySlots::new(),
             tls: Shared::new(acceptor_for(&settings)?),
@@ -138,8 +142,14 @@ impl Ingress {
         (*self.tls.get()).clone()
     }
 
-    /// A connection whose TLS handshake failed or never came: counted, and logged within the
-    /// refusal log's rate.
+    /// How many connections `peer` may hold at once (`max_connections_per_peer`), as the
+    /// settings in effect say; `None` for a trusted proxy, which carries everyone's connections.
+    pub(crate) fn peer_limit(&self, peer: std::net::IpAddr) -> Option<usize> {
+        let routing = self.routing.get();
+        let server = &routing.settings.config.server;
+        (!is_trusted(&server.trusted_proxies, peer)).then_some(server.max_connections_per_peer)
+    }
+
     /// A connection closed at once: `peer`'s address already holds `limit` connections, none
     /// of them idle. Counted, and logged within the refusal lines' budget.
     pub(crate) fn peer_refused(&self, peer: SocketAddr, limit: usize) {
@@ -151,6 +161,8 @@ impl Ingress {
         }
     }
 
+    /// A connection whose TLS handshake failed or never came: counted, and logged within the
+    /// refusal log's rate.
     pub(crate) fn tls_refused(&self, peer: SocketAddr, reason: &str) {
         metrics::tls_handshake_failed();
         if let Some(suppressed) = self.refusal_log.admit() {
@@ -213,8 +225,10 @@ impl Ingress {
         {
             let message = refusal.map_or("", |reason| reason.message.as_str());
             let peer = client_address(peer, &forwarded, trusted);
+            // The reason in the message too: `journalctl -o cat` shows only the message.
             tracing::warn!(route = %route, peer = %peer, path = %path, status = status.as_u16(),
-                reason = %message, suppressed_before = suppressed, "webhook refused");
+                reason = %message, suppressed_before = suppressed,
+                "webhook refused ({}): {message}", status.as_u16());
         }
         Ok(response)
     }
@@ -240,18 +254,13 @@ impl Ingress {
         }
         let route = route_for(&request, routing)?;
         let settings = &route.settings;
-        let (headers, body) = self.read_verified(request, settings, routing).await?;
+        let (headers, body) = self.read_verified(request, settings).await?;
         let (payload, payload_bytes, encoding) =
             parse_payload(&headers, body, settings.verify.scheme)?;
         let reader = Reader::of(settings.verify.scheme, encoding);
-        if settings.verify.scheme == VerifyScheme::Slack
-            && payload.get("type").and_then(|t| t.as_str()) == Some("url_verification")
-        {
-            // Slack's Events API setup: answer the challenge; nothing is stored or run.
-            return Ok(json_response(
-                StatusCode::OK,
-                &json!({"challenge": payload.get("challenge").cloned().unwrap_or_default()}),
-            ));
+        if let Some(answer) = (sender::profile(settings.verify.scheme).handshake)(&payload) {
+            // A sender's setup request (Slack's `url_verification`): nothing is stored or run.
+            return Ok(json_response(StatusCode::OK, &answer));
         }
         let visible = visible_headers(&headers, settings);
         let event_id = uuid::Uuid::now_v7().to_string();
@@ -309,7 +318,6 @@ impl Ingress {
         &self,
         request: Request<B>,
         settings: &RouteSettings,
-        routing: &Routing,
     ) -> Result<(HeaderMap, Bytes), HttpResponse>
     where
         B: hyper::body::Body<Data = Bytes> + Send,
@@ -324,18 +332,17 @@ impl Ingress {
             return Err(too_large(settings));
         }
         // Refused from the headers when they already decide it: the body is never read.
-        signature::precheck(&settings.verify, request.headers(), unix_seconds())
+        signature::precheck(&settings.verify, request.headers(), clock::now_seconds())
             .map_err(|err| unauthorized(&err))?;
         let (parts, body) = request.into_parts();
         let limit = usize::try_from(settings.max_body).unwrap_or(usize::MAX);
-        let body_timeout = routing.settings.config.server.header_timeout * BODY_TIMEOUT_FACTOR;
         let received = self
             .body_slots
-            .read(body, limit, declared_length, body_timeout)
+            .read(body, limit, declared_length, self.body_timeout)
             .await
             .map_err(|err| body_refused(err, settings))?;
         let body = decode_content(&parts.headers, &received, settings.max_body)?;
-        let now = unix_seconds();
+        let now = clock::now_seconds();
         // A sender may sign the payload before or after compressing it: either is authentic.
         signature::verify(&settings.verify, &parts.headers, &body, now)
             .or_else(|err| {
@@ -357,27 +364,36 @@ impl Ingress {
         settings: &RouteSettings,
         event: Event,
     ) -> Result<Acknowledged, HttpResponse> {
-        let dedup_since = crate::store::now_millis()
-            - i64::try_from(routing.settings.config.runtime.dedup_window.as_millis())
-                .unwrap_or(i64::MAX);
         let config = &routing.settings.config;
+        let dedup_window = DedupWindow(config.runtime.dedup_window);
         if let Some(reason) = self
             .capacity
             .refusal(&config.runtime)
             .or_else(|| self.capacity.route_refusal(settings, config))
         {
             return self
-                .refuse_new(settings, event.delivery_id.as_deref(), dedup_since, &reason)
+                .refuse_new(
+                    settings,
+                    event.delivery_id.as_deref(),
+                    dedup_window,
+                    &reason,
+                )
                 .await;
         }
         let (event_id, session_key) = (event.id.clone(), event.session_key.clone());
         let delivery_id = event.delivery_id.clone().unwrap_or_default();
-        match self.store.accept(NewEvent { event, dedup_since }).await {
+        match self
+            .store
+            .accept(NewEvent {
+                event,
+                dedup_window,
+            })
+            .await
+        {
             Ok(AcceptOutcome::Accepted) => {
                 self.capacity.accepted(&settings.name);
                 self.sessions
-                    .event_accepted(&self.store, &session_key, settings.on_busy)
-                    .await;
+                    .event_accepted(&self.store, &session_key, settings.on_busy);
                 logging::event_line!(
                     message_id = crate::logging::MESSAGE_ACCEPTED,
                     event_id = %event_id,
@@ -467,11 +483,7 @@ fn body_refused(err: BodyError, settings: &RouteSettings) -> HttpResponse {
             "the body could not be read",
         ),
         BodyError::NoSlot => unavailable("too many large bodies are being received; retry shortly"),
-        BodyError::TimedOut => error(
-            StatusCode::REQUEST_TIMEOUT,
-            "request_timeout",
-            "the body did not arrive in time",
-        ),
+        BodyError::TimedOut => request_timeout(),
     }
 }
 
@@ -581,25 +593,19 @@ impl Ingress {
         &self,
         settings: &RouteSettings,
         delivery_id: Option<&str>,
-        dedup_since: i64,
+        dedup_window: DedupWindow,
         reason: &str,
     ) -> Result<Acknowledged, HttpResponse> {
         if let Some(delivery_id) = delivery_id
             && let Ok(Some(original)) = self
                 .store
-                .original_of(&settings.name, delivery_id, dedup_since)
+                .original_of(&settings.name, delivery_id, dedup_window)
                 .await
         {
             return Ok(Acknowledged::Duplicate { original });
         }
         Err(unavailable_for(reason, capacity::RETRY_AFTER_SECONDS))
     }
-}
-
-fn unix_seconds() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }
 
 /// The scheme's event header, else the type its payload names, else "".

@@ -14,7 +14,9 @@ mod connection;
 mod console;
 pub(crate) mod control;
 pub(crate) mod control_listener;
+mod follow;
 mod http;
+mod operations;
 mod payload;
 pub(crate) mod query;
 mod ratelimit;
@@ -37,8 +39,12 @@ use tokio_util::sync::CancellationToken;
 
 pub(crate) use self::http::Ingress;
 use crate::config::{Config, ServerSettings, VerifyScheme};
-use connection::{Clocked, ConnectionClock, OpenConnections, Protocol, Stream, detect_protocol};
-pub(crate) use console::state::ConsoleState;
+pub(crate) use body::BodySlots;
+use connection::{
+    Clocked, ConnectionClock, OpenConnections, Protocol, Stream, Watched, detect_protocol,
+};
+pub(crate) use console::Console;
+pub(crate) use operations::Operations;
 
 /// Body parsing, for the `request` fuzz target.
 #[cfg(feature = "fuzzing")]
@@ -71,7 +77,7 @@ pub(crate) fn local_url(addr: SocketAddr) -> String {
     let ip = match addr.ip() {
         std::net::IpAddr::V4(ip) if ip.is_unspecified() => std::net::Ipv4Addr::LOCALHOST.into(),
         std::net::IpAddr::V6(ip) if ip.is_unspecified() => std::net::Ipv6Addr::LOCALHOST.into(),
-        ip => ip,
+        ip @ (std::net::IpAddr::V4(_) | std::net::IpAddr::V6(_)) => ip,
     };
     format!("http://{}", SocketAddr::new(ip, addr.port()))
 }
@@ -285,16 +291,14 @@ pub(crate) fn inherited_sockets() -> Result<Option<Listeners>, ListenError> {
 /// the number of failures since the last line.
 pub(crate) struct AcceptBackoff {
     delay: Duration,
-    failures: u64,
-    last_logged: Option<std::time::Instant>,
+    lines: crate::logging::OneLineEvery,
 }
 
 impl Default for AcceptBackoff {
     fn default() -> AcceptBackoff {
         AcceptBackoff {
             delay: ACCEPT_BACKOFF_FIRST,
-            failures: 0,
-            last_logged: None,
+            lines: crate::logging::OneLineEvery::new(ACCEPT_BACKOFF_MAX),
         }
     }
 }
@@ -304,15 +308,9 @@ const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 
 impl AcceptBackoff {
     pub(crate) async fn failed(&mut self, listener: &str, err: &std::io::Error) {
-        self.failures += 1;
-        let due = self
-            .last_logged
-            .is_none_or(|at| at.elapsed() >= ACCEPT_BACKOFF_MAX);
-        if due {
-            tracing::warn!(listener, error = %err, failures = self.failures,
+        if let Some(left_out) = self.lines.due() {
+            tracing::warn!(listener, error = %err, failures = left_out + 1,
                 retry_in = ?self.delay, "accept failed; backing off");
-            self.last_logged = Some(std::time::Instant::now());
-            self.failures = 0;
         }
         tokio::time::sleep(self.delay).await;
         self.delay = (self.delay * 2).min(ACCEPT_BACKOFF_MAX);
@@ -335,9 +333,10 @@ pub(crate) struct WebhookListener {
 impl WebhookListener {
     /// Serves webhooks until `shutdown` fires, then stops accepting and lets in-flight requests
     /// finish (for at most `finish_within`). At most `server.max_connections` connections are
-    /// served at once: past that, the one idle the longest is closed for a new one, or, with
-    /// none idle, new ones wait (one accepted, the rest in the kernel's backlog), so a flood of
-    /// stalled connections cannot take the file descriptors that turns and the store need.
+    /// served at once: past that, the one idle or stalled the longest is closed for a new one,
+    /// or, with none such, new ones wait (one accepted, the rest in the kernel's backlog), so a
+    /// flood of connections can neither take the file descriptors that turns and the store need
+    /// nor keep a valid sender waiting.
     pub(crate) async fn run(self, shutdown: CancellationToken) -> std::io::Result<()> {
         let WebhookListener {
             listener,
@@ -352,7 +351,7 @@ impl WebhookListener {
         let protocols = Protocols::for_server(&server);
         let max_connections = within_descriptor_limit(server.max_connections);
         let connections = Arc::new(Semaphore::new(max_connections));
-        let open = Arc::new(OpenConnections::default());
+        let open = Arc::new(OpenConnections::new("webhook"));
         let mut at_limit_since: Option<std::time::Instant> = None;
         loop {
             // Accepted before its slot: at the limit the one connection that waits for a slot
@@ -368,14 +367,14 @@ impl WebhookListener {
                 },
             };
             backoff.succeeded();
-            let counted =
-                (!http::is_trusted(&server.trusted_proxies, peer.ip())).then_some(peer.ip());
-            if let Some(ip) = counted
-                && !room_for_peer(&open, ip, server.max_connections_per_peer)
+            let limit = ingress.peer_limit(peer.ip());
+            if let Some(limit) = limit
+                && !room_for_peer(&open, peer.ip(), limit)
             {
-                ingress.peer_refused(peer, server.max_connections_per_peer);
+                ingress.peer_refused(peer, limit);
                 continue;
             }
+            let counted = limit.map(|_| peer.ip());
             // An accepted connection is served even when the listener is stopping: dropping it
             // would reset a sender that connected in time.
             let Some(permit) =
@@ -443,25 +442,19 @@ fn within_descriptor_limit(max_connections: usize) -> usize {
 }
 
 /// Whether `peer` may open one more connection: it holds fewer than `limit`, or one of its own
-/// idle connections was closed to make room. A peer cannot take the slots of others (trusted
-/// proxies, which carry everyone's connections, are not counted).
+/// idle or stalled connections was closed to make room. A peer cannot take the slots of others
+/// (trusted proxies, which carry everyone's connections, are not counted).
 fn room_for_peer(open: &OpenConnections, peer: std::net::IpAddr, limit: usize) -> bool {
-    if open.of_peer(peer) < limit {
-        return true;
-    }
-    let made_room = open.close_longest_idle(Some(peer));
-    if made_room {
-        crate::metrics::idle_connection_closed();
-    }
-    made_room
+    open.of_peer(peer) < limit || open.close_quietest(Some(peer))
 }
 
 /// How often, while every connection slot is taken, the idle connections are looked at again.
 const SLOT_RETRY: Duration = Duration::from_millis(250);
 
-/// A connection slot: a free one, or one made by closing the connection idle the longest. While
-/// none is idle, it waits (new connections stay in the backlog), saying so once. `None` only if
-/// the slots are gone.
+/// A connection slot of the listener `open` serves: a free one, or one made by closing the
+/// connection idle or stalled the longest (which gives its slot back at once). While none is,
+/// it waits (new connections stay in the backlog), saying once that all `max_connections`
+/// slots are taken. `None` only if the slots are gone.
 async fn next_slot(
     slots: &Arc<Semaphore>,
     open: &OpenConnections,
@@ -469,16 +462,19 @@ async fn next_slot(
     at_limit_since: &mut Option<std::time::Instant>,
 ) -> Option<tokio::sync::OwnedSemaphorePermit> {
     loop {
-        if slots.available_permits() == 0 {
-            if open.close_longest_idle(None) {
-                crate::metrics::idle_connection_closed();
-            } else if at_limit_since.is_none() {
-                *at_limit_since = Some(std::time::Instant::now());
-                tracing::warn!(
-                    max_connections,
-                    "webhook connections at server.max_connections, none idle; new ones wait in the backlog"
-                );
-            }
+        if slots.available_permits() == 0 && !open.close_quietest(None) && at_limit_since.is_none()
+        {
+            *at_limit_since = Some(std::time::Instant::now());
+            tracing::warn!(
+                max_connections,
+                "{} connections at {}, none idle or stalled; new ones wait in the backlog",
+                open.listener,
+                if open.listener == "webhook" {
+                    "server.max_connections"
+                } else {
+                    "their limit"
+                }
+            );
         }
         tokio::select! {
             biased;
@@ -488,6 +484,8 @@ async fn next_slot(
     }
 }
 
+/// How long an HTTP/2 connection closed to make room may take to send its GOAWAY.
+const EVICTED_FLUSH: Duration = Duration::from_millis(20);
 /// How long an HTTP/2 client has to close the connection after a GOAWAY once no stream is left.
 const GOAWAY_GRACE: Duration = Duration::from_secs(1);
 /// How often a closing HTTP/2 connection looks whether that time is up.
@@ -558,7 +556,8 @@ impl Protocols {
             let (ingress, clock) = (ingress.clone(), answering.clone());
             clock.answering();
             let version = request.version();
-            let request = request.map(|body| unread::Unread::new(body, version));
+            let request =
+                request.map(|body| Watched::new(unread::Unread::new(body, version), clock.clone()));
             async move {
                 let response = ingress.handle(request, peer).await;
                 clock.answered();
@@ -569,7 +568,8 @@ impl Protocols {
             Some((stream, Protocol::Http1)) => {
                 let io = TokioIo::new(Clocked::new(stream, clock.clone()));
                 let connection = watcher.watch(self.http1.serve_connection(io, service));
-                // Closed to make room only while idle: dropping it then loses nothing.
+                // Closed to make room only while idle or stalled: dropping it then loses
+                // nothing (no request of it was acknowledged).
                 tokio::select! {
                     _ = connection => {}
                     () = clock.overdue(self.header_timeout) => {}
@@ -587,7 +587,13 @@ impl Protocols {
                     tokio::select! {
                         _ = connection.as_mut() => break,
                         () = clock.idle_past(self.header_timeout, self.keepalive_timeout), if closing.is_none() => {}
-                        () = registration.close.cancelled(), if closing.is_none() => {}
+                        // Closed to make room (idle, or every stream stalled in its body): the
+                        // GOAWAY is sent, and the slot is given back at once.
+                        () = registration.close.cancelled(), if closing.is_none() => {
+                            connection.as_mut().graceful_shutdown();
+                            let _ = tokio::time::timeout(EVICTED_FLUSH, connection.as_mut()).await;
+                            break;
+                        }
                         () = stopping.cancelled(), if closing.is_none() => {}
                         // A client that does not answer the GOAWAY's PING would hold the
                         // connection open: once no stream is left, it is dropped.

@@ -23,10 +23,7 @@ impl TokenBucket {
 
     /// Takes a token, or says how long until one is available.
     pub(crate) fn take(&self, now: Instant) -> Result<(), Duration> {
-        let mut state = match self.state.lock() {
-            Ok(guard) => guard,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let mut state = crate::locks::lock(&self.state);
         let (tokens, last) = *state;
         let elapsed = now.saturating_duration_since(last).as_secs_f64();
         let tokens = (tokens + elapsed * self.per_second).min(self.capacity);

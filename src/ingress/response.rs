@@ -63,3 +63,13 @@ pub(crate) fn unavailable_for(message: &str, seconds: u64) -> HttpResponse {
         .insert(RETRY_AFTER, http::HeaderValue::from(seconds));
     response
 }
+
+/// `408`: a request body that did not come within four times `header_timeout`, on any listener.
+/// Its connection is closed after the answer, since the rest of the body was not read.
+pub(super) fn request_timeout() -> HttpResponse {
+    error(
+        StatusCode::REQUEST_TIMEOUT,
+        "request_timeout",
+        "the body did not arrive in time",
+    )
+}

@@ -62,12 +62,21 @@ impl Bootstrap {
         if marked > 0 {
             tracing::debug!(count = marked, "inherited descriptors marked close-on-exec");
         }
+        // Tool units run as the service's user: non-dumpable, this process's /proc entries
+        // (its environment, memory, descriptors, and its root, through which its view of the
+        // state and credentials could be walked) belong to root, out of their reach. It also
+        // means no core dump.
+        if let Err(err) = nix::sys::prctl::set_dumpable(false) {
+            tracing::warn!(error = %err, "cannot make the daemon non-dumpable");
+        }
         refuse_root_on_a_users_state(&config.state_dir)?;
         store::ensure_state_dir(&config.state_dir).map_err(Failure::state)?;
         let lock = DaemonLock::acquire(&config.state_dir).map_err(Failure::state)?;
         let listeners = ingress::take_listeners(&config, inherited).map_err(|err| match err {
             ListenError::Bind { .. } => Failure::unavailable(err),
-            _ => Failure::config(err),
+            ListenError::Activation(_) | ListenError::UnsignedOffLoopback { .. } => {
+                Failure::config(err)
+            }
         })?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
@@ -193,25 +202,30 @@ fn refuse_root_on_a_users_state(state_dir: &Path) -> Result<(), Failure> {
 
 /// Probes the tool sandbox (before any thread: the probe waits for a process) and says what it
 /// found; without one, every strict child of the config is named, since none of them will run.
+/// Under the packaged units, each `writable` path a tool unit cannot write is a warning now,
+/// rather than a failed call later.
 fn report_sandbox(config: &Config) {
     match crate::agent::sandbox::availability() {
         crate::agent::sandbox::Availability::Ready { version, units, .. } => match units {
-            ToolUnits::Ready(socket) => tracing::info!(sandbox = "bubblewrap", version = %version,
-                    units = %socket.display(), "tool sandbox ready; each call runs in a unit of its own"),
+            ToolUnits::Ready(sockets) => tracing::info!(sandbox = "bubblewrap", version = %version,
+                    units = %sockets.strict.display(), "tool sandbox ready; each call runs in a unit of its own"),
             ToolUnits::NotConfigured => {
                 tracing::info!(sandbox = "bubblewrap", version = %version, "tool sandbox ready");
             }
-            ToolUnits::Failed { socket, reason } => tracing::warn!(sandbox = "bubblewrap",
-                    version = %version, units = %socket.display(), reason = %reason,
-                    "tool sandbox ready, but tool units cannot be started: calls run sandboxed in the service's own cgroup"),
         },
         crate::agent::sandbox::Availability::Unavailable(reason) => {
-            let strict = config::strict_children(config);
+            let strict: Vec<String> = config::strict_children(config)
+                .into_iter()
+                .map(|child| child.key)
+                .collect();
             if !strict.is_empty() {
                 tracing::error!(reason = %reason, children = %strict.join(", "),
                     "no tool sandbox: these run only sandboxed and will fail until one can be set up");
             }
         }
+    }
+    for warning in crate::agent::sandbox::check_writable(config) {
+        tracing::warn!("{warning}");
     }
 }
 

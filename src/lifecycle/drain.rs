@@ -14,7 +14,11 @@
 //! 4. turns still running are cancelled and commit `resume_pending` (`CANCEL_COMMIT`);
 //! 5. the outbox flushes what is due (`DELIVERY_FLUSH`); undelivered results stay in the outbox;
 //! 6. background tool jobs are stopped, each recorded for its session, and the periodic tasks end
-//!    (`BACKGROUND_STOP`).
+//!    (`BACKGROUND_STOP`);
+//! 7. hand over: the store gives back what this process holds (PostgreSQL: its delivery leases
+//!    and budget reservations, so that other nodes need not wait for them to expire;
+//!    `STORE_RELEASE`), and the last spans are exported (`TRACE_FLUSH`). Left undone, leases
+//!    expire and spans are lost; no work is.
 //!
 //! Every long-lived task has the same shape: a value whose `run(shutdown)` future ends once the
 //! token it was given fires (plus, where others need to reach it, a cloneable handle such as
@@ -28,6 +32,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::notify;
+use crate::store::Store;
 
 /// Stage 3: how long in-flight HTTP requests may take to finish.
 pub(super) const REQUEST_FINISH: Duration = Duration::from_secs(10);
@@ -37,6 +42,10 @@ const CANCEL_COMMIT: Duration = Duration::from_secs(10);
 const DELIVERY_FLUSH: Duration = Duration::from_secs(5);
 /// Stage 6: how long background jobs get to record that they were cut off.
 const BACKGROUND_STOP: Duration = Duration::from_secs(5);
+/// Stage 7: how long the store may take to give back this process's leases.
+const STORE_RELEASE: Duration = Duration::from_secs(3);
+/// Stage 7: how long the last spans may take to reach the collector.
+const TRACE_FLUSH: Duration = Duration::from_secs(2);
 /// While draining, systemd's stop timeout is pushed out by this much at every heartbeat.
 const EXTENSION: Duration = Duration::from_secs(10);
 const HEARTBEAT: Duration = Duration::from_secs(2);
@@ -49,6 +58,7 @@ pub(crate) struct Budgets {
     pub cancel_commit: Duration,
     pub deliveries: Duration,
     pub background: Duration,
+    pub handover: Duration,
 }
 
 impl Budgets {
@@ -59,12 +69,18 @@ impl Budgets {
             cancel_commit: CANCEL_COMMIT,
             deliveries: DELIVERY_FLUSH,
             background: BACKGROUND_STOP,
+            handover: STORE_RELEASE + TRACE_FLUSH,
         }
     }
 
     /// The longest the drain can take; the stop-timeout extension never reaches past it.
     pub(crate) fn total(&self) -> Duration {
-        self.requests + self.turns + self.cancel_commit + self.deliveries + self.background
+        self.requests
+            + self.turns
+            + self.cancel_commit
+            + self.deliveries
+            + self.background
+            + self.handover
     }
 }
 
@@ -139,7 +155,7 @@ impl Drain {
     }
 
     /// Runs the stages in order. `scheduler`, `listener` and `deliverer` are the tasks of stages
-    /// 1, 3 and 5; `turns` tracks the running turns.
+    /// 1, 3 and 5; `turns` tracks the running turns; `store` is handed over in stage 7.
     pub(crate) async fn run(&self, budgets: Budgets, stages: Stages) -> Result<(), String> {
         let started = Instant::now();
         let deadline = started + budgets.total();
@@ -218,6 +234,9 @@ impl Drain {
             );
         }
         self.root.cancel();
+
+        // 7. Hand over what this process holds, and the last spans.
+        hand_over(&stages.store).await;
         extend.abort();
         tracing::info!(took = ?started.elapsed(), "drain finished");
         match served {
@@ -238,4 +257,47 @@ pub(crate) struct Stages {
     pub turns: TaskTracker,
     /// The deliverer (stage 5).
     pub deliverer: JoinHandle<()>,
+    /// The store, which gives back this process's leases (stage 7).
+    pub store: Store,
+}
+
+/// Stage 7: the store gives back this process's leases (`STORE_RELEASE`), then the last spans
+/// are exported (`TRACE_FLUSH`).
+async fn hand_over(store: &Store) {
+    let status = "stopping: handing the store's leases back and exporting the last spans";
+    notify::status(status);
+    tracing::info!(budget = ?(STORE_RELEASE + TRACE_FLUSH), "{status}");
+    if tokio::time::timeout(STORE_RELEASE, store.release())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            budget = ?STORE_RELEASE,
+            "the store's leases were not handed back in time; other nodes take them when they expire"
+        );
+    }
+    // The exporter bounds itself; the wait for its thread is bounded too, in case it does not.
+    let traces = tokio::task::spawn_blocking(|| crate::telemetry::stop(TRACE_FLUSH));
+    if tokio::time::timeout(TRACE_FLUSH, traces).await.is_err() {
+        tracing::warn!(budget = ?TRACE_FLUSH, "the last spans were not exported in time");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The unit's `TimeoutStopSec` is the sum of the stage budgets with the default
+    /// `drain_timeout` (20 s), so that systemd's own timeout and the drain's extension agree.
+    #[test]
+    fn the_unit_s_stop_timeout_is_the_sum_of_the_budgets() {
+        let unit = include_str!("../../systemd/agentgate.service");
+        let seconds = unit
+            .lines()
+            .find_map(|line| line.strip_prefix("TimeoutStopSec="))
+            .and_then(|value| value.trim().parse::<u64>().ok())
+            .expect("the unit sets TimeoutStopSec in seconds");
+        let budgets = Budgets::new(Duration::from_secs(20));
+        assert_eq!(Duration::from_secs(seconds), budgets.total());
+    }
 }

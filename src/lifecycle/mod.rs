@@ -30,7 +30,7 @@ use crate::exit::Failure;
 use crate::ingress::capacity::{Capacity, CapacityWatch};
 use crate::ingress::control::Control;
 use crate::ingress::control_listener::ControlServer;
-use crate::ingress::{self, ConsoleState, Ingress, Listeners, WebhookListener};
+use crate::ingress::{self, BodySlots, Console, Ingress, Listeners, Operations, WebhookListener};
 use crate::session::{BackgroundJobs, JobSlots, Scheduler, Sessions, TurnContext};
 use crate::store::Store;
 use bootstrap::Bootstrap;
@@ -68,13 +68,12 @@ pub(crate) fn serve(
         runtime.block_on(run(source, config, listeners, record))
     });
     match (started, spare) {
-        (Err(failure), Some(spare)) if failure.is_config() => standby::hold(spare, &failure),
+        (Err(failure), Some(spare)) if failure.is_config() => {
+            standby::hold(spare, &failure, source)
+        }
         (started, _) => started,
     }
 }
-
-/// How long the last spans may take to reach the collector at exit.
-const TRACES_AT_EXIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Opens the store, wires the handles, recovers the previous run, starts every task on the
 /// drain, says READY, serves until a stop signal, and drains.
@@ -145,10 +144,7 @@ async fn run(
 
     // The drain's budgets as the config says now (a reload may have changed drain_timeout).
     let budgets = Budgets::new(settings.get().config.runtime.drain_timeout);
-    let drained = drain.run(budgets, stages).await;
-    let _ = tokio::task::spawn_blocking(|| crate::telemetry::stop(TRACES_AT_EXIT)).await;
-    store.release().await;
-    drained.map_err(Failure::runtime)
+    drain.run(budgets, stages).await.map_err(Failure::runtime)
 }
 
 /// The handles the daemon's tasks share, built from the config before anything runs; building
@@ -202,15 +198,19 @@ impl Wired {
             drain.token(Stage::StopBackground),
         ));
         let (reload_requests, reloads) = tokio::sync::mpsc::channel(4);
-        let control = Arc::new(Control {
+        let ops = Operations {
             store: store.clone(),
             sessions: sessions.clone(),
             settings: settings.clone(),
             capacity: capacity.clone(),
             mcp: mcp.clone(),
             deliveries: deliverer.handle(),
-            console: ConsoleState::new()
+            body_slots: Arc::new(BodySlots::new()),
+        };
+        let control = Arc::new(Control {
+            console: Console::new(ops.clone())
                 .map_err(|err| Failure::runtime(format!("cannot draw the console's key: {err}")))?,
+            ops,
             reload_requests,
             webhook_url: webhook_addr
                 .filter(|_| server.tls.is_none())
@@ -262,6 +262,10 @@ impl Wired {
         // Before the first connection: the limits hold from the first webhook.
         capacity_watch.measure().await;
         drain.start(Stage::StopBackground, |stop| capacity_watch.run(stop));
+        // Every listener is bound before any serves, so a client that sees /healthz answer
+        // finds the control, metrics and console listeners there too.
+        let control_servers =
+            ControlServer::bind_all(listeners.control, &self.server, &self.control).await;
         let listener = WebhookListener {
             listener: listeners.webhook,
             ingress: self.ingress.clone(),
@@ -269,8 +273,6 @@ impl Wired {
             finish_within: drain::REQUEST_FINISH,
         };
         let listener = drain.start(Stage::StopAccepting, |stop| listener.run(stop));
-        let control_servers =
-            ControlServer::bind_all(listeners.control, &self.server, &self.control).await;
         for control_server in control_servers {
             drain.start(Stage::StopAccepting, |stop| control_server.run(stop));
         }
@@ -319,6 +321,7 @@ impl Wired {
                 scheduler,
                 turns,
                 deliverer,
+                store: self.store.clone(),
             },
             reloader,
             reloads: self.reloads,

@@ -12,7 +12,7 @@ use super::notify;
 use crate::config::{Settings, Shared};
 use crate::ingress::capacity::Capacity;
 use crate::session::Sessions;
-use crate::store::{self, Store};
+use crate::store::{self, DedupWindow, Store};
 use crate::{logging, metrics};
 
 /// How often delivery ids older than `dedup_window` are forgotten.
@@ -131,8 +131,7 @@ impl Retention {
             }
             if last_dedup_prune.is_none_or(|at| at.elapsed() >= DEDUP_PRUNE_INTERVAL) {
                 last_dedup_prune = Some(Instant::now());
-                let window_ms = i64::try_from(dedup_window.as_millis()).unwrap_or(i64::MAX);
-                match store.prune_dedup(store::now_millis() - window_ms).await {
+                match store.prune_dedup(DedupWindow(dedup_window)).await {
                     Ok(0) => {}
                     Ok(count) => {
                         tracing::info!(count, "forgot delivery ids older than dedup_window");

@@ -2,10 +2,10 @@
 //! node this happens at start; with a shared PostgreSQL store, also whenever another node's
 //! leases expire or it hands its interrupted sessions back while draining.
 //!
-//! Each resume passes the retry ledger first: its count is incremented and made durable before
-//! the session's event is queued again. A session over `resume_max_attempts` is suspended instead,
-//! one interrupted longer ago than `resume_window` is abandoned; both end with a delivered status.
-//! Admission failures (malformed or unwritable ledger) dispatch nothing and are logged per session.
+//! Which sessions resume, are suspended or are abandoned is the store's admission rule
+//! (`store::admission`), given `resume_window` and `resume_max_attempts` as they are now; this
+//! task finds the sessions, has each settled, and logs and counts the outcome. Admission
+//! failures (malformed or unwritable ledger) dispatch nothing and are logged per session.
 
 use std::sync::Arc;
 
@@ -16,7 +16,7 @@ use crate::deliver::{self, DeliveryHandle};
 use crate::logging;
 use crate::metrics::{self, ResumeOutcome};
 use crate::session::Sessions;
-use crate::store::{InterruptedSession, Settled, Settlement, Store, now_millis};
+use crate::store::{InterruptedSession, Settled, Settlement, Store};
 
 /// The resume task.
 pub(crate) struct Resumer {
@@ -81,15 +81,11 @@ impl Resumer {
                 return;
             }
         };
-        let window_ms = i64::try_from(runtime.resume_window.as_millis()).unwrap_or(i64::MAX);
+        let settlement = Settlement {
+            resume_window: runtime.resume_window,
+            max_attempts: runtime.resume_max_attempts,
+        };
         for session in interrupted {
-            let settlement = if now_millis() - session.started_at > window_ms {
-                Settlement::Abandon
-            } else {
-                Settlement::Admit {
-                    max_attempts: runtime.resume_max_attempts,
-                }
-            };
             match store
                 .settle_interrupted(&session, settlement, deliver::body::renderer(price))
                 .await

@@ -16,9 +16,11 @@ use tokio_util::sync::CancellationToken;
 
 use super::notify;
 use super::signals::StopSignals;
+use crate::config::ConfigSource;
 use crate::exit::Failure;
 use crate::ingress::Listeners;
 use crate::ingress::standby::answer_unavailable;
+use crate::store::DaemonLock;
 
 /// How often the watchdog is pinged without a watchdog interval to follow (`STATUS=` only).
 const STATUS_INTERVAL: Duration = Duration::from_secs(10);
@@ -98,7 +100,17 @@ async fn ping_watchdog(stop: &CancellationToken) {
 /// A start refused by `failure` (a config error) under socket activation: holds the sockets,
 /// answers 503 with the reason on the control socket, and says it in `STATUS=` and the
 /// journal, until SIGTERM or SIGINT. Exits 0 then: the unit was stopped, not failed again.
-pub(crate) fn hold(listeners: Listeners, failure: &Failure) -> Result<(), Failure> {
+pub(crate) fn hold(
+    listeners: Listeners,
+    failure: &Failure,
+    source: &ConfigSource,
+) -> Result<(), Failure> {
+    // The state's lock, where the config still names the state: `agentgate status` then knows
+    // that a daemon runs and asks it why it does not serve, which it would not do otherwise
+    // (under socket activation a connection starts a stopped daemon).
+    let _lock = crate::config::state_location(source)
+        .ok()
+        .and_then(|location| DaemonLock::acquire(&location.state_dir).ok());
     let status = format!(
         "not serving: {failure}; fix it, then run systemctl restart agentgate (check-config shows the findings)"
     );

@@ -11,7 +11,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 
 use super::{DeliveryResult, ResumeOutcome, SpanOutcome};
-use crate::operator::OperatorAction;
+use crate::operator::{OperatorAction, Rerun};
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct RouteCode {
@@ -46,6 +46,12 @@ pub(super) struct RouteKind {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct ListenerState {
+    pub(super) listener: String,
+    pub(super) state: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct RouteBudget {
     pub(super) route: String,
     pub(super) budget: String,
@@ -66,6 +72,12 @@ pub(super) struct ToolResult {
 pub(super) struct ToolDecision {
     pub(super) tool: String,
     pub(super) decision: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct McpOutcome {
+    pub(super) mcp_server: String,
+    pub(super) outcome: String,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -111,7 +123,7 @@ pub(super) struct Webhooks {
     pub(super) accept_duration: Histogram,
     pub(super) tls_handshake_failures: Counter,
     pub(super) large_body_slots: Gauge,
-    pub(super) idle_connections_closed: Counter,
+    pub(super) idle_connections_closed: Family<ListenerState, Counter>,
     pub(super) peer_connections_refused: Counter,
     pub(super) accepting: Gauge,
 }
@@ -133,6 +145,7 @@ pub(super) struct Model {
     pub(super) replies_without_usage: Family<RouteLabel, Counter>,
     pub(super) budget_warnings: Family<RouteBudget, Counter>,
     pub(super) budget_exceeded: Family<RouteBudget, Counter>,
+    pub(super) turns_without_answer: Family<RouteLabel, Counter>,
 }
 
 /// Tool calls, and the approvals some of them wait for.
@@ -142,6 +155,7 @@ pub(super) struct Tools {
     pub(super) approvals: Family<ToolDecision, Counter>,
     pub(super) approvals_pending: Gauge,
     pub(super) approval_wait: Histogram,
+    pub(super) mcp_over_bound: Family<McpOutcome, Counter>,
 }
 
 /// The stored state as the gauges read it at a scrape, the outbox, and the journal.
@@ -154,6 +168,8 @@ pub(super) struct State {
     pub(super) log_lines_skipped: Counter,
     pub(super) trace_spans: Family<OutcomeLabel, Counter>,
     pub(super) console_refusals: Family<ReasonLabel, Counter>,
+    pub(super) console_live_reads: Counter,
+    pub(super) follow_reads: Counter,
 }
 
 impl Webhooks {
@@ -196,10 +212,10 @@ impl Webhooks {
             "Webhook bodies larger than 16 KiB being read now (at most 64: the others wait)",
             large_body_slots.clone(),
         );
-        let idle_connections_closed = Counter::default();
+        let idle_connections_closed = Family::<ListenerState, Counter>::default();
         registry.register(
             "idle_connections_closed",
-            "Idle webhook connections closed because every server.max_connections slot was taken, to serve a new one",
+            "Idle or stalled connections closed because every connection slot of their listener was taken, to serve a new one, by listener and what the connection was doing (idle, head, body)",
             idle_connections_closed.clone(),
         );
         let peer_connections_refused = Counter::default();
@@ -253,7 +269,7 @@ impl Turns {
         let operator_actions = Family::default();
         registry.register(
             "operator_actions",
-            "Operator overrides applied (resume, suspend, cancel)",
+            "Operator overrides applied (resume, suspend, cancel, rewind, fork) or refused (rewind_refused, fork_refused)",
             operator_actions.clone(),
         );
         let turns_running = Gauge::default();
@@ -269,9 +285,14 @@ impl Turns {
                 reason: outcome.label().to_string(),
             });
         }
-        for action in OperatorAction::ALL {
+        let reruns = Rerun::ALL.into_iter().flat_map(|r| [r.name(), r.refused()]);
+        for action in OperatorAction::ALL
+            .map(OperatorAction::name)
+            .into_iter()
+            .chain(reruns)
+        {
             let _ = operator_actions.get_or_create(&ActionLabel {
-                action: action.name().to_string(),
+                action: action.to_string(),
             });
         }
         Turns {
@@ -325,6 +346,12 @@ impl Model {
             "Turns ended because a budget was used up, by route and budget",
             budget_exceeded.clone(),
         );
+        let turns_without_answer = Family::default();
+        registry.register(
+            "turns_without_answer",
+            "Turns that failed because the model gave no final answer within max_turn_steps, by route",
+            turns_without_answer.clone(),
+        );
         Model {
             model_request_duration,
             model_tokens,
@@ -332,6 +359,7 @@ impl Model {
             replies_without_usage,
             budget_warnings,
             budget_exceeded,
+            turns_without_answer,
         }
     }
 }
@@ -370,12 +398,20 @@ impl Tools {
             Unit::Seconds,
             approval_wait.clone(),
         );
+        let mcp_over_bound = Family::default();
+        registry.register(
+            "mcp_over_bound",
+            "MCP calls that found all of a stdio server's max_instances processes running, by \
+             server and outcome (waited, refused)",
+            mcp_over_bound.clone(),
+        );
         Tools {
             tool_calls,
             approval_requests,
             approvals,
             approvals_pending,
             approval_wait,
+            mcp_over_bound,
         }
     }
 }
@@ -435,6 +471,18 @@ impl State {
             "Console requests refused, by reason: host, cross_site, form_token, not_logged_in, wrong_token",
             console_refusals.clone(),
         );
+        let console_live_reads = Counter::default();
+        registry.register(
+            "console_live_reads",
+            "Store reads made by the console's live transcripts (each after a commit of its session)",
+            console_live_reads.clone(),
+        );
+        let follow_reads = Counter::default();
+        registry.register(
+            "follow_reads",
+            "Store reads made by sessions followed over the control socket (each after a commit of its session)",
+            follow_reads.clone(),
+        );
         State {
             events,
             sessions,
@@ -444,6 +492,8 @@ impl State {
             log_lines_skipped,
             trace_spans,
             console_refusals,
+            console_live_reads,
+            follow_reads,
         }
     }
 }

@@ -12,17 +12,18 @@ use std::time::Duration;
 
 use prometheus_client::registry::Registry;
 
-use crate::operator::OperatorAction;
+use crate::operator::{OperatorAction, Rerun};
 use crate::store::StatusSummary;
 use crate::store::{ApprovalStatus, ResumeReason, TurnStatus};
 use crate::usage::{Price, Spent};
 
 mod families;
+pub(crate) mod recent;
 
 use families::{
-    ActionLabel, Model, ReasonLabel, ResultLabel, RouteBudget, RouteCode, RouteCodeReason,
-    RouteKind, RouteLabel, RouteStatus, RouteTemplate, State, StateLabel, StatusLabel,
-    ToolDecision, ToolLabel, ToolResult, Tools, Turns, Webhooks,
+    ActionLabel, McpOutcome, Model, ReasonLabel, ResultLabel, RouteBudget, RouteCode,
+    RouteCodeReason, RouteKind, RouteLabel, RouteStatus, RouteTemplate, State, StateLabel,
+    StatusLabel, ToolDecision, ToolLabel, ToolResult, Tools, Turns, Webhooks,
 };
 
 /// The content type of the exposition: Prometheus text format 0.0.4 (see [`legacy_text`]).
@@ -116,9 +117,17 @@ impl Metrics {
     }
 }
 
-/// An idle webhook connection was closed to make room for a new one.
-pub(crate) fn idle_connection_closed() {
-    METRICS.webhooks.idle_connections_closed.inc();
+/// An idle or stalled connection of `listener` was closed to make room for a new one; `state`
+/// says what it was doing (`idle`, `head`, `body`).
+pub(crate) fn idle_connection_closed(listener: &str, state: &str) {
+    METRICS
+        .webhooks
+        .idle_connections_closed
+        .get_or_create(&families::ListenerState {
+            listener: listener.to_string(),
+            state: state.to_string(),
+        })
+        .inc();
 }
 
 /// A webhook connection was closed at once: its peer held `max_connections_per_peer`.
@@ -148,6 +157,7 @@ pub(crate) fn http_request(route: &str, code: u16) {
         .inc();
     if code >= 400 {
         METRICS.totals.refused.fetch_add(1, Ordering::Relaxed);
+        recent::refused();
     }
 }
 
@@ -183,6 +193,7 @@ pub(crate) fn accepted(elapsed: Duration) {
         .accept_duration
         .observe(elapsed.as_secs_f64());
     METRICS.totals.accepted.fetch_add(1, Ordering::Relaxed);
+    recent::accepted();
 }
 
 /// A turn ended with `status` after `elapsed`.
@@ -197,10 +208,24 @@ pub(crate) fn turn_ended(route: &str, status: TurnStatus, elapsed: Duration) {
         .inc();
     let total = match status {
         TurnStatus::Completed => &METRICS.totals.turns_completed,
-        _ => &METRICS.totals.turns_failed,
+        TurnStatus::Running | TurnStatus::Failed | TurnStatus::Interrupted => {
+            &METRICS.totals.turns_failed
+        }
     };
     total.fetch_add(1, Ordering::Relaxed);
     METRICS.turns.turn_duration.observe(elapsed.as_secs_f64());
+    recent::turn_ended(status == TurnStatus::Completed, elapsed);
+}
+
+/// A turn of `route` failed because its last step gave no answer.
+pub(crate) fn turn_without_answer(route: &str) {
+    METRICS
+        .model
+        .turns_without_answer
+        .get_or_create(&RouteLabel {
+            route: route.to_string(),
+        })
+        .inc();
 }
 
 /// The model replied (or gave up) after `elapsed`.
@@ -282,6 +307,37 @@ pub(crate) fn tool_call(tool: &str, result: &str) {
         .get_or_create(&ToolResult {
             tool: tool.to_string(),
             result: result.to_string(),
+        })
+        .inc();
+}
+
+/// What became of a call that found all of its MCP server's processes running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OverBound {
+    /// One ended within the server's timeout, and the call got it.
+    Waited,
+    /// None ended in time: the call was not made.
+    Refused,
+}
+
+impl OverBound {
+    /// The `outcome` label of `agentgate_mcp_over_bound_total`.
+    fn label(self) -> &'static str {
+        match self {
+            OverBound::Waited => "waited",
+            OverBound::Refused => "refused",
+        }
+    }
+}
+
+/// A call of MCP server `server` found all its processes running.
+pub(crate) fn mcp_over_bound(server: &str, outcome: OverBound) {
+    METRICS
+        .tools
+        .mcp_over_bound
+        .get_or_create(&McpOutcome {
+            mcp_server: server.to_string(),
+            outcome: outcome.label().to_string(),
         })
         .inc();
 }
@@ -383,6 +439,22 @@ pub(crate) fn console_refusal(reason: &str) {
         .inc();
 }
 
+/// A live transcript read the store (docs/reference.md, "Console").
+pub(crate) fn console_live_read() {
+    METRICS.state.console_live_reads.inc();
+}
+
+/// A session followed over the control socket read the store (docs/reference.md, "Metrics").
+pub(crate) fn follow_read() {
+    METRICS.state.follow_reads.inc();
+}
+
+/// The store reads live transcripts made so far.
+#[cfg(test)]
+pub(crate) fn console_live_reads() -> u64 {
+    METRICS.state.console_live_reads.get()
+}
+
 /// How an interrupted session was settled at start: the `reason` label of
 /// `agentgate_resumes_total`.
 #[derive(Debug, Clone, Copy)]
@@ -447,6 +519,18 @@ pub(crate) fn operator_action(action: OperatorAction) {
         .operator_actions
         .get_or_create(&ActionLabel {
             action: action.name().to_string(),
+        })
+        .inc();
+}
+
+/// A rerun of a session (`sessions rewind|fork`), done or refused.
+pub(crate) fn operator_rerun(rerun: Rerun, done: bool) {
+    let action = if done { rerun.name() } else { rerun.refused() };
+    METRICS
+        .turns
+        .operator_actions
+        .get_or_create(&ActionLabel {
+            action: action.to_string(),
         })
         .inc();
 }

@@ -1,15 +1,45 @@
-//! Budgets: whether a turn may make its next model request, decided from what was spent.
+//! Budgets: whether a turn may make its next model request, decided from what was spent and
+//! what requests in flight may still spend.
 //!
-//! Pure, like the turn machine: the runner reads what the turn's event, its session, today and
+//! Pure, like the turn machine: the store reads what the turn's event, its session, today and
 //! its route's today spent (sums of committed turns, so a restart does not reset a day and every
-//! node on PostgreSQL sees the same totals), and this module says which budget is used up, if
-//! any, and which passed their warning share (docs/reference.md, "Budgets").
+//! node on PostgreSQL sees the same totals) and what other requests in flight hold, and this
+//! module says which budget is used up, if any, whether a request fits beside those in flight,
+//! how much a request may spend, and which budgets passed their warning share
+//! (docs/reference.md, "Budgets").
 
 use std::collections::HashSet;
 use std::sync::Mutex;
 
 use crate::config::BudgetLimits;
-use crate::usage::{Counted, Price, Spending};
+use crate::usage::{Counted, Price, Spending, Spent, Usage};
+
+/// The reply tokens a request is reserved for when `[model] params` bounds them neither with
+/// `max_tokens` nor `max_completion_tokens`.
+pub(crate) const UNBOUNDED_REPLY_TOKENS: u64 = 4096;
+
+/// Prompt tokens a request is reserved for beyond its bytes: what a chat template adds (role
+/// markers, the preamble that introduces the tools).
+pub(crate) const TEMPLATE_TOKENS: u64 = 256;
+
+/// At most what a request of `request_bytes` (its messages and tools as JSON) may spend: a
+/// token per byte of it plus [`TEMPLATE_TOKENS`] (a tokenizer makes no more tokens than a text
+/// has bytes), and the reply's `max_tokens` (or `max_completion_tokens`) from `[model] params`,
+/// else [`UNBOUNDED_REPLY_TOKENS`].
+pub(crate) fn request_ceiling(
+    request_bytes: u64,
+    params: &serde_json::Map<String, serde_json::Value>,
+) -> Usage {
+    let reply = ["max_tokens", "max_completion_tokens"]
+        .iter()
+        .find_map(|key| params.get(*key).and_then(serde_json::Value::as_u64))
+        .unwrap_or(UNBOUNDED_REPLY_TOKENS);
+    Usage {
+        input_tokens: request_bytes.saturating_add(TEMPLATE_TOKENS),
+        cached_input_tokens: 0,
+        output_tokens: reply,
+    }
+}
 
 /// The share of a budget at which a warning is logged, unless `warn_at` says otherwise.
 const DEFAULT_WARN_AT: f64 = 0.8;
@@ -183,10 +213,28 @@ impl Budgets {
         counted
     }
 
-    /// Which budget `spending` used up, if any, and which passed `warn_at`. A budget is used
-    /// up when what was spent reached its limit: the request that crosses a limit is made, and
-    /// the next is not (so a turn can overshoot by one reply; `max_tokens` in `[model] params`
-    /// bounds that). A dollar budget without a price counts nothing (check-config refuses one).
+    /// Whether a request may be sent beside those in flight: `with_held` (what was spent and
+    /// what requests in flight may still spend) has used up no budget.
+    pub(crate) fn fit(&self, with_held: &Spending, price: Option<&Price>) -> bool {
+        self.check(with_held, price).exceeded.is_none()
+    }
+
+    /// What `before` becomes with `step` added to every window: the spending after a reply.
+    pub(crate) fn after(before: &Spending, step: Spent) -> Spending {
+        let each = Spending {
+            turn: step,
+            session: step,
+            day: step,
+            route_day: step,
+        };
+        before.plus(&each)
+    }
+
+    /// Which budget `spending` used up, if any, and which passed `warn_at` (a used-up one
+    /// too: a reply may jump from below the share past the limit). A budget is used up when
+    /// what was spent reached its limit: the request that crosses a limit is made, and the next
+    /// is not (so a turn can overshoot by one reply; `max_tokens` in `[model] params` bounds
+    /// that). A dollar budget without a price counts nothing (check-config refuses one).
     pub(crate) fn check(&self, spending: &Spending, price: Option<&Price>) -> Verdict {
         let mut verdict = Verdict::default();
         for budget in &self.list {
@@ -207,10 +255,11 @@ impl Budgets {
                 budget: *budget,
                 used,
             };
+            if used >= budget.limit * self.warn_at {
+                verdict.warnings.push(reached);
+            }
             if used >= budget.limit {
                 verdict.exceeded.get_or_insert(reached);
-            } else if used >= budget.limit * self.warn_at {
-                verdict.warnings.push(reached);
             }
         }
         verdict
@@ -324,6 +373,42 @@ mod tests {
         let verdict = budgets.check(&spending(unknown, Spent::default()), None);
         assert!(verdict.exceeded.is_none());
         assert_eq!(verdict.warnings.len(), 1, "300 reported + 300 estimated");
+    }
+
+    #[test]
+    fn a_reply_that_jumps_past_the_limit_also_passes_warn_at() {
+        let global = BudgetLimits {
+            session_tokens: Some(1000),
+            ..BudgetLimits::default()
+        };
+        let budgets = Budgets::for_route(&global, &BudgetLimits::default());
+        let before = spending(spent(550, 0), Spent::default());
+        assert_eq!(budgets.check(&before, None), Verdict::default());
+        let after = Budgets::after(&before, spent(500, 50));
+        let verdict = budgets.check(&after, None);
+        assert!(verdict.exceeded.is_some(), "{verdict:?}");
+        assert_eq!(
+            verdict.warnings.iter().map(|r| r.used).collect::<Vec<_>>(),
+            [1100.0],
+            "55 % to 110 % warns"
+        );
+    }
+
+    #[test]
+    fn a_request_fits_while_what_is_spent_and_held_is_below_every_limit() {
+        let global = BudgetLimits {
+            daily_tokens: Some(5000),
+            ..BudgetLimits::default()
+        };
+        let budgets = Budgets::for_route(&global, &BudgetLimits::default());
+        assert!(budgets.fit(&spending(Spent::default(), spent(4000, 999)), None));
+        assert!(!budgets.fit(&spending(Spent::default(), spent(4000, 1000)), None));
+        let bounded = serde_json::json!({"max_tokens": 300});
+        let params = bounded.as_object().cloned().unwrap_or_default();
+        let ceiling = request_ceiling(1000, &params);
+        assert_eq!((ceiling.input_tokens, ceiling.output_tokens), (1256, 300));
+        let unbounded = request_ceiling(1000, &serde_json::Map::new());
+        assert_eq!(unbounded.output_tokens, UNBOUNDED_REPLY_TOKENS);
     }
 
     #[test]

@@ -5,10 +5,14 @@
 //! every later turn. The model sees the newest earlier turns that fit both limits, whole (a tool
 //! call is never separated from its result), after a one-line note of what was left out.
 //!
-//! Old turns are dropped in steps of half the budget, not one at a time: local model servers
-//! (vLLM, llama.cpp) reuse the cache of a prompt prefix they have seen, and a cut that moved on
-//! every request would change the prefix every time. The cut only moves when a whole step no
-//! longer fits, so consecutive requests of a session share their prefix.
+//! Old turns are dropped in blocks, not one at a time: local model servers (vLLM, llama.cpp)
+//! reuse the cache of a prompt prefix they have seen, and everything after the point where a
+//! request first differs from the one before is computed again. A cut that moved on every turn
+//! would leave each turn's first request only the system text from the cache; the cut moves
+//! only when a whole block no longer fits, so the turns in between start with the bytes of the
+//! request before. A block is half the bound, and at least two turns (when the bound allows
+//! two): with `max_turns = 2` the model sees one or two earlier turns, and the cut moves every
+//! other turn.
 //!
 //! Single messages are bounded too: an event or tool output larger than half of `max_bytes` is
 //! cut, with a marker that says how much.
@@ -43,12 +47,11 @@ pub(crate) fn select(turns: Vec<PastTurn>, limits: HistoryLimits) -> Vec<Message
     shown
 }
 
-/// The index of the first turn shown. Turns are dropped from the oldest in steps of half the
-/// budget (in turns, then in bytes), so the cut stays put across consecutive requests until a
-/// whole step must go.
+/// The index of the first turn shown. Turns are dropped from the oldest in blocks (in turns,
+/// then in bytes), so the cut stays put across consecutive requests until a whole block must go.
 fn first_shown(sizes: &[usize], limits: HistoryLimits) -> usize {
     let total_turns = sizes.len();
-    let turn_step = (limits.max_turns / 2).max(1);
+    let turn_step = turn_block(limits.max_turns);
     let mut cut = 0;
     if total_turns > limits.max_turns {
         let excess = total_turns - limits.max_turns;
@@ -79,6 +82,12 @@ fn first_shown(sizes: &[usize], limits: HistoryLimits) -> usize {
         }
     }
     cut.min(total_turns)
+}
+
+/// How many turns the cut drops at once under `max_turns`: half of it, and at least two when
+/// it allows two, so that the cut never moves on two turns in a row.
+fn turn_block(max_turns: usize) -> usize {
+    (max_turns / 2).max(max_turns.min(2)).max(1)
 }
 
 fn turn_bytes(turn: &PastTurn) -> usize {
@@ -183,6 +192,33 @@ mod tests {
                 "{total} turns, cut {cut}"
             );
         }
+    }
+
+    /// With a bound of two turns, the model sees one or two earlier turns and the cut moves
+    /// every other turn, never on two turns in a row: every other turn's first request starts
+    /// with the bytes of the turn before.
+    #[test]
+    fn a_small_bound_moves_the_cut_every_other_turn() {
+        assert_eq!(
+            [1, 2, 3, 4, 5, 20].map(turn_block),
+            [1, 2, 2, 2, 2, 10],
+            "blocks of half the bound, at least two"
+        );
+        let cuts: Vec<usize> = (0..12)
+            .map(|total| first_shown(&vec![1_000; total], limits(2, 1_000_000)))
+            .collect();
+        assert_eq!(cuts, [0, 0, 0, 2, 2, 4, 4, 6, 6, 8, 8, 10]);
+        for (total, cut) in cuts.iter().enumerate() {
+            assert!(
+                (1..=2).contains(&(total - cut)) || total == 0,
+                "{total}: {cut}"
+            );
+        }
+        let moves: Vec<bool> = cuts.windows(2).map(|pair| pair[0] != pair[1]).collect();
+        assert!(
+            moves.windows(2).all(|pair| !(pair[0] && pair[1])),
+            "{cuts:?}"
+        );
     }
 
     #[test]

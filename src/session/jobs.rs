@@ -39,10 +39,7 @@ pub(crate) struct JobSlots(std::sync::Mutex<std::collections::HashMap<String, us
 impl JobSlots {
     /// Takes a background job slot for `session_key`, or says why there is none.
     fn take(&self, session_key: &str, runtime: &RuntimeSettings) -> Result<(), String> {
-        let mut jobs = match self.0.lock() {
-            Ok(guard) => guard,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let mut jobs = crate::locks::lock(&self.0);
         let total: usize = jobs.values().sum();
         let mine = jobs.get(session_key).copied().unwrap_or(0);
         if total >= runtime.max_background_jobs {
@@ -61,10 +58,7 @@ impl JobSlots {
     }
 
     fn release(&self, session_key: &str) {
-        let mut jobs = match self.0.lock() {
-            Ok(guard) => guard,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let mut jobs = crate::locks::lock(&self.0);
         if let Some(count) = jobs.get_mut(session_key) {
             *count = count.saturating_sub(1);
             if *count == 0 {

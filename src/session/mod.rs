@@ -14,9 +14,10 @@ mod prompt;
 mod runner;
 mod transcript;
 pub(crate) mod turn;
+pub(crate) mod whatif;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -25,6 +26,7 @@ use tokio_util::task::TaskTracker;
 
 pub(crate) use jobs::{BackgroundJobs, JobSlots};
 pub(crate) use runner::TurnContext;
+pub(crate) use transcript::{Mark, StepFacts};
 
 /// A session's transcript after the entry `after_seq` (`i64::MIN`: all of it) as every reader
 /// sees it: each turn's event as the message the model saw (the store keeps a reference to the
@@ -39,6 +41,18 @@ pub(crate) async fn transcript(
     Ok(rows)
 }
 
+/// The latest `limit` entries of a session's transcript, resolved as [`transcript`] resolves
+/// them, and whether it has earlier ones.
+pub(crate) async fn transcript_tail(
+    store: &Store,
+    session_key: &str,
+    limit: i64,
+) -> Result<crate::store::TranscriptTail, crate::store::StoreError> {
+    let mut tail = store.transcript_tail(session_key, limit).await?;
+    prompt::resolve_event_rows(&mut tail.rows);
+    Ok(tail)
+}
+
 /// The event message a turn starts from with markers of `nonce`, for the `markers` fuzz target.
 #[cfg(feature = "fuzzing")]
 pub(crate) fn event_message_for_fuzzing(prompt: &str, nonce: &str) -> String {
@@ -48,6 +62,7 @@ pub(crate) fn event_message_for_fuzzing(prompt: &str, nonce: &str) -> String {
 }
 
 use crate::config::OnBusy;
+use crate::locks;
 use crate::logging;
 use crate::store::{Claim, ClaimedTurn, Store};
 use tracing::Instrument;
@@ -82,21 +97,70 @@ pub(crate) struct Sessions {
     wake: Notify,
     /// Running turns by session key.
     running: Mutex<HashMap<String, RunningTurn>>,
+    /// Sessions whose turn runs on another node, which is still to be asked to interrupt it.
+    to_interrupt: Mutex<InterruptRequests>,
+}
+
+/// Requests to interrupt another node's turn, made after the events that cause them were
+/// acknowledged.
+#[derive(Default)]
+struct InterruptRequests {
+    /// The sessions to ask for; one asked for twice before it is reached is asked once.
+    keys: BTreeSet<String>,
+    /// A task is asking for them, one session at a time.
+    asking: bool,
 }
 
 impl Sessions {
     /// A new external event for `session_key` is durable: the scheduler looks for work, and with
     /// `on_busy = "interrupt"` the session's running turn is cancelled in its favour, here or (when
-    /// it runs on another node) by asking its owner through the store.
-    pub(crate) async fn event_accepted(&self, store: &Store, session_key: &str, on_busy: OnBusy) {
+    /// it runs on another node) by asking its owner through the store once the event is
+    /// acknowledged: the acknowledgement never waits for that request.
+    pub(crate) fn event_accepted(
+        self: &Arc<Self>,
+        store: &Store,
+        session_key: &str,
+        on_busy: OnBusy,
+    ) {
         self.wake.notify_one();
-        if on_busy == OnBusy::Interrupt
-            && !self.interrupt(session_key)
-            && let Err(err) = store.request_interrupt(session_key).await
-        {
-            // The event is durable and queued; only the interruption is lost.
-            tracing::warn!(session_key = %session_key, error = %err,
-                "cannot ask the node running this session to interrupt its turn");
+        if on_busy == OnBusy::Interrupt && !self.interrupt(session_key) {
+            self.ask_owner_to_interrupt(store, session_key);
+        }
+    }
+
+    /// Asks the node that runs `session_key`'s turn to interrupt it, in a task of its own (a
+    /// session row that node holds locked must not delay a sender's 202); the request is a
+    /// write to the store, which that node reads. One task asks, for one session at a time, so
+    /// a burst of interrupting events holds one store connection at most.
+    fn ask_owner_to_interrupt(self: &Arc<Self>, store: &Store, session_key: &str) {
+        let start = {
+            let mut pending = locks::lock(&self.to_interrupt);
+            pending.keys.insert(session_key.to_string());
+            !std::mem::replace(&mut pending.asking, true)
+        };
+        if start {
+            let (sessions, store) = (self.clone(), store.clone());
+            tokio::spawn(async move { sessions.ask_for_pending(&store).await });
+        }
+    }
+
+    /// Makes the pending interrupt requests until none is left.
+    async fn ask_for_pending(&self, store: &Store) {
+        loop {
+            let next = {
+                let mut pending = locks::lock(&self.to_interrupt);
+                let next = pending.keys.pop_first();
+                pending.asking = next.is_some();
+                next
+            };
+            let Some(session_key) = next else {
+                return;
+            };
+            if let Err(err) = store.request_interrupt(&session_key).await {
+                // The event is durable and queued; only the interruption is lost.
+                tracing::warn!(session_key = %session_key, error = %err,
+                    "cannot ask the node running this session to interrupt its turn");
+            }
         }
     }
 
@@ -121,11 +185,8 @@ impl Sessions {
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, RunningTurn>> {
-        match self.running.lock() {
-            Ok(guard) => guard,
-            Err(poisoned) => poisoned.into_inner(),
-        }
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, RunningTurn>> {
+        locks::lock(&self.running)
     }
 
     /// Asks the scheduler to look for work now (an event became claimable).
@@ -202,19 +263,21 @@ impl Scheduler {
         }
     }
 
-    /// What this round claims, by [`plan_claim`].
+    /// What this round claims, by [`plan_claim`]. With no free slot nothing can be claimed,
+    /// alone or not, so the store is not asked: a round per accept under load costs nothing.
     async fn next_claim(&self) -> Result<Option<Claim>, crate::store::StoreError> {
         let sessions = &self.context.sessions;
-        if sessions.running_alone() {
-            return Ok(None);
-        }
-        let waiting_alone = self.context.store.waiting_to_run_alone().await?;
         // Read each round: a reload that changes the limit or a priority applies to the next
         // claim.
         let settings = self.context.settings.get();
         let limit = settings.config.runtime.max_concurrent_turns;
+        let running = sessions.running_count();
+        if sessions.running_alone() || running >= limit {
+            return Ok(None);
+        }
+        let waiting_alone = self.context.store.waiting_to_run_alone().await?;
         Ok(plan_claim(
-            sessions.running_count(),
+            running,
             waiting_alone,
             limit,
             settings.priorities.clone(),
@@ -235,7 +298,7 @@ impl Scheduler {
         );
         if turn.alone {
             tracing::info!(session_key = %turn.event.session_key, event_id = %turn.event.id,
-                "resuming alone: the crash that interrupted this turn cut off others too");
+                "resuming alone: a crash interrupted this turn, so nothing runs beside it");
         }
         let context = self.context.clone();
         let span = logging::turn_span(

@@ -12,7 +12,42 @@ use crate::agent::model::Reply;
 use crate::store::EVENT_ENTRY;
 use crate::store::approval::{APPROVAL_ENTRY, ApprovalEntry};
 use crate::store::states::ApprovalStatus;
-use crate::usage::Spent;
+use crate::usage::{Spent, Usage};
+
+/// One model request of a turn, as its reply's entry records it (the console's steps and
+/// timeline, docs/reference.md, "Console").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct StepFacts {
+    /// When the request was made (Unix milliseconds), waits for a model slot included.
+    pub asked_at: i64,
+    /// From then until the reply, outage waits included.
+    pub took_ms: u64,
+    /// The tokens the server reported; none: it reported no usage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+    /// For a reply without usage, the tokens estimated for it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub estimated_tokens: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// What a message of agentgate's own is, as its entry records it (docs/reference.md,
+/// "Console").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Mark {
+    /// A resumed turn's note that its run was interrupted.
+    Resumed,
+    /// An event that joined the turn's event (the route's `coalesce`).
+    Coalesced,
+    /// The note before the turn's last model request (`runtime.max_turn_steps`).
+    LastStep,
+    /// Another note to the model: a reply that could not be used, or was empty.
+    Note,
+}
 
 /// A transcript entry. Messages are what the model sees; a tool start marks a call as begun, so
 /// a crash between start and result is visible afterwards. The event that starts a turn is
@@ -26,6 +61,14 @@ pub(crate) enum Entry {
         /// For a model reply: the endpoint and model that answered.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         answered_by: Option<AnsweredBy>,
+        /// For a model reply: when it was asked for, how long it took and what it spent (none
+        /// on replies recorded before steps were).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        step: Option<StepFacts>,
+        /// For a message of agentgate's own: what it is (none on the model's and the tools'
+        /// messages, and on notes recorded before marks were).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mark: Option<Mark>,
     },
     Event {
         event_id: String,
@@ -56,6 +99,18 @@ impl Entry {
         Entry::Message {
             message,
             answered_by: None,
+            step: None,
+            mark: None,
+        }
+    }
+
+    /// A message of agentgate's own, marked as what it is.
+    pub(crate) fn marked(message: Message, mark: Mark) -> Entry {
+        Entry::Message {
+            message,
+            answered_by: None,
+            step: None,
+            mark: Some(mark),
         }
     }
 
@@ -188,29 +243,34 @@ pub(super) fn exchanged_bytes(messages: &[Message], reply: &Reply) -> u64 {
     bytes(serde_json::to_vec(messages)) + bytes(serde_json::to_vec(&reply.message))
 }
 
-/// What a model reply leaves for the commit of its entry: its usage, and its endpoint.
+/// What a model reply leaves for the commit of its entry: its usage, its endpoint, and when it
+/// was asked for and how long it took.
 #[derive(Default)]
 pub(super) struct ReplyFacts {
     pub(super) spent: Spent,
     pub(super) answered_by: Option<AnsweredBy>,
+    pub(super) step: Option<StepFacts>,
 }
 
 impl ReplyFacts {
-    /// Puts the endpoint on the reply's entry (the first assistant message among `entries`),
-    /// and returns what the reply spent, which the same commit records.
+    /// Puts the endpoint and the step's facts on the reply's entry (the first assistant message
+    /// among `entries`), and returns what the reply spent, which the same commit records.
     pub(super) fn attach(self, entries: &mut [Entry]) -> Spent {
         let assistant = entries.iter_mut().find_map(|entry| match entry {
             Entry::Message {
                 message,
                 answered_by,
-            } if message.role == Role::Assistant => Some(answered_by),
+                step,
+                ..
+            } if message.role == Role::Assistant => Some((answered_by, step)),
             Entry::Message { .. }
             | Entry::Event { .. }
             | Entry::ToolStart { .. }
             | Entry::Approval(_) => None,
         });
-        if let Some(answered_by) = assistant {
+        if let Some((answered_by, step)) = assistant {
             *answered_by = self.answered_by;
+            *step = self.step;
         }
         self.spent
     }

@@ -11,17 +11,35 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use serde_json::Value;
 
 pub(crate) use super::transcript::Entry;
-use super::transcript::{UnfinishedCall, interrupted_result};
+use super::transcript::{Mark, UnfinishedCall, interrupted_result};
 use crate::agent::message::{Message, Role};
+use crate::agent::textcall;
 use crate::schema;
 use crate::store::approval::ApprovalEntry;
 use crate::store::{ApprovalStatus, StopReason, Terminal, TurnStatus};
 
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Outcome {
-    Completed { output: String },
-    Failed { error: String },
+    Completed {
+        output: String,
+    },
+    Failed {
+        error: String,
+    },
+    /// The turn's last step gave no answer (only a tool call, in `tool_calls` or written as
+    /// text, or nothing usable): it fails with an `error` that starts with [`NO_FINAL_ANSWER`]
+    /// (and is exactly that unless the last reply could not be used), and its delivery carries
+    /// what the turn's tool calls returned (`found`), never the reply as if it answered.
+    NoFinalAnswer {
+        error: String,
+        /// What the last step gave instead, for the journal.
+        why: String,
+        found: Option<String>,
+    },
 }
+
+/// The error of a turn whose last step gave no answer.
+pub(crate) const NO_FINAL_ANSWER: &str = "no final answer within max_turn_steps";
 
 impl Outcome {
     /// The statuses a turn that ended with this outcome leaves: its own and its event's. A turn
@@ -29,8 +47,12 @@ impl Outcome {
     pub(crate) fn statuses(&self, stop: Option<StopReason>) -> (TurnStatus, Terminal) {
         match (self, stop) {
             (Outcome::Completed { .. }, _) => (TurnStatus::Completed, Terminal::Completed),
-            (Outcome::Failed { .. }, None) => (TurnStatus::Failed, Terminal::Failed),
-            (Outcome::Failed { .. }, Some(_)) => (TurnStatus::Interrupted, Terminal::Failed),
+            (Outcome::Failed { .. } | Outcome::NoFinalAnswer { .. }, None) => {
+                (TurnStatus::Failed, Terminal::Failed)
+            }
+            (Outcome::Failed { .. } | Outcome::NoFinalAnswer { .. }, Some(_)) => {
+                (TurnStatus::Interrupted, Terminal::Failed)
+            }
         }
     }
 }
@@ -39,10 +61,12 @@ impl Outcome {
 pub(crate) enum Action {
     /// Commit this entry before going on.
     Record(Entry),
-    /// Ask the model, with the conversation so far; without tools on the turn's last step, so
-    /// that it answers with what it has.
+    /// Ask the model, with the conversation so far and the route's tools. On the turn's last
+    /// step (`last_step`) the same tools are sent, so that the request's early bytes stay those
+    /// the server has cached, but no call may be made (`tool_choice: "none"`): the model is asked
+    /// to answer with what it has, and a call it writes anyway does not run.
     CallModel {
-        offer_tools: bool,
+        last_step: bool,
     },
     RunTool {
         call_id: String,
@@ -140,10 +164,14 @@ enum Gate {
     Closed(CallRefusal, String, String),
 }
 
-/// The note before a turn's last model request, which offers no tools.
+/// The note before a turn's last model request, in which no tool call runs.
 const LAST_STEP_NOTE: &str = "[agentgate] This is the last step of this turn \
-(runtime.max_turn_steps): no more tools can be called. Give your final answer now, with what \
-you have found so far.";
+(runtime.max_turn_steps): no more tools can be called, and a tool call you write now will not \
+run. Give your final answer now, in plain text, with what you have found so far.";
+
+/// What a turn without a final answer delivers of each tool result, and of all of them, at most.
+const FOUND_RESULT_MAX: usize = 2 * 1024;
+const FOUND_MAX: usize = 16 * 1024;
 
 /// One turn's state.
 pub(crate) struct TurnMachine {
@@ -156,7 +184,9 @@ pub(crate) struct TurnMachine {
     repeats: BTreeMap<(String, String), u32>,
     steps: u32,
     messages: Vec<Message>,
-    tools: BTreeMap<String, Value>,
+    /// Where this turn's own messages start in `messages` (after the system text and history).
+    turn_start: usize,
+    tools: BTreeMap<String, schema::Parameters>,
     pending: VecDeque<PendingCall>,
     /// A resume's note, recorded right before the next model call.
     note: Option<Message>,
@@ -174,11 +204,11 @@ pub(crate) struct TurnMachine {
 
 impl TurnMachine {
     /// `messages` is the conversation the turn starts from (history, then the new input).
-    /// `tools` maps the route's tool names to their parameter schemas.
+    /// `tools` maps the route's tool names to their compiled parameter schemas.
     pub(crate) fn new(
         max_steps: u32,
         messages: Vec<Message>,
-        tools: BTreeMap<String, Value>,
+        tools: BTreeMap<String, schema::Parameters>,
     ) -> TurnMachine {
         TurnMachine {
             max_steps,
@@ -187,6 +217,7 @@ impl TurnMachine {
             repeats: BTreeMap::new(),
             steps: 0,
             messages,
+            turn_start: 0,
             tools,
             pending: VecDeque::new(),
             note: None,
@@ -214,6 +245,13 @@ impl TurnMachine {
     /// every turn gets its own.
     pub(crate) fn call_keys(mut self, prefix: &str) -> TurnMachine {
         self.key_prefix = prefix.to_string();
+        self
+    }
+
+    /// This turn's own messages (its event, or the run it resumes) start at `index` of the
+    /// conversation: before them are the system text and the session's history.
+    pub(crate) fn turn_starts_at(mut self, index: usize) -> TurnMachine {
+        self.turn_start = index;
         self
     }
 
@@ -290,7 +328,7 @@ impl TurnMachine {
                         "Your previous reply could not be used ({reason}). Reply again with a tool call or a final answer."
                     ),
                 );
-                let mut actions = vec![self.record(note)];
+                let mut actions = vec![self.record_marked(note, Mark::Note)];
                 actions.extend(self.next_model_call(&reason));
                 actions
             }
@@ -308,8 +346,14 @@ impl TurnMachine {
         Action::Record(Entry::message(message))
     }
 
+    /// Records a message of agentgate's own, marked as what it is.
+    fn record_marked(&mut self, message: Message, mark: Mark) -> Action {
+        self.messages.push(message.clone());
+        Action::Record(Entry::marked(message, mark))
+    }
+
     fn on_reply(&mut self, reply: Message) -> Vec<Action> {
-        if !reply.tool_calls.is_empty() && self.steps >= self.max_steps {
+        if self.steps >= self.max_steps {
             return self.past_the_last_step(reply);
         }
         if reply.tool_calls.is_empty() {
@@ -323,11 +367,14 @@ impl TurnMachine {
                     Role::User,
                     "Your reply was empty. Call a tool or give your final answer.",
                 );
-                let mut actions = vec![self.record(reply), self.record(note)];
+                let mut actions = vec![self.record(reply), self.record_marked(note, Mark::Note)];
                 actions.extend(self.next_model_call("the model kept replying with nothing"));
                 actions
             };
         }
+        let mut reply = reply;
+        let own = self.messages.get(self.turn_start..).unwrap_or_default();
+        distinct_call_ids(&mut reply, own);
         let calls = reply.tool_calls.clone();
         let asked = calls.len();
         let mut actions = vec![self.record(reply)];
@@ -482,7 +529,7 @@ impl TurnMachine {
                 (CallRefusal::NotJson, problem.clone(), problem)
             })?
         };
-        schema::validate(parameters, &arguments).map_err(|mismatch| {
+        parameters.validate(&arguments).map_err(|mismatch| {
             (
                 CallRefusal::InvalidArguments,
                 format!(
@@ -530,34 +577,42 @@ impl TurnMachine {
 
     fn next_model_call(&mut self, why: &str) -> Vec<Action> {
         if self.steps >= self.max_steps {
-            return vec![Action::Finish(Outcome::Failed {
-                error: format!("max_turn_steps ({}) reached: {why}", self.max_steps),
-            })];
+            return vec![self.no_final_answer(why, format!("{NO_FINAL_ANSWER}: {why}"))];
         }
         let mut actions = Vec::new();
         if let Some(note) = self.note.take() {
-            actions.push(self.record(note));
+            actions.push(self.record_marked(note, Mark::Resumed));
         }
         actions.extend(self.ask_model());
         actions
     }
 
-    /// The next model request; the turn's last one offers no tools and asks for the answer.
+    /// The next model request; on the turn's last one, a note asks for the answer (appended,
+    /// like every note, so the request starts with the bytes of the one before).
     fn ask_model(&mut self) -> Vec<Action> {
         if self.steps + 1 < self.max_steps {
-            return vec![Action::CallModel { offer_tools: true }];
+            return vec![Action::CallModel { last_step: false }];
         }
         vec![
-            self.record(Message::text(Role::User, LAST_STEP_NOTE)),
-            Action::CallModel { offer_tools: false },
+            self.record_marked(Message::text(Role::User, LAST_STEP_NOTE), Mark::LastStep),
+            Action::CallModel { last_step: true },
         ]
     }
 
-    /// A reply to the last step that still calls tools: none of them runs (each gets a result
-    /// that says so, so the transcript has one for every call), and the turn ends with the
-    /// reply's text if it has any.
+    /// The reply to the turn's last step. Its calls do not run (each gets a result that says
+    /// so, so the transcript has one for every call). It answers only with text that is not
+    /// itself a tool call; otherwise the turn ends without a final answer.
     fn past_the_last_step(&mut self, reply: Message) -> Vec<Action> {
-        let output = reply.visible_text().map(str::to_string);
+        let output = reply
+            .visible_text()
+            .filter(|text| !textcall::is_written_call(text))
+            .map(str::to_string);
+        let why = match (&output, reply.tool_calls.is_empty(), reply.visible_text()) {
+            (Some(_), _, _) => "",
+            (None, false, _) => "the last reply only called tools",
+            (None, true, Some(_)) => "the last reply only wrote a tool call as text",
+            (None, true, None) => "the last reply was empty",
+        };
         let calls: Vec<String> = reply.tool_calls.iter().map(|c| c.id.clone()).collect();
         let mut actions = vec![self.record(reply)];
         for call_id in calls {
@@ -566,19 +621,89 @@ impl TurnMachine {
                 "error: not run: the turn reached its last step (runtime.max_turn_steps)",
             )));
         }
-        actions.push(Action::Finish(match output {
-            Some(output) => Outcome::Completed { output },
-            None => Outcome::Failed {
-                error: format!(
-                    "max_turn_steps ({}) reached: the model still called tools when asked for its answer",
-                    self.max_steps
-                ),
-            },
-        }));
+        actions.push(match output {
+            Some(output) => Action::Finish(Outcome::Completed { output }),
+            None => self.no_final_answer(why, NO_FINAL_ANSWER.to_string()),
+        });
         actions
+    }
+
+    /// The end of a turn whose last step gave no answer: failed, with what its tools found.
+    fn no_final_answer(&self, why: &str, error: String) -> Action {
+        Action::Finish(Outcome::NoFinalAnswer {
+            error,
+            why: format!("{why} (max_turn_steps = {})", self.max_steps),
+            found: self.found(),
+        })
+    }
+
+    /// What this turn's tool calls returned, each result cut to [`FOUND_RESULT_MAX`] and all of
+    /// them to about [`FOUND_MAX`]; calls that did not run are left out. `None` without any.
+    fn found(&self) -> Option<String> {
+        let own = self.messages.get(self.turn_start..).unwrap_or_default();
+        let calls: BTreeMap<&str, &crate::agent::message::FunctionCall> = own
+            .iter()
+            .flat_map(|message| &message.tool_calls)
+            .map(|call| (call.id.as_str(), &call.function))
+            .collect();
+        let results: Vec<String> = own
+            .iter()
+            .filter(|message| message.role == Role::Tool)
+            .filter_map(|message| {
+                let result = message.content.as_deref()?;
+                if result.starts_with("error: not run") {
+                    return None;
+                }
+                let call = calls.get(message.tool_call_id.as_deref()?)?;
+                let mut result = result.to_string();
+                let left_out = crate::untrusted::cut(&mut result, FOUND_RESULT_MAX);
+                if left_out > 0 {
+                    result.push_str(&format!(" [{left_out} more bytes]"));
+                }
+                Some(format!("- {}({}): {result}", call.name, call.arguments))
+            })
+            .collect();
+        if results.is_empty() {
+            return None;
+        }
+        let mut text = format!(
+            "[agentgate] {NO_FINAL_ANSWER}: the model gave no final answer. What this turn's tool calls returned:"
+        );
+        for (index, result) in results.iter().enumerate() {
+            if text.len() + result.len() > FOUND_MAX {
+                text.push_str(&format!("\n({} more not shown)", results.len() - index));
+                break;
+            }
+            text.push('\n');
+            text.push_str(result);
+        }
+        Some(text)
     }
 }
 
 #[cfg(test)]
 #[path = "turn_tests.rs"]
 mod tests;
+
+/// Gives each call of a reply an id no other call of its turn has (`earlier` are the turn's
+/// messages so far): a call that repeats an id becomes `ID-2`, `ID-3`... A decision on a gated
+/// call is taken on its id, tool and arguments, so an identical call under an id already used
+/// (a model, or a server taking ids from the model's text, can write that, in one reply or a
+/// later one) would run again on the same approval; renumbered, it asks for its own. The
+/// reply is recorded with the ids it ran under.
+fn distinct_call_ids(reply: &mut Message, earlier: &[Message]) {
+    let mut seen: BTreeSet<String> = earlier
+        .iter()
+        .flat_map(|message| &message.tool_calls)
+        .map(|call| call.id.clone())
+        .collect();
+    for call in &mut reply.tool_calls {
+        let mut id = call.id.clone();
+        let mut number = 1;
+        while !seen.insert(id.clone()) {
+            number += 1;
+            id = format!("{}-{number}", call.id);
+        }
+        call.id = id;
+    }
+}

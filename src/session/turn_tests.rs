@@ -7,7 +7,9 @@ use serde_json::json;
 fn machine(max_steps: u32) -> TurnMachine {
     let tools = BTreeMap::from([(
         "df".to_string(),
-        json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}),
+        schema::Parameters::compile(
+            &json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}),
+        ),
     )]);
     TurnMachine::new(max_steps, vec![Message::text(Role::User, "go")], tools)
 }
@@ -16,16 +18,30 @@ fn call(id: &str, name: &str, arguments: &str) -> Message {
     Message::asking_for(id, name, arguments)
 }
 
+/// The mark of a recorded message, if it has one.
+fn mark(action: &Action) -> Option<Mark> {
+    match action {
+        Action::Record(Entry::Message { mark, .. }) => *mark,
+        Action::Record(_)
+        | Action::CallModel { .. }
+        | Action::RunTool { .. }
+        | Action::AwaitApproval(_)
+        | Action::Refused(_)
+        | Action::Finish(_) => None,
+    }
+}
+
 fn kinds(actions: &[Action]) -> Vec<&'static str> {
     actions
         .iter()
         .map(|a| match a {
             Action::Record(e) => e.kind(),
-            Action::CallModel { offer_tools: true } => "call_model",
-            Action::CallModel { offer_tools: false } => "last_call",
+            Action::CallModel { last_step: false } => "call_model",
+            Action::CallModel { last_step: true } => "last_call",
             Action::RunTool { .. } => "run_tool",
             Action::Finish(Outcome::Completed { .. }) => "completed",
             Action::Finish(Outcome::Failed { .. }) => "failed",
+            Action::Finish(Outcome::NoFinalAnswer { .. }) => "no_answer",
             Action::Refused(_) => "refused",
             Action::AwaitApproval(_) => "await_approval",
         })
@@ -35,7 +51,7 @@ fn kinds(actions: &[Action]) -> Vec<&'static str> {
 #[test]
 fn tool_call_then_answer() {
     let mut m = machine(5);
-    assert_eq!(m.start(), vec![Action::CallModel { offer_tools: true }]);
+    assert_eq!(m.start(), vec![Action::CallModel { last_step: false }]);
     let actions = m.on(Input::ModelReplied(call("c1", "df", r#"{"path":"/"}"#)));
     assert_eq!(kinds(&actions), ["message", "tool_start", "run_tool"]);
     let actions = m.on(Input::ToolFinished {
@@ -54,9 +70,11 @@ fn unknown_tool_and_bad_arguments_become_tool_errors_the_model_sees() {
     let refused = |actions: &[Action]| -> Vec<(String, CallRefusal)> {
         actions
             .iter()
-            .filter_map(|action| match action {
-                Action::Refused(r) => Some((r.tool.clone(), r.reason)),
-                _ => None,
+            .filter_map(|action| {
+                let Action::Refused(r) = action else {
+                    return None;
+                };
+                Some((r.tool.clone(), r.reason))
             })
             .collect()
     };
@@ -103,11 +121,18 @@ fn empty_and_malformed_replies_are_recoverable_until_the_step_limit() {
     let mut m = machine(3);
     let actions = m.on(Input::ModelReplied(Message::text(Role::Assistant, "  ")));
     assert_eq!(kinds(&actions), ["message", "message", "call_model"]);
+    assert_eq!(mark(&actions[0]), None, "the model's reply");
+    assert_eq!(mark(&actions[1]), Some(Mark::Note));
     let actions = m.on(Input::ModelMalformed("not JSON".into()));
-    // The third request is the turn's last: a note, and no tools offered.
+    // The third request is the turn's last: a note, and no call may be made.
     assert_eq!(kinds(&actions), ["message", "message", "last_call"]);
     let actions = m.on(Input::ModelMalformed("not JSON".into()));
-    assert_eq!(kinds(&actions), ["message", "failed"]);
+    assert_eq!(kinds(&actions), ["message", "no_answer"]);
+    assert!(
+        matches!(actions.last(), Some(Action::Finish(Outcome::NoFinalAnswer { error, .. }))
+            if error == "no final answer within max_turn_steps: not JSON"),
+        "an unusable last reply says why: {actions:?}"
+    );
 }
 
 #[test]
@@ -121,6 +146,8 @@ fn the_last_step_offers_no_tools_and_its_answer_ends_the_turn() {
         result: "42%".into(),
     });
     assert_eq!(kinds(&actions), ["message", "message", "last_call"]);
+    assert_eq!(mark(&actions[0]), None, "the tool's result");
+    assert_eq!(mark(&actions[1]), Some(Mark::LastStep));
     assert!(
         m.messages()
             .last()
@@ -139,11 +166,105 @@ fn a_last_reply_that_still_calls_tools_runs_none_and_each_call_gets_a_result() {
     let mut m = machine(1);
     assert_eq!(kinds(&m.start()), ["message", "last_call"]);
     let actions = m.on(Input::ModelReplied(call("c1", "df", r#"{"path":"/"}"#)));
-    assert_eq!(kinds(&actions), ["message", "message", "failed"]);
+    assert_eq!(kinds(&actions), ["message", "message", "no_answer"]);
     assert_eq!(
         m.messages().last().and_then(|r| r.tool_call_id.as_deref()),
         Some("c1")
     );
+}
+
+/// The step limit reached with only tool calls (structured, or written as text of any tool),
+/// or with nothing, is no answer: the turn fails with what its tools found, and never completes
+/// with the reply. Text beside a call is an answer; the call still does not run.
+#[test]
+fn a_last_step_without_an_answer_fails_with_what_the_tools_found() {
+    let last_replies = [
+        ("structured", call("c9", "df", r#"{"path":"/"}"#)),
+        (
+            "written",
+            Message::text(
+                Role::Assistant,
+                "```json\n{\"name\": \"df\", \"arguments\": {\"path\": \"/\"}}\n```",
+            ),
+        ),
+        (
+            "unknown tool",
+            Message::text(Role::Assistant, r#"{"name": "du", "arguments": {}}"#),
+        ),
+        ("empty", Message::text(Role::Assistant, " ")),
+    ];
+    for (case, last) in last_replies {
+        let mut m = machine(2).turn_starts_at(0);
+        m.start();
+        m.on(Input::ModelReplied(call("c1", "df", r#"{"path":"/"}"#)));
+        m.on(Input::ToolFinished {
+            call_id: "c1".into(),
+            result: r#"{"stdout":"/dev/sda1 93%"}"#.into(),
+        });
+        let actions = m.on(Input::ModelReplied(last));
+        let Some(Action::Finish(Outcome::NoFinalAnswer { error, found, why })) = actions.last()
+        else {
+            panic!("{case}: {actions:?}");
+        };
+        assert_eq!(error, NO_FINAL_ANSWER, "{case}");
+        let found = found.as_deref().unwrap_or_default();
+        assert!(found.contains(NO_FINAL_ANSWER), "{case}: {found}");
+        assert!(
+            found.contains(r#"- df({"path":"/"}): {"stdout":"/dev/sda1 93%"}"#),
+            "{case}: {found}"
+        );
+        assert!(!found.contains("not run"), "{case}: {found}");
+        assert!(why.contains("max_turn_steps = 2"), "{case}: {why}");
+        assert_eq!(
+            Outcome::NoFinalAnswer {
+                error: error.clone(),
+                why: why.clone(),
+                found: None
+            }
+            .statuses(None),
+            (TurnStatus::Failed, Terminal::Failed)
+        );
+    }
+
+    let mut m = machine(1);
+    m.start();
+    let mut reply = call("c1", "df", r#"{"path":"/"}"#);
+    reply.content = Some("The disk is 93% full.".into());
+    let actions = m.on(Input::ModelReplied(reply));
+    assert_eq!(kinds(&actions), ["message", "message", "completed"]);
+}
+
+/// Only this turn's tool results are what it found: the history's are not, and each result is
+/// cut, so the delivery stays bounded.
+#[test]
+fn what_a_turn_found_is_its_own_and_bounded() {
+    let history = vec![
+        Message::text(Role::User, "old event"),
+        call("old", "df", r#"{"path":"/old"}"#),
+        Message::tool_result("old", "from an earlier turn"),
+        Message::text(Role::User, "new event"),
+    ];
+    let tools = BTreeMap::from([(
+        "df".to_string(),
+        schema::Parameters::compile(&json!({"type": "object"})),
+    )]);
+    let mut m = TurnMachine::new(2, history, tools).turn_starts_at(3);
+    m.start();
+    m.on(Input::ModelReplied(call("c1", "df", r#"{"path":"/"}"#)));
+    m.on(Input::ToolFinished {
+        call_id: "c1".into(),
+        result: "x".repeat(100_000),
+    });
+    let actions = m.on(Input::ModelReplied(Message::text(Role::Assistant, "")));
+    let Some(Action::Finish(Outcome::NoFinalAnswer {
+        found: Some(found), ..
+    })) = actions.last()
+    else {
+        panic!("{actions:?}");
+    };
+    assert!(!found.contains("earlier turn"), "{found}");
+    assert!(found.len() < FOUND_RESULT_MAX + 300, "{}", found.len());
+    assert!(found.contains("more bytes]"), "{found}");
 }
 
 #[test]
@@ -218,7 +339,7 @@ fn step_limit_stops_a_model_that_only_calls_tools() {
         result: "ok".into(),
     });
     assert!(
-        matches!(actions.last(), Some(Action::Finish(Outcome::Failed { error })) if error.contains("max_turn_steps"))
+        matches!(actions.last(), Some(Action::Finish(Outcome::NoFinalAnswer { why, .. })) if why.contains("max_turn_steps"))
     );
 }
 
@@ -261,7 +382,10 @@ fn resume_settles_unfinished_calls_without_rerunning_side_effects() {
     assert_eq!(names, [("b", true), ("c", false)]);
 
     let mut m = machine(5);
-    m.tools.insert("restart".into(), json!({"type": "object"}));
+    m.tools.insert(
+        "restart".into(),
+        schema::Parameters::compile(&json!({"type": "object"})),
+    );
     let note = Message::text(Role::User, "continue");
     let actions = m.start_resumed(unfinished, |name| name == "df", Some(note));
     // b (started, not idempotent): recorded as interrupted; c (never started): runs.
@@ -276,6 +400,7 @@ fn resume_settles_unfinished_calls_without_rerunning_side_effects() {
     });
     // The note comes after every tool result, right before the model is asked again.
     assert_eq!(kinds(&actions), ["message", "message", "call_model"]);
+    assert_eq!(mark(&actions[1]), Some(Mark::Resumed));
     assert_eq!(
         m.messages()
             .last()
@@ -327,9 +452,11 @@ fn every_new_call_gets_its_own_key_and_mcp_calls_name_their_server() {
     }));
     let keys: Vec<&str> = actions
         .iter()
-        .filter_map(|action| match action {
-            Action::RunTool { key, .. } => Some(key.as_str()),
-            _ => None,
+        .filter_map(|action| {
+            let Action::RunTool { key, .. } = action else {
+                return None;
+            };
+            Some(key.as_str())
         })
         .collect();
     assert_eq!(keys, ["turn-9.1", "turn-9.2"]);
@@ -425,4 +552,34 @@ fn a_gated_call_waits_and_only_its_own_decision_lets_it_run() {
             "{actions:?}"
         );
     }
+}
+
+/// Two identical gated calls under one id in one reply: the decision taken on the first lets
+/// only the first run; the second, renumbered, asks for a decision of its own.
+#[test]
+fn one_approval_runs_one_call_when_a_reply_repeats_an_id() {
+    let mut m = gated(vec![decision("c1", ApprovalStatus::Approved, "/")]);
+    m.start();
+    let reply = Message {
+        tool_calls: [
+            call("c1", "df", r#"{"path":"/"}"#),
+            call("c1", "df", r#"{"path":"/"}"#),
+        ]
+        .into_iter()
+        .flat_map(|m| m.tool_calls)
+        .collect(),
+        ..call("x", "df", "{}")
+    };
+    let actions = m.on(Input::ModelReplied(reply));
+    assert_eq!(kinds(&actions), ["message", "tool_start", "run_tool"]);
+    assert!(
+        matches!(&actions[0], Action::Record(Entry::Message { message, .. })
+            if message.tool_calls.iter().map(|c| c.id.as_str()).eq(["c1", "c1-2"])),
+        "{actions:?}"
+    );
+    let actions = m.on(Input::ToolFinished {
+        call_id: "c1".into(),
+        result: "ok".into(),
+    });
+    assert_eq!(kinds(&actions), ["message", "await_approval"]);
 }

@@ -5,14 +5,17 @@
 //! that write succeeded (fail closed). An interruption that can be pinned on the session (a
 //! drain's, or a crash of a turn that ran alone) counts; a count above `resume_max_attempts`
 //! suspends the session instead, and only once the suspension is committed does its count go.
-//! A crash that cut off several turns counts against none of them: each resumes alone, so that
-//! its next crash, if any, is its own. The backends only read and write: each implements
+//! A crash that cut off several turns counts against none of them. Every resume after a crash
+//! runs alone, counted or not: the session is under suspicion, so its next crash, if any, is its
+//! own and counts, and no other turn is cut off by it (and excused with it). The backends only read and write: each implements
 //! [`AdmissionSteps`] over its own transaction (PostgreSQL: one, under the session's row lock,
 //! with the ledger as a table) or its own files (SQLite: the ledger file under its fs4 lock,
 //! then the database).
 
+use std::time::Duration;
+
 use super::model::{InterruptedSession, TurnEnd};
-use super::{Settled, Settlement, StoreError};
+use super::{Settled, Settlement, StoreError, now_millis};
 
 /// The reads and writes that settling one interrupted session needs.
 #[async_trait::async_trait]
@@ -44,13 +47,11 @@ pub(super) async fn settle(
     session: &InterruptedSession,
     settlement: Settlement,
 ) -> Result<Settled, StoreError> {
-    let max_attempts = match settlement {
-        Settlement::Abandon => {
-            steps.end(session.abandoned()).await?;
-            return Ok(Settled::Abandoned);
-        }
-        Settlement::Admit { max_attempts } => max_attempts,
-    };
+    if !within_window(session, settlement.resume_window, now_millis()) {
+        steps.end(session.abandoned()).await?;
+        return Ok(Settled::Abandoned);
+    }
+    let max_attempts = settlement.max_attempts;
     let pinned = session.is_pinned();
     let attempt = match steps.record_resume(&session.session_key, pinned).await? {
         Ok(attempt) => attempt,
@@ -68,6 +69,12 @@ pub(super) async fn settle(
         steps.forget_resumes(&session.session_key).await?;
         return Ok(Settled::Suspended);
     }
-    steps.requeue(session, false).await?;
+    steps.requeue(session, session.is_suspect()).await?;
     Ok(Settled::Resumed { attempt })
+}
+
+/// Whether `session`'s turn, at `now` (unix milliseconds), started at most `window` ago.
+fn within_window(session: &InterruptedSession, window: Duration, now: i64) -> bool {
+    let window_ms = i64::try_from(window.as_millis()).unwrap_or(i64::MAX);
+    now.saturating_sub(session.started_at) <= window_ms
 }

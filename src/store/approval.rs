@@ -11,8 +11,10 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::StoreError;
+use super::sql::{APPEND_SQL, CONTINUE_EVENT_SQL, CONTINUE_SESSION_SQL, DECIDE_SQL, EXPIRE_BATCH};
 use super::states::ApprovalStatus;
+use super::tx::{Param, Tx, Values};
+use super::{StoreError, now_millis};
 
 /// The transcript entry kind of a request and of its decision.
 pub(crate) const APPROVAL_ENTRY: &str = "approval";
@@ -165,6 +167,74 @@ pub(crate) fn taking(row: &ApprovalRow, asked: Decision, now: i64) -> Option<(De
         ApprovalStatus::Pending => Some((asked, Decided::Taken)),
         ApprovalStatus::Approved | ApprovalStatus::Denied | ApprovalStatus::Expired => None,
     }
+}
+
+/// Decides request `id` as `decision` in `tx`, reading it with `find` (`$1` the id; PostgreSQL
+/// locks its row, so that of two decisions at once the second finds it decided).
+pub(super) async fn decide(
+    tx: &impl Tx,
+    find: &str,
+    id: &str,
+    decision: Decision,
+) -> Result<Decided, StoreError> {
+    let Some(row) = tx
+        .maybe_row(find, &[&id], |row| ApprovalRow::decode(row))
+        .await?
+    else {
+        return Ok(Decided::Unknown);
+    };
+    let now = now_millis();
+    let Some((decision, answer)) = taking(&row, decision, now) else {
+        return Ok(Decided::Already(row));
+    };
+    Ok(answer(settle(tx, row, decision, now).await?))
+}
+
+/// Expires a batch of the pending requests whose time ran out, which `due` selects
+/// (`sql::DUE_TO_EXPIRE_SQL`; PostgreSQL locks them, skipping those another node is expiring);
+/// the requests as expired.
+pub(super) async fn expire(tx: &impl Tx, due: &str) -> Result<Vec<ApprovalRow>, StoreError> {
+    let values: [&(dyn Param + Sync); 2] = [&now_millis(), &EXPIRE_BATCH];
+    settle_selected(tx, due, &values, &Decision::expired()).await
+}
+
+/// Settles as `decision` each pending request that `select` answers with `values` (expired
+/// ones, or a session's); the requests as settled.
+pub(super) async fn settle_selected(
+    tx: &impl Tx,
+    select: &str,
+    values: &Values<'_>,
+    decision: &Decision,
+) -> Result<Vec<ApprovalRow>, StoreError> {
+    let rows = tx
+        .rows(select, values, |row| ApprovalRow::decode(row))
+        .await?;
+    let now = now_millis();
+    let mut settled = Vec::with_capacity(rows.len());
+    for row in rows {
+        settled.push(settle(tx, row, decision.clone(), now).await?);
+    }
+    Ok(settled)
+}
+
+/// Records `decision` on the pending `row`, appends it to the transcript of the turn that asked,
+/// and queues that turn to continue once nothing else of its event is pending.
+async fn settle(
+    tx: &impl Tx,
+    mut row: ApprovalRow,
+    decision: Decision,
+    now: i64,
+) -> Result<ApprovalRow, StoreError> {
+    let body = row.record(decision, now)?;
+    let status = row.status.sql();
+    let values: [&(dyn Param + Sync); 5] = [&row.id, &status, &row.decided_by, &now, &row.note];
+    tx.run(DECIDE_SQL, &values).await?;
+    let values: [&(dyn Param + Sync); 5] =
+        [&row.session, &row.turn_id, &APPROVAL_ENTRY, &body, &now];
+    tx.run(APPEND_SQL, &values).await?;
+    tx.run(CONTINUE_EVENT_SQL, &[&row.event_id, &now]).await?;
+    tx.run(CONTINUE_SESSION_SQL, &[&row.session, &now]).await?;
+    Ok(row)
 }
 
 /// What became of a decision.

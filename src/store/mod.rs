@@ -14,24 +14,29 @@
 mod admission;
 pub(crate) mod approval;
 mod atomic;
+mod commits;
 #[cfg(test)]
 mod contract;
 pub(crate) mod ledger;
 mod lock;
 mod model;
 mod postgres;
+mod reports;
+mod rewind;
 mod row;
 mod sql;
 mod sqlite;
 mod state_dir;
 pub(crate) mod states;
+mod turns;
+mod tx;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
 
 use crate::config::StoreSettings;
-use crate::usage::{Counted, Spending, Spent, UsageDay};
+use crate::usage::{Spent, UsageDay};
 pub(crate) use states::{
     ApprovalStatus, Continuation, DeliveryState, EventStatus, NodeState, ResumeReason,
     SessionState, StopReason, Terminal, TurnStatus,
@@ -39,14 +44,17 @@ pub(crate) use states::{
 
 pub(crate) use approval::{ApprovalRow, Decided, Decision, NewApproval};
 pub(crate) use atomic::is_stale_temp;
+pub(crate) use commits::Commits;
 pub(crate) use ledger::Ledger;
 pub(crate) use lock::{DaemonLock, LockError};
 pub(crate) use model::{
-    AcceptOutcome, ApprovalCounts, Claim, ClaimedTurn, DeliveryAttempt, DeliveryCounts,
-    DeliveryRow, EVENT_ENTRY, Event, EventCounts, EventDetail, EventFilter, EventRow,
-    InterruptedSession, LiveCounts, NewEvent, NodeRow, PendingDelivery, RenderDelivery,
-    RetryTarget, SessionCounts, SessionRow, StatusSummary, TranscriptRow, TurnEnd,
+    AcceptOutcome, ApprovalCounts, Claim, ClaimedTurn, DedupWindow, DeliveryAttempt,
+    DeliveryCounts, DeliveryRow, EVENT_ENTRY, Event, EventCounts, EventDetail, EventFilter,
+    EventRow, Fits, InterruptedSession, LiveCounts, NewEvent, NodeRow, PendingDelivery,
+    RenderDelivery, Reservation, Reserving, RetryTarget, SessionCounts, SessionRow, StatusSummary,
+    TranscriptRow, TranscriptTail, TurnEnd, TurnRow,
 };
+pub(crate) use rewind::{RewindFrom, RewindOf, RewindRefusal, RewindRequest, Rewound};
 pub(crate) use sqlite::{backup, check_database, session_keys};
 
 pub(crate) use state_dir::{LEDGER_FILE, StateDir};
@@ -159,12 +167,8 @@ impl StoreError {
     }
 }
 
-/// Unix time in milliseconds.
-pub(crate) fn now_millis() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
+/// Unix time in milliseconds, as every stored time is kept.
+pub(crate) use crate::clock::now_millis;
 
 /// A stored time (unix ms) as RFC 3339, UTC, to the second.
 pub(crate) fn rfc3339(millis: i64) -> String {
@@ -172,20 +176,21 @@ pub(crate) fn rfc3339(millis: i64) -> String {
     humantime::format_rfc3339_seconds(UNIX_EPOCH + since_epoch).to_string()
 }
 
-/// What to do with an interrupted session.
+/// The terms an interrupted session is settled by (`[runtime]`, read at every settlement); the
+/// rule that applies them is `admission::settle`'s.
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum Settlement {
-    /// Interrupted longer ago than `resume_window`: end its event `abandoned`.
-    Abandon,
-    /// Count the resume in the retry ledger; resume it, or suspend it past `max_attempts`.
-    Admit { max_attempts: u32 },
+pub(crate) struct Settlement {
+    /// A turn that started longer ago than this is not resumed: its event ends `abandoned`.
+    pub resume_window: Duration,
+    /// Counted resumes of a session past this suspend it.
+    pub max_attempts: u32,
 }
 
 /// What became of an interrupted session.
 #[derive(Debug, Clone)]
 pub(crate) enum Settled {
     Abandoned,
-    /// Queued again as resume number `attempt`.
+    /// Queued again as resume number `attempt` (to run alone after a crash).
     Resumed {
         attempt: u64,
     },
@@ -227,18 +232,18 @@ pub(crate) trait Accepting: Send + Sync {
         event_type: &str,
         payload: serde_json::Value,
     ) -> Result<String, StoreError>;
-    /// Forgets delivery ids last seen before `before` (unix ms).
-    async fn prune_dedup(&self, before: i64) -> Result<usize, StoreError>;
+    /// Forgets delivery ids last seen before `window`.
+    async fn prune_dedup(&self, window: DedupWindow) -> Result<usize, StoreError>;
     /// Retention: deletes one batch of finished work older than `before` (unix ms), and
     /// returns how many events went; 0 when nothing is left to delete.
     async fn prune_finished(&self, before: i64) -> Result<usize, StoreError>;
-    /// The event first accepted with `delivery_id` on `route` since `since` (unix ms), if any:
-    /// a redelivery gets its 200 even while new events are refused.
+    /// The event first accepted with `delivery_id` on `route` within `window`, if any: a
+    /// redelivery gets its 200 even while new events are refused.
     async fn original_of(
         &self,
         route: &str,
         delivery_id: &str,
-        since: i64,
+        window: DedupWindow,
     ) -> Result<Option<String>, StoreError>;
 }
 
@@ -266,17 +271,21 @@ pub(crate) trait Turns: Send + Sync {
         steps: u32,
         spent: Spent,
     ) -> Result<(), StoreError>;
-    /// What a turn's budgets count: what every run of `event_id`, the session, and the turns
-    /// started since `since` (the UTC day's start) on all routes and on `route` spent; only the
-    /// parts `counted` names are read.
-    async fn spending(
+    /// Before a model request: what its turn's budgets count (what every run of its event, its
+    /// session, and the turns started since its day's start on all routes and on its route
+    /// spent, and what other requests in flight hold in those windows), and its reservation
+    /// when `fits` allows it given their sum. Atomic with every other reservation, on every
+    /// node; replaces the turn's earlier reservation. The reservation counts until the step
+    /// that records the reply is committed (`append_transcript` with what it spent), the turn
+    /// ends, `release_budget`, or (PostgreSQL) its node stops renewing it for `lease_ttl`; a
+    /// restart of SQLite's only process clears them all.
+    async fn reserve_budget(
         &self,
-        event_id: &str,
-        session_key: &str,
-        route: &str,
-        since: i64,
-        counted: Counted,
-    ) -> Result<Spending, StoreError>;
+        reservation: Reservation,
+        fits: Fits,
+    ) -> Result<Reserving, StoreError>;
+    /// Gives up the reservation of `turn_id`: its request got no reply.
+    async fn release_budget(&self, turn_id: &str) -> Result<(), StoreError>;
     /// Ends a turn: its row, its event's terminal status, its session's state and its delivery,
     /// whose body `render` makes.
     async fn finish_turn(&self, end: TurnEnd, render: RenderDelivery) -> Result<(), StoreError>;
@@ -371,6 +380,18 @@ pub(crate) trait Inspection: Send + Sync {
     ) -> Result<Vec<SessionRow>, StoreError>;
     /// One session, with what its turns spent.
     async fn session(&self, key: &str) -> Result<Option<SessionRow>, StoreError>;
+    /// The latest `limit` entries of a session's transcript, and whether it has earlier ones.
+    async fn transcript_tail(
+        &self,
+        session_key: &str,
+        limit: i64,
+    ) -> Result<TranscriptTail, StoreError>;
+    /// The first `limit` transcript entries of event `event_id`'s turns, oldest first.
+    async fn event_transcript(
+        &self,
+        event_id: &str,
+        limit: i64,
+    ) -> Result<Vec<TranscriptRow>, StoreError>;
     /// What turns started since `since` (unix ms) spent, by route and UTC day.
     async fn usage_by_day(&self, since: i64) -> Result<Vec<UsageDay>, StoreError>;
     /// `events list`: newest first.
@@ -399,6 +420,12 @@ pub(crate) trait Operator: Send + Sync {
     /// `deliveries retry`: failed deliveries get a fresh attempt budget and are due at once;
     /// pending ones are due at once. Returns how many.
     async fn retry_deliveries(&self, target: RetryTarget) -> Result<u64, StoreError>;
+    /// `sessions rewind` and `sessions fork` (`rewind.rs`): queues the turn that reruns the
+    /// session from the entry, or says why not.
+    async fn rewind(
+        &self,
+        request: RewindRequest,
+    ) -> Result<Result<Rewound, RewindRefusal>, StoreError>;
 }
 
 /// Approval requests: listing and deciding them (docs/reference.md, "Approvals").
@@ -453,29 +480,41 @@ pub(crate) trait Coordination: Send + Sync {
     fn leases_at_risk(&self) -> bool;
 }
 
-/// A handle to durable state: the configured [`Backend`]. Cheap to clone.
+/// A handle to durable state: the configured [`Backend`], and the commits this process made
+/// to it (`commits.rs`). Cheap to clone.
 #[derive(Clone)]
-pub(crate) struct Store(Arc<dyn Backend>);
+pub(crate) struct Store {
+    backend: Arc<dyn Backend>,
+    commits: Commits,
+}
 
 impl std::ops::Deref for Store {
     type Target = dyn Backend;
 
     fn deref(&self) -> &(dyn Backend + 'static) {
-        self.0.as_ref()
+        self.backend.as_ref()
     }
 }
 
 impl Store {
+    fn of(backend: impl Backend + 'static, shared: bool) -> Store {
+        Store {
+            backend: Arc::new(backend),
+            commits: Commits::new(shared),
+        }
+    }
+
     /// Opens the configured backend for the daemon (creating and migrating as needed).
     pub(crate) async fn open(
         settings: &StoreSettings,
         state_dir: &Path,
     ) -> Result<Store, StoreError> {
         match settings {
-            StoreSettings::Sqlite => Ok(Store(Arc::new(sqlite::SqliteStore::open(state_dir)?))),
-            StoreSettings::Postgres(postgres) => Ok(Store(Arc::new(
+            StoreSettings::Sqlite => Ok(Store::of(sqlite::SqliteStore::open(state_dir)?, false)),
+            StoreSettings::Postgres(postgres) => Ok(Store::of(
                 postgres::PostgresStore::open(postgres, true).await?,
-            ))),
+                true,
+            )),
         }
     }
 
@@ -486,12 +525,13 @@ impl Store {
         state_dir: &Path,
     ) -> Result<Option<Store>, StoreError> {
         match settings {
-            StoreSettings::Sqlite => {
-                Ok(sqlite::SqliteStore::attach(state_dir)?.map(|backend| Store(Arc::new(backend))))
-            }
-            StoreSettings::Postgres(postgres) => Ok(Some(Store(Arc::new(
+            StoreSettings::Sqlite => Ok(
+                sqlite::SqliteStore::attach(state_dir)?.map(|backend| Store::of(backend, false))
+            ),
+            StoreSettings::Postgres(postgres) => Ok(Some(Store::of(
                 postgres::PostgresStore::open(postgres, false).await?,
-            )))),
+                true,
+            ))),
         }
     }
 }

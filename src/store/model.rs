@@ -6,11 +6,12 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::StoreError;
+use super::rewind::{RewindFrom, RewindOf};
 use super::states::{
-    Continuation, DeliveryState, EventStatus, NodeState, ResumeReason, SessionState, StopReason,
-    Terminal, TurnStatus,
+    Continuation, DeliveryState, EventOrigin, EventStatus, NodeState, ResumeReason, SessionState,
+    StopReason, Terminal, TurnStatus,
 };
-use crate::usage::{Price, Spent, UsageReport, UsageToday};
+use crate::usage::{Counted, Price, Spending, Spent, Usage, UsageReport, UsageToday};
 
 /// An event as the listener verified it. The same record is made durable, claimed for a turn,
 /// and read back when a later turn's transcript refers to it.
@@ -33,8 +34,21 @@ pub(crate) struct Event {
 #[derive(Debug, Clone)]
 pub(crate) struct NewEvent {
     pub event: Event,
-    /// Delivery ids seen at or after this time (unix ms) count as duplicates.
-    pub dedup_since: i64,
+    /// How long a delivery id seen before makes this one a duplicate.
+    pub dedup_window: DedupWindow,
+}
+
+/// `[runtime] dedup_window`: a delivery id seen on a route within it makes a later delivery of
+/// that id a duplicate; older ones are forgotten (docs/reference.md, "Event types and dedup
+/// keys").
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DedupWindow(pub std::time::Duration);
+
+impl DedupWindow {
+    /// The window's start (unix ms) as of `now`: ids seen at or after it count.
+    pub(crate) fn start(self, now: i64) -> i64 {
+        now.saturating_sub(i64::try_from(self.0.as_millis()).unwrap_or(i64::MAX))
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -184,9 +198,11 @@ pub(crate) struct ClaimedTurn {
     pub continues: Option<Continuation>,
     /// Queued by agentgate itself (a background job's result), not by a sender.
     pub internal: bool,
-    /// Runs with no other turn beside it on this node (a resume after a crash that cut off
-    /// several turns), so that a crash during it is pinned on it.
+    /// Runs with no other turn beside it on this node (a resume after a crash), so that a crash
+    /// during it is pinned on it and cuts off nothing else.
     pub alone: bool,
+    /// Queued by `sessions rewind` or `sessions fork`: where its turn starts.
+    pub rewound: Option<RewindFrom>,
 }
 
 /// Which queued events a claim takes.
@@ -239,6 +255,16 @@ impl InterruptedSession {
         }
     }
 
+    /// Whether the session may have crashed the process: its resume runs alone, so that a
+    /// crash during it cuts off nothing else and is pinned on it (docs/reference.md, "Crash
+    /// loops and bystanders"). A drain's interruption is no such sign.
+    pub(crate) fn is_suspect(&self) -> bool {
+        match self.reason {
+            ResumeReason::ShutdownTimeout => false,
+            ResumeReason::Crashed => true,
+        }
+    }
+
     fn ended(&self, terminal: Terminal, error: String) -> TurnEnd {
         TurnEnd {
             turn_id: self.turn_id.clone(),
@@ -251,6 +277,7 @@ impl InterruptedSession {
             output: None,
             error: Some(error),
             steps: self.steps,
+            rewind_of: None,
         }
     }
 
@@ -287,9 +314,20 @@ pub(crate) struct TurnEnd {
     pub output: Option<String>,
     pub error: Option<String>,
     pub steps: u32,
+    /// What the event reruns, when a rewind or fork queued it (the store fills it in as it ends
+    /// the event).
+    pub rewind_of: Option<RewindOf>,
 }
 
 impl TurnEnd {
+    /// The same end, of an event that reruns `rewind_of`.
+    pub(crate) fn rewinding(&self, rewind_of: Option<RewindOf>) -> TurnEnd {
+        TurnEnd {
+            rewind_of,
+            ..self.clone()
+        }
+    }
+
     /// The same end, for an event that joined this turn's event (`coalesce`): its delivery says
     /// which turn handled it.
     pub(crate) fn for_joined(&self, event_id: &str) -> TurnEnd {
@@ -318,10 +356,50 @@ impl RenderDelivery {
     }
 }
 
+/// What a model request of a running turn may spend, reserved against its budgets before it is
+/// sent (docs/reference.md, "Budgets"): held until the reply's usage is committed with its step
+/// (or the turn ends, or the request fails and it is released), so that requests in flight at
+/// once, on any node, are counted by each other's budget checks.
+#[derive(Debug, Clone)]
+pub(crate) struct Reservation {
+    /// A turn makes one request at a time: its reservation replaces its earlier one.
+    pub turn_id: String,
+    pub event_id: String,
+    pub session_key: String,
+    pub route: String,
+    /// The first millisecond of the UTC day that the daily budgets count.
+    pub day_start: i64,
+    /// At most what the request may spend: its prompt's tokens and its reply's.
+    pub tokens: Usage,
+    /// The parts of the spending the turn's budgets count (only those are read).
+    pub counted: Counted,
+}
+
+/// What a reservation found, in the windows its budgets count.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Reserving {
+    /// What the committed steps spent.
+    pub spent: Spending,
+    /// What other requests in flight hold.
+    pub held: Spending,
+    /// Whether the request's reservation was made.
+    pub reserved: bool,
+}
+
+/// Whether a request may be reserved, given what is spent and held in its windows together.
+pub(crate) type Fits = std::sync::Arc<dyn Fn(&Spending) -> bool + Send + Sync>;
+
 /// One transcript row.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct TranscriptRow {
     pub seq: i64,
+    /// The entry's number in its session, from 1 in commit order (its `seq`): what `sessions
+    /// rewind --to` and `sessions fork --at` name.
+    #[serde(default)]
+    pub n: i64,
+    /// The turn of the rewind that superseded it: the turns after it do not see it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub superseded_by: Option<String>,
     pub turn_id: String,
     pub kind: String,
     pub body: serde_json::Value,
@@ -329,6 +407,30 @@ pub(crate) struct TranscriptRow {
     /// For an `event` entry, the stored event it refers to: its message is rendered from this.
     #[serde(skip)]
     pub event: Option<Event>,
+}
+
+/// The latest entries of a session's transcript (the console's session page).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct TranscriptTail {
+    /// Oldest first.
+    pub rows: Vec<TranscriptRow>,
+    /// Whether the session has entries before these.
+    pub earlier: bool,
+}
+
+impl TranscriptTail {
+    /// The tail of `limit` entries from up to `limit + 1` read newest first.
+    pub(crate) fn of(mut newest_first: Vec<TranscriptRow>, limit: i64) -> TranscriptTail {
+        let earlier = newest_first.len() > usize::try_from(limit).unwrap_or(0);
+        if earlier {
+            newest_first.pop();
+        }
+        newest_first.reverse();
+        TranscriptTail {
+            rows: newest_first,
+            earlier,
+        }
+    }
 }
 
 /// The transcript entry kind that refers to its turn's event (see `session::turn::Entry`).
@@ -349,6 +451,9 @@ pub(crate) struct SessionRow {
     /// What all its turns spent: only for one session (`sessions show`), not in lists.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<UsageReport>,
+    /// The same with the estimate of replies without usage, as its budgets count it.
+    #[serde(skip)]
+    pub spent: Option<Spent>,
 }
 
 /// `events list` filters; `None` matches everything.
@@ -373,10 +478,12 @@ pub(crate) struct EventRow {
     pub delivery_id: Option<String>,
     /// Unix milliseconds.
     pub received_at: i64,
-    /// `webhook`, or `background` for a background job's completion.
-    pub origin: String,
+    pub origin: EventOrigin,
     /// The event this one is a replay of (`events replay`).
     pub replay_of: Option<String>,
+    /// The session and entry it reruns, when `sessions rewind` or `sessions fork` queued it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rewind_of: Option<RewindOf>,
 }
 
 /// `events show`: the event, what it carried, and what became of it.
@@ -409,6 +516,8 @@ pub(crate) struct TurnRow {
     pub started_at: i64,
     pub finished_at: Option<i64>,
     pub error: Option<String>,
+    /// What the turn's model replies spent.
+    pub usage: UsageReport,
 }
 
 /// One outbox row.

@@ -12,8 +12,9 @@ use super::model::{
     ClaimedTurn, DeliveryCounts, DeliveryRow, Event, EventRow, InterruptedSession, LiveCounts,
     PendingDelivery, SessionRow, TranscriptRow, TurnRow,
 };
+use super::rewind::{RewindFrom, RewindOf};
 use super::states::{Continuation, ResumeReason};
-use crate::usage::{Spent, Usage, UsageDay, UsageReport};
+use crate::usage::{Spending, Spent, Usage, UsageDay, UsageReport};
 
 /// What a column may be read as: the types both drivers convert.
 pub(crate) trait Column:
@@ -84,13 +85,28 @@ impl ClaimedTurn {
         turn_id: String,
     ) -> Result<ClaimedTurn, StoreError> {
         let reason: Option<String> = row.column("resume_reason")?;
+        let rewound: Option<String> = row.column("rewind_from")?;
+        let first_of_rewind: Option<String> = row.column("rewind_turn")?;
         Ok(ClaimedTurn {
-            turn_id,
+            turn_id: first_of_rewind.unwrap_or(turn_id),
             event: Event::decode(row)?,
             continues: reason.as_deref().map(Continuation::from_sql),
             internal: row.column("internal")?,
             alone: row.column("run_alone")?,
+            rewound: rewound.as_deref().and_then(RewindFrom::from_sql),
         })
+    }
+}
+
+impl RewindOf {
+    /// The `rewind_session` and `rewind_entry` columns of an event: `None` unless a rewind or
+    /// fork queued it.
+    pub(crate) fn decode<R: StoredRow + ?Sized>(row: &R) -> Result<Option<RewindOf>, StoreError> {
+        let session: Option<String> = row.column("rewind_session")?;
+        let entry: Option<i64> = row.column("rewind_entry")?;
+        Ok(session
+            .zip(entry)
+            .map(|(session, entry)| RewindOf { session, entry }))
     }
 }
 
@@ -99,8 +115,11 @@ impl TranscriptRow {
     pub(crate) fn decode<R: StoredRow + ?Sized>(row: &R) -> Result<TranscriptRow, StoreError> {
         let body: String = row.column("body")?;
         let event_id: Option<String> = row.column("id")?;
+        let seq = row.column("seq")?;
         Ok(TranscriptRow {
-            seq: row.column("seq")?,
+            seq,
+            n: seq,
+            superseded_by: row.column("superseded_by")?,
             turn_id: row.column("turn_id")?,
             kind: row.column("kind")?,
             body: serde_json::from_str(&body).unwrap_or(serde_json::Value::String(body)),
@@ -169,6 +188,29 @@ impl Spent {
     }
 }
 
+impl Spending {
+    /// The columns of `sql::HELD_SUMS`: what reservations hold, as tokens of prompts and replies.
+    pub(crate) fn decode_held<R: StoredRow + ?Sized>(row: &R) -> Result<Spending, StoreError> {
+        let held = |input: &'static str, output: &'static str| -> Result<Spent, StoreError> {
+            Ok(Spent {
+                usage: Usage {
+                    input_tokens: row.number(input)?,
+                    cached_input_tokens: 0,
+                    output_tokens: row.number(output)?,
+                },
+                unknown_steps: 0,
+                estimated_tokens: 0,
+            })
+        };
+        Ok(Spending {
+            turn: held("turn_input", "turn_output")?,
+            session: held("session_input", "session_output")?,
+            day: held("day_input", "day_output")?,
+            route_day: held("route_input", "route_output")?,
+        })
+    }
+}
+
 impl UsageDay {
     /// A row of `sql::USAGE_BY_DAY_SQL`.
     pub(crate) fn decode<R: StoredRow + ?Sized>(row: &R) -> Result<UsageDay, StoreError> {
@@ -214,6 +256,7 @@ impl SessionRow {
             queued: row.column("queued")?,
             updated_at: row.column("updated_at")?,
             usage: None,
+            spent: None,
         })
     }
 }
@@ -230,6 +273,7 @@ impl EventRow {
             received_at: row.column("received_at")?,
             origin: row.column("origin")?,
             replay_of: row.column("replay_of")?,
+            rewind_of: RewindOf::decode(row)?,
         })
     }
 }
@@ -244,6 +288,7 @@ impl TurnRow {
             started_at: row.column("started_at")?,
             finished_at: row.column("finished_at")?,
             error: row.column("error")?,
+            usage: UsageReport::of(Spent::decode(row)?, None),
         })
     }
 }

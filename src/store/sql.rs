@@ -2,7 +2,9 @@
 //!
 //! A statement lives here when SQLite and PostgreSQL can run the same text, so the two cannot
 //! answer differently; a statement only one backend can run lives in that backend's file for
-//! the same trait (`sqlite/turns.rs`, `postgres/turns.rs`, ...). Parameters are numbered `$N`
+//! the same trait (`sqlite/turns.rs`, `postgres/turns.rs`, ...). The transactions written once
+//! for both (`turns.rs`, `approval.rs`, `rewind.rs`) run these, and a backend's own where
+//! its text differs. Parameters are numbered `$N`
 //! (SQLite binds them by name, see `sqlite::bind`), `CAST($N AS TEXT)` where a parameter may be
 //! NULL, and every column a decoder reads has a name (`AS ...`), since rows are read by column
 //! name (`row.rs`).
@@ -13,9 +15,9 @@ use super::states::{
     APPROVAL_PENDING, CRASHED, DECIDED, DELIVERED, DELIVERY_FAILED, EVENT_ABANDONED,
     EVENT_AWAITING, EVENT_COMPLETED, EVENT_FAILED, EVENT_JOINED, EVENT_RUNNING, EVENT_SUSPENDED,
     IDLE, PENDING, QUEUED, RESUME_PENDING, SESSION_AWAITING, SESSION_RUNNING, SHUTDOWN_TIMEOUT,
-    SUSPENDED, TURN_INTERRUPTED, TURN_RUNNING,
+    SUSPENDED, TURN_INTERRUPTED, TURN_RUNNING, WEBHOOK,
 };
-use crate::usage::Spent;
+use crate::usage::{Spent, Usage};
 
 // ---- Accepting -------------------------------------------------------------------------------
 
@@ -87,17 +89,21 @@ pub(crate) const EVENT_COLUMNS: &str =
     "id, route, session_key, event_type, delivery_id, headers, payload, trace_parent";
 
 /// The columns a claimed turn is made of: the event, why it runs again, whether agentgate
-/// queued it itself, and whether it must run alone.
+/// queued it itself, whether it must run alone, and, for a rewind, where it starts and the id
+/// its first turn takes.
 pub(crate) const CLAIM_COLUMNS: &str = concatcp!(
     EVENT_COLUMNS,
-    ", resume_reason, origin <> 'webhook' AS internal, run_alone"
+    ", resume_reason, origin <> ",
+    WEBHOOK,
+    " AS internal, run_alone, rewind_from, rewind_turn"
 );
 
 /// Coalescing: `$1` the head event's id, `$2` its session, `$3` its route, `$4` now, `$5` the
 /// window (ms): the session's queued events of the route that arrived within the window after
-/// the head join it.
-pub(crate) const JOIN_QUEUED_SQL: &str = concatcp!(
-    "UPDATE events SET status = ",
+/// the head join it. What follows `UPDATE events` (SQLite names the index that finds them: the
+/// session's queued events, never the route's).
+pub(crate) const JOIN_QUEUED_SET: &str = concatcp!(
+    " SET status = ",
     EVENT_JOINED,
     ", joined_to = $1, updated_at = $4
      WHERE session_key = $2 AND route = $3 AND status = ",
@@ -122,11 +128,11 @@ pub(crate) const FINISH_JOINED_SQL: &str =
 pub(crate) const FINISH_TURN_SQL: &str = "UPDATE turns SET status = $2, reason = $3, output = $4, error = $5, steps = $6, finished_at = $7
      WHERE id = $1";
 
-/// `$1` event id, `$2` now.
+/// `$1` event id, `$2` now. (A rewind's turn id is taken by its first turn only.)
 pub(crate) const START_EVENT_SQL: &str = concatcp!(
     "UPDATE events SET status = ",
     EVENT_RUNNING,
-    ", resume_reason = NULL, run_alone = false, updated_at = $2 WHERE id = $1"
+    ", resume_reason = NULL, run_alone = false, rewind_turn = NULL, updated_at = $2 WHERE id = $1"
 );
 /// `$1` turn id, `$2` reason, `$3` steps, `$4` now.
 pub(crate) const INTERRUPT_TURN_SQL: &str = concatcp!(
@@ -148,9 +154,11 @@ pub(crate) const END_SESSION_SET: &str = concatcp!(
     " THEN reason ELSE $3 END, updated_at = $4"
 );
 
-/// `$1` event id, `$2` its terminal status, `$3` now.
+/// `$1` event id, `$2` its terminal status, `$3` now; answers what it rewinds, if anything (its
+/// result says so).
 pub(crate) const FINISH_EVENT_SQL: &str =
-    "UPDATE events SET status = $2, updated_at = $3 WHERE id = $1";
+    "UPDATE events SET status = $2, updated_at = $3 WHERE id = $1
+     RETURNING rewind_session AS rewind_session, rewind_entry AS rewind_entry";
 
 /// `$1` session key, `$2` turn id, `$3` kind, `$4` body, `$5` now: one transcript entry, after
 /// the session's last.
@@ -221,6 +229,34 @@ pub(crate) const USAGE_BY_DAY_SQL: &str = concatcp!(
      ORDER BY day, route"
 );
 
+// Budget reservations: what model requests in flight may spend (docs/reference.md, "Budgets").
+// The table holds one row per turn with a request in flight, so it stays as small as the
+// number of running turns, and is read whole.
+
+/// `$1` turn id: its reservation goes (settled by the step that records the reply, released,
+/// or ended with its turn).
+pub(crate) const RELEASE_SQL: &str = "DELETE FROM budget_reservations WHERE turn_id = $1";
+
+/// The prompt and reply tokens of a reservation, as stored.
+pub(crate) fn reserved_values(tokens: Usage) -> [i64; 2] {
+    let value = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    [value(tokens.input_tokens), value(tokens.output_tokens)]
+}
+
+/// What the reservations hold in each window of a turn (as `Spending::decode_held` reads it):
+/// `$1` its event id, `$2` its session key, `$3` its route, `$4` its day's first millisecond.
+/// Each backend adds which reservations are live.
+pub(crate) const HELD_SUMS: &str = "SELECT
+         CAST(COALESCE(SUM(CASE WHEN event_id = $1 THEN input_tokens ELSE 0 END), 0) AS BIGINT) AS turn_input,
+         CAST(COALESCE(SUM(CASE WHEN event_id = $1 THEN output_tokens ELSE 0 END), 0) AS BIGINT) AS turn_output,
+         CAST(COALESCE(SUM(CASE WHEN session_key = $2 THEN input_tokens ELSE 0 END), 0) AS BIGINT) AS session_input,
+         CAST(COALESCE(SUM(CASE WHEN session_key = $2 THEN output_tokens ELSE 0 END), 0) AS BIGINT) AS session_output,
+         CAST(COALESCE(SUM(CASE WHEN made_at >= $4 THEN input_tokens ELSE 0 END), 0) AS BIGINT) AS day_input,
+         CAST(COALESCE(SUM(CASE WHEN made_at >= $4 THEN output_tokens ELSE 0 END), 0) AS BIGINT) AS day_output,
+         CAST(COALESCE(SUM(CASE WHEN made_at >= $4 AND route = $3 THEN input_tokens ELSE 0 END), 0) AS BIGINT) AS route_input,
+         CAST(COALESCE(SUM(CASE WHEN made_at >= $4 AND route = $3 THEN output_tokens ELSE 0 END), 0) AS BIGINT) AS route_output
+     FROM budget_reservations";
+
 /// `$1` event id: whether any run of it recorded a transcript entry (a run cut off between its
 /// claim and its first commit did not: its resume must start from the event itself).
 pub(crate) const EVENT_HAS_TRANSCRIPT_SQL: &str =
@@ -235,18 +271,47 @@ pub(crate) const EARLIER_TURN_SPAN_SQL: &str = "SELECT trace_span FROM turns
 /// `$1` turn id, `$2` the `traceparent` of its span.
 pub(crate) const RECORD_TURN_SPAN_SQL: &str = "UPDATE turns SET trace_span = $2 WHERE id = $1";
 
-/// `$1` session key, `$2` the `event` entry kind, `$3` a seq: a session's transcript after that entry, oldest first, each row
-/// with (for an `event` entry) the event it refers to, joined through the turn.
-pub(crate) const TRANSCRIPT_SQL: &str =
+/// The columns `TranscriptRow::decode` reads, of `transcript t` and (for an `event` entry) the
+/// event it refers to, `events e`.
+const TRANSCRIPT_COLUMNS: &str =
     "SELECT t.seq AS seq, t.turn_id AS turn_id, t.kind AS kind, t.body AS body,
-            t.created_at AS created_at,
+            t.created_at AS created_at, t.superseded_by AS superseded_by,
             e.id AS id, e.route AS route, e.session_key AS session_key,
             e.event_type AS event_type, e.delivery_id AS delivery_id, e.headers AS headers,
-            e.payload AS payload, e.trace_parent AS trace_parent
-     FROM transcript t
-     LEFT JOIN turns u ON t.kind = $2 AND u.id = t.turn_id
-     LEFT JOIN events e ON e.id = u.event_id
-     WHERE t.session_key = $1 AND t.seq > $3 ORDER BY t.seq";
+            e.payload AS payload, e.trace_parent AS trace_parent";
+
+/// `$2` the `event` entry kind: an `event` entry's event, joined through its turn.
+const ENTRY_EVENTS: &str = " LEFT JOIN turns u ON t.kind = $2 AND u.id = t.turn_id
+     LEFT JOIN events e ON e.id = u.event_id";
+
+/// `$1` session key, `$2` the `event` entry kind: a session's transcript entries.
+const TRANSCRIPT_ROWS: &str = concatcp!(
+    TRANSCRIPT_COLUMNS,
+    " FROM transcript t",
+    ENTRY_EVENTS,
+    " WHERE t.session_key = $1"
+);
+
+/// `$1` event id, `$2` the `event` entry kind, `$3` a limit: the first entries of the event's
+/// turns, oldest first, read from its turns (`CROSS JOIN` keeps that order in SQLite) through
+/// the entries' index by turn (the console's steps and timeline of an event; the plan is pinned
+/// by `store::contract::transcript`).
+pub(crate) const EVENT_TRANSCRIPT_SQL: &str = concatcp!(
+    TRANSCRIPT_COLUMNS,
+    " FROM turns v CROSS JOIN transcript t",
+    ENTRY_EVENTS,
+    " WHERE v.event_id = $1 AND t.turn_id = v.id ORDER BY t.seq LIMIT $3"
+);
+
+/// As [`TRANSCRIPT_ROWS`], `$3` a seq: the entries after that one, oldest first.
+pub(crate) const TRANSCRIPT_SQL: &str =
+    concatcp!(TRANSCRIPT_ROWS, " AND t.seq > $3 ORDER BY t.seq");
+
+/// As [`TRANSCRIPT_ROWS`], `$3` a limit: the latest entries, newest first, read backwards along
+/// the primary key, so that a long transcript costs only the entries read (the plan is pinned
+/// by `store::contract::transcript`).
+pub(crate) const TRANSCRIPT_TAIL_SQL: &str =
+    concatcp!(TRANSCRIPT_ROWS, " ORDER BY t.seq DESC LIMIT $3");
 
 // ---- Recovery --------------------------------------------------------------------------------
 
@@ -302,17 +367,21 @@ pub(crate) const LIVE_COUNTS_SQL: &str = concatcp!(
     ") AS approvals_pending"
 );
 
-/// Queued events by route, for each route's share of `max_queued_events` (an index range per
-/// route: `events_queued_by_route`).
-pub(crate) const QUEUED_BY_ROUTE_SQL: &str = concatcp!(
-    "SELECT route AS name, count(*) AS n FROM events WHERE status = ",
-    QUEUED,
-    " GROUP BY route"
-);
+/// Queued events by route, for each route's share of `max_queued_events`: on SQLite counted in
+/// the partial index of queued events by route (`events_queued_by_route`, which holds the route:
+/// no event row is read). What follows `FROM events` (SQLite names the index).
+pub(crate) const QUEUED_BY_ROUTE_WHERE: &str =
+    concatcp!(" WHERE status = ", QUEUED, " GROUP BY route");
+
+/// The start of [`QUEUED_BY_ROUTE_WHERE`]'s query.
+pub(crate) const QUEUED_BY_ROUTE_SELECT: &str = "SELECT route AS name, count(*) AS n FROM events";
 
 /// Accepted webhooks by status (internal events are not accepted ones).
-pub(crate) const EVENTS_BY_STATUS_SQL: &str =
-    "SELECT status AS name, count(*) AS n FROM events WHERE origin = 'webhook' GROUP BY status";
+pub(crate) const EVENTS_BY_STATUS_SQL: &str = concatcp!(
+    "SELECT status AS name, count(*) AS n FROM events WHERE origin = ",
+    WEBHOOK,
+    " GROUP BY status"
+);
 
 pub(crate) const SESSIONS_BY_STATE_SQL: &str =
     "SELECT state AS name, count(*) AS n FROM sessions GROUP BY state";
@@ -352,8 +421,8 @@ pub(crate) const SESSIONS_PAGE_SQL: &str = concatcp!(
 );
 
 /// The columns `EventRow::decode` reads.
-const EVENT_ROW_COLUMNS: &str =
-    "id, route, session_key, event_type, status, delivery_id, received_at, origin, replay_of";
+const EVENT_ROW_COLUMNS: &str = "id, route, session_key, event_type, status, delivery_id, \
+     received_at, origin, replay_of, rewind_session, rewind_entry";
 
 /// `$1` status, `$2` route, `$3` session, `$5` the event to list only older ones than (each may
 /// be NULL), `$4` limit.
@@ -381,7 +450,9 @@ pub(crate) const EVENT_REPLAYS_SQL: &str =
 
 /// `$1` event id.
 pub(crate) const EVENT_TURNS_SQL: &str =
-    "SELECT id, status, reason, steps, started_at, finished_at, error
+    "SELECT id, status, reason, steps, started_at, finished_at, error,
+            input_tokens, cached_input_tokens, output_tokens,
+            unknown_usage_steps AS unknown_steps, estimated_tokens
      FROM turns WHERE event_id = $1 ORDER BY started_at";
 
 const DELIVERY_COLUMNS: &str =
@@ -482,6 +553,51 @@ pub(crate) const SEND_PENDING_NOW_SQL: &str = concatcp!(
      WHERE status = ",
     PENDING,
     " AND next_attempt_at > $2 AND (CAST($1 AS TEXT) IS NULL OR route = $1)"
+);
+
+// ---- Rewind and fork (`rewind.rs`) -----------------------------------------------------------
+
+/// `$1` session key: its route, state, and whether events of it are queued. (PostgreSQL locks
+/// the row: `FOR UPDATE` follows.)
+pub(crate) const REWIND_SESSION_SQL: &str = "SELECT route, state, queue_head IS NOT NULL AS queued
+     FROM sessions WHERE key = $1";
+
+/// `$1` session key, `$2` entry number: the entry, what superseded it, and the event of the turn
+/// that recorded it.
+pub(crate) const REWIND_ENTRY_SQL: &str =
+    "SELECT t.kind AS kind, t.body AS body, t.superseded_by AS superseded_by, u.event_id AS event_id
+     FROM transcript t LEFT JOIN turns u ON u.id = t.turn_id
+     WHERE t.session_key = $1 AND t.seq = $2";
+
+/// `$1` the new session's key, `$2` its route, `$3` now: created idle, unless it exists.
+pub(crate) const FORK_SESSION_SQL: &str = concatcp!(
+    "INSERT INTO sessions (key, route, state, created_at, updated_at) VALUES ($1, $2, ",
+    IDLE,
+    ", $3, $3) ON CONFLICT (key) DO NOTHING"
+);
+
+/// `$1` the forked session, `$2` the new one, `$3` the entry: copies of the entries before it,
+/// with their numbers, turns and times.
+pub(crate) const FORK_ENTRIES_SQL: &str =
+    "INSERT INTO transcript (session_key, seq, turn_id, kind, body, created_at, superseded_by)
+     SELECT $2, seq, turn_id, kind, body, created_at, superseded_by
+     FROM transcript WHERE session_key = $1 AND seq < $3";
+
+/// `$1` session key, `$2` the first entry, `$3` the rewinding turn: the entries from it on that
+/// no rewind superseded yet.
+pub(crate) const SUPERSEDE_SQL: &str = "UPDATE transcript SET superseded_by = $3
+     WHERE session_key = $1 AND seq >= $2 AND superseded_by IS NULL";
+
+/// `$1` the event copied, `$2` the new id, `$3` now, `$4` the session it runs in, `$5` the
+/// session rewound, `$6` the entry, `$7` where it starts (`RewindFrom`), `$8` its first turn's
+/// id: a queued copy of the event (same route, type, headers and payload; no delivery id).
+pub(crate) const REWIND_EVENT_SQL: &str = concatcp!(
+    "INSERT INTO events (id, route, session_key, event_type, delivery_id, headers, payload,
+                         received_at, status, updated_at, origin, rewind_session, rewind_entry,
+                         rewind_from, rewind_turn)
+     SELECT $2, route, $4, event_type, NULL, headers, payload, $3, ",
+    QUEUED,
+    ", $3, origin, $5, $6, $7, $8 FROM events WHERE id = $1"
 );
 
 // ---- Approvals -------------------------------------------------------------------------------

@@ -48,6 +48,26 @@ impl EventStatus {
     }
 }
 
+/// Where an event came from. A replay keeps its original's origin (and records `replay_of`).
+/// Accepted events are written with the column's default (`webhook`, set by the schema).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum EventOrigin {
+    /// Accepted from a sender (the webhook listener, `agentgate send`).
+    Webhook,
+    /// Queued by agentgate itself: a background tool job's result, for its session.
+    Background,
+}
+
+impl EventOrigin {
+    pub(crate) const fn sql(self) -> &'static str {
+        match self {
+            EventOrigin::Webhook => "webhook",
+            EventOrigin::Background => "background",
+        }
+    }
+}
+
 /// How an accepted event ends: each of these is delivered, exactly once per event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -239,6 +259,7 @@ stored_as_text!(EventStatus, "event status");
 stored_as_text!(TurnStatus, "turn status");
 stored_as_text!(DeliveryState, "delivery status");
 stored_as_text!(ApprovalStatus, "approval status");
+stored_as_text!(EventOrigin, "event origin");
 
 fn unknown_state(what: &str, text: &str) -> Box<dyn std::error::Error + Sync + Send> {
     format!("unknown {what} {text:?}").into()
@@ -261,7 +282,8 @@ shown_as_text!(
     TurnStatus,
     DeliveryState,
     ResumeReason,
-    ApprovalStatus
+    ApprovalStatus,
+    EventOrigin
 );
 
 impl EventStatus {
@@ -397,6 +419,8 @@ pub(crate) const EVENT_AWAITING: &str = concatcp!("'", EventStatus::AwaitingAppr
 pub(crate) const EVENT_JOINED: &str = concatcp!("'", EventStatus::Joined.sql(), "'");
 pub(crate) const SESSION_AWAITING: &str = concatcp!("'", SessionState::AwaitingApproval.sql(), "'");
 pub(crate) const DECIDED: &str = concatcp!("'", Continuation::DECIDED_SQL, "'");
+pub(crate) const WEBHOOK: &str = concatcp!("'", EventOrigin::Webhook.sql(), "'");
+pub(crate) const BACKGROUND: &str = concatcp!("'", EventOrigin::Background.sql(), "'");
 pub(crate) const APPROVAL_PENDING: &str = concatcp!("'", ApprovalStatus::Pending.sql(), "'");
 
 #[cfg(test)]
@@ -434,6 +458,11 @@ mod tests {
         for reason in ResumeReason::ALL {
             assert_eq!(ResumeReason::from_sql(reason.sql()), reason);
         }
+        for origin in [EventOrigin::Webhook, EventOrigin::Background] {
+            assert_eq!(parse::<EventOrigin>(origin.sql()), Some(origin));
+        }
+        assert_eq!(WEBHOOK, "'webhook'");
+        assert_eq!(BACKGROUND, "'background'");
         assert_eq!(parse::<SessionState>("lost"), None);
         assert_eq!(QUEUED, "'queued'");
         assert_eq!(RESUME_PENDING, "'resume_pending'");

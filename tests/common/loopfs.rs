@@ -64,14 +64,27 @@ impl LoopFs {
     }
 
     /// Fills the file system to the last block; removing the returned file frees the space.
+    /// ext4 holds back blocks for the metadata of data not yet written out, and gives back what
+    /// it did not need once it is written: the file is synced and topped up until a round adds
+    /// nothing, so no block comes free later.
     pub fn fill(&self) -> PathBuf {
         let fill = self.mount_point.join("fill");
-        let _ = Command::new("dd")
-            .args(["if=/dev/zero", "bs=4k", "status=none"])
-            .arg(format!("of={}", fill.display()))
-            .stderr(Stdio::null())
-            .status();
-        fill
+        let mut filled = 0;
+        for _ in 0..10 {
+            let _ = Command::new("dd")
+                .args(["if=/dev/zero", "bs=4k", "status=none"])
+                .args(["oflag=append", "conv=notrunc"])
+                .arg(format!("of={}", fill.display()))
+                .stderr(Stdio::null())
+                .status();
+            run("sync", &["-f", path_str(&fill)]);
+            let size = std::fs::metadata(&fill).map_or(0, |meta| meta.len());
+            if size == filled {
+                return fill;
+            }
+            filled = size;
+        }
+        panic!("{} kept gaining free blocks", self.mount_point.display());
     }
 }
 

@@ -1,5 +1,5 @@
 //! A real systemd as PID 1 of a private namespace, booted by the harness in `tests/systemd/`
-//! (root only; CI runs as root), with helpers to run commands inside it.
+//! (root; see `can_run`), with helpers to run commands inside it.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -19,7 +19,7 @@ pub struct Machine {
 }
 
 impl Machine {
-    /// Boots a namespace, or says why not (only outside CI, where root may be missing).
+    /// Boots a namespace; without root, see [`super::can_run`].
     pub fn boot(test: &str) -> Option<Machine> {
         if !super::root_or_skip(test) {
             return None;

@@ -8,14 +8,30 @@ use super::{Workspace, free_port, wait_until};
 
 const START_LIMIT: Duration = Duration::from_secs(60);
 
-pub fn installed(relative: &str) -> String {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+/// What `tests/mcp/install` puts in place, relative to `tests/mcp/`.
+const INSTALLED: [&str; 3] = [
+    "node_modules/.bin/mcp-server-everything",
+    "node_modules/.bin/mcp-server-filesystem",
+    "venv/bin/python",
+];
+
+fn path(relative: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/mcp")
-        .join(relative);
+        .join(relative)
+}
+
+/// Whether a test that runs the MCP servers can run (see [`super::can_run`]).
+pub fn servers_or_skip(test: &str) -> bool {
+    let present = INSTALLED.iter().all(|relative| path(relative).exists());
+    super::can_run(test, super::Need::Mcp, present)
+}
+
+pub fn installed(relative: &str) -> String {
+    let path = path(relative);
     assert!(
         path.exists(),
-        "{} is missing: run .ci/run, or `npm ci --prefix tests/mcp` and \
-         `python3 -m venv tests/mcp/venv && tests/mcp/venv/bin/pip install -r tests/mcp/requirements.txt`",
+        "{} is missing: `tests/setup` (or `tests/mcp/install`) installs the MCP servers",
         path.display()
     );
     path.display().to_string()
@@ -50,6 +66,37 @@ pub fn children_of(daemon_pid: u32, marker: &str) -> Vec<i32> {
             found.push(pid);
         }
     }
+    found
+}
+
+/// The `[mcp.NAME]` table of `tests/mcp/memo_server.py` (a stdio server that remembers what it is
+/// given), with `extra` lines. `tag` is added to its command line, so that
+/// [`processes_with`] finds this test's processes of it and no other test's.
+pub fn memo_server(name: &str, tag: &str, extra: &str) -> String {
+    format!(
+        "[mcp.{name}]\ncommand = [{:?}, {:?}, {tag:?}]\n{extra}\n",
+        installed("venv/bin/python"),
+        installed("memo_server.py"),
+    )
+}
+
+/// Every live process (of any parent) whose command line contains each of `markers`: its pid
+/// and its program (`argv[0]`), by pid.
+pub fn processes_with(markers: &[&str]) -> Vec<(i32, String)> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline);
+        if markers.iter().all(|marker| cmdline.contains(marker)) && super::process_alive(pid as u32)
+        {
+            let program = cmdline.split('\0').next().unwrap_or_default();
+            found.push((pid, program.to_string()));
+        }
+    }
+    found.sort_unstable();
     found
 }
 

@@ -1,6 +1,9 @@
 //! Test harness: runs the real `agentgate` binary on loopback with a config of the test's own, and
 //! talks to it over raw HTTP/1.1 so that tests control every byte (slow clients, chunked bodies).
-#![allow(dead_code)] // each test binary uses a different part of the harness
+#![expect(
+    dead_code,
+    reason = "each test binary uses a different part of the harness"
+)]
 
 pub mod approving;
 pub mod basics;
@@ -8,6 +11,7 @@ pub mod fsync_lint;
 pub mod load;
 pub mod loopfs;
 pub mod machine;
+pub mod marks;
 pub mod mcp;
 pub mod postgres;
 pub mod stub;
@@ -22,22 +26,13 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-pub use basics::{free_port, is_root, wait_until};
+pub use basics::{Need, can_run, free_port, is_root, wait_until};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_agentgate");
 
-/// Whether a test that needs root can run. CI runs as root, so there it must; elsewhere the test
-/// says why it did not run.
+/// Whether a test that needs root can run (see [`basics::can_run`]).
 pub fn root_or_skip(test: &str) -> bool {
-    if is_root() {
-        return true;
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "{test} needs root, and CI runs as root"
-    );
-    eprintln!("{test}: not run (needs root)");
-    false
+    basics::can_run(test, Need::Root, is_root())
 }
 
 /// Builds an LD_PRELOAD shim that makes fsync and fdatasync fail with EIO while the file named by

@@ -1,12 +1,12 @@
 //! A throwaway PostgreSQL server for a test: its own data directory, a free loopback port, trust
-//! authentication, stopped and removed on drop. Debian's server binaries are used (.ci/run
+//! authentication, stopped and removed on drop. Debian's server binaries are used (`tests/setup`
 //! installs them); as root the server runs as the `postgres` user, which refuses to run as root.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use super::basics::{free_port, is_root, wait_until};
+use super::basics::{Need, can_run, free_port, is_root, wait_until};
 
 pub struct Postgres {
     dir: tempfile::TempDir,
@@ -28,7 +28,7 @@ fn server_bin() -> Option<PathBuf> {
 }
 
 impl Postgres {
-    /// Starts a server, or says why it cannot (CI installs one, so there it must start).
+    /// Starts a server; without Debian's server binaries, see [`can_run`].
     pub fn start(test: &str) -> Option<Postgres> {
         Postgres::start_configured(test, false)
     }
@@ -42,14 +42,11 @@ impl Postgres {
     }
 
     fn start_configured(test: &str, tls: bool) -> Option<Postgres> {
-        let Some(bin) = server_bin() else {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "{test}: PostgreSQL server binaries are missing; .ci/run installs postgresql"
-            );
-            eprintln!("{test}: not run (no PostgreSQL server installed)");
+        let bin = server_bin();
+        if !can_run(test, Need::Postgres, bin.is_some()) {
             return None;
-        };
+        }
+        let bin = bin?;
         let dir = tempfile::tempdir().expect("tempdir");
         let mut server = Postgres {
             dir,
@@ -274,6 +271,41 @@ impl Postgres {
             .then(|| String::from_utf8_lossy(&output.stdout).trim().to_string())
     }
 
+    /// A transaction on the agentgate database that has run `sql` and stays open, holding the
+    /// locks it took, until the returned handle is dropped.
+    pub fn open_transaction(&self, sql: &str) -> OpenTransaction {
+        use std::io::{BufRead, Write};
+        let mut child = Command::new(self.bin.join("psql"))
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-U",
+                "agentgate",
+                "-At",
+                "-v",
+                "ON_ERROR_STOP=1",
+            ])
+            .arg("-p")
+            .arg(self.port.to_string())
+            .args(["-d", "agentgate"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("psql");
+        let mut input = child.stdin.take().expect("psql's input");
+        writeln!(input, "BEGIN;\n{sql};\nSELECT 'open';").expect("write to psql");
+        let output = child.stdout.take().expect("psql's output");
+        let open = std::io::BufReader::new(output)
+            .lines()
+            .map_while(Result::ok)
+            .any(|line| line == "open");
+        assert!(open, "psql ended before the transaction was open: {sql}");
+        OpenTransaction {
+            child,
+            input: Some(input),
+        }
+    }
+
     /// Rows of a query on the agentgate database, each split into its columns.
     pub fn rows(&self, sql: &str) -> Vec<Vec<String>> {
         let text = self
@@ -300,5 +332,19 @@ impl Drop for Postgres {
                 .arg(self.data())
                 .args(["-m", "immediate", "-w", "stop"]),
         );
+    }
+}
+
+/// An open transaction (`Postgres::open_transaction`): rolled back when dropped (psql's input
+/// closes, and psql ends).
+pub struct OpenTransaction {
+    child: std::process::Child,
+    input: Option<std::process::ChildStdin>,
+}
+
+impl Drop for OpenTransaction {
+    fn drop(&mut self) {
+        drop(self.input.take());
+        let _ = self.child.wait();
     }
 }

@@ -25,6 +25,22 @@ impl Received {
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_slice(&self.body).unwrap_or(serde_json::Value::Null)
     }
+
+    /// The `messages` of a chat completion request.
+    pub fn messages(&self) -> Vec<serde_json::Value> {
+        self.json()["messages"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// The text of its last message ("" when it has none).
+    pub fn last_text(&self) -> String {
+        self.messages()
+            .last()
+            .and_then(|m| m["content"].as_str().map(str::to_string))
+            .unwrap_or_default()
+    }
 }
 
 /// What the stub answers.

@@ -47,7 +47,12 @@ pub(crate) fn check(
     };
     let mut config = checker.config(raw);
     if let (Some(config), ConfigSource::File(path)) = (config.as_mut(), &source) {
-        config.hidden.files.push(path.clone());
+        config.hidden.files.extend(super::leash::config_files(path));
+    }
+    if let Some(config) = &config {
+        for (key, message) in super::writable_holding_hidden(config) {
+            checker.error(&key, message);
+        }
     }
     let mut findings = checker.findings;
     findings.sort_by_key(|f| (f.line.unwrap_or(0), f.severity));
@@ -153,7 +158,8 @@ impl Checker<'_> {
         {
             self.warn(
                 key,
-                "not checked here ($CREDENTIALS_DIRECTORY is not set); the service loads it at start",
+                "cannot be read here ($CREDENTIALS_DIRECTORY is not set), so it is not checked; \
+                 the service loads it at start",
             );
             return Some(unloaded);
         }
@@ -201,6 +207,7 @@ impl Checker<'_> {
             .filter_map(|(name, server)| self.mcp_server(name, server))
             .map(|server| (server.name.clone(), server))
             .collect::<BTreeMap<_, _>>();
+        self.tool_names_apart(&tools, &mcp);
         let mut paths = HashSet::new();
         let mut routes = Vec::new();
         for (name, route) in raw.routes {
@@ -220,7 +227,7 @@ impl Checker<'_> {
         let model = model?;
         self.dollar_budgets_need_a_price(&budgets, &routes, model.price.as_ref());
         let server = server?;
-        let hidden = self.hidden_paths(&state_dir, Some(&server.control_socket));
+        let hidden = self.hidden_paths(&state_dir, Some(&server.control_socket), store.as_ref());
         Some(Config {
             hidden,
             state_dir,

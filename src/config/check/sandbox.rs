@@ -4,7 +4,8 @@
 use std::path::PathBuf;
 
 use super::Checker;
-use crate::config::settings::{HiddenPaths, Sandboxing};
+use crate::config::leash::ALWAYS_HIDDEN;
+use crate::config::settings::{HiddenPaths, PostgresSettings, Sandboxing, StoreSettings};
 
 /// The three keys as the config file has them.
 pub(super) struct RawSandbox {
@@ -86,16 +87,52 @@ impl Checker<'_> {
     }
 
     /// What no sandboxed process may see: the state directory, the credentials directory, the
-    /// control socket, the config file and every secret file the config names.
+    /// control socket, the config file, every secret file the config names, and what is hidden
+    /// whatever the config says ([`ALWAYS_HIDDEN`]).
     pub(super) fn hidden_paths(
         &self,
         state_dir: &std::path::Path,
         control_socket: Option<&std::path::Path>,
+        store: Option<&StoreSettings>,
     ) -> HiddenPaths {
         let mut dirs = vec![state_dir.to_path_buf()];
         dirs.extend(self.environment.credentials_dir.map(PathBuf::from));
+        dirs.extend(ALWAYS_HIDDEN.iter().map(PathBuf::from));
         let mut files = self.secret_files.clone();
         files.extend(control_socket.map(std::path::Path::to_path_buf));
+        if let Some(StoreSettings::Postgres(postgres)) = store {
+            files.extend(store_sockets(postgres));
+        }
         HiddenPaths { dirs, files }
     }
+}
+
+/// The Unix sockets of a PostgreSQL store's URL (`host=/run/postgresql`): with peer
+/// authentication, a process of the service's user that reached one would have the database,
+/// that is, the state.
+fn store_sockets(postgres: &PostgresSettings) -> Vec<PathBuf> {
+    use tokio_postgres::config::Host;
+    let Some(config) = std::str::from_utf8(postgres.url.expose())
+        .ok()
+        .and_then(|text| text.trim().parse::<tokio_postgres::Config>().ok())
+    else {
+        return Vec::new();
+    };
+    let ports = config.get_ports();
+    config
+        .get_hosts()
+        .iter()
+        .enumerate()
+        .filter_map(|(index, host)| match host {
+            Host::Unix(dir) => {
+                let port = ports
+                    .get(index)
+                    .or_else(|| ports.first())
+                    .copied()
+                    .unwrap_or(5432);
+                Some(dir.join(format!(".s.PGSQL.{port}")))
+            }
+            Host::Tcp(_) => None,
+        })
+        .collect()
 }

@@ -69,10 +69,11 @@ impl Checker<'_> {
                 "the console is served on TCP only with console.token",
             );
         }
-        if token
-            .as_ref()
-            .is_some_and(|token| token.expose().len() < MIN_TOKEN_BYTES)
-        {
+        // A credential not read here (no $CREDENTIALS_DIRECTORY) is an empty placeholder, and
+        // `secret` has said so: its length says nothing. A loaded secret is never empty.
+        if token.as_ref().is_some_and(|token| {
+            !token.expose().is_empty() && token.expose().len() < MIN_TOKEN_BYTES
+        }) {
             self.warn(
                 "console.token",
                 format!(

@@ -124,11 +124,17 @@ impl Checker<'_> {
         let cwd = raw.cwd.take();
         let paths = command.iter().map(PathBuf::from).chain(cwd.clone());
         self.private_tmp(prefix, &sandbox, paths.collect());
+        let max_instances = self.positive(
+            &format!("{prefix}.max_instances"),
+            raw.max_instances,
+            DEFAULT_MAX_INSTANCES,
+        );
         McpTransport::Stdio {
             command,
             env,
             cwd,
             sandbox,
+            max_instances: usize::try_from(max_instances).unwrap_or(usize::MAX),
         }
     }
 
@@ -155,6 +161,7 @@ impl Checker<'_> {
                     ("sandbox", raw.sandbox.is_some()),
                     ("network", raw.network.is_some()),
                     ("writable", raw.writable.is_some()),
+                    ("max_instances", raw.max_instances.is_some()),
                 ] {
                     if set {
                         self.error(
@@ -222,5 +229,63 @@ impl Checker<'_> {
             approval: raw.approval,
             name,
         })
+    }
+}
+
+/// `[mcp.NAME] max_instances` by default: as many as turns run at once by default
+/// (`runtime.max_concurrent_turns`).
+const DEFAULT_MAX_INSTANCES: u32 = 16;
+
+/// The longest MCP server name: with `__` it leaves room in the model's 64 characters for the
+/// tool's own name, so that no two servers' tools are cut to the same name.
+const MAX_SERVER_NAME: usize = 40;
+
+impl Checker<'_> {
+    /// The model calls an MCP server's tool `SERVER__tool`; no two tools may come out with one
+    /// name, or the model could not tell them apart (and one would silently stand in for the
+    /// other). Names that could are errors, each naming both: a server whose name is another's
+    /// with `_` added (`a` with tool `_x`, `a_` with tool `x`: both `a___x`), a command tool
+    /// named like a server's tool, and a server name so long that its tools' names are cut.
+    pub(super) fn tool_names_apart(
+        &mut self,
+        tools: &BTreeMap<String, ToolSettings>,
+        servers: &BTreeMap<String, McpServerSettings>,
+    ) {
+        for server in servers.keys() {
+            let prefix = format!("mcp.{server}");
+            if server.len() > MAX_SERVER_NAME {
+                self.error(
+                    &prefix,
+                    format!(
+                        "an MCP server name may have at most {MAX_SERVER_NAME} characters: the \
+                         model's names for its tools ({server}__tool) are cut at 64"
+                    ),
+                );
+            }
+            if let Some(shorter) = server
+                .strip_suffix('_')
+                .filter(|shorter| servers.contains_key(*shorter))
+            {
+                self.error(
+                    &prefix,
+                    format!(
+                        "its tools' names can be the same as those of mcp.{shorter} ({server}__x \
+                         and {shorter}___x are both {server}__x to the model); rename one"
+                    ),
+                );
+            }
+            for tool in tools
+                .keys()
+                .filter(|tool| tool.starts_with(&format!("{server}__")))
+            {
+                self.error(
+                    &format!("tools.{tool}"),
+                    format!(
+                        "the model calls mcp.{server}'s tool {:?} by this name too; rename the tool",
+                        &tool[server.len() + 2..]
+                    ),
+                );
+            }
+        }
     }
 }

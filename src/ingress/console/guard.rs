@@ -5,13 +5,16 @@
 //! - On the control socket, reached through `ssh -L`, only a loopback `Host` is served, so a page
 //!   whose name an attacker re-points at 127.0.0.1 (DNS rebinding) reads nothing.
 //! - On `[console] listen`, a browser must have logged in with the token: it holds a cookie
-//!   derived from the token, which no other site's requests carry.
+//!   naming a login of this run (a random id, kept in memory and forgotten at logout), which no
+//!   other site's requests carry. Failed logins are throttled per address.
 //! - Every `POST` carries the form token of this daemon's run, which only a page of the console
 //!   shows, and must come from the console's own origin (`Origin`, `Sec-Fetch-Site`).
 //!
 //! Each refusal is logged (at most one line a minute per reason) and counted in
 //! `agentgate_console_refusals_total`.
 
+use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -20,6 +23,8 @@ use http::HeaderMap;
 use sha2::Sha256;
 use subtle::ConstantTimeEq;
 
+use crate::locks::lock;
+use crate::logging::OneLineEvery;
 use crate::secret::Secret;
 
 /// The cookie a browser holds after logging in on `[console] listen`.
@@ -54,16 +59,19 @@ pub(crate) enum Refusal {
     WrongToken,
     /// A connection to `[console] listen` whose TLS handshake failed or did not come in time.
     Tls,
+    /// A login from an address whose failed logins are throttled.
+    Throttled,
 }
 
 impl Refusal {
-    pub(crate) const ALL: [Refusal; 6] = [
+    pub(crate) const ALL: [Refusal; 7] = [
         Refusal::Host,
         Refusal::CrossSite,
         Refusal::FormToken,
         Refusal::NotLoggedIn,
         Refusal::WrongToken,
         Refusal::Tls,
+        Refusal::Throttled,
     ];
 
     pub(crate) fn label(self) -> &'static str {
@@ -74,6 +82,7 @@ impl Refusal {
             Refusal::NotLoggedIn => "not_logged_in",
             Refusal::WrongToken => "wrong_token",
             Refusal::Tls => "tls",
+            Refusal::Throttled => "throttled",
         }
     }
 
@@ -92,6 +101,9 @@ impl Refusal {
             Refusal::NotLoggedIn => "log in with the console token first",
             Refusal::WrongToken => "that is not the console token",
             Refusal::Tls => "the TLS handshake failed or did not come within server.header_timeout",
+            Refusal::Throttled => {
+                "too many wrong tokens from this address: wait before the next try"
+            }
         }
     }
 }
@@ -100,8 +112,8 @@ impl Refusal {
 /// restart is refused (and the operator loads the page again).
 pub(crate) struct ConsoleKey {
     key: [u8; 32],
-    /// When the last refusal line of each reason was written.
-    lines: Mutex<[Option<Instant>; Refusal::ALL.len()]>,
+    /// Each reason's refusal lines.
+    lines: Mutex<[OneLineEvery; Refusal::ALL.len()]>,
 }
 
 impl ConsoleKey {
@@ -110,7 +122,7 @@ impl ConsoleKey {
         getrandom::fill(&mut key)?;
         Ok(ConsoleKey {
             key,
-            lines: Mutex::new([None; Refusal::ALL.len()]),
+            lines: Mutex::new([OneLineEvery::new(REFUSAL_LINE_EVERY); Refusal::ALL.len()]),
         })
     }
 
@@ -128,20 +140,8 @@ impl ConsoleKey {
     pub(super) fn refused(&self, refusal: Refusal, door: Door, path: &str) {
         crate::metrics::console_refusal(refusal.label());
         let index = refusal as usize;
-        let due = {
-            let mut lines = self
-                .lines
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let now = Instant::now();
-            let due =
-                lines[index].is_none_or(|last| now.duration_since(last) >= REFUSAL_LINE_EVERY);
-            if due {
-                lines[index] = Some(now);
-            }
-            due
-        };
-        if due {
+        let due = lock(&self.lines)[index].due();
+        if due.is_some() {
             let mut path = path.to_string();
             crate::untrusted::cut(&mut path, 200);
             tracing::warn!(
@@ -153,30 +153,151 @@ impl ConsoleKey {
     }
 }
 
-/// The cookie value a browser holds after logging in with `token`: derived from the token, so
-/// it survives restarts and stops working when the token changes, and the token itself is
-/// never stored in the browser.
-pub(super) fn login_cookie(token: &Secret) -> String {
-    keyed_digest(token.expose(), b"agentgate console login")
+/// Failed logins an address may make before it must wait.
+const FREE_FAILURES: u32 = 5;
+/// The first wait after them; each further failure doubles it, up to the last.
+const FIRST_WAIT: Duration = Duration::from_secs(1);
+const LONGEST_WAIT: Duration = Duration::from_secs(15 * 60);
+/// Addresses whose failures are remembered (the oldest are forgotten past it).
+const MAX_THROTTLED: usize = 4096;
+/// Logins held at once (the oldest ends past it), and how long one lasts.
+const MAX_LOGINS: usize = 256;
+const LOGIN_LIFETIME: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// The logins of this run on `[console] listen`, and the failed ones by address. A login is a
+/// random id in the browser's cookie, held here by its digest with the token it was made with:
+/// a logout ends it, a new token ends all, and so does a restart (the browser logs in again).
+#[derive(Default)]
+pub(crate) struct Logins {
+    held: Mutex<HashMap<[u8; 32], Login>>,
+    failures: Mutex<HashMap<IpAddr, Failures>>,
+}
+
+struct Login {
+    since: Instant,
+    /// Which token it was made with (its digest under the login's own id).
+    token: [u8; 32],
+}
+
+struct Failures {
+    count: u32,
+    last: Instant,
+    /// No login is tried from the address before this.
+    wait_until: Option<Instant>,
+}
+
+impl Logins {
+    /// How long `peer` must wait before its next login, if it must.
+    pub(super) fn throttled(&self, peer: Option<IpAddr>) -> Option<Duration> {
+        let peer = peer?;
+        let failures = lock(&self.failures);
+        let until = failures.get(&peer)?.wait_until?;
+        until.checked_duration_since(Instant::now())
+    }
+
+    /// A wrong token from `peer`: past [`FREE_FAILURES`], it waits, twice as long each time.
+    pub(super) fn failed(&self, peer: Option<IpAddr>) {
+        let Some(peer) = peer else {
+            return;
+        };
+        let mut failures = lock(&self.failures);
+        if failures.len() >= MAX_THROTTLED && !failures.contains_key(&peer) {
+            let oldest = failures.iter().min_by_key(|(_, f)| f.last).map(|(a, _)| *a);
+            if let Some(oldest) = oldest {
+                failures.remove(&oldest);
+            }
+        }
+        let now = Instant::now();
+        let entry = failures.entry(peer).or_insert(Failures {
+            count: 0,
+            last: now,
+            wait_until: None,
+        });
+        entry.count += 1;
+        entry.last = now;
+        if let Some(over) = entry.count.checked_sub(FREE_FAILURES + 1) {
+            let wait = FIRST_WAIT
+                .saturating_mul(1u32 << over.min(20))
+                .min(LONGEST_WAIT);
+            entry.wait_until = Some(now + wait);
+        }
+    }
+
+    /// A new login with `token` (its failures forgotten): the cookie value to give.
+    pub(super) fn logged_in_with(
+        &self,
+        token: &Secret,
+        peer: Option<IpAddr>,
+    ) -> Result<String, getrandom::Error> {
+        if let Some(peer) = peer {
+            lock(&self.failures).remove(&peer);
+        }
+        let mut id = [0u8; 32];
+        getrandom::fill(&mut id)?;
+        let id = hex::encode(id);
+        let mut held = lock(&self.held);
+        held.retain(|_, login| login.since.elapsed() < LOGIN_LIFETIME);
+        if held.len() >= MAX_LOGINS {
+            let oldest = held.iter().min_by_key(|(_, l)| l.since).map(|(d, _)| *d);
+            if let Some(oldest) = oldest {
+                held.remove(&oldest);
+            }
+        }
+        held.insert(
+            digest(&id),
+            Login {
+                since: Instant::now(),
+                token: token_digest(token, &id),
+            },
+        );
+        Ok(id)
+    }
+
+    /// Ends the logins the request's cookies name.
+    pub(super) fn log_out(&self, headers: &HeaderMap) {
+        let mut held = lock(&self.held);
+        for value in cookies(headers, COOKIE) {
+            held.remove(&digest(value));
+        }
+    }
+
+    /// Whether the request is logged in on `[console] listen`: a cookie of a login of this run
+    /// made with `token`, or the token as a bearer credential (for `curl`).
+    pub(super) fn logged_in(&self, token: &Secret, headers: &HeaderMap) -> bool {
+        let bearer = headers
+            .get(http::header::AUTHORIZATION)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.strip_prefix("Bearer "));
+        if bearer.is_some_and(|presented| is_token(token, presented)) {
+            return true;
+        }
+        let held = lock(&self.held);
+        cookies(headers, COOKIE).any(|value| {
+            held.get(&digest(value)).is_some_and(|login| {
+                login.since.elapsed() < LOGIN_LIFETIME
+                    && bool::from(login.token.ct_eq(&token_digest(token, value)))
+            })
+        })
+    }
+}
+
+fn digest(text: &str) -> [u8; 32] {
+    use sha2::Digest;
+    Sha256::digest(text.as_bytes()).into()
+}
+
+/// The token's digest under a login's id: which token the login was made with.
+fn token_digest(token: &Secret, id: &str) -> [u8; 32] {
+    let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(id.as_bytes()) else {
+        return [0; 32];
+    };
+    mac.update(token.expose());
+    mac.finalize().into_bytes().into()
 }
 
 /// Whether `presented` is the console token.
 pub(super) fn is_token(token: &Secret, presented: &str) -> bool {
     bool::from(token.expose().ct_eq(presented.trim().as_bytes()))
-}
-
-/// Whether the request is logged in on `[console] listen`: the login cookie, or the token as a
-/// bearer credential (for `curl`).
-pub(super) fn logged_in(token: &Secret, headers: &HeaderMap) -> bool {
-    let bearer = headers
-        .get(http::header::AUTHORIZATION)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.strip_prefix("Bearer "));
-    if bearer.is_some_and(|presented| is_token(token, presented)) {
-        return true;
-    }
-    let expected = login_cookie(token);
-    cookies(headers, COOKIE).any(|value| same(value, &expected))
 }
 
 /// The values of the cookie `name` the request carries.
@@ -313,21 +434,50 @@ mod tests {
     }
 
     #[test]
-    fn a_login_is_the_cookie_or_the_bearer_token() {
+    fn a_login_is_a_cookie_of_this_run_or_the_bearer_token_and_a_logout_ends_it() {
+        let logins = Logins::default();
         let token = Secret::for_tests(b"s3cret");
-        let cookie = format!("other=1; {COOKIE}={}", login_cookie(&token));
-        assert!(logged_in(&token, &headers(&[("cookie", &cookie)])));
-        assert!(logged_in(
-            &token,
-            &headers(&[("authorization", "Bearer s3cret")])
-        ));
-        assert!(!logged_in(
-            &token,
-            &headers(&[("authorization", "Bearer s3cre")])
-        ));
+        let id = logins.logged_in_with(&token, None).expect("random bytes");
+        let cookie = format!("other=1; {COOKIE}={id}");
+        let with_cookie = headers(&[("cookie", &cookie)]);
+        assert!(logins.logged_in(&token, &with_cookie));
+        assert!(logins.logged_in(&token, &headers(&[("authorization", "Bearer s3cret")])));
+        assert!(!logins.logged_in(&token, &headers(&[("authorization", "Bearer s3cre")])));
         let forged = format!("{COOKIE}=s3cret");
-        assert!(!logged_in(&token, &headers(&[("cookie", &forged)])));
-        assert!(!logged_in(&token, &HeaderMap::new()));
+        assert!(!logins.logged_in(&token, &headers(&[("cookie", &forged)])));
+        assert!(!logins.logged_in(&token, &HeaderMap::new()));
+        let rotated = Secret::for_tests(b"n3w");
+        assert!(
+            !logins.logged_in(&rotated, &with_cookie),
+            "a new token ends it"
+        );
+        logins.log_out(&with_cookie);
+        assert!(!logins.logged_in(&token, &with_cookie), "a logout ends it");
+        assert!(
+            !Logins::default().logged_in(&token, &with_cookie),
+            "a restart ends it"
+        );
+    }
+
+    #[test]
+    fn failed_logins_from_an_address_wait_longer_each_time_past_five() {
+        let logins = Logins::default();
+        let peer: IpAddr = [192, 0, 2, 7].into();
+        for _ in 0..FREE_FAILURES {
+            logins.failed(Some(peer));
+        }
+        assert_eq!(logins.throttled(Some(peer)), None);
+        logins.failed(Some(peer));
+        let first = logins.throttled(Some(peer)).expect("throttled");
+        logins.failed(Some(peer));
+        let second = logins.throttled(Some(peer)).expect("throttled");
+        assert!(second > first, "{first:?} then {second:?}");
+        assert_eq!(logins.throttled(Some([192, 0, 2, 8].into())), None);
+        let token = Secret::for_tests(b"s3cret");
+        logins
+            .logged_in_with(&token, Some(peer))
+            .expect("random bytes");
+        assert_eq!(logins.throttled(Some(peer)), None, "a login forgets them");
     }
 
     #[test]

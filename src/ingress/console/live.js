@@ -1,5 +1,6 @@
 // The live transcript of a session page (docs/reference.md, "Console"): entries arrive as
-// server-sent events and are added as text, never as markup.
+// server-sent events, each rendered by the server as the page renders it (every value escaped
+// there), and are added as they come.
 "use strict";
 (function () {
   const list = document.querySelector("ol.transcript[data-live]");
@@ -24,15 +25,9 @@
     }
     const item = document.createElement("li");
     item.className = "entry " + entry.kind;
-    const meta = document.createElement("p");
-    meta.className = "meta";
-    meta.append(entry.kind + " · " + entry.created_at + " · turn ");
-    const turn = document.createElement("code");
-    turn.textContent = entry.turn_id;
-    meta.append(turn);
-    const body = document.createElement("pre");
-    body.textContent = entry.text;
-    item.append(meta, body);
+    item.value = entry.n;
+    item.id = "entry-" + entry.n;
+    item.insertAdjacentHTML("beforeend", entry.html);
     list.append(item);
   });
   source.addEventListener("state", (message) => {

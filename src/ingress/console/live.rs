@@ -1,39 +1,21 @@
 //! The live transcript: `GET /console/sessions/{key}/live` is a stream of server-sent events,
 //! one `entry` per transcript entry as it is committed and a `state` when the session's state
 //! changes, for the session page's script. The stream resumes where the browser left off
-//! (`Last-Event-ID` is the last entry's seq).
-//!
-//! Each stream holds a control connection, so at most `MAX_LIVE_STREAMS` run at once (the rest
-//! of the control socket stays free for the operator's commands), and each ends after
-//! `STREAM_FOR`; the browser then reconnects on its own.
-
-use std::convert::Infallible;
-use std::pin::Pin;
-use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+//! (`Last-Event-ID` is the last entry's seq). How it follows the session, and the bound on
+//! streams, are `ingress::follow`'s.
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Response, StatusCode};
-use http_body_util::BodyExt;
-use hyper::body::{Body, Frame};
+use http::HeaderMap;
 use serde::Serialize;
-use tokio::sync::{OwnedSemaphorePermit, mpsc};
 
-use super::state::MAX_LIVE_STREAMS;
-use super::{ConsoleResponse, boxed};
-use crate::ingress::control::{Control, no_session};
+use super::entry::{self, CallNames};
+use super::{Console, ConsoleResponse};
+use crate::ingress::follow::Changes;
 use crate::ingress::query::Query;
-use crate::store::{Store, TranscriptRow};
+use crate::store::{SessionState, Store, StoreError, TranscriptRow};
 
-/// How often a stream looks for new entries.
-const POLL: Duration = Duration::from_millis(500);
-/// A comment line after this long without an entry, so that proxies keep the stream open and a
-/// closed browser is noticed.
-const KEEPALIVE: Duration = Duration::from_secs(15);
-/// How long one stream runs before the browser is asked to reconnect.
-const STREAM_FOR: Duration = Duration::from_secs(600);
-/// The longest entry text sent; a longer one is cut with a note (the page has all of it).
-const ENTRY_TEXT_MAX: usize = 64 * 1024;
+/// The longest entry sent; a longer one is replaced by a note (the page has all of it).
+const ENTRY_HTML_MAX: usize = 512 * 1024;
 
 /// Where a stream starts: after the entry of `Last-Event-ID` (a reconnect), else after the
 /// `after` the page was rendered with, else at the beginning.
@@ -47,137 +29,198 @@ pub(super) fn start_after(headers: &HeaderMap, query: Option<&str>) -> i64 {
         .unwrap_or(i64::MIN)
 }
 
-/// One transcript entry as the page's script shows it.
+/// One transcript entry as the page's script shows it: rendered as the page renders it
+/// (`entry::render`, every value escaped).
 #[derive(Serialize)]
 struct LiveEntry<'a> {
     seq: i64,
+    n: i64,
     kind: &'a str,
-    turn_id: &'a str,
-    created_at: String,
-    text: String,
+    html: String,
 }
 
-impl Control {
+impl Console {
     /// The stream of session `key`'s transcript after `after`.
     pub(super) async fn live_transcript(&self, key: &str, after: i64) -> ConsoleResponse {
-        match self.store.session(key).await {
-            Ok(Some(_)) => {}
-            Ok(None) => return boxed(no_session(key)),
-            Err(err) => {
-                return boxed(crate::ingress::response::error(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "unavailable",
-                    &err.to_string(),
-                ));
-            }
-        }
-        let Some(permit) = self.console.live_slot() else {
-            return boxed(crate::ingress::response::unavailable_for(
-                &format!(
-                    "{MAX_LIVE_STREAMS} live transcripts are followed already; reload the page later"
-                ),
-                30,
-            ));
-        };
-        let (sender, receiver) = mpsc::channel(8);
-        tokio::spawn(follow(
-            self.store.clone(),
-            key.to_string(),
+        let changes = LiveFrames {
             after,
-            sender,
-            permit,
-        ));
-        let mut response = Response::new(Stream(receiver).boxed_unsync());
-        let headers = response.headers_mut();
-        for (name, value) in [
-            (http::header::CONTENT_TYPE, "text/event-stream"),
-            (http::header::CACHE_CONTROL, "no-store"),
-            (http::header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
-        ] {
-            headers.insert(name, HeaderValue::from_static(value));
-        }
-        response
-    }
-}
-
-/// Sends `key`'s new entries and state changes to `sender` until the browser goes away, the
-/// stream has run `STREAM_FOR`, or the store cannot be read.
-async fn follow(
-    store: Store,
-    key: String,
-    mut after: i64,
-    sender: mpsc::Sender<Bytes>,
-    _permit: OwnedSemaphorePermit,
-) {
-    let started = Instant::now();
-    let mut last_sent = Instant::now();
-    let mut last_state = None;
-    while started.elapsed() < STREAM_FOR {
-        let Ok(rows) = crate::session::transcript(&store, &key, after).await else {
-            return;
+            last_state: None,
+            names: CallNames::default(),
         };
-        let mut frames: Vec<Bytes> = rows.iter().map(entry_frame).collect();
-        after = rows.last().map_or(after, |row| row.seq);
-        if let Ok(Some(session)) = store.session(&key).await {
-            let state = (session.state, session.reason);
-            if last_state.as_ref() != Some(&state) {
-                frames.push(state_frame(&state));
-                last_state = Some(state);
-            }
-        }
-        if frames.is_empty() && last_sent.elapsed() >= KEEPALIVE {
-            frames.push(Bytes::from_static(b": keepalive\n\n"));
-        }
-        for frame in frames {
-            if sender.send(frame).await.is_err() {
-                return;
-            }
-            last_sent = Instant::now();
-        }
-        tokio::select! {
-            () = sender.closed() => return,
-            () = tokio::time::sleep(POLL) => {}
-        }
+        self.streams
+            .follow(
+                &self.ops.store,
+                key,
+                changes,
+                "text/event-stream",
+                "reload the page later",
+            )
+            .await
     }
 }
 
-fn entry_frame(row: &TranscriptRow) -> Bytes {
-    let mut text = serde_json::to_string_pretty(&row.body).unwrap_or_default();
-    let left_out = crate::untrusted::cut(&mut text, ENTRY_TEXT_MAX);
-    if left_out > 0 {
-        text.push_str(&format!(
-            "\n… {left_out} more bytes: reload the page to see them"
-        ));
+/// What the page's script is sent: the entries after `after`, and the state when it is not
+/// `last_state`; `names` are the tools of the calls sent so far, for their results' cards.
+struct LiveFrames {
+    after: i64,
+    last_state: Option<(SessionState, Option<String>)>,
+    names: CallNames,
+}
+
+impl Changes for LiveFrames {
+    const KEEPALIVE: &'static [u8] = b": keepalive\n\n";
+
+    async fn read(&mut self, store: &Store, key: &str) -> Result<Vec<Bytes>, StoreError> {
+        crate::metrics::console_live_read();
+        let rows = crate::session::transcript(store, key, self.after).await?;
+        let mut frames: Vec<Bytes> = rows
+            .iter()
+            .map(|row| entry_frame(row, &mut self.names))
+            .collect();
+        self.after = rows.last().map_or(self.after, |row| row.seq);
+        crate::metrics::console_live_read();
+        if let Some(session) = store.session(key).await? {
+            let state = (session.state, session.reason);
+            if self.last_state.as_ref() != Some(&state) {
+                frames.push(state_frame(&state));
+                self.last_state = Some(state);
+            }
+        }
+        Ok(frames)
+    }
+}
+
+fn entry_frame(row: &TranscriptRow, names: &mut CallNames) -> Bytes {
+    let mut html = entry::render(row, names);
+    if html.len() > ENTRY_HTML_MAX {
+        html = format!(
+            "<p class=\"meta\">#{} is too long to show here: reload the page to see it</p>",
+            row.n
+        );
     }
     let entry = LiveEntry {
         seq: row.seq,
+        n: row.n,
         kind: &row.kind,
-        turn_id: &row.turn_id,
-        created_at: crate::store::rfc3339(row.created_at),
-        text,
+        html,
     };
     let data = serde_json::to_string(&entry).unwrap_or_default();
     Bytes::from(format!("id: {}\nevent: entry\ndata: {data}\n\n", row.seq))
 }
 
-fn state_frame(state: &(crate::store::SessionState, Option<String>)) -> Bytes {
+fn state_frame(state: &(SessionState, Option<String>)) -> Bytes {
     let data = serde_json::json!({"state": state.0.sql(), "reason": state.1});
     Bytes::from(format!("event: state\ndata: {data}\n\n"))
 }
 
-/// The response body: what `follow` sends, as it sends it.
-struct Stream(mpsc::Receiver<Bytes>);
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::StoreSettings;
+    use crate::ingress::follow::{MAX_STREAMS as STREAMS, send_changes};
+    use crate::store::{Claim, DedupWindow, Event, NewEvent};
+    use crate::usage::Spent;
+    use std::sync::Arc;
+    use std::time::Duration;
+    use tokio::sync::{Semaphore, mpsc};
 
-impl Body for Stream {
-    type Data = Bytes;
-    type Error = Infallible;
+    async fn step(store: &Store, key: &str, turn_id: &str, text: &str) {
+        let body = serde_json::json!({"kind": "message", "message": {"role": "assistant", "content": text}});
+        store
+            .append_transcript(
+                key,
+                turn_id,
+                vec![("message", body.to_string())],
+                1,
+                Spent::default(),
+            )
+            .await
+            .expect("a step commits");
+    }
 
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        self.0
-            .poll_recv(cx)
-            .map(|chunk| chunk.map(|chunk| Ok(Frame::data(chunk))))
+    /// The next frame that is not a keepalive.
+    async fn next_frame(stream: &mut mpsc::Receiver<Bytes>) -> String {
+        loop {
+            let frame = stream.recv().await.expect("the stream runs");
+            let frame = String::from_utf8_lossy(&frame).to_string();
+            if !frame.starts_with(": keepalive") {
+                return frame;
+            }
+        }
+    }
+
+    /// Sixteen live transcripts of a quiet session read nothing, however long they wait (in
+    /// paused time), nor when another session commits; a step of their session reaches each
+    /// at once after its commit, before any poll could have found it.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn live_transcripts_read_the_store_only_when_their_session_commits() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(&StoreSettings::Sqlite, dir.path())
+            .await
+            .expect("open");
+        for key in ["watched", "other"] {
+            let event = Event {
+                id: format!("e-{key}"),
+                route: "r".into(),
+                session_key: key.into(),
+                event_type: String::new(),
+                delivery_id: None,
+                headers: "{}".into(),
+                trace_parent: None,
+                payload: b"{}".to_vec(),
+            };
+            let accepted = store
+                .accept(NewEvent {
+                    event,
+                    dedup_window: DedupWindow(Duration::MAX),
+                })
+                .await;
+            accepted.expect("accept");
+        }
+        let turns = store.claim_turns(Claim::Beside(2)).await.expect("claim");
+        let turn = |key: &str| {
+            let turn = turns.iter().find(|turn| turn.event.session_key == key);
+            turn.map(|turn| turn.turn_id.clone()).expect("claimed")
+        };
+        step(&store, "watched", &turn("watched"), "first").await;
+        let slots = Arc::new(Semaphore::new(STREAMS));
+        let mut streams = Vec::new();
+        for _ in 0..STREAMS {
+            let (sender, receiver) = mpsc::channel(8);
+            let permit = slots.clone().try_acquire_owned().expect("a slot");
+            let changes = LiveFrames {
+                after: i64::MIN,
+                last_state: None,
+                names: CallNames::default(),
+            };
+            let task = send_changes(store.clone(), "watched".into(), changes, sender, permit);
+            tokio::spawn(task);
+            streams.push(receiver);
+        }
+        for stream in &mut streams {
+            assert!(next_frame(stream).await.contains("first"));
+            assert!(next_frame(stream).await.contains("event: state"));
+        }
+        let opened = crate::metrics::console_live_reads();
+
+        tokio::time::sleep(Duration::from_secs(120)).await;
+        step(&store, "other", &turn("other"), "elsewhere").await;
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert_eq!(
+            crate::metrics::console_live_reads(),
+            opened,
+            "a quiet session reads nothing"
+        );
+
+        step(&store, "watched", &turn("watched"), "second").await;
+        for stream in &mut streams {
+            let shown = tokio::time::timeout(Duration::from_millis(50), next_frame(stream)).await;
+            assert!(shown.expect("shown at once").contains("second"));
+        }
+        assert_eq!(
+            crate::metrics::console_live_reads(),
+            opened + 2 * STREAMS as u64,
+            "one read of the transcript and one of the state per stream"
+        );
     }
 }

@@ -9,13 +9,17 @@
 //! use the console, and how its forms stay its own, is `guard`.
 
 mod actions;
+mod charts;
+mod entry;
 mod guard;
 mod live;
 mod pages;
-pub(crate) mod state;
+mod turns;
+mod whatif;
 
 use std::convert::Infallible;
 use std::sync::LazyLock;
+use std::time::Instant;
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode};
@@ -24,29 +28,39 @@ use http_body_util::{BodyExt, Full};
 use minijinja::{AutoEscape, Environment, Value, context};
 
 pub(crate) use guard::Door;
-use guard::{COOKIE, Refusal};
+use guard::{COOKIE, ConsoleKey, Logins, Refusal};
 
-use super::control::Control;
+use super::body::BodyError;
+use super::connection::RequestBody;
+use super::follow::Streams;
+use super::operations::Operations;
 use super::query::{Query, path_segment};
-use super::response::HttpResponse;
+use super::response::{HttpResponse, request_timeout};
 
 /// A console answer: a page, or the live transcript's stream.
 pub(crate) type ConsoleBody = UnsyncBoxBody<Bytes, Infallible>;
 pub(crate) type ConsoleResponse = Response<ConsoleBody>;
 
 /// The pages, by template name, embedded in the binary.
-const TEMPLATES: [(&str, &str); 11] = [
+const TEMPLATES: [(&str, &str); 17] = [
     ("layout.html", include_str!("layout.html")),
     ("overview.html", include_str!("overview.html")),
     ("sessions.html", include_str!("sessions.html")),
     ("session.html", include_str!("session.html")),
+    ("entry.html", include_str!("entry.html")),
     ("events.html", include_str!("events.html")),
     ("event.html", include_str!("event.html")),
     ("deliveries.html", include_str!("deliveries.html")),
     ("approvals.html", include_str!("approvals.html")),
     ("ledger.html", include_str!("ledger.html")),
+    ("whatif_list.html", include_str!("whatif_list.html")),
+    ("whatif.html", include_str!("whatif.html")),
     ("login.html", include_str!("login.html")),
     ("refused.html", include_str!("refused.html")),
+    // The approval links' pages, on the webhook listener (`ingress/approval_link.rs`).
+    ("link_layout.html", include_str!("link_layout.html")),
+    ("link_confirm.html", include_str!("link_confirm.html")),
+    ("link_decided.html", include_str!("link_decided.html")),
 ];
 
 const STYLESHEET: &str = include_str!("style.css");
@@ -65,6 +79,8 @@ static PAGES: LazyLock<Environment<'static>> = LazyLock::new(|| {
         serde_json::to_string_pretty(&value).unwrap_or_default()
     });
     pages.add_filter("urlencode", |text: String| path_segment(&text));
+    pages.add_filter("seconds", seconds);
+    pages.add_filter("usd", |cost: f64| format!("{cost:.6}"));
     for (name, source) in TEMPLATES {
         // Fixed at build time; the unit test renders every page, so one that does not parse
         // fails the build's tests, not a request.
@@ -75,16 +91,46 @@ static PAGES: LazyLock<Environment<'static>> = LazyLock::new(|| {
     pages
 });
 
-impl Control {
+/// The console: its pages and forms over what the operator reads and does (`Operations`, as
+/// the control API serves them), and what it keeps for the daemon's run.
+pub(crate) struct Console {
+    ops: Operations,
+    /// The key of this run's form tokens.
+    key: ConsoleKey,
+    /// The logins on `[console] listen`, and the failed ones by address.
+    logins: Logins,
+    /// The slots of followed sessions: live transcripts and `sessions follow`.
+    streams: Streams,
+    /// When the daemon started: the overview's rates are since then.
+    started: Instant,
+}
+
+impl Console {
+    /// The slots of followed sessions, which `GET /v1/sessions/{key}/follow` shares.
+    pub(in crate::ingress) fn streams(&self) -> &Streams {
+        &self.streams
+    }
+
+    pub(crate) fn new(ops: Operations) -> Result<Console, getrandom::Error> {
+        Ok(Console {
+            ops,
+            key: ConsoleKey::generate()?,
+            logins: Logins::default(),
+            streams: Streams::new(),
+            started: Instant::now(),
+        })
+    }
+
     /// A request under `/console/` that came in at `door`: whether it may be served is decided
     /// here (see `guard`), then a page, the live stream or an action answers it.
-    pub(super) async fn console_request(
+    pub(super) async fn request(
         &self,
-        request: Request<hyper::body::Incoming>,
+        request: Request<RequestBody>,
         door: Door,
+        peer: Option<std::net::IpAddr>,
     ) -> ConsoleResponse {
         // The settings in effect, held (not copied: they include the TLS key) for the request.
-        let settings = self.settings.get();
+        let settings = self.ops.settings.get();
         let console = &settings.config.console;
         let path = request.uri().path().to_string();
         let segments: Vec<&str> = path.trim_matches('/').split('/').skip(1).collect();
@@ -95,7 +141,7 @@ impl Control {
         let refusal = match door {
             Door::Socket if !guard::loopback_host(request.headers()) => Some(Refusal::Host),
             Door::Listen if !public => match &console.token {
-                Some(token) if guard::logged_in(token, request.headers()) => None,
+                Some(token) if self.logins.logged_in(token, request.headers()) => None,
                 _ if request.method() == Method::GET => return boxed(see_other("/console/login")),
                 _ => Some(Refusal::NotLoggedIn),
             },
@@ -116,7 +162,12 @@ impl Control {
                     .await
             }
             (&Method::GET, _) => boxed(self.page(&segments, query.as_deref(), door).await),
-            (&Method::POST, _) => boxed(self.act(&segments, request, door, console).await),
+            (&Method::POST, ["login"]) => boxed(self.login(request, door, peer, console).await),
+            (&Method::POST, ["logout"]) => {
+                self.logins.log_out(request.headers());
+                boxed(actions::logged_out(console.tls.is_some()))
+            }
+            (&Method::POST, _) => boxed(self.act(&segments, request, door).await),
             _ => boxed(super::response::error(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "method_not_allowed",
@@ -128,9 +179,10 @@ impl Control {
     /// Counts and logs the refusal, and tells the browser why (a login refused, on the login
     /// page again).
     fn refuse(&self, refusal: Refusal, door: Door, path: &str) -> HttpResponse {
-        self.console.key.refused(refusal, door, path);
+        self.key.refused(refusal, door, path);
         let (status, page) = match refusal {
             Refusal::NotLoggedIn | Refusal::WrongToken => (StatusCode::UNAUTHORIZED, "login.html"),
+            Refusal::Throttled => (StatusCode::TOO_MANY_REQUESTS, "login.html"),
             Refusal::Host | Refusal::CrossSite | Refusal::FormToken | Refusal::Tls => {
                 (StatusCode::FORBIDDEN, "refused.html")
             }
@@ -143,8 +195,8 @@ impl Control {
 
     /// A connection to `[console] listen` that never got through its TLS handshake: counted and
     /// logged as the console's refusals are.
-    pub(super) fn console_handshake_failed(&self) {
-        self.console.key.refused(Refusal::Tls, Door::Listen, "");
+    pub(crate) fn handshake_failed(&self) {
+        self.key.refused(Refusal::Tls, Door::Listen, "");
     }
 
     /// A page that says why something was not done, with status `status`.
@@ -162,14 +214,11 @@ impl Control {
     fn render(&self, name: &str, values: Value, door: Door) -> HttpResponse {
         let values = context! {
             version => crate::VERSION,
-            csrf => self.console.key.form_token(),
+            csrf => self.key.form_token(),
             logout => door == Door::Listen && name != "login.html",
             ..values
         };
-        match PAGES
-            .get_template(name)
-            .and_then(|page| page.render(values))
-        {
+        match html(name, values) {
             Ok(html) => with_headers(html, "text/html; charset=utf-8"),
             Err(err) => super::response::error(
                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -177,6 +226,21 @@ impl Control {
                 &format!("the page could not be rendered: {err}"),
             ),
         }
+    }
+}
+
+/// The page `name` with `values`, every value HTML-escaped: the console's own, and the approval
+/// links' pages, which the webhook listener serves with headers of their own.
+pub(crate) fn html(name: &str, values: Value) -> Result<String, minijinja::Error> {
+    PAGES.get_template(name)?.render(values)
+}
+
+/// A duration of `millis` milliseconds as people read it: `850 ms`, `12.3 s`.
+fn seconds(millis: i64) -> String {
+    if millis.abs() < 1000 {
+        format!("{millis} ms")
+    } else {
+        format!("{:.1} s", millis as f64 / 1000.0)
     }
 }
 
@@ -218,16 +282,24 @@ fn with_headers(body: String, content_type: &'static str) -> HttpResponse {
     response
 }
 
-/// The fields of a form body (`application/x-www-form-urlencoded`), at most `MAX_FORM` bytes.
-async fn form(request: Request<hyper::body::Incoming>) -> Option<Query> {
-    /// A console form holds a token, an id and a note of at most 2,000 characters.
-    const MAX_FORM: usize = 16 * 1024;
-    let body = http_body_util::Limited::new(request.into_body(), MAX_FORM)
-        .collect()
-        .await
-        .ok()?
-        .to_bytes();
-    Some(Query::parse(Some(std::str::from_utf8(&body).ok()?)))
+impl Console {
+    /// The fields of a form body (`application/x-www-form-urlencoded`), at most `MAX_FORM`
+    /// bytes: `None` for a longer one or one that is not text, `Err` (`408`) for one that did
+    /// not come in time.
+    async fn form(&self, request: Request<RequestBody>) -> Result<Option<Query>, HttpResponse> {
+        /// A console form holds a token, an id and a note of at most 2,000 characters.
+        const MAX_FORM: usize = 16 * 1024;
+        let body = match self.ops.read_body(request.into_body(), MAX_FORM).await {
+            Ok(body) => body,
+            Err(BodyError::TimedOut) => return Err(request_timeout()),
+            Err(BodyError::TooLarge | BodyError::Unreadable | BodyError::NoSlot) => {
+                return Ok(None);
+            }
+        };
+        Ok(std::str::from_utf8(&body)
+            .ok()
+            .map(|text| Query::parse(Some(text))))
+    }
 }
 
 /// The `Set-Cookie` value that logs a browser in (`Some`) or out (`None`): only for the
@@ -267,5 +339,30 @@ mod tests {
         assert!(html.contains("&lt;script&gt;"), "{html}");
         assert!(!html.contains("<script>alert"), "{html}");
         assert!(html.contains("/console/sessions/%3Cscript%3Ealert%281%29%3C%2Fscript%3E"));
+    }
+
+    /// With `trace_url`, each turn's timeline links to the event's trace.
+    #[test]
+    fn a_timeline_links_to_the_trace() {
+        let event = serde_json::json!({"id": "e1", "session": "s", "received_at": 0, "turns": []});
+        let turn = serde_json::json!({"id": "t1", "status": "completed", "started_at": 0,
+            "took_ms": 5, "usage": {"cost_usd": null}, "steps": [], "steps_took_ms": 0, "timeline": [],
+            "axis_ms": 5});
+        let render = |trace_link: Option<&str>| {
+            let values = context! { event => Value::from_serialize(&event),
+            turns => Value::from_serialize([&turn]), trace_link };
+            PAGES
+                .get_template("event.html")
+                .and_then(|page| page.render(values))
+                .expect("the event page renders")
+        };
+        let linked = render(Some("https://traces.example/t/0af7"));
+        assert!(
+            linked.contains(
+                "<h4>Timeline · <a href=\"https:&#x2f;&#x2f;traces.example&#x2f;t&#x2f;0af7\""
+            ),
+            "{linked}"
+        );
+        assert!(!render(None).contains("the trace</a>"));
     }
 }

@@ -7,8 +7,9 @@ use super::{MCP_START_WAIT, READING, Running};
 use crate::agent::catalog::Catalog;
 use crate::agent::message::{Message, Role};
 use crate::session::prompt;
+use crate::session::transcript::Mark;
 use crate::session::turn::{Entry, Outcome};
-use crate::store::{Continuation, EVENT_ENTRY, Event};
+use crate::store::{Continuation, EVENT_ENTRY, Event, TranscriptRow};
 use crate::usage::Spent;
 
 impl Running<'_> {
@@ -72,7 +73,11 @@ impl Running<'_> {
             template: self.route.prompt.clone(),
             nonce: Some(nonce.clone()),
         }];
-        entries.extend(joined.iter().cloned().map(Entry::message));
+        entries.extend(
+            joined
+                .iter()
+                .map(|message| Entry::marked(message.clone(), Mark::Coalesced)),
+        );
         if !self.record(&entries, 0, Spent::default()).await {
             return None;
         }
@@ -121,7 +126,8 @@ impl Running<'_> {
     /// The session's transcript entries, grouped by event, oldest first: a group starts with
     /// the entry of its event, and the resumes of that event continue it (a resumed run records
     /// no event entry of its own), so a call made in one run and re-run in a later one stays
-    /// with its result, or is settled, whichever run was cut off.
+    /// with its result, or is settled, whichever run was cut off. A rewind to a model reply
+    /// continues the group of that reply the same way. Superseded entries are left out.
     pub(super) async fn past_turns(&self) -> Option<Vec<Vec<Entry>>> {
         let key = &self.turn.event.session_key;
         let rows = self
@@ -130,20 +136,7 @@ impl Running<'_> {
                 crate::session::transcript(&store, key, i64::MIN).await
             })
             .await?;
-        let mut turns: Vec<Vec<Entry>> = Vec::new();
-        for row in rows {
-            // An event row's body is already the message the model saw; its kind still says
-            // that a new event, and so a new group, starts here.
-            let starts_group = row.kind == EVENT_ENTRY;
-            let Ok(entry) = serde_json::from_value::<Entry>(row.body) else {
-                continue;
-            };
-            match turns.last_mut() {
-                Some(entries) if !starts_group => entries.push(entry),
-                Some(_) | None => turns.push(vec![entry]),
-            }
-        }
-        Some(turns)
+        Some(grouped_by_event(rows))
     }
 
     /// Why this run continues an earlier one, if it does. A run cut off before it committed
@@ -161,4 +154,24 @@ impl Running<'_> {
             .await?;
         Some(recorded.then_some(reason))
     }
+}
+
+/// Transcript `rows` (resolved, oldest first) as entries grouped by event: a group starts with
+/// the entry of its event, and the resumes of that event continue it.
+pub(in crate::session) fn grouped_by_event(rows: Vec<TranscriptRow>) -> Vec<Vec<Entry>> {
+    let mut turns: Vec<Vec<Entry>> = Vec::new();
+    // Entries a rewind superseded are history no later turn sees.
+    for row in rows.into_iter().filter(|row| row.superseded_by.is_none()) {
+        // An event row's body is already the message the model saw; its kind still says
+        // that a new event, and so a new group, starts here.
+        let starts_group = row.kind == EVENT_ENTRY;
+        let Ok(entry) = serde_json::from_value::<Entry>(row.body) else {
+            continue;
+        };
+        match turns.last_mut() {
+            Some(entries) if !starts_group => entries.push(entry),
+            Some(_) | None => turns.push(vec![entry]),
+        }
+    }
+    turns
 }

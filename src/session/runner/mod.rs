@@ -12,31 +12,35 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use super::approval;
-use super::budget::{Budgets, Warned, window_id};
+use super::budget::Warned;
 use super::jobs::{BackgroundJobs, Job, internal_chain};
 use super::transcript::{
-    ReplyFacts, decisions, exchanged_bytes, messages_of, settle_unanswered, unfinished_calls,
+    ReplyFacts, StepFacts, decisions, exchanged_bytes, messages_of, settle_unanswered,
+    unfinished_calls,
 };
-use super::turn::{Action, Entry, Input, Outcome, TurnMachine};
+use super::turn::{Action, Entry, GatedCall, Input, Outcome, TurnMachine};
 use super::{Sessions, TurnControl};
 use super::{history, prompt};
 use crate::agent::catalog::{Catalog, OfferedTool, Runs};
 use crate::agent::mcp::McpServers;
 use crate::agent::message::Message;
-use crate::agent::model::{Model, ModelError};
+use crate::agent::model::{Attempt, Model, ModelError, Reply, ToolUse};
 use crate::agent::tools::{self, ToolAbort};
-use crate::config::{RouteSettings, Settings, Shared};
+use crate::config::{RouteSettings, RuntimeSettings, Settings, Shared};
 use crate::deliver::{self, DeliveryHandle};
 use crate::logging;
 use crate::metrics;
-use crate::store::now_millis;
 use crate::store::{
-    ClaimedTurn, Continuation, ResumeReason, StopReason, Store, StoreError, TurnEnd, TurnStatus,
+    ClaimedTurn, Continuation, ResumeReason, RewindFrom, StopReason, Store, StoreError, TurnEnd,
+    TurnStatus,
 };
 use crate::telemetry::Span;
-use crate::usage::{Spent, day_start};
+use crate::usage::{Spent, Usage};
+pub(super) use inputs::grouped_by_event;
+use reserve::Budgeted;
 
 mod inputs;
+mod reserve;
 mod spans;
 
 /// Pause between attempts to commit a step while the store cannot write.
@@ -91,6 +95,8 @@ struct Running<'a> {
     started: Instant,
     /// `invoke_agent <route>`, the parent of the turn's model requests and tool calls.
     span: &'a Span,
+    /// What the turn's replies reported they spent, for its span.
+    usage: std::sync::Mutex<Usage>,
 }
 
 impl TurnContext {
@@ -138,6 +144,7 @@ impl TurnContext {
             control,
             started,
             span: &span,
+            usage: std::sync::Mutex::default(),
         };
         running.drive().await;
     }
@@ -161,6 +168,12 @@ impl TurnContext {
         let (output, error) = match outcome {
             Outcome::Completed { output } => (Some(output), None),
             Outcome::Failed { error } => (None, Some(error)),
+            Outcome::NoFinalAnswer { error, why, found } => {
+                metrics::turn_without_answer(&event.route);
+                tracing::warn!(steps, detail = %why,
+                    "the model gave no final answer within max_turn_steps; the turn fails with what its tools found");
+                (found, Some(error))
+            }
         };
         span.set("agentgate.turn.status", turn_status.sql());
         if let Some(error) = &error {
@@ -177,6 +190,7 @@ impl TurnContext {
             output,
             error: error.clone(),
             steps,
+            rewind_of: None,
         };
         let price = self.settings.get().config.model.price;
         if !self
@@ -238,6 +252,52 @@ impl TurnContext {
     }
 }
 
+/// The largest a single message of a turn's conversation may be on `route`: an event or tool
+/// output beyond it is cut (docs/reference.md, the route's `history`).
+pub(super) fn message_cap(route: &RouteSettings) -> usize {
+    (route.history.max_bytes / 2).max(1024)
+}
+
+/// The conversation a turn starts from: the route's system message, then the session's
+/// earlier `turns` (grouped by event, oldest first) within the route's history bounds. A past
+/// turn that ended with a call unanswered (it failed or was cancelled mid-call) still shows
+/// every call with a result: the API refuses a call without one.
+pub(super) fn opening(route: &RouteSettings, system: &str, turns: Vec<Vec<Entry>>) -> Vec<Message> {
+    let message_cap = message_cap(route);
+    let past = turns
+        .into_iter()
+        .map(|entries| history::PastTurn {
+            messages: settle_unanswered(messages_of(&entries)),
+        })
+        .collect();
+    let mut messages = vec![prompt::system_message(route, system)];
+    messages.extend(
+        history::select(past, route.history)
+            .into_iter()
+            .map(|message| history::bounded(message, message_cap)),
+    );
+    messages
+}
+
+/// The state machine of a turn that starts from `messages` (its own start at `turn_start`),
+/// offering `catalog`, within the `[runtime]` limits; call keys start with `key_prefix`.
+/// Calls of the catalog's gated tools wait for a decision, none taken yet.
+pub(super) fn machine_for(
+    runtime: &RuntimeSettings,
+    catalog: &Catalog,
+    messages: Vec<Message>,
+    key_prefix: &str,
+    turn_start: usize,
+) -> TurnMachine {
+    TurnMachine::new(runtime.max_turn_steps, messages, catalog.schemas())
+        .limit_tool_calls(runtime.max_tool_calls_per_reply)
+        .limit_repeated_calls(runtime.max_repeated_tool_calls)
+        .call_keys(key_prefix)
+        .turn_starts_at(turn_start)
+        .mcp_servers(catalog.mcp_servers())
+        .approvals(catalog.gated(), Vec::new())
+}
+
 /// What a failed transcript read retries, in its log line.
 const READING: &str = "read the session's transcript";
 
@@ -275,42 +335,40 @@ impl Running<'_> {
         let Some(continues) = self.continues().await else {
             return;
         };
+        // A rewind to a model reply asks the model again within the turn of that reply, whose
+        // entries before it stand (docs/reference.md, "Rewind and fork"), until it records an
+        // entry of its own; then, if it is cut off, it resumes as any other turn.
+        let rewound_reply = continues.is_none() && self.turn.rewound == Some(RewindFrom::Reply);
         // A resumed turn continues the last one: that one is shown whole, whatever the limits.
-        let interrupted = if continues.is_some() {
+        let interrupted = if continues.is_some() || rewound_reply {
             turns.pop().unwrap_or_default()
         } else {
             Vec::new()
         };
-        let limits = self.route.history;
-        let message_cap = (limits.max_bytes / 2).max(1024);
-        // A past turn that ended with a call unanswered (it failed or was cancelled mid-call)
-        // still shows every call with a result: the API refuses a call without one.
-        let past = turns
-            .into_iter()
-            .map(|entries| history::PastTurn {
-                messages: settle_unanswered(messages_of(&entries)),
-            })
-            .collect();
-        let mut messages = vec![prompt::system_message(self.route, &system)];
+        let message_cap = message_cap(self.route);
+        let mut messages = opening(self.route, &system, turns);
+        let turn_start = messages.len();
         messages.extend(
-            history::select(past, limits)
+            messages_of(&interrupted)
                 .into_iter()
-                .chain(messages_of(&interrupted))
                 .map(|message| history::bounded(message, message_cap)),
         );
         let machine = |messages| {
-            TurnMachine::new(
-                self.settings.config.runtime.max_turn_steps,
+            machine_for(
+                &self.settings.config.runtime,
+                &catalog,
                 messages,
-                catalog.schemas(),
+                &self.turn.turn_id,
+                turn_start,
             )
-            .limit_tool_calls(self.settings.config.runtime.max_tool_calls_per_reply)
-            .limit_repeated_calls(self.settings.config.runtime.max_repeated_tool_calls)
-            .call_keys(&self.turn.turn_id)
-            .mcp_servers(catalog.mcp_servers())
             .approvals(catalog.gated(), decisions(&interrupted))
         };
         let (machine, first) = match continues {
+            None if rewound_reply => {
+                let mut machine = machine(messages);
+                let first = machine.start_resumed(unfinished_calls(&interrupted), |_| false, None);
+                (machine, first)
+            }
             None => {
                 let Some(new_events) = self.record_new_events(&prompt_text).await else {
                     return;
@@ -340,6 +398,25 @@ impl Running<'_> {
             }
         };
         self.run(machine, first, &catalog).await;
+    }
+
+    /// Commits the request for `call`'s decision, with the turn taken off its slot after `steps`
+    /// steps, and says so.
+    async fn await_approval(&self, call: GatedCall, steps: u32) {
+        let request = approval::request(self.settings, self.turn, call);
+        let committed = self
+            .context
+            .commit(|store| {
+                let request = request.clone();
+                async move { store.await_approval(request, steps).await }
+            })
+            .await;
+        if committed {
+            // The request is in the outbox: it goes out now, as a turn's result does.
+            self.context.deliveries.result_queued();
+            approval::requested(&request);
+            spans::approval_requested(self.span, &request.row);
+        }
     }
 
     /// Carries out the machine's actions in order, feeding each result back, until it finishes
@@ -373,19 +450,7 @@ impl Running<'_> {
                     return;
                 }
                 Action::AwaitApproval(call) => {
-                    let request = approval::request(self.settings, self.turn, call);
-                    let steps = machine.steps();
-                    let committed = self
-                        .context
-                        .commit(|store| {
-                            let request = request.clone();
-                            async move { store.await_approval(request, steps).await }
-                        })
-                        .await;
-                    if committed {
-                        approval::requested(&request);
-                        spans::approval_requested(self.span, &request.row);
-                    }
+                    self.await_approval(call, machine.steps()).await;
                     return;
                 }
                 Action::Refused(refused) => {
@@ -395,10 +460,16 @@ impl Running<'_> {
                     spans::tool_refused(self.span, &refused.tool, refused.reason.label());
                     continue;
                 }
-                Action::CallModel { offer_tools } => {
-                    match self.over_budget().await {
-                        None => return,
-                        Some(Some(error)) => {
+                Action::CallModel { last_step } => {
+                    let tools = catalog.tools();
+                    let before = match self.reserve_budget(machine.messages(), tools).await {
+                        Budgeted::Go(before) => before,
+                        Budgeted::Gone => return,
+                        Budgeted::Stopped(stop) => {
+                            self.stopped(stop, machine.steps()).await;
+                            return;
+                        }
+                        Budgeted::Exceeded(error) => {
                             let progress = self.progress(machine.steps());
                             let outcome = Outcome::Failed { error };
                             self.context
@@ -406,11 +477,19 @@ impl Running<'_> {
                                 .await;
                             return;
                         }
-                        Some(None) => {}
-                    }
-                    let tools = if offer_tools { catalog.tools() } else { &[] };
-                    self.call_model(machine.messages(), tools, &mut unrecorded)
-                        .await
+                    };
+                    let tool_use = if last_step {
+                        ToolUse::Forbidden
+                    } else {
+                        ToolUse::Allowed
+                    };
+                    let input = self
+                        .call_model(machine.messages(), tools, tool_use, &mut unrecorded)
+                        .await;
+                    let replied = matches!(input, Ok(Input::ModelReplied(_)));
+                    self.settle_budget(before, replied.then_some(unrecorded.spent))
+                        .await;
+                    input
                 }
                 Action::RunTool {
                     call_id,
@@ -465,48 +544,6 @@ impl Running<'_> {
             .await
     }
 
-    /// Checks the route's budgets before a model request (docs/reference.md, "Budgets"):
-    /// `Some(Some(error))` when one is used up (the turn ends `failed` with the error), after
-    /// logging the budgets past `warn_at` once per window; `None` when the turns are being
-    /// cancelled while the store is read.
-    async fn over_budget(&self) -> Option<Option<String>> {
-        let config = &self.settings.config;
-        let budgets = Budgets::for_route(&config.budgets, &self.route.budget);
-        if budgets.is_empty() {
-            return Some(None);
-        }
-        let event = &self.turn.event;
-        let today = day_start(now_millis());
-        let counted = budgets.counted();
-        let spending = self
-            .context
-            .retrying(READING, |store| async move {
-                store
-                    .spending(&event.id, &event.session_key, &event.route, today, counted)
-                    .await
-            })
-            .await?;
-        let verdict = budgets.check(&spending, config.model.price.as_ref());
-        for reached in &verdict.warnings {
-            let window = window_id(reached, &event.route, &event.id, &event.session_key, today);
-            if self.context.budget_warnings.first_time(window) {
-                let budget = reached.budget.key(&event.route);
-                metrics::budget_warning(&event.route, &budget);
-                tracing::warn!(budget = %budget, detail = %reached.describe(&event.route),
-                    "a budget is nearly used up (warn_at)");
-            }
-        }
-        let Some(exceeded) = verdict.exceeded else {
-            return Some(None);
-        };
-        let budget = exceeded.budget.key(&event.route);
-        metrics::budget_exceeded(&event.route, &budget);
-        let error = format!("budget exceeded: {}", exceeded.describe(&event.route));
-        tracing::warn!(budget = %budget, error = %error,
-            "a budget is used up; the turn ends without another model request");
-        Some(Some(error))
-    }
-
     /// Waits for `work` unless the turn is interrupted, cancelled, or makes no progress in time.
     async fn guarded<T>(&self, work: impl std::future::Future<Output = T>) -> Result<T, Stop> {
         let idle = self.settings.config.runtime.turn_idle_timeout;
@@ -538,19 +575,28 @@ impl Running<'_> {
         &self,
         messages: &[Message],
         tools: &[OfferedTool],
+        tool_use: ToolUse,
         facts: &mut ReplyFacts,
     ) -> Result<Input, Stop> {
         let model = &self.context.model;
+        let (asked_at, asking_since) = (crate::clock::now_millis(), Instant::now());
         let mut outage: Option<(Instant, Duration)> = None;
+        let session = &self.turn.event.session_key;
+        let trace = |attempt: &Attempt<'_>| {
+            spans::chat_span(
+                self.span,
+                &self.settings.config.model,
+                attempt,
+                session,
+                messages,
+            )
+        };
         loop {
-            let span = spans::chat_span(self.span, &self.settings.config.model);
-            span.content("gen_ai.input.messages", || {
-                serde_json::to_string(messages).unwrap_or_default()
-            });
-            let reply = {
+            let (reply, span) = {
                 let _slot = self.unless_stopped(model.slot()).await?;
                 let asked = Instant::now();
-                let reply = self.guarded(model.complete(messages, tools)).await?;
+                let asking = model.complete(messages, tools, tool_use, &trace);
+                let reply = self.guarded(asking).await?;
                 metrics::model_request(asked.elapsed());
                 reply
             };
@@ -560,11 +606,19 @@ impl Running<'_> {
             let err = match reply {
                 Ok(reply) => {
                     spans::record_reply(&span, &reply);
+                    self.add_to_turn_span(&reply);
                     let step = Spent::of_reply(reply.usage, exchanged_bytes(messages, &reply));
                     let price = self.settings.config.model.price.as_ref();
                     metrics::model_usage(&self.turn.event.route, step, price);
                     facts.spent.add(step);
                     facts.answered_by = reply.answered_by;
+                    facts.step = Some(StepFacts {
+                        asked_at,
+                        took_ms: u64::try_from(asking_since.elapsed().as_millis())
+                            .unwrap_or(u64::MAX),
+                        usage: reply.usage,
+                        estimated_tokens: step.estimated_tokens,
+                    });
                     if let Some((since, _)) = outage {
                         tracing::info!(
                             waited_ms = since.elapsed().as_millis() as u64,
@@ -594,6 +648,19 @@ impl Running<'_> {
         }
     }
 
+    /// Adds what `reply` spent to the turn's span, with why the model stopped (the last reply's
+    /// reasons are the turn's).
+    fn add_to_turn_span(&self, reply: &Reply) {
+        spans::record_finish_reasons(self.span, &reply.response);
+        let Some(usage) = reply.usage else {
+            return;
+        };
+        if let Ok(mut total) = self.usage.lock() {
+            total.add(usage);
+            spans::record_usage(self.span, &total);
+        }
+    }
+
     async fn run_tool(
         &self,
         catalog: &Catalog,
@@ -610,14 +677,13 @@ impl Running<'_> {
                     result: format!("error: tool {name:?} is not configured"),
                 });
             }
-            Some(Runs::Mcp { connection, tool }) => {
-                let outcome = self
-                    .guarded(connection.call(tool, arguments, key, span.traceparent()))
-                    .await?;
+            Some(Runs::Mcp { server, tool }) => {
+                let call = server.call(catalog.servers(), tool, arguments, key, span.traceparent());
+                let outcome = self.guarded(call).await?;
                 metrics::tool_call(name, outcome.result());
                 return Ok(Input::ToolFinished {
                     call_id,
-                    result: outcome.into_result(&connection.server),
+                    result: outcome.into_result(&server.name),
                 });
             }
             Some(Runs::Command(tool)) => tool,

@@ -46,7 +46,7 @@ fn decision(status: ApprovalStatus, by: &str) -> Decision {
 /// decision in the transcript, and a request past its time expires.
 /// Claims what may run, and returns the turn of `session`, which must be among it (turns of
 /// sessions earlier cases left behind are claimed too, and left running).
-async fn claim_in(store: &Store, session: &str) -> ClaimedTurn {
+pub(super) async fn claim_in(store: &Store, session: &str) -> ClaimedTurn {
     let claimed = store.claim_turns(Claim::Beside(100)).await.expect("claim");
     claimed
         .into_iter()

@@ -1,22 +1,34 @@
 //! The store's contract, one suite run against both backends: SQLite in a temporary directory,
-//! and PostgreSQL on a throwaway server (Debian's binaries, which `.ci/run` installs; elsewhere
-//! the PostgreSQL half says why it did not run). The server harness is the integration tests'
-//! own (`tests/common/postgres.rs`).
+//! and PostgreSQL on a throwaway server (Debian's binaries, which `tests/setup` installs; without
+//! them the PostgreSQL half fails, unless `AGENTGATE_TEST_SKIP` lists `postgres`). The server
+//! harness is the integration tests' own (`tests/common/postgres.rs`).
 
 #[path = "../../../tests/common/basics.rs"]
-#[allow(dead_code)]
+#[expect(
+    dead_code,
+    reason = "the integration tests' helpers; the contract uses a few"
+)]
 mod basics;
 #[path = "../../../tests/common/postgres.rs"]
-#[allow(dead_code)]
-mod postgres_server;
+#[expect(
+    dead_code,
+    reason = "the integration tests' server harness; the contract uses a part"
+)]
+pub(in crate::store) mod postgres_server;
 
 mod approvals;
+mod rewind;
+mod transcript;
 
 use approvals::approvals_pause_and_continue;
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use super::model::{Claim, DeliveryAttempt, Event, InterruptedSession, NewEvent, TurnEnd};
+use super::model::{
+    Claim, DedupWindow, DeliveryAttempt, Event, Fits, InterruptedSession, NewEvent, Reservation,
+    Reserving, TurnEnd,
+};
 use super::states::{
     Continuation, DeliveryState, EventStatus, SessionState, StopReason, Terminal, TurnStatus,
 };
@@ -26,7 +38,7 @@ use super::{
 };
 use crate::config::{PostgresSettings, StoreSettings};
 use crate::secret::Secret;
-use crate::usage::{Counted, Spent, Usage, UsageReport};
+use crate::usage::{Counted, Spending, Spent, Usage, UsageReport};
 
 fn event(id: &str, session: &str, delivery_id: Option<&str>) -> NewEvent {
     NewEvent {
@@ -40,7 +52,7 @@ fn event(id: &str, session: &str, delivery_id: Option<&str>) -> NewEvent {
             trace_parent: None,
             payload: br#"{"n":1}"#.to_vec(),
         },
-        dedup_since: 0,
+        dedup_window: DedupWindow(Duration::MAX),
     }
 }
 
@@ -68,51 +80,13 @@ fn ended(turn: &ClaimedTurn, terminal: Terminal, turn_status: TurnStatus) -> Tur
         output: Some("done".into()),
         error: None,
         steps: 2,
+        rewind_of: None,
     }
 }
 
 async fn assert_nothing_to_claim(store: &Store) {
     let claimed = store.claim_turns(Claim::Beside(10)).await.expect("claim");
     assert!(claimed.is_empty(), "{claimed:?}");
-}
-
-/// The budgets' sums (right after the first event's steps, the only usage so far): each part
-/// asked for, from the right rows; the parts not asked for are not read.
-async fn spending_reads_only_what_is_counted(store: &Store) {
-    let all = Counted {
-        turn: true,
-        session: true,
-        day: true,
-        route_day: true,
-    };
-    let spending = store
-        .spending("e1", "s1", "hooks", 0, all)
-        .await
-        .expect("spending");
-    assert_eq!(spending.turn.usage.input_tokens, 200);
-    assert_eq!(spending.turn, spending.session);
-    assert_eq!(spending.turn, spending.day);
-    assert_eq!(spending.turn, spending.route_day);
-    let other_route = store
-        .spending("e1", "s1", "elsewhere", 0, all)
-        .await
-        .expect("spending");
-    assert_eq!(other_route.route_day, Spent::default());
-    assert_eq!(other_route.day, spending.day);
-    let later = store
-        .spending("e1", "s1", "hooks", i64::MAX, all)
-        .await
-        .expect("spending");
-    assert_eq!(
-        later.day,
-        Spent::default(),
-        "turns before the day do not count"
-    );
-    let none = store
-        .spending("e1", "s1", "hooks", 0, Counted::default())
-        .await
-        .expect("spending");
-    assert_eq!(none, super::Spending::default());
 }
 
 /// Ends `turn` completed.
@@ -153,6 +127,23 @@ async fn session_state(store: &Store, key: &str) -> SessionState {
 
 /// Accept, dedup, claim (one turn per session), steps, end, outbox.
 async fn accept_claim_finish_deliver(store: &Store) {
+    accepted_once_then_a_duplicate(store).await;
+    let turn = claim_one(store).await;
+    assert_eq!(turn.event.id, "e1");
+    assert_eq!(turn.event.payload, br#"{"n":1}"#);
+    assert!(turn.continues.is_none() && !turn.internal);
+    // The session is busy: its second event waits.
+    assert_nothing_to_claim(store).await;
+    assert_eq!(session_state(store, "s1").await, SessionState::Running);
+    the_turn_s_steps_are_committed(store, &turn).await;
+    complete(store, &turn).await;
+    assert_eq!(event_status(store, "e1").await, EventStatus::Completed);
+    the_result_is_delivered_with_what_it_spent(store).await;
+    the_session_s_next_event_runs_after_it(store).await;
+}
+
+/// e1 is accepted, its delivery id makes a copy a duplicate of it, and e2 waits behind it.
+async fn accepted_once_then_a_duplicate(store: &Store) {
     assert_eq!(
         store
             .accept(event("e1", "s1", Some("d1")))
@@ -170,17 +161,18 @@ async fn accept_claim_finish_deliver(store: &Store) {
         }
     );
     assert_eq!(
-        store.original_of("hooks", "d1", 0).await.expect("original"),
+        store
+            .original_of("hooks", "d1", DedupWindow(Duration::MAX))
+            .await
+            .expect("original"),
         Some("e1".to_string())
     );
     store.accept(event("e2", "s1", None)).await.expect("accept");
-    let turn = claim_one(store).await;
-    assert_eq!(turn.event.id, "e1");
-    assert_eq!(turn.event.payload, br#"{"n":1}"#);
-    assert!(turn.continues.is_none() && !turn.internal);
-    // The session is busy: its second event waits.
-    assert_nothing_to_claim(store).await;
-    assert_eq!(session_state(store, "s1").await, SessionState::Running);
+}
+
+/// The turn's event entry, then three replies' usage (one without figures), are committed; the
+/// transcript reads from its end.
+async fn the_turn_s_steps_are_committed(store: &Store, turn: &ClaimedTurn) {
     store
         .append_transcript(
             "s1",
@@ -217,8 +209,11 @@ async fn accept_claim_finish_deliver(store: &Store) {
         .await
         .expect("transcript after the first entry");
     assert!(after_first.is_empty(), "{after_first:?}");
-    complete(store, &turn).await;
-    assert_eq!(event_status(store, "e1").await, EventStatus::Completed);
+}
+
+/// e1's result is due with the usage its steps added up to, not for a skipped route, and once
+/// delivered the event shows its one turn and its delivery.
+async fn the_result_is_delivered_with_what_it_spent(store: &Store) {
     let due = store.due_deliveries(10, Vec::new()).await.expect("due");
     assert_eq!(due.len(), 1);
     assert!(due[0].body.contains("completed"), "{}", due[0].body);
@@ -229,7 +224,6 @@ async fn accept_claim_finish_deliver(store: &Store) {
             "output_tokens": 14, "cost_usd": null, "unknown_steps": 1}),
         "the delivery has what the event's steps spent"
     );
-    spending_reads_only_what_is_counted(store).await;
     assert!(
         store
             .due_deliveries(10, vec!["hooks".into()])
@@ -250,7 +244,6 @@ async fn accept_claim_finish_deliver(store: &Store) {
         Some(DeliveryState::Delivered)
     );
     assert_eq!(detail.headers["x-test"], "1");
-    the_session_s_next_event_runs_after_it(store).await;
 }
 
 /// After e1's turn, s1's queued e2 is claimed; the counts say so; it ends.
@@ -289,6 +282,20 @@ async fn resumes_counted(store: &Store, key: &str) -> Option<u64> {
 }
 
 /// Interrupts the running `turn` and settles its session with a limit of one resume.
+/// A resume window of an hour, and one counted resume before a session is suspended.
+const ADMIT_ONCE: Settlement = Settlement {
+    resume_window: Duration::from_secs(3600),
+    max_attempts: 1,
+};
+
+/// `session` as if its turn had started a day ago: outside `ADMIT_ONCE`'s window.
+fn long_ago(session: &InterruptedSession) -> InterruptedSession {
+    InterruptedSession {
+        started_at: session.started_at - 86_400_000,
+        ..session.clone()
+    }
+}
+
 async fn interrupt_and_settle(store: &Store, turn: &ClaimedTurn, reason: ResumeReason) -> Settled {
     let key = &turn.event.session_key;
     store
@@ -299,11 +306,7 @@ async fn interrupt_and_settle(store: &Store, turn: &ClaimedTurn, reason: ResumeR
     assert_eq!(interrupted.len(), 1, "{interrupted:?}");
     assert_eq!(interrupted[0].reason, reason);
     store
-        .settle_interrupted(
-            &interrupted[0],
-            Settlement::Admit { max_attempts: 1 },
-            RENDER,
-        )
+        .settle_interrupted(&interrupted[0], ADMIT_ONCE, RENDER)
         .await
         .expect("settle")
 }
@@ -367,7 +370,7 @@ async fn old_interruptions_are_abandoned(store: &Store) {
         .expect("interrupt");
     let interrupted = store.interrupted_sessions().await.expect("interrupted");
     let settled = store
-        .settle_interrupted(&interrupted[0], Settlement::Abandon, RENDER)
+        .settle_interrupted(&long_ago(&interrupted[0]), ADMIT_ONCE, RENDER)
         .await
         .expect("settle");
     assert!(matches!(settled, Settled::Abandoned), "{settled:?}");
@@ -449,15 +452,15 @@ async fn crashed(store: &Store, crash: &impl Fn(), cut_off: usize) -> Vec<Interr
 
 async fn settle(store: &Store, session: &InterruptedSession) -> Settled {
     store
-        .settle_interrupted(session, Settlement::Admit { max_attempts: 1 }, RENDER)
+        .settle_interrupted(session, ADMIT_ONCE, RENDER)
         .await
         .expect("settle")
 }
 
 /// A crash that cut off two turns counts against neither: each resumes alone, recorded in the
 /// ledger but not counted, and holds back other claims until it runs. A crash while one runs
-/// alone is pinned on it and counts.
-async fn only_a_crash_of_a_turn_that_ran_alone_counts(store: &Store, crash: impl Fn()) {
+/// alone is pinned on it and counts, and its counted resume runs alone again.
+async fn only_a_crash_of_a_turn_that_ran_alone_counts(store: &Store, crash: &impl Fn()) {
     for (id, key) in [("c1", "crash-a"), ("c2", "crash-b")] {
         store.accept(event(id, key, None)).await.expect("accept");
     }
@@ -469,7 +472,7 @@ async fn only_a_crash_of_a_turn_that_ran_alone_counts(store: &Store, crash: impl
             .len(),
         2
     );
-    let interrupted = crashed(store, &crash, 2).await;
+    let interrupted = crashed(store, crash, 2).await;
     assert_eq!(interrupted.len(), 2, "{interrupted:?}");
     for session in &interrupted {
         assert!(!session.is_pinned(), "{session:?}");
@@ -493,7 +496,7 @@ async fn only_a_crash_of_a_turn_that_ran_alone_counts(store: &Store, crash: impl
     assert!(alone[0].alone);
     assert_eq!(alone[0].event.id, "c1");
 
-    let interrupted = crashed(store, &crash, 1).await;
+    let interrupted = crashed(store, crash, 1).await;
     assert_eq!(interrupted[0].session_key, "crash-a");
     assert!(interrupted[0].is_pinned());
     let settled = settle(store, &interrupted[0]).await;
@@ -502,17 +505,20 @@ async fn only_a_crash_of_a_turn_that_ran_alone_counts(store: &Store, crash: impl
         "{settled:?}"
     );
 
-    // crash-b still runs alone first; then crash-a's counted resume runs beside others.
-    let next = store.claim_turns(Claim::Alone).await.expect("claim alone");
-    assert_eq!(
-        next.iter().map(|t| t.event.id.as_str()).collect::<Vec<_>>(),
-        ["c2"]
-    );
-    complete(store, &next[0]).await;
+    // Both run alone, oldest first: crash-a's counted resume, then crash-b.
+    for id in ["c1", "c2"] {
+        assert!(store.waiting_to_run_alone().await.expect("waiting"));
+        assert_nothing_to_claim(store).await;
+        let next = store.claim_turns(Claim::Alone).await.expect("claim alone");
+        assert_eq!(
+            next.iter()
+                .map(|t| (t.event.id.as_str(), t.alone))
+                .collect::<Vec<_>>(),
+            [(id, true)]
+        );
+        complete(store, &next[0]).await;
+    }
     assert!(!store.waiting_to_run_alone().await.expect("waiting"));
-    let last = claim_one(store).await;
-    assert_eq!((last.event.id.as_str(), last.alone), ("c1", false));
-    complete(store, &last).await;
 }
 
 /// An event of `route` in `session`, accepted.
@@ -605,6 +611,142 @@ async fn joined_events_end_with_their_turn(store: &Store, backdate: impl Fn(&str
     assert_eq!(claim_first(store, &Claim::Beside(1)).await.event.id, "j5");
 }
 
+/// A reservation of `tokens` (prompt, reply) for a request of `turn`, counting every window
+/// from the start of time as its day.
+fn reservation(turn: &ClaimedTurn, tokens: (u64, u64), counted: Counted) -> Reservation {
+    Reservation {
+        turn_id: turn.turn_id.clone(),
+        event_id: turn.event.id.clone(),
+        session_key: turn.event.session_key.clone(),
+        route: turn.event.route.clone(),
+        day_start: 0,
+        tokens: Usage {
+            input_tokens: tokens.0,
+            cached_input_tokens: 0,
+            output_tokens: tokens.1,
+        },
+        counted,
+    }
+}
+
+/// Whether the day's tokens, spent and held, stay below `limit`.
+fn day_below(limit: u64) -> Fits {
+    Arc::new(move |total: &Spending| total.day.budget_tokens() < limit)
+}
+
+async fn reserve(store: &Store, reservation: Reservation, fits: Fits) -> Reserving {
+    store
+        .reserve_budget(reservation, fits)
+        .await
+        .expect("reserve")
+}
+
+/// Budget reservations: what a request in flight may spend is held against the windows it
+/// shares with other turns' requests (the day, the route's day; not another event's or
+/// session's) until the step that records its reply settles it, it is released, or its turn
+/// ends; a request that does not fit beside them is not reserved; only the windows counted are
+/// read; a crash (or, on PostgreSQL, a node that stops renewing them) leaves none held.
+async fn reservations_hold_what_requests_in_flight_may_spend(store: &Store, crash: &impl Fn()) {
+    let all = Counted {
+        turn: true,
+        session: true,
+        day: true,
+        route_day: true,
+    };
+    accept_on(store, "b1", "hooks", "budget-a").await;
+    accept_on(store, "b2", "hooks", "budget-b").await;
+    let claimed = store.claim_turns(Claim::Beside(10)).await.expect("claim");
+    let [a, b] = claimed.as_slice() else {
+        panic!("two turns: {claimed:?}");
+    };
+    let first = reserve(store, reservation(a, (300, 100), all), day_below(u64::MAX)).await;
+    assert!(first.reserved);
+    assert_eq!(first.held, Spending::default());
+    assert_eq!(first.spent.turn, Spent::default(), "no step of b1 yet");
+    let day = first.spent.day.budget_tokens();
+    assert!(day > 0, "earlier turns spent today: {first:?}");
+    assert_eq!(first.spent.day, first.spent.route_day);
+
+    let refused = reserve(store, reservation(b, (50, 10), all), day_below(day + 400)).await;
+    assert!(
+        !refused.reserved,
+        "b does not fit beside a's 400: {refused:?}"
+    );
+    assert_eq!(refused.held.day.budget_tokens(), 400);
+    assert_eq!(refused.held.route_day.budget_tokens(), 400);
+    assert_eq!(refused.held.session, Spent::default(), "another session's");
+    assert_eq!(refused.held.turn, Spent::default(), "another event's");
+    let granted = reserve(store, reservation(b, (50, 10), all), day_below(day + 401)).await;
+    assert!(granted.reserved, "{granted:?}");
+    let only_day = Counted {
+        day: true,
+        ..Counted::default()
+    };
+    let counted = reserve(
+        store,
+        reservation(a, (300, 100), only_day),
+        day_below(u64::MAX),
+    )
+    .await;
+    assert_eq!(counted.held.day.budget_tokens(), 60, "b's, not a's own");
+    assert_eq!(
+        counted.spent.session,
+        Spent::default(),
+        "not counted, not read"
+    );
+    assert_eq!(counted.held.route_day, Spent::default());
+
+    // a's reply is committed with its step: its reservation is settled by its usage.
+    let reply = Spent::of_reply(
+        Some(Usage {
+            input_tokens: 250,
+            cached_input_tokens: 0,
+            output_tokens: 20,
+        }),
+        0,
+    );
+    store
+        .append_transcript("budget-a", &a.turn_id, Vec::new(), 1, reply)
+        .await
+        .expect("append");
+    let settled = reserve(store, reservation(b, (50, 10), all), day_below(u64::MAX)).await;
+    assert_eq!(
+        settled.held.day,
+        Spent::default(),
+        "a's reservation is settled"
+    );
+    assert_eq!(settled.spent.day.budget_tokens(), day + 270);
+    // b's request failed: released; then its turn ends holding one: ended with it.
+    store.release_budget(&b.turn_id).await.expect("release");
+    let released = reserve(store, reservation(a, (1, 1), all), day_below(u64::MAX)).await;
+    assert_eq!(
+        released.held.day,
+        Spent::default(),
+        "b's reservation is given back"
+    );
+    complete(store, a).await;
+    let ended = reserve(store, reservation(b, (1, 1), all), day_below(u64::MAX)).await;
+    assert_eq!(ended.held.day, Spent::default(), "a's ended with its turn");
+
+    // A crash: nothing the crashed process held counts any more.
+    crash();
+    store.mark_crashed_turns().await.expect("mark");
+    let probe = ClaimedTurn {
+        turn_id: "probe".into(),
+        ..a.clone()
+    };
+    let after_crash = reserve(store, reservation(&probe, (1, 1), all), day_below(0)).await;
+    assert!(!after_crash.reserved);
+    assert_eq!(after_crash.held.day, Spent::default(), "{after_crash:?}");
+    let interrupted = store.interrupted_sessions().await.expect("interrupted");
+    for session in interrupted {
+        store
+            .settle_interrupted(&long_ago(&session), ADMIT_ONCE, RENDER)
+            .await
+            .expect("settle");
+    }
+}
+
 /// The SQL that moves event `id`'s arrival 20 minutes back.
 fn backdate_sql(id: &str) -> String {
     format!("UPDATE events SET received_at = received_at - 1200000 WHERE id = '{id}'")
@@ -614,9 +756,11 @@ async fn run_contract(store: &Store, crash: impl Fn()) {
     accept_claim_finish_deliver(store).await;
     interrupted_sessions_are_admitted_then_suspended(store).await;
     old_interruptions_are_abandoned(store).await;
-    only_a_crash_of_a_turn_that_ran_alone_counts(store, crash).await;
+    only_a_crash_of_a_turn_that_ran_alone_counts(store, &crash).await;
+    reservations_hold_what_requests_in_flight_may_spend(store, &crash).await;
     operator_overrides(store).await;
     approvals_pause_and_continue(store).await;
+    rewind::rewinds_and_forks(store).await;
     let page = store.sessions_page(None, 2).await.expect("page");
     assert_eq!(page.len(), 2);
     assert!(page[0].key < page[1].key, "a page is in key order");
@@ -639,7 +783,7 @@ async fn assert_undecodable(store: &Store, column: &str) {
     }
 }
 
-fn runtime() -> tokio::runtime::Runtime {
+pub(in crate::store) fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -663,6 +807,25 @@ fn sqlite_keeps_the_contract() {
         };
         priority_goes_first_and_waiting_catches_up(&store, backdate).await;
         joined_events_end_with_their_turn(&store, backdate).await;
+        let run = |sql: &str| {
+            if !sql.starts_with("EXPLAIN") {
+                connection.execute_batch(sql).expect("run");
+                return String::new();
+            }
+            let mut statement = connection.prepare(sql).expect("explain");
+            let steps = statement
+                .query_map([], |row| row.get::<_, String>("detail"))
+                .expect("plan");
+            steps.map(|step| step.expect("step") + "\n").collect()
+        };
+        transcript::a_deep_transcript_is_read_from_its_end(
+            &store,
+            run,
+            "EXPLAIN QUERY PLAN",
+            "SEARCH t USING PRIMARY KEY (session_key=?)",
+            None,
+        )
+        .await;
         // SQLite keeps a text in an INTEGER column as text: it no longer reads as a number.
         connection
             .execute("UPDATE events SET received_at = 'soon' WHERE id = 'e1'", [])
@@ -693,6 +856,8 @@ fn postgres_keeps_the_contract() {
                 "UPDATE sessions SET lease_owner = 'dead-node', lease_expires_at = 0 \
                  WHERE state = 'running'",
             );
+            // Its heartbeat no longer renews its budget reservations.
+            server.value("UPDATE budget_reservations SET expires_at = 0");
         })
         .await;
         let backdate = |id: &str| {
@@ -700,6 +865,14 @@ fn postgres_keeps_the_contract() {
         };
         priority_goes_first_and_waiting_catches_up(&store, backdate).await;
         joined_events_end_with_their_turn(&store, backdate).await;
+        transcript::a_deep_transcript_is_read_from_its_end(
+            &store,
+            |sql: &str| server.value(sql),
+            "EXPLAIN",
+            "Index Scan Backward using transcript_pkey on transcript t",
+            Some(("node", "contract")),
+        )
+        .await;
         // A NULL where a value belongs (the column lost its constraint, say by hand).
         server.value("ALTER TABLE events ALTER COLUMN event_type DROP NOT NULL");
         server.value("UPDATE events SET event_type = NULL WHERE id = 'e1'");

@@ -8,15 +8,67 @@ use const_format::concatcp;
 use tokio::sync::{Mutex, mpsc, oneshot};
 
 use super::connect::{Cached, bounded};
-use super::{ACCEPT_BATCH, AcceptJob, PostgresStore};
-use crate::store::model::{AcceptOutcome, Event, NewEvent};
+use super::{ACCEPT_BATCH, AcceptJob, InTx, PostgresStore};
+use crate::store::model::{AcceptOutcome, DedupWindow, Event, NewEvent};
 use crate::store::row::StoredRow;
 use crate::store::sql::{
     DELETE_EVENT_SQL, ORIGINAL_SQL, PRUNABLE_EVENTS_SQL, PRUNE_BATCH, PRUNE_DEDUP_SQL,
     PRUNE_SESSIONS_SQL,
 };
-use crate::store::states::{IDLE, QUEUED};
+use crate::store::states::{BACKGROUND, IDLE, QUEUED};
+use crate::store::turns;
 use crate::store::{Accepting, StoreError, now_millis};
+
+/// `$1` route, `$2` delivery id, `$3` event id, `$4` now, `$5` the start of the dedup window:
+/// the delivery id is this event's, unless an event within the window has it (no row returned).
+pub(super) const REMEMBER_DELIVERY_SQL: &str =
+    "INSERT INTO dedup (route, delivery_id, event_id, seen_at) VALUES ($1, $2, $3, $4)
+     ON CONFLICT (route, delivery_id) DO UPDATE
+         SET event_id = EXCLUDED.event_id, seen_at = EXCLUDED.seen_at
+         WHERE dedup.seen_at < $5
+     RETURNING event_id";
+
+/// `$1` route, `$2` delivery id: the event first accepted with it.
+pub(super) const FIRST_ACCEPTED_SQL: &str =
+    "SELECT event_id FROM dedup WHERE route = $1 AND delivery_id = $2";
+
+/// A batch of events, in their order of arrival: `$1`..`$7` and `$10` the columns as arrays,
+/// `$8` now, `$9` this node.
+pub(super) const INSERT_EVENTS_SQL: &str = concatcp!(
+    "INSERT INTO events (id, route, session_key, event_type, delivery_id, headers, payload,
+                         received_at, status, updated_at, node, trace_parent)
+     SELECT id, route, session_key, event_type, delivery_id, headers, payload, $8, ",
+    QUEUED,
+    ", $8, $9, trace_parent
+     FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
+                 $7::bytea[], $10::text[])
+         WITH ORDINALITY AS e(id, route, session_key, event_type, delivery_id, headers, payload,
+                              trace_parent, arrival)
+     ORDER BY arrival"
+);
+
+/// `$1` id, `$2` route, `$3` session key, `$4` event type, `$5` payload, `$6` now, `$7` this
+/// node.
+pub(super) const INSERT_INTERNAL_SQL: &str = concatcp!(
+    "INSERT INTO events (id, route, session_key, event_type, delivery_id, headers, payload,
+                         received_at, status, updated_at, origin, node)
+     VALUES ($1, $2, $3, $4, NULL, '{}', $5, $6, ",
+    QUEUED,
+    ", $6, ",
+    BACKGROUND,
+    ", $7)"
+);
+
+/// The batch's sessions that are new: `$1` keys, `$2` routes, `$3` now.
+pub(super) const INSERT_SESSIONS_SQL: &str = concatcp!(
+    "INSERT INTO sessions (key, route, state, created_at, updated_at)
+     SELECT DISTINCT ON (key) key, route, ",
+    IDLE,
+    ", $3, $3
+     FROM unnest($1::text[], $2::text[]) AS s(key, route)
+     ORDER BY key
+     ON CONFLICT (key) DO NOTHING"
+);
 
 impl PostgresStore {
     /// Takes every pending accept (up to a batch), commits them in one transaction, answers each.
@@ -77,23 +129,17 @@ impl PostgresStore {
         with_ids
             .sort_by(|a, b| (&events[a.0].event.route, a.1).cmp(&(&events[b.0].event.route, b.1)));
         for (index, delivery_id) in with_ids {
-            let (event, dedup_since) = (&events[index].event, events[index].dedup_since);
+            let (event, dedup_since) =
+                (&events[index].event, events[index].dedup_window.start(now));
             let fresh = tx
                 .maybe_row(
-                    "INSERT INTO dedup (route, delivery_id, event_id, seen_at) VALUES ($1, $2, $3, $4)
-                     ON CONFLICT (route, delivery_id) DO UPDATE
-                         SET event_id = EXCLUDED.event_id, seen_at = EXCLUDED.seen_at
-                         WHERE dedup.seen_at < $5
-                     RETURNING event_id",
+                    REMEMBER_DELIVERY_SQL,
                     &[&event.route, delivery_id, &event.id, &now, &dedup_since],
                 )
                 .await?;
             if fresh.is_none() {
                 let row = tx
-                    .row(
-                        "SELECT event_id FROM dedup WHERE route = $1 AND delivery_id = $2",
-                        &[&event.route, delivery_id],
-                    )
+                    .row(FIRST_ACCEPTED_SQL, &[&event.route, delivery_id])
                     .await?;
                 outcomes[index] = AcceptOutcome::Duplicate {
                     original: row.column("event_id")?,
@@ -121,12 +167,7 @@ impl PostgresStore {
                 .map(|event| event.trace_parent.as_deref())
                 .collect();
             tx.run(
-                concatcp!("INSERT INTO events (id, route, session_key, event_type, delivery_id, headers, payload,
-                                     received_at, status, updated_at, node, trace_parent)
-                 SELECT id, route, session_key, event_type, delivery_id, headers, payload, $8, ", QUEUED, ", $8, $9, trace_parent
-                 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::bytea[], $10::text[])
-                     WITH ORDINALITY AS e(id, route, session_key, event_type, delivery_id, headers, payload, trace_parent, arrival)
-                 ORDER BY arrival"),
+                INSERT_EVENTS_SQL,
                 &[
                     &column(|e| &e.id),
                     &routes,
@@ -141,19 +182,8 @@ impl PostgresStore {
                 ],
             )
             .await?;
-            tx.run(
-                concatcp!(
-                    "INSERT INTO sessions (key, route, state, created_at, updated_at)
-                 SELECT DISTINCT ON (key) key, route, ",
-                    IDLE,
-                    ", $3, $3
-                 FROM unnest($1::text[], $2::text[]) AS s(key, route)
-                 ORDER BY key
-                 ON CONFLICT (key) DO NOTHING"
-                ),
-                &[&session_keys, &routes, &now],
-            )
-            .await?;
+            tx.run(INSERT_SESSIONS_SQL, &[&session_keys, &routes, &now])
+                .await?;
         }
         tx.commit().await?;
         Ok(outcomes)
@@ -182,31 +212,25 @@ impl Accepting for PostgresStore {
         event_type: &str,
         payload: serde_json::Value,
     ) -> Result<String, StoreError> {
-        let id = uuid::Uuid::now_v7().to_string();
-        self.execute_one(
-            concatcp!("INSERT INTO events (id, route, session_key, event_type, delivery_id, headers, payload,
-                                     received_at, status, updated_at, origin, node)
-                 VALUES ($1, $2, $3, $4, NULL, '{}', $5, $6, ", QUEUED, ", $6, 'background', $7)"),
-            &[
-                &id,
-                &route,
-                &session_key,
-                &event_type,
-                &payload.to_string().into_bytes(),
-                &now_millis(),
-                &self.shared.node_name,
-            ],
-        )
-        .await?;
-        Ok(id)
+        // One statement: on the pooled connection, as its own transaction.
+        bounded(async {
+            let client = self.client().await?;
+            let on = InTx {
+                tx: &client,
+                store: self,
+            };
+            turns::enqueue_internal(&on, session_key, route, event_type, &payload).await
+        })
+        .await
     }
 
     async fn original_of(
         &self,
         route: &str,
         delivery_id: &str,
-        since: i64,
+        window: DedupWindow,
     ) -> Result<Option<String>, StoreError> {
+        let since = window.start(now_millis());
         self.fetch_optional(ORIGINAL_SQL, &[&route, &delivery_id, &since], |row| {
             row.column("event_id")
         })
@@ -235,7 +259,8 @@ impl Accepting for PostgresStore {
         .await
     }
 
-    async fn prune_dedup(&self, before: i64) -> Result<usize, StoreError> {
+    async fn prune_dedup(&self, window: DedupWindow) -> Result<usize, StoreError> {
+        let before = window.start(now_millis());
         let pruned = self.execute_one(PRUNE_DEDUP_SQL, &[&before]).await?;
         Ok(pruned as usize)
     }

@@ -79,6 +79,12 @@ impl PostgresStore {
         }
     }
 
+    /// Renews this node's leases in one transaction. A row another transaction holds is
+    /// skipped, not waited for: a claim takes sessions and deliveries `FOR UPDATE SKIP LOCKED`,
+    /// and a renewal queued behind a turn's commit would hold the row's lock for the moment
+    /// after that commit, so a claim made right then would pass the session by. The holder is
+    /// this node's own commit, which renews the lease itself, and the next round comes within
+    /// a third of the lease's time.
     pub(super) async fn renew(&self) -> Result<(), StoreError> {
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
@@ -91,14 +97,24 @@ impl PostgresStore {
         tx.run(
             concatcp!(
                 "UPDATE sessions SET lease_expires_at = agentgate_now_ms() + $2
-             WHERE lease_owner = $1 AND state = ",
-                SESSION_RUNNING
+             WHERE key IN (SELECT key FROM sessions WHERE lease_owner = $1 AND state = ",
+                SESSION_RUNNING,
+                " FOR UPDATE SKIP LOCKED)"
             ),
             &[me, &self.shared.lease_ttl_ms],
         )
         .await?;
         tx.run(
-            "UPDATE deliveries SET lease_expires_at = agentgate_now_ms() + $2 WHERE lease_owner = $1",
+            "UPDATE deliveries SET lease_expires_at = agentgate_now_ms() + $2
+             WHERE event_id IN (SELECT event_id FROM deliveries WHERE lease_owner = $1
+                                FOR UPDATE SKIP LOCKED)",
+            &[me, &self.shared.lease_ttl_ms],
+        )
+        .await?;
+        tx.run(
+            "UPDATE budget_reservations SET expires_at = agentgate_now_ms() + $2
+             WHERE turn_id IN (SELECT turn_id FROM budget_reservations WHERE node = $1
+                               FOR UPDATE SKIP LOCKED)",
             &[me, &self.shared.lease_ttl_ms],
         )
         .await?;
@@ -213,6 +229,12 @@ impl Coordination for PostgresStore {
                 .await?;
             client
                 .run(
+                    "DELETE FROM budget_reservations WHERE node = $1",
+                    &[&self.shared.node_id],
+                )
+                .await?;
+            client
+                .run(
                     "UPDATE nodes SET stopped_at = $2, heartbeat_at = $2 WHERE id = $1",
                     &[&self.shared.node_id, &now_millis()],
                 )
@@ -241,5 +263,62 @@ impl Coordination for PostgresStore {
     fn leases_at_risk(&self) -> bool {
         let silent = now_millis() - self.shared.leases_renewed_at.load(Ordering::Acquire);
         silent > self.shared.lease_ttl_ms * 2 / 3
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::PostgresStore;
+    use crate::config::PostgresSettings;
+    use crate::secret::Secret;
+    use crate::store::contract::postgres_server::Postgres;
+
+    /// The heartbeat never waits for a row another transaction holds: one waiting would hold
+    /// the row's lock the moment that transaction commits, and a claim made then (`SKIP
+    /// LOCKED`) would pass the session by. The held session is renewed by a later round.
+    #[test]
+    fn a_renewal_skips_a_held_session_and_renews_the_rest() {
+        let Some(server) = Postgres::start("a_renewal_skips_a_held_session") else {
+            return;
+        };
+        let settings = PostgresSettings {
+            url: Secret::for_tests(server.url().as_bytes()),
+            node: "renewal".into(),
+            lease_ttl: Duration::from_secs(30),
+            pool_size: 2,
+            ca_file: None,
+        };
+        crate::store::contract::runtime().block_on(async {
+            let store = PostgresStore::open(&settings, true).await.expect("open");
+            // Only the renewals below: no heartbeat round of its own.
+            store.shared.stop.cancel();
+            let me = store.shared.node_id.clone();
+            server.value(&format!(
+                "INSERT INTO sessions (key, route, state, created_at, updated_at, lease_owner, \
+                 lease_expires_at) VALUES ('held', 'r', 'running', 0, 0, '{me}', 0), \
+                 ('free', 'r', 'running', 0, 0, '{me}', 0)"
+            ));
+            let mut holder = store.client().await.expect("client");
+            let held = holder.transaction().await.expect("begin");
+            held.execute("SELECT 1 FROM sessions WHERE key = 'held' FOR UPDATE", &[])
+                .await
+                .expect("lock");
+            // Without the skip, this waits until the holder ends (the server ends an idle
+            // transaction after 10 s).
+            tokio::time::timeout(Duration::from_secs(5), store.renew())
+                .await
+                .expect("the renewal waited for a held row")
+                .expect("renew");
+            held.rollback().await.expect("rollback");
+            assert_eq!(
+                server.value(
+                    "SELECT string_agg(key || '=' || (lease_expires_at > 0)::text, ',' \
+                     ORDER BY key) FROM sessions"
+                ),
+                "free=true,held=false"
+            );
+        });
     }
 }

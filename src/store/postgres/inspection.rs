@@ -3,23 +3,29 @@
 
 use std::collections::BTreeMap;
 
+use const_format::concatcp;
+
 use super::PostgresStore;
 use super::connect::{Cached, bounded};
 use crate::store::model::{
     ApprovalCounts, DeliveryCounts, DeliveryRow, EventDetail, EventFilter, EventRow, LiveCounts,
-    SessionRow, StatusSummary, TurnRow,
+    SessionRow, StatusSummary, TranscriptRow, TranscriptTail, TurnRow,
 };
 use crate::store::row::StoredRow;
 use crate::store::row::counted;
 use crate::store::sql::{
     DELIVERIES_SQL, DELIVERY_COUNTS_SQL, EVENT_DELIVERY_SQL, EVENT_REPLAYS_SQL, EVENT_SQL,
-    EVENT_TURNS_SQL, EVENT_USAGE_SQL, EVENTS_BY_STATUS_SQL, EVENTS_SQL, LIVE_COUNTS_SQL,
-    ONE_SESSION_SQL, PENDING_COUNT_SQL, QUEUED_BY_ROUTE_SQL, SESSION_USAGE_SQL,
-    SESSIONS_BY_STATE_SQL, SESSIONS_PAGE_SQL, SESSIONS_SQL, USAGE_BY_DAY_SQL,
+    EVENT_TRANSCRIPT_SQL, EVENT_TURNS_SQL, EVENT_USAGE_SQL, EVENTS_BY_STATUS_SQL, EVENTS_SQL,
+    LIVE_COUNTS_SQL, ONE_SESSION_SQL, PENDING_COUNT_SQL, QUEUED_BY_ROUTE_SELECT,
+    QUEUED_BY_ROUTE_WHERE, SESSION_USAGE_SQL, SESSIONS_BY_STATE_SQL, SESSIONS_PAGE_SQL,
+    SESSIONS_SQL, TRANSCRIPT_TAIL_SQL, USAGE_BY_DAY_SQL,
 };
 use crate::store::states::{DeliveryState, EventStatus};
-use crate::store::{Inspection, StoreError, now_millis};
+use crate::store::{EVENT_ENTRY, Inspection, StoreError, now_millis};
 use crate::usage::{Spent, UsageDay, UsageReport, day_start};
+
+pub(super) const QUEUED_BY_ROUTE_SQL: &str =
+    concatcp!(QUEUED_BY_ROUTE_SELECT, QUEUED_BY_ROUTE_WHERE);
 
 #[async_trait::async_trait]
 impl Inspection for PostgresStore {
@@ -93,7 +99,36 @@ impl Inspection for PostgresStore {
             .fetch_one(SESSION_USAGE_SQL, &[&key], Spent::decode)
             .await?;
         session.usage = Some(UsageReport::of(spent, None));
+        session.spent = Some(spent);
         Ok(Some(session))
+    }
+
+    async fn transcript_tail(
+        &self,
+        session_key: &str,
+        limit: i64,
+    ) -> Result<TranscriptTail, StoreError> {
+        let rows = self
+            .fetch(
+                TRANSCRIPT_TAIL_SQL,
+                &[&session_key, &EVENT_ENTRY, &(limit + 1)],
+                TranscriptRow::decode,
+            )
+            .await?;
+        Ok(TranscriptTail::of(rows, limit))
+    }
+
+    async fn event_transcript(
+        &self,
+        event_id: &str,
+        limit: i64,
+    ) -> Result<Vec<TranscriptRow>, StoreError> {
+        self.fetch(
+            EVENT_TRANSCRIPT_SQL,
+            &[&event_id, &EVENT_ENTRY, &limit],
+            TranscriptRow::decode,
+        )
+        .await
     }
 
     async fn usage_by_day(&self, since: i64) -> Result<Vec<UsageDay>, StoreError> {

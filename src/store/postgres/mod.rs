@@ -21,6 +21,8 @@ mod coordination;
 mod inspection;
 mod operator;
 mod outbox;
+#[cfg(test)]
+mod plans;
 mod recovery;
 mod schema;
 mod turns;
@@ -29,7 +31,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row};
@@ -37,6 +39,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::PostgresSettings;
 use crate::store::model::{AcceptOutcome, NewEvent};
+use crate::store::tx::{Tx, Values};
 use crate::store::{StoreError, now_millis};
 use connect::{Cached, Transport, bounded, encryption_only_connector, local_hosts, tls_connector};
 
@@ -235,6 +238,50 @@ impl PostgresStore {
         decode(&row)
     }
 
+    /// Runs `script` in one transaction, and commits it once the script succeeded.
+    async fn in_transaction<T>(
+        &self,
+        script: impl AsyncFnOnce(&InTx<'_, deadpool_postgres::Transaction<'_>>) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        bounded(async {
+            let mut client = self.client().await?;
+            let tx = client.transaction().await?;
+            let done = script(&InTx {
+                tx: &tx,
+                store: self,
+            })
+            .await;
+            // A failed script's locks go before its error is answered: the drop only queues
+            // the rollback, and a claim made meanwhile (`SKIP LOCKED`) would pass rows by.
+            let done = match done {
+                Ok(done) => done,
+                Err(err) => {
+                    if let Err(rollback) = tx.rollback().await {
+                        tracing::warn!(error = %rollback, "rolling back a failed transaction");
+                    }
+                    return Err(err);
+                }
+            };
+            tx.commit().await?;
+            Ok(done)
+        })
+        .await
+    }
+
+    /// As [`PostgresStore::in_transaction`], in a transaction that first renews `session_key`'s
+    /// lease, which this node must hold (else [`StoreError::LeaseLost`], and nothing is written).
+    async fn in_lease<T>(
+        &self,
+        session_key: &str,
+        script: impl AsyncFnOnce(&InTx<'_, deadpool_postgres::Transaction<'_>>) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        self.in_transaction(async move |tx| {
+            self.hold_lease(tx.tx, session_key).await?;
+            script(tx).await
+        })
+        .await
+    }
+
     fn set_writable(&self, writable: bool) {
         let was = self.shared.writable.swap(writable, Ordering::AcqRel);
         match (was, writable) {
@@ -244,5 +291,76 @@ impl PostgresStore {
             (false, true) => tracing::info!("PostgreSQL writes succeed again; accepting events"),
             _ => {}
         }
+    }
+}
+
+/// One open transaction, as the scripts written once for both backends run it
+/// (`store::turns`), or a pooled connection for a script of one statement; `store` names this
+/// node in the rows that carry it.
+struct InTx<'a, C> {
+    tx: &'a C,
+    store: &'a PostgresStore,
+}
+
+/// The values of a shared statement, as the driver takes them.
+fn bound<'v>(values: &'v Values<'v>) -> Vec<&'v (dyn ToSql + Sync)> {
+    values
+        .iter()
+        .map(|value| *value as &(dyn ToSql + Sync))
+        .collect()
+}
+
+impl<C: GenericClient + Sync> InTx<'_, C> {
+    /// Runs `sql` with the values a script gives, followed by `own`: this node's, which only
+    /// this backend's rows carry.
+    async fn run_adding(
+        &self,
+        sql: &str,
+        values: &Values<'_>,
+        own: &Values<'_>,
+    ) -> Result<u64, StoreError> {
+        let values: Vec<&(dyn ToSql + Sync)> = values
+            .iter()
+            .chain(own)
+            .map(|value| *value as &(dyn ToSql + Sync))
+            .collect();
+        self.tx.run(sql, &values).await
+    }
+}
+
+impl<C: GenericClient + Sync> Tx for InTx<'_, C> {
+    type Row<'r> = Row;
+
+    async fn run(&self, sql: &str, values: &Values<'_>) -> Result<u64, StoreError> {
+        self.tx.run(sql, &bound(values)).await
+    }
+
+    async fn rows<T>(
+        &self,
+        sql: &str,
+        values: &Values<'_>,
+        decode: impl Fn(&Row) -> Result<T, StoreError>,
+    ) -> Result<Vec<T>, StoreError> {
+        let rows = self.tx.rows(sql, &bound(values)).await?;
+        rows.iter().map(decode).collect()
+    }
+
+    async fn maybe_row<T>(
+        &self,
+        sql: &str,
+        values: &Values<'_>,
+        decode: impl Fn(&Row) -> Result<T, StoreError>,
+    ) -> Result<Option<T>, StoreError> {
+        let row = self.tx.maybe_row(sql, &bound(values)).await?;
+        row.as_ref().map(decode).transpose()
+    }
+
+    async fn row<T>(
+        &self,
+        sql: &str,
+        values: &Values<'_>,
+        decode: impl Fn(&Row) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        decode(&self.tx.row(sql, &bound(values)).await?)
     }
 }

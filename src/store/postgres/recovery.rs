@@ -5,9 +5,8 @@
 
 use const_format::concatcp;
 
-use super::PostgresStore;
 use super::connect::{Cached, bounded};
-use super::turns::finish_rows;
+use super::{InTx, PostgresStore};
 use crate::store::admission::{self, AdmissionSteps};
 use crate::store::ledger::now_rfc3339;
 use crate::store::model::{InterruptedSession, RenderDelivery, TurnEnd};
@@ -16,6 +15,7 @@ use crate::store::sql::{INTERRUPTED_COLUMNS, REQUEUE_EVENT_SQL, REQUEUE_SESSION_
 use crate::store::states::{
     CRASHED, RESUME_PENDING, SESSION_RUNNING, TURN_INTERRUPTED, TURN_RUNNING,
 };
+use crate::store::turns;
 use crate::store::{Ledger, Recovery, Settled, Settlement, StoreError, now_millis};
 
 /// `$1` now: the running sessions of a node whose leases have all expired, and their turns,
@@ -92,6 +92,7 @@ const LEDGER_SQL: &str =
 /// session's row lock.
 struct Steps<'a> {
     tx: &'a deadpool_postgres::Transaction<'a>,
+    store: &'a PostgresStore,
     render: RenderDelivery,
 }
 
@@ -111,7 +112,11 @@ impl AdmissionSteps for Steps<'_> {
     }
 
     async fn end(&mut self, end: TurnEnd) -> Result<(), StoreError> {
-        finish_rows(self.tx, &end, self.render).await
+        let tx = InTx {
+            tx: self.tx,
+            store: self.store,
+        };
+        turns::finish(&tx, &end, self.render).await
     }
 
     async fn forget_resumes(&mut self, session_key: &str) -> Result<(), StoreError> {
@@ -169,7 +174,11 @@ impl Recovery for PostgresStore {
                 return Ok(Settled::NotInterrupted);
             }
             let settled = {
-                let mut steps = Steps { tx: &tx, render };
+                let mut steps = Steps {
+                    tx: &tx,
+                    store: self,
+                    render,
+                };
                 admission::settle(&mut steps, session, settlement).await?
             };
             tx.commit().await?;

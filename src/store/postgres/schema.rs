@@ -197,6 +197,67 @@ const MIGRATIONS: &[&str] = &[
     // 11: traces, as in the SQLite schema.
     "ALTER TABLE events ADD COLUMN trace_parent TEXT;
     ALTER TABLE turns ADD COLUMN trace_span TEXT;",
+    // 12: budget reservations, as in the SQLite schema; a node's expire unless its heartbeat
+    // renews them, so a node that is gone holds none for longer than lease_ttl.
+    "CREATE TABLE budget_reservations (
+        turn_id        TEXT PRIMARY KEY,
+        event_id       TEXT NOT NULL,
+        session_key    TEXT NOT NULL,
+        route          TEXT NOT NULL,
+        made_at        BIGINT NOT NULL,
+        input_tokens   BIGINT NOT NULL,
+        output_tokens  BIGINT NOT NULL,
+        node           TEXT NOT NULL,
+        expires_at     BIGINT NOT NULL
+    );
+    CREATE INDEX budget_reservations_by_node ON budget_reservations (node);",
+    // 13: no query of the accept or claim path can walk the queue, whatever the statistics say.
+    // Two indexes of queued events go, which no query needs and which offered the planner such
+    // walks: in seq order (claims take a session's head by its seq, kept in `sessions.queue_head`)
+    // and by route (the queue's count by route reads the events either way, to see which are
+    // visible; coalescing finds a session's queued events by session). And a session's next
+    // head, asked as `min(seq)`, could be answered by walking the primary key in seq order until
+    // a queued event of the session turns up: statistics that find one session holding much of
+    // the queue make that walk look cheap, while it reads every older event of every session. So
+    // the triggers ask for the first queued event by `seq + 0`, an order that only the index of
+    // the session's queued events has (any other plan reads all of them, which is dearer).
+    "DROP INDEX events_queued_in_order;
+    DROP INDEX events_queued_by_route;
+    DROP INDEX events_queued;
+    CREATE INDEX events_queued ON events (session_key, (seq + 0)) WHERE status = 'queued';
+    CREATE OR REPLACE FUNCTION agentgate_queue_head() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        IF TG_TABLE_NAME = 'sessions' THEN
+            UPDATE sessions SET queue_head =
+                (SELECT seq + 0 FROM events WHERE status = 'queued' AND session_key = NEW.key
+                 ORDER BY seq + 0 LIMIT 1)
+            WHERE key = NEW.key;
+        ELSIF TG_OP = 'INSERT' THEN
+            IF NEW.status = 'queued' THEN
+                UPDATE sessions SET queue_head = LEAST(queue_head, NEW.seq)
+                WHERE key = NEW.session_key;
+            END IF;
+        ELSIF TG_OP = 'UPDATE' THEN
+            IF (OLD.status = 'queued') <> (NEW.status = 'queued') THEN
+                UPDATE sessions SET queue_head = (SELECT seq + 0 FROM events
+                    WHERE status = 'queued' AND session_key = NEW.session_key
+                    ORDER BY seq + 0 LIMIT 1)
+                WHERE key = NEW.session_key;
+            END IF;
+        ELSIF OLD.status = 'queued' THEN
+            UPDATE sessions SET queue_head = (SELECT seq + 0 FROM events
+                WHERE status = 'queued' AND session_key = OLD.session_key
+                ORDER BY seq + 0 LIMIT 1)
+            WHERE key = OLD.session_key;
+        END IF;
+        RETURN NULL;
+    END $$;",
+    // 14: rewind and fork, as in the SQLite schema.
+    "ALTER TABLE transcript ADD COLUMN superseded_by TEXT;
+    ALTER TABLE events ADD COLUMN rewind_session TEXT;
+    ALTER TABLE events ADD COLUMN rewind_entry BIGINT;
+    ALTER TABLE events ADD COLUMN rewind_from TEXT;
+    ALTER TABLE events ADD COLUMN rewind_turn TEXT;",
 ];
 
 impl PostgresStore {

@@ -1,35 +1,36 @@
-//! [`Turns`] on PostgreSQL: claims under `FOR UPDATE SKIP LOCKED`, and every commit of a turn
-//! fenced by its session's lease.
+//! [`Turns`] on PostgreSQL: claims under `FOR UPDATE SKIP LOCKED`, every commit of a turn fenced
+//! by its session's lease, and what this backend writes its own way in a turn's scripts
+//! (`store::turns`): the lease and the node in the session and turn rows.
 
 use const_format::concatcp;
+use deadpool_postgres::GenericClient;
 
-use super::PostgresStore;
-use super::connect::{Cached, bounded};
-use crate::store::approval::{APPROVAL_ENTRY, NewApproval};
+use super::accepting::INSERT_INTERNAL_SQL;
+use super::connect::Cached;
+use super::{InTx, PostgresStore};
+use crate::store::approval::NewApproval;
 use crate::store::model::{
-    Claim, ClaimedTurn, EVENT_ENTRY, Event, RenderDelivery, TranscriptRow, TurnEnd,
+    Claim, ClaimedTurn, EVENT_ENTRY, Event, Fits, RenderDelivery, Reservation, Reserving,
+    TranscriptRow, TurnEnd,
 };
 use crate::store::row::StoredRow;
 use crate::store::sql::{
-    APPEND_SQL, AWAIT_EVENT_SQL, CLAIM_COLUMNS, DAY_USAGE_SQL, EARLIER_TURN_SPAN_SQL,
-    END_SESSION_SET, EVENT_HAS_TRANSCRIPT_SQL, EVENT_USAGE_SQL, FINISH_EVENT_SQL,
-    FINISH_JOINED_SQL, FINISH_TURN_SQL, INSERT_APPROVAL_SQL, INTERRUPT_TURN_SQL, JOIN_QUEUED_SQL,
-    JOINED_EVENTS_SQL, RECORD_TURN_SPAN_SQL, ROUTE_DAY_USAGE_SQL, SESSION_USAGE_SQL,
-    START_EVENT_SQL, SUSPENDED_EVENT_WAITS_SQL, TRANSCRIPT_SQL, TURN_STEPS_SQL, step_usage_values,
+    CLAIM_COLUMNS, EARLIER_TURN_SPAN_SQL, END_SESSION_SET, EVENT_HAS_TRANSCRIPT_SQL, HELD_SUMS,
+    JOIN_QUEUED_SET, RECORD_TURN_SPAN_SQL, RELEASE_SQL, TRANSCRIPT_SQL,
 };
-use crate::store::states::SessionState;
 use crate::store::states::{
-    IDLE, PENDING, QUEUED, RESUME_PENDING, ResumeReason, SESSION_RUNNING, SUSPENDED, StopReason,
-    TURN_RUNNING,
+    IDLE, PENDING, QUEUED, RESUME_PENDING, ResumeReason, SESSION_RUNNING, SUSPENDED, TURN_RUNNING,
 };
-use crate::store::{StoreError, Turns, now_millis};
-use crate::usage::{Counted, Spending, Spent};
+use crate::store::turns::{self, InternalEvent, Start, TurnTx};
+use crate::store::tx::{Param, Tx};
+use crate::store::{StoreError, Turns};
+use crate::usage::Spent;
 
 /// `$1` limit: the idle sessions with queued events, oldest head first (one partial index;
 /// sessions that cannot run are never read); sessions another node is claiming right now are
-/// skipped, not waited for.
-const RUNNABLE_SESSIONS_SQL: &str = concatcp!(
-    "SELECT s.key AS key FROM sessions s
+/// skipped, not waited for. Each with its queue head, the seq of its oldest queued event.
+pub(super) const RUNNABLE_SESSIONS_SQL: &str = concatcp!(
+    "SELECT s.key AS key, s.queue_head AS head FROM sessions s
      WHERE s.state = ",
     IDLE,
     " AND s.queue_head IS NOT NULL
@@ -40,52 +41,59 @@ const RUNNABLE_SESSIONS_SQL: &str = concatcp!(
 /// As [`RUNNABLE_SESSIONS_SQL`], with the routes' priorities counted as waiting. `$1` limit,
 /// `$2` the priorities (a JSON object of route name to priority), `$3` the waiting one step is
 /// worth. Every idle session with a queued event is read and sorted, so this is used only when
-/// some route has a priority.
-const PRIORITY_SESSIONS_SQL: &str = concatcp!(
-    "SELECT s.key AS key FROM sessions s JOIN events e ON e.seq = s.queue_head
+/// some route has a priority. Each session's head is looked up by its seq (a correlated
+/// subquery: as a join, PostgreSQL with statistics hashes the whole events table).
+pub(super) const PRIORITY_SESSIONS_SQL: &str = concatcp!(
+    "SELECT s.key AS key, s.queue_head AS head FROM sessions s
      WHERE s.state = ",
     IDLE,
     " AND s.queue_head IS NOT NULL
-     ORDER BY e.received_at - coalesce(($2::text::jsonb ->> e.route)::bigint, 0) * $3, s.queue_head
+     ORDER BY (SELECT e.received_at - coalesce(($2::text::jsonb ->> e.route)::bigint, 0) * $3
+               FROM events e WHERE e.seq = s.queue_head),
+              s.queue_head
      LIMIT $1
      FOR UPDATE OF s SKIP LOCKED"
 );
 
-/// The session of the oldest event that must run alone and is the next of an idle session,
-/// from the partial index of such events (a few at most, after a crash), unless another node is
-/// claiming it right now. `$1` limit (so that it reads as the runnable sessions do).
-const ALONE_SESSIONS_SQL: &str = concatcp!(
-    "SELECT s.key AS key FROM events e JOIN sessions s ON s.key = e.session_key
-     WHERE e.status = ",
-    QUEUED,
-    " AND e.run_alone AND s.state = ",
+/// The seqs of the events that must run alone (a few at most, after a crash), from their
+/// partial index, as an array computed once: the idle sessions whose head is one of them are
+/// then found by it in `sessions_runnable`. Written so that the planner has no other way: as a
+/// join, PostgreSQL without statistics hashes every runnable session to meet these few events.
+const ALONE_HEADS: &str = concatcp!(
+    "FROM sessions s
+     WHERE s.state = ",
     IDLE,
-    " AND s.queue_head = e.seq
-     ORDER BY e.seq LIMIT $1
-     FOR UPDATE OF s SKIP LOCKED"
+    " AND s.queue_head = ANY (ARRAY(SELECT e.seq FROM events e WHERE e.status = ",
+    QUEUED,
+    " AND e.run_alone))"
+);
+
+/// The idle session whose head is the oldest event that must run alone, unless another node
+/// is claiming it right now. `$1` limit (so that it reads as the runnable sessions do).
+pub(super) const ALONE_SESSIONS_SQL: &str = concatcp!(
+    "SELECT s.key AS key, s.queue_head AS head ",
+    ALONE_HEADS,
+    " ORDER BY s.queue_head LIMIT $1 FOR UPDATE OF s SKIP LOCKED"
 );
 
 /// The same, only to look: no lock.
-const ALONE_WAITING_SQL: &str = concatcp!(
-    "SELECT EXISTS (SELECT 1 FROM events e JOIN sessions s ON s.key = e.session_key
-     WHERE e.status = ",
-    QUEUED,
-    " AND e.run_alone AND s.state = ",
-    IDLE,
-    " AND s.queue_head = e.seq) AS waiting"
-);
+pub(super) const ALONE_WAITING_SQL: &str =
+    concatcp!("SELECT EXISTS (SELECT 1 ", ALONE_HEADS, ") AS waiting");
 
-/// `$1` session key: its oldest queued event.
-const HEAD_EVENT_SQL: &str = concatcp!(
+/// Coalescing: `JOIN_QUEUED_SET`.
+pub(super) const JOIN_QUEUED_SQL: &str = concatcp!("UPDATE events", JOIN_QUEUED_SET);
+
+/// `$1` a locked session's queue head: its oldest queued event, by its seq (asked as "the
+/// session's first queued event by seq", PostgreSQL may walk the queue in seq order).
+pub(super) const HEAD_EVENT_SQL: &str = concatcp!(
     "SELECT ",
     CLAIM_COLUMNS,
-    " FROM events WHERE session_key = $1 AND status = ",
-    QUEUED,
-    " ORDER BY seq LIMIT 1"
+    " FROM events WHERE seq = $1 AND status = ",
+    QUEUED
 );
 
 /// `$1` turn id, `$2` session key, `$3` event id, `$4` now, `$5` node name.
-const START_TURN_SQL: &str = concatcp!(
+pub(super) const START_TURN_SQL: &str = concatcp!(
     "INSERT INTO turns (id, session_key, event_id, status, started_at, node)
      VALUES ($1, $2, $3, ",
     TURN_RUNNING,
@@ -93,7 +101,7 @@ const START_TURN_SQL: &str = concatcp!(
 );
 
 /// `$1` session key, `$2` turn id, `$3` now, `$4` this node, `$5` the lease's length.
-const START_SESSION_SQL: &str = concatcp!(
+pub(super) const START_SESSION_SQL: &str = concatcp!(
     "UPDATE sessions SET state = ",
     SESSION_RUNNING,
     ", reason = NULL, last_turn_id = $2, updated_at = $3,
@@ -137,77 +145,31 @@ const INTERRUPT_SESSION_SQL: &str = concatcp!(
      WHERE key = $1"
 );
 
-/// Ends a turn's rows: the turn, its event's terminal status, its session (lease released) and
-/// its delivery, as one part of the caller's transaction.
-pub(super) async fn finish_rows(
-    tx: &deadpool_postgres::Transaction<'_>,
-    end: &TurnEnd,
-    render: RenderDelivery,
-) -> Result<(), StoreError> {
-    let now = now_millis();
-    let reason = end.reason.map(StopReason::sql);
-    tx.run(
-        FINISH_TURN_SQL,
-        &[
-            &end.turn_id,
-            &end.turn_status.sql(),
-            &reason,
-            &end.output,
-            &end.error,
-            &i64::from(end.steps),
-            &now,
-        ],
-    )
-    .await?;
-    tx.run(
-        FINISH_EVENT_SQL,
-        &[&end.event_id, &end.terminal.event_status().sql(), &now],
-    )
-    .await?;
-    tx.run(
-        END_SESSION_SQL,
-        &[
-            &end.session_key,
-            &end.terminal.session_state().sql(),
-            &reason,
-            &now,
-        ],
-    )
-    .await?;
-    let spent = Spent::decode(&tx.row(EVENT_USAGE_SQL, &[&end.event_id]).await?)?;
-    let body = render.body(end, spent)?;
-    tx.run(
-        QUEUE_DELIVERY_SQL,
-        &[&end.event_id, &end.route, &end.session_key, &body, &now],
-    )
-    .await?;
-    // The events that joined it end with it, each delivered (what the turn spent is on its own
-    // event's delivery).
-    let joined = tx
-        .rows(
-            FINISH_JOINED_SQL,
-            &[&end.event_id, &end.terminal.event_status().sql(), &now],
-        )
-        .await?;
-    for row in joined {
-        let event_id: String = row.column("id")?;
-        let body = render.body(&end.for_joined(&event_id), Spent::default())?;
-        tx.run(
-            QUEUE_DELIVERY_SQL,
-            &[&event_id, &end.route, &end.session_key, &body, &now],
-        )
-        .await?;
-    }
-    Ok(())
+/// The advisory lock that makes budget reservations one at a time across nodes.
+const RESERVATION_LOCK: i64 = 0x6167_6275_6467_6574;
+
+/// `$1` turn id, `$2` event id, `$3` session key, `$4` route, `$5` when it was made (its day),
+/// `$6` prompt tokens, `$7` reply tokens, `$8` this node, `$9` `lease_ttl` in milliseconds.
+const RESERVE_SQL: &str = "INSERT INTO budget_reservations
+         (turn_id, event_id, session_key, route, made_at, input_tokens, output_tokens, node, expires_at)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, agentgate_now_ms() + $9)";
+
+/// What live reservations hold: those whose node renewed them within `lease_ttl`.
+const HELD_SQL: &str = concatcp!(HELD_SUMS, " WHERE expires_at > agentgate_now_ms()");
+
+/// A locked idle session's queue head (its oldest queued event's seq), and whether the claim
+/// takes events that must run alone or those that may run beside others.
+pub(super) struct Head {
+    seq: i64,
+    alone: bool,
 }
 
 impl PostgresStore {
-    /// Claims the head event of each locked session, in the caller's transaction.
-    async fn claim_in(
-        &self,
+    /// Locks the idle sessions `claim` looks at, in `tx`; their heads.
+    async fn heads(
         tx: &deadpool_postgres::Transaction<'_>,
         claim: &Claim,
-    ) -> Result<Vec<ClaimedTurn>, StoreError> {
+    ) -> Result<Vec<Head>, StoreError> {
         let count = |limit: &usize| i64::try_from(*limit).unwrap_or(i64::MAX);
         let step = crate::store::model::PRIORITY_STEP_MS;
         let sessions = match claim {
@@ -219,55 +181,73 @@ impl PostgresStore {
             }
             Claim::Alone => tx.rows(ALONE_SESSIONS_SQL, &[&1i64]).await?,
         };
-        let mut claimed = Vec::with_capacity(sessions.len());
-        for session in sessions {
-            let session_key: String = session.column("key")?;
-            let Some(row) = tx.maybe_row(HEAD_EVENT_SQL, &[&session_key]).await? else {
-                continue;
-            };
-            let turn = ClaimedTurn::decode(&row, uuid::Uuid::now_v7().to_string())?;
-            if turn.alone != (*claim == Claim::Alone) {
-                continue;
-            }
-            let (event, now) = (&turn.event, now_millis());
-            tx.run(START_EVENT_SQL, &[&event.id, &now]).await?;
-            tx.run(
-                START_TURN_SQL,
-                &[
-                    &turn.turn_id,
-                    &event.session_key,
-                    &event.id,
-                    &now,
-                    &self.shared.node_name,
-                ],
-            )
+        let alone = *claim == Claim::Alone;
+        sessions
+            .iter()
+            .map(|session| {
+                Ok(Head {
+                    seq: session.column("head")?,
+                    alone,
+                })
+            })
+            .collect()
+    }
+}
+
+impl<C: GenericClient + Sync> TurnTx for InTx<'_, C> {
+    const END_SESSION_SQL: &'static str = END_SESSION_SQL;
+    const QUEUE_DELIVERY_SQL: &'static str = QUEUE_DELIVERY_SQL;
+    const INTERRUPT_SESSION_SQL: &'static str = INTERRUPT_SESSION_SQL;
+    const JOIN_QUEUED_SQL: &'static str = JOIN_QUEUED_SQL;
+    const HELD_SQL: &'static str = HELD_SQL;
+
+    /// Locked in this transaction: no other node claims it meanwhile.
+    type Candidate = Head;
+
+    async fn claimable(&self, head: &Head) -> Result<Option<ClaimedTurn>, StoreError> {
+        let turn = self
+            .maybe_row(HEAD_EVENT_SQL, &[&head.seq], |row| {
+                ClaimedTurn::decode(row, uuid::Uuid::now_v7().to_string())
+            })
             .await?;
-            tx.run(
-                START_SESSION_SQL,
-                &[
-                    &event.session_key,
-                    &turn.turn_id,
-                    &now,
-                    &self.shared.node_id,
-                    &self.shared.lease_ttl_ms,
-                ],
-            )
+        Ok(turn.filter(|turn| turn.alone == head.alone))
+    }
+
+    async fn start_rows(&self, start: &Start<'_>) -> Result<(), StoreError> {
+        let shared = &self.store.shared;
+        let (node, lease) = (&shared.node_id, &shared.lease_ttl_ms);
+        self.run_adding(START_TURN_SQL, &start.turn_values(), &[&shared.node_name])
             .await?;
-            claimed.push(turn);
-        }
-        Ok(claimed)
+        self.run_adding(START_SESSION_SQL, &start.session_values(), &[node, lease])
+            .await?;
+        Ok(())
+    }
+
+    async fn insert_internal(&self, event: &InternalEvent<'_>) -> Result<(), StoreError> {
+        let node = &self.store.shared.node_name;
+        self.run_adding(INSERT_INTERNAL_SQL, &event.values(), &[node])
+            .await?;
+        Ok(())
+    }
+
+    /// It expires `lease_ttl` after the last renewal by this node's heartbeat.
+    async fn insert_reservation(
+        &self,
+        values: &[&(dyn Param + Sync); 7],
+    ) -> Result<(), StoreError> {
+        let shared = &self.store.shared;
+        let (node, lease) = (&shared.node_id, &shared.lease_ttl_ms);
+        self.run_adding(RESERVE_SQL, values, &[node, lease]).await?;
+        Ok(())
     }
 }
 
 #[async_trait::async_trait]
 impl Turns for PostgresStore {
     async fn claim_turns(&self, claim: Claim) -> Result<Vec<ClaimedTurn>, StoreError> {
-        bounded(async {
-            let mut client = self.client().await?;
-            let tx = client.transaction().await?;
-            let claimed = self.claim_in(&tx, &claim).await?;
-            tx.commit().await?;
-            Ok(claimed)
+        self.in_transaction(async |tx| {
+            let heads = PostgresStore::heads(tx.tx, &claim).await?;
+            turns::claim(tx, &heads).await
         })
         .await
     }
@@ -285,95 +265,45 @@ impl Turns for PostgresStore {
         steps: u32,
         spent: Spent,
     ) -> Result<(), StoreError> {
-        let [input, cached, output, unknown, estimated] = step_usage_values(spent);
-        bounded(async {
-            let mut client = self.client().await?;
-            let tx = client.transaction().await?;
-            self.hold_lease(&tx, session_key).await?;
-            let now = now_millis();
-            for (kind, body) in &entries {
-                tx.run(APPEND_SQL, &[&session_key, &turn_id, kind, body, &now])
-                    .await?;
-            }
-            tx.run(
-                TURN_STEPS_SQL,
-                &[
-                    &turn_id,
-                    &i64::from(steps),
-                    &input,
-                    &cached,
-                    &output,
-                    &unknown,
-                    &estimated,
-                ],
-            )
-            .await?;
-            tx.commit().await?;
-            Ok(())
+        self.in_lease(session_key, async |tx| {
+            turns::append(tx, session_key, turn_id, &entries, steps, spent).await
         })
         .await
     }
 
-    async fn spending(
+    async fn reserve_budget(
         &self,
-        event_id: &str,
-        session_key: &str,
-        route: &str,
-        since: i64,
-        counted: Counted,
-    ) -> Result<Spending, StoreError> {
-        bounded(async {
-            let client = self.client().await?;
-            let spent =
-                async |wanted: bool,
-                       sql: &str,
-                       values: &[&(dyn tokio_postgres::types::ToSql + Sync)]| {
-                    if !wanted {
-                        return Ok::<_, StoreError>(Spent::default());
-                    }
-                    Spent::decode(&client.row(sql, values).await?)
-                };
-            Ok(Spending {
-                turn: spent(counted.turn, EVENT_USAGE_SQL, &[&event_id]).await?,
-                session: spent(counted.session, SESSION_USAGE_SQL, &[&session_key]).await?,
-                day: spent(counted.day, DAY_USAGE_SQL, &[&since]).await?,
-                route_day: spent(counted.route_day, ROUTE_DAY_USAGE_SQL, &[&since, &route]).await?,
-            })
+        reservation: Reservation,
+        fits: Fits,
+    ) -> Result<Reserving, StoreError> {
+        self.in_transaction(async |tx| {
+            // One reservation at a time on every node: each sees what the ones before it hold.
+            tx.run("SELECT pg_advisory_xact_lock($1)", &[&RESERVATION_LOCK])
+                .await?;
+            tx.run(
+                "DELETE FROM budget_reservations WHERE expires_at <= agentgate_now_ms()",
+                &[],
+            )
+            .await?;
+            turns::reserve(tx, &reservation, &fits).await
         })
         .await
+    }
+
+    async fn release_budget(&self, turn_id: &str) -> Result<(), StoreError> {
+        self.execute_one(RELEASE_SQL, &[&turn_id]).await.map(drop)
     }
 
     async fn finish_turn(&self, end: TurnEnd, render: RenderDelivery) -> Result<(), StoreError> {
-        bounded(async {
-            let mut client = self.client().await?;
-            let tx = client.transaction().await?;
-            self.hold_lease(&tx, &end.session_key).await?;
-            finish_rows(&tx, &end, render).await?;
-            tx.commit().await?;
-            Ok(())
+        self.in_lease(&end.session_key, async |tx| {
+            turns::finish(tx, &end, render).await
         })
         .await
     }
 
     async fn join_queued(&self, head: &Event, window_ms: i64) -> Result<Vec<Event>, StoreError> {
-        bounded(async {
-            let mut client = self.client().await?;
-            let tx = client.transaction().await?;
-            self.hold_lease(&tx, &head.session_key).await?;
-            tx.run(
-                JOIN_QUEUED_SQL,
-                &[
-                    &head.id,
-                    &head.session_key,
-                    &head.route,
-                    &now_millis(),
-                    &window_ms,
-                ],
-            )
-            .await?;
-            let rows = tx.rows(JOINED_EVENTS_SQL, &[&head.id]).await?;
-            tx.commit().await?;
-            rows.iter().map(Event::decode).collect()
+        self.in_lease(&head.session_key, async |tx| {
+            turns::join(tx, head, window_ms).await
         })
         .await
     }
@@ -385,97 +315,15 @@ impl Turns for PostgresStore {
         reason: ResumeReason,
         steps: u32,
     ) -> Result<(), StoreError> {
-        let reason = StopReason::Resume(reason).sql();
-        bounded(async {
-            let mut client = self.client().await?;
-            let tx = client.transaction().await?;
-            self.hold_lease(&tx, session_key).await?;
-            let now = now_millis();
-            tx.run(
-                INTERRUPT_TURN_SQL,
-                &[&turn_id, &reason, &i64::from(steps), &now],
-            )
-            .await?;
-            tx.run(INTERRUPT_SESSION_SQL, &[&session_key, &reason, &now])
-                .await?;
-            tx.run(
-                SUSPENDED_EVENT_WAITS_SQL,
-                &[&turn_id, &reason, &session_key, &now],
-            )
-            .await?;
-            tx.commit().await?;
-            Ok(())
+        self.in_lease(session_key, async |tx| {
+            turns::interrupt(tx, turn_id, session_key, reason, steps).await
         })
         .await
     }
 
     async fn await_approval(&self, request: NewApproval, steps: u32) -> Result<(), StoreError> {
-        bounded(async {
-            let mut client = self.client().await?;
-            let tx = client.transaction().await?;
-            self.hold_lease(&tx, &request.row.session).await?;
-            let now = request.row.requested_at;
-            tx.run(
-                INSERT_APPROVAL_SQL,
-                &[
-                    &request.row.id,
-                    &request.row.event_id,
-                    &request.row.session,
-                    &request.row.route,
-                    &request.row.turn_id,
-                    &request.row.call_id,
-                    &request.row.tool,
-                    &request.row.arguments.to_string(),
-                    &request.row.requested_at,
-                    &request.row.expires_at,
-                    &request.row.link_secret,
-                ],
-            )
-            .await?;
-            let body = request.row.entry().body()?;
-            tx.run(
-                APPEND_SQL,
-                &[
-                    &request.row.session,
-                    &request.row.turn_id,
-                    &APPROVAL_ENTRY,
-                    &body,
-                    &now,
-                ],
-            )
-            .await?;
-            let reason = StopReason::AwaitingApproval.sql();
-            tx.run(
-                INTERRUPT_TURN_SQL,
-                &[&request.row.turn_id, &reason, &i64::from(steps), &now],
-            )
-            .await?;
-            tx.run(AWAIT_EVENT_SQL, &[&request.row.event_id, &now])
-                .await?;
-            // The request's own delivery, keyed by its id (the event's result comes later).
-            tx.run(
-                QUEUE_DELIVERY_SQL,
-                &[
-                    &request.row.id,
-                    &request.row.route,
-                    &request.row.session,
-                    &request.delivery,
-                    &now,
-                ],
-            )
-            .await?;
-            tx.run(
-                END_SESSION_SQL,
-                &[
-                    &request.row.session,
-                    &SessionState::AwaitingApproval.sql(),
-                    &None::<&str>,
-                    &now,
-                ],
-            )
-            .await?;
-            tx.commit().await?;
-            Ok(())
+        self.in_lease(&request.row.session, async |tx| {
+            turns::await_approval(tx, &request, steps).await
         })
         .await
     }

@@ -4,21 +4,22 @@
 use const_format::concatcp;
 use rusqlite::Connection;
 
-use super::{SqliteStore, execute, query, query_optional, value};
-use crate::store::model::{AcceptOutcome, NewEvent};
+use super::{SqliteStore, execute, on_writer, query, query_optional, value};
+use crate::store::model::{AcceptOutcome, DedupWindow, NewEvent};
 use crate::store::sql::{
     DELETE_EVENT_SQL, ORIGINAL_SQL, PRUNABLE_EVENTS_SQL, PRUNE_BATCH, PRUNE_DEDUP_SQL,
     PRUNE_SESSIONS_SQL,
 };
-use crate::store::states::{IDLE, QUEUED};
+use crate::store::states::{BACKGROUND, IDLE, QUEUED};
+use crate::store::turns;
 use crate::store::{Accepting, StoreError, now_millis};
 
 /// `$1` route, `$2` delivery id, `$3` event id, `$4` now.
-const REMEMBER_DELIVERY_SQL: &str =
+pub(super) const REMEMBER_DELIVERY_SQL: &str =
     "INSERT OR REPLACE INTO dedup (route, delivery_id, event_id, seen_at) VALUES ($1, $2, $3, $4)";
 
 /// `$1` id ... `$7` payload, `$8` now.
-const INSERT_EVENT_SQL: &str = concatcp!(
+pub(super) const INSERT_EVENT_SQL: &str = concatcp!(
     "INSERT INTO events (id, route, session_key, event_type, delivery_id, headers, payload,
                          received_at, status, updated_at, trace_parent)
      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, ",
@@ -26,21 +27,25 @@ const INSERT_EVENT_SQL: &str = concatcp!(
     ", $8, $9)"
 );
 
-/// `$1` key, `$2` route, `$3` now.
-const INSERT_SESSION_SQL: &str = concatcp!(
-    "INSERT OR IGNORE INTO sessions (key, route, state, created_at, updated_at)
+/// `$1` key, `$2` route, `$3` now, `$4` the seq of the event just inserted: a new session's
+/// only queued event, so its queue head (an existing session's head was kept by the event's
+/// trigger).
+pub(super) const INSERT_SESSION_SQL: &str = concatcp!(
+    "INSERT OR IGNORE INTO sessions (key, route, state, created_at, updated_at, queue_head)
      VALUES ($1, $2, ",
     IDLE,
-    ", $3, $3)"
+    ", $3, $3, $4)"
 );
 
 /// `$1` id, `$2` route, `$3` session key, `$4` event type, `$5` payload, `$6` now.
-const INSERT_INTERNAL_SQL: &str = concatcp!(
+pub(super) const INSERT_INTERNAL_SQL: &str = concatcp!(
     "INSERT INTO events (id, route, session_key, event_type, delivery_id, headers, payload,
                          received_at, status, updated_at, origin)
      VALUES ($1, $2, $3, $4, NULL, '{}', $5, $6, ",
     QUEUED,
-    ", $6, 'background')"
+    ", $6, ",
+    BACKGROUND,
+    ")"
 );
 
 /// Pages given back to the file system per pruned batch: a few milliseconds of page moves.
@@ -52,7 +57,7 @@ fn accept_in(connection: &Connection, new: &NewEvent) -> Result<AcceptOutcome, S
         let original = query_optional(
             connection,
             ORIGINAL_SQL,
-            &[&event.route, delivery_id, &new.dedup_since],
+            &[&event.route, delivery_id, &new.dedup_window.start(now)],
             |row| value::<String>(row, "event_id"),
         )?;
         if let Some(original) = original {
@@ -79,10 +84,11 @@ fn accept_in(connection: &Connection, new: &NewEvent) -> Result<AcceptOutcome, S
             &event.trace_parent,
         ],
     )?;
+    let seq = connection.last_insert_rowid();
     execute(
         connection,
         INSERT_SESSION_SQL,
-        &[&event.session_key, &event.route, &now],
+        &[&event.session_key, &event.route, &now, &seq],
     )?;
     Ok(AcceptOutcome::Accepted)
 }
@@ -130,38 +136,27 @@ impl Accepting for SqliteStore {
         event_type: &str,
         payload: serde_json::Value,
     ) -> Result<String, StoreError> {
-        let id = uuid::Uuid::now_v7().to_string();
-        let (event_id, session_key, route, event_type) = (
-            id.clone(),
+        let (session_key, route, event_type) = (
             session_key.to_string(),
             route.to_string(),
             event_type.to_string(),
         );
         self.write(move |connection| {
-            execute(
-                connection,
-                INSERT_INTERNAL_SQL,
-                &[
-                    &event_id,
-                    &route,
-                    &session_key,
-                    &event_type,
-                    &payload.to_string().into_bytes(),
-                    &now_millis(),
-                ],
-            )
+            on_writer(connection, async |tx| {
+                turns::enqueue_internal(tx, &session_key, &route, &event_type, &payload).await
+            })
         })
-        .await?;
-        Ok(id)
+        .await
     }
 
     async fn original_of(
         &self,
         route: &str,
         delivery_id: &str,
-        since: i64,
+        window: DedupWindow,
     ) -> Result<Option<String>, StoreError> {
         let (route, delivery_id) = (route.to_string(), delivery_id.to_string());
+        let since = window.start(now_millis());
         self.read(move |connection| {
             query_optional(
                 connection,
@@ -178,7 +173,8 @@ impl Accepting for SqliteStore {
             .await
     }
 
-    async fn prune_dedup(&self, before: i64) -> Result<usize, StoreError> {
+    async fn prune_dedup(&self, window: DedupWindow) -> Result<usize, StoreError> {
+        let before = window.start(now_millis());
         self.write(move |connection| execute(connection, PRUNE_DEDUP_SQL, &[&before]))
             .await
     }

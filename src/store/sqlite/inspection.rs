@@ -3,23 +3,34 @@
 
 use std::collections::BTreeMap;
 
+use const_format::concatcp;
+
 use rusqlite::Connection;
 
 use super::{SqliteStore, query, query_one, query_optional, value};
 use crate::store::model::{
     ApprovalCounts, DeliveryCounts, DeliveryRow, EventDetail, EventFilter, EventRow, LiveCounts,
-    SessionRow, StatusSummary, TurnRow,
+    SessionRow, StatusSummary, TranscriptRow, TranscriptTail, TurnRow,
 };
 use crate::store::row::counted;
 use crate::store::sql::{
     DELIVERIES_SQL, DELIVERY_COUNTS_SQL, EVENT_DELIVERY_SQL, EVENT_REPLAYS_SQL, EVENT_SQL,
-    EVENT_TURNS_SQL, EVENT_USAGE_SQL, EVENTS_BY_STATUS_SQL, EVENTS_SQL, LIVE_COUNTS_SQL,
-    ONE_SESSION_SQL, PENDING_COUNT_SQL, QUEUED_BY_ROUTE_SQL, SESSION_USAGE_SQL,
-    SESSIONS_BY_STATE_SQL, SESSIONS_PAGE_SQL, SESSIONS_SQL, USAGE_BY_DAY_SQL,
+    EVENT_TRANSCRIPT_SQL, EVENT_TURNS_SQL, EVENT_USAGE_SQL, EVENTS_BY_STATUS_SQL, EVENTS_SQL,
+    LIVE_COUNTS_SQL, ONE_SESSION_SQL, PENDING_COUNT_SQL, QUEUED_BY_ROUTE_SELECT,
+    QUEUED_BY_ROUTE_WHERE, SESSION_USAGE_SQL, SESSIONS_BY_STATE_SQL, SESSIONS_PAGE_SQL,
+    SESSIONS_SQL, TRANSCRIPT_TAIL_SQL, USAGE_BY_DAY_SQL,
 };
 use crate::store::states::{DeliveryState, EventStatus};
-use crate::store::{Inspection, StoreError, now_millis};
+use crate::store::{EVENT_ENTRY, Inspection, StoreError, now_millis};
 use crate::usage::{Spent, UsageDay, UsageReport, day_start};
+
+/// Each route's queued events, from the index that holds the route (`INDEXED BY`: SQLite would
+/// rather take `events_by_status` and read every queued event's row for its route).
+pub(super) const QUEUED_BY_ROUTE_SQL: &str = concatcp!(
+    QUEUED_BY_ROUTE_SELECT,
+    " INDEXED BY events_queued_by_route",
+    QUEUED_BY_ROUTE_WHERE
+);
 
 fn summary_in(connection: &Connection) -> Result<StatusSummary, StoreError> {
     let by_status: BTreeMap<_, _> =
@@ -126,7 +137,43 @@ impl Inspection for SqliteStore {
                 Spent::decode(row)
             })?;
             session.usage = Some(UsageReport::of(spent, None));
+            session.spent = Some(spent);
             Ok(Some(session))
+        })
+        .await
+    }
+
+    async fn transcript_tail(
+        &self,
+        session_key: &str,
+        limit: i64,
+    ) -> Result<TranscriptTail, StoreError> {
+        let key = session_key.to_string();
+        self.read(move |connection| {
+            let rows = query(
+                connection,
+                TRANSCRIPT_TAIL_SQL,
+                &[&key, &EVENT_ENTRY, &(limit + 1)],
+                |row| TranscriptRow::decode(row),
+            )?;
+            Ok(TranscriptTail::of(rows, limit))
+        })
+        .await
+    }
+
+    async fn event_transcript(
+        &self,
+        event_id: &str,
+        limit: i64,
+    ) -> Result<Vec<TranscriptRow>, StoreError> {
+        let id = event_id.to_string();
+        self.read(move |connection| {
+            query(
+                connection,
+                EVENT_TRANSCRIPT_SQL,
+                &[&id, &EVENT_ENTRY, &limit],
+                |row| TranscriptRow::decode(row),
+            )
         })
         .await
     }

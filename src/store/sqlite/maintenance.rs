@@ -11,11 +11,11 @@ use crate::store::ledger::Ledger;
 use crate::store::states::{RESUME_PENDING, TURN_RUNNING};
 use crate::store::{StateDir, StoreError, state_dir};
 
-/// `agentgate backup`: a consistent copy of the database (SQLite's online backup, one read
-/// transaction, so the daemon keeps writing meanwhile) and of the ledger (a whole version: it is
-/// only ever replaced by a rename; an empty ledger when there is none yet, so that a restore
-/// also replaces a newer ledger) into `target`, a new directory (0700, files 0600). Returns the
-/// files written.
+/// `agentgate backup`: a consistent copy of the database (SQLite's online backup of every page
+/// in one step, so one read transaction: the daemon keeps writing meanwhile, and the copy is
+/// the state when it began) and of the ledger (a whole version: it is only ever replaced by a
+/// rename; an empty ledger when there is none yet, so that a restore also replaces a newer
+/// ledger) into `target`, a new directory (0700, files 0600). Returns the files written.
 pub(crate) fn backup(state_dir: &Path, target: &Path) -> Result<Vec<PathBuf>, String> {
     use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
     let fail = |what: &str, err: &dyn std::fmt::Display| format!("{what}: {err}");
@@ -32,9 +32,7 @@ pub(crate) fn backup(state_dir: &Path, target: &Path) -> Result<Vec<PathBuf>, St
         .open(&database)
         .map_err(|err| fail(&database.display().to_string(), &err))?;
     let source = open_reader(&state.database()).map_err(|err| err.to_string())?;
-    source
-        .backup(rusqlite::DatabaseName::Main, &database, None)
-        .map_err(|err| fail("cannot copy the database", &err))?;
+    copy_database(&source, &database).map_err(|err| fail("cannot copy the database", &err))?;
     let mut written = vec![database];
     let ledger = state
         .read(&state.ledger())
@@ -56,6 +54,44 @@ pub(crate) fn backup(state_dir: &Path, target: &Path) -> Result<Vec<PathBuf>, St
         .map_err(|err| fail(&format!("cannot sync {}", target.display()), &err))?;
     Ok(written)
 }
+
+/// Copies every page of `source` into the new database file `copy` in one backup step. The
+/// backup API's usual small steps each take a read transaction of their own, and a write to
+/// the source between two steps starts the copy over: under a daemon that commits every few
+/// milliseconds a copy of a large database took minutes instead of a second.
+#[expect(
+    clippy::wildcard_enum_match_arm,
+    reason = "StepResult is open-ended; only Done, Busy and Locked change what happens"
+)]
+fn copy_database(source: &rusqlite::Connection, copy: &Path) -> Result<(), rusqlite::Error> {
+    use rusqlite::backup::{Backup, StepResult};
+    let mut destination = rusqlite::Connection::open(copy)?;
+    let backup = Backup::new(source, &mut destination)?;
+    let mut busy = 0;
+    loop {
+        match backup.step(-1)? {
+            StepResult::Done => return Ok(()),
+            // Locked by another writer for a moment (a checkpoint): the whole step again.
+            StepResult::Busy | StepResult::Locked if busy < BACKUP_BUSY_RETRIES => {
+                busy += 1;
+                std::thread::sleep(BACKUP_BUSY_PAUSE);
+            }
+            StepResult::Busy | StepResult::Locked => {
+                return Err(rusqlite::Error::SqliteFailure(
+                    rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_BUSY),
+                    Some("the database stayed locked".into()),
+                ));
+            }
+            // `More` is not answered to a step of every page (-1); it would only mean another
+            // step is needed.
+            _ => {}
+        }
+    }
+}
+
+/// How often, and how long apart, a backup step that found the database locked is tried again.
+const BACKUP_BUSY_RETRIES: u32 = 100;
+const BACKUP_BUSY_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// `PRAGMA quick_check` of a database no daemon uses (reconcile): `Err` says what is wrong.
 pub(crate) fn check_database(database: &Path) -> Result<(), String> {

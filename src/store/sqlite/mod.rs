@@ -12,6 +12,8 @@ mod inspection;
 mod maintenance;
 mod operator;
 mod outbox;
+#[cfg(test)]
+mod plans;
 mod recovery;
 mod schema;
 mod turns;
@@ -31,23 +33,33 @@ use tokio::sync::oneshot;
 
 use super::ledger::{LedgerError, LedgerFile};
 use super::row::StoredRow;
+use super::tx::{Tx, Values};
 use super::{StateDir, StoreError, ensure_state_dir, now_millis, state_dir};
 
 /// The most writes that share one transaction.
 const MAX_BATCH: usize = 1024;
 /// Batches take the write lock up front, so a concurrent reader never turns a batch into a retry.
-const BEGIN_BATCH: &str = "BEGIN IMMEDIATE;";
+const BEGIN_BATCH: &str = "BEGIN IMMEDIATE";
 /// How often an unhealthy store probes whether writes work again.
 const PROBE_INTERVAL: Duration = Duration::from_millis(500);
 
 /// One queued write: applied inside the batch transaction, then told whether the batch committed.
 trait WriteJob: Send {
-    fn apply(&mut self, connection: &Connection);
+    /// Applies the job; with `guarded`, in a savepoint of its own, which a failure rolls back.
+    /// Returns whether it succeeded. A job may be applied again (in a new transaction).
+    fn apply(&mut self, connection: &Connection, guarded: Guarded) -> bool;
     fn finish(self: Box<Self>, committed: Result<(), String>);
 }
 
+/// Whether a job runs in a savepoint of its own (see [`Writer::commit_batch`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Guarded {
+    Yes,
+    No,
+}
+
 struct Job<T, F> {
-    work: Option<F>,
+    work: F,
     outcome: Option<Result<T, StoreError>>,
     reply: oneshot::Sender<Result<T, StoreError>>,
 }
@@ -55,23 +67,29 @@ struct Job<T, F> {
 impl<T, F> WriteJob for Job<T, F>
 where
     T: Send,
-    F: FnOnce(&Connection) -> Result<T, StoreError> + Send,
+    F: Fn(&Connection) -> Result<T, StoreError> + Send,
 {
-    fn apply(&mut self, connection: &Connection) {
-        if let Some(work) = self.work.take() {
-            // A savepoint per job: one failing write does not undo the others in the batch.
-            let outcome = connection
-                .execute_batch("SAVEPOINT job")
-                .map_err(StoreError::from)
-                .and_then(|()| work(connection));
-            let end = if outcome.is_ok() {
-                "RELEASE job"
-            } else {
-                "ROLLBACK TO job; RELEASE job"
-            };
-            let ended = connection.execute_batch(end).map_err(StoreError::from);
-            self.outcome = Some(ended.and(outcome));
-        }
+    fn apply(&mut self, connection: &Connection, guarded: Guarded) -> bool {
+        let outcome = match guarded {
+            Guarded::No => (self.work)(connection),
+            Guarded::Yes => {
+                // Both statements are prepared once per connection, as every statement of a
+                // job is.
+                let outcome =
+                    run_cached(connection, "SAVEPOINT job").and_then(|()| (self.work)(connection));
+                let ended = if outcome.is_ok() {
+                    run_cached(connection, "RELEASE job")
+                } else {
+                    connection
+                        .execute_batch("ROLLBACK TO job; RELEASE job")
+                        .map_err(StoreError::from)
+                };
+                ended.and(outcome)
+            }
+        };
+        let succeeded = outcome.is_ok();
+        self.outcome = Some(outcome);
+        succeeded
     }
 
     fn finish(self: Box<Self>, committed: Result<(), String>) {
@@ -84,6 +102,12 @@ where
         // The caller may have gone away (client disconnected); its write is committed regardless.
         let _ = self.reply.send(result);
     }
+}
+
+/// Runs a statement without parameters, prepared once per connection.
+fn run_cached(connection: &Connection, sql: &str) -> Result<(), StoreError> {
+    connection.prepare_cached(sql)?.raw_execute()?;
+    Ok(())
 }
 
 /// A handle to the state database. Cheap to clone.
@@ -109,9 +133,14 @@ fn open_connection(path: &Path, flags: OpenFlags) -> rusqlite::Result<Connection
     let connection = Connection::open_with_flags(path, flags)?;
     connection.busy_timeout(Duration::from_secs(5))?;
     distrust_the_schema(&connection)?;
+    // `temp_store = MEMORY`: the statement journals of a transaction (the pages a statement
+    // changes, kept so that it can be undone alone) stay in memory; spilled to a temporary file
+    // past 64 KiB, as SQLite does by default, they cost a batch of accepts more system time
+    // than its commit.
     connection.execute_batch(
         "PRAGMA journal_mode = WAL;
          PRAGMA synchronous = FULL;
+         PRAGMA temp_store = MEMORY;
          PRAGMA cache_size = -2000;",
     )?;
     Ok(connection)
@@ -215,11 +244,11 @@ impl SqliteStore {
     async fn write<T, F>(&self, work: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
-        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+        F: Fn(&Connection) -> Result<T, StoreError> + Send + 'static,
     {
         let (reply, answer) = oneshot::channel();
         let job = Job {
-            work: Some(work),
+            work,
             outcome: None,
             reply,
         };
@@ -346,15 +375,27 @@ impl Writer {
             .ok_or_else(|| "no database connection".to_string())
     }
 
+    /// Applies the batch in one transaction and commits it. One failing job must not undo the
+    /// others, yet a savepoint per job would copy every page it touches into SQLite's statement
+    /// journal (most of an accept's cost). So the jobs first run one after another with none;
+    /// if every one succeeds, that is the batch. If one fails (rare: its writes may be half
+    /// done), the transaction is rolled back and the batch runs again with a savepoint per job.
     fn commit_batch(&mut self, batch: &mut [Box<dyn WriteJob>]) -> Result<(), String> {
         let connection = self.connection()?;
-        connection
-            .execute_batch(BEGIN_BATCH)
-            .map_err(|err| err.to_string())?;
-        for job in batch.iter_mut() {
-            job.apply(connection);
+        run_cached(connection, BEGIN_BATCH).map_err(|err| err.to_string())?;
+        if !batch
+            .iter_mut()
+            .all(|job| job.apply(connection, Guarded::No))
+        {
+            connection
+                .execute_batch("ROLLBACK")
+                .map_err(|err| err.to_string())?;
+            run_cached(connection, BEGIN_BATCH).map_err(|err| err.to_string())?;
+            for job in batch.iter_mut() {
+                job.apply(connection, Guarded::Yes);
+            }
         }
-        match connection.execute_batch("COMMIT") {
+        match run_cached(connection, "COMMIT") {
             Ok(()) => Ok(()),
             Err(err) => {
                 let _ = connection.execute_batch("ROLLBACK");
@@ -404,19 +445,29 @@ impl SqliteStore {
 /// A prepared statement of `sql`, which numbers its parameters `$N` as the shared SQL does
 /// (`store::sql`), with `values` bound: SQLite takes `$N` as a name and numbers names by first
 /// appearance, so each value is bound to its name, never by position.
-fn statement<'c>(
+fn statement<'c, V: ToSql + ?Sized>(
     connection: &'c Connection,
     sql: &str,
-    values: &[&dyn ToSql],
+    values: &[&V],
 ) -> Result<CachedStatement<'c>, StoreError> {
     let mut statement = connection.prepare_cached(sql)?;
     for (position, value) in values.iter().enumerate() {
-        if let Some(index) = statement.parameter_index(&format!("${}", position + 1))? {
+        let index = match PARAMETER_NAMES.get(position) {
+            Some(name) => statement.parameter_index(name)?,
+            None => statement.parameter_index(&format!("${}", position + 1))?,
+        };
+        if let Some(index) = index {
             statement.raw_bind_parameter(index, value)?;
         }
     }
     Ok(statement)
 }
+
+/// The names of the first parameters, so that binding them allocates nothing.
+const PARAMETER_NAMES: [&str; 16] = [
+    "$1", "$2", "$3", "$4", "$5", "$6", "$7", "$8", "$9", "$10", "$11", "$12", "$13", "$14", "$15",
+    "$16",
+];
 
 /// Runs a statement; the number of rows it changed.
 fn execute(connection: &Connection, sql: &str, values: &[&dyn ToSql]) -> Result<usize, StoreError> {
@@ -430,7 +481,14 @@ fn query<T>(
     values: &[&dyn ToSql],
     decode: impl Fn(&Row<'_>) -> Result<T, StoreError>,
 ) -> Result<Vec<T>, StoreError> {
-    let mut statement = statement(connection, sql, values)?;
+    every_row(statement(connection, sql, values)?, decode)
+}
+
+/// Every row of a bound statement, decoded.
+fn every_row<T>(
+    mut statement: CachedStatement<'_>,
+    decode: impl Fn(&Row<'_>) -> Result<T, StoreError>,
+) -> Result<Vec<T>, StoreError> {
     let mut rows = statement.raw_query();
     let mut decoded = Vec::new();
     while let Some(row) = rows.next()? {
@@ -446,7 +504,14 @@ fn query_optional<T>(
     values: &[&dyn ToSql],
     decode: impl Fn(&Row<'_>) -> Result<T, StoreError>,
 ) -> Result<Option<T>, StoreError> {
-    let mut statement = statement(connection, sql, values)?;
+    first_row(statement(connection, sql, values)?, decode)
+}
+
+/// The first row of a bound statement, if any, decoded.
+fn first_row<T>(
+    mut statement: CachedStatement<'_>,
+    decode: impl Fn(&Row<'_>) -> Result<T, StoreError>,
+) -> Result<Option<T>, StoreError> {
     let mut rows = statement.raw_query();
     rows.next()?.map(decode).transpose()
 }
@@ -465,4 +530,124 @@ fn query_one<T>(
 /// One column of a row, by name.
 fn value<T: super::row::Column>(row: &Row<'_>, name: &'static str) -> Result<T, StoreError> {
     row.column(name)
+}
+
+/// The writer's transaction, as the scripts written once for both backends run it
+/// (`store::turns`).
+struct OnWriter<'c> {
+    connection: &'c Connection,
+}
+
+impl Tx for OnWriter<'_> {
+    type Row<'r> = Row<'r>;
+
+    async fn run(&self, sql: &str, values: &Values<'_>) -> Result<u64, StoreError> {
+        let changed = statement(self.connection, sql, values)?.raw_execute()?;
+        Ok(changed as u64)
+    }
+
+    async fn rows<T>(
+        &self,
+        sql: &str,
+        values: &Values<'_>,
+        decode: impl Fn(&Row<'_>) -> Result<T, StoreError>,
+    ) -> Result<Vec<T>, StoreError> {
+        every_row(statement(self.connection, sql, values)?, decode)
+    }
+
+    async fn maybe_row<T>(
+        &self,
+        sql: &str,
+        values: &Values<'_>,
+        decode: impl Fn(&Row<'_>) -> Result<T, StoreError>,
+    ) -> Result<Option<T>, StoreError> {
+        first_row(statement(self.connection, sql, values)?, decode)
+    }
+
+    async fn row<T>(
+        &self,
+        sql: &str,
+        values: &Values<'_>,
+        decode: impl Fn(&Row<'_>) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        self.maybe_row(sql, values, decode)
+            .await?
+            .ok_or(StoreError::Query(rusqlite::Error::QueryReturnedNoRows))
+    }
+}
+
+/// Runs `script` on the writer's transaction. Its statements run on the writer thread one after
+/// another, and none of them waits for anything else, so it is run to its end in place.
+fn on_writer<T>(
+    connection: &Connection,
+    script: impl AsyncFnOnce(&OnWriter<'_>) -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    futures::executor::block_on(script(&OnWriter { connection }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A job whose work inserts `value` into `t`, then fails if `fails`.
+    fn insert(
+        value: i64,
+        fails: bool,
+    ) -> (Box<dyn WriteJob>, oneshot::Receiver<Result<(), StoreError>>) {
+        let (reply, answer) = oneshot::channel();
+        let work = move |connection: &Connection| {
+            execute(connection, "INSERT INTO t (x) VALUES ($1)", &[&value])?;
+            if fails {
+                return Err(StoreError::Render("refused after its insert".into()));
+            }
+            Ok(())
+        };
+        let job = Job {
+            work,
+            outcome: None,
+            reply,
+        };
+        (Box::new(job), answer)
+    }
+
+    /// The writer applies a batch without a savepoint per job; a job that fails after writing
+    /// makes it run the batch again with one, so that its own writes are undone and no other's.
+    #[test]
+    fn a_failing_job_undoes_its_own_writes_and_no_other_job_s() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        drop(SqliteStore::open(dir.path()).expect("open"));
+        let database = StateDir::new(dir.path()).database();
+        let connection = Connection::open(&database).expect("connect");
+        connection
+            .execute_batch("CREATE TABLE t (x INTEGER)")
+            .expect("table");
+        let mut writer = Writer {
+            connection: None,
+            database,
+            writable: Arc::new(AtomicBool::new(true)),
+        };
+        let (mut batch, answers): (Vec<_>, Vec<_>) = [(1, false), (2, true), (3, false)]
+            .into_iter()
+            .map(|(value, fails)| insert(value, fails))
+            .unzip();
+        let committed = writer.commit_batch(&mut batch);
+        assert_eq!(committed, Ok(()));
+        for job in batch {
+            job.finish(committed.clone());
+        }
+        let outcomes: Vec<bool> = answers
+            .into_iter()
+            .map(|mut answer| answer.try_recv().expect("answered").is_ok())
+            .collect();
+        assert_eq!(outcomes, [true, false, true]);
+        let mut rows = connection
+            .prepare("SELECT x FROM t ORDER BY x")
+            .expect("prepare");
+        let stored: Vec<i64> = rows
+            .query_map([], |row| row.get(0))
+            .expect("query")
+            .collect::<Result<_, _>>()
+            .expect("rows");
+        assert_eq!(stored, [1, 3]);
+    }
 }

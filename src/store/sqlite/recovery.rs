@@ -75,6 +75,8 @@ fn crashed_in(connection: &Connection) -> Result<usize, StoreError> {
     let together: i64 = query_one(connection, RUNNING_TURNS_SQL, &[], |row| {
         value(row, "running")
     })?;
+    // What the last run's requests held: none of them is in flight any more.
+    execute(connection, "DELETE FROM budget_reservations", &[])?;
     execute(connection, CRASHED_SUSPENDED_EVENTS_SQL, &[&now])?;
     execute(connection, CRASHED_SESSIONS_SQL, &[&now])?;
     execute(connection, CRASHED_TURNS_SQL, &[&now, &together])

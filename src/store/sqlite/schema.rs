@@ -172,6 +172,67 @@ const MIGRATIONS: &[&str] = &[
     // each turn's own span, which a resumed turn links to.
     "ALTER TABLE events ADD COLUMN trace_parent TEXT;
     ALTER TABLE turns ADD COLUMN trace_span TEXT;",
+    // 14: budget reservations: what each model request in flight may spend, one row per turn
+    // (docs/reference.md, "Budgets"). Only this process makes them: a start clears them.
+    "CREATE TABLE budget_reservations (
+        turn_id        TEXT PRIMARY KEY,
+        event_id       TEXT NOT NULL,
+        session_key    TEXT NOT NULL,
+        route          TEXT NOT NULL,
+        made_at        INTEGER NOT NULL,
+        input_tokens   INTEGER NOT NULL,
+        output_tokens  INTEGER NOT NULL,
+        node           TEXT NOT NULL,
+        expires_at     INTEGER NOT NULL
+    ) WITHOUT ROWID;",
+    // 15: an accept writes fewer index entries, and a claim or an end of a turn touches only
+    // the indexes its change concerns. Queued events are found by session in a partial index
+    // that holds only them (an event leaves it when it is claimed), finished ones for retention
+    // in another (an event enters it when it ends); events by status (every event, moved on
+    // every change of status) and sessions by state (which `sessions_runnable` and
+    // `sessions_by_age` both lead with) go. A session is inserted with its queue head, so the
+    // trigger that finds it runs only for a session inserted without one. The queue-head
+    // triggers name their index: a session's queued events, never all its events.
+    "DROP INDEX events_by_status;
+    DROP INDEX sessions_by_state;
+    DROP INDEX events_queued_by_session;
+    CREATE INDEX events_queued_by_session ON events(session_key, seq) WHERE status = 'queued';
+    CREATE INDEX events_finished ON events(seq)
+        WHERE status IN ('completed', 'failed', 'abandoned');
+    DROP TRIGGER queue_head_of_new_session;
+    DROP TRIGGER queue_head_on_status;
+    DROP TRIGGER queue_head_on_deleted_event;
+    CREATE TRIGGER queue_head_of_new_session AFTER INSERT ON sessions
+        WHEN NEW.queue_head IS NULL
+    BEGIN
+        UPDATE sessions SET queue_head =
+            (SELECT min(seq) FROM events INDEXED BY events_queued_by_session
+             WHERE status = 'queued' AND session_key = NEW.key)
+        WHERE key = NEW.key;
+    END;
+    CREATE TRIGGER queue_head_on_status AFTER UPDATE OF status ON events
+        WHEN (OLD.status = 'queued') <> (NEW.status = 'queued')
+    BEGIN
+        UPDATE sessions SET queue_head =
+            (SELECT min(seq) FROM events INDEXED BY events_queued_by_session
+             WHERE status = 'queued' AND session_key = NEW.session_key)
+        WHERE key = NEW.session_key;
+    END;
+    CREATE TRIGGER queue_head_on_deleted_event AFTER DELETE ON events WHEN OLD.status = 'queued'
+    BEGIN
+        UPDATE sessions SET queue_head =
+            (SELECT min(seq) FROM events INDEXED BY events_queued_by_session
+             WHERE status = 'queued' AND session_key = OLD.session_key)
+        WHERE key = OLD.session_key;
+    END;",
+    // 16: rewind and fork (docs/reference.md, "Rewind and fork"). A transcript entry that a
+    // rewind superseded names the turn that did; the event a rewind or fork queued says which
+    // session and entry it reruns, where its turn starts, and the id its first turn takes.
+    "ALTER TABLE transcript ADD COLUMN superseded_by TEXT;
+    ALTER TABLE events ADD COLUMN rewind_session TEXT;
+    ALTER TABLE events ADD COLUMN rewind_entry INTEGER;
+    ALTER TABLE events ADD COLUMN rewind_from TEXT;
+    ALTER TABLE events ADD COLUMN rewind_turn TEXT;",
 ];
 
 /// The schema version this build writes.

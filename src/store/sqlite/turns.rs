@@ -1,28 +1,29 @@
-//! [`Turns`] on SQLite: claiming the next event of an idle session, committing each step, and
-//! ending a turn together with its event's terminal status and its outbox row.
+//! [`Turns`] on SQLite: which events a claim looks at (read on a reader, so the writer is not
+//! held), what the writer's transaction writes its own way in a turn's scripts
+//! (`store::turns`), and budget reservations, which only this process makes.
 
 use const_format::concatcp;
 use rusqlite::Connection;
 
-use super::{SqliteStore, execute, query, query_one, query_optional, value};
-use crate::store::approval::{APPROVAL_ENTRY, NewApproval};
+use super::accepting::INSERT_INTERNAL_SQL;
+use super::{OnWriter, SqliteStore, execute, on_writer, query, query_one, query_optional, value};
+use crate::store::approval::NewApproval;
 use crate::store::model::{
-    Claim, ClaimedTurn, EVENT_ENTRY, Event, RenderDelivery, TranscriptRow, TurnEnd,
+    Claim, ClaimedTurn, EVENT_ENTRY, Event, Fits, RenderDelivery, Reservation, Reserving,
+    TranscriptRow, TurnEnd,
 };
+use crate::store::row::StoredRow;
 use crate::store::sql::{
-    APPEND_SQL, AWAIT_EVENT_SQL, CLAIM_COLUMNS, DAY_USAGE_SQL, EARLIER_TURN_SPAN_SQL,
-    END_SESSION_SET, EVENT_HAS_TRANSCRIPT_SQL, EVENT_USAGE_SQL, FINISH_EVENT_SQL,
-    FINISH_JOINED_SQL, FINISH_TURN_SQL, INSERT_APPROVAL_SQL, INTERRUPT_TURN_SQL, JOIN_QUEUED_SQL,
-    JOINED_EVENTS_SQL, RECORD_TURN_SPAN_SQL, ROUTE_DAY_USAGE_SQL, SESSION_USAGE_SQL,
-    START_EVENT_SQL, SUSPENDED_EVENT_WAITS_SQL, TRANSCRIPT_SQL, TURN_STEPS_SQL, step_usage_values,
+    CLAIM_COLUMNS, EARLIER_TURN_SPAN_SQL, END_SESSION_SET, EVENT_HAS_TRANSCRIPT_SQL, HELD_SUMS,
+    JOIN_QUEUED_SET, RECORD_TURN_SPAN_SQL, RELEASE_SQL, TRANSCRIPT_SQL,
 };
-use crate::store::states::SessionState;
 use crate::store::states::{
-    IDLE, PENDING, QUEUED, RESUME_PENDING, ResumeReason, SESSION_RUNNING, SUSPENDED, StopReason,
-    TURN_RUNNING,
+    IDLE, PENDING, QUEUED, RESUME_PENDING, ResumeReason, SESSION_RUNNING, SUSPENDED, TURN_RUNNING,
 };
-use crate::store::{StoreError, Turns, now_millis};
-use crate::usage::{Counted, Spending, Spent};
+use crate::store::turns::{self, InternalEvent, Start, TurnTx};
+use crate::store::tx::{Param, Tx};
+use crate::store::{StoreError, Turns};
+use crate::usage::Spent;
 
 /// The head event of each idle session whose head may run beside others (sessions that cannot
 /// run, busy, suspended or resume-pending, are never read), for the two orders below.
@@ -39,13 +40,14 @@ const RUNNABLE_HEADS: &str = concatcp!(
 /// unless it must run alone. Read on a reader connection, so a long backlog costs the writer
 /// (and so accepts) nothing; the queue-head index stops the read at the limit, so a deep queue
 /// costs nothing here. `$1` limit.
-const CANDIDATES_SQL: &str = concatcp!(RUNNABLE_HEADS, " ORDER BY s.queue_head LIMIT $1");
+pub(super) const CANDIDATES_SQL: &str =
+    concatcp!(RUNNABLE_HEADS, " ORDER BY s.queue_head LIMIT $1");
 
 /// As [`CANDIDATES_SQL`], with the routes' priorities counted as waiting. `$1` limit, `$2` the
 /// priorities (a JSON object of route name to priority; route names are letters, digits, `_`
 /// and `-`), `$3` the waiting one step is worth. Every idle session with a queued event is read
 /// and sorted, so this is used only when some route has a priority.
-const PRIORITY_CANDIDATES_SQL: &str = concatcp!(
+pub(super) const PRIORITY_CANDIDATES_SQL: &str = concatcp!(
     RUNNABLE_HEADS,
     " ORDER BY e.received_at - coalesce(json_extract($2, '$.\"' || e.route || '\"'), 0) * $3,
              s.queue_head
@@ -53,11 +55,15 @@ const PRIORITY_CANDIDATES_SQL: &str = concatcp!(
 );
 
 /// The oldest event that must run alone and is the next of an idle session, from the partial
-/// index of such events (a few at most, after a crash). `$1` limit.
-const ALONE_CANDIDATES_SQL: &str = concatcp!(
+/// index of such events (a few at most, after a crash). `$1` limit. Asked by the scheduler on
+/// every round, so its plan is not left to SQLite: the events come from that index alone
+/// (`INDEXED BY`), and each is then looked up in `sessions` (`CROSS JOIN` keeps that order).
+/// Left to itself SQLite walks `events_by_status` over every queued event for the `ORDER BY`,
+/// or every runnable session for the join: either reads the whole backlog.
+pub(super) const ALONE_CANDIDATES_SQL: &str = concatcp!(
     "
     SELECT e.id AS id, e.seq AS seq, e.session_key AS session_key
-    FROM events e JOIN sessions s ON s.key = e.session_key
+    FROM events e INDEXED BY events_to_run_alone CROSS JOIN sessions s ON s.key = e.session_key
     WHERE e.status = ",
     QUEUED,
     " AND e.run_alone = 1 AND s.state = ",
@@ -69,9 +75,11 @@ const ALONE_CANDIDATES_SQL: &str = concatcp!(
 
 /// `$1` session key, `$2` the candidate's seq, `$3` its id: whether it may still start a turn
 /// (the writer's view is the truth: it may have been claimed, or a resume queued ahead of it,
-/// since it was read).
-const STILL_FIRST_SQL: &str = concatcp!(
-    "SELECT NOT EXISTS (SELECT 1 FROM events WHERE status = ",
+/// since it was read). The session's queued events come from their own index, never from all
+/// its events (a session may have many finished ones).
+pub(super) const STILL_FIRST_SQL: &str = concatcp!(
+    "SELECT NOT EXISTS (SELECT 1 FROM events INDEXED BY events_queued_by_session
+                        WHERE status = ",
     QUEUED,
     " AND session_key = $1 AND seq < $2)
         AND EXISTS (SELECT 1 FROM events WHERE id = $3 AND status = ",
@@ -82,10 +90,18 @@ const STILL_FIRST_SQL: &str = concatcp!(
     ") AS still_first"
 );
 
-const CLAIMED_EVENT_SQL: &str = concatcp!("SELECT ", CLAIM_COLUMNS, " FROM events WHERE id = $1");
+/// Coalescing (`JOIN_QUEUED_SET`) through the session's queued events: SQLite would take the
+/// partial index of the route's queued events and walk the route's whole backlog.
+pub(super) const JOIN_QUEUED_SQL: &str = concatcp!(
+    "UPDATE events INDEXED BY events_queued_by_session",
+    JOIN_QUEUED_SET
+);
+
+pub(super) const CLAIMED_EVENT_SQL: &str =
+    concatcp!("SELECT ", CLAIM_COLUMNS, " FROM events WHERE id = $1");
 
 /// `$1` turn id, `$2` session key, `$3` event id, `$4` now.
-const START_TURN_SQL: &str = concatcp!(
+pub(super) const START_TURN_SQL: &str = concatcp!(
     "INSERT INTO turns (id, session_key, event_id, status, started_at)
      VALUES ($1, $2, $3, ",
     TURN_RUNNING,
@@ -93,7 +109,7 @@ const START_TURN_SQL: &str = concatcp!(
 );
 
 /// `$1` session key, `$2` turn id, `$3` now.
-const START_SESSION_SQL: &str = concatcp!(
+pub(super) const START_SESSION_SQL: &str = concatcp!(
     "UPDATE sessions SET state = ",
     SESSION_RUNNING,
     ", reason = NULL, last_turn_id = $2, updated_at = $3 WHERE key = $1"
@@ -121,7 +137,7 @@ const INTERRUPT_SESSION_SQL: &str = concatcp!(
 
 /// A queued event that may start a turn: the oldest queued event of an idle session.
 #[derive(Debug, Clone)]
-struct Candidate {
+pub(super) struct Candidate {
     event_id: String,
     seq: i64,
     session_key: String,
@@ -150,255 +166,69 @@ fn candidates_in(connection: &Connection, claim: &Claim) -> Result<Vec<Candidate
     })
 }
 
-/// Claims the candidates that are still claimable now.
-fn claim_in(
-    connection: &Connection,
-    candidates: &[Candidate],
-) -> Result<Vec<ClaimedTurn>, StoreError> {
-    let now = now_millis();
-    let mut claimed = Vec::with_capacity(candidates.len());
-    for candidate in candidates {
-        let still_first: bool = query_one(
-            connection,
-            STILL_FIRST_SQL,
-            &[&candidate.session_key, &candidate.seq, &candidate.event_id],
-            |row| value(row, "still_first"),
-        )?;
-        if !still_first {
-            continue;
-        }
-        let turn_id = uuid::Uuid::now_v7().to_string();
-        let turn = query_one(
-            connection,
-            CLAIMED_EVENT_SQL,
-            &[&candidate.event_id],
-            |row| ClaimedTurn::decode(row, turn_id.clone()),
-        )?;
-        let event = &turn.event;
-        execute(connection, START_EVENT_SQL, &[&event.id, &now])?;
-        execute(
-            connection,
-            START_TURN_SQL,
-            &[&turn_id, &event.session_key, &event.id, &now],
-        )?;
-        execute(
-            connection,
-            START_SESSION_SQL,
-            &[&event.session_key, &turn_id, &now],
-        )?;
-        claimed.push(turn);
-    }
-    Ok(claimed)
-}
-
-/// Ends a turn's rows: the turn, its event's terminal status, its session and its delivery.
+/// Ends a turn's rows (`store::turns::finish`) on the writer's transaction.
 pub(super) fn finish_in(
     connection: &Connection,
     end: &TurnEnd,
     render: RenderDelivery,
 ) -> Result<(), StoreError> {
-    let now = now_millis();
-    let reason = end.reason.map(StopReason::sql);
-    execute(
-        connection,
-        FINISH_TURN_SQL,
-        &[
-            &end.turn_id,
-            &end.turn_status.sql(),
-            &reason,
-            &end.output,
-            &end.error,
-            &end.steps,
-            &now,
-        ],
-    )?;
-    execute(
-        connection,
-        FINISH_EVENT_SQL,
-        &[&end.event_id, &end.terminal.event_status().sql(), &now],
-    )?;
-    execute(
-        connection,
-        END_SESSION_SQL,
-        &[
-            &end.session_key,
-            &end.terminal.session_state().sql(),
-            &reason,
-            &now,
-        ],
-    )?;
-    let spent = query_one(connection, EVENT_USAGE_SQL, &[&end.event_id], |row| {
-        Spent::decode(row)
-    })?;
-    let body = render.body(end, spent)?;
-    execute(
-        connection,
-        QUEUE_DELIVERY_SQL,
-        &[&end.event_id, &end.route, &end.session_key, &body, &now],
-    )?;
-    // The events that joined it end with it, each delivered (what the turn spent is on its own
-    // event's delivery).
-    let joined = query(
-        connection,
-        FINISH_JOINED_SQL,
-        &[&end.event_id, &end.terminal.event_status().sql(), &now],
-        |row| value::<String>(row, "id"),
-    )?;
-    for event_id in joined {
-        let body = render.body(&end.for_joined(&event_id), Spent::default())?;
-        execute(
-            connection,
-            QUEUE_DELIVERY_SQL,
-            &[&event_id, &end.route, &end.session_key, &body, &now],
-        )?;
+    on_writer(connection, async |tx| turns::finish(tx, end, render).await)
+}
+
+impl TurnTx for OnWriter<'_> {
+    const END_SESSION_SQL: &'static str = END_SESSION_SQL;
+    const QUEUE_DELIVERY_SQL: &'static str = QUEUE_DELIVERY_SQL;
+    const INTERRUPT_SESSION_SQL: &'static str = INTERRUPT_SESSION_SQL;
+    const JOIN_QUEUED_SQL: &'static str = JOIN_QUEUED_SQL;
+    const HELD_SQL: &'static str = HELD_SUMS;
+
+    /// Read on a reader beforehand: the writer's view decides whether it may still start.
+    type Candidate = Candidate;
+
+    async fn claimable(&self, candidate: &Candidate) -> Result<Option<ClaimedTurn>, StoreError> {
+        let values: [&(dyn Param + Sync); 3] =
+            [&candidate.session_key, &candidate.seq, &candidate.event_id];
+        if !self
+            .row(STILL_FIRST_SQL, &values, |row| row.column("still_first"))
+            .await?
+        {
+            return Ok(None);
+        }
+        let turn = self
+            .row(CLAIMED_EVENT_SQL, &[&candidate.event_id], |row| {
+                ClaimedTurn::decode(row, uuid::Uuid::now_v7().to_string())
+            })
+            .await?;
+        Ok(Some(turn))
     }
-    Ok(())
-}
 
-/// Coalescing: the queued events of `head`'s session and route that arrived within `window_ms`
-/// after it join it; every event joined to it so far, oldest first.
-fn join_in(
-    connection: &Connection,
-    head: &Event,
-    window_ms: i64,
-) -> Result<Vec<Event>, StoreError> {
-    execute(
-        connection,
-        JOIN_QUEUED_SQL,
-        &[
-            &head.id,
-            &head.session_key,
-            &head.route,
-            &now_millis(),
-            &window_ms,
-        ],
-    )?;
-    query(connection, JOINED_EVENTS_SQL, &[&head.id], |row| {
-        Event::decode(row)
-    })
-}
-
-fn append_in(
-    connection: &Connection,
-    session_key: &str,
-    turn_id: &str,
-    entries: &[(&'static str, String)],
-    steps: u32,
-    spent: Spent,
-) -> Result<(), StoreError> {
-    let now = now_millis();
-    for (kind, body) in entries {
-        execute(
-            connection,
-            APPEND_SQL,
-            &[&session_key, &turn_id, kind, body, &now],
-        )?;
+    async fn start_rows(&self, start: &Start<'_>) -> Result<(), StoreError> {
+        self.run(START_TURN_SQL, &start.turn_values()).await?;
+        self.run(START_SESSION_SQL, &start.session_values()).await?;
+        Ok(())
     }
-    let [input, cached, output, unknown, estimated] = step_usage_values(spent);
-    execute(
-        connection,
-        TURN_STEPS_SQL,
-        &[
-            &turn_id, &steps, &input, &cached, &output, &unknown, &estimated,
-        ],
-    )?;
-    Ok(())
+
+    async fn insert_internal(&self, event: &InternalEvent<'_>) -> Result<(), StoreError> {
+        self.run(INSERT_INTERNAL_SQL, &event.values()).await?;
+        Ok(())
+    }
+
+    /// Made by the writer, one after another; they never expire by time: only this process
+    /// makes them, and a start clears them.
+    async fn insert_reservation(
+        &self,
+        values: &[&(dyn Param + Sync); 7],
+    ) -> Result<(), StoreError> {
+        self.run(RESERVE_SQL, values).await?;
+        Ok(())
+    }
 }
 
-/// Pauses a turn on a call that waits for a decision (`Turns::await_approval`).
-fn await_in(connection: &Connection, request: &NewApproval, steps: u32) -> Result<(), StoreError> {
-    let now = request.row.requested_at;
-    execute(
-        connection,
-        INSERT_APPROVAL_SQL,
-        &[
-            &request.row.id,
-            &request.row.event_id,
-            &request.row.session,
-            &request.row.route,
-            &request.row.turn_id,
-            &request.row.call_id,
-            &request.row.tool,
-            &request.row.arguments.to_string(),
-            &request.row.requested_at,
-            &request.row.expires_at,
-            &request.row.link_secret,
-        ],
-    )?;
-    let body = request.row.entry().body()?;
-    execute(
-        connection,
-        APPEND_SQL,
-        &[
-            &request.row.session,
-            &request.row.turn_id,
-            &APPROVAL_ENTRY,
-            &body,
-            &now,
-        ],
-    )?;
-    execute(
-        connection,
-        INTERRUPT_TURN_SQL,
-        &[
-            &request.row.turn_id,
-            &StopReason::AwaitingApproval.sql(),
-            &steps,
-            &now,
-        ],
-    )?;
-    execute(connection, AWAIT_EVENT_SQL, &[&request.row.event_id, &now])?;
-    // The request's own delivery, keyed by its id (the event's result is delivered later).
-    execute(
-        connection,
-        QUEUE_DELIVERY_SQL,
-        &[
-            &request.row.id,
-            &request.row.route,
-            &request.row.session,
-            &request.delivery,
-            &now,
-        ],
-    )?;
-    execute(
-        connection,
-        END_SESSION_SQL,
-        &[
-            &request.row.session,
-            &SessionState::AwaitingApproval.sql(),
-            &None::<&str>,
-            &now,
-        ],
-    )?;
-    Ok(())
-}
-
-fn interrupt_in(
-    connection: &Connection,
-    turn_id: &str,
-    session_key: &str,
-    reason: ResumeReason,
-    steps: u32,
-) -> Result<(), StoreError> {
-    let now = now_millis();
-    let reason = StopReason::Resume(reason).sql();
-    execute(
-        connection,
-        INTERRUPT_TURN_SQL,
-        &[&turn_id, &reason, &steps, &now],
-    )?;
-    execute(
-        connection,
-        INTERRUPT_SESSION_SQL,
-        &[&session_key, &reason, &now],
-    )?;
-    execute(
-        connection,
-        SUSPENDED_EVENT_WAITS_SQL,
-        &[&turn_id, &reason, &session_key, &now],
-    )?;
-    Ok(())
-}
+/// `$1` turn id, `$2` event id, `$3` session key, `$4` route, `$5` when it was made (its day),
+/// `$6` prompt tokens, `$7` reply tokens: a reservation of this process, which never expires.
+const RESERVE_SQL: &str = "INSERT INTO budget_reservations
+         (turn_id, event_id, session_key, route, made_at, input_tokens, output_tokens, node, expires_at)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, '', 9223372036854775807)";
 
 #[async_trait::async_trait]
 impl Turns for SqliteStore {
@@ -409,8 +239,10 @@ impl Turns for SqliteStore {
         if candidates.is_empty() {
             return Ok(Vec::new());
         }
-        self.write(move |connection| claim_in(connection, &candidates))
-            .await
+        self.write(move |connection| {
+            on_writer(connection, async |tx| turns::claim(tx, &candidates).await)
+        })
+        .await
     }
 
     async fn waiting_to_run_alone(&self) -> Result<bool, StoreError> {
@@ -430,39 +262,30 @@ impl Turns for SqliteStore {
     ) -> Result<(), StoreError> {
         let (session_key, turn_id) = (session_key.to_string(), turn_id.to_string());
         self.write(move |connection| {
-            append_in(connection, &session_key, &turn_id, &entries, steps, spent)
+            on_writer(connection, async |tx| {
+                turns::append(tx, &session_key, &turn_id, &entries, steps, spent).await
+            })
         })
         .await
     }
 
-    async fn spending(
+    async fn reserve_budget(
         &self,
-        event_id: &str,
-        session_key: &str,
-        route: &str,
-        since: i64,
-        counted: Counted,
-    ) -> Result<Spending, StoreError> {
-        let (event_id, session_key, route) = (
-            event_id.to_string(),
-            session_key.to_string(),
-            route.to_string(),
-        );
-        self.read(move |connection| {
-            let spent = |wanted: bool, sql: &str, values: &[&dyn rusqlite::ToSql]| {
-                if !wanted {
-                    return Ok(Spent::default());
-                }
-                query_one(connection, sql, values, |row| Spent::decode(row))
-            };
-            Ok(Spending {
-                turn: spent(counted.turn, EVENT_USAGE_SQL, &[&event_id])?,
-                session: spent(counted.session, SESSION_USAGE_SQL, &[&session_key])?,
-                day: spent(counted.day, DAY_USAGE_SQL, &[&since])?,
-                route_day: spent(counted.route_day, ROUTE_DAY_USAGE_SQL, &[&since, &route])?,
+        reservation: Reservation,
+        fits: Fits,
+    ) -> Result<Reserving, StoreError> {
+        self.write(move |connection| {
+            on_writer(connection, async |tx| {
+                turns::reserve(tx, &reservation, &fits).await
             })
         })
         .await
+    }
+
+    async fn release_budget(&self, turn_id: &str) -> Result<(), StoreError> {
+        let turn_id = turn_id.to_string();
+        self.write(move |connection| execute(connection, RELEASE_SQL, &[&turn_id]).map(drop))
+            .await
     }
 
     async fn finish_turn(&self, end: TurnEnd, render: RenderDelivery) -> Result<(), StoreError> {
@@ -472,8 +295,12 @@ impl Turns for SqliteStore {
 
     async fn join_queued(&self, head: &Event, window_ms: i64) -> Result<Vec<Event>, StoreError> {
         let head = head.clone();
-        self.write(move |connection| join_in(connection, &head, window_ms))
-            .await
+        self.write(move |connection| {
+            on_writer(connection, async |tx| {
+                turns::join(tx, &head, window_ms).await
+            })
+        })
+        .await
     }
 
     async fn interrupt_for_resume(
@@ -485,14 +312,20 @@ impl Turns for SqliteStore {
     ) -> Result<(), StoreError> {
         let (turn_id, session_key) = (turn_id.to_string(), session_key.to_string());
         self.write(move |connection| {
-            interrupt_in(connection, &turn_id, &session_key, reason, steps)
+            on_writer(connection, async |tx| {
+                turns::interrupt(tx, &turn_id, &session_key, reason, steps).await
+            })
         })
         .await
     }
 
     async fn await_approval(&self, request: NewApproval, steps: u32) -> Result<(), StoreError> {
-        self.write(move |connection| await_in(connection, &request, steps))
-            .await
+        self.write(move |connection| {
+            on_writer(connection, async |tx| {
+                turns::await_approval(tx, &request, steps).await
+            })
+        })
+        .await
     }
 
     async fn event_has_transcript(&self, event_id: &str) -> Result<bool, StoreError> {
