@@ -81,7 +81,7 @@ fn full_disk_answers_503_never_2xx_and_recovers() {
     assert_eq!(daemon.request("GET", "/readyz", &[], b"").status, 503);
     assert_eq!(daemon.request("GET", "/healthz", &[], b"").status, 200);
 
-    std::fs::remove_file(&fill).expect("free the space");
+    fill.free();
     wait_until("/readyz to recover", Duration::from_secs(10), || {
         daemon.request("GET", "/readyz", &[], b"").status == 200
     });
@@ -248,7 +248,7 @@ fn a_start_on_a_full_disk_waits_for_space_then_resumes() {
     let answer = post(&daemon, 1);
     assert_eq!(answer.status, 503, "{answer:?}");
     assert_eq!(answer.header("retry-after"), Some("30"), "{answer:?}");
-    std::fs::remove_file(&fill).expect("free the space");
+    fill.free();
     wait_until(
         "/readyz once space is freed",
         Duration::from_secs(20),

@@ -433,7 +433,7 @@ fn a_full_disk_does_not_fail_reconcile_when_the_daemon_can_start() {
         "{said}"
     );
 
-    std::fs::remove_file(&fill).expect("free the space");
+    fill.free();
     let daemon = workspace.start();
     assert_eq!(daemon.post_json("/hook", &[], "{}").status, 202);
 }

@@ -267,7 +267,7 @@ fn faults_at_random_moments_keep_every_invariant() {
                 sent.post(daemon.addr, round, 2);
                 std::thread::sleep(random_window());
                 if let Some(fill) = fill {
-                    std::fs::remove_file(&fill).expect("free the space");
+                    fill.free();
                 }
             }
             Fault::FsyncFailure => {

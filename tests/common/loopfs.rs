@@ -63,14 +63,23 @@ impl LoopFs {
         )
     }
 
-    /// Fills the file system to the last block; removing the returned file frees the space.
-    /// ext4 holds back blocks for the metadata of data not yet written out, and gives back what
-    /// it did not need once it is written: the file is synced and topped up until a round adds
-    /// nothing, so no block comes free later.
-    pub fn fill(&self) -> PathBuf {
-        let fill = self.mount_point.join("fill");
+    /// Fills the file system to the last block; `Fill::free` gives the space back. ext4 holds
+    /// back blocks for the metadata of data not yet written out, and gives back what it did not
+    /// need once it is written: the file is synced and topped up until a round adds nothing, so
+    /// no block comes free later. Then one-block files take what is left: a fragmented file
+    /// cannot grow into the last free block when that also needs a block for its extent tree,
+    /// while a new small file (a ledger, a temporary file) can.
+    pub fn fill(&self) -> Fill {
+        let dir = self.mount_point.join("fill");
+        std::fs::create_dir_all(&dir).expect("mkdir fill");
+        let fill = dir.join("bulk");
         let mut filled = 0;
-        for _ in 0..10 {
+        for round in 0.. {
+            assert!(
+                round < 10,
+                "{} kept gaining free blocks",
+                self.mount_point.display()
+            );
             let _ = Command::new("dd")
                 .args(["if=/dev/zero", "bs=4k", "status=none"])
                 .args(["oflag=append", "conv=notrunc"])
@@ -80,11 +89,38 @@ impl LoopFs {
             run("sync", &["-f", path_str(&fill)]);
             let size = std::fs::metadata(&fill).map_or(0, |meta| meta.len());
             if size == filled {
-                return fill;
+                break;
             }
             filled = size;
         }
-        panic!("{} kept gaining free blocks", self.mount_point.display());
+        for block in 0.. {
+            assert!(
+                block < 1000,
+                "{} kept taking one-block files",
+                self.mount_point.display()
+            );
+            let small = dir.join(format!("block-{block}"));
+            let written = std::fs::write(&small, [0u8; 4096])
+                .and_then(|()| std::fs::File::open(&small)?.sync_all());
+            if written.is_err() {
+                let _ = std::fs::remove_file(&small);
+                run("sync", &["-f", path_str(&fill)]);
+                break;
+            }
+        }
+        Fill { dir }
+    }
+}
+
+/// What `LoopFs::fill` wrote.
+pub struct Fill {
+    dir: PathBuf,
+}
+
+impl Fill {
+    /// Gives the space back.
+    pub fn free(self) {
+        std::fs::remove_dir_all(&self.dir).expect("free the space");
     }
 }
 
