@@ -4,6 +4,7 @@
 
 use std::net::TcpListener;
 use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 /// What a test needs beyond cargo: `tests/run` provides all of it (it runs `tests/setup`, which
@@ -87,12 +88,30 @@ pub fn is_root() -> bool {
         .unwrap_or(false)
 }
 
-/// A free loopback port (bound and released; the daemon binds it again right after).
+/// A free loopback port for a daemon or a systemd socket to bind right after. It is taken from
+/// below the kernel's ephemeral range (`ip_local_port_range`): a port that `bind(:0)` handed out
+/// and released could go, before its owner binds it, to an outgoing connection of another test
+/// running at the same time (seen in CI: a socket unit's start failed on it). Each test process
+/// walks its own stretch of the range, starting from its pid, and checks every port with a bind.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32768);
+    let low = ephemeral_low.saturating_sub(16384).max(1024);
+    let span = ephemeral_low.saturating_sub(low).max(1);
+    let start = std::process::id().wrapping_mul(7919) % span;
+    for _ in 0..span {
+        let offset = (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
+        let Ok(port) = u16::try_from(low + offset) else {
+            continue;
+        };
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port below the ephemeral range (from {ephemeral_low})");
 }
 
 /// Waits for `condition` up to `limit`, polling; panics with `what` if it never holds.
