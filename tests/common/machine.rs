@@ -8,6 +8,7 @@ use super::{BIN, HttpResponse, free_port, try_request};
 
 pub const HARNESS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/systemd");
 pub const REPO: &str = env!("CARGO_MANIFEST_DIR");
+const STATUS_JSON: &str = "agentgate status --json --config /etc/agentgate/agentgate.toml";
 
 /// A booted systemd with agentgate's units installed; powered off on drop.
 pub struct Machine {
@@ -128,8 +129,18 @@ systemctl enable --now agentgate.socket agentgate-control.socket agentgate-tool.
     }
 
     pub fn status_json(&self) -> serde_json::Value {
-        let text = self.ok("agentgate status --json --config /etc/agentgate/agentgate.toml");
+        let text = self.ok(STATUS_JSON);
         serde_json::from_str(&text).expect("status json")
+    }
+
+    /// `status --json`, or `None` when it fails: a daemon that crashes (or is restarted) while
+    /// it answers closes the control connection in the middle of the answer.
+    pub fn try_status_json(&self) -> Option<serde_json::Value> {
+        let output = self.sh(STATUS_JSON);
+        if !output.status.success() {
+            return None;
+        }
+        serde_json::from_slice(&output.stdout).ok()
     }
 
     /// `systemd-analyze security` of the loaded agentgate.service: the exposure score and the line.
