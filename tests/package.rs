@@ -526,6 +526,7 @@ fn no_way_out_of_a_tool_unit(machine: &Machine) {
             "read_credential_store": "/etc/agentgate/credentials/github-secret",
             "read_config": "/etc/agentgate/agentgate.toml",
             "read_config_copy": "/etc/agentgate/agentgate.toml.dpkg-old",
+            "read_a_file_only_the_daemon_s_user_may_read": "/srv/daemon-only/note",
         },
         "kernel": ["user_namespace", "io_uring", "keyring"],
         "write": {"write_outside_writable": "/etc/agentgate/written"},
@@ -576,7 +577,9 @@ fn no_way_out_of_a_tool_unit(machine: &Machine) {
          install -m 0644 {share}/escape-probe.py {share}/escape-probe.json {share}/escape-probe-net.json {share}/sockets-only.json {share}/mcp-where.py /usr/local/lib/
          cp -p /etc/agentgate/agentgate.toml /etc/agentgate/agentgate.toml.dpkg-old
          install -m 0755 {share}/model /usr/local/bin/call-the-first-tool
-         install -d -o _agentgate -g _agentgate /srv/probe /srv/unlisted
+         install -d -o _agentgate-tool -g _agentgate-tool /srv/probe /srv/unlisted
+         install -d -o _agentgate -g _agentgate -m 0700 /srv/daemon-only
+         echo kept | install -o _agentgate -g _agentgate -m 0600 /dev/stdin /srv/daemon-only/note
          mkdir -p /etc/systemd/system/agentgate-tool@.service.d
          printf '[Service]\\nReadWritePaths=/srv/probe\\n' > /etc/systemd/system/agentgate-tool@.service.d/probe.conf
          sed -i 's|^backend = \"replay\"|backend = \"command\"\\ncommand = [\"/usr/local/bin/call-the-first-tool\"]|' /etc/agentgate/agentgate.toml
@@ -613,7 +616,13 @@ fn no_way_out_of_a_tool_unit(machine: &Machine) {
             .contains("\"status\": \"completed\"")
     });
     let report = probe_report(machine, "probe");
-    assert_every_escape_refused(&report, 15);
+    assert_every_escape_refused(&report, 16);
+    // A user of its own: not the daemon's, whose files and per-user kernel bounds it never gets.
+    assert_eq!(
+        report["uid"].to_string(),
+        machine.ok("id -u _agentgate-tool"),
+        "{report:#}"
+    );
     for (action, outcome) in report["legit"].as_object().expect("the legitimate actions") {
         assert_eq!(outcome, "done", "{action} in {report:#}");
     }

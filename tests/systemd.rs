@@ -985,7 +985,8 @@ fn the_operations_guide_works_as_written() {
 
 /// An approval pending across `systemctl restart`: the request survives it, the CLI decides it
 /// through the restarted daemon's control socket (recorded as root), the turn completes, and
-/// both steps are in the journal with their MESSAGE_IDs.
+/// both steps are in the journal with their MESSAGE_IDs. The approved call ran in a tool unit as
+/// `_agentgate-tool`, not as the daemon's user.
 #[test]
 fn an_approval_pending_across_a_restart_is_decided_after_it() {
     let Some(machine) = Machine::boot("approval") else {
@@ -1006,7 +1007,7 @@ else:
 "#,
     );
     let setup = format!(
-        "{model}\n[tools.deploy]\ncommand = [\"/bin/echo\", \"deployed\"]\napproval = true\n\
+        "{model}\n[tools.deploy]\ncommand = [\"/usr/bin/id\", \"-un\"]\napproval = true\n\
          parameters = {{ type = \"object\", properties = {{ target = {{ type = \"string\", enum = [\"prod\"] }} }} }}\n"
     );
     let text = config("").replace("[routes.hook]", &format!("{setup}\n[routes.hook]"))
@@ -1045,6 +1046,12 @@ else:
     wait_for("the turn to complete", Duration::from_secs(30), || {
         status() == "completed"
     });
+    // The call ran, in a tool unit, as the tool units' own user: not the daemon's.
+    let transcript = cli("sessions show deploys --json");
+    assert!(
+        transcript.contains(r#"\"stdout\":\"_agentgate-tool\\n\""#),
+        "{transcript}"
+    );
     for message_id in [
         "3f0a9c51d2b84e6f9a7c1e5d08b4f2a6",
         "c4e81b7a90f34d2a8b6e2f1d93a5c707",

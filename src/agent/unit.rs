@@ -51,6 +51,11 @@ pub(crate) const NETWORK_SOCKET_VARIABLE: &str = "AGENTGATE_TOOL_NETWORK_SOCKET"
 const UNIT_NETWORK_VARIABLE: &str = "AGENTGATE_TOOL_UNIT_NETWORK";
 /// The unit whose process alone may start calls in a tool unit.
 const DAEMON_UNIT: &str = "agentgate.service";
+/// Set by the tool unit templates: the daemon's user, whose calls (and root's) a unit takes. The
+/// unit runs as a user of its own (`_agentgate-tool`), so that what the kernel bounds per user
+/// (epoll watches, processes, pipe buffers, user namespaces) a call can use up is never the
+/// daemon's, and no file only the daemon's user may read is open to a call.
+const DAEMON_USER_VARIABLE: &str = "AGENTGATE_DAEMON_USER";
 /// The largest request: an argv and environment, not data (stdin goes through its pipe).
 const MAX_REQUEST: usize = 4 * 1024 * 1024;
 /// How long the start's trial call may take.
@@ -224,20 +229,21 @@ fn refuse(connection: &mut UnixStream, reason: &str) -> String {
 }
 
 /// Whether the process at the other end may ask for calls: the daemon, that is, a process of
-/// this unit's user (or root) in the daemon's unit, `agentgate.service`. Outside a tool unit
-/// (a test's `systemd-socket-activate`), a process in this one's own cgroup.
+/// the daemon's user ([`DAEMON_USER_VARIABLE`], else this unit's own) or root, in the daemon's
+/// unit, `agentgate.service`. Outside a tool unit (a test's `systemd-socket-activate`), a
+/// process in this one's own cgroup.
 fn admit(connection: &UnixStream) -> Result<(), String> {
     use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
     let peer = getsockopt(connection, PeerCredentials)
         .map_err(|err| format!("the caller cannot be identified: {err}"))?;
-    let own_user = nix::unistd::getuid().as_raw();
+    let daemon_user = daemon_user()?;
     let (pid, user) = (peer.pid(), peer.uid());
     let theirs = cgroup_of(&pid.to_string());
     let who = format!(
         "pid {pid}, uid {user}, cgroup {}",
         theirs.as_deref().unwrap_or("unknown")
     );
-    if user != own_user && user != 0 {
+    if user != daemon_user && user != 0 {
         return Err(format!("a call from {who}: not the daemon's user"));
     }
     let own = cgroup_of("self").ok_or_else(|| format!("a call from {who}: own cgroup unknown"))?;
@@ -257,6 +263,25 @@ fn admit(connection: &UnixStream) -> Result<(), String> {
         Err(format!(
             "a call from {who}: only {DAEMON_UNIT} may start calls here"
         ))
+    }
+}
+
+/// The uid of the daemon's user: the one [`DAEMON_USER_VARIABLE`] names, else this process's own.
+fn daemon_user() -> Result<u32, String> {
+    let Some(name) = std::env::var(DAEMON_USER_VARIABLE)
+        .ok()
+        .filter(|name| !name.is_empty())
+    else {
+        return Ok(nix::unistd::getuid().as_raw());
+    };
+    match nix::unistd::User::from_name(&name) {
+        Ok(Some(user)) => Ok(user.uid.as_raw()),
+        Ok(None) => Err(format!(
+            "the daemon's user {name} ({DAEMON_USER_VARIABLE}) does not exist"
+        )),
+        Err(err) => Err(format!(
+            "the daemon's user {name} cannot be looked up: {err}"
+        )),
     }
 }
 

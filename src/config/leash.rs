@@ -36,14 +36,26 @@ pub(crate) fn resolved(path: &Path) -> PathBuf {
         .unwrap_or_else(|_| path.to_path_buf())
 }
 
+/// The credential under which the tool unit templates hand `tool-exec` the config
+/// (`LoadCredential=`, read by systemd as root): a tool unit runs as a user of its own, which may
+/// not read the file itself.
+pub(crate) const CONFIG_CREDENTIAL: &str = "agentgate.toml";
+
 /// What a tool unit hides from every call whatever its request says, read by `tool-exec` from
-/// the config file (root's, which no tool can write): [`ALWAYS_HIDDEN`], the config's state
-/// directory and control socket, every `{ file = … }` secret it names, and the file itself. Only
-/// those keys are read, so a config the daemon would refuse elsewhere still yields them; one
-/// that cannot be read or parsed at all is an error (the call is then refused: what it names
-/// could not be hidden).
+/// the config file (root's, which no tool can write), or from its copy in the unit's
+/// credentials ([`CONFIG_CREDENTIAL`]) when there is one: [`ALWAYS_HIDDEN`], the config's state
+/// directory and control socket, every `{ file = … }` secret it names, and the file itself with
+/// its copies beside it. Only those keys are read, so a config the daemon would refuse elsewhere
+/// still yields them; one that cannot be read or parsed at all is an error (the call is then
+/// refused: what it names could not be hidden).
 pub(crate) fn floor(source: &ConfigSource) -> Result<HiddenPaths, ConfigError> {
-    let text = read_source(source)?;
+    let credential = std::env::var_os("CREDENTIALS_DIRECTORY")
+        .map(|dir| PathBuf::from(dir).join(CONFIG_CREDENTIAL))
+        .filter(|copy| copy.is_file());
+    let text = match credential {
+        Some(copy) => read_source(&ConfigSource::File(copy))?,
+        None => read_source(source)?,
+    };
     let document: toml::Table = toml::from_str(&text).map_err(|err| ConfigError::Invalid {
         source_name: source.clone(),
         findings: vec![super::syntax_finding(&err, &super::Locator::new(&text))],

@@ -18,6 +18,7 @@
 #   kernel      [name]              reach more of the kernel: "user_namespace" (become root of a
 #                                   new one), "io_uring" (set a ring up), "keyring" (add a key)
 #   legit       {name: [kind, arg]} what must work: ["write", path] or ["read", path]
+# The report also gives the uid the probe ran as.
 import array, ctypes, json, os, socket, struct, sys
 
 plan = json.load(open(sys.argv[1]))
@@ -216,7 +217,7 @@ for name in plan.get("kernel", []):
 legit = {}
 for name, (kind, arg) in plan.get("legit", {}).items():
     legit[name] = attempt(lambda: {"write": write, "read": read}[kind](arg))
-out = {"escapes": results, "legit": legit}
+out = {"escapes": results, "legit": legit, "uid": os.getuid()}
 print(json.dumps(out))
 if report:
     with open(report, "w") as f:

@@ -102,7 +102,8 @@ install -m 0644 {config_file} /etc/agentgate/agentgate.toml
 install -D -m 0644 {repo}/packaging/agentgate.catalog /usr/lib/systemd/catalog/agentgate.catalog
 journalctl --update-catalog
 systemctl daemon-reload
-systemctl enable --now agentgate.socket agentgate-control.socket agentgate-tool.socket
+sockets="agentgate.socket agentgate-control.socket agentgate-tool.socket agentgate-tool-network.socket"
+systemctl enable --now $sockets || {{ systemctl status --no-pager --full $sockets; exit 1; }}
 "#,
             bin = BIN,
             repo = REPO,
