@@ -204,6 +204,44 @@ async fn wait_for_text(browser: &Client, css: &str, text: &str) {
     }
 }
 
+/// Waits until the browser's address holds `part`: the page a form was sent to has loaded.
+async fn wait_for_address(browser: &Client, part: &str) {
+    let deadline = std::time::Instant::now() + TURN_LIMIT;
+    while !browser
+        .current_url()
+        .await
+        .is_ok_and(|address| address.as_str().contains(part))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the address never held {part}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Clicks the element `css`.
+async fn click(browser: &Client, css: &str) {
+    browser
+        .find(Locator::Css(css))
+        .await
+        .unwrap_or_else(|err| panic!("{css} on the page: {err}"))
+        .click()
+        .await
+        .unwrap_or_else(|err| panic!("a click on {css}: {err}"));
+}
+
+/// Types `text` into the field `css`.
+async fn type_into(browser: &Client, css: &str, text: &str) {
+    browser
+        .find(Locator::Css(css))
+        .await
+        .unwrap_or_else(|err| panic!("{css} on the page: {err}"))
+        .send_keys(text)
+        .await
+        .unwrap_or_else(|err| panic!("typing into {css}: {err}"));
+}
+
 async fn entries(browser: &Client) -> usize {
     browser
         .find_all(Locator::Css("ol.transcript li.entry"))
@@ -736,5 +774,50 @@ async fn the_overview_charts_the_last_hour_and_day() {
         .await
         .expect("scroll to the charts");
     screenshot(&browser, "overview-charts").await;
+    browser.close().await.expect("close the browser");
+}
+
+/// The operator finds sessions by part of their key (in another case) and a route, then an
+/// event by its status and session, with the pages' own forms: typed, chosen and submitted in
+/// the browser, the address keeping what was asked.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_operator_finds_a_session_and_an_event_with_the_forms() {
+    if !browser_or_skip("an_operator_finds_a_session_and_an_event_with_the_forms") {
+        return;
+    }
+    let checking = checking();
+    let console = &checking.console;
+    checking.completed("disk-web-1");
+    checking.completed("disk-db-1");
+    let id = checking.completed("web-frontend");
+    let (_driver, browser) = open(&format!("{console}/console/sessions"), "the sessions").await;
+    type_into(&browser, "input[name=key]", "DISK-").await;
+    click(&browser, "select[name=route] option[value=ops]").await;
+    click(&browser, "form.filter button").await;
+    wait_for_address(&browser, "key=DISK-").await;
+    let found = text_of(&browser, "main table").await;
+    assert!(
+        found.contains("disk-web-1") && found.contains("disk-db-1"),
+        "{found}"
+    );
+    assert!(!found.contains("web-frontend"), "{found}");
+    let address = browser.current_url().await.expect("the address");
+    assert!(address.as_str().contains("route=ops"), "{address}");
+    screenshot(&browser, "sessions-found").await;
+
+    browser
+        .goto(&format!("{console}/console/events"))
+        .await
+        .expect("the events");
+    click(&browser, "select[name=status] option[value=completed]").await;
+    type_into(&browser, "input[name=session]", "web-frontend").await;
+    click(&browser, "form.filter button").await;
+    wait_for_address(&browser, "session=web-frontend").await;
+    wait_for_text(&browser, "main table", &id).await;
+    let rows = browser
+        .find_all(Locator::Css("main table tr td:first-child a"))
+        .await
+        .map_or(0, |found| found.len());
+    assert_eq!(rows, 1, "only web-frontend's event");
     browser.close().await.expect("close the browser");
 }

@@ -133,6 +133,10 @@ fn every_page_shows_a_stranger_s_markup_as_text() {
         format!("/console/sessions/{encoded}"),
         format!("/console/events/{event_id}"),
         "/console/approvals".to_string(),
+        "/console/routes".to_string(),
+        "/console/routes/alerts".to_string(),
+        format!("/console/sessions?key={}", encoded_text(PLANTED)),
+        format!("/console/events?delivery_id={}", encoded_text(PLANTED)),
     ];
     for page in &pages {
         let answer = get(&workspace, page);
@@ -169,6 +173,101 @@ fn every_page_shows_a_stranger_s_markup_as_text() {
     assert_eq!(header(&style, "content-type"), "text/css; charset=utf-8");
     assert_eq!(get(&workspace, "/console/events/no-such-event").status, 404);
     assert_eq!(get(&workspace, "/console/nothing-here").status, 404);
+    drop(daemon);
+}
+
+/// `text` as a query parameter's value.
+fn encoded_text(text: &str) -> String {
+    url::form_urlencoded::byte_serialize(text.as_bytes()).collect()
+}
+
+/// Finding things: sessions by text in the key (any case), route and state; events by delivery
+/// id and the time they were received; a route's page with its settings, latest events and
+/// spend. The console and `/v1` read the same filters, and a filter that names nothing there is
+/// is said on the page (the console) or answered `400` (`/v1`).
+#[test]
+fn sessions_and_events_are_found_by_what_they_hold() {
+    let workspace = Workspace::new();
+    workspace.write_config(&config(
+        "delivery_id = \"{{ payload.id }}\"\n\
+         [routes.builds]\npath = \"/hooks/builds\"\nverify = { scheme = \"none\" }\n\
+         session = \"{{ payload.session }}\"\ndelivery_id = \"{{ payload.id }}\"\n",
+    ));
+    let daemon = workspace.start();
+    let mut ids = std::collections::BTreeMap::new();
+    for (path, session, delivery) in [
+        ("/hooks/alerts", "Web-1", "d-1"),
+        ("/hooks/alerts", "web-2", "d-2"),
+        ("/hooks/builds", "build-9", "d-3"),
+    ] {
+        let body = json!({"session": session, "id": delivery}).to_string();
+        let response = daemon.post_json(path, &[], &body);
+        assert_eq!(response.status, 202, "{response:?}");
+        let id = response.event_id();
+        assert_eq!(workspace.wait_terminal(&id, TURN_LIMIT), "completed");
+        ids.insert(delivery, id);
+    }
+    let rows = |page: &str, marker: &str| -> Vec<String> {
+        let body = get(&workspace, page).body;
+        ["Web-1", "web-2", "build-9"]
+            .into_iter()
+            .chain(ids.values().map(String::as_str))
+            .filter(|text| body.contains(&format!("{marker}{text}")))
+            .map(str::to_string)
+            .collect()
+    };
+    let sessions = |query: &str| rows(&format!("/console/sessions?{query}"), "/console/sessions/");
+    assert_eq!(sessions("key=WEB"), ["Web-1", "web-2"]);
+    assert_eq!(sessions("key=&route=builds&state="), ["build-9"]);
+    assert_eq!(sessions("state=idle&key=web-"), ["Web-1", "web-2"]);
+    assert!(sessions("state=suspended").is_empty());
+    let bad = get(&workspace, "/console/sessions?state=lost").body;
+    assert!(bad.contains("unknown session state"), "{bad}");
+
+    let events = |query: &str| rows(&format!("/console/events?{query}"), "/console/events/");
+    assert_eq!(events("delivery_id=d-2"), [ids["d-2"].clone()]);
+    assert_eq!(
+        events("since=2000-01-01T00:00&route=builds"),
+        [ids["d-3"].clone()]
+    );
+    assert!(events("since=2999-01-01T00:00").is_empty());
+    assert!(events("until=2000-01-01T00:00:30").is_empty());
+    let bad = get(&workspace, "/console/events?since=yesterday").body;
+    assert!(bad.contains("since must be a time"), "{bad}");
+
+    let page = get(&workspace, "/v1/sessions?key=web&route=alerts").json();
+    let keys: Vec<&str> = page["sessions"]
+        .as_array()
+        .expect("sessions")
+        .iter()
+        .filter_map(|session| session["key"].as_str())
+        .collect();
+    assert_eq!(keys, ["Web-1", "web-2"]);
+    let page = get(&workspace, "/v1/events?delivery_id=d-3").json();
+    assert_eq!(page["events"][0]["id"], ids["d-3"].as_str(), "{page}");
+    assert_eq!(page["events"].as_array().map(Vec::len), Some(1));
+    for (target, code) in [
+        ("/v1/sessions?state=lost", "bad_state"),
+        ("/v1/events?until=soon", "bad_time"),
+        ("/v1/events?status=lost", "bad_status"),
+    ] {
+        let answer = get(&workspace, target);
+        assert_eq!(answer.status, 400, "{target}: {answer:?}");
+        assert_eq!(answer.json()["error"], code, "{target}");
+    }
+
+    let routes = get(&workspace, "/console/routes").body;
+    assert!(routes.contains("/console/routes/alerts"), "{routes}");
+    assert!(routes.contains("/console/routes/builds"), "{routes}");
+    let route = get(&workspace, "/console/routes/builds").body;
+    assert!(
+        route.contains("<code>&#x2f;hooks&#x2f;builds</code>"),
+        "{route}"
+    );
+    assert!(route.contains(&ids["d-3"]), "{route}");
+    assert!(!route.contains(&ids["d-1"]), "{route}");
+    assert!(route.contains("Spent since"), "{route}");
+    assert_eq!(get(&workspace, "/console/routes/nowhere").status, 404);
     drop(daemon);
 }
 

@@ -207,6 +207,7 @@ fn select_for_replay(
             session: None,
             limit: REPLAY_PAGE as i64,
             before: before.take(),
+            ..EventFilter::default()
         })?;
         let full = page.len() == REPLAY_PAGE;
         for event in page {

@@ -285,6 +285,7 @@ fn events_command(command: EventsCommand) -> Result<(), Failure> {
                 session,
                 limit,
                 before: None,
+                ..EventFilter::default()
             },
             json,
         ),

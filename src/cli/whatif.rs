@@ -241,6 +241,7 @@ async fn latest_of(
                 session: None,
                 limit: SELECT_PAGE,
                 before: before.take(),
+                ..EventFilter::default()
             })
             .await
             .map_err(Failure::from)?;

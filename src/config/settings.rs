@@ -344,6 +344,18 @@ pub(crate) enum ToolRef {
     },
 }
 
+impl std::fmt::Display for ToolRef {
+    /// As a route's `tools` names it: `name`, `server.tool` or `server.*`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ToolRef::Command(name) => f.write_str(name),
+            ToolRef::Mcp { server, tool } => {
+                write!(f, "{server}.{}", tool.as_deref().unwrap_or("*"))
+            }
+        }
+    }
+}
+
 impl ToolRef {
     pub(crate) fn parse(entry: &str) -> ToolRef {
         match entry.split_once('.') {

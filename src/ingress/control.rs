@@ -21,7 +21,7 @@ use crate::config::ReloadReport;
 use crate::metrics;
 use crate::operator::{OperatorAction, Rerun};
 use crate::store::approval::Verdict;
-use crate::store::{DeliveryState, EventFilter, EventStatus, RetryTarget, StoreError};
+use crate::store::{DeliveryState, RetryTarget, StoreError};
 
 /// Why the control socket could not answer a request (503).
 #[derive(Debug, thiserror::Error)]
@@ -215,19 +215,20 @@ impl Control {
         )
     }
 
-    /// `GET /v1/sessions[?limit=N][&after=KEY]`: a page of sessions in key order, and the
-    /// cursor of the next page (`null` on the last one).
+    /// `GET /v1/sessions[?limit=N][&after=KEY][&state=S][&route=R][&key=TEXT]`: a page of the
+    /// sessions that match, in key order, and the cursor of the next page (`null` on the last
+    /// one).
     async fn sessions(&self, query: Option<&str>) -> Result<HttpResponse, ControlError> {
         let query = Query::parse(query);
         let limit = match query.limit() {
             Ok(limit) => limit,
             Err(refusal) => return Ok(*refusal),
         };
-        let sessions = self
-            .ops
-            .store
-            .sessions_page(query.get("after"), limit + 1)
-            .await?;
+        let filter = match query.session_filter(limit + 1) {
+            Ok(filter) => filter,
+            Err(bad) => return Ok(bad.response()),
+        };
+        let sessions = self.ops.store.sessions_page(filter).await?;
         let (sessions, next) = page(sessions, limit, |session| session.key.clone());
         Ok(json_response(
             StatusCode::OK,
@@ -273,38 +274,20 @@ impl Control {
         })
     }
 
-    /// `GET /v1/events[?status=S][&route=R][&session=KEY][&limit=N][&before=ID]`: a page of
-    /// events, newest first, and the cursor of the next page (`null` on the last one).
+    /// `GET /v1/events[?status=S][&route=R][&session=KEY][&delivery_id=ID][&since=T][&until=T]
+    /// [&limit=N][&before=ID]`: a page of the events that match, newest first, and the cursor of
+    /// the next page (`null` on the last one).
     async fn events(&self, query: Option<&str>) -> Result<HttpResponse, ControlError> {
         let query = Query::parse(query);
         let limit = match query.limit() {
             Ok(limit) => limit,
             Err(refusal) => return Ok(*refusal),
         };
-        let status = match query.get("status") {
-            None => None,
-            Some(name) => match EventStatus::from_name(&name) {
-                Some(status) => Some(status),
-                None => {
-                    return Ok(error(
-                        StatusCode::BAD_REQUEST,
-                        "bad_status",
-                        &format!("unknown event status {name:?}"),
-                    ));
-                }
-            },
+        let filter = match query.event_filter(limit + 1) {
+            Ok(filter) => filter,
+            Err(bad) => return Ok(bad.response()),
         };
-        let events = self
-            .ops
-            .store
-            .events(EventFilter {
-                status,
-                route: query.get("route"),
-                session: query.get("session"),
-                limit: limit + 1,
-                before: query.get("before"),
-            })
-            .await?;
+        let events = self.ops.store.events(filter).await?;
         let (events, next) = page(events, limit, |event| event.id.clone());
         Ok(json_response(
             StatusCode::OK,

@@ -51,8 +51,8 @@ pub(crate) use model::{
     AcceptOutcome, ApprovalCounts, Claim, ClaimedTurn, DedupWindow, DeliveryAttempt,
     DeliveryCounts, DeliveryRow, EVENT_ENTRY, Event, EventCounts, EventDetail, EventFilter,
     EventRow, Fits, InterruptedSession, LiveCounts, NewEvent, NodeRow, PendingDelivery,
-    RenderDelivery, Reservation, Reserving, RetryTarget, SessionCounts, SessionRow, StatusSummary,
-    TranscriptRow, TranscriptTail, TurnEnd, TurnRow,
+    RenderDelivery, Reservation, Reserving, RetryTarget, SessionCounts, SessionFilter, SessionRow,
+    StatusSummary, TranscriptRow, TranscriptTail, TurnEnd, TurnRow,
 };
 pub(crate) use rewind::{RewindFrom, RewindOf, RewindRefusal, RewindRequest, Rewound};
 pub(crate) use sqlite::{backup, check_database, session_keys};
@@ -372,12 +372,9 @@ pub(crate) trait Inspection: Send + Sync {
     /// The counts for `agentgate status` (and, with leases, the nodes).
     async fn status_summary(&self) -> Result<StatusSummary, StoreError>;
     async fn sessions(&self) -> Result<Vec<SessionRow>, StoreError>;
-    /// Up to `limit` sessions in key order, after the key `after`: a page of `GET /v1/sessions`.
-    async fn sessions_page(
-        &self,
-        after: Option<String>,
-        limit: i64,
-    ) -> Result<Vec<SessionRow>, StoreError>;
+    /// Up to `filter.limit` sessions that match `filter`, in key order: a page of
+    /// `GET /v1/sessions` and of the console's list.
+    async fn sessions_page(&self, filter: SessionFilter) -> Result<Vec<SessionRow>, StoreError>;
     /// One session, with what its turns spent.
     async fn session(&self, key: &str) -> Result<Option<SessionRow>, StoreError>;
     /// The latest `limit` entries of a session's transcript, and whether it has earlier ones.

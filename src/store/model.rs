@@ -465,6 +465,43 @@ pub(crate) struct EventFilter {
     pub limit: i64,
     /// Only events older than this one (a page's cursor: the last event of the page before).
     pub before: Option<String>,
+    /// Received at or after this time (unix ms).
+    pub since: Option<i64>,
+    /// Received at or before this time (unix ms).
+    pub until: Option<i64>,
+    /// The sender's delivery id (the dedup key).
+    pub delivery_id: Option<String>,
+}
+
+/// Which sessions a page of `GET /v1/sessions` and the console's list holds: each set field must
+/// match.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct SessionFilter {
+    /// Only keys after this one (a page's cursor: the last key of the page before).
+    pub after: Option<String>,
+    pub state: Option<SessionState>,
+    pub route: Option<String>,
+    /// Text the key holds, whatever its case.
+    pub key_contains: Option<String>,
+    pub limit: i64,
+}
+
+impl SessionFilter {
+    /// `key_contains` as the `LIKE` pattern `SESSIONS_PAGE_SQL` takes: lower case, with `%`,
+    /// `_` and the escape `\` itself escaped, so the text matches only as written.
+    pub(crate) fn key_pattern(&self) -> Option<String> {
+        self.key_contains.as_deref().map(|text| {
+            let mut pattern = String::from("%");
+            for c in text.to_lowercase().chars() {
+                if matches!(c, '%' | '_' | '\\') {
+                    pattern.push('\\');
+                }
+                pattern.push(c);
+            }
+            pattern.push('%');
+            pattern
+        })
+    }
 }
 
 /// An accepted (or internal) event as the operator sees it, without its payload.

@@ -414,18 +414,25 @@ pub(crate) const SESSIONS_SQL: &str = concatcp!(SESSION_SQL, " ORDER BY s.update
 /// `$1` session key.
 pub(crate) const ONE_SESSION_SQL: &str = concatcp!(SESSION_SQL, " WHERE s.key = $1");
 
-/// A page of sessions in key order: `$1` the last key of the page before (or NULL), `$2` limit.
+/// A page of sessions in key order: `$1` the last key of the page before, `$3` a state, `$4` a
+/// route, `$5` a `LIKE` pattern for the key in lower case, with `\` its escape (each may be
+/// NULL); `$2` limit.
 pub(crate) const SESSIONS_PAGE_SQL: &str = concatcp!(
     SESSION_SQL,
-    " WHERE (CAST($1 AS TEXT) IS NULL OR s.key > $1) ORDER BY s.key LIMIT $2"
+    " WHERE (CAST($1 AS TEXT) IS NULL OR s.key > $1)
+       AND (CAST($3 AS TEXT) IS NULL OR s.state = $3)
+       AND (CAST($4 AS TEXT) IS NULL OR s.route = $4)
+       AND (CAST($5 AS TEXT) IS NULL OR lower(s.key) LIKE $5 ESCAPE '\\')
+     ORDER BY s.key LIMIT $2"
 );
 
 /// The columns `EventRow::decode` reads.
 const EVENT_ROW_COLUMNS: &str = "id, route, session_key, event_type, status, delivery_id, \
      received_at, origin, replay_of, rewind_session, rewind_entry";
 
-/// `$1` status, `$2` route, `$3` session, `$5` the event to list only older ones than (each may
-/// be NULL), `$4` limit.
+/// `$1` status, `$2` route, `$3` session, `$5` the event to list only older ones than, `$6` and
+/// `$7` the first and the last time received (unix ms), `$8` the delivery id (each may be NULL);
+/// `$4` limit.
 pub(crate) const EVENTS_SQL: &str = concatcp!(
     "SELECT ",
     EVENT_ROW_COLUMNS,
@@ -434,6 +441,9 @@ pub(crate) const EVENTS_SQL: &str = concatcp!(
        AND (CAST($2 AS TEXT) IS NULL OR route = $2)
        AND (CAST($3 AS TEXT) IS NULL OR session_key = $3)
        AND (CAST($5 AS TEXT) IS NULL OR seq < (SELECT b.seq FROM events b WHERE b.id = $5))
+       AND (CAST($6 AS BIGINT) IS NULL OR received_at >= $6)
+       AND (CAST($7 AS BIGINT) IS NULL OR received_at <= $7)
+       AND (CAST($8 AS TEXT) IS NULL OR delivery_id = $8)
      ORDER BY seq DESC LIMIT $4"
 );
 

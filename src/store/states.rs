@@ -123,8 +123,8 @@ pub(crate) enum SessionState {
 }
 
 impl SessionState {
-    #[cfg(test)]
-    const ALL: [SessionState; 5] = [
+    /// Every state, in the order a list offers them (a test checks none is missing).
+    pub(crate) const ALL: [SessionState; 5] = [
         SessionState::Idle,
         SessionState::Running,
         SessionState::ResumePending,
@@ -287,8 +287,27 @@ shown_as_text!(
 );
 
 impl EventStatus {
+    /// Every status, in the order a list offers them (a test checks none is missing).
+    pub(crate) const ALL: [EventStatus; 8] = [
+        EventStatus::Queued,
+        EventStatus::Running,
+        EventStatus::AwaitingApproval,
+        EventStatus::Joined,
+        EventStatus::Completed,
+        EventStatus::Failed,
+        EventStatus::Abandoned,
+        EventStatus::Suspended,
+    ];
+
     /// The status named `name` (as `events list --status` and `/v1/events?status=` take it).
     pub(crate) fn from_name(name: &str) -> Option<EventStatus> {
+        parse(name)
+    }
+}
+
+impl SessionState {
+    /// The state named `name` (as `/v1/sessions?state=` takes it).
+    pub(crate) fn from_name(name: &str) -> Option<SessionState> {
         parse(name)
     }
 }
@@ -427,16 +446,6 @@ pub(crate) const APPROVAL_PENDING: &str = concatcp!("'", ApprovalStatus::Pending
 mod tests {
     use super::*;
 
-    const EVENT_STATUSES: [EventStatus; 8] = [
-        EventStatus::Queued,
-        EventStatus::Running,
-        EventStatus::AwaitingApproval,
-        EventStatus::Joined,
-        EventStatus::Completed,
-        EventStatus::Failed,
-        EventStatus::Abandoned,
-        EventStatus::Suspended,
-    ];
     const TERMINALS: [Terminal; 4] = [
         Terminal::Completed,
         Terminal::Failed,
@@ -444,12 +453,41 @@ mod tests {
         Terminal::Suspended,
     ];
 
+    /// `ALL` lists every variant once, in place: a new one does not compile here until it is
+    /// placed, and a place left out or taken twice fails.
+    #[test]
+    fn every_list_of_states_is_complete() {
+        let event_place = |status: EventStatus| match status {
+            EventStatus::Queued => 0,
+            EventStatus::Running => 1,
+            EventStatus::AwaitingApproval => 2,
+            EventStatus::Joined => 3,
+            EventStatus::Completed => 4,
+            EventStatus::Failed => 5,
+            EventStatus::Abandoned => 6,
+            EventStatus::Suspended => 7,
+        };
+        let session_place = |state: SessionState| match state {
+            SessionState::Idle => 0,
+            SessionState::Running => 1,
+            SessionState::ResumePending => 2,
+            SessionState::Suspended => 3,
+            SessionState::AwaitingApproval => 4,
+        };
+        for (place, status) in EventStatus::ALL.into_iter().enumerate() {
+            assert_eq!(event_place(status), place);
+        }
+        for (place, state) in SessionState::ALL.into_iter().enumerate() {
+            assert_eq!(session_place(state), place);
+        }
+    }
+
     #[test]
     fn every_state_reads_back_what_it_writes() {
         for state in SessionState::ALL {
             assert_eq!(parse::<SessionState>(state.sql()), Some(state));
         }
-        for status in EVENT_STATUSES {
+        for status in EventStatus::ALL {
             assert_eq!(parse::<EventStatus>(status.sql()), Some(status));
         }
         for status in ApprovalStatus::ALL {

@@ -42,13 +42,16 @@ pub(crate) type ConsoleBody = UnsyncBoxBody<Bytes, Infallible>;
 pub(crate) type ConsoleResponse = Response<ConsoleBody>;
 
 /// The pages, by template name, embedded in the binary.
-const TEMPLATES: [(&str, &str); 17] = [
+const TEMPLATES: [(&str, &str); 20] = [
     ("layout.html", include_str!("layout.html")),
     ("overview.html", include_str!("overview.html")),
     ("sessions.html", include_str!("sessions.html")),
     ("session.html", include_str!("session.html")),
     ("entry.html", include_str!("entry.html")),
     ("events.html", include_str!("events.html")),
+    ("event_table.html", include_str!("event_table.html")),
+    ("routes.html", include_str!("routes.html")),
+    ("route.html", include_str!("route.html")),
     ("event.html", include_str!("event.html")),
     ("deliveries.html", include_str!("deliveries.html")),
     ("approvals.html", include_str!("approvals.html")),

@@ -6,16 +6,19 @@ use minijinja::{Value, context};
 use super::entry::{self, CallNames};
 use super::{Console, Door, SCRIPT, STYLESHEET, see_other, with_headers};
 use super::{charts, turns};
-use crate::ingress::api::UsageLimits;
+use crate::config::ToolRef;
+use crate::ingress::api::{UsageDocument, UsageLimits};
 use crate::ingress::control::{ControlError, no_event, no_session, not_found};
 use crate::ingress::operations::Entries;
 use crate::ingress::query::{Query, page, percent_decode};
 use crate::ingress::response::HttpResponse;
-use crate::store::{DeliveryState, EventFilter, EventStatus};
+use crate::store::{DeliveryState, EventFilter, EventStatus, SessionState};
 use crate::usage::{DAY_MS, day_start};
 
 /// Rows on one page of a list.
 const PER_PAGE: i64 = 100;
+/// The latest events a route's page lists.
+const ROUTE_EVENTS_SHOWN: i64 = 20;
 /// Approval requests the page lists at most.
 const APPROVALS_SHOWN: i64 = 200;
 /// The latest transcript entries a session page shows (the command line shows all).
@@ -53,6 +56,8 @@ impl Console {
             ["sessions", key] => self.session_page(&percent_decode(key), door).await,
             ["events"] => self.events_page(&query, door).await,
             ["events", id] => self.event_page(&percent_decode(id), door).await,
+            ["routes"] => self.routes_page(door).await,
+            ["routes", name] => self.route_page(&percent_decode(name), door).await,
             ["deliveries"] => self.deliveries_page(door).await,
             ["approvals"] => self.approvals_page(door).await,
             ["ledger"] => self.ledger_page(door).await,
@@ -99,21 +104,22 @@ impl Console {
         Ok(self.render("overview.html", values, door))
     }
 
-    /// A page of sessions, filtered by `state` and `route` (within the page).
+    /// A page of the sessions that match the query (`state`, `route`, `key`), in key order.
     async fn sessions_page(&self, query: &Query, door: Door) -> Result<HttpResponse, ControlError> {
-        let (state, route) = (query.get("state"), query.get("route"));
-        let rows = self
-            .ops
-            .store
-            .sessions_page(query.get("after"), PER_PAGE + 1)
-            .await?;
-        let (rows, next) = page(rows, PER_PAGE, |s| s.key.clone());
-        let sessions: Vec<_> = rows
-            .into_iter()
-            .filter(|s| state.as_deref().is_none_or(|state| s.state.sql() == state))
-            .filter(|s| route.as_deref().is_none_or(|route| s.route == route))
-            .collect();
-        let values = context! { sessions, next, state, route };
+        let (sessions, next, problem) = match query.session_filter(PER_PAGE + 1) {
+            Ok(filter) => {
+                let rows = self.ops.store.sessions_page(filter).await?;
+                let (rows, next) = page(rows, PER_PAGE, |s| s.key.clone());
+                (rows, next, None)
+            }
+            Err(bad) => (Vec::new(), None, Some(bad.message)),
+        };
+        let states = SessionState::ALL.map(SessionState::sql);
+        let values = context! {
+            sessions, next, problem, states, routes => self.route_names(),
+            state => query.given("state"), route => query.given("route"), key => query.given("key"),
+            filter => query.kept(&["state", "route", "key"]),
+        };
         Ok(self.render("sessions.html", values, door))
     }
 
@@ -139,29 +145,100 @@ impl Console {
         })
     }
 
-    /// A page of events, newest first, filtered by `status`, `route` and `session`.
+    /// A page of the events that match the query (`status`, `route`, `session`,
+    /// `delivery_id`, `since`, `until`), newest first.
     async fn events_page(&self, query: &Query, door: Door) -> Result<HttpResponse, ControlError> {
-        let status_name = query.get("status").filter(|name| !name.is_empty());
-        let status = status_name.as_deref().and_then(EventStatus::from_name);
-        let filter = EventFilter {
-            status,
-            route: query.get("route").filter(|route| !route.is_empty()),
-            session: query.get("session").filter(|key| !key.is_empty()),
-            limit: PER_PAGE + 1,
-            before: query.get("before"),
+        const FIELDS: [&str; 6] = [
+            "status",
+            "route",
+            "session",
+            "delivery_id",
+            "since",
+            "until",
+        ];
+        let (events, next, problem) = match query.event_filter(PER_PAGE + 1) {
+            Ok(filter) => {
+                let rows = self.ops.store.events(filter).await?;
+                let (rows, next) = page(rows, PER_PAGE, |event| event.id.clone());
+                (rows, next, None)
+            }
+            Err(bad) => (Vec::new(), None, Some(bad.message)),
         };
-        let (route, session) = (filter.route.clone(), filter.session.clone());
-        let unknown_status = status_name.is_some() && status.is_none();
-        let events = if unknown_status {
-            Vec::new()
-        } else {
-            self.ops.store.events(filter).await?
-        };
-        let (events, next) = page(events, PER_PAGE, |event| event.id.clone());
+        let statuses = EventStatus::ALL.map(EventStatus::sql);
+        let given: std::collections::BTreeMap<&str, String> = FIELDS
+            .iter()
+            .filter_map(|name| Some((*name, query.given(name)?)))
+            .collect();
         let values = context! {
-            events, next, status => status_name, route, session, unknown_status,
+            events, next, problem, statuses, routes => self.route_names(), given,
+            filter => query.kept(&FIELDS),
         };
         Ok(self.render("events.html", values, door))
+    }
+
+    /// The configured routes, each with its queued events.
+    async fn routes_page(&self, door: Door) -> Result<HttpResponse, ControlError> {
+        let queued: std::collections::BTreeMap<String, i64> = self
+            .ops
+            .store
+            .queued_by_route()
+            .await?
+            .into_iter()
+            .collect();
+        let settings = self.ops.settings.get();
+        let routes: Vec<Value> = settings
+            .config
+            .routes
+            .iter()
+            .map(|route| {
+                let queued = queued.get(&route.name).copied().unwrap_or(0);
+                context! { name => route.name, path => route.path, queued }
+            })
+            .collect();
+        Ok(self.render("routes.html", context! { routes }, door))
+    }
+
+    /// One route: what the config says of it, its latest events, what it spent in the last
+    /// days and its budgets.
+    async fn route_page(&self, name: &str, door: Door) -> Result<HttpResponse, ControlError> {
+        let settings = self.ops.settings.get();
+        let Some(route) = settings.config.routes.iter().find(|r| r.name == name) else {
+            return Ok(not_found(
+                &http::Method::GET,
+                &format!("/console/routes/{name}"),
+            ));
+        };
+        let events = self
+            .ops
+            .store
+            .events(EventFilter {
+                route: Some(name.to_string()),
+                limit: ROUTE_EVENTS_SHOWN,
+                ..EventFilter::default()
+            })
+            .await?;
+        let since = day_start(crate::store::now_millis()) - (charts::DAYS - 1) * DAY_MS;
+        let days = self.ops.store.usage_by_day(since).await?;
+        let usage = UsageDocument::of(days, since, Some(name), &UsageLimits::of(&settings.config));
+        let tools: Vec<String> = route.tools.iter().map(ToolRef::to_string).collect();
+        let values = context! {
+            name, path => route.path, scheme => route.verify.scheme.name(), tools,
+            priority => route.priority, interactive => route.interactive,
+            on_busy => format!("{:?}", route.on_busy).to_lowercase(),
+            events, shown => ROUTE_EVENTS_SHOWN, usage,
+        };
+        Ok(self.render("route.html", values, door))
+    }
+
+    /// The names of the configured routes, for the lists' filters.
+    fn route_names(&self) -> Vec<String> {
+        let settings = self.ops.settings.get();
+        settings
+            .config
+            .routes
+            .iter()
+            .map(|r| r.name.clone())
+            .collect()
     }
 
     /// An event, with each of its turns' steps and timeline.

@@ -34,7 +34,7 @@ use super::states::{
 };
 use super::{
     AcceptOutcome, ClaimedTurn, ErrorKind, EventFilter, RenderDelivery, ResumeReason, RetryTarget,
-    Settled, Settlement, Store, StoreError,
+    SessionFilter, Settled, Settlement, Store, StoreError,
 };
 use crate::config::{PostgresSettings, StoreSettings};
 use crate::secret::Secret;
@@ -761,9 +761,113 @@ async fn run_contract(store: &Store, crash: impl Fn()) {
     operator_overrides(store).await;
     approvals_pause_and_continue(store).await;
     rewind::rewinds_and_forks(store).await;
-    let page = store.sessions_page(None, 2).await.expect("page");
+    let page = store
+        .sessions_page(SessionFilter {
+            limit: 2,
+            ..SessionFilter::default()
+        })
+        .await
+        .expect("page");
     assert_eq!(page.len(), 2);
     assert!(page[0].key < page[1].key, "a page is in key order");
+    sessions_and_events_are_found_by_what_they_hold(store).await;
+}
+
+/// The console's and `/v1`'s search: sessions by text in the key (any case, `%` and `_` as
+/// written), route and state; events by delivery id and the time they were received.
+async fn sessions_and_events_are_found_by_what_they_hold(store: &Store) {
+    for (id, route, session, delivery) in [
+        ("find-1", "finders", "Acme/Web%1", "d-find-1"),
+        ("find-2", "finders", "acme_web2", "d-find-2"),
+        ("find-3", "others", "ACME-other", "d-find-3"),
+    ] {
+        let mut new = event(id, session, Some(delivery));
+        new.event.route = route.to_string();
+        assert_eq!(
+            store.accept(new).await.expect("accept"),
+            AcceptOutcome::Accepted
+        );
+    }
+    let keys = |filter: SessionFilter| async move {
+        let rows = store
+            .sessions_page(SessionFilter {
+                limit: 100,
+                ..filter
+            })
+            .await
+            .expect("sessions");
+        rows.into_iter().map(|row| row.key).collect::<Vec<_>>()
+    };
+    let containing = |text: &str| SessionFilter {
+        key_contains: Some(text.to_string()),
+        ..SessionFilter::default()
+    };
+    assert_eq!(keys(containing("acme/WEB%")).await, ["Acme/Web%1"]);
+    assert_eq!(keys(containing("e_w")).await, ["acme_web2"]);
+    assert_eq!(
+        keys(SessionFilter {
+            route: Some("finders".into()),
+            ..containing("ACME")
+        })
+        .await,
+        ["Acme/Web%1", "acme_web2"]
+    );
+    let state = session_state(store, "acme_web2").await;
+    let others = SessionState::ALL.into_iter().find(|other| *other != state);
+    assert!(
+        keys(SessionFilter {
+            state: Some(state),
+            ..containing("acme_web2")
+        })
+        .await
+        .len()
+            == 1
+    );
+    assert!(
+        keys(SessionFilter {
+            state: others,
+            ..containing("acme_web2")
+        })
+        .await
+        .is_empty()
+    );
+
+    let ids = |filter: EventFilter| async move {
+        let rows = store
+            .events(EventFilter {
+                limit: 100,
+                ..filter
+            })
+            .await
+            .expect("events");
+        rows.into_iter().map(|row| row.id).collect::<Vec<_>>()
+    };
+    let delivered = EventFilter {
+        delivery_id: Some("d-find-2".into()),
+        ..EventFilter::default()
+    };
+    assert_eq!(ids(delivered).await, ["find-2"]);
+    let now = super::now_millis();
+    let received = |since: i64, until: i64| EventFilter {
+        route: Some("finders".into()),
+        since: Some(since),
+        until: Some(until),
+        ..EventFilter::default()
+    };
+    let hour = 3_600_000;
+    assert_eq!(
+        ids(received(now - hour, now + hour)).await,
+        ["find-2", "find-1"]
+    );
+    assert!(ids(received(now + hour, now + 2 * hour)).await.is_empty());
+    assert!(ids(received(now - 2 * hour, now - hour)).await.is_empty());
+    // Nothing is left for the next scenario to claim.
+    let claimed = store.claim_turns(Claim::Beside(10)).await.expect("claim");
+    assert_eq!(claimed.len(), 3, "{claimed:?}");
+    for turn in &claimed {
+        complete(store, turn).await;
+    }
+    assert_nothing_to_claim(store).await;
 }
 
 /// A row that does not read back is an error naming its column, never a panic.

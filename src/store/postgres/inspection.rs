@@ -20,8 +20,8 @@ use crate::store::sql::{
     QUEUED_BY_ROUTE_WHERE, SESSION_USAGE_SQL, SESSIONS_BY_STATE_SQL, SESSIONS_PAGE_SQL,
     SESSIONS_SQL, TRANSCRIPT_TAIL_SQL, USAGE_BY_DAY_SQL,
 };
-use crate::store::states::{DeliveryState, EventStatus};
-use crate::store::{EVENT_ENTRY, Inspection, StoreError, now_millis};
+use crate::store::states::{DeliveryState, EventStatus, SessionState};
+use crate::store::{EVENT_ENTRY, Inspection, SessionFilter, StoreError, now_millis};
 use crate::usage::{Spent, UsageDay, UsageReport, day_start};
 
 pub(super) const QUEUED_BY_ROUTE_SQL: &str =
@@ -79,13 +79,21 @@ impl Inspection for PostgresStore {
         self.fetch(SESSIONS_SQL, &[], SessionRow::decode).await
     }
 
-    async fn sessions_page(
-        &self,
-        after: Option<String>,
-        limit: i64,
-    ) -> Result<Vec<SessionRow>, StoreError> {
-        self.fetch(SESSIONS_PAGE_SQL, &[&after, &limit], SessionRow::decode)
-            .await
+    async fn sessions_page(&self, filter: SessionFilter) -> Result<Vec<SessionRow>, StoreError> {
+        let state = filter.state.map(SessionState::sql);
+        let pattern = filter.key_pattern();
+        self.fetch(
+            SESSIONS_PAGE_SQL,
+            &[
+                &filter.after,
+                &filter.limit,
+                &state,
+                &filter.route,
+                &pattern,
+            ],
+            SessionRow::decode,
+        )
+        .await
     }
 
     async fn session(&self, key: &str) -> Result<Option<SessionRow>, StoreError> {
@@ -146,6 +154,9 @@ impl Inspection for PostgresStore {
                 &filter.session,
                 &filter.limit,
                 &filter.before,
+                &filter.since,
+                &filter.until,
+                &filter.delivery_id,
             ],
             EventRow::decode,
         )

@@ -20,8 +20,8 @@ use crate::store::sql::{
     QUEUED_BY_ROUTE_WHERE, SESSION_USAGE_SQL, SESSIONS_BY_STATE_SQL, SESSIONS_PAGE_SQL,
     SESSIONS_SQL, TRANSCRIPT_TAIL_SQL, USAGE_BY_DAY_SQL,
 };
-use crate::store::states::{DeliveryState, EventStatus};
-use crate::store::{EVENT_ENTRY, Inspection, StoreError, now_millis};
+use crate::store::states::{DeliveryState, EventStatus, SessionState};
+use crate::store::{EVENT_ENTRY, Inspection, SessionFilter, StoreError, now_millis};
 use crate::usage::{Spent, UsageDay, UsageReport, day_start};
 
 /// Each route's queued events, from the index that holds the route (`INDEXED BY`: SQLite would
@@ -111,15 +111,22 @@ impl Inspection for SqliteStore {
             .await
     }
 
-    async fn sessions_page(
-        &self,
-        after: Option<String>,
-        limit: i64,
-    ) -> Result<Vec<SessionRow>, StoreError> {
+    async fn sessions_page(&self, filter: SessionFilter) -> Result<Vec<SessionRow>, StoreError> {
         self.read(move |connection| {
-            query(connection, SESSIONS_PAGE_SQL, &[&after, &limit], |row| {
-                SessionRow::decode(row)
-            })
+            let state = filter.state.map(SessionState::sql);
+            let pattern = filter.key_pattern();
+            query(
+                connection,
+                SESSIONS_PAGE_SQL,
+                &[
+                    &filter.after,
+                    &filter.limit,
+                    &state,
+                    &filter.route,
+                    &pattern,
+                ],
+                |row| SessionRow::decode(row),
+            )
         })
         .await
     }
@@ -195,6 +202,9 @@ impl Inspection for SqliteStore {
                     &filter.session,
                     &filter.limit,
                     &filter.before,
+                    &filter.since,
+                    &filter.until,
+                    &filter.delivery_id,
                 ],
                 |row| EventRow::decode(row),
             )
