@@ -74,14 +74,24 @@ enum Plan {
         none: &'static [&'static str],
         analyzed: &'static [&'static str],
     },
+    /// Without statistics, either of two plans that read the same rows: PostgreSQL's default
+    /// estimates put them too close to call, and it was seen taking each. One after `ANALYZE`.
+    EitherWithout {
+        none: [&'static [&'static str]; 2],
+        analyzed: &'static [&'static str],
+    },
 }
 
 impl Plan {
-    fn expected(&self, analyzed: bool) -> &'static [&'static str] {
+    /// The plans the statement may take.
+    fn expected(&self, analyzed: bool) -> Vec<&'static [&'static str]> {
         match (self, analyzed) {
-            (Plan::Same(plan), _) => plan,
-            (Plan::ByStatistics { none, .. }, false) => none,
-            (Plan::ByStatistics { analyzed, .. }, true) => analyzed,
+            (Plan::Same(plan), _) => vec![plan],
+            (Plan::ByStatistics { none, .. }, false) => vec![none],
+            (Plan::EitherWithout { none, .. }, false) => none.to_vec(),
+            (Plan::ByStatistics { analyzed, .. } | Plan::EitherWithout { analyzed, .. }, true) => {
+                vec![analyzed]
+            }
         }
     }
 }
@@ -273,19 +283,38 @@ fn claim_statements(v: &Values) -> Vec<Pinned<'_>> {
             name: "the runnable sessions by priority",
             sql: PRIORITY_SESSIONS_SQL,
             params: vec![&v.limit, &v.priorities, &v.step],
-            plan: Plan::ByStatistics {
-                none: &[
-                    "Limit",
-                    "  ->  LockRows",
-                    "        ->  Sort",
-                    "              Sort Key: ((SubPlan 1)), s.queue_head",
-                    "              ->  Bitmap Heap Scan on sessions s",
-                    "                    Recheck Cond: ((queue_head IS NOT NULL) AND (state = 'idle'::text))",
-                    "                    ->  Bitmap Index Scan on sessions_runnable",
-                    "                          Index Cond: (queue_head IS NOT NULL)",
-                    "                    SubPlan 1",
-                    "                      ->  Index Scan using events_pkey on events e",
-                    "                            Index Cond: (seq = s.queue_head)",
+            // Without statistics, the idle sessions from the partial index of the runnable ones,
+            // or from the retention's index by state: both read the idle sessions only, never
+            // the queued events (CI saw the second once in several runs).
+            plan: Plan::EitherWithout {
+                none: [
+                    &[
+                        "Limit",
+                        "  ->  LockRows",
+                        "        ->  Sort",
+                        "              Sort Key: ((SubPlan 1)), s.queue_head",
+                        "              ->  Bitmap Heap Scan on sessions s",
+                        "                    Recheck Cond: ((queue_head IS NOT NULL) AND (state = 'idle'::text))",
+                        "                    ->  Bitmap Index Scan on sessions_runnable",
+                        "                          Index Cond: (queue_head IS NOT NULL)",
+                        "                    SubPlan 1",
+                        "                      ->  Index Scan using events_pkey on events e",
+                        "                            Index Cond: (seq = s.queue_head)",
+                    ],
+                    &[
+                        "Limit",
+                        "  ->  LockRows",
+                        "        ->  Sort",
+                        "              Sort Key: ((SubPlan 1)), s.queue_head",
+                        "              ->  Bitmap Heap Scan on sessions s",
+                        "                    Recheck Cond: (state = 'idle'::text)",
+                        "                    Filter: (queue_head IS NOT NULL)",
+                        "                    ->  Bitmap Index Scan on sessions_by_age",
+                        "                          Index Cond: (state = 'idle'::text)",
+                        "                    SubPlan 1",
+                        "                      ->  Index Scan using events_pkey on events e",
+                        "                            Index Cond: (seq = s.queue_head)",
+                    ],
                 ],
                 analyzed: &[
                     "Limit",
@@ -412,10 +441,12 @@ fn the_accept_and_claim_paths_keep_their_plans_over_a_deep_backlog() {
                 server.value("ANALYZE");
             }
             for pinned in &pinned {
-                assert_eq!(
-                    plan(&store, pinned.sql, &pinned.params).await,
-                    pinned.plan.expected(analyzed),
-                    "{} (statistics: {analyzed}): the plan changed",
+                let taken = plan(&store, pinned.sql, &pinned.params).await;
+                let expected = pinned.plan.expected(analyzed);
+                assert!(
+                    expected.iter().any(|plan| *plan == taken.as_slice()),
+                    "{} (statistics: {analyzed}): the plan changed to {taken:#?}, not one of \
+                     {expected:#?}",
                     pinned.name
                 );
             }
