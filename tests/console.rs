@@ -1436,3 +1436,58 @@ fn an_event_page_shows_each_step_s_model_tokens_cost_and_time() {
     );
     drop(daemon);
 }
+
+/// The webhooks the overview's last-hour chart counts as accepted.
+fn charted_as_accepted(workspace: &Workspace) -> u64 {
+    let overview = get(workspace, "/console/").body;
+    let chart = overview
+        .split("id=\"webhooks-hour\"")
+        .nth(1)
+        .and_then(|rest| rest.split("</figure>").next())
+        .unwrap_or_default();
+    chart
+        .split("<circle class=\"accepted\"")
+        .skip(1)
+        .filter_map(|circle| circle.split("data-value=\"").nth(1)?.split('"').next())
+        .map(|value| value.parse::<u64>().expect("a count"))
+        .sum()
+}
+
+/// The overview's charts survive a restart: the daemon keeps the last day in its state
+/// directory when it stops and reads it back when it starts. A file that cannot be read leaves
+/// the charts empty, with a warning, and the daemon serving.
+#[test]
+fn the_charts_keep_the_last_day_across_a_restart() {
+    let workspace = Workspace::new();
+    workspace.write_config(&config(""));
+    let daemon = workspace.start();
+    for n in 0..3 {
+        let body = json!({"session": format!("kept-{n}")}).to_string();
+        let id = daemon.post_json("/hooks/alerts", &[], &body).event_id();
+        assert_eq!(workspace.wait_terminal(&id, TURN_LIMIT), "completed");
+    }
+    assert_eq!(charted_as_accepted(&workspace), 3);
+    assert!(daemon.terminate().success());
+    let activity = workspace.state_dir().join("activity.json");
+    assert!(activity.is_file(), "the stop kept the charts");
+
+    let daemon = workspace.start();
+    assert_eq!(charted_as_accepted(&workspace), 3, "after the restart");
+    let body = json!({"session": "kept-3"}).to_string();
+    let id = daemon.post_json("/hooks/alerts", &[], &body).event_id();
+    assert_eq!(workspace.wait_terminal(&id, TURN_LIMIT), "completed");
+    assert_eq!(charted_as_accepted(&workspace), 4);
+    assert!(daemon.terminate().success());
+
+    std::fs::write(&activity, b"{not json").expect("spoil the activity file");
+    let daemon = workspace.start();
+    assert_eq!(charted_as_accepted(&workspace), 0);
+    assert!(
+        daemon.log().contains(
+            "the console's charts start empty: the last run's activity file cannot be read"
+        ),
+        "{}",
+        daemon.log()
+    );
+    drop(daemon);
+}

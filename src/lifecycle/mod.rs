@@ -35,7 +35,7 @@ use crate::session::{BackgroundJobs, JobSlots, Scheduler, Sessions, TurnContext}
 use crate::store::Store;
 use bootstrap::Bootstrap;
 use drain::{Budgets, Drain, Stage, Stages};
-use periodic::{Expiry, Health, MemoryTrim, Retention, Summary};
+use periodic::{Expiry, Health, KeepActivity, MemoryTrim, Retention, Summary};
 use reload::Reloader;
 use resume::Resumer;
 use signals::StopSignals;
@@ -118,6 +118,11 @@ async fn run(
         store.release().await;
         return Ok(());
     }
+    let activity = KeepActivity {
+        files: crate::store::StateDir::new(&state_dir),
+    };
+    activity.restore();
+    drain.start(Stage::StopBackground, |stop| activity.run(stop));
     // In the background: a server that is slow to start or cannot start delays nothing.
     let config = &wired.settings.get().config;
     wired.mcp.apply(&config.mcp, &config.hidden);

@@ -1,4 +1,5 @@
-//! The daemon's periodic tasks: health (watchdog and `STATUS=`), retention, and the summary line.
+//! The daemon's periodic tasks: health (watchdog and `STATUS=`), retention, the summary line,
+//! and the console's charts kept across a restart.
 //!
 //! None of them is on the path of an event; each runs until the drain's last stage, and a round
 //! that fails is logged and tried again at the next one.
@@ -23,6 +24,9 @@ const PRUNE_INTERVAL: Duration = Duration::from_secs(300);
 const PRUNE_PAUSE: Duration = Duration::from_millis(10);
 /// How often the summary line is written (when anything happened).
 const SUMMARY_INTERVAL: Duration = Duration::from_secs(60);
+/// How often the charts' last day is written to the state directory (and when the daemon
+/// stops): a crash loses at most this much of it.
+const KEEP_ACTIVITY_INTERVAL: Duration = Duration::from_secs(300);
 /// `STATUS=` is refreshed this often when there is no watchdog to piggyback on.
 const STATUS_INTERVAL: Duration = Duration::from_secs(5);
 
@@ -269,6 +273,75 @@ impl Summary {
                 minute.delivered,
                 minute.delivery_failures,
             );
+        }
+    }
+}
+
+/// The console's charts of the last day (`metrics::recent`), kept in the state directory, so
+/// that a restart does not empty them.
+pub(super) struct KeepActivity {
+    pub files: store::StateDir,
+}
+
+/// The activity file: the minutes of the last day in which anything happened.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct KeptActivity {
+    version: u32,
+    minutes: Vec<metrics::recent::Minute>,
+}
+
+const KEPT_ACTIVITY_VERSION: u32 = 1;
+
+impl KeepActivity {
+    /// Puts back what the last run kept. A file that cannot be read is a warning: the charts
+    /// start empty, and the next write replaces it.
+    pub(super) fn restore(&self) {
+        let path = self.files.activity();
+        let problem = match self.files.read(&path) {
+            Ok(None) => return,
+            Ok(Some(bytes)) => match serde_json::from_slice::<KeptActivity>(&bytes) {
+                Ok(kept) if kept.version == KEPT_ACTIVITY_VERSION => {
+                    metrics::recent::restore(&kept.minutes);
+                    return;
+                }
+                Ok(kept) => format!("version {} is not {KEPT_ACTIVITY_VERSION}", kept.version),
+                Err(err) => err.to_string(),
+            },
+            Err(err) => err.to_string(),
+        };
+        tracing::warn!(file = %path.display(), error = %problem,
+            "the console's charts start empty: the last run's activity file cannot be read");
+    }
+
+    /// Writes the last day every `KEEP_ACTIVITY_INTERVAL`, and once more at `stop`.
+    pub(super) async fn run(self, stop: CancellationToken) {
+        loop {
+            let stopping = tokio::select! {
+                () = stop.cancelled() => true,
+                () = tokio::time::sleep(KEEP_ACTIVITY_INTERVAL) => false,
+            };
+            self.write().await;
+            if stopping {
+                return;
+            }
+        }
+    }
+
+    async fn write(&self) {
+        let kept = KeptActivity {
+            version: KEPT_ACTIVITY_VERSION,
+            minutes: metrics::recent::kept(),
+        };
+        let files = self.files.clone();
+        let written = tokio::task::spawn_blocking(move || {
+            let bytes = serde_json::to_vec(&kept).map_err(std::io::Error::other)?;
+            files.replace_activity(&bytes)
+        })
+        .await
+        .unwrap_or_else(|err| Err(std::io::Error::other(err)));
+        if let Err(err) = written {
+            tracing::warn!(file = %self.files.activity().display(), error = %err,
+                "cannot keep the console's charts; a restart would empty them");
         }
     }
 }

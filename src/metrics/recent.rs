@@ -1,11 +1,15 @@
 //! The last day of the daemon's work, minute by minute, for the console's overview charts:
 //! webhooks accepted and refused, turns completed and not with how long they took, and the
-//! deliveries pending as last read in each minute. Kept in memory since the daemon started, one
-//! slot per minute of a day in a ring, so it stays the same size however busy the daemon is;
-//! Prometheus and the journal keep the longer view.
+//! deliveries pending as last read in each minute. Kept in memory, one slot per minute of a day
+//! in a ring, so it stays the same size however busy the daemon is; written to the state
+//! directory every few minutes and when the daemon stops, and read back when it starts, so a
+//! restart does not empty the charts ([`kept`], [`restore`]). Prometheus and the journal keep
+//! the longer view.
 
 use std::sync::{LazyLock, Mutex, PoisonError};
 use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
 
 /// Minutes the ring holds: a day.
 pub(crate) const MINUTES: usize = 24 * 60;
@@ -18,7 +22,7 @@ pub(crate) const DURATION_BOUNDS_MS: [u64; 14] = [
 ];
 
 /// What happened in one minute.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Minute {
     /// Minutes since the Unix epoch.
     pub at: i64,
@@ -94,6 +98,22 @@ impl Ring {
         }
     }
 
+    /// Puts `minute` back in its slot, when it is within the day up to `now_ms`: added to what
+    /// the slot holds of the same minute, in place of an older minute's.
+    fn restore(&mut self, minute: &Minute, now_ms: i64) {
+        let now = now_ms.div_euclid(60_000);
+        if minute.at > now || minute.at <= now - MINUTES as i64 {
+            return;
+        }
+        if let Some(slot) = self.0.get_mut(Ring::index(minute.at)) {
+            if slot.at == minute.at {
+                slot.add(minute);
+            } else if slot.at < minute.at {
+                *slot = *minute;
+            }
+        }
+    }
+
     /// The day up to the minute of `now_ms`, oldest first: one entry per minute, empty for a
     /// minute nothing was recorded in.
     fn last_day(&self, now_ms: i64) -> Vec<Minute> {
@@ -156,6 +176,30 @@ pub(crate) fn last_day() -> Vec<Minute> {
     ring.last_day(crate::clock::now_millis())
 }
 
+/// The minutes of the last day in which anything was recorded, oldest first: what is kept
+/// across a restart.
+pub(crate) fn kept() -> Vec<Minute> {
+    last_day()
+        .into_iter()
+        .filter(|minute| {
+            *minute
+                != Minute {
+                    at: minute.at,
+                    ..Minute::default()
+                }
+        })
+        .collect()
+}
+
+/// Puts minutes kept by an earlier run back, those of the last day.
+pub(crate) fn restore(minutes: &[Minute]) {
+    let mut ring = RING.lock().unwrap_or_else(PoisonError::into_inner);
+    let now = crate::clock::now_millis();
+    for minute in minutes {
+        ring.restore(minute, now);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -170,6 +214,26 @@ mod tests {
         assert_eq!(minute.duration_percentile(0.95), Some(2_500));
         minute.durations[DURATION_BOUNDS_MS.len()] = 90; // longer than the last bound
         assert_eq!(minute.duration_percentile(0.5), Some(3_600_000));
+    }
+
+    #[test]
+    fn minutes_kept_by_an_earlier_run_come_back_within_the_day() {
+        let mut ring = Ring::new();
+        let now = 5_000 * 60_000;
+        ring.record(now, |minute| minute.accepted += 1);
+        let kept = |at: i64, accepted: u64| Minute {
+            at,
+            accepted,
+            ..Minute::default()
+        };
+        ring.restore(&kept(5_000, 2), now); // the same minute: added
+        ring.restore(&kept(4_990, 3), now);
+        ring.restore(&kept(5_000 - MINUTES as i64, 7), now); // a day ago: left out
+        ring.restore(&kept(5_001, 9), now); // ahead of the clock: left out
+        let day = ring.last_day(now);
+        assert_eq!(day[MINUTES - 1].accepted, 3);
+        assert_eq!(day[MINUTES - 11].accepted, 3);
+        assert_eq!(day.iter().map(|minute| minute.accepted).sum::<u64>(), 6);
     }
 
     #[test]

@@ -22,6 +22,8 @@ pub(crate) const LEDGER_LOCK_FILE: &str = "ledger.lock";
 pub(crate) const DAEMON_LOCK_FILE: &str = "agentgate.lock";
 /// Where `reconcile` moves malformed files; never emptied.
 pub(crate) const QUARANTINE_DIR: &str = "quarantine";
+/// The console's charts of the last day, kept across a restart (`lifecycle::periodic`).
+const ACTIVITY_FILE: &str = "activity.json";
 /// Created and removed by `reconcile` to prove the directory is writable.
 const WRITE_PROBE_FILE: &str = ".agentgate-write-probe";
 /// Mode of every state file agentgate creates.
@@ -60,6 +62,15 @@ impl StateDir {
 
     pub(crate) fn ledger_lock(&self) -> PathBuf {
         self.path.join(LEDGER_LOCK_FILE)
+    }
+
+    pub(crate) fn activity(&self) -> PathBuf {
+        self.path.join(ACTIVITY_FILE)
+    }
+
+    /// Replaces the activity file with `data`, crash-safe (see `store::atomic`).
+    pub(crate) fn replace_activity(&self, data: &[u8]) -> std::io::Result<()> {
+        super::atomic::replace(&self.path, ACTIVITY_FILE, data)
     }
 
     /// Where `quarantine()` keeps malformed files (the directory may not exist yet).
