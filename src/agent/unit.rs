@@ -53,8 +53,9 @@ const UNIT_NETWORK_VARIABLE: &str = "AGENTGATE_TOOL_UNIT_NETWORK";
 const DAEMON_UNIT: &str = "agentgate.service";
 /// Set by the tool unit templates: the daemon's user, whose calls (and root's) a unit takes. The
 /// unit runs as a user of its own (`_agentgate-tool`), so that what the kernel bounds per user
-/// (epoll watches, processes, pipe buffers, user namespaces) a call can use up is never the
-/// daemon's, and no file only the daemon's user may read is open to a call.
+/// (epoll watches, processes, user namespaces; not the stdio pipes, which the daemon creates and
+/// the kernel charges to it) a call can use up is never the daemon's, and no file only the
+/// daemon's user may read is open to a call.
 const DAEMON_USER_VARIABLE: &str = "AGENTGATE_DAEMON_USER";
 /// The largest request: an argv and environment, not data (stdin goes through its pipe).
 const MAX_REQUEST: usize = 4 * 1024 * 1024;
