@@ -256,8 +256,10 @@ fn oversized_bodies_are_413_with_and_without_content_length() {
     assert_eq!(declared.json()["error"], "payload_too_large");
 
     // Chunked, no Content-Length, far larger than the limit: refused while streaming, and the
-    // daemon never buffers it (peak RSS stays far below the 64 MiB sent). It carries a
+    // daemon never buffers it (its peak RSS grows by far less than the 64 MiB sent; the peak
+    // before it varies from run to run, so the growth is what is checked). It carries a
     // signature header, so that only its body can decide it.
+    let peak_before_kib = daemon.peak_rss_kib();
     let mut stream = TcpStream::connect(daemon.addr).expect("connect");
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
@@ -283,8 +285,11 @@ fn oversized_bodies_are_413_with_and_without_content_length() {
     let response = parse_response(&raw).expect("a response");
     assert_eq!(response.status, 413, "{response:?}");
     assert!(sent < 64 * 1024 * 1024, "server read the whole 64 MiB body");
-    let peak_mib = daemon.peak_rss_kib() / 1024;
-    assert!(peak_mib < 48, "peak RSS {peak_mib} MiB: body was buffered");
+    let grown_mib = daemon.peak_rss_kib().saturating_sub(peak_before_kib) / 1024;
+    assert!(
+        grown_mib < 16,
+        "peak RSS grew by {grown_mib} MiB: the body was buffered"
+    );
     assert_eq!(workspace.events_total(), 0);
 }
 
