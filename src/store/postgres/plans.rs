@@ -209,10 +209,6 @@ fn accept_statements(v: &Values) -> Vec<Pinned<'_>> {
 }
 
 /// What the scheduler asks to pick the next turns.
-#[expect(
-    clippy::too_many_lines,
-    reason = "one flat table of the claim path's statements with their pinned plans"
-)]
 fn claim_statements(v: &Values) -> Vec<Pinned<'_>> {
     vec![
         Pinned {
@@ -279,56 +275,7 @@ fn claim_statements(v: &Values) -> Vec<Pinned<'_>> {
                 "              Filter: (state = 'idle'::text)",
             ]),
         },
-        Pinned {
-            name: "the runnable sessions by priority",
-            sql: PRIORITY_SESSIONS_SQL,
-            params: vec![&v.limit, &v.priorities, &v.step],
-            // Without statistics, the idle sessions from the partial index of the runnable ones,
-            // or from the retention's index by state: both read the idle sessions only, never
-            // the queued events (CI saw the second once in several runs).
-            plan: Plan::EitherWithout {
-                none: [
-                    &[
-                        "Limit",
-                        "  ->  LockRows",
-                        "        ->  Sort",
-                        "              Sort Key: ((SubPlan 1)), s.queue_head",
-                        "              ->  Bitmap Heap Scan on sessions s",
-                        "                    Recheck Cond: ((queue_head IS NOT NULL) AND (state = 'idle'::text))",
-                        "                    ->  Bitmap Index Scan on sessions_runnable",
-                        "                          Index Cond: (queue_head IS NOT NULL)",
-                        "                    SubPlan 1",
-                        "                      ->  Index Scan using events_pkey on events e",
-                        "                            Index Cond: (seq = s.queue_head)",
-                    ],
-                    &[
-                        "Limit",
-                        "  ->  LockRows",
-                        "        ->  Sort",
-                        "              Sort Key: ((SubPlan 1)), s.queue_head",
-                        "              ->  Bitmap Heap Scan on sessions s",
-                        "                    Recheck Cond: (state = 'idle'::text)",
-                        "                    Filter: (queue_head IS NOT NULL)",
-                        "                    ->  Bitmap Index Scan on sessions_by_age",
-                        "                          Index Cond: (state = 'idle'::text)",
-                        "                    SubPlan 1",
-                        "                      ->  Index Scan using events_pkey on events e",
-                        "                            Index Cond: (seq = s.queue_head)",
-                    ],
-                ],
-                analyzed: &[
-                    "Limit",
-                    "  ->  LockRows",
-                    "        ->  Sort",
-                    "              Sort Key: ((SubPlan 1)), s.queue_head",
-                    "              ->  Seq Scan on sessions s",
-                    "                    Filter: ((queue_head IS NOT NULL) AND (state = 'idle'::text))",
-                    "                    SubPlan 1",
-                    "                      ->  Index Scan using events_pkey on events e",
-                    "                            Index Cond: (seq = s.queue_head)",
-                ],
-            },
-        },
+        priority_claim(v),
         Pinned {
             name: "a session's head",
             sql: HEAD_EVENT_SQL,
@@ -360,6 +307,60 @@ fn claim_statements(v: &Values) -> Vec<Pinned<'_>> {
             ]),
         },
     ]
+}
+
+/// The runnable sessions by priority: the claim when some route has a priority.
+fn priority_claim(v: &Values) -> Pinned<'_> {
+    Pinned {
+        name: "the runnable sessions by priority",
+        sql: PRIORITY_SESSIONS_SQL,
+        params: vec![&v.limit, &v.priorities, &v.step],
+        // Without statistics, the idle sessions from the partial index of the runnable ones,
+        // or from the retention's index by state: both read the idle sessions only, never
+        // the queued events (CI saw the second once in several runs).
+        plan: Plan::EitherWithout {
+            none: [
+                &[
+                    "Limit",
+                    "  ->  LockRows",
+                    "        ->  Sort",
+                    "              Sort Key: ((SubPlan 1)), s.queue_head",
+                    "              ->  Bitmap Heap Scan on sessions s",
+                    "                    Recheck Cond: ((queue_head IS NOT NULL) AND (state = 'idle'::text))",
+                    "                    ->  Bitmap Index Scan on sessions_runnable",
+                    "                          Index Cond: (queue_head IS NOT NULL)",
+                    "                    SubPlan 1",
+                    "                      ->  Index Scan using events_pkey on events e",
+                    "                            Index Cond: (seq = s.queue_head)",
+                ],
+                &[
+                    "Limit",
+                    "  ->  LockRows",
+                    "        ->  Sort",
+                    "              Sort Key: ((SubPlan 1)), s.queue_head",
+                    "              ->  Bitmap Heap Scan on sessions s",
+                    "                    Recheck Cond: (state = 'idle'::text)",
+                    "                    Filter: (queue_head IS NOT NULL)",
+                    "                    ->  Bitmap Index Scan on sessions_by_age",
+                    "                          Index Cond: (state = 'idle'::text)",
+                    "                    SubPlan 1",
+                    "                      ->  Index Scan using events_pkey on events e",
+                    "                            Index Cond: (seq = s.queue_head)",
+                ],
+            ],
+            analyzed: &[
+                "Limit",
+                "  ->  LockRows",
+                "        ->  Sort",
+                "              Sort Key: ((SubPlan 1)), s.queue_head",
+                "              ->  Seq Scan on sessions s",
+                "                    Filter: ((queue_head IS NOT NULL) AND (state = 'idle'::text))",
+                "                    SubPlan 1",
+                "                      ->  Index Scan using events_pkey on events e",
+                "                            Index Cond: (seq = s.queue_head)",
+            ],
+        },
+    }
 }
 
 /// A claimed turn's start, and an event coalesced into its session's head.
