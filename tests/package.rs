@@ -527,6 +527,7 @@ fn no_way_out_of_a_tool_unit(machine: &Machine) {
             "read_config": "/etc/agentgate/agentgate.toml",
             "read_config_copy": "/etc/agentgate/agentgate.toml.dpkg-old",
             "read_a_file_only_the_daemon_s_user_may_read": "/srv/daemon-only/note",
+            "read_the_daemon_s_cgroup": "/sys/fs/cgroup/system.slice/agentgate.service/memory.current",
         },
         "kernel": ["user_namespace", "io_uring", "keyring"],
         "write": {"write_outside_writable": "/etc/agentgate/written"},
@@ -707,6 +708,7 @@ fn network_plan(machine: &Machine) -> serde_json::Value {
             "read_config": "/etc/agentgate/agentgate.toml",
             "read_config_copy": "/etc/agentgate/agentgate.toml.dpkg-old",
             "read_credential": "/run/credentials/agentgate.service/github-secret",
+            "read_the_daemon_s_cgroup": "/sys/fs/cgroup/system.slice/agentgate.service/memory.current",
         },
         "stream": {
             "connect_dbus": "/run/dbus/system_bus_socket",

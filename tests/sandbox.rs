@@ -133,6 +133,47 @@ impl Drop for RunSocket {
     }
 }
 
+/// What the probe tries from each tool: the state, a credential, a secret file, the config, the
+/// control socket, an abstract socket, the host's loopback (`port`), a service's socket under
+/// `/run` and the host's cgroup tree (v2, or v1's hierarchies: every service's name and use);
+/// and the legitimate work.
+fn escape_plan(
+    workspace: &Workspace,
+    port: u16,
+    abstract_name: &str,
+    service_socket: Option<&RunSocket>,
+) -> Value {
+    let path = workspace.path();
+    let mut plan = json!({
+        "read": {
+            "read_database": workspace.state_dir().join("agentgate.db"),
+            "read_credential": path.join("credentials").join("token"),
+            "read_secret_file": path.join("deliver.secret"),
+            "read_config": workspace.config_path(),
+        },
+        "stream": {"connect_control_socket": path.join("control.sock")},
+        "abstract": {"connect_abstract_socket": abstract_name},
+        "tcp": {"reach_loopback": port},
+        "legit": {
+            "write_in_writable": ["write", path.join("work").join("legit.txt")],
+            "read_system_file": ["read", "/etc/os-release"],
+        },
+    });
+    if let Some(socket) = service_socket {
+        plan["stream"]["connect_service_socket_under_run"] = json!(socket.path);
+    }
+    if let Some(cgroups) = [
+        "/sys/fs/cgroup/cgroup.procs",
+        "/sys/fs/cgroup/systemd/cgroup.procs",
+    ]
+    .into_iter()
+    .find(|file| Path::new(file).exists())
+    {
+        plan["read"]["read_the_cgroup_tree"] = json!(cgroups);
+    }
+    plan
+}
+
 #[test]
 fn a_sandboxed_tool_reaches_only_what_the_operator_allowed() {
     let workspace = disk_workspace();
@@ -161,25 +202,8 @@ fn a_sandboxed_tool_reaches_only_what_the_operator_allowed() {
             .expect("an abstract address");
         std::os::unix::net::UnixListener::bind_addr(&address).expect("an abstract socket")
     };
+    let plan = escape_plan(&workspace, port, &abstract_name, service_socket.as_ref());
     let path = workspace.path();
-    let mut plan = json!({
-        "read": {
-            "read_database": workspace.state_dir().join("agentgate.db"),
-            "read_credential": path.join("credentials").join("token"),
-            "read_secret_file": path.join("deliver.secret"),
-            "read_config": workspace.config_path(),
-        },
-        "stream": {"connect_control_socket": path.join("control.sock")},
-        "abstract": {"connect_abstract_socket": abstract_name},
-        "tcp": {"reach_loopback": port},
-        "legit": {
-            "write_in_writable": ["write", path.join("work").join("legit.txt")],
-            "read_system_file": ["read", "/etc/os-release"],
-        },
-    });
-    if let Some(socket) = &service_socket {
-        plan["stream"]["connect_service_socket_under_run"] = json!(socket.path);
-    }
     let tools = [
         probe_tool(&workspace, "strict", "", &plan),
         probe_tool(&workspace, "networked", "network = true", &plan),

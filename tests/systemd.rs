@@ -1154,3 +1154,101 @@ fn every_fire_of_a_schedule_timer_is_one_event() {
     assert!(again.contains("\"duplicate\""), "{again}");
     assert_eq!(events().len(), keys.len());
 }
+
+/// A call that grows its pipes uses up its own user's allowance, not the daemon's: 24 calls at
+/// once, each growing its stdin, stdout and stderr to 1 MiB (72 MiB, over the kernel's 64 MiB
+/// `fs.pipe-user-pages-soft` for one user), and the daemon's user still gets full-size pipes
+/// and may grow one. The pipes are created in the tool unit, so the kernel charges them to
+/// `_agentgate-tool`. The calls also see their own user in `USER` and `LOGNAME`, and no cgroup
+/// tree (which would name every service and show what each uses).
+#[test]
+fn a_call_s_pipes_are_charged_to_the_tool_user_not_the_daemon_s() {
+    let Some(machine) = Machine::boot("pipes") else {
+        return;
+    };
+    const CALLS: usize = 24;
+    let model = install_model(
+        &machine,
+        "hog-model",
+        r#"#!/usr/bin/python3
+import json, sys
+messages = json.load(sys.stdin)["messages"]
+if messages[-1].get("role") == "tool":
+    print(json.dumps({"role": "assistant", "content": "done"}))
+else:
+    call = {"id": "c1", "type": "function", "function": {"name": "hog", "arguments": "{}"}}
+    print(json.dumps({"role": "assistant", "content": None, "tool_calls": [call]}))
+"#,
+    );
+    std::fs::write(
+        machine.share.path().join("hog"),
+        r#"#!/usr/bin/python3
+import fcntl, os, secrets, time
+grown = []
+for fd in (0, 1, 2):
+    try:
+        grown.append(str(fcntl.fcntl(fd, 1031, 1 << 20)))
+    except OSError as err:
+        grown.append(err.strerror)
+open("/srv/hog/ready-" + secrets.token_hex(8), "w").close()
+while not os.path.exists("/srv/hog/release"):
+    time.sleep(0.1)
+cgroups = ",".join(sorted(os.listdir("/sys/fs/cgroup"))) or "none"
+print("USER=%s LOGNAME=%s CGROUPS=%s GROWN=%s" % (
+    os.environ.get("USER"), os.environ.get("LOGNAME"), cgroups, ",".join(grown)))
+"#,
+    )
+    .expect("write the tool");
+    let tool = "[tools.hog]\ncommand = [\"/usr/local/lib/hog\"]\nwritable = [\"/srv/hog\"]\ntimeout = \"300s\"\n";
+    let text = config(&format!("max_concurrent_turns = {}", CALLS + 1))
+        .replace("[routes.hook]", &format!("{model}\n{tool}\n[routes.hook]"))
+        + "tools = [\"hog\"]\n";
+    machine.install(&text, "");
+    machine.ok(&format!(
+        "install -m 0755 {}/hog /usr/local/lib/hog
+         install -d -o _agentgate-tool -g _agentgate-tool /srv/hog
+         mkdir -p /etc/systemd/system/agentgate-tool@.service.d
+         printf '[Service]\\nReadWritePaths=/srv/hog\\n' > /etc/systemd/system/agentgate-tool@.service.d/hog.conf
+         systemctl daemon-reload",
+        machine.share.path().display()
+    ));
+    for n in 0..CALLS {
+        let response = machine
+            .post(&format!(r#"{{"session":"hog-{n}","task":"grow"}}"#))
+            .expect("POST");
+        assert_eq!(response.status, 202, "{response:?}");
+    }
+    wait_for(
+        "every call to grow its pipes",
+        Duration::from_secs(120),
+        || machine.ok("ls /srv/hog | grep -c '^ready-' || true") == CALLS.to_string(),
+    );
+    // The daemon's user, while every call holds its pipes: a new pipe has the default 64 KiB
+    // and may grow to 1 MiB (a user at the allowance may not grow one, and over it a new pipe
+    // gets 8 KiB).
+    let daemon_user_pipe = machine.ok(
+        r#"setpriv --reuid=_agentgate --regid=_agentgate --clear-groups python3 -c '
+import fcntl, os
+read, write = os.pipe()
+size = fcntl.fcntl(write, 1032)
+try:
+    grown = fcntl.fcntl(write, 1031, 1 << 20)
+except OSError as err:
+    grown = err.strerror
+print(size, grown)'"#,
+    );
+    machine.ok("touch /srv/hog/release");
+    wait_for("every turn to complete", Duration::from_secs(120), || {
+        machine.status_json()["events"]["by_status"]["completed"].as_u64() == Some(CALLS as u64)
+    });
+    assert_eq!(
+        daemon_user_pipe, "65536 1048576",
+        "the daemon's user's pipes"
+    );
+    let transcript =
+        machine.ok("agentgate sessions show hog-0 --json --config /etc/agentgate/agentgate.toml");
+    assert!(
+        transcript.contains("USER=_agentgate-tool LOGNAME=_agentgate-tool CGROUPS=none"),
+        "{transcript}"
+    );
+}

@@ -15,6 +15,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{HiddenPaths, resolved};
 
+/// Where the host's cgroup tree is mounted: covered in every sandbox.
+const CGROUP_TREE: &str = "/sys/fs/cgroup";
+
 /// What bubblewrap is told for one child.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Confinement {
@@ -97,10 +100,11 @@ impl Confinement {
     }
 
     /// bubblewrap's options. Mounts are applied in order, each over the ones before: the
-    /// read-only root, a fresh `/dev`, `/proc` and `/tmp` (and, without the network, an empty
-    /// `/run`, which holds the host's service sockets), the writable paths, and last what is
-    /// hidden, so that nothing writable can uncover it. Paths that do not exist here are
-    /// skipped.
+    /// read-only root, a fresh `/dev`, `/proc` and `/tmp`, an empty `/sys/fs/cgroup` (the
+    /// host's cgroup tree names every service and tool unit and shows what each uses), and,
+    /// without the network, an empty `/run`, which holds the host's service sockets; then the
+    /// writable paths, and last what is hidden, so that nothing writable can uncover it. Paths
+    /// that do not exist here are skipped.
     pub(crate) fn options(&self, working_dir: Option<&Path>) -> Vec<String> {
         let mut args: Vec<String> = [
             "--unshare-all",
@@ -127,6 +131,9 @@ impl Confinement {
         ]
         .map(String::from)
         .to_vec();
+        if Path::new(CGROUP_TREE).is_dir() {
+            args.extend(["--tmpfs".into(), CGROUP_TREE.into()]);
+        }
         if self.network {
             args.push("--share-net".into());
         } else {
@@ -191,6 +198,10 @@ mod tests {
         assert!(!args.iter().any(|a| a.contains("missing")), "{args:?}");
         assert!(!args.contains(&"--share-net".to_string()));
         assert!(at("--tmpfs", Path::new("/run")).is_some(), "{args:?}");
+        if Path::new(CGROUP_TREE).is_dir() {
+            let cgroups = at("--tmpfs", Path::new(CGROUP_TREE)).expect("cgroup tree hidden");
+            assert!(cgroups < bound, "{args:?}");
+        }
         assert_eq!(args.last().map(String::as_str), Some("--"));
         let networked = Confinement::new(true, &[], &hidden).wrapper(Path::new("bwrap"), None);
         assert!(networked.contains(&"--share-net".to_string()));

@@ -781,7 +781,7 @@ async fn open(
                 sandbox = super::sandbox::mechanism(sandbox),
                 "starting the MCP server"
             );
-            let started = child.start()?;
+            let started = child.start().await?;
             tokio::spawn(log_stderr(started.stderr, settings.name.clone()).in_current_span());
             // A server that does not answer `initialize` is stopped with `started.running`.
             let running =

@@ -235,12 +235,15 @@ impl Child {
 
     /// Starts the child, for a caller that drives it through its stdio (an MCP server): here or
     /// in its tool unit. Dropping what it returns stops the child and everything it started.
-    pub(crate) fn start(&self) -> Result<Started, String> {
+    pub(crate) async fn start(&self) -> Result<Started, String> {
         let mark = RunMark::new(self.unconfined);
         if let Some((socket, confinement)) = &self.unit {
+            let not_started = |err: std::io::Error| self.not_started_in_unit(socket, &err);
             let (connection, stdin, stdout, stderr) = self
                 .start_in_unit(socket, confinement)
-                .map_err(|err| self.not_started_in_unit(socket, &err))?;
+                .await
+                .map_err(not_started)?;
+            let connection = connection.into_std().map_err(not_started)?;
             return Ok(Started {
                 stdin: Either::Right(stdin),
                 stdout: Either::Right(stdout),
@@ -331,7 +334,7 @@ impl Child {
 /// The pipes of a child started in a tool unit: the connection (closing it stops the child),
 /// and the child's stdin, stdout and stderr.
 type UnitPipes = (
-    std::os::unix::net::UnixStream,
+    tokio::net::UnixStream,
     tokio::net::unix::pipe::Sender,
     tokio::net::unix::pipe::Receiver,
     tokio::net::unix::pipe::Receiver,
@@ -346,15 +349,14 @@ impl Child {
         )
     }
 
-    /// Asks for the child in a tool unit through `socket`, in `confinement`.
-    fn start_in_unit(
+    /// Asks for the child in a tool unit through `socket`, in `confinement`, and takes the
+    /// pipes the unit created for it. A refusal is the error.
+    async fn start_in_unit(
         &self,
         socket: &std::path::Path,
         confinement: &Confinement,
     ) -> std::io::Result<UnitPipes> {
-        let (stdin_child, stdin) = std::io::pipe()?;
-        let (stdout, stdout_child) = std::io::pipe()?;
-        let (stderr, stderr_child) = std::io::pipe()?;
+        use std::os::fd::AsRawFd;
         let request = unit::Request::Run(unit::Call {
             program: self.program.clone(),
             args: self.args.clone(),
@@ -366,13 +368,29 @@ impl Child {
             cwd: self.cwd.clone(),
             confinement: Some(confinement.clone()),
         });
-        let stdio = [stdin_child.into(), stdout_child.into(), stderr_child.into()];
-        let connection = unit::start(socket, &request, stdio)?;
+        let connection = unit::start(socket, &request)?;
+        connection.set_nonblocking(true)?;
+        let mut connection = tokio::net::UnixStream::from_std(connection)?;
+        let fd = connection.as_raw_fd();
+        let opening = connection
+            .async_io(tokio::io::Interest::READABLE, || unit::opening(fd))
+            .await?;
+        let [stdin, stdout, stderr] = match opening {
+            unit::Opening::Stdio(stdio) => stdio,
+            unit::Opening::Answer(mut answer) => {
+                let _ = tokio::time::timeout(KILL_GRACE, connection.read_to_end(&mut answer)).await;
+                return Err(std::io::Error::other(
+                    unit::read_reply(&answer)
+                        .err()
+                        .unwrap_or_else(|| "its tool unit answered before the call".to_string()),
+                ));
+            }
+        };
         Ok((
             connection,
-            tokio::net::unix::pipe::Sender::from_owned_fd(stdin.into())?,
-            tokio::net::unix::pipe::Receiver::from_owned_fd(stdout.into())?,
-            tokio::net::unix::pipe::Receiver::from_owned_fd(stderr.into())?,
+            tokio::net::unix::pipe::Sender::from_owned_fd(stdin)?,
+            tokio::net::unix::pipe::Receiver::from_owned_fd(stdout)?,
+            tokio::net::unix::pipe::Receiver::from_owned_fd(stderr)?,
         ))
     }
 
@@ -388,11 +406,10 @@ impl Child {
     ) -> Result<Finished, Aborted> {
         let not_started =
             |err: std::io::Error| Aborted::NotStarted(self.not_started_in_unit(socket, &err));
-        let (connection, stdin, stdout, stderr) = self
+        let (mut connection, stdin, stdout, stderr) = self
             .start_in_unit(socket, confinement)
+            .await
             .map_err(not_started)?;
-        connection.set_nonblocking(true).map_err(not_started)?;
-        let mut connection = tokio::net::UnixStream::from_std(connection).map_err(not_started)?;
         let streams = Streams::start(
             Some(stdin),
             Some(stdout),

@@ -12,11 +12,14 @@
 //! daemon's user would become root-equivalent.
 //!
 //! The exchange on one connection: the daemon sends a [`Request`] (a big-endian `u32` length,
-//! then JSON) with the child's stdin, stdout and stderr as descriptors (`SCM_RIGHTS`), so output
-//! is read and capped exactly as for a local child; the instance (`agentgate tool-exec`) starts
-//! the argv in its bubblewrap sandbox, in a process group of its own, and answers
-//! with one [`Reply`] line. When the daemon shuts its end first (timeout, cancellation, its own
-//! death), the instance stops the group and exits, and systemd stops the unit.
+//! then JSON); the instance (`agentgate tool-exec`) creates the child's stdin, stdout and stderr
+//! pipes and sends the daemon its ends (`SCM_RIGHTS`, with one [`STDIO_MARK`] byte), so output is
+//! read and capped exactly as for a local child, starts the argv in its bubblewrap sandbox, in a
+//! process group of its own, and answers with one [`Reply`] line. The instance creates the pipes
+//! because Linux charges a pipe's buffers to the user who created it: a call that grows its
+//! pipes (`F_SETPIPE_SZ`) uses up the tool user's allowance (`fs.pipe-user-pages-soft`), never
+//! the daemon's. When the daemon shuts its end first (timeout, cancellation, its own death), the
+//! instance stops the group and exits, and systemd stops the unit.
 //!
 //! The instance trusts neither the connection nor the request ([`admit`], [`floor`]): only the
 //! daemon's own process (its user or root, in `agentgate.service`'s cgroup, not in a tool
@@ -53,12 +56,14 @@ const UNIT_NETWORK_VARIABLE: &str = "AGENTGATE_TOOL_UNIT_NETWORK";
 const DAEMON_UNIT: &str = "agentgate.service";
 /// Set by the tool unit templates: the daemon's user, whose calls (and root's) a unit takes. The
 /// unit runs as a user of its own (`_agentgate-tool`), so that what the kernel bounds per user
-/// (epoll watches, processes, user namespaces; not the stdio pipes, which the daemon creates and
-/// the kernel charges to it) a call can use up is never the daemon's, and no file only the
-/// daemon's user may read is open to a call.
+/// (epoll watches, processes, user namespaces, pipe buffers) a call can use up is never the
+/// daemon's, and no file only the daemon's user may read is open to a call.
 const DAEMON_USER_VARIABLE: &str = "AGENTGATE_DAEMON_USER";
 /// The largest request: an argv and environment, not data (stdin goes through its pipe).
 const MAX_REQUEST: usize = 4 * 1024 * 1024;
+/// The byte that carries the daemon's ends of a call's stdio: never the first of a [`Reply`]
+/// line, which is JSON.
+const STDIO_MARK: u8 = 0;
 /// How long the start's trial call may take.
 const TRIAL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Between SIGTERM and SIGKILL of the call's process group.
@@ -138,37 +143,60 @@ pub(crate) fn configured_sockets() -> Option<UnitSockets> {
     })
 }
 
-/// Connects to `socket` and hands it the request, with `stdio` (stdin, stdout, stderr) as the
-/// child's. The connection is the call: closing it stops the call.
-pub(crate) fn start(
-    socket: &Path,
-    request: &Request,
-    stdio: [OwnedFd; 3],
-) -> std::io::Result<UnixStream> {
+/// Connects to `socket` and hands it the request. The connection is the call: closing it stops
+/// the call. What comes back first is its [`Opening`].
+pub(crate) fn start(socket: &Path, request: &Request) -> std::io::Result<UnixStream> {
     let json = serde_json::to_vec(request).map_err(std::io::Error::other)?;
     let length = u32::try_from(json.len())
         .ok()
         .filter(|length| (*length as usize) <= MAX_REQUEST)
         .ok_or_else(|| std::io::Error::other("the call's argv and environment are too large"))?;
-    let mut frame = length.to_be_bytes().to_vec();
-    frame.extend_from_slice(&json);
     let mut connection = UnixStream::connect(socket)?;
-    let fds: [RawFd; 3] = [
-        stdio[0].as_raw_fd(),
-        stdio[1].as_raw_fd(),
-        stdio[2].as_raw_fd(),
-    ];
-    let sent = sendmsg::<()>(
-        connection.as_raw_fd(),
-        &[IoSlice::new(&frame)],
-        &[ControlMessage::ScmRights(&fds)],
-        MsgFlags::empty(),
-        None,
-    )?;
-    connection.write_all(&frame[sent..])?;
-    // The instance holds the child's ends now; ours close here.
-    drop(stdio);
+    connection.write_all(&length.to_be_bytes())?;
+    connection.write_all(&json)?;
     Ok(connection)
+}
+
+/// What a tool unit sends first.
+pub(crate) enum Opening {
+    /// The daemon's ends of the call's stdin, stdout and stderr: the call is being started.
+    Stdio([OwnedFd; 3]),
+    /// No descriptors: the first byte of the answer (a refusal), or nothing (it hung up).
+    Answer(Vec<u8>),
+}
+
+/// Reads what the tool unit at the other end of `connection` sends first. On a non-blocking
+/// socket, `WouldBlock` until it has sent it.
+pub(crate) fn opening(connection: RawFd) -> std::io::Result<Opening> {
+    let mut first = [0u8; 1];
+    let mut space = nix::cmsg_space!([RawFd; 3]);
+    let mut slices = [IoSliceMut::new(&mut first)];
+    let message = recvmsg::<()>(
+        connection,
+        &mut slices,
+        Some(&mut space),
+        MsgFlags::MSG_CMSG_CLOEXEC,
+    )?;
+    let mut fds = Vec::new();
+    for control in message.cmsgs()? {
+        if let ControlMessageOwned::ScmRights(received) = control {
+            fds.extend(
+                received
+                    .into_iter()
+                    .map(crate::sys::adopt_received_descriptor),
+            );
+        }
+    }
+    let read = message.bytes;
+    if fds.is_empty() {
+        return Ok(Opening::Answer(first[..read].to_vec()));
+    }
+    match <[OwnedFd; 3]>::try_from(fds) {
+        Ok(stdio) if read == 1 && first[0] == STDIO_MARK => Ok(Opening::Stdio(stdio)),
+        _ => Err(std::io::Error::other(
+            "its tool unit sent something other than the call's three pipes",
+        )),
+    }
 }
 
 /// Reads the instance's answer: the child's exit status, or why it did not start. An instance
@@ -204,11 +232,14 @@ pub(crate) fn serve_connection() -> Result<(), String> {
     if let Err(reason) = admit(&connection) {
         return Err(refuse(&mut connection, &reason));
     }
-    let (request, stdio) =
-        receive(&connection).map_err(|err| format!("cannot read the call: {err}"))?;
+    let request = receive(&connection).map_err(|err| format!("cannot read the call: {err}"))?;
     match request {
         Request::Run(call) => match confined(&connection, &call) {
-            Ok(confinement) => run(connection, call, confinement, stdio),
+            Ok(confinement) => {
+                let stdio = hand_over_stdio(&connection)
+                    .map_err(|err| format!("cannot hand over the call's stdio: {err}"))?;
+                run(connection, call, confinement, stdio)
+            }
             Err(reason) => Err(refuse(&mut connection, &reason)),
         },
         Request::CheckWritable(paths) => {
@@ -381,50 +412,39 @@ fn not_writable(paths: &[PathBuf]) -> Vec<(PathBuf, String)> {
         .collect()
 }
 
-/// The request and its three descriptors.
-fn receive(connection: &UnixStream) -> std::io::Result<(Request, [OwnedFd; 3])> {
-    let mut head = vec![0u8; 64 * 1024];
-    let mut space = nix::cmsg_space!([RawFd; 3]);
-    let (read, fds) = {
-        let mut slices = [IoSliceMut::new(&mut head)];
-        let message = recvmsg::<()>(
-            connection.as_raw_fd(),
-            &mut slices,
-            Some(&mut space),
-            MsgFlags::MSG_CMSG_CLOEXEC,
-        )?;
-        let mut fds = Vec::new();
-        for control in message.cmsgs()? {
-            if let ControlMessageOwned::ScmRights(received) = control {
-                fds.extend(
-                    received
-                        .into_iter()
-                        .map(crate::sys::adopt_received_descriptor),
-                );
-            }
-        }
-        (message.bytes, fds)
-    };
-    let stdio: [OwnedFd; 3] = fds
-        .try_into()
-        .map_err(|_| std::io::Error::other("a request must carry three descriptors"))?;
-    head.truncate(read);
-    let (length, body) = head
-        .split_first_chunk::<4>()
-        .ok_or_else(|| std::io::Error::other("a request too short for its length"))?;
-    let length = u32::from_be_bytes(*length) as usize;
+/// The request: its length, then its JSON. (Descriptors sent along are discarded unread.)
+fn receive(mut connection: &UnixStream) -> std::io::Result<Request> {
+    let mut length = [0u8; 4];
+    connection.read_exact(&mut length)?;
+    let length = u32::from_be_bytes(length) as usize;
     if length > MAX_REQUEST {
         return Err(std::io::Error::other("a request over the size limit"));
     }
-    let mut json = body.to_vec();
-    if json.len() < length {
-        let mut rest = vec![0u8; length - json.len()];
-        (&*connection).read_exact(&mut rest)?;
-        json.extend_from_slice(&rest);
-    }
-    json.truncate(length);
-    let request = serde_json::from_slice(&json).map_err(std::io::Error::other)?;
-    Ok((request, stdio))
+    let mut json = vec![0u8; length];
+    connection.read_exact(&mut json)?;
+    serde_json::from_slice(&json).map_err(std::io::Error::other)
+}
+
+/// Creates the call's stdio pipes, here, as this unit's user, and sends the daemon its ends
+/// (stdin's write end, the read ends of stdout and stderr); returns the child's.
+fn hand_over_stdio(connection: &UnixStream) -> std::io::Result<[OwnedFd; 3]> {
+    let (stdin, stdin_daemon) = std::io::pipe()?;
+    let (stdout_daemon, stdout) = std::io::pipe()?;
+    let (stderr_daemon, stderr) = std::io::pipe()?;
+    let daemon: [RawFd; 3] = [
+        stdin_daemon.as_raw_fd(),
+        stdout_daemon.as_raw_fd(),
+        stderr_daemon.as_raw_fd(),
+    ];
+    sendmsg::<()>(
+        connection.as_raw_fd(),
+        &[IoSlice::new(&[STDIO_MARK])],
+        &[ControlMessage::ScmRights(&daemon)],
+        MsgFlags::empty(),
+        None,
+    )?;
+    // The daemon holds its ends now; ours close here, so that its reads end with the child's.
+    Ok([stdin.into(), stdout.into(), stderr.into()])
 }
 
 /// What the instance waits for: the call's end, or the daemon closing the connection.
@@ -521,8 +541,9 @@ fn run(
 }
 
 /// bubblewrap's options for `call` as the file its `--args` reads (NUL-separated, in memory,
-/// inherited by bubblewrap alone, which closes it): the child's environment first, then the
-/// sandbox, whose own settings (`HOME`) come last and win. [`confined`] made sure that no NUL
+/// inherited by bubblewrap alone, which closes it): the child's environment first, then this
+/// unit's user (`USER`, `LOGNAME`), then the sandbox, whose own settings (`HOME`) come last and
+/// win. [`confined`] made sure that no NUL
 /// ends an argument early.
 fn options_file(confinement: &Confinement, call: &Call) -> std::io::Result<std::fs::File> {
     use nix::sys::memfd::{MFdFlags, memfd_create};
@@ -535,6 +556,14 @@ fn options_file(confinement: &Confinement, call: &Call) -> std::io::Result<std::
         push(b"--setenv");
         push(name);
         push(value);
+    }
+    // The call runs as this unit's user, whatever the daemon's environment named.
+    if let Ok(Some(user)) = nix::unistd::User::from_uid(nix::unistd::getuid()) {
+        for name in ["USER", "LOGNAME"] {
+            push(b"--setenv");
+            push(name.as_bytes());
+            push(user.name.as_bytes());
+        }
     }
     for option in confinement.options(call.cwd.as_deref()) {
         push(option.as_bytes());
@@ -611,18 +640,7 @@ pub(crate) fn unwritable(
 
 /// Sends `request` (stdin empty, output discarded) and waits for the answer.
 fn ask(socket: &Path, request: &Request) -> Result<Reply, String> {
-    let null = |write: bool| {
-        std::fs::OpenOptions::new()
-            .read(!write)
-            .write(write)
-            .open("/dev/null")
-            .map(OwnedFd::from)
-    };
-    let stdio = [null(false), null(true), null(true)];
-    let [Ok(stdin), Ok(stdout), Ok(stderr)] = stdio else {
-        return Err("cannot open /dev/null".to_string());
-    };
-    let mut connection = start(socket, request, [stdin, stdout, stderr]).map_err(|err| {
+    let mut connection = start(socket, request).map_err(|err| {
         format!(
             "cannot start a tool unit through {}: {err}",
             socket.display()
@@ -631,7 +649,11 @@ fn ask(socket: &Path, request: &Request) -> Result<Reply, String> {
     connection
         .set_read_timeout(Some(TRIAL_TIMEOUT))
         .map_err(|err| err.to_string())?;
-    let mut answer = Vec::new();
+    let mut answer = match opening(connection.as_raw_fd()).map_err(|err| err.to_string())? {
+        // Closed here: the call reads an empty stdin, and what it writes is discarded.
+        Opening::Stdio(_) => Vec::new(),
+        Opening::Answer(first) => first,
+    };
     let _ = connection.read_to_end(&mut answer);
     parse_reply(&answer)
 }

@@ -100,8 +100,8 @@ def control(path):
 
 
 def tool_socket(path, confinement):
-    """One request as the daemon sends it (a big-endian length, then JSON, with stdin, stdout
-    and stderr passed along); "done" if the shell ran and printed the marker."""
+    """One request as the daemon sends it (a big-endian length, then JSON); "done" if the shell
+    ran and printed the marker."""
     program = "/bin/sh"
     script = "echo %s; id; ls /var/lib/agentgate /run/agentgate 2>&1 | head -n 5" % MARKER
     call = {"program": program, "args": ["-c", script], "env": [], "cwd": None, "confinement": confinement}
@@ -117,23 +117,33 @@ def tool_socket(path, confinement):
 
 
 def tool_request(path, body):
-    out_r, out_w = os.pipe()
-    null = os.open("/dev/null", os.O_RDWR)
+    """Sends the request as the daemon does; a tool unit that starts the call hands back the
+    call's stdin, stdout and stderr pipes first (SCM_RIGHTS), then answers."""
     s = unix(path)
     s.settimeout(10)
-    fds = array.array("i", [null, out_w, out_w])
-    s.sendmsg([struct.pack(">I", len(body)) + body], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
-    os.close(out_w)
-    os.close(null)
-    answer = b""
+    s.sendall(struct.pack(">I", len(body)) + body)
+    first, ancillary, _, _ = s.recvmsg(1, socket.CMSG_SPACE(3 * 4))
+    fds = array.array("i")
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+    answer = b"" if fds else first
     while True:
         chunk = s.recv(65536)
         if not chunk:
             break
         answer += chunk
     s.close()
-    output = os.read(out_r, 65536).decode(errors="replace")
-    os.close(out_r)
+    output = ""
+    if len(fds) == 3:
+        os.close(fds[0])
+        os.set_blocking(fds[1], False)
+        try:
+            output = os.read(fds[1], 65536).decode(errors="replace")
+        except BlockingIOError:
+            pass
+    for fd in fds[1:]:
+        os.close(fd)
     if MARKER not in output:
         raise OSError("did not run: %s" % answer.decode(errors="replace").strip()[:300])
 
