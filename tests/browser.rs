@@ -504,9 +504,6 @@ async fn login_button(browser: &Client) {
         .expect("log in");
 }
 
-/// The operator rewinds a finished session to the model's first reply from its page: the
-/// browser posts the entry's form, comes back to the session, and sees the entries from that
-/// one on marked superseded by the new turn, which runs and is delivered.
 /// A daemon whose route `ops` has the model call `check` once and then answer, delivering to
 /// `receiver`, and the console's address through a tunnel.
 struct Checking {
@@ -627,6 +624,9 @@ async fn an_event_page_draws_a_turn_as_a_timeline() {
     browser.close().await.expect("close the browser");
 }
 
+/// The operator rewinds a finished session to the model's first reply from its page: the
+/// browser posts the entry's form, comes back to the session, and sees the entries from that
+/// one on marked superseded by the new turn, which runs and is delivered.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_operator_rewinds_a_session_from_its_page() {
     if !browser_or_skip("an_operator_rewinds_a_session_from_its_page") {
@@ -674,6 +674,13 @@ async fn an_operator_rewinds_a_session_from_its_page() {
     });
     browser.refresh().await.expect("reload");
     wait_for_text(&browser, "#entry-6", ANSWER).await;
+    browser
+        .execute(
+            "document.getElementById('entry-4').scrollIntoView()",
+            Vec::new(),
+        )
+        .await
+        .expect("scroll to the superseded entries");
     screenshot(&browser, "session-rewound").await;
     browser.close().await.expect("close the browser");
 }
@@ -779,7 +786,7 @@ async fn the_overview_charts_the_last_hour_and_day() {
 
 /// The operator finds sessions by part of their key (in another case) and a route, then an
 /// event by its status and session, with the pages' own forms: typed, chosen and submitted in
-/// the browser, the address keeping what was asked.
+/// the browser, the address keeping what was asked; then the event's route, from its row.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_operator_finds_a_session_and_an_event_with_the_forms() {
     if !browser_or_skip("an_operator_finds_a_session_and_an_event_with_the_forms") {
@@ -819,5 +826,14 @@ async fn an_operator_finds_a_session_and_an_event_with_the_forms() {
         .await
         .map_or(0, |found| found.len());
     assert_eq!(rows, 1, "only web-frontend's event");
+
+    // The event's route, from its row: its settings, its latest events and what it spent.
+    click(&browser, "main table a[href='/console/routes/ops']").await;
+    wait_for_text(&browser, "main h1", "Route ops").await;
+    let route = text_of(&browser, "main").await;
+    for shown in ["/hooks/ops", "check", &id, "Spent since", "Budgets today"] {
+        assert!(route.contains(shown), "{shown} in {route}");
+    }
+    screenshot(&browser, "route").await;
     browser.close().await.expect("close the browser");
 }
