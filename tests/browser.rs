@@ -786,7 +786,8 @@ async fn the_overview_charts_the_last_hour_and_day() {
 
 /// The operator finds sessions by part of their key (in another case) and a route, then an
 /// event by its status and session, with the pages' own forms: typed, chosen and submitted in
-/// the browser, the address keeping what was asked; then the event's route, from its row.
+/// the browser, the address keeping what was asked; then the event's route, from its row, and
+/// every page the menu links to.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_operator_finds_a_session_and_an_event_with_the_forms() {
     if !browser_or_skip("an_operator_finds_a_session_and_an_event_with_the_forms") {
@@ -835,5 +836,18 @@ async fn an_operator_finds_a_session_and_an_event_with_the_forms() {
         assert!(route.contains(shown), "{shown} in {route}");
     }
     screenshot(&browser, "route").await;
+
+    // Every other page the menu links to, reached through it; the routes page lists the route.
+    for (link, heading) in [
+        ("/console/ledger", "Retry ledger"),
+        ("/console/what-if", "What-if reports"),
+        ("/console/", "Overview"),
+        ("/console/routes", "Routes"),
+    ] {
+        click(&browser, &format!("nav a[href='{link}']")).await;
+        wait_for_text(&browser, "main h1", heading).await;
+    }
+    let routes = text_of(&browser, "main table").await;
+    assert!(routes.contains("/hooks/ops"), "{routes}");
     browser.close().await.expect("close the browser");
 }
