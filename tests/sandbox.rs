@@ -489,8 +489,15 @@ tools = ["greet", "sleeper"]
         pid = pid_file.display(),
         work = pid_file.parent().expect("dir").display().to_string(),
     ));
-    let daemon =
-        workspace.start_with_env(&[("AGENTGATE_TOOL_SOCKET", socket.to_str().expect("utf-8"))]);
+    // The tool unit's floor hides its own socket: the relay's directory is the daemon's
+    // runtime directory, hidden whole, as /run/agentgate is under the packaged units.
+    let daemon = workspace.start_with_env(&[
+        ("AGENTGATE_TOOL_SOCKET", socket.to_str().expect("utf-8")),
+        (
+            "RUNTIME_DIRECTORY",
+            workspace.path().to_str().expect("utf-8"),
+        ),
+    ]);
     daemon.wait_for_log("each call runs in a unit of its own");
     let id = daemon.post_json("/hook", &[], "{}").event_id();
     assert_eq!(workspace.wait_terminal(&id, LIMIT), "completed");
@@ -679,4 +686,66 @@ fn an_unconfined_call_s_children_do_not_outlive_it_or_the_drain() {
     wait_until("the drained call's child to be killed", LIMIT, || {
         !process_alive(hanging)
     });
+}
+
+/// A call whose tool unit never starts it (a unit that hangs before it hands the call its
+/// pipes) ends at the tool's timeout like any call that runs too long, and the turn goes on.
+#[test]
+fn a_call_its_unit_never_starts_ends_at_its_timeout() {
+    let workspace = Workspace::new();
+    let units = ToolUnits::start(&workspace);
+    let socket = workspace.path().join("stalling.sock");
+    let script = workspace.path().join("stalling-units.py");
+    std::fs::write(&script, include_str!("common/stalling-units.py")).expect("the relay");
+    let _relay = KillOnDrop(
+        std::process::Command::new("/usr/bin/python3")
+            .arg(&script)
+            .arg(&socket)
+            .arg(&units.socket)
+            .arg("stall-here")
+            .spawn()
+            .expect("the relay"),
+    );
+    wait_until("the relay's socket", LIMIT, || socket.exists());
+    let model = Stub::scripted(vec![
+        Reply::tool_call("c1", "stalled", json!({})),
+        Reply::answer("done"),
+    ]);
+    workspace.write_config(&format!(
+        r#"{model}
+[tools.stalled]
+description = "Never started by its unit"
+command = ["/bin/echo", "stall-here"]
+timeout = "1s"
+
+[routes.hook]
+path = "/hook"
+verify = {{ scheme = "none" }}
+tools = ["stalled"]
+"#,
+        model = model.model_section(),
+    ));
+    // The tool unit's floor hides its own socket: the relay's directory is the daemon's
+    // runtime directory, hidden whole, as /run/agentgate is under the packaged units.
+    let daemon = workspace.start_with_env(&[
+        ("AGENTGATE_TOOL_SOCKET", socket.to_str().expect("utf-8")),
+        (
+            "RUNTIME_DIRECTORY",
+            workspace.path().to_str().expect("utf-8"),
+        ),
+    ]);
+    daemon.wait_for_log("each call runs in a unit of its own");
+    let id = daemon.post_json("/hook", &[], "{}").event_id();
+    assert_eq!(workspace.wait_terminal(&id, LIMIT), "completed");
+    let requests = model.requests();
+    let result = requests
+        .last()
+        .expect("the last request")
+        .json()
+        .to_string();
+    assert!(result.contains("timed_out"), "{result}");
+    assert!(
+        result.contains("its tool unit did not start it within 1s"),
+        "{result}"
+    );
 }

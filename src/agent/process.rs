@@ -406,10 +406,25 @@ impl Child {
     ) -> Result<Finished, Aborted> {
         let not_started =
             |err: std::io::Error| Aborted::NotStarted(self.not_started_in_unit(socket, &err));
-        let (mut connection, stdin, stdout, stderr) = self
-            .start_in_unit(socket, confinement)
-            .await
-            .map_err(not_started)?;
+        // The timeout counts from the request: a unit that is slow to start the call (or never
+        // does) takes from the call's time, and a cancellation is not kept waiting by it.
+        let deadline = tokio::time::Instant::now() + limits.timeout;
+        let (mut connection, stdin, stdout, stderr) = tokio::select! {
+            started = self.start_in_unit(socket, confinement) => started.map_err(not_started)?,
+            () = tokio::time::sleep_until(deadline) => {
+                // Timed out as any call is: the unit may have been about to start it.
+                return Ok(Finished {
+                    status: Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("its tool unit did not start it within {:?}", limits.timeout),
+                    )),
+                    stdout: Captured::default(),
+                    stderr: Captured::default(),
+                    timed_out: true,
+                });
+            }
+            () = cancel.cancelled() => return Err(Aborted::Cancelled),
+        };
         let streams = Streams::start(
             Some(stdin),
             Some(stdout),
@@ -421,7 +436,7 @@ impl Child {
         let mut timed_out = false;
         tokio::select! {
             _ = connection.read_to_end(&mut answer) => {}
-            () = tokio::time::sleep(limits.timeout) => timed_out = true,
+            () = tokio::time::sleep_until(deadline) => timed_out = true,
             () = cancel.cancelled() => {
                 hang_up(&mut connection, &mut answer).await;
                 return Err(Aborted::Cancelled);

@@ -177,6 +177,18 @@ pub(super) async fn reserve<X: TurnTx>(
         counted,
     } = reservation;
     tx.run(RELEASE_SQL, &[turn_id]).await?;
+    // What is held is read before what was spent. A reply's step settles its reservation and
+    // records its usage in one commit, which on PostgreSQL (each statement its own snapshot,
+    // the step not under the reservation lock) can land between the two reads: read in this
+    // order, the reply is then counted twice (held, then spent), never not at all.
+    let held = tx
+        .row(
+            X::HELD_SQL,
+            &[event_id, session_key, route, day_start],
+            |row| Spending::decode_held(row),
+        )
+        .await?
+        .only(*counted);
     let spent = async |wanted: bool, sql: &str, values: &Values<'_>| {
         if !wanted {
             return Ok::<_, StoreError>(Spent::default());
@@ -189,14 +201,6 @@ pub(super) async fn reserve<X: TurnTx>(
         day: spent(counted.day, DAY_USAGE_SQL, &[day_start]).await?,
         route_day: spent(counted.route_day, ROUTE_DAY_USAGE_SQL, &[day_start, route]).await?,
     };
-    let held = tx
-        .row(
-            X::HELD_SQL,
-            &[event_id, session_key, route, day_start],
-            |row| Spending::decode_held(row),
-        )
-        .await?
-        .only(*counted);
     let reserved = fits(&spent.plus(&held));
     if reserved {
         let [input, output] = reserved_values(*tokens);
