@@ -24,20 +24,22 @@ CONFINEMENT = {
 }
 WRAPPER = ["/usr/bin/bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop",
            "ALL", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
-           "--setenv", "HOME", "/tmp", "--tmpfs", "/run", "--chdir", "/", "--"]
+           "--setenv", "HOME", "/tmp", "--tmpfs", "/sys/fs/cgroup", "--tmpfs", "/run", "--chdir", "/",
+           "--"]
 
 
 def through_unit():
     request = json.dumps({"Run": {"program": "/bin/true", "args": [], "env": [], "cwd": None,
                                   "confinement": CONFINEMENT}}).encode()
-    null_in = os.open("/dev/null", os.O_RDONLY)
-    null_out = os.open("/dev/null", os.O_WRONLY)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.connect("/run/agentgate/tool.sock")
-        socket.send_fds(conn, [struct.pack(">I", len(request)) + request],
-                        [null_in, null_out, null_out])
-        os.close(null_in)
-        os.close(null_out)
+        conn.sendall(struct.pack(">I", len(request)) + request)
+        # The unit's pipes first (one marker byte and the daemon's three ends), then the answer:
+        # closing our ends gives the call an empty stdin and discards its output.
+        mark, fds, _, _ = socket.recv_fds(conn, 1, 3)
+        assert mark == b"\0" and len(fds) == 3, (mark, fds)
+        for fd in fds:
+            os.close(fd)
         answer = b""
         while chunk := conn.recv(4096):
             answer += chunk

@@ -19,6 +19,7 @@ install -m 0755 $BIN /usr/bin/agentgate
 install -m 0644 $REPO/packaging/agentgate.sysusers /usr/lib/sysusers.d/agentgate.conf
 systemd-sysusers agentgate.conf
 install -m 0644 $REPO/systemd/agentgate-tool.socket '$REPO/systemd/agentgate-tool@.service' /etc/systemd/system/
+install -D -m 0640 -g _agentgate $REPO/packaging/agentgate.toml /etc/agentgate/agentgate.toml
 systemctl daemon-reload
 systemctl start agentgate-tool.socket"
 # As the service's user in a unit named agentgate.service (a tool unit admits no other caller),
