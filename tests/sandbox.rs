@@ -489,24 +489,7 @@ tools = ["greet", "sleeper"]
         pid = pid_file.display(),
         work = pid_file.parent().expect("dir").display().to_string(),
     ));
-    // The tool unit's floor hides its own socket: the relay's directory is the daemon's
-    // runtime directory, hidden whole, as /run/agentgate is under the packaged units.
-    let daemon = workspace.start_with_env(&[
-        ("AGENTGATE_TOOL_SOCKET", socket.to_str().expect("utf-8")),
-        (
-            "RUNTIME_DIRECTORY",
-            workspace.path().to_str().expect("utf-8"),
-        ),
-    ]);
-    daemon.wait_for_log("each call runs in a unit of its own");
-    let id = daemon.post_json("/hook", &[], "{}").event_id();
-    assert_eq!(workspace.wait_terminal(&id, LIMIT), "completed");
-    let requests = model.requests();
-    let results = requests
-        .last()
-        .expect("the last request")
-        .json()
-        .to_string();
+    let (daemon, results) = one_event_through_units(&workspace, socket, &model, &[]);
     assert!(results.contains("hello from a unit"), "{results}");
     assert!(results.contains("timed_out"), "{results}");
     let log = units.log();
@@ -727,25 +710,42 @@ tools = ["stalled"]
     ));
     // The tool unit's floor hides its own socket: the relay's directory is the daemon's
     // runtime directory, hidden whole, as /run/agentgate is under the packaged units.
-    let daemon = workspace.start_with_env(&[
-        ("AGENTGATE_TOOL_SOCKET", socket.to_str().expect("utf-8")),
-        (
-            "RUNTIME_DIRECTORY",
-            workspace.path().to_str().expect("utf-8"),
-        ),
-    ]);
-    daemon.wait_for_log("each call runs in a unit of its own");
-    let id = daemon.post_json("/hook", &[], "{}").event_id();
-    assert_eq!(workspace.wait_terminal(&id, LIMIT), "completed");
-    let requests = model.requests();
-    let result = requests
-        .last()
-        .expect("the last request")
-        .json()
-        .to_string();
+    let (_daemon, result) = one_event_through_units(
+        &workspace,
+        &socket,
+        &model,
+        &[("RUNTIME_DIRECTORY", workspace.path())],
+    );
     assert!(result.contains("timed_out"), "{result}");
     assert!(
         result.contains("its tool unit did not start it within 1s"),
         "{result}"
     );
+}
+
+/// Starts the daemon with `AGENTGATE_TOOL_SOCKET` (the tool units' socket, or what stands in
+/// for it) and `env`, waits for its tool units to be ready, and runs one event to completion;
+/// the daemon and the model's last request (which carries the tool results).
+fn one_event_through_units(
+    workspace: &Workspace,
+    socket: &Path,
+    model: &Stub,
+    env: &[(&str, &Path)],
+) -> (Daemon, String) {
+    let mut all = vec![("AGENTGATE_TOOL_SOCKET", socket.to_str().expect("utf-8"))];
+    all.extend(
+        env.iter()
+            .map(|(name, path)| (*name, path.to_str().expect("utf-8"))),
+    );
+    let daemon = workspace.start_with_env(&all);
+    daemon.wait_for_log("each call runs in a unit of its own");
+    let id = daemon.post_json("/hook", &[], "{}").event_id();
+    assert_eq!(workspace.wait_terminal(&id, LIMIT), "completed");
+    let last = model
+        .requests()
+        .last()
+        .expect("the last request")
+        .json()
+        .to_string();
+    (daemon, last)
 }

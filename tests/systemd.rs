@@ -488,6 +488,30 @@ fn install_model(machine: &Machine, name: &str, script: &str) -> String {
     )
 }
 
+/// Installs a command model that calls `tool` with `arguments` (JSON) once, then answers with
+/// the call's result; returns its `[model]` section.
+fn install_call_once_model(machine: &Machine, tool: &str, arguments: &str) -> String {
+    let call = serde_json::json!({
+        "id": "c1", "type": "function",
+        "function": {"name": tool, "arguments": arguments},
+    });
+    install_model(
+        machine,
+        &format!("{tool}-model"),
+        &format!(
+            r#"#!/usr/bin/python3
+import json, sys
+messages = json.load(sys.stdin)["messages"]
+if messages[-1].get("role") == "tool":
+    print(json.dumps({{"role": "assistant", "content": "done: " + messages[-1]["content"]}}))
+else:
+    print(json.dumps({{"role": "assistant", "content": None, "tool_calls": [json.loads({call:?})]}}))
+"#,
+            call = call.to_string()
+        ),
+    )
+}
+
 /// A command model that kills the daemon (its parent) whenever its messages carry
 /// `POISON-PILL`, and otherwise answers after 0.1 s, so that turns overlap under load.
 const POISON_MODEL: &str = r#"#!/bin/sh
@@ -992,20 +1016,7 @@ fn an_approval_pending_across_a_restart_is_decided_after_it() {
     let Some(machine) = Machine::boot("approval") else {
         return;
     };
-    let model = install_model(
-        &machine,
-        "deploy-model",
-        r#"#!/usr/bin/python3
-import json, sys
-messages = json.load(sys.stdin)["messages"]
-if messages[-1].get("role") == "tool":
-    print(json.dumps({"role": "assistant", "content": "done: " + messages[-1]["content"]}))
-else:
-    call = {"id": "c1", "type": "function",
-            "function": {"name": "deploy", "arguments": "{\"target\": \"prod\"}"}}
-    print(json.dumps({"role": "assistant", "content": None, "tool_calls": [call]}))
-"#,
-    );
+    let model = install_call_once_model(&machine, "deploy", r#"{"target": "prod"}"#);
     let setup = format!(
         "{model}\n[tools.deploy]\ncommand = [\"/usr/bin/id\", \"-un\"]\napproval = true\n\
          parameters = {{ type = \"object\", properties = {{ target = {{ type = \"string\", enum = [\"prod\"] }} }} }}\n"
@@ -1167,19 +1178,7 @@ fn a_call_s_pipes_are_charged_to_the_tool_user_not_the_daemon_s() {
         return;
     };
     const CALLS: usize = 24;
-    let model = install_model(
-        &machine,
-        "hog-model",
-        r#"#!/usr/bin/python3
-import json, sys
-messages = json.load(sys.stdin)["messages"]
-if messages[-1].get("role") == "tool":
-    print(json.dumps({"role": "assistant", "content": "done"}))
-else:
-    call = {"id": "c1", "type": "function", "function": {"name": "hog", "arguments": "{}"}}
-    print(json.dumps({"role": "assistant", "content": None, "tool_calls": [call]}))
-"#,
-    );
+    let model = install_call_once_model(&machine, "hog", "{}");
     std::fs::write(
         machine.share.path().join("hog"),
         r#"#!/usr/bin/python3
