@@ -459,7 +459,7 @@ async fn the_console_on_tcp_asks_the_browser_for_the_token() {
     let model = deploying_model(ANSWER);
     let receiver = Stub::start(|_, _| Reply::raw(204, ""));
     let workspace = Workspace::new();
-    let port = free_port();
+    let port = workspace.console_addr().port();
     let token = "a-long-console-token-of-the-operator";
     let extra = format!("\n[console]\nlisten = \"127.0.0.1:{port}\"\ntoken = \"{token}\"\n");
     workspace.write_config(&approval_config(&model, &receiver, &extra));

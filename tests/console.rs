@@ -738,7 +738,7 @@ fn tcp(
 #[test]
 fn the_console_on_tcp_serves_only_a_browser_logged_in_with_the_token() {
     let workspace = Workspace::new();
-    let port = free_port();
+    let port = workspace.console_addr().port();
     workspace.write_config(&config(&format!(
         "\n[console]\nlisten = \"127.0.0.1:{port}\"\ntoken = \"correct horse battery staple\"\n"
     )));
@@ -870,7 +870,7 @@ fn the_console_on_tcp_speaks_https_with_a_certificate() {
         workspace.path().join("cert.pem"),
         workspace.path().join("key.pem"),
     );
-    let port = free_port();
+    let port = workspace.console_addr().port();
     workspace.write_config(&config(&format!(
         "\n[console]\nlisten = \"127.0.0.1:{port}\"\ntoken = \"correct horse battery staple\"\n\
          tls = {{ cert = {{ file = {:?} }}, key = {{ file = {:?} }} }}\n",
@@ -921,7 +921,7 @@ fn the_console_on_tcp_speaks_https_with_a_certificate() {
 /// `[console] listen` with the token `correct horse battery staple` and `header_timeout` at
 /// `header_timeout`: the daemon and the listener's address.
 fn console_on_tcp(workspace: &Workspace, header_timeout: &str) -> (Daemon, std::net::SocketAddr) {
-    let port = free_port();
+    let port = workspace.console_addr().port();
     workspace.write_config(&config(&format!(
         "\n[console]\nlisten = \"127.0.0.1:{port}\"\ntoken = \"correct horse battery staple\"\n"
     )));

@@ -197,6 +197,8 @@ fn a_start_on_a_full_disk_waits_for_space_then_resumes() {
     }
     let filesystem = LoopFs::new();
     let workspace = filesystem.workspace();
+    // A metrics socket passed as systemd would pass one (`FileDescriptorName=metrics`).
+    let metrics = workspace.metrics_addr();
     let model = Stub::start(|_, count| {
         // The first turn hangs until its daemon is killed; the resumed one answers.
         if count == 0 {
@@ -248,12 +250,17 @@ fn a_start_on_a_full_disk_waits_for_space_then_resumes() {
     let answer = post(&daemon, 1);
     assert_eq!(answer.status, 503, "{answer:?}");
     assert_eq!(answer.header("retry-after"), Some("30"), "{answer:?}");
+    // So is a scraper on every other socket the daemon holds.
+    let scrape = try_request(metrics, "GET", "/metrics", &[], b"").expect("an answer");
+    assert_eq!(scrape.status, 503, "{scrape:?}");
     fill.free();
     wait_until(
         "/readyz once space is freed",
         Duration::from_secs(20),
         || try_request(daemon.addr, "GET", "/readyz", &[], b"").is_ok_and(|r| r.status == 200),
     );
+    let scrape = try_request(metrics, "GET", "/metrics", &[], b"").expect("an answer");
+    assert_eq!(scrape.status, 200, "{scrape:?}");
     wait_until(
         "the resumed turn to complete",
         Duration::from_secs(20),

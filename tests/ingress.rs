@@ -1598,15 +1598,12 @@ fn idle_http2_connections_are_closed() {
 #[test]
 fn idle_connections_to_the_metrics_listener_are_bounded_and_closed() {
     let workspace = Workspace::new();
-    let metrics_port = free_port();
+    let metrics_port = workspace.metrics_addr().port();
     workspace.write_config(&format!(
         "metrics_listen = \"127.0.0.1:{metrics_port}\"\n{}",
         github_config("")
     ));
     let daemon = workspace.start_with_env(&[("TEST_GITHUB_SECRET", GITHUB_SECRET)]);
-    wait_until("the metrics listener", Duration::from_secs(10), || {
-        TcpStream::connect(("127.0.0.1", metrics_port)).is_ok()
-    });
     let mut idle: Vec<TcpStream> = (0..200)
         .map(|_| TcpStream::connect(("127.0.0.1", metrics_port)).expect("connect"))
         .collect();

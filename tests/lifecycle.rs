@@ -1055,7 +1055,7 @@ fn metrics_listen_serves_what_the_packaged_rules_and_dashboard_use() {
             common::stub::Reply::tool_call("call_1", "noop", serde_json::json!({}))
         }
     });
-    let metrics_port = free_port();
+    let metrics_port = workspace.metrics_addr().port();
     workspace.write_config(&format!(
         "metrics_listen = \"127.0.0.1:{metrics_port}\"\n\n{}\n[tools.noop]\ncommand = [\"/bin/true\"]\n\n{ROUTE}tools = [\"noop\"]\n",
         model.model_section()

@@ -1,9 +1,8 @@
 //! The listeners the control endpoints are served on: the control socket (everything, to whom
 //! its file permissions allow), `[server] metrics_listen` (`GET /metrics` alone) and `[console]
-//! listen` (the console alone, to a browser logged in with its token). Each bounds its
-//! connections and closes idle ones; at its bound, the connection idle or stalled (in its head or
-//! its body) the longest is closed for a new one, as on the webhook listener, so that a crowd of
-//! unauthenticated connections cannot keep an operator waiting. Bodies are read as there too:
+//! listen` (the console alone, to a browser logged in with its token). Each is a `listener`, with
+//! its bound on connections and its idle ones closed, so that a crowd of unauthenticated
+//! connections cannot keep an operator waiting. Bodies are read as on the webhook listener:
 //! within four times `header_timeout`, else `408` (see `body`).
 
 use std::convert::Infallible;
@@ -16,89 +15,11 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio_util::sync::CancellationToken;
 
-use super::connection::{
-    Answering, Clocked, ConnectionClock, OpenConnections, RequestBody, Stream, Watched,
-};
+use super::connection::{Answering, Clocked, OpenConnections, RequestBody, Watched};
 use super::console::{ConsoleBody, Door, boxed, see_other};
 use super::control::{Control, not_found};
-use super::{AcceptBackoff, next_slot};
+use super::listener::{self, Accepted, Admission, Listener, Serve, Socket, Tls, handshake};
 use crate::config::ServerSettings;
-
-/// A listener the control endpoints are served on.
-enum ControlListener {
-    /// The control socket: every endpoint, governed by the socket file's permissions.
-    Socket(tokio::net::UnixListener),
-    /// `[server] metrics_listen`: `GET /metrics` alone, since Prometheus cannot scrape a Unix
-    /// socket and the operator endpoints must stay behind the socket's permissions.
-    Metrics(tokio::net::TcpListener),
-    /// `[console] listen`: the console alone, to a browser logged in with the console token;
-    /// HTTPS with `[console] tls`.
-    Console(tokio::net::TcpListener, Option<tokio_rustls::TlsAcceptor>),
-}
-
-/// An accepted connection: ready to serve, or a TLS handshake to make first (on the
-/// connection's own task, so that a slow one holds up no other).
-enum Accepted {
-    Ready(Box<dyn Stream>),
-    Handshake(tokio::net::TcpStream, tokio_rustls::TlsAcceptor),
-}
-
-impl Accepted {
-    /// The stream to serve, once its TLS handshake (if any) is done within `header_timeout`;
-    /// `None`, counted and logged, when it is not.
-    async fn opened(self, header_timeout: Duration, control: &Control) -> Option<Box<dyn Stream>> {
-        match self {
-            Accepted::Ready(stream) => Some(stream),
-            Accepted::Handshake(stream, acceptor) => {
-                if let Ok(Ok(stream)) =
-                    tokio::time::timeout(header_timeout, acceptor.accept(stream)).await
-                {
-                    return Some(Box::new(stream));
-                }
-                control.console.handshake_failed();
-                None
-            }
-        }
-    }
-}
-
-impl ControlListener {
-    fn socket(listener: std::os::unix::net::UnixListener) -> std::io::Result<Self> {
-        listener.set_nonblocking(true)?;
-        Ok(ControlListener::Socket(tokio::net::UnixListener::from_std(
-            listener,
-        )?))
-    }
-
-    fn name(&self) -> &'static str {
-        match self {
-            ControlListener::Socket(_) => "control",
-            ControlListener::Metrics(_) => "metrics",
-            ControlListener::Console(..) => "console",
-        }
-    }
-
-    /// The next connection, with its peer: the Unix user on the control socket, the address on
-    /// a TCP listener.
-    async fn accept(&self) -> std::io::Result<(Accepted, String)> {
-        Ok(match self {
-            ControlListener::Socket(listener) => {
-                let stream = listener.accept().await?.0;
-                let peer = peer_user(&stream);
-                (Accepted::Ready(Box::new(stream)), peer)
-            }
-            ControlListener::Metrics(listener) | ControlListener::Console(listener, None) => {
-                let (stream, peer) = listener.accept().await?;
-                (Accepted::Ready(Box::new(stream)), peer.ip().to_string())
-            }
-            ControlListener::Console(listener, Some(acceptor)) => {
-                let (stream, peer) = listener.accept().await?;
-                let accepted = Accepted::Handshake(stream, acceptor.clone());
-                (accepted, peer.ip().to_string())
-            }
-        })
-    }
-}
 
 /// What a listener serves.
 #[derive(Debug, Clone, Copy)]
@@ -140,20 +61,23 @@ impl Control {
     }
 }
 
-/// The Unix user of the process at the other end of `stream` (`SO_PEERCRED`), by name, else
-/// `uid N`; "unknown" when the kernel does not say.
-fn peer_user(stream: &tokio::net::UnixStream) -> String {
-    let Ok(credentials) = stream.peer_cred() else {
-        return "unknown".to_string();
-    };
-    crate::operator::user_name(credentials.uid())
-}
-
 /// Connections served at once on each listener (the control socket, metrics, the console); past
 /// it the one idle the longest is closed for a new one, else new ones wait in the backlog.
 /// Operators' commands and a scraper need a handful: the bound keeps a flood from taking the
 /// descriptors that turns, tools and the store need.
 const MAX_CONTROL_CONNECTIONS: usize = 64;
+
+/// A listener the control endpoints are served on.
+enum ControlListener {
+    /// The control socket: every endpoint, governed by the socket file's permissions.
+    Socket(Listener<tokio::net::UnixListener>),
+    /// `[server] metrics_listen`: `GET /metrics` alone, since Prometheus cannot scrape a Unix
+    /// socket and the operator endpoints must stay behind the socket's permissions.
+    Metrics(Listener<tokio::net::TcpListener>),
+    /// `[console] listen`: the console alone, to a browser logged in with the console token;
+    /// HTTPS with `[console] tls`.
+    Console(Listener<tokio::net::TcpListener>),
+}
 
 /// A control, metrics or console listener task.
 pub(crate) struct ControlServer {
@@ -163,97 +87,122 @@ pub(crate) struct ControlServer {
     header_timeout: Duration,
 }
 
+/// The sockets the control endpoints may be served on, as passed or bound at start.
+pub(crate) struct ControlSockets {
+    pub control: Option<std::os::unix::net::UnixListener>,
+    /// Passed by systemd (or a test); else `server.metrics_listen` is bound.
+    pub metrics: Option<std::net::TcpListener>,
+    /// Passed by systemd (or a test); else `console.listen` is bound.
+    pub console: Option<std::net::TcpListener>,
+}
+
 impl ControlServer {
-    /// The control socket (when systemd passed it or it could be bound) and the metrics
-    /// listener (when `server.metrics_listen` is set and can be bound). Neither is a reason to
-    /// stop serving webhooks: what cannot be served is logged and left out.
+    /// The control socket (when systemd passed it or it could be bound), the metrics listener
+    /// (passed, or `server.metrics_listen` when set and it can be bound) and the console's
+    /// (likewise, with `console.listen`). None is a reason to stop serving webhooks: what
+    /// cannot be served is logged and left out.
     pub(crate) async fn bind_all(
-        socket: Option<std::os::unix::net::UnixListener>,
+        sockets: ControlSockets,
         server: &ServerSettings,
         control: &Arc<Control>,
     ) -> Vec<ControlServer> {
-        let mut servers = Vec::new();
-        let header_timeout = server.header_timeout;
-        if let Some(addr) = server.metrics_listen {
-            match tokio::net::TcpListener::bind(addr).await {
-                Ok(listener) => servers.push(ControlServer {
-                    listener: ControlListener::Metrics(listener),
-                    control: control.clone(),
-                    header_timeout,
-                }),
-                Err(err) => tracing::error!(error = %err,
-                    "cannot listen on {addr} (server.metrics_listen); metrics are on the control socket only"),
-            }
+        let mut listeners = Vec::new();
+        if let Some(socket) = metrics_socket(sockets.metrics, server).await {
+            listeners.push(ControlListener::Metrics(Listener {
+                socket,
+                name: "metrics",
+                max_connections: MAX_CONTROL_CONNECTIONS,
+                tls: Tls::Plain,
+            }));
         }
-        if let Some(listener) = console_listener(control).await {
-            servers.push(ControlServer {
-                listener,
-                control: control.clone(),
-                header_timeout,
-            });
+        if let Some(listener) = console_listener(sockets.console, control).await {
+            listeners.push(ControlListener::Console(listener));
         }
-        if let Some(socket) = socket {
-            match ControlListener::socket(socket) {
-                Ok(listener) => servers.push(ControlServer {
-                    listener,
-                    control: control.clone(),
-                    header_timeout,
-                }),
+        if let Some(socket) = sockets.control {
+            match listener::unix(socket) {
+                Ok(socket) => listeners.push(ControlListener::Socket(Listener {
+                    socket,
+                    name: "control",
+                    max_connections: MAX_CONTROL_CONNECTIONS,
+                    tls: Tls::Plain,
+                })),
                 Err(err) => tracing::error!(error = %err,
                     "cannot serve the control socket; the daemon serves webhooks without it"),
             }
         }
-        servers
+        listeners
+            .into_iter()
+            .map(|listener| ControlServer {
+                listener,
+                control: control.clone(),
+                header_timeout: server.header_timeout,
+            })
+            .collect()
     }
 
     /// Serves the control endpoints on the listener until `shutdown`.
     pub(crate) async fn run(self, shutdown: CancellationToken) {
-        let ControlServer {
-            listener,
-            control,
-            header_timeout,
-        } = self;
-        let serves = match listener {
-            ControlListener::Socket(_) => Serves::Everything,
-            ControlListener::Metrics(_) => Serves::Metrics,
-            ControlListener::Console(..) => Serves::Console,
-        };
-        let mut backoff = AcceptBackoff::default();
-        let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONTROL_CONNECTIONS));
-        let open = Arc::new(OpenConnections::new(listener.name()));
-        let mut at_limit_since = None;
         // hyper's header timer also runs while a connection waits for its next request, so it
         // closes idle connections too.
         let mut http = http1::Builder::new();
         http.timer(TokioTimer::new())
-            .header_read_timeout(header_timeout);
-        loop {
-            // Accepted before its slot: at the limit the one connection that waits for a slot
-            // is the one that makes an idle connection close (the rest wait in the backlog).
-            let (accepted, peer) = tokio::select! {
-                () = shutdown.cancelled() => return,
-                accepted = listener.accept() => match accepted {
-                    Ok(accepted) => accepted,
-                    Err(err) => {
-                        backoff.failed(listener.name(), &err).await;
-                        continue;
-                    }
-                },
+            .header_read_timeout(self.header_timeout);
+        let endpoints = |serves| Endpoints {
+            control: self.control.clone(),
+            serves,
+            http: http.clone(),
+            header_timeout: self.header_timeout,
+        };
+        match self.listener {
+            ControlListener::Socket(listener) => {
+                listener.run(&endpoints(Serves::Everything), shutdown).await;
+            }
+            ControlListener::Metrics(listener) => {
+                listener.run(&endpoints(Serves::Metrics), shutdown).await;
+            }
+            ControlListener::Console(listener) => {
+                listener.run(&endpoints(Serves::Console), shutdown).await;
+            }
+        }
+    }
+}
+
+/// What a control, metrics or console listener serves its connections with.
+struct Endpoints {
+    control: Arc<Control>,
+    serves: Serves,
+    http: http1::Builder,
+    header_timeout: Duration,
+}
+
+impl<S: Socket> Serve<S> for &Endpoints
+where
+    S::Peer: Peer,
+{
+    fn admit(&self, _peer: &S::Peer, _open: &OpenConnections) -> Admission {
+        Admission::Uncounted
+    }
+
+    fn connection(
+        &self,
+        accepted: Accepted<S::Stream>,
+        peer: S::Peer,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        let Accepted {
+            stream,
+            tls,
+            clock,
+            registration,
+        } = accepted;
+        let (control, serves, http) = (self.control.clone(), self.serves, self.http.clone());
+        let header_timeout = self.header_timeout;
+        let peer: Arc<str> = peer.named().into();
+        async move {
+            let Ok(opened) = handshake(stream, tls, header_timeout).await else {
+                control.console.handshake_failed();
+                return;
             };
-            backoff.succeeded();
-            let permit = tokio::select! {
-                () = shutdown.cancelled() => return,
-                permit = next_slot(&slots, &open, MAX_CONTROL_CONNECTIONS, &mut at_limit_since) => match permit {
-                    Some(permit) => permit,
-                    None => return,
-                },
-            };
-            at_limit_since = None;
-            let clock = ConnectionClock::new();
-            let registration = open.register(clock.clone(), None);
-            let opening = control.clone();
-            let control = control.clone();
-            let peer: Arc<str> = peer.into();
+            let stream = opened.into_stream();
             let answering = clock.clone();
             let service = service_fn(move |request: Request<hyper::body::Incoming>| {
                 let (control, peer, clock) = (control.clone(), peer.clone(), answering.clone());
@@ -264,42 +213,104 @@ impl ControlServer {
                     Ok::<_, Infallible>(answer.map(|body| Answering::new(body, clock)))
                 }
             });
-            let http = http.clone();
-            tokio::spawn(async move {
-                if let Some(stream) = accepted.opened(header_timeout, &opening).await {
-                    let io = TokioIo::new(Clocked::new(stream, clock));
-                    // Closed to make room only while idle, or in a head or bodies that stop.
-                    tokio::select! {
-                        _ = http.serve_connection(io, service) => {}
-                        () = registration.close.cancelled() => {}
-                    }
-                }
-                drop(permit);
-            });
+            let io = TokioIo::new(Clocked::new(stream, clock));
+            // Closed to make room only while idle, or in a head or bodies that stop.
+            tokio::select! {
+                _ = http.serve_connection(io, service) => {}
+                () = registration.close.cancelled() => {}
+            }
         }
     }
 }
 
-/// `[console] listen` bound, with its TLS when `[console] tls` is set; `None` (logged) when it
-/// is not set or cannot be served. A console that should speak TLS and cannot is not served in
-/// plain HTTP instead.
-async fn console_listener(control: &Control) -> Option<ControlListener> {
+/// A peer as the control endpoints name it in their audit lines.
+trait Peer {
+    fn named(&self) -> String;
+}
+
+impl Peer for std::net::SocketAddr {
+    /// The address alone: the port says nothing to whoever reads it.
+    fn named(&self) -> String {
+        self.ip().to_string()
+    }
+}
+
+impl Peer for String {
+    /// The Unix user.
+    fn named(&self) -> String {
+        self.clone()
+    }
+}
+
+/// The metrics listener's socket: the one passed, else `server.metrics_listen` bound; `None`
+/// (logged) when neither is there.
+async fn metrics_socket(
+    passed: Option<std::net::TcpListener>,
+    server: &ServerSettings,
+) -> Option<tokio::net::TcpListener> {
+    if let Some(socket) = passed {
+        return listener::tcp(socket)
+            .inspect_err(|err| {
+                tracing::error!(error = %err,
+                "cannot serve the metrics socket passed; metrics are on the control socket only");
+            })
+            .ok();
+    }
+    let addr = server.metrics_listen?;
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .inspect_err(|err| {
+            tracing::error!(error = %err,
+            "cannot listen on {addr} (server.metrics_listen); metrics are on the control socket only");
+        })
+        .ok()
+}
+
+/// The console's listener: the socket passed, else `[console] listen` bound, with its TLS when
+/// `[console] tls` is set; `None` (logged) when there is neither, without a token, or when it
+/// cannot be served. A console that should speak TLS and cannot is not served in plain HTTP
+/// instead.
+async fn console_listener(
+    passed: Option<std::net::TcpListener>,
+    control: &Control,
+) -> Option<Listener<tokio::net::TcpListener>> {
     let settings = control.ops.settings.get();
     let console = &settings.config.console;
-    let addr = console.listen.filter(|_| console.token.is_some())?;
+    if console.token.is_none() {
+        if passed.is_some() {
+            tracing::error!(
+                "a console socket was passed but console.token is not set; the console is on the control socket only"
+            );
+        }
+        return None;
+    }
     let tls = match console.tls.as_ref().map(crate::tls::http1_server_config) {
-        None => None,
-        Some(Ok(config)) => Some(tokio_rustls::TlsAcceptor::from(config)),
+        None => Tls::Plain,
+        Some(Ok(config)) => Tls::Fixed(tokio_rustls::TlsAcceptor::from(config)),
         Some(Err(problem)) => {
             tracing::error!("console.tls: {problem}; the console is on the control socket only");
             return None;
         }
     };
-    match tokio::net::TcpListener::bind(addr).await {
-        Ok(listener) => Some(ControlListener::Console(listener, tls)),
-        Err(err) => {
+    let socket = match (passed, console.listen) {
+        (Some(socket), _) => {
+            listener::tcp(socket).map_err(|err| (err, "the console socket passed".to_string()))
+        }
+        (None, Some(addr)) => tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|err| (err, format!("{addr} (console.listen)"))),
+        (None, None) => return None,
+    };
+    match socket {
+        Ok(socket) => Some(Listener {
+            socket,
+            name: "console",
+            max_connections: MAX_CONTROL_CONNECTIONS,
+            tls,
+        }),
+        Err((err, what)) => {
             tracing::error!(error = %err,
-                "cannot listen on {addr} (console.listen); the console is on the control socket only");
+                "cannot listen on {what}; the console is on the control socket only");
             None
         }
     }

@@ -84,7 +84,7 @@ pub(crate) struct Ingress {
     capacity: Arc<Capacity>,
     /// `[server] tls`: new connections take the acceptor of the config in effect, so a reload
     /// serves a renewed certificate.
-    tls: Shared<Option<tokio_rustls::TlsAcceptor>>,
+    pub(super) tls: Arc<Shared<Option<tokio_rustls::TlsAcceptor>>>,
     /// How long a body may take once its headers arrived: `header_timeout` as the listener
     /// started with it, which sets the headers' own timer too.
     body_timeout: std::time::Duration,
@@ -116,7 +116,7 @@ impl Ingress {
             body_timeout: body_timeout(&settings.config.server),
             refusal_log: LineBudget::new(REFUSAL_LINES_PER_SECOND),
             body_slots: BodySlots::new(),
-            tls: Shared::new(acceptor_for(&settings)?),
+            tls: Arc::new(Shared::new(acceptor_for(&settings)?)),
             routing: Shared::new(Routing::new(settings)),
             store,
             sessions,
@@ -135,11 +135,6 @@ impl Ingress {
             }
         }
         self.routing.replace(Routing::new(settings));
-    }
-
-    /// The TLS acceptor for a new connection, if the webhook socket speaks HTTPS.
-    pub(crate) fn tls_acceptor(&self) -> Option<tokio_rustls::TlsAcceptor> {
-        (*self.tls.get()).clone()
     }
 
     /// How many connections `peer` may hold at once (`max_connections_per_peer`), as the

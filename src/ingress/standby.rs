@@ -20,11 +20,13 @@ use std::time::Duration;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use super::Listeners;
+use super::connection::OpenConnections;
+use super::listener::{self, Accepted, Admission, Listener, Serve, Socket, Tls};
 use super::response::{HttpResponse, unavailable_for};
-use super::{AcceptBackoff, Listeners};
 use crate::metrics;
 
 /// Connections answered at once per listener; more wait in the kernel's backlog.
@@ -39,40 +41,67 @@ const PUBLIC_REASON: &str = "agentgate cannot accept events now; retry later";
 const REPORT_EVERY: Duration = Duration::from_secs(10);
 
 /// Answers every request on `listeners` with 503 until `stop` fires; `reason` (which may
-/// change while it waits) is what the control socket says. The listeners are the caller's
-/// copies: once `stop` fires and this returns, the sockets are the daemon's again.
+/// change while it waits) is what the control socket says, the others say only
+/// [`PUBLIC_REASON`]. The listeners are the caller's copies: once `stop` fires and this
+/// returns, the sockets are the daemon's again.
 pub(crate) async fn answer_unavailable(
     listeners: Listeners,
     reason: watch::Receiver<String>,
     stop: CancellationToken,
 ) {
     let answered = Arc::new(AtomicU64::new(0));
-    let webhook = async {
-        let listener = listeners.webhook;
-        match listener
-            .set_nonblocking(true)
-            .and_then(|()| tokio::net::TcpListener::from_std(listener))
-        {
-            Ok(listener) => {
-                let public = watch::channel(PUBLIC_REASON.to_string()).1;
-                serve(&listener, public, "webhook", &answered, &stop).await;
+    let public = watch::channel(PUBLIC_REASON.to_string()).1;
+    let unavailable = |reason: &watch::Receiver<String>| Unavailable {
+        reason: reason.clone(),
+        answered: answered.clone(),
+    };
+    let tcp = |socket: Option<std::net::TcpListener>, name: &'static str| {
+        let (unavailable, stop) = (unavailable(&public), stop.clone());
+        async move {
+            if let Some(socket) = socket {
+                answer(listener::tcp(socket), name, unavailable, stop).await;
             }
-            Err(err) => tracing::warn!(error = %err, "cannot answer on the webhook socket"),
         }
     };
     let control = async {
-        let Some(control) = listeners.control else {
-            return;
-        };
-        match control
-            .set_nonblocking(true)
-            .and_then(|()| tokio::net::UnixListener::from_std(control))
-        {
-            Ok(listener) => serve(&listener, reason.clone(), "control", &answered, &stop).await,
-            Err(err) => tracing::warn!(error = %err, "cannot answer on the control socket"),
+        if let Some(socket) = listeners.control {
+            answer(
+                listener::unix(socket),
+                "control",
+                unavailable(&reason),
+                stop.clone(),
+            )
+            .await;
         }
     };
-    tokio::join!(webhook, control, report(&answered, &stop));
+    tokio::join!(
+        tcp(Some(listeners.webhook), "webhook"),
+        tcp(listeners.metrics, "metrics"),
+        tcp(listeners.console, "console"),
+        control,
+        report(&answered, &stop)
+    );
+}
+
+/// Answers on `socket` until `stop`.
+async fn answer<S: Socket>(
+    socket: std::io::Result<S>,
+    name: &'static str,
+    unavailable: Unavailable,
+    stop: CancellationToken,
+) {
+    match socket {
+        Ok(socket) => {
+            let listener = Listener {
+                socket,
+                name,
+                max_connections: MAX_CONNECTIONS,
+                tls: Tls::Plain,
+            };
+            listener.run(&unavailable, stop).await;
+        }
+        Err(err) => tracing::warn!(error = %err, "cannot answer on the {name} socket"),
+    }
 }
 
 /// Logs how many requests were answered 503 since the last line, at most every
@@ -93,68 +122,44 @@ async fn report(answered: &AtomicU64, stop: &CancellationToken) {
     }
 }
 
-/// A listening socket of either kind.
-trait Accept {
-    type Stream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static;
-    fn accept(&self) -> impl Future<Output = std::io::Result<Self::Stream>> + Send;
-}
-
-impl Accept for tokio::net::TcpListener {
-    type Stream = tokio::net::TcpStream;
-    async fn accept(&self) -> std::io::Result<tokio::net::TcpStream> {
-        tokio::net::TcpListener::accept(self)
-            .await
-            .map(|(stream, _)| stream)
-    }
-}
-
-impl Accept for tokio::net::UnixListener {
-    type Stream = tokio::net::UnixStream;
-    async fn accept(&self) -> std::io::Result<tokio::net::UnixStream> {
-        tokio::net::UnixListener::accept(self)
-            .await
-            .map(|(stream, _)| stream)
-    }
-}
-
-async fn serve(
-    listener: &impl Accept,
+/// What a listener of a daemon that cannot serve answers: 503, with `reason`.
+struct Unavailable {
     reason: watch::Receiver<String>,
-    name: &'static str,
-    answered: &Arc<AtomicU64>,
-    stop: &CancellationToken,
-) {
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    let mut backoff = AcceptBackoff::default();
-    let mut http = http1::Builder::new();
-    http.timer(TokioTimer::new())
-        .header_read_timeout(HEADER_TIMEOUT)
-        .keep_alive(false);
-    loop {
-        let Ok(slot) = slots.clone().acquire_owned().await else {
-            return;
-        };
-        let stream = tokio::select! {
-            () = stop.cancelled() => return,
-            accepted = listener.accept() => match accepted {
-                Ok(stream) => stream,
-                Err(err) => {
-                    backoff.failed(name, &err).await;
-                    continue;
-                }
-            },
-        };
-        backoff.succeeded();
-        let (reason, answered, http) = (reason.clone(), answered.clone(), http.clone());
-        tokio::spawn(async move {
-            let service = service_fn(move |_request| {
-                answered.fetch_add(1, Ordering::Relaxed);
-                metrics::refusal("", 503, "not_serving");
-                let response: HttpResponse = unavailable_for(&reason.borrow(), RETRY_AFTER_SECONDS);
-                async move { Ok::<_, std::convert::Infallible>(response) }
-            });
-            let _ = http.serve_connection(TokioIo::new(stream), service).await;
-            drop(slot);
+    answered: Arc<AtomicU64>,
+}
+
+impl<S: Socket> Serve<S> for &Unavailable {
+    fn admit(&self, _peer: &S::Peer, _open: &OpenConnections) -> Admission {
+        Admission::Uncounted
+    }
+
+    /// One request, without keep-alive, its head within [`HEADER_TIMEOUT`].
+    fn connection(
+        &self,
+        accepted: Accepted<S::Stream>,
+        _peer: S::Peer,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        let (reason, answered) = (self.reason.clone(), self.answered.clone());
+        let service = service_fn(move |_request| {
+            answered.fetch_add(1, Ordering::Relaxed);
+            metrics::refusal("", 503, "not_serving");
+            let response: HttpResponse = unavailable_for(&reason.borrow(), RETRY_AFTER_SECONDS);
+            async move { Ok::<_, std::convert::Infallible>(response) }
         });
+        let mut http = http1::Builder::new();
+        http.timer(TokioTimer::new())
+            .header_read_timeout(HEADER_TIMEOUT)
+            .keep_alive(false);
+        async move {
+            let Accepted {
+                stream,
+                registration,
+                ..
+            } = accepted;
+            tokio::select! {
+                _ = http.serve_connection(TokioIo::new(stream), service) => {}
+                () = registration.close.cancelled() => {}
+            }
+        }
     }
 }

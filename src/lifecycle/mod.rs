@@ -29,7 +29,7 @@ use crate::deliver::Deliverer;
 use crate::exit::Failure;
 use crate::ingress::capacity::{Capacity, CapacityWatch};
 use crate::ingress::control::Control;
-use crate::ingress::control_listener::ControlServer;
+use crate::ingress::control_listener::{ControlServer, ControlSockets};
 use crate::ingress::{self, BodySlots, Console, Ingress, Listeners, Operations, WebhookListener};
 use crate::session::{BackgroundJobs, JobSlots, Scheduler, Sessions, TurnContext};
 use crate::store::Store;
@@ -269,10 +269,14 @@ impl Wired {
         drain.start(Stage::StopBackground, |stop| capacity_watch.run(stop));
         // Every listener is bound before any serves, so a client that sees /healthz answer
         // finds the control, metrics and console listeners there too.
-        let control_servers =
-            ControlServer::bind_all(listeners.control, &self.server, &self.control).await;
+        let sockets = ControlSockets {
+            control: listeners.control,
+            metrics: listeners.metrics,
+            console: listeners.console,
+        };
+        let control_servers = ControlServer::bind_all(sockets, &self.server, &self.control).await;
         let listener = WebhookListener {
-            listener: listeners.webhook,
+            socket: listeners.webhook,
             ingress: self.ingress.clone(),
             server: self.server.clone(),
             finish_within: drain::REQUEST_FINISH,

@@ -126,7 +126,17 @@ pub struct Workspace {
     /// no daemon answers there); both kept for the workspace's life and passed to every daemon
     /// it starts (socket activation, as systemd does), so that no other test can take the port
     /// between a daemon's runs. `None` once released for a test that has the daemon bind them.
-    sockets: Mutex<Option<(TcpListener, Option<UnixListener>)>>,
+    sockets: Mutex<Option<Sockets>>,
+}
+
+/// The sockets a workspace passes to its daemons.
+struct Sockets {
+    webhook: TcpListener,
+    control: Option<UnixListener>,
+    /// The metrics and console listeners, for a test that asks for them (`metrics_addr`,
+    /// `console_addr`).
+    metrics: Option<TcpListener>,
+    console: Option<TcpListener>,
 }
 
 impl Workspace {
@@ -144,7 +154,12 @@ impl Workspace {
             dir,
             port,
             state_dir,
-            sockets: Mutex::new(Some((webhook, None))),
+            sockets: Mutex::new(Some(Sockets {
+                webhook,
+                control: None,
+                metrics: None,
+                console: None,
+            })),
         }
     }
 
@@ -152,7 +167,9 @@ impl Workspace {
     /// `systemd-socket-activate`, or by the daemon itself from `[server]`).
     pub fn release_port(&self) {
         if let Ok(mut sockets) = self.sockets.lock()
-            && let Some((_, Some(_))) = sockets.take()
+            && let Some(Sockets {
+                control: Some(_), ..
+            }) = sockets.take()
         {
             let _ = std::fs::remove_file(self.path().join("control.sock"));
         }
@@ -187,6 +204,32 @@ impl Workspace {
 
     pub fn addr(&self) -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    /// The address of the metrics listener the workspace's daemons are passed (as systemd
+    /// passes a socket named `metrics`), bound at the first call and kept for the workspace's
+    /// life: no race for a free port.
+    pub fn metrics_addr(&self) -> SocketAddr {
+        self.extra_socket(|sockets| &mut sockets.metrics)
+    }
+
+    /// The same for the console listener (a socket named `console`).
+    pub fn console_addr(&self) -> SocketAddr {
+        self.extra_socket(|sockets| &mut sockets.console)
+    }
+
+    fn extra_socket(
+        &self,
+        which: impl FnOnce(&mut Sockets) -> &mut Option<TcpListener>,
+    ) -> SocketAddr {
+        let mut sockets = self.sockets.lock().expect("the workspace's sockets");
+        let sockets = sockets
+            .as_mut()
+            .expect("the workspace's sockets are not released");
+        which(sockets)
+            .get_or_insert_with(|| TcpListener::bind("127.0.0.1:0").expect("a loopback socket"))
+            .local_addr()
+            .expect("its address")
     }
 
     /// Marks event `id`'s delivery failed, as if every attempt had failed (the real way takes
@@ -321,60 +364,82 @@ impl Workspace {
     }
 
     /// `agentgate serve` with this workspace's config, run by `wrapper` (e.g. `strace ...`) if
-    /// one is given. The workspace's sockets are passed as systemd passes them (fds 3 and 4,
-    /// named `webhook` and `control`; a shell sets `LISTEN_PID` to its own pid and execs the
-    /// daemon, which keeps it); once they are released, the daemon binds `[server] listen` and
-    /// `control_socket` itself.
+    /// one is given. The workspace's sockets are passed as systemd passes them (from fd 3 on,
+    /// named `webhook`, `control`, and `metrics` and `console` when the test asked for them; a
+    /// shell sets `LISTEN_PID` to its own pid and execs the daemon, which keeps it); once they
+    /// are released, the daemon binds `[server] listen` and `control_socket` itself.
     pub fn serve_command(&self, wrapper: &[&str]) -> Command {
-        let passed = self.sockets.lock().ok().and_then(|mut sockets| {
-            let (webhook, control) = sockets.as_mut()?;
-            let control = control.get_or_insert_with(|| {
-                let path = self.path().join("control.sock");
-                let control = UnixListener::bind(&path).expect("the control socket");
-                std::fs::set_permissions(
-                    &path,
-                    std::os::unix::fs::PermissionsExt::from_mode(0o660),
-                )
-                .expect("chmod the control socket");
-                control
-            });
-            Some((
-                webhook.try_clone().expect("a copy of the webhook socket"),
-                control.try_clone().expect("a copy of the control socket"),
-            ))
-        });
+        let passed = self.passed_sockets();
         let mut argv: Vec<std::ffi::OsString> = wrapper.iter().map(Into::into).collect();
-        if passed.is_some() {
+        if !passed.is_empty() {
             argv.extend(["/bin/sh", "-c", "LISTEN_PID=$$ exec \"$0\" \"$@\""].map(Into::into));
         }
         argv.extend([BIN, "serve", "--config"].map(Into::into));
         argv.push(self.config_path().into());
         let mut command = Command::new(&argv[0]);
         command.args(&argv[1..]).env_remove("LISTEN_PID");
-        match passed {
-            Some((webhook, control)) => {
-                command
-                    .env("LISTEN_FDS", "2")
-                    .env("LISTEN_FDNAMES", "webhook:control")
-                    .fd_mappings(vec![
-                        FdMapping {
-                            parent_fd: webhook.into(),
-                            child_fd: 3,
-                        },
-                        FdMapping {
-                            parent_fd: control.into(),
-                            child_fd: 4,
-                        },
-                    ])
-                    .expect("two mappings");
-            }
-            None => {
-                command
-                    .env_remove("LISTEN_FDS")
-                    .env_remove("LISTEN_FDNAMES");
-            }
+        if passed.is_empty() {
+            command
+                .env_remove("LISTEN_FDS")
+                .env_remove("LISTEN_FDNAMES");
+            return command;
         }
+        let names: Vec<&str> = passed.iter().map(|(name, _)| *name).collect();
         command
+            .env("LISTEN_FDS", passed.len().to_string())
+            .env("LISTEN_FDNAMES", names.join(":"));
+        let mappings = passed
+            .into_iter()
+            .zip(3..)
+            .map(|((_, parent_fd), child_fd)| FdMapping {
+                parent_fd,
+                child_fd,
+            })
+            .collect();
+        command.fd_mappings(mappings).expect("the socket mappings");
+        command
+    }
+
+    /// Copies of the sockets to pass, by name (none once released); the control socket is
+    /// bound at the first call.
+    fn passed_sockets(&self) -> Vec<(&'static str, std::os::fd::OwnedFd)> {
+        let Ok(mut sockets) = self.sockets.lock() else {
+            return Vec::new();
+        };
+        let Some(sockets) = sockets.as_mut() else {
+            return Vec::new();
+        };
+        let control = sockets.control.get_or_insert_with(|| {
+            let path = self.path().join("control.sock");
+            let control = UnixListener::bind(&path).expect("the control socket");
+            std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o660))
+                .expect("chmod the control socket");
+            control
+        });
+        let copy = |socket: &TcpListener| socket.try_clone().expect("a copy of a socket").into();
+        let mut passed = vec![
+            ("webhook", copy(&sockets.webhook)),
+            (
+                "control",
+                control
+                    .try_clone()
+                    .expect("a copy of the control socket")
+                    .into(),
+            ),
+        ];
+        passed.extend(
+            sockets
+                .metrics
+                .as_ref()
+                .map(|socket| ("metrics", copy(socket))),
+        );
+        passed.extend(
+            sockets
+                .console
+                .as_ref()
+                .map(|socket| ("console", copy(socket))),
+        );
+        passed
     }
 
     fn spawn(
