@@ -3,12 +3,12 @@
 #
 #   bash packaging/build-deb.sh        # -> target/debian/agentgate_<version>_<arch>.deb
 #
-# Installs the build tools it needs (debhelper, dpkg-dev, lintian) with apt-get when they are
+# Installs the build tools it needs (debhelper, dpkg-dev, lintian, valgrind) with apt-get when they are
 # missing, builds with rustup's cargo, and runs lintian on the result (LINTIAN=0 skips it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 missing=()
-for package in debhelper dpkg-dev lintian; do
+for package in debhelper dpkg-dev lintian valgrind; do
     dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
 done
 if [ ${#missing[@]} -gt 0 ]; then
