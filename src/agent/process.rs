@@ -368,9 +368,10 @@ impl Child {
             cwd: self.cwd.clone(),
             confinement: Some(confinement.clone()),
         });
-        let connection = unit::start(socket, &request)?;
-        connection.set_nonblocking(true)?;
-        let mut connection = tokio::net::UnixStream::from_std(connection)?;
+        // Connected and written without blocking a runtime thread: a unit socket whose backlog
+        // is full makes this wait, within the call's deadline (see `run_in_unit`).
+        let mut connection = tokio::net::UnixStream::connect(socket).await?;
+        connection.write_all(&unit::encode(&request)?).await?;
         let fd = connection.as_raw_fd();
         let opening = connection
             .async_io(tokio::io::Interest::READABLE, || unit::opening(fd))

@@ -143,18 +143,19 @@ pub(crate) fn configured_sockets() -> Option<UnitSockets> {
     })
 }
 
-/// Connects to `socket` and hands it the request. The connection is the call: closing it stops
-/// the call. What comes back first is its [`Opening`].
-pub(crate) fn start(socket: &Path, request: &Request) -> std::io::Result<UnixStream> {
+/// The request as a tool unit reads it: its length (4 bytes, big-endian), then its JSON. The
+/// daemon connects to the unit's socket and writes this; the connection is the call (closing it
+/// stops the call), and what comes back first is its [`Opening`].
+pub(crate) fn encode(request: &Request) -> std::io::Result<Vec<u8>> {
     let json = serde_json::to_vec(request).map_err(std::io::Error::other)?;
     let length = u32::try_from(json.len())
         .ok()
         .filter(|length| (*length as usize) <= MAX_REQUEST)
         .ok_or_else(|| std::io::Error::other("the call's argv and environment are too large"))?;
-    let mut connection = UnixStream::connect(socket)?;
-    connection.write_all(&length.to_be_bytes())?;
-    connection.write_all(&json)?;
-    Ok(connection)
+    let mut message = Vec::with_capacity(4 + json.len());
+    message.extend_from_slice(&length.to_be_bytes());
+    message.extend_from_slice(&json);
+    Ok(message)
 }
 
 /// What a tool unit sends first.
@@ -640,7 +641,12 @@ pub(crate) fn unwritable(
 
 /// Sends `request` (stdin empty, output discarded) and waits for the answer.
 fn ask(socket: &Path, request: &Request) -> Result<Reply, String> {
-    let mut connection = start(socket, request).map_err(|err| {
+    let connect = || -> std::io::Result<UnixStream> {
+        let mut connection = UnixStream::connect(socket)?;
+        connection.write_all(&encode(request)?)?;
+        Ok(connection)
+    };
+    let mut connection = connect().map_err(|err| {
         format!(
             "cannot start a tool unit through {}: {err}",
             socket.display()
