@@ -11,6 +11,11 @@
 #    event also runs as a turn (the replay model), as in production.
 # 2. Failover time, kill -9 to the resumed turn's first model call, for several lease_ttl values:
 #    tests/scaleout.rs's kill -9 scenario, run with SCALEOUT_LEASE_TTL set, which prints it.
+# 3. One node with a deep backlog: accepted webhooks/s and the node's CPU per accepted event
+#    with an empty queue and with BACKLOG (100,000) queued events written into the database
+#    beforehand, and the node's CPU share at rest with that backlog. The node's model never
+#    answers and runs one turn at a time, so that accepted events stay queued (as in
+#    bench/accept.sh). BACKLOG_ONLY=1 runs this part alone.
 # Needs: wrk, PostgreSQL 15 server binaries (installed with apt-get if missing). Runs as root
 # (the server runs as the postgres user) or as an ordinary user.
 set -euo pipefail
@@ -20,6 +25,8 @@ PHASE_SECONDS=${PHASE_SECONDS:-20}
 PG_PORT=${PG_PORT:-15432}
 BASE_PORT=${BASE_PORT:-18800}
 LEASES=${LEASES:-"1s 2s 5s 10s"}
+BACKLOG=${BACKLOG:-100000}
+IDLE_SECONDS=${IDLE_SECONDS:-10}
 
 command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk >/dev/null; }
 [ -x /usr/lib/postgresql/15/bin/pg_ctl ] || apt-get install -y -qq postgresql-15 postgresql-client-15 >/dev/null
@@ -65,10 +72,78 @@ node = "node-$1"
 [routes.bench]
 path = "/hooks/bench"
 verify = { scheme = "none" }
+${NODE_CONFIG:-}
 TOML
     ./target/release/agentgate serve --config "$dir/agentgate.toml" 2>"$dir/agentgate.log" &
-    until curl -fs "http://127.0.0.1:$((BASE_PORT + $1))/readyz" >/dev/null; do sleep 0.05; done
+    node_pid=$!
+    until curl -fs "http://127.0.0.1:$((BASE_PORT + $1))/readyz" >/dev/null; do
+        kill -0 "$node_pid" 2>/dev/null || { cat "$dir/agentgate.log" >&2; exit 1; }
+        sleep 0.05
+    done
 }
+
+stop_nodes() {
+    pkill -TERM -f "$work/node" || true
+    while pgrep -f "$work/node" >/dev/null; do sleep 0.1; done
+}
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# One node under the load of part 1 alone: "accepted/s CPU-µs-per-accepted-event".
+backlog_load() {
+    local before after accepted_before accepted_after
+    accepted_before=$(psql_ -d agentgate -c "SELECT count(*) FROM events")
+    before=$(cpu_ticks "$node_pid")
+    wrk -t2 -c64 -d"${PHASE_SECONDS}s" -s "$work/post.lua" "http://127.0.0.1:$BASE_PORT/hooks/bench" > "$work/wrk.txt"
+    after=$(cpu_ticks "$node_pid")
+    accepted_after=$(psql_ -d agentgate -c "SELECT count(*) FROM events")
+    awk -v n=$((accepted_after - accepted_before)) -v t=$((after - before)) -v hz="$(getconf CLK_TCK)" \
+        '/Requests\/sec/ {printf "%d %d", $2, (n > 0 ? t / hz * 1e6 / n : 0)}' "$work/wrk.txt"
+}
+deep_backlog() {
+    printf '\nrun\taccepts_per_s_empty\tcpu_us_per_event_empty\taccepts_per_s_%s_queued\tcpu_us_per_event_queued\tidle_cpu_pct_with_backlog\n' "$BACKLOG"
+    printf '#!/bin/sh\nexec sleep 100000\n' > "$work/never-answers"
+    chmod 755 "$work/never-answers"
+    local payload empty deep before idle
+    payload=$(printf '%s' "$body" | od -An -tx1 -v | tr -d ' \n')
+    for run in $(seq 1 "$RUNS"); do
+        psql_ -d postgres -c "DROP DATABASE IF EXISTS agentgate" >/dev/null
+        psql_ -d postgres -c "CREATE DATABASE agentgate" >/dev/null
+        NODE_CONFIG=$'[runtime]\nmax_queued_events = 100000000\nmax_concurrent_turns = 1\ndrain_timeout = "1s"\n[model]\nbackend = "command"\ncommand = ["'"$work"$'/never-answers"]\nrequest_timeout = "3600s"'
+        NODE_CONFIG=$NODE_CONFIG start_node 0
+        empty=$(backlog_load)
+        stop_nodes
+        # A fresh database, its schema made by a node's start, then the backlog.
+        rm -rf "$work/node0"
+        psql_ -d postgres -c "DROP DATABASE agentgate" >/dev/null
+        psql_ -d postgres -c "CREATE DATABASE agentgate" >/dev/null
+        NODE_CONFIG=$NODE_CONFIG start_node 0
+        stop_nodes
+        psql_ -d agentgate -q <<SQL
+BEGIN;
+INSERT INTO events (id, route, session_key, event_type, headers, payload, received_at, status, updated_at)
+SELECT 'backlog-' || i, 'bench', 'bench:backlog-' || i, '', '{"content-type":"application/json"}',
+       decode('$payload', 'hex'), (extract(epoch FROM now()) * 1000)::bigint, 'queued',
+       (extract(epoch FROM now()) * 1000)::bigint
+FROM generate_series(1, $BACKLOG) AS i;
+INSERT INTO sessions (key, route, state, created_at, updated_at)
+SELECT session_key, route, 'idle', received_at, received_at FROM events WHERE id LIKE 'backlog-%';
+COMMIT;
+ANALYZE;
+SQL
+        NODE_CONFIG=$NODE_CONFIG start_node 0
+        before=$(cpu_ticks "$node_pid")
+        sleep "$IDLE_SECONDS"
+        idle=$(awk -v t=$(($(cpu_ticks "$node_pid") - before)) -v hz="$(getconf CLK_TCK)" -v s="$IDLE_SECONDS" \
+            'BEGIN {printf "%.1f", t / hz / s * 100}')
+        deep=$(backlog_load)
+        printf '%s\t%s\t%s\t%s\n' "$run" "${empty// /$'\t'}" "${deep// /$'\t'}" "$idle"
+        stop_nodes
+        rm -rf "$work"/node* "$work"/wrk*.txt
+    done
+}
+if [ "${BACKLOG_ONLY:-0}" = 1 ]; then
+    deep_backlog
+    exit 0
+fi
 
 printf 'run\tnodes\taccepts_per_s\tnon_2xx\n'
 for run in $(seq 1 "$RUNS"); do
@@ -99,3 +174,5 @@ for lease in $LEASES; do
         printf '%s\t%s\t%s\n' "$lease" "$run" "$seconds"
     done
 done
+
+deep_backlog
