@@ -15,10 +15,10 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio_util::sync::CancellationToken;
 
-use super::connection::{Answering, Clocked, OpenConnections, RequestBody, Watched};
+use super::connection::{Answering, Clocked, RequestBody, Watched};
 use super::console::{ConsoleBody, Door, boxed, see_other};
 use super::control::{Control, not_found};
-use super::listener::{self, Accepted, Admission, Listener, Serve, Socket, Tls, handshake};
+use super::listener::{self, Accepted, Listener, Serve, Socket, Tls, handshake};
 use crate::config::ServerSettings;
 
 /// What a listener serves.
@@ -179,10 +179,6 @@ impl<S: Socket> Serve<S> for &Endpoints
 where
     S::Peer: Peer,
 {
-    fn admit(&self, _peer: &S::Peer, _open: &OpenConnections) -> Admission {
-        Admission::Uncounted
-    }
-
     fn connection(
         &self,
         accepted: Accepted<S::Stream>,

@@ -120,8 +120,11 @@ pub(super) struct Accepted<IO> {
 
 /// What a listener serves.
 pub(super) trait Serve<S: Socket> {
-    /// Whether a connection from `peer` is served, given the listener's `open` connections.
-    fn admit(&self, peer: &S::Peer, open: &OpenConnections) -> Admission;
+    /// Whether a connection from `peer` is served, given the listener's `open` connections:
+    /// by default it is, counted against nothing but the listener's bound.
+    fn admit(&self, _peer: &S::Peer, _open: &OpenConnections) -> Admission {
+        Admission::Uncounted
+    }
     /// Serves one admitted connection, on its own task.
     fn connection(
         &self,

@@ -24,8 +24,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::Listeners;
-use super::connection::OpenConnections;
-use super::listener::{self, Accepted, Admission, Listener, Serve, Socket, Tls};
+use super::listener::{self, Accepted, Listener, Serve, Socket, Tls};
 use super::response::{HttpResponse, unavailable_for};
 use crate::metrics;
 
@@ -51,9 +50,15 @@ pub(crate) async fn answer_unavailable(
 ) {
     let answered = Arc::new(AtomicU64::new(0));
     let public = watch::channel(PUBLIC_REASON.to_string()).1;
+    // One request per connection, its head within HEADER_TIMEOUT.
+    let mut http = http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT)
+        .keep_alive(false);
     let unavailable = |reason: &watch::Receiver<String>| Unavailable {
         reason: reason.clone(),
         answered: answered.clone(),
+        http: http.clone(),
     };
     let tcp = |socket: Option<std::net::TcpListener>, name: &'static str| {
         let (unavailable, stop) = (unavailable(&public), stop.clone());
@@ -126,14 +131,10 @@ async fn report(answered: &AtomicU64, stop: &CancellationToken) {
 struct Unavailable {
     reason: watch::Receiver<String>,
     answered: Arc<AtomicU64>,
+    http: http1::Builder,
 }
 
 impl<S: Socket> Serve<S> for &Unavailable {
-    fn admit(&self, _peer: &S::Peer, _open: &OpenConnections) -> Admission {
-        Admission::Uncounted
-    }
-
-    /// One request, without keep-alive, its head within [`HEADER_TIMEOUT`].
     fn connection(
         &self,
         accepted: Accepted<S::Stream>,
@@ -146,10 +147,7 @@ impl<S: Socket> Serve<S> for &Unavailable {
             let response: HttpResponse = unavailable_for(&reason.borrow(), RETRY_AFTER_SECONDS);
             async move { Ok::<_, std::convert::Infallible>(response) }
         });
-        let mut http = http1::Builder::new();
-        http.timer(TokioTimer::new())
-            .header_read_timeout(HEADER_TIMEOUT)
-            .keep_alive(false);
+        let http = self.http.clone();
         async move {
             let Accepted {
                 stream,
