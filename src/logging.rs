@@ -174,15 +174,20 @@ impl RepeatedLines {
     }
 }
 
-/// The per-event lines' level and budget, set at start and on every reload.
+/// The per-event lines' level and budgets, set at start and on every reload. Lines that others
+/// make the daemon write (what a library warns of, what an MCP server writes to stderr) have a
+/// budget of their own, so that however many of them come, an event's own lines (accepted,
+/// turn started, completed, delivered) are still written.
 struct EventLines {
     debug: AtomicBool,
     budget: LineBudget,
+    from_outside: LineBudget,
 }
 
 static EVENT_LINES: LazyLock<EventLines> = LazyLock::new(|| EventLines {
     debug: AtomicBool::new(false),
     budget: LineBudget::new(DEFAULT_EVENT_LINES_PER_SECOND),
+    from_outside: LineBudget::new(DEFAULT_EVENT_LINES_PER_SECOND),
 });
 
 /// `[runtime] event_log_max_per_second` when the config sets none.
@@ -193,20 +198,29 @@ pub(crate) fn configure_event_lines(level: EventLogLevel, per_second: u32) {
     EVENT_LINES
         .debug
         .store(level == EventLogLevel::Debug, Ordering::Relaxed);
-    EVENT_LINES
-        .budget
-        .per_second
-        .store(per_second, Ordering::Relaxed);
+    for budget in [&EVENT_LINES.budget, &EVENT_LINES.from_outside] {
+        budget.per_second.store(per_second, Ordering::Relaxed);
+    }
 }
 
 /// How the next per-event line is written: `None` when it is left out (over the budget; it is
 /// counted). Lines at debug are not budgeted: they reach the journal only when the operator
 /// asks for debug lines.
 pub(crate) fn event_line_level() -> Option<EventLogLevel> {
+    line_level(&EVENT_LINES.budget)
+}
+
+/// [`event_line_level`] for a line whose words come from outside (an MCP server's stderr),
+/// within the budget of such lines.
+pub(crate) fn outside_line_level() -> Option<EventLogLevel> {
+    line_level(&EVENT_LINES.from_outside)
+}
+
+fn line_level(budget: &LineBudget) -> Option<EventLogLevel> {
     if EVENT_LINES.debug.load(Ordering::Relaxed) {
         return Some(EventLogLevel::Debug);
     }
-    if EVENT_LINES.budget.admit().is_some() {
+    if budget.admit().is_some() {
         return Some(EventLogLevel::Info);
     }
     LINES_SKIPPED.inc();
@@ -225,6 +239,13 @@ pub(crate) fn lines_skipped() -> Counter {
 /// Writes a per-event line at the operator's chosen level, within the per-event line budget
 /// (docs/reference.md, "Journal"). Takes what `tracing::info!` takes.
 macro_rules! event_line {
+    (from_outside; $($line:tt)+) => {
+        match $crate::logging::outside_line_level() {
+            Some($crate::logging::EventLogLevel::Info) => ::tracing::info!($($line)+),
+            Some($crate::logging::EventLogLevel::Debug) => ::tracing::debug!($($line)+),
+            None => {}
+        }
+    };
     ($($line:tt)+) => {
         match $crate::logging::event_line_level() {
             Some($crate::logging::EventLogLevel::Info) => ::tracing::info!($($line)+),
@@ -253,8 +274,8 @@ pub(crate) fn turn_span(
     tracing::error_span!("turn", event_id, session_key, route, turn_id)
 }
 
-/// Lines of the libraries agentgate uses (hyper, h2, rustls, rmcp, …) share the per-event
-/// line budget: a flood of misbehaving connections that each make a library warn can then not
+/// Lines of the libraries agentgate uses (hyper, h2, rustls, rmcp, …) have the budget of lines
+/// from outside (the per-event rate, on its own): a flood of misbehaving connections that each make a library warn can then not
 /// use up journald's allowance, which would drop the daemon's own warnings. What is left out is
 /// counted in `agentgate_log_lines_skipped_total` like any per-event line.
 struct LibraryLines;
@@ -276,7 +297,7 @@ impl<S> tracing_subscriber::layer::Filter<S> for LibraryLines {
         if event.metadata().target().starts_with("agentgate") {
             return true;
         }
-        if EVENT_LINES.budget.admit().is_some() {
+        if EVENT_LINES.from_outside.admit().is_some() {
             return true;
         }
         LINES_SKIPPED.inc();

@@ -428,6 +428,55 @@ fn a_server_that_changes_its_tools_has_them_offered_in_the_next_turn() {
     );
 }
 
+/// A server that says without end that its tools changed, and writes to stderr without end
+/// (tests/mcp/flood_server.py): its tools are listed again at most once a second, no line says
+/// they changed (they did not), and its stderr cannot push an event's own lines out of the
+/// per-event budget (20 lines a second here, which the flood alone would use up in a few ms).
+#[test]
+fn a_server_that_floods_is_listed_once_a_second_and_cannot_push_out_an_event_s_lines() {
+    let workspace = Workspace::new();
+    let dir = workspace.path().join("flood");
+    std::fs::create_dir(&dir).expect("flood dir");
+    let listings = dir.join("listings");
+    let model = Stub::start(|_, _| Reply::answer("done"));
+    workspace.write_config(&format!(
+        "[runtime]\nevent_log_max_per_second = 20\n\n{}\n\
+         [mcp.flood]\ncommand = [\"python3\", {:?}, {:?}]\nwritable = [{:?}]\n\n{}",
+        model.model_section(),
+        format!("{}/tests/mcp/flood_server.py", common::machine::REPO),
+        listings.display().to_string(),
+        dir.display().to_string(),
+        route(r#"["flood.*"]"#),
+    ));
+    let daemon = workspace.start();
+    let listed_at = || -> Vec<f64> {
+        std::fs::read_to_string(&listings)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|line| line.parse().ok())
+            .collect()
+    };
+    wait_until("the server's tools to be listed 3 times", LIMIT, || {
+        listed_at().len() >= 3
+    });
+    let times = listed_at();
+    assert!(times[2] - times[0] >= 1.9, "listed at {times:?}");
+    wait_until("the server's stderr to be logged", LIMIT, || {
+        daemon.log().contains("MCP server flood says")
+    });
+    let event = post(&daemon, json!({"session": "a"}));
+    assert_eq!(workspace.wait_terminal(&event, LIMIT), "completed");
+    for line in ["event accepted", "turn started", "turn completed"] {
+        wait_until(&format!("the event's line {line:?}"), LIMIT, || {
+            daemon
+                .log()
+                .lines()
+                .any(|logged| logged.contains(line) && logged.contains(&event))
+        });
+    }
+    assert_eq!(log_count(&daemon, "MCP server flood changed its tools"), 0);
+}
+
 #[test]
 fn a_server_that_cannot_start_is_reported_and_the_daemon_serves_anyway() {
     let workspace = Workspace::new();

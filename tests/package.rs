@@ -755,6 +755,12 @@ fn a_tool_with_the_network_stays_off_this_machine(machine: &Machine) {
     );
     let report = probe_report(machine, "probe-net");
     assert_every_escape_refused(&report, 16);
+    // The metadata services that are not link-local are denied by address (a probe would have to
+    // send packets off this machine to show it).
+    let denied = machine.ok("systemctl show agentgate-tool-network@probe.service -P IPAddressDeny");
+    for metadata in ["100.100.100.200/32", "fd00:ec2::254/128", "169.254.0.0/16"] {
+        assert!(denied.contains(metadata), "{metadata} in {denied}");
+    }
     assert_eq!(report["legit"]["read_system_file"], "done", "{report:#}");
     machine.ok("rm /etc/agentgate/agentgate.toml.dpkg-old");
 }

@@ -399,6 +399,89 @@ fn a_writable_path_that_holds_the_config_or_the_state_is_refused() {
     );
 }
 
+/// What one tool may write, no other child may run and no other tool may be given: a program
+/// inside a tool's writable path, or a writable path inside another's, makes the config invalid;
+/// a script there is a warning. A writable path that is a symbolic link to the state (as a
+/// tool could plant one) is refused with an error that says it is a link.
+#[test]
+fn a_tool_cannot_plant_what_another_child_runs_or_is_given_to_write() {
+    let workspace = Workspace::new();
+    let shared = workspace.path().join("shared");
+    std::fs::create_dir_all(shared.join("inner")).expect("dirs");
+    for file in ["run.sh", "script.sh"] {
+        std::fs::write(shared.join(file), "#!/bin/sh\n").expect("write");
+    }
+    let at = |name: &str| shared.join(name).display().to_string();
+    let config = format!(
+        "[model]\nbackend = \"replay\"\n\n\
+         [tools.writer]\ncommand = [\"/bin/true\"]\nwritable = [{shared:?}]\n\n\
+         [tools.runner]\ncommand = [{run:?}]\nnetwork = true\n\n\
+         [tools.inner]\ncommand = [\"/bin/true\"]\nwritable = [{inner:?}]\n\n\
+         [tools.script]\ncommand = [\"/bin/sh\", {script:?}]\n\n\
+         [routes.hook]\npath = \"/hook\"\nverify = {{ scheme = \"none\" }}\n\
+         tools = [\"writer\", \"runner\", \"inner\", \"script\"]\n",
+        shared = shared.display().to_string(),
+        run = at("run.sh"),
+        inner = at("inner"),
+        script = at("script.sh"),
+    );
+    workspace.write_config(&config);
+    let checked = workspace.cli(&["check-config"]);
+    let said = String::from_utf8_lossy(&checked.stdout).into_owned();
+    assert_eq!(checked.status.code(), Some(78), "{said}");
+    let says = |parts: &[&str]| {
+        said.lines()
+            .any(|line| parts.iter().all(|part| line.contains(part)))
+    };
+    let program = format!(
+        "its program {} is in a path tools.writer may write",
+        at("run.sh")
+    );
+    assert!(says(&["error: tools.runner:", &program]), "{said}");
+    assert!(
+        says(&[
+            "error: tools.inner.writable:",
+            "is inside tools.writer.writable"
+        ]),
+        "{said}"
+    );
+    assert!(
+        says(&[
+            "warning: tools.script:",
+            &format!("a file its command names (a script?) {}", at("script.sh"))
+        ]),
+        "{said}"
+    );
+    // Two tools may share a directory.
+    let sharing = config.replace(&at("inner"), &shared.display().to_string());
+    let sharing = sharing.replace(
+        &format!("command = [{:?}]", at("run.sh")),
+        "command = [\"/bin/true\"]",
+    );
+    workspace.write_config(&sharing);
+    let checked = workspace.cli(&["check-config"]);
+    assert!(checked.status.success(), "{checked:?}");
+
+    // A writable path that has become a link to the state directory.
+    let state = workspace.state_dir();
+    std::fs::create_dir_all(&state).expect("state dir");
+    let link = workspace.path().join("out");
+    std::os::unix::fs::symlink(&state, &link).expect("symlink");
+    workspace.write_config(&format!(
+        "[model]\nbackend = \"replay\"\n\n\
+         [tools.victim]\ncommand = [\"/bin/true\"]\nwritable = [{:?}]\n\n\
+         [routes.hook]\npath = \"/hook\"\nverify = {{ scheme = \"none\" }}\ntools = [\"victim\"]\n",
+        link.display().to_string(),
+    ));
+    let checked = workspace.cli(&["check-config"]);
+    let said = String::from_utf8_lossy(&checked.stdout).into_owned();
+    assert_eq!(checked.status.code(), Some(78), "{said}");
+    assert!(
+        said.contains(&format!("{} is a symbolic link", link.display())),
+        "{said}"
+    );
+}
+
 /// A strict tool or stdio MCP server whose program or working directory is under /tmp would not
 /// find it in its private /tmp: `check-config` says so, and does not for `sandbox = "none"`.
 #[test]

@@ -44,6 +44,7 @@ use tracing::Instrument;
 use super::process::{Child, Running};
 use super::tools::OUTPUT_CAP;
 use crate::config::{HiddenPaths, McpServerSettings, McpTransport};
+use crate::logging::OneLineEvery;
 use crate::metrics::OverBound;
 
 /// How long a server may take to start and answer `initialize` and `tools/list`.
@@ -56,6 +57,10 @@ const BACKOFF_LAST: Duration = Duration::from_secs(60);
 const STOP_GRACE: Duration = Duration::from_secs(2);
 /// A server's stderr lines are logged up to this length.
 const STDERR_LINE_CAP: usize = 512;
+/// A server's tools are listed again at most this often, however often it says they changed.
+const RELIST_EVERY: Duration = Duration::from_secs(1);
+/// A server that keeps saying its tools changed and then cannot list them: one line this often.
+const RELIST_FAILURE_LINE_EVERY: Duration = Duration::from_secs(60);
 /// The `_meta` key that carries a call's idempotency key.
 pub(crate) const CALL_KEY_META: &str = "agentgate/tool_call_id";
 
@@ -666,7 +671,9 @@ impl Supervisor {
     }
 
     /// Serves a connected server until it goes away (`Some(why)`) or `stop` fires (`None`),
-    /// re-listing its tools whenever it says they changed.
+    /// re-listing its tools when it says they changed: at most once every [`RELIST_EVERY`],
+    /// however often it says so (a server that says it without end costs a listing a second,
+    /// and a line only when the tools did change).
     async fn serve(
         &self,
         connection: &Connection,
@@ -675,27 +682,63 @@ impl Supervisor {
         stop: &CancellationToken,
     ) -> Option<String> {
         let name = &self.settings.name;
+        // The tools were listed when the connection came up.
+        let mut next_listing = tokio::time::Instant::now() + RELIST_EVERY;
+        let mut failures = OneLineEvery::new(RELIST_FAILURE_LINE_EVERY);
         loop {
             tokio::select! {
-                () = connection.closed.cancelled() => {
-                    return Some("the server closed the connection or exited".to_string());
+                why = ended(connection, stop) => return why,
+                () = tools_changed.notified() => {}
+            }
+            tokio::select! {
+                why = ended(connection, stop) => return why,
+                () = tokio::time::sleep_until(next_listing) => {}
+            }
+            next_listing = tokio::time::Instant::now() + RELIST_EVERY;
+            match list_tools(&connection.peer).await {
+                Ok(tools) => {
+                    if !self.offers(&tools) {
+                        tracing::info!(tools = tools.len(), "MCP server {name} changed its tools");
+                    }
+                    self.state.send_replace(ServerState::Ready {
+                        server: server.clone(),
+                        tools: Arc::new(tools),
+                    });
                 }
-                () = tools_changed.notified() => {
-                    match list_tools(&connection.peer).await {
-                        Ok(tools) => {
-                            tracing::info!(tools = tools.len(), "MCP server {name} changed its tools");
-                            self.state.send_replace(ServerState::Ready {
-                                server: server.clone(),
-                                tools: Arc::new(tools),
-                            });
-                        }
-                        Err(error) => tracing::warn!(error = %error,
-                            "MCP server {name} said its tools changed, but cannot list them"),
+                Err(error) => {
+                    if let Some(left_out) = failures.due() {
+                        tracing::warn!(error = %error, left_out,
+                            "MCP server {name} said its tools changed, but cannot list them");
                     }
                 }
-                () = stop.cancelled() => return None,
             }
         }
+    }
+
+    /// Whether the server offers `tools` already, as they are.
+    fn offers(&self, tools: &[McpTool]) -> bool {
+        match &*self.state.borrow() {
+            ServerState::Ready { tools: offered, .. } => {
+                offered.len() == tools.len()
+                    && offered.iter().zip(tools).all(|(offered, tool)| {
+                        offered.name == tool.name
+                            && offered.description == tool.description
+                            && offered.input_schema == tool.input_schema
+                            && offered.annotated_idempotent == tool.annotated_idempotent
+                    })
+            }
+            ServerState::Starting | ServerState::Down { .. } => false,
+        }
+    }
+}
+
+/// `Some(why)` once the server's connection ends, `None` once `stop` fires.
+async fn ended(connection: &Connection, stop: &CancellationToken) -> Option<String> {
+    tokio::select! {
+        () = connection.closed.cancelled() => {
+            Some("the server closed the connection or exited".to_string())
+        }
+        () = stop.cancelled() => None,
     }
 }
 
@@ -833,13 +876,14 @@ async fn watch_service(running: RunningService<RoleClient, Listener>, closed: Ca
 }
 
 /// Logs what the server writes to stderr, a line at a time, each cut at `STDERR_LINE_CAP`, as
-/// per-event lines: within `[runtime] event_log_max_per_second`, the rest counted in
+/// lines from outside: within `[runtime] event_log_max_per_second` of their own (so that they
+/// never push out an event's own lines), the rest counted in
 /// `agentgate_log_lines_skipped_total`. A server that writes without end costs neither memory
 /// nor the journal's allowance.
 async fn log_stderr(stderr: super::process::Output, server: String) {
     let mut reader = BufReader::new(stderr);
     while let Some(line) = read_capped_line(&mut reader, STDERR_LINE_CAP).await {
-        crate::logging::event_line!(stderr = %crate::untrusted::for_terminal(&line), "MCP server {server} says");
+        crate::logging::event_line!(from_outside; stderr = %crate::untrusted::for_terminal(&line), "MCP server {server} says");
     }
 }
 

@@ -13,7 +13,7 @@
 use std::path::{Path, PathBuf};
 
 use super::{
-    Config, ConfigError, ConfigSource, DEFAULT_CONTROL_SOCKET, HiddenPaths, read_source,
+    Config, ConfigError, ConfigSource, DEFAULT_CONTROL_SOCKET, HiddenPaths, Severity, read_source,
     resolve_state_dir,
 };
 
@@ -148,16 +148,17 @@ pub(crate) fn writable_holding_hidden(config: &Config) -> Vec<(String, String)> 
         .collect();
     let mut findings = Vec::new();
     for child in super::strict_children(config) {
-        for writable in &child.writable {
-            let writable = resolved(writable);
+        for configured in &child.writable {
+            let writable = resolved(configured);
             if let Some(held) = hidden.iter().find(|path| path.starts_with(&writable)) {
                 findings.push((
                     format!("{}.writable", child.key),
                     format!(
-                        "{} holds {}, which no tool may reach: a tool that can write there can \
+                        "{}{} holds {}, which no tool may reach: a tool that can write there can \
                          rename it and put its own in its place; name a directory that holds \
                          none of the state, the config, the secrets, the credentials or \
                          agentgate's sockets",
+                        link_note(configured, &writable),
                         writable.display(),
                         held.display()
                     ),
@@ -166,6 +167,116 @@ pub(crate) fn writable_holding_hidden(config: &Config) -> Vec<(String, String)> 
         }
     }
     findings
+}
+
+/// Says that `configured` is a symbolic link to `writable`, if it is: a link that whoever may
+/// write its directory could have put there (a tool whose own `writable` path holds it).
+fn link_note(configured: &Path, writable: &Path) -> String {
+    match std::path::absolute(configured) {
+        Ok(absolute) if absolute != writable => format!(
+            "{} is a symbolic link (check who put it there: whoever may write {} may have); it \
+             leads to ",
+            configured.display(),
+            configured.parent().unwrap_or(configured).display()
+        ),
+        Ok(_) | Err(_) => String::new(),
+    }
+}
+
+/// What a tool could plant for another child, or for its own next calls, through its
+/// `writable` paths (docs/tools.md, "Sandbox"), as `(key, message, severity)`:
+/// - a child's program inside a strict child's writable path (an error): a call of that tool
+///   can replace it, and what it puts there runs whenever the child runs, with the child's
+///   privileges and every later call's arguments (another session's among them);
+/// - another file a child's argv names there, a script perhaps (a warning: it may be data);
+/// - a strict child's writable path inside another's (an error): a call of the outer one can
+///   rename the inner directory and put a symbolic link in its place, to any directory, which
+///   the inner tool would then be given to write, or which makes the next start refuse the
+///   config (when it leads to what no tool may reach).
+pub(crate) fn plantable(config: &Config) -> Vec<(String, String, Severity)> {
+    let writable: Vec<(String, PathBuf)> = super::strict_children(config)
+        .into_iter()
+        .flat_map(|child| {
+            let key = child.key;
+            child
+                .writable
+                .iter()
+                .map(|path| (key.clone(), resolved(path)))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let mut findings = Vec::new();
+    for (outer_key, outer) in &writable {
+        for (inner_key, inner) in &writable {
+            if inner != outer && inner.starts_with(outer) {
+                findings.push((
+                    format!("{inner_key}.writable"),
+                    format!(
+                        "{} is inside {outer_key}.writable ({}): a call of {outer_key} can \
+                         rename it and put a symbolic link to any directory in its place; name \
+                         directories apart from each other",
+                        inner.display(),
+                        outer.display()
+                    ),
+                    Severity::Error,
+                ));
+            }
+        }
+    }
+    for (key, argv, cwd) in children_argv(config) {
+        for (index, argument) in argv.iter().enumerate() {
+            let path = match cwd {
+                Some(cwd) if !Path::new(argument).is_absolute() => cwd.join(argument),
+                Some(_) | None => PathBuf::from(argument),
+            };
+            let is_program = index == 0;
+            if !path.is_absolute() || !(is_program || path.is_file()) {
+                continue;
+            }
+            let path = resolved(&path);
+            let Some((writer, _)) = writable.iter().find(|(_, dir)| path.starts_with(dir)) else {
+                continue;
+            };
+            let (what, severity) = if is_program {
+                ("its program", Severity::Error)
+            } else {
+                ("a file its command names (a script?)", Severity::Warning)
+            };
+            findings.push((
+                key.clone(),
+                format!(
+                    "{what} {} is in a path {writer} may write: a call of {writer} can replace \
+                     it, and what it puts there runs as {key}, on every later call; keep \
+                     programs and scripts where no tool may write",
+                    path.display()
+                ),
+                severity,
+            ));
+        }
+    }
+    findings
+}
+
+/// Every child the config starts, by its key: its argv and working directory.
+fn children_argv(config: &Config) -> Vec<(String, &[String], Option<&Path>)> {
+    let mut children: Vec<(String, &[String], Option<&Path>)> = Vec::new();
+    if let super::ModelBackend::Command { argv } = &config.model.backend {
+        children.push(("model.command".into(), argv, None));
+    }
+    for tool in config.tools.values() {
+        children.push((format!("tools.{}", tool.name), &tool.command, None));
+    }
+    for server in config.mcp.values() {
+        if let super::McpTransport::Stdio { command, cwd, .. } = &server.transport {
+            children.push((format!("mcp.{}", server.name), command, cwd.as_deref()));
+        }
+    }
+    for route in &config.routes {
+        if let super::DeliverSettings::Command { argv, .. } = &route.deliver {
+            children.push((format!("routes.{}.deliver", route.name), argv, None));
+        }
+    }
+    children
 }
 
 /// Whose writing is looked for.

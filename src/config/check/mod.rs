@@ -53,6 +53,9 @@ pub(crate) fn check(
         for (key, message) in super::writable_holding_hidden(config) {
             checker.error(&key, message);
         }
+        for (key, message, severity) in super::plantable(config) {
+            checker.report(severity, &key, message);
+        }
     }
     let mut findings = checker.findings;
     findings.sort_by_key(|f| (f.line.unwrap_or(0), f.severity));

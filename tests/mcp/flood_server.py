@@ -1,0 +1,51 @@
+"""A stdio MCP server that floods its client, for agentgate's tests: once initialized, it says
+without end that its tools changed (`notifications/tools/list_changed`, the same tools every
+time) and writes to stderr without end. Plain JSON-RPC on stdin and stdout, no SDK.
+
+Usage: flood_server.py LISTINGS_FILE (each `tools/list` request appends its time there)
+"""
+
+import json
+import sys
+import threading
+import time
+
+listings = sys.argv[1]
+lock = threading.Lock()
+
+
+def send(message):
+    with lock:
+        sys.stdout.write(json.dumps(message) + "\n")
+        sys.stdout.flush()
+
+
+def flood():
+    while True:
+        send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
+        sys.stderr.write("flood " * 8 + "\n")
+        sys.stderr.flush()
+        time.sleep(0.0005)
+
+
+TOOLS = [{"name": "noop", "description": "Does nothing.", "inputSchema": {"type": "object"}}]
+
+for line in sys.stdin:
+    message = json.loads(line)
+    method, ident = message.get("method"), message.get("id")
+    if method == "initialize":
+        result = {
+            "protocolVersion": message["params"]["protocolVersion"],
+            "capabilities": {"tools": {"listChanged": True}},
+            "serverInfo": {"name": "flood", "version": "1"},
+        }
+        send({"jsonrpc": "2.0", "id": ident, "result": result})
+    elif method == "notifications/initialized":
+        threading.Thread(target=flood, daemon=True).start()
+    elif method == "tools/list":
+        with open(listings, "a", encoding="utf-8") as out:
+            out.write("%f\n" % time.time())
+        send({"jsonrpc": "2.0", "id": ident, "result": {"tools": TOOLS}})
+    elif ident is not None:
+        error = {"code": -32601, "message": "no such method"}
+        send({"jsonrpc": "2.0", "id": ident, "error": error})
