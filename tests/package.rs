@@ -136,7 +136,7 @@ fn install_serve_upgrade_restart_remove_purge() {
         "cd /usr/share/doc/agentgate && ls reference.md operations.md senders.md tools.md models.md \
          scale-out.md examples/alertmanager.yml examples/grafana-dashboard.json examples/prometheus-rules.yml",
     );
-    let verify = machine.sh("systemd-analyze verify agentgate.socket agentgate-control.socket agentgate-tool.socket agentgate.service agentgate-reconcile.service agentgate-tool@1.service agentgate-schedule@nightly.service agentgate-schedule@nightly.timer");
+    let verify = machine.sh("systemd-analyze verify agentgate.socket agentgate-control.socket agentgate-tool.socket agentgate.service agentgate-reconcile.service agentgate-tool@1.service agentgate-tool-network@1.service system-agentgate.slice agentgate-schedule@nightly.service agentgate-schedule@nightly.timer");
     let complaints = format!(
         "{}{}",
         String::from_utf8_lossy(&verify.stdout),
@@ -146,6 +146,19 @@ fn install_serve_upgrade_restart_remove_purge() {
         verify.status.success() && complaints.trim().is_empty(),
         "systemd-analyze verify: {complaints}"
     );
+    // Every tool call runs in the one slice that bounds them all together.
+    for unit in [
+        "agentgate-tool@1.service",
+        "agentgate-tool-network@1.service",
+    ] {
+        assert_eq!(
+            machine.show(unit, "Slice"),
+            "system-agentgate.slice",
+            "{unit}"
+        );
+    }
+    assert_eq!(machine.show("system-agentgate.slice", "TasksMax"), "4096");
+    assert_eq!(machine.show("system-agentgate.slice", "CPUWeight"), "50");
     // The service sets up no sandbox itself (its tools' run in tool units), so it keeps every
     // protection (SPEC: at most 2.0).
     let (score, security) = machine.security_score();

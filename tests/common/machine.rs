@@ -94,7 +94,7 @@ impl Machine {
 install -m 0755 {bin} /usr/bin/agentgate
 install -m 0644 {repo}/packaging/agentgate.sysusers /usr/lib/sysusers.d/agentgate.conf
 systemd-sysusers agentgate.conf
-install -m 0644 {repo}/systemd/*.socket {repo}/systemd/*.service {repo}/systemd/*.timer /etc/systemd/system/
+install -m 0644 {repo}/systemd/*.socket {repo}/systemd/*.service {repo}/systemd/*.timer {repo}/systemd/*.slice /etc/systemd/system/
 mkdir -p /etc/systemd/system/agentgate.socket.d /etc/systemd/system/agentgate.service.d /etc/agentgate
 printf '[Socket]\nListenStream=\nListenStream=127.0.0.1:{port}\n' > /etc/systemd/system/agentgate.socket.d/test.conf
 install -m 0644 {dropin} /etc/systemd/system/agentgate.service.d/test.conf
