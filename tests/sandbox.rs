@@ -718,7 +718,7 @@ fn an_unconfined_call_s_children_do_not_outlive_it_or_the_drain() {
     ]);
     let orphan = |name: &str| {
         format!(
-            "[tools.{name}]\ndescription = \"Leaves a child of its own session\"\ncommand = [\"/bin/sh\", \"-c\", \"setsid sleep 300 >/dev/null 2>&1 < /dev/null & echo $! > {pid}; {then}\"]\nsandbox = \"none\"\ntimeout = \"60s\"\n",
+            "[tools.{name}]\ndescription = \"Leaves a child of its own session\"\ncommand = [\"/bin/sh\", \"-c\", \"setsid sleep 299 >/dev/null 2>&1 < /dev/null & echo $! > {pid}; {then}\"]\nsandbox = \"none\"\ntimeout = \"60s\"\n",
             pid = work.join(format!("{name}.pid")).display(),
             then = if name == "hang" { "sleep 60" } else { "true" },
         )

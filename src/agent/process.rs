@@ -630,46 +630,106 @@ pub(crate) fn claim_and_reap_leftovers(state_dir: &std::path::Path) -> usize {
 
 /// Kills every process whose environment holds `wanted` (`NAME=value`), this one excepted. A
 /// process is killed only if its start time did not change while it was checked (a reused pid
-/// is never killed); another user's processes are not readable, and not ours. Returns how many
-/// were killed.
+/// is never killed); another user's processes are not readable, and not ours. A process caught
+/// in the middle of an `execve` shows an empty environment for a moment (its new memory is in
+/// place, its environment not yet): it is looked at again, every [`UNSETTLED_PAUSE`], until it
+/// shows one or [`UNSETTLED_LOOKS`] have passed. Returns how many were killed.
 fn kill_marked(wanted: &str) -> usize {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return 0;
     };
     let own = std::process::id();
     let mut killed = 0;
-    for pid in entries.filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok()) {
-        if pid == own {
-            continue;
+    let mut unsettled: Vec<u32> = entries
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| *pid != own)
+        .collect();
+    for look in 0..=UNSETTLED_LOOKS {
+        if look > 0 {
+            std::thread::sleep(UNSETTLED_PAUSE);
         }
-        let Some(started) = start_time(pid) else {
-            continue;
-        };
-        let Ok(environment) = std::fs::read(format!("/proc/{pid}/environ")) else {
-            continue;
-        };
-        let marked = environment
-            .split(|byte| *byte == 0)
-            .any(|variable| variable == wanted.as_bytes());
-        let Ok(raw_pid) = i32::try_from(pid) else {
-            continue;
-        };
-        if marked
-            && start_time(pid) == Some(started)
-            && nix::sys::signal::kill(Pid::from_raw(raw_pid), Signal::SIGKILL).is_ok()
-        {
-            killed += 1;
+        unsettled.retain(|pid| match marked(*pid, wanted) {
+            Mark::Carries(started) => {
+                if start_time(*pid) == Some(started) && kill(*pid) {
+                    killed += 1;
+                }
+                false
+            }
+            Mark::Without => false,
+            Mark::Unsettled => true,
+        });
+        if unsettled.is_empty() {
+            break;
         }
     }
     killed
 }
 
+/// How often, and how long apart, a process whose environment reads empty is looked at again.
+const UNSETTLED_LOOKS: usize = 10;
+const UNSETTLED_PAUSE: Duration = Duration::from_millis(2);
+
+/// Whether a process carries a mark in its environment.
+enum Mark {
+    /// It does; it started at this time.
+    Carries(u64),
+    /// It does not, or it is gone, or it is not ours to read.
+    Without,
+    /// Its environment reads empty: a process in the middle of an `execve`, or one started
+    /// with none.
+    Unsettled,
+}
+
+fn marked(pid: u32, wanted: &str) -> Mark {
+    let Some(started) = start_time(pid) else {
+        return Mark::Without;
+    };
+    let Ok(environment) = std::fs::read(format!("/proc/{pid}/environ")) else {
+        return Mark::Without;
+    };
+    if environment.is_empty() {
+        return if is_kernel_thread(pid) {
+            Mark::Without
+        } else {
+            Mark::Unsettled
+        };
+    }
+    if environment
+        .split(|byte| *byte == 0)
+        .any(|variable| variable == wanted.as_bytes())
+    {
+        Mark::Carries(started)
+    } else {
+        Mark::Without
+    }
+}
+
+fn kill(pid: u32) -> bool {
+    i32::try_from(pid)
+        .is_ok_and(|raw| nix::sys::signal::kill(Pid::from_raw(raw), Signal::SIGKILL).is_ok())
+}
+
+/// A kernel thread (`PF_KTHREAD` in the flags, field 9 of `/proc/PID/stat`): no environment ever.
+fn is_kernel_thread(pid: u32) -> bool {
+    const PF_KTHREAD: u64 = 0x0020_0000;
+    stat_field(pid, 9).is_some_and(|flags| flags & PF_KTHREAD != 0)
+}
+
 /// A process's start time (clock ticks after boot), field 22 of `/proc/PID/stat`.
 fn start_time(pid: u32) -> Option<u64> {
+    stat_field(pid, 22)
+}
+
+/// Numeric field `field` (counted from 1, as proc(5) does) of `/proc/PID/stat`.
+fn stat_field(pid: u32, field: usize) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name (field 2) may hold spaces and parentheses: count from its closing one.
     let after_name = &stat[stat.rfind(')')? + 1..];
-    after_name.split_whitespace().nth(19)?.parse().ok()
+    after_name
+        .split_whitespace()
+        .nth(field.checked_sub(3)?)?
+        .parse()
+        .ok()
 }
 
 #[cfg(test)]
@@ -685,6 +745,30 @@ mod tests {
             timeout,
             output_cap: 64 * 1024,
         }
+    }
+
+    /// A process with an empty environment looks like one caught in an `execve`: it is looked at
+    /// again a few times, briefly, and then left alone; one that carries the mark is killed.
+    #[test]
+    fn a_marked_process_is_killed_and_one_without_an_environment_is_left_alone() {
+        let mut bare = std::process::Command::new("/bin/sleep")
+            .arg("30")
+            .env_clear()
+            .spawn()
+            .expect("sleep");
+        let mut carrier = std::process::Command::new("/bin/sleep")
+            .arg("30")
+            .env_clear()
+            .env("AGENTGATE_RUN", "test-carrier")
+            .spawn()
+            .expect("sleep");
+        let started = std::time::Instant::now();
+        assert_eq!(kill_marked("AGENTGATE_RUN=test-carrier"), 1);
+        assert!(started.elapsed() < Duration::from_secs(1));
+        assert!(carrier.wait().is_ok_and(|status| !status.success()));
+        assert!(bare.try_wait().is_ok_and(|status| status.is_none()));
+        let _ = bare.kill();
+        let _ = bare.wait();
     }
 
     /// Dead means gone, or a zombie waiting for its new parent to reap it.
