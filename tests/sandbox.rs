@@ -418,6 +418,7 @@ fn a_tool_cannot_plant_what_another_child_runs_or_is_given_to_write() {
          [tools.runner]\ncommand = [{run:?}]\nnetwork = true\n\n\
          [tools.inner]\ncommand = [\"/bin/true\"]\nwritable = [{inner:?}]\n\n\
          [tools.script]\ncommand = [\"/bin/sh\", {script:?}]\n\n\
+         [mcp.local]\ncommand = [\"python3\", \"script.sh\"]\ncwd = {shared:?}\n\n\
          [routes.hook]\npath = \"/hook\"\nverify = {{ scheme = \"none\" }}\n\
          tools = [\"writer\", \"runner\", \"inner\", \"script\"]\n",
         shared = shared.display().to_string(),
@@ -452,6 +453,10 @@ fn a_tool_cannot_plant_what_another_child_runs_or_is_given_to_write() {
         ]),
         "{said}"
     );
+    // A program named without a slash is found in PATH, not in its working directory; a script
+    // named relative to that directory is found there.
+    assert!(!says(&["error: mcp.local:"]), "{said}");
+    assert!(says(&["warning: mcp.local:", &at("script.sh")]), "{said}");
     // Two tools may share a directory.
     let sharing = config.replace(&at("inner"), &shared.display().to_string());
     let sharing = sharing.replace(

@@ -225,11 +225,14 @@ pub(crate) fn plantable(config: &Config) -> Vec<(String, String, Severity)> {
     }
     for (key, argv, cwd) in children_argv(config) {
         for (index, argument) in argv.iter().enumerate() {
+            let is_program = index == 0;
+            // A program named without a slash is looked up in PATH, not in the working directory.
+            let in_cwd =
+                !Path::new(argument).is_absolute() && (!is_program || argument.contains('/'));
             let path = match cwd {
-                Some(cwd) if !Path::new(argument).is_absolute() => cwd.join(argument),
+                Some(cwd) if in_cwd => cwd.join(argument),
                 Some(_) | None => PathBuf::from(argument),
             };
-            let is_program = index == 0;
             if !path.is_absolute() || !(is_program || path.is_file()) {
                 continue;
             }
@@ -260,20 +263,29 @@ pub(crate) fn plantable(config: &Config) -> Vec<(String, String, Severity)> {
 /// Every child the config starts, by its key: its argv and working directory.
 fn children_argv(config: &Config) -> Vec<(String, &[String], Option<&Path>)> {
     let mut children: Vec<(String, &[String], Option<&Path>)> = Vec::new();
-    if let super::ModelBackend::Command { argv } = &config.model.backend {
-        children.push(("model.command".into(), argv, None));
+    match &config.model.backend {
+        super::ModelBackend::Command { argv } => {
+            children.push(("model.command".into(), argv, None));
+        }
+        super::ModelBackend::OpenAi { .. } | super::ModelBackend::Replay { .. } => {}
     }
     for tool in config.tools.values() {
         children.push((format!("tools.{}", tool.name), &tool.command, None));
     }
     for server in config.mcp.values() {
-        if let super::McpTransport::Stdio { command, cwd, .. } = &server.transport {
-            children.push((format!("mcp.{}", server.name), command, cwd.as_deref()));
+        match &server.transport {
+            super::McpTransport::Stdio { command, cwd, .. } => {
+                children.push((format!("mcp.{}", server.name), command, cwd.as_deref()));
+            }
+            super::McpTransport::Http { .. } => {}
         }
     }
     for route in &config.routes {
-        if let super::DeliverSettings::Command { argv, .. } = &route.deliver {
-            children.push((format!("routes.{}.deliver", route.name), argv, None));
+        match &route.deliver {
+            super::DeliverSettings::Command { argv, .. } => {
+                children.push((format!("routes.{}.deliver", route.name), argv, None));
+            }
+            super::DeliverSettings::Log | super::DeliverSettings::Http { .. } => {}
         }
     }
     children
