@@ -26,14 +26,6 @@ work=$(mktemp -d /var/tmp/agentgate-profile-run.XXXXXX)
 trap 'kill "$pid" 2>/dev/null || true; rm -rf "$work"' EXIT
 . bench/accept-setup.sh
 accept_setup "$work" "$PORT"
-python3 - "$work" <<'PY'
-import json, sys
-work = sys.argv[1]
-body = open(f"{work}/body.json").read()
-open(f"{work}/post.lua", "w").write(
-    'wrk.method = "POST"\nwrk.body = %s\nwrk.headers["Content-Type"] = "application/json"\n'
-    % json.dumps(body))
-PY
 "$BIN" serve --config "$work/agentgate.toml" >"$work/serve.log" 2>&1 &
 pid=$!
 until grep -q "accepting" "$work/serve.log"; do sleep 0.1; done

@@ -2,8 +2,8 @@
 # `verify = none` route on loopback, a command model that never answers and
 # `max_concurrent_turns = 1`, so that accepted events stay queued.
 #
-# accept_setup WORK PORT writes into WORK: body.json (1 KiB of JSON), never-answers (the
-# model), agentgate.toml (with EXTRA_CONFIG appended) and backlog.sql (BACKLOG queued events,
+# accept_setup WORK PORT writes into WORK: body.json (1 KiB of JSON), post.lua (wrk's script
+# posting it), never-answers (the model), agentgate.toml (with EXTRA_CONFIG appended) and backlog.sql (BACKLOG queued events,
 # each in a session of its own, as the load makes them, for the daemon's stopped database).
 accept_setup() {
     local work=$1 port=$2
@@ -11,6 +11,14 @@ accept_setup() {
 import json
 print(json.dumps({"action": "opened", "issue": {"number": 7}, "pad": "x" * 950}), end="")' \
         > "$work/body.json"
+    python3 - "$work" <<'PY'
+import json, sys
+work = sys.argv[1]
+body = open(f"{work}/body.json").read()
+open(f"{work}/post.lua", "w").write(
+    'wrk.method = "POST"\nwrk.body = %s\nwrk.headers["Content-Type"] = "application/json"\n'
+    % json.dumps(body))
+PY
     printf '#!/bin/sh\nexec sleep 100000\n' > "$work/never-answers"
     chmod +x "$work/never-answers"
     cat > "$work/agentgate.toml" <<TOML

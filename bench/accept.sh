@@ -50,14 +50,6 @@ work=$(mktemp -d /var/tmp/agentgate-bench.XXXXXX)
 trap 'pkill -f "$work" 2>/dev/null || true; rm -rf "$work"' EXIT
 . bench/accept-setup.sh
 accept_setup "$work" "$PORT"
-python3 - "$work" <<'PY'
-import json, sys
-work = sys.argv[1]
-body = open(f"{work}/body.json").read()
-open(f"{work}/post.lua", "w").write(
-    'wrk.method = "POST"\nwrk.body = %s\nwrk.headers["Content-Type"] = "application/json"\n'
-    % json.dumps(body))
-PY
 cat > "$work/hooks.json" <<JSON
 [
   {"id": "nowrite", "execute-command": "/bin/true", "response-message": "ok"},

@@ -240,18 +240,17 @@ pub(crate) fn lines_skipped() -> Counter {
 /// (docs/reference.md, "Journal"). Takes what `tracing::info!` takes.
 macro_rules! event_line {
     (from_outside; $($line:tt)+) => {
-        match $crate::logging::outside_line_level() {
+        $crate::logging::event_line!(@at $crate::logging::outside_line_level(), $($line)+)
+    };
+    (@at $level:expr, $($line:tt)+) => {
+        match $level {
             Some($crate::logging::EventLogLevel::Info) => ::tracing::info!($($line)+),
             Some($crate::logging::EventLogLevel::Debug) => ::tracing::debug!($($line)+),
             None => {}
         }
     };
     ($($line:tt)+) => {
-        match $crate::logging::event_line_level() {
-            Some($crate::logging::EventLogLevel::Info) => ::tracing::info!($($line)+),
-            Some($crate::logging::EventLogLevel::Debug) => ::tracing::debug!($($line)+),
-            None => {}
-        }
+        $crate::logging::event_line!(@at $crate::logging::event_line_level(), $($line)+)
     };
 }
 pub(crate) use event_line;
