@@ -77,6 +77,24 @@ pub(crate) struct McpTool {
     pub annotated_idempotent: bool,
 }
 
+/// Two listings of a tool are the same when the server said the same of it: `checked` is
+/// compiled from `input_schema`. Every field is named, so a new one must be placed here.
+impl PartialEq for McpTool {
+    fn eq(&self, other: &Self) -> bool {
+        let McpTool {
+            name,
+            description,
+            input_schema,
+            checked: _,
+            annotated_idempotent,
+        } = self;
+        *name == other.name
+            && *description == other.description
+            && *input_schema == other.input_schema
+            && *annotated_idempotent == other.annotated_idempotent
+    }
+}
+
 /// Where a server stands.
 #[derive(Clone)]
 pub(crate) enum ServerState {
@@ -718,15 +736,7 @@ impl Supervisor {
     /// Whether the server offers `tools` already, as they are.
     fn offers(&self, tools: &[McpTool]) -> bool {
         match &*self.state.borrow() {
-            ServerState::Ready { tools: offered, .. } => {
-                offered.len() == tools.len()
-                    && offered.iter().zip(tools).all(|(offered, tool)| {
-                        offered.name == tool.name
-                            && offered.description == tool.description
-                            && offered.input_schema == tool.input_schema
-                            && offered.annotated_idempotent == tool.annotated_idempotent
-                    })
-            }
+            ServerState::Ready { tools: offered, .. } => offered.as_slice() == tools,
             ServerState::Starting | ServerState::Down { .. } => false,
         }
     }

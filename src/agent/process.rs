@@ -650,7 +650,7 @@ fn kill_marked(wanted: &str) -> usize {
         }
         unsettled.retain(|pid| match marked(*pid, wanted) {
             Mark::Carries(started) => {
-                if start_time(*pid) == Some(started) && kill(*pid) {
+                if Stat::read(*pid).is_some_and(|stat| stat.start_time == started) && kill(*pid) {
                     killed += 1;
                 }
                 false
@@ -681,14 +681,14 @@ enum Mark {
 }
 
 fn marked(pid: u32, wanted: &str) -> Mark {
-    let Some(started) = start_time(pid) else {
+    let Some(stat) = Stat::read(pid) else {
         return Mark::Without;
     };
     let Ok(environment) = std::fs::read(format!("/proc/{pid}/environ")) else {
         return Mark::Without;
     };
     if environment.is_empty() {
-        return if is_kernel_thread(pid) {
+        return if stat.is_kernel_thread() {
             Mark::Without
         } else {
             Mark::Unsettled
@@ -698,7 +698,7 @@ fn marked(pid: u32, wanted: &str) -> Mark {
         .split(|byte| *byte == 0)
         .any(|variable| variable == wanted.as_bytes())
     {
-        Mark::Carries(started)
+        Mark::Carries(stat.start_time)
     } else {
         Mark::Without
     }
@@ -709,27 +709,32 @@ fn kill(pid: u32) -> bool {
         .is_ok_and(|raw| nix::sys::signal::kill(Pid::from_raw(raw), Signal::SIGKILL).is_ok())
 }
 
-/// A kernel thread (`PF_KTHREAD` in the flags, field 9 of `/proc/PID/stat`): no environment ever.
-fn is_kernel_thread(pid: u32) -> bool {
-    const PF_KTHREAD: u64 = 0x0020_0000;
-    stat_field(pid, 9).is_some_and(|flags| flags & PF_KTHREAD != 0)
+/// What is read of `/proc/PID/stat`, in one read.
+struct Stat {
+    /// The kernel's flags (field 9).
+    flags: u64,
+    /// When it started, in clock ticks after boot (field 22).
+    start_time: u64,
 }
 
-/// A process's start time (clock ticks after boot), field 22 of `/proc/PID/stat`.
-fn start_time(pid: u32) -> Option<u64> {
-    stat_field(pid, 22)
-}
+impl Stat {
+    fn read(pid: u32) -> Option<Self> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // The command name (field 2) may hold spaces and parentheses: count from its closing
+        // one. `field` counts from 1, as proc(5) does; the first after the name is field 3.
+        let fields: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
+        let field = |number: usize| fields.get(number.checked_sub(3)?)?.parse().ok();
+        Some(Self {
+            flags: field(9)?,
+            start_time: field(22)?,
+        })
+    }
 
-/// Numeric field `field` (counted from 1, as proc(5) does) of `/proc/PID/stat`.
-fn stat_field(pid: u32, field: usize) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) may hold spaces and parentheses: count from its closing one.
-    let after_name = &stat[stat.rfind(')')? + 1..];
-    after_name
-        .split_whitespace()
-        .nth(field.checked_sub(3)?)?
-        .parse()
-        .ok()
+    /// A kernel thread (`PF_KTHREAD`): no environment, ever.
+    fn is_kernel_thread(&self) -> bool {
+        const PF_KTHREAD: u64 = 0x0020_0000;
+        self.flags & PF_KTHREAD != 0
+    }
 }
 
 #[cfg(test)]
