@@ -491,8 +491,9 @@ parameters = {{ type = "object", properties = {{ path = {{ type = "string", patt
 }
 
 /// `history = { max_turns = 2 }`: the fourth turn of a session sees the newest earlier turns
-/// that fit (dropped in blocks of two here, so one is left), each whole, after a note of what
-/// was left out.
+/// that fit (dropped in blocks of two here, so one is left), each whole, right after the system
+/// text, which says older turns may be left out: nothing marks the cut, so the turn kept reads
+/// as it did in the request before, byte for byte.
 #[test]
 fn the_history_bound_counts_the_turns_of_a_session() {
     let model = Stub::start(|_, _| Reply::answer("noted"));
@@ -505,14 +506,25 @@ fn the_history_bound_counts_the_turns_of_a_session() {
         assert_eq!(setup.workspace.wait_terminal(&id, TURN_LIMIT), "completed");
     }
     let requests = setup.model.requests();
-    let last = requests.last().expect("a request").json().to_string();
-    assert!(last.contains("2 earlier turn(s) of this session"), "{last}");
+    assert_eq!(requests.len(), 4);
+    let last = requests[3].json();
+    let text = last.to_string();
     for n in 1..=2 {
-        assert!(!last.contains(&format!("alert number {n}")), "{last}");
+        assert!(!text.contains(&format!("alert number {n}")), "{text}");
     }
     for n in 3..=4 {
-        assert!(last.contains(&format!("alert number {n}")), "{last}");
+        assert!(text.contains(&format!("alert number {n}")), "{text}");
     }
+    let messages = last["messages"].as_array().cloned().unwrap_or_default();
+    let system = messages
+        .first()
+        .map(|m| m["content"].to_string())
+        .unwrap_or_default();
+    assert!(system.contains("older ones may be left out"), "{system}");
+    // The third turn's event, as its own request sent it, follows the system text directly.
+    let third = requests[2].json();
+    let third_event = third["messages"].as_array().and_then(|m| m.last()).cloned();
+    assert_eq!(messages.get(1).cloned(), third_event, "{text}");
 }
 
 /// A small local model's habits: `[model] params` reach every request; a tool call written as
@@ -944,7 +956,8 @@ fn assert_same_tools(bodies: &[Vec<u8>]) {
 /// same tools on every request, the last step's included (it allows no call instead), and each
 /// request's messages begin with the previous one's, across steps and across turns. With
 /// `history = { max_turns = 2 }` old turns go two at a time, so the prefix breaks at the first
-/// request of every other turn past the bound, never within a turn; notes go at the end.
+/// request of every other turn past the bound, never within a turn, and the turns kept follow
+/// the system text as they were; notes go at the end.
 #[test]
 fn a_session_s_requests_keep_a_stable_prefix_also_past_the_history_bound() {
     let model = Stub::start(|request, _| {
@@ -990,8 +1003,15 @@ fn a_session_s_requests_keep_a_stable_prefix_also_past_the_history_bound() {
             messages[at - 1][0],
             "the system text stays"
         );
-        let note = String::from_utf8_lossy(messages[at][1]);
-        assert!(note.contains("earlier turn(s) of this session"), "{note}");
+        // Nothing marks the cut: the turns kept follow the system text and read, byte for byte,
+        // as in the request before (a server that reuses cached chunks past a change can find
+        // them there).
+        let before = &messages[at - 1];
+        let kept_from = (2..before.len()).find(|&j| messages[at][1..].starts_with(&before[j..]));
+        assert!(
+            kept_from.is_some(),
+            "request {at}: the turns kept differ from the request before"
+        );
     }
     drop(daemon);
 }
@@ -2064,7 +2084,7 @@ fn the_transcript_keeps_no_copy_of_the_payload_and_history_shows_the_event_as_it
 }
 
 /// `history` bounds what the model sees of a long session: requests stay within `max_bytes`
-/// (plus the new event), the oldest turns are replaced by a note, and the event is cut with a
+/// (plus the new event), the oldest turns are left out, and the event is cut with a
 /// marker when it alone is larger than half the budget.
 #[test]
 fn history_keeps_model_requests_within_the_budget() {
@@ -2092,11 +2112,16 @@ fn history_keeps_model_requests_within_the_budget() {
         largest < 1_700_000,
         "a request of {largest} bytes: history is not bounded"
     );
-    let last = String::from_utf8_lossy(&requests.last().expect("requests").body).into_owned();
-    assert!(
-        last.contains("earlier turn(s) of this session"),
-        "no note of what was left out"
-    );
+    let last = requests.last().expect("requests").json();
+    let contents: Vec<String> = last["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m["content"].as_str().map(str::to_string))
+        .collect();
+    let shows = |n: usize| contents.iter().any(|c| c.contains(&format!("\"n\": {n},")));
+    assert!(shows(11), "the newest event is shown");
+    assert!(!shows(0), "the oldest turn is left out");
 
     // One event larger than half the budget is cut with a marker.
     let huge = "y".repeat(1_500_000);

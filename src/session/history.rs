@@ -3,7 +3,8 @@
 //! Without a bound, every turn sends the whole transcript: a session that lives for days (an
 //! issue thread, an alert group) grows until the model refuses it, and one large event weighs on
 //! every later turn. The model sees the newest earlier turns that fit both limits, whole (a tool
-//! call is never separated from its result), after a one-line note of what was left out.
+//! call is never separated from its result); the system text says that older turns may be left
+//! out (`session::prompt`).
 //!
 //! Old turns are dropped in blocks, not one at a time: local model servers (vLLM, llama.cpp)
 //! reuse the cache of a prompt prefix they have seen, and everything after the point where a
@@ -14,10 +15,15 @@
 //! two): with `max_turns = 2` the model sees one or two earlier turns, and the cut moves every
 //! other turn.
 //!
+//! Nothing marks the cut itself: the first turn shown follows the system text directly. A note
+//! there ("N earlier turns are not shown") would change with every move of the cut and stand
+//! between the system text and the turns kept, so a server that reuses cached chunks found
+//! further on (llama.cpp's `--cache-reuse`) could not match the kept turns after it.
+//!
 //! Single messages are bounded too: an event or tool output larger than half of `max_bytes` is
 //! cut, with a marker that says how much.
 
-use crate::agent::message::{Message, Role};
+use crate::agent::message::Message;
 use crate::config::HistoryLimits;
 
 /// The messages of one earlier turn, in order.
@@ -25,26 +31,15 @@ pub(crate) struct PastTurn {
     pub messages: Vec<Message>,
 }
 
-/// The earlier turns to show, oldest first, preceded by a note when some were left out.
+/// The earlier turns to show, oldest first.
 pub(crate) fn select(turns: Vec<PastTurn>, limits: HistoryLimits) -> Vec<Message> {
     let sizes: Vec<usize> = turns.iter().map(turn_bytes).collect();
     let cut = first_shown(&sizes, limits);
-    let mut shown = Vec::new();
-    if cut > 0 {
-        let left_out: usize = sizes[..cut].iter().sum();
-        shown.push(Message::text(
-            Role::User,
-            format!(
-                "[agentgate] {cut} earlier turn(s) of this session ({} KiB) are not shown here; \
-                 the turns below are the most recent ones.",
-                left_out.div_ceil(1024)
-            ),
-        ));
-    }
-    for turn in turns.into_iter().skip(cut) {
-        shown.extend(turn.messages);
-    }
-    shown
+    turns
+        .into_iter()
+        .skip(cut)
+        .flat_map(|turn| turn.messages)
+        .collect()
 }
 
 /// The index of the first turn shown. Turns are dropped from the oldest in blocks (in turns,
@@ -118,6 +113,7 @@ pub(crate) fn bounded(mut message: Message, max_bytes: usize) -> Message {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::agent::message::Role;
 
     fn turn(bytes: usize) -> PastTurn {
         PastTurn {
@@ -136,29 +132,35 @@ mod tests {
     }
 
     #[test]
-    fn everything_fits_nothing_is_noted() {
+    fn everything_fits_everything_is_shown() {
         let shown = select((0..3).map(|_| turn(100)).collect(), limits(20, 10_000));
         assert_eq!(shown.len(), 6);
     }
 
+    /// The newest turns are shown, whole, with nothing before them: the first message shown is
+    /// the first of a turn kept.
     #[test]
-    fn the_newest_turns_within_both_limits_are_shown_after_a_note() {
-        let shown = select((0..30).map(|_| turn(100)).collect(), limits(20, 1_000_000));
-        assert!(
-            shown[0]
-                .content
-                .as_deref()
-                .unwrap_or("")
-                .contains("earlier turn(s)")
-        );
-        let turns_shown = (shown.len() - 1) / 2;
+    fn the_newest_turns_within_both_limits_are_shown() {
+        let turns = (0..30)
+            .map(|number| PastTurn {
+                messages: vec![
+                    Message::text(Role::User, format!("event {number}")),
+                    Message::text(Role::Assistant, "a".repeat(98)),
+                ],
+            })
+            .collect();
+        let shown = select(turns, limits(20, 1_000_000));
+        assert_eq!(shown.len() % 2, 0);
+        let turns_shown = shown.len() / 2;
         assert!((10..=20).contains(&turns_shown), "{turns_shown}");
+        let first = format!("event {}", 30 - turns_shown);
+        assert_eq!(shown[0].content.as_deref(), Some(first.as_str()));
 
         let shown = select(
             (0..10).map(|_| turn(300_000)).collect(),
             limits(20, 1_000_000),
         );
-        let bytes: usize = shown.iter().skip(1).map(message_bytes).sum();
+        let bytes: usize = shown.iter().map(message_bytes).sum();
         assert!(bytes <= 1_000_000, "{bytes}");
         assert!(bytes > 0);
     }
