@@ -449,19 +449,28 @@ fn a_tool_cannot_plant_what_another_child_runs_or_is_given_to_write() {
     assert!(
         says(&[
             "warning: tools.script:",
-            &format!("a file its command names (a script?) {}", at("script.sh"))
+            &format!("{} (a file or directory its command names", at("script.sh"))
         ]),
         "{said}"
     );
     // A program named without a slash is found in PATH, not in its working directory; a script
-    // named relative to that directory is found there.
-    assert!(!says(&["error: mcp.local:"]), "{said}");
+    // named relative to that directory is found there; the directory itself is refused, since
+    // interpreters load modules from it.
+    assert!(!says(&["mcp.local:", "its program"]), "{said}");
     assert!(says(&["warning: mcp.local:", &at("script.sh")]), "{said}");
+    assert!(
+        says(&["error: mcp.local:", "its working directory"]),
+        "{said}"
+    );
     // Two tools may share a directory.
     let sharing = config.replace(&at("inner"), &shared.display().to_string());
     let sharing = sharing.replace(
         &format!("command = [{:?}]", at("run.sh")),
         "command = [\"/bin/true\"]",
+    );
+    let sharing = sharing.replace(
+        &format!("cwd = {:?}", shared.display().to_string()),
+        "cwd = \"/\"",
     );
     workspace.write_config(&sharing);
     let checked = workspace.cli(&["check-config"]);
@@ -485,6 +494,111 @@ fn a_tool_cannot_plant_what_another_child_runs_or_is_given_to_write() {
         said.contains(&format!("{} is a symbolic link", link.display())),
         "{said}"
     );
+}
+
+/// The ways around the plant check that a hostile tool found on a packaged install, each
+/// refused or warned of: a program reached through a link inside a writable path, a relative
+/// program, a program looked up in a PATH directory a tool may write, an MCP server's working
+/// directory there, a repository or a script not yet written there, a writable path nested
+/// inside another through a link, a writable path in the system's own directories (systemd
+/// reads a template's new drop-in at the next call), and the replay cassette the daemon reads.
+#[test]
+fn a_tool_cannot_plant_through_links_search_paths_working_directories_or_system_directories() {
+    let workspace = Workspace::new();
+    let root = workspace.path().canonicalize().expect("workspace");
+    let srv = root.join("srv");
+    let release = root.join("opt/v1");
+    for dir in [
+        srv.join("bin"),
+        srv.join("repo"),
+        release.join("bin"),
+        release.join("data"),
+    ] {
+        std::fs::create_dir_all(&dir).expect("dirs");
+    }
+    std::fs::write(release.join("bin/status"), "#!/bin/sh\n").expect("program");
+    std::os::unix::fs::symlink(&release, srv.join("current")).expect("link");
+    let cassette = srv.join("cassette.jsonl");
+    std::fs::copy("examples/triage.cassette.jsonl", &cassette).expect("cassette");
+    let at = |path: &Path| path.display().to_string();
+    let relative = at(&srv.join("bin/rel"));
+    let config = format!(
+        "[model]\nbackend = \"replay\"\ncassette = {cassette:?}\n\n\
+         [tools.deploy]\ncommand = [\"/bin/true\"]\nwritable = [{srv:?}]\n\n\
+         [tools.installer]\ncommand = [\"/bin/true\"]\nwritable = [\"/usr/local\"]\n\n\
+         [tools.status]\ncommand = [{status:?}]\nnetwork = true\n\n\
+         [tools.rel]\ncommand = [{relative:?}]\n\n\
+         [tools.bare]\ncommand = [\"planted-tool\"]\n\n\
+         [tools.git]\ncommand = [\"/usr/bin/git\", \"-C\", {repo:?}, \"status\"]\n\n\
+         [tools.job]\ncommand = [\"/usr/bin/python3\", {job:?}]\n\n\
+         [tools.inner]\ncommand = [\"/bin/true\"]\nwritable = [{data:?}]\n\n\
+         [mcp.demo]\ncommand = [\"/usr/bin/python3\", \"-m\", \"demo_mcp\"]\ncwd = {srv:?}\n\n\
+         [routes.hook]\npath = \"/hook\"\nverify = {{ scheme = \"none\" }}\n\
+         tools = [\"deploy\", \"installer\", \"status\", \"rel\", \"bare\", \"git\", \"job\", \"inner\"]\n",
+        cassette = at(&cassette),
+        srv = at(&srv),
+        status = at(&srv.join("current/bin/status")),
+        relative = relative.trim_start_matches('/'),
+        repo = at(&srv.join("repo")),
+        job = at(&srv.join("job.py")),
+        data = at(&srv.join("current/data")),
+    );
+    workspace.write_config(&config);
+    let path = format!("{}:/usr/bin:/bin", at(&srv.join("bin")));
+    let checked = std::process::Command::new(BIN)
+        .args(["check-config", "--config"])
+        .arg(workspace.config_path())
+        .env("PATH", &path)
+        .env_remove("AGENTGATE_CONFIG")
+        .output()
+        .expect("check-config");
+    let said = String::from_utf8_lossy(&checked.stdout).into_owned();
+    assert_eq!(checked.status.code(), Some(78), "{said}");
+    let says = |parts: &[&str]| {
+        said.lines()
+            .any(|line| parts.iter().all(|part| line.contains(part)))
+    };
+    let expected: [&[&str]; 9] = [
+        &[
+            "error: tools.status:",
+            "its program",
+            "tools.deploy may write",
+        ],
+        &["error: tools.rel:", "its program", "tools.deploy may write"],
+        &[
+            "error: tools.bare:",
+            "looked up in PATH",
+            "tools.deploy may write",
+        ],
+        &[
+            "error: mcp.demo:",
+            "its working directory",
+            "tools.deploy may write",
+        ],
+        &[
+            "warning: tools.git:",
+            &at(&srv.join("repo")),
+            "tools.deploy may write",
+        ],
+        &["warning: tools.job:", "job.py", "tools.deploy may write"],
+        &[
+            "error: tools.inner.writable:",
+            "inside tools.deploy.writable",
+        ],
+        &[
+            "error: tools.installer.writable:",
+            "/usr/local",
+            "where the system keeps",
+        ],
+        &[
+            "error: model.cassette:",
+            "tools.deploy may write",
+            "the daemon reads it",
+        ],
+    ];
+    for parts in expected {
+        assert!(says(parts), "{parts:?} in:\n{said}");
+    }
 }
 
 /// A strict tool or stdio MCP server whose program or working directory is under /tmp would not

@@ -13,7 +13,7 @@
 use std::path::{Path, PathBuf};
 
 use super::{
-    Config, ConfigError, ConfigSource, DEFAULT_CONTROL_SOCKET, HiddenPaths, Severity, read_source,
+    Config, ConfigError, ConfigSource, DEFAULT_CONTROL_SOCKET, HiddenPaths, read_source,
     resolve_state_dir,
 };
 
@@ -181,114 +181,6 @@ fn link_note(configured: &Path, writable: &Path) -> String {
         ),
         Ok(_) | Err(_) => String::new(),
     }
-}
-
-/// What a tool could plant for another child, or for its own next calls, through its
-/// `writable` paths (docs/tools.md, "Sandbox"), as `(key, message, severity)`:
-/// - a child's program inside a strict child's writable path (an error): a call of that tool
-///   can replace it, and what it puts there runs whenever the child runs, with the child's
-///   privileges and every later call's arguments (another session's among them);
-/// - another file a child's argv names there, a script perhaps (a warning: it may be data);
-/// - a strict child's writable path inside another's (an error): a call of the outer one can
-///   rename the inner directory and put a symbolic link in its place, to any directory, which
-///   the inner tool would then be given to write, or which makes the next start refuse the
-///   config (when it leads to what no tool may reach).
-pub(crate) fn plantable(config: &Config) -> Vec<(String, String, Severity)> {
-    let writable: Vec<(String, PathBuf)> = super::strict_children(config)
-        .into_iter()
-        .flat_map(|child| {
-            let key = child.key;
-            child
-                .writable
-                .iter()
-                .map(|path| (key.clone(), resolved(path)))
-                .collect::<Vec<_>>()
-        })
-        .collect();
-    let mut findings = Vec::new();
-    for (outer_key, outer) in &writable {
-        for (inner_key, inner) in &writable {
-            if inner != outer && inner.starts_with(outer) {
-                findings.push((
-                    format!("{inner_key}.writable"),
-                    format!(
-                        "{} is inside {outer_key}.writable ({}): a call of {outer_key} can \
-                         rename it and put a symbolic link to any directory in its place; name \
-                         directories apart from each other",
-                        inner.display(),
-                        outer.display()
-                    ),
-                    Severity::Error,
-                ));
-            }
-        }
-    }
-    for (key, argv, cwd) in children_argv(config) {
-        for (index, argument) in argv.iter().enumerate() {
-            let is_program = index == 0;
-            // A program named without a slash is looked up in PATH, not in the working directory.
-            let in_cwd =
-                !Path::new(argument).is_absolute() && (!is_program || argument.contains('/'));
-            let path = match cwd {
-                Some(cwd) if in_cwd => cwd.join(argument),
-                Some(_) | None => PathBuf::from(argument),
-            };
-            if !path.is_absolute() || !(is_program || path.is_file()) {
-                continue;
-            }
-            let path = resolved(&path);
-            let Some((writer, _)) = writable.iter().find(|(_, dir)| path.starts_with(dir)) else {
-                continue;
-            };
-            let (what, severity) = if is_program {
-                ("its program", Severity::Error)
-            } else {
-                ("a file its command names (a script?)", Severity::Warning)
-            };
-            findings.push((
-                key.clone(),
-                format!(
-                    "{what} {} is in a path {writer} may write: a call of {writer} can replace \
-                     it, and what it puts there runs as {key}, on every later call; keep \
-                     programs and scripts where no tool may write",
-                    path.display()
-                ),
-                severity,
-            ));
-        }
-    }
-    findings
-}
-
-/// Every child the config starts, by its key: its argv and working directory.
-fn children_argv(config: &Config) -> Vec<(String, &[String], Option<&Path>)> {
-    let mut children: Vec<(String, &[String], Option<&Path>)> = Vec::new();
-    match &config.model.backend {
-        super::ModelBackend::Command { argv } => {
-            children.push(("model.command".into(), argv, None));
-        }
-        super::ModelBackend::OpenAi { .. } | super::ModelBackend::Replay { .. } => {}
-    }
-    for tool in config.tools.values() {
-        children.push((format!("tools.{}", tool.name), &tool.command, None));
-    }
-    for server in config.mcp.values() {
-        match &server.transport {
-            super::McpTransport::Stdio { command, cwd, .. } => {
-                children.push((format!("mcp.{}", server.name), command, cwd.as_deref()));
-            }
-            super::McpTransport::Http { .. } => {}
-        }
-    }
-    for route in &config.routes {
-        match &route.deliver {
-            super::DeliverSettings::Command { argv, .. } => {
-                children.push((format!("routes.{}.deliver", route.name), argv, None));
-            }
-            super::DeliverSettings::Log | super::DeliverSettings::Http { .. } => {}
-        }
-    }
-    children
 }
 
 /// Whose writing is looked for.

@@ -178,9 +178,16 @@ impl Checker<'_> {
     fn argv(&mut self, key: &str, argv: &[String]) {
         match argv.first() {
             None => self.error(key, "the command is empty; give an argv list"),
-            Some(program) if !Path::new(program).is_absolute() => self.warn(
+            Some(program) if !program.contains('/') => self.warn(
                 key,
                 format!("{program:?} is not an absolute path; it is looked up in PATH"),
+            ),
+            Some(program) if !Path::new(program).is_absolute() => self.warn(
+                key,
+                format!(
+                    "{program:?} is not an absolute path; it is found from the working \
+                     directory (`cwd`, else / in a sandbox and the daemon's own without one)"
+                ),
             ),
             Some(_) => {}
         }
