@@ -33,7 +33,7 @@ fn disk_workspace() -> Workspace {
 /// says. Its writable path is the workspace's `work` directory, next to the state, the
 /// credentials, the secret file, the config and the control socket.
 fn probe_tool(workspace: &Workspace, name: &str, extra: &str, plan: &Value) -> String {
-    let work = workspace.path().join("work");
+    let work = probe_dir(workspace, name);
     let plan_file = work.join(format!("{name}.plan.json"));
     let mut plan = plan.clone();
     plan["write"]["write_outside_writable"] = json!(outside(workspace, name));
@@ -49,6 +49,16 @@ fn probe_tool(workspace: &Workspace, name: &str, extra: &str, plan: &Value) -> S
         "[tools.{name}]\ndescription = \"Probes what it can reach\"\ncommand = {argv:?}\nwritable = [{:?}]\ntimeout = \"20s\"\n{extra}\n",
         work.display().to_string()
     )
+}
+
+/// Where a probe's script, plan and report are: the strict tools' writable `work`, and a
+/// directory apart for the unconfined one, since nothing that runs as the daemon's user may
+/// read what a tool may write (check-config refuses it).
+fn probe_dir(workspace: &Workspace, name: &str) -> PathBuf {
+    match name {
+        "unconfined" => workspace.path().join("work-unconfined"),
+        _ => workspace.path().join("work"),
+    }
 }
 
 /// A file in the workspace, outside the probe's writable path.
@@ -69,7 +79,7 @@ fn report(
     workspace: &Workspace,
     name: &str,
 ) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
-    let path = workspace.path().join("work").join(format!("{name}.json"));
+    let path = probe_dir(workspace, name).join(format!("{name}.json"));
     let text =
         std::fs::read_to_string(&path).unwrap_or_else(|err| panic!("{name}'s report: {err}"));
     let value: Value = serde_json::from_str(&text).expect("a JSON report");
@@ -95,8 +105,10 @@ fn escapes(report: &BTreeMap<String, String>) -> Vec<&str> {
 
 fn prepare(workspace: &Workspace) {
     let path = workspace.path();
-    std::fs::create_dir_all(path.join("work")).expect("work dir");
-    std::fs::write(path.join("work").join("probe.py"), PROBE).expect("probe");
+    for work in ["work", "work-unconfined"] {
+        std::fs::create_dir_all(path.join(work)).expect("work dir");
+        std::fs::write(path.join(work).join("probe.py"), PROBE).expect("probe");
+    }
     std::fs::create_dir_all(path.join("credentials")).expect("credentials dir");
     std::fs::write(path.join("credentials").join("token"), TOKEN).expect("credential");
     std::fs::write(path.join("deliver.secret"), DELIVER_SECRET).expect("secret file");
@@ -399,6 +411,12 @@ fn a_writable_path_that_holds_the_config_or_the_state_is_refused() {
     );
 }
 
+/// Whether a line of `said` holds every one of `parts`.
+fn has_line(said: &str, parts: &[&str]) -> bool {
+    said.lines()
+        .any(|line| parts.iter().all(|part| line.contains(part)))
+}
+
 /// What one tool may write, no other child may run and no other tool may be given: a program
 /// inside a tool's writable path, or a writable path inside another's, makes the config invalid;
 /// a script there is a warning. A writable path that is a symbolic link to the state (as a
@@ -430,10 +448,7 @@ fn a_tool_cannot_plant_what_another_child_runs_or_is_given_to_write() {
     let checked = workspace.cli(&["check-config"]);
     let said = String::from_utf8_lossy(&checked.stdout).into_owned();
     assert_eq!(checked.status.code(), Some(78), "{said}");
-    let says = |parts: &[&str]| {
-        said.lines()
-            .any(|line| parts.iter().all(|part| line.contains(part)))
-    };
+    let says = |parts: &[&str]| has_line(&said, parts);
     let program = format!(
         "its program {} is in a path tools.writer may write",
         at("run.sh")
@@ -554,10 +569,7 @@ fn a_tool_cannot_plant_through_links_search_paths_working_directories_or_system_
         .expect("check-config");
     let said = String::from_utf8_lossy(&checked.stdout).into_owned();
     assert_eq!(checked.status.code(), Some(78), "{said}");
-    let says = |parts: &[&str]| {
-        said.lines()
-            .any(|line| parts.iter().all(|part| line.contains(part)))
-    };
+    let says = |parts: &[&str]| has_line(&said, parts);
     let expected: [&[&str]; 9] = [
         &[
             "error: tools.status:",
@@ -599,6 +611,80 @@ fn a_tool_cannot_plant_through_links_search_paths_working_directories_or_system_
     for parts in expected {
         assert!(says(parts), "{parts:?} in:\n{said}");
     }
+    // PATH directories after the one that holds the program are never looked in.
+    assert!(!says(&["tools.installer:", "looked up in PATH"]), "{said}");
+}
+
+/// The second round of ways around the plant check: a secret reached through a link a tool may
+/// re-point, a child's environment that names a writable path (PATH, PYTHONPATH), a script
+/// given to an unconfined child, a path inside an option (`--require=…`), a program whose `#!`
+/// line names an interpreter there, and a writable path that is a link to another's.
+#[test]
+fn a_tool_cannot_plant_through_secrets_environments_options_or_interpreters() {
+    let workspace = Workspace::new();
+    let root = workspace.path().canonicalize().expect("workspace");
+    let (srv, real) = (root.join("srv"), root.join("real"));
+    for dir in [srv.join("bin"), real.join("bin")] {
+        std::fs::create_dir_all(&dir).expect("dirs");
+    }
+    std::fs::write(real.join("hmac"), "a-secret-of-32-bytes-at-least-00").expect("secret");
+    std::os::unix::fs::symlink(&real, srv.join("secrets")).expect("link");
+    std::os::unix::fs::symlink(&srv, srv.join("self")).expect("self link");
+    let shebang = real.join("bin/tool");
+    std::fs::write(&shebang, format!("#!{}/bin/interp\n", srv.display())).expect("script");
+    let at = |path: &Path| path.display().to_string();
+    let config = format!(
+        "[model]\nbackend = \"replay\"\n\n\
+         [tools.deploy]\ncommand = [\"/bin/true\"]\nwritable = [{srv:?}]\n\n\
+         [tools.inner]\ncommand = [\"/bin/true\"]\nwritable = [{self_link:?}]\n\n\
+         [tools.open]\ncommand = [\"/usr/bin/python3\", {job:?}]\nsandbox = \"none\"\n\n\
+         [tools.node]\ncommand = [\"/usr/bin/node\", {require:?}, \"/srv/app.js\"]\n\n\
+         [tools.shebang]\ncommand = [{shebang:?}]\n\n\
+         [mcp.py]\ncommand = [\"/usr/bin/python3\", \"-m\", \"fetch\"]\n\
+         env = {{ PYTHONPATH = {py:?} }}\n\n\
+         [mcp.npx]\ncommand = [\"npx\", \"server\"]\nenv = {{ PATH = {path:?} }}\n\n\
+         [routes.hook]\npath = \"/hook\"\n\
+         verify = {{ scheme = \"github\", secret = {{ file = {secret:?} }} }}\n\
+         tools = [\"deploy\", \"inner\", \"open\", \"node\", \"shebang\"]\n",
+        srv = at(&srv),
+        self_link = at(&srv.join("self")),
+        job = at(&srv.join("job.py")),
+        require = format!("--require={}", srv.join("evil.js").display()),
+        shebang = at(&shebang),
+        py = at(&srv.join("py")),
+        path = format!("{}:/usr/bin:/bin", srv.join("bin").display()),
+        secret = at(&srv.join("secrets/hmac")),
+    );
+    workspace.write_config(&config);
+    let checked = workspace.cli(&["check-config"]);
+    let said = String::from_utf8_lossy(&checked.stdout).into_owned();
+    assert_eq!(checked.status.code(), Some(78), "{said}");
+    let says = |parts: &[&str]| has_line(&said, parts);
+    let hmac = at(&srv.join("secrets/hmac"));
+    let expected: [&[&str]; 7] = [
+        &[
+            "error: tools.deploy.writable:",
+            &hmac,
+            "reached through a link",
+        ],
+        &["error: mcp.py:", "environment variable PYTHONPATH"],
+        &[
+            "error: mcp.npx:",
+            "looked up in PATH",
+            "tools.deploy may write",
+        ],
+        &["error: tools.open:", "job.py", "tools.deploy may write"],
+        &["warning: tools.node:", "evil.js", "tools.deploy may write"],
+        &["error: tools.shebang:", "#! line", "tools.deploy may write"],
+        &[
+            "error: tools.inner.writable:",
+            "inside tools.deploy.writable",
+        ],
+    ];
+    for parts in expected {
+        assert!(says(parts), "{parts:?} in:\n{said}");
+    }
+    assert!(!said.contains("a-secret-of"), "{said}");
 }
 
 /// A strict tool or stdio MCP server whose program or working directory is under /tmp would not

@@ -18,7 +18,7 @@ use super::{Config, Severity};
 /// Where the system keeps what runs as root or as every user (programs, libraries, units and
 /// their drop-ins, configuration, root's home): no tool may write there, nor a directory that
 /// holds one of them (systemd reads a new drop-in of a template at the next instance's start).
-const SYSTEM_DIRS: [&str; 12] = [
+const SYSTEM_DIRS: [&str; 21] = [
     "/usr",
     "/etc",
     "/bin",
@@ -30,7 +30,16 @@ const SYSTEM_DIRS: [&str; 12] = [
     "/boot",
     "/root",
     "/run/systemd",
+    "/run/tmpfiles.d",
+    "/run/udev",
+    "/run/modprobe.d",
+    "/run/extensions",
     "/var/lib/systemd",
+    "/var/lib/extensions",
+    "/var/lib/dpkg",
+    "/var/lib/polkit-1",
+    "/var/lib/snapd",
+    "/var/spool/cron",
 ];
 
 /// The search path of a system service (systemd's default), for a program named without a
@@ -52,11 +61,11 @@ impl WritablePath {
     fn holds(&self, name: &Path) -> bool {
         name.starts_with(&self.configured) || name.starts_with(&self.resolved)
     }
+}
 
-    /// Whether `name` is inside this path, not this path itself.
-    fn holds_inside(&self, name: &Path) -> bool {
-        self.holds(name) && name != self.configured && name != self.resolved
-    }
+/// Whether two paths are spelled alike (`//`, `.` and a trailing slash aside).
+fn same_name(one: &Path, other: &Path) -> bool {
+    one.components().eq(other.components())
 }
 
 /// Every finding of this module, as `(key, message, severity)`.
@@ -77,6 +86,7 @@ pub(crate) fn plantable(config: &Config) -> Vec<(String, String, Severity)> {
         .collect();
     let mut findings = system_and_nested(&writable);
     findings.extend(read_by_the_daemon(config, &writable));
+    findings.extend(hidden_reached_through(config, &writable));
     for child in children(config) {
         findings.extend(child_findings(&child, &writable));
     }
@@ -110,8 +120,11 @@ fn system_and_nested(writable: &[WritablePath]) -> Vec<(String, String, Severity
             ));
         }
         let way = names_on_the_way(&path.configured);
+        // Two tools may share a directory named alike; one that reaches another's through a
+        // link (even one that leads there today) can be led elsewhere by it.
         let outer = writable.iter().find(|outer| {
-            outer.resolved != path.resolved && way.iter().any(|name| outer.holds_inside(name))
+            !same_name(&outer.configured, &path.configured)
+                && way.iter().any(|name| outer.holds(name))
         });
         if let Some(outer) = outer {
             findings.push((
@@ -157,7 +170,8 @@ fn read_by_the_daemon(
     }
     let mut findings = Vec::new();
     for (key, file) in files {
-        if let Some(writer) = first_writer(&super::resolved(file), writable) {
+        let absolute = std::path::absolute(file).unwrap_or_else(|_| file.to_path_buf());
+        if let Some(writer) = first_writer(&absolute, writable) {
             findings.push((
                 key.to_string(),
                 format!(
@@ -172,42 +186,95 @@ fn read_by_the_daemon(
     findings
 }
 
-/// A child the config starts: its key, argv and working directory.
+/// What every sandbox hides (the state, the config and its copies, the secrets, the sockets)
+/// reached through a name a tool may write, a link that leads out of it today: a call can
+/// point it elsewhere, and the daemon would take the tool's file as its own config or secret
+/// at the next load. (What lies inside a writable path itself, `leash` refuses.)
+fn hidden_reached_through(
+    config: &Config,
+    writable: &[WritablePath],
+) -> Vec<(String, String, Severity)> {
+    let hidden = config.hidden.dirs.iter().chain(&config.hidden.files);
+    hidden
+        .filter_map(|path| {
+            let resolved = super::resolved(path);
+            if writable.iter().any(|dir| dir.holds(&resolved)) {
+                return None;
+            }
+            let writer = first_writer(&std::path::absolute(path).ok()?, writable)?;
+            Some((
+                format!("{writer}.writable"),
+                format!(
+                    "{} is reached through a link in a path {writer} may write: a call of \
+                     {writer} can point it elsewhere, and the daemon would take what the tool \
+                     put there as its own; keep the state, the config, the secrets and the \
+                     links to them out of every writable path",
+                    path.display()
+                ),
+                Severity::Error,
+            ))
+        })
+        .collect()
+}
+
+/// A child the config starts: its key, argv, working directory and environment, and whether it
+/// runs outside any sandbox (`sandbox = "none"`, or the model command), as the daemon's user.
 struct ChildCommand<'a> {
     key: String,
     argv: &'a [String],
     cwd: Option<&'a Path>,
+    env: Vec<(&'a str, &'a super::Secret)>,
+    unconfined: bool,
 }
 
 /// Every child the config starts.
 fn children(config: &Config) -> Vec<ChildCommand<'_>> {
-    let child = |key: String, argv, cwd| ChildCommand { key, argv, cwd };
+    let unconfined = |sandbox: &super::Sandboxing| match sandbox {
+        super::Sandboxing::Off => true,
+        super::Sandboxing::Strict { .. } => false,
+    };
+    let child = |key: String, argv, unconfined| ChildCommand {
+        key,
+        argv,
+        cwd: None,
+        env: Vec::new(),
+        unconfined,
+    };
     let mut children = Vec::new();
     match &config.model.backend {
         super::ModelBackend::Command { argv } => {
-            children.push(child("model.command".into(), argv, None));
+            children.push(child("model.command".into(), argv, true));
         }
         super::ModelBackend::OpenAi { .. } | super::ModelBackend::Replay { .. } => {}
     }
     for tool in config.tools.values() {
-        children.push(child(format!("tools.{}", tool.name), &tool.command, None));
+        let key = format!("tools.{}", tool.name);
+        children.push(child(key, &tool.command, unconfined(&tool.sandbox)));
     }
     for server in config.mcp.values() {
         match &server.transport {
-            super::McpTransport::Stdio { command, cwd, .. } => {
-                children.push(child(
-                    format!("mcp.{}", server.name),
-                    command,
-                    cwd.as_deref(),
-                ));
-            }
+            super::McpTransport::Stdio {
+                command,
+                cwd,
+                env,
+                sandbox,
+                ..
+            } => children.push(ChildCommand {
+                cwd: cwd.as_deref(),
+                env: env
+                    .iter()
+                    .map(|(name, value)| (name.as_str(), value))
+                    .collect(),
+                ..child(format!("mcp.{}", server.name), command, unconfined(sandbox))
+            }),
             super::McpTransport::Http { .. } => {}
         }
     }
     for route in &config.routes {
         match &route.deliver {
-            super::DeliverSettings::Command { argv, .. } => {
-                children.push(child(format!("routes.{}.deliver", route.name), argv, None));
+            super::DeliverSettings::Command { argv, sandbox, .. } => {
+                let key = format!("routes.{}.deliver", route.name);
+                children.push(child(key, argv, unconfined(sandbox)));
             }
             super::DeliverSettings::Log | super::DeliverSettings::Http { .. } => {}
         }
@@ -215,7 +282,7 @@ fn children(config: &Config) -> Vec<ChildCommand<'_>> {
     children
 }
 
-/// What one child's program, working directory and arguments let a tool plant.
+/// What one child's program, working directory, environment and arguments let a tool plant.
 fn child_findings(
     child: &ChildCommand<'_>,
     writable: &[WritablePath],
@@ -245,45 +312,103 @@ fn child_findings(
         );
         report(what, writer, Severity::Error);
     }
-    for (index, argument) in child.argv.iter().enumerate() {
-        let named = Path::new(argument);
-        if index == 0 && !argument.contains('/') {
-            for dir in std::env::split_paths(&search_path()) {
-                if let Some(writer) = first_writer(&base.join(&dir), writable) {
-                    let what = format!(
-                        "its program {argument:?} is looked up in PATH, and {}",
-                        dir.display()
-                    );
-                    report(what, writer, Severity::Error);
-                }
-            }
-            continue;
+    for (name, value) in &child.env {
+        let value = String::from_utf8_lossy(value.expose());
+        if let Some(writer) = named_paths(&value).find_map(|path| first_writer(&path, writable)) {
+            let what = format!("a path its environment variable {name} names");
+            report(what, writer, Severity::Error);
         }
+    }
+    let Some((program, arguments)) = child.argv.split_first() else {
+        return findings;
+    };
+    for (what, writer) in program_findings(child, program, base, writable) {
+        report(what, writer, Severity::Error);
+    }
+    for argument in arguments {
         // A word without a slash is a path only where it names a file in the working
         // directory (`python3 server.py`), not otherwise (`git status`).
-        let path = match child.cwd {
-            _ if named.is_absolute() || argument.contains('/') => base.join(named),
-            Some(cwd) if cwd.join(named).exists() => cwd.join(named),
+        let named = Path::new(argument);
+        let paths: Vec<PathBuf> = match child.cwd {
+            _ if argument.contains('/') => named_paths(argument).map(|p| base.join(p)).collect(),
+            Some(cwd) if cwd.join(named).exists() => vec![cwd.join(named)],
             Some(_) | None => continue,
         };
-        let Some(writer) = first_writer(&path, writable) else {
-            continue;
-        };
-        if index == 0 {
-            report(
-                format!("its program {}", path.display()),
-                writer,
-                Severity::Error,
-            );
-        } else if writer != key.as_str() || path.is_file() {
+        for path in paths {
+            let Some(writer) = first_writer(&path, writable) else {
+                continue;
+            };
+            // What runs as the daemon's user reads nothing a tool may write; a sandboxed
+            // child may be given data there (its own output directory, say).
+            let severity = if child.unconfined {
+                Severity::Error
+            } else if writer != key.as_str() || path.is_file() {
+                Severity::Warning
+            } else {
+                continue;
+            };
             let what = format!(
                 "{} (a file or directory its command names: a script? a repository?)",
                 path.display()
             );
-            report(what, writer, Severity::Warning);
+            report(what, writer, severity);
         }
     }
     findings
+}
+
+/// Where a child's program comes from, as `(what, writer)` for each place a tool may write:
+/// the program itself, the interpreter its `#!` line names, or, for a program named without a
+/// slash, each directory of the search path looked in before the one that holds it.
+fn program_findings<'a>(
+    child: &ChildCommand<'_>,
+    program: &str,
+    base: &Path,
+    writable: &'a [WritablePath],
+) -> Vec<(String, &'a str)> {
+    let mut found = Vec::new();
+    let path = if program.contains('/') {
+        base.join(program)
+    } else {
+        let search = child
+            .env
+            .iter()
+            .find(|(name, _)| *name == "PATH")
+            .map(|(_, value)| OsString::from(String::from_utf8_lossy(value.expose()).as_ref()))
+            .unwrap_or_else(search_path);
+        let mut holder = None;
+        for dir in std::env::split_paths(&search) {
+            let dir = base.join(dir);
+            if let Some(writer) = first_writer(&dir, writable) {
+                let what = format!(
+                    "its program {program:?} is looked up in PATH, and {}",
+                    dir.display()
+                );
+                found.push((what, writer));
+            }
+            if dir.join(program).is_file() {
+                holder = Some(dir.join(program));
+                break;
+            }
+        }
+        match holder {
+            Some(path) => path,
+            None => return found,
+        }
+    };
+    if let Some(writer) = first_writer(&path, writable) {
+        found.push((format!("its program {}", path.display()), writer));
+    }
+    if let Some(interpreter) = interpreter(&path)
+        && let Some(writer) = first_writer(&interpreter, writable)
+    {
+        let what = format!(
+            "the interpreter {} that its program's #! line names",
+            interpreter.display()
+        );
+        found.push((what, writer));
+    }
+    found
 }
 
 /// `PATH` of this process (the service's, under systemd), else systemd's default.
@@ -291,6 +416,33 @@ fn search_path() -> OsString {
     std::env::var_os("PATH")
         .filter(|path| !path.is_empty())
         .unwrap_or_else(|| DEFAULT_PATH.into())
+}
+
+/// The interpreter a script's `#!` line names, if `path` is one.
+fn interpreter(path: &Path) -> Option<PathBuf> {
+    use std::io::Read;
+    let mut head = [0_u8; 256];
+    let read = std::fs::File::open(path).ok()?.read(&mut head).ok()?;
+    let line = head[..read].strip_prefix(b"#!")?;
+    let line = line.split(|byte| *byte == b'\n').next()?;
+    let first = String::from_utf8_lossy(line)
+        .split_whitespace()
+        .next()?
+        .to_string();
+    Some(PathBuf::from(first))
+}
+
+/// The paths a command-line word or an environment value may name: the whole, what follows an
+/// `=` (`--config=/srv/x`), what follows a short option (`-I/srv/lib`), each part of a list
+/// (`/a:/b`), and words apart (`--require /srv/x.js`). Only names with a slash count.
+fn named_paths(text: &str) -> impl Iterator<Item = PathBuf> + '_ {
+    text.split(|c: char| c == '=' || c == ':' || c == ',' || c.is_whitespace())
+        .map(|part| match part.strip_prefix('-') {
+            Some(option) if option.len() > 1 && option[1..].starts_with('/') => &option[1..],
+            Some(_) | None => part,
+        })
+        .filter(|part| part.contains('/'))
+        .map(PathBuf::from)
 }
 
 /// The key of the first strict child that may write `path` under any name it goes by.
