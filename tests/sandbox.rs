@@ -615,23 +615,50 @@ fn a_tool_cannot_plant_through_links_search_paths_working_directories_or_system_
     assert!(!says(&["tools.installer:", "looked up in PATH"]), "{said}");
 }
 
+/// What the second-round test's config names: a secret behind a link in the writable `srv`,
+/// a link from `srv` back to itself, and scripts in `real` whose `#!` lines lead into `srv`.
+fn lay_out_planting_ground(srv: &Path, real: &Path) {
+    for dir in [srv.join("bin"), real.join("bin")] {
+        std::fs::create_dir_all(&dir).expect("dirs");
+    }
+    std::fs::write(real.join("hmac"), "a-secret-of-32-bytes-at-least-00").expect("secret");
+    std::os::unix::fs::symlink(real, srv.join("secrets")).expect("link");
+    std::os::unix::fs::symlink(srv, srv.join("self")).expect("self link");
+    std::fs::write(
+        real.join("bin/tool"),
+        format!("#!{}/bin/interp\n", srv.display()),
+    )
+    .expect("script");
+    // A script whose interpreter is a script whose `#!` line names a file a tool may write, and
+    // one whose `env` runs a program looked up in a PATH a tool may write.
+    std::fs::write(
+        real.join("bin/chained"),
+        "#!/usr/bin/env -S python3 -X dev\n",
+    )
+    .expect("chained");
+    std::fs::write(
+        real.join("bin/middle"),
+        format!("#!/usr/bin/node --require {}/evil.js\n", srv.display()),
+    )
+    .expect("middle");
+    std::fs::write(
+        real.join("bin/outer"),
+        format!("#!{}/bin/middle\n", real.display()),
+    )
+    .expect("outer");
+}
+
 /// The second round of ways around the plant check: a secret reached through a link a tool may
-/// re-point, a child's environment that names a writable path (PATH, PYTHONPATH), a script
-/// given to an unconfined child, a path inside an option (`--require=…`), a program whose `#!`
-/// line names an interpreter there, and a writable path that is a link to another's.
+/// re-point, a child's environment that names a writable path (PATH, PYTHONPATH, quoted,
+/// relative to its cwd), a script or argument file given to an unconfined child, a path inside
+/// an option (`--require=…`), a program whose `#!` line (or its interpreter's, or `env`'s
+/// program) leads there, and a writable path that is a link to another's.
 #[test]
 fn a_tool_cannot_plant_through_secrets_environments_options_or_interpreters() {
     let workspace = Workspace::new();
     let root = workspace.path().canonicalize().expect("workspace");
     let (srv, real) = (root.join("srv"), root.join("real"));
-    for dir in [srv.join("bin"), real.join("bin")] {
-        std::fs::create_dir_all(&dir).expect("dirs");
-    }
-    std::fs::write(real.join("hmac"), "a-secret-of-32-bytes-at-least-00").expect("secret");
-    std::os::unix::fs::symlink(&real, srv.join("secrets")).expect("link");
-    std::os::unix::fs::symlink(&srv, srv.join("self")).expect("self link");
-    let shebang = real.join("bin/tool");
-    std::fs::write(&shebang, format!("#!{}/bin/interp\n", srv.display())).expect("script");
+    lay_out_planting_ground(&srv, &real);
     let at = |path: &Path| path.display().to_string();
     let config = format!(
         "[model]\nbackend = \"replay\"\n\n\
@@ -643,6 +670,13 @@ fn a_tool_cannot_plant_through_secrets_environments_options_or_interpreters() {
          [mcp.py]\ncommand = [\"/usr/bin/python3\", \"-m\", \"fetch\"]\n\
          env = {{ PYTHONPATH = {py:?} }}\n\n\
          [mcp.npx]\ncommand = [\"npx\", \"server\"]\nenv = {{ PATH = {path:?} }}\n\n\
+         [mcp.quoted]\ncommand = [\"/usr/bin/node\", \"/opt/app.js\"]\n\
+         env = {{ NODE_OPTIONS = {quoted:?} }}\n\n\
+         [mcp.relative]\ncommand = [\"/usr/bin/python3\", \"-m\", \"app\"]\ncwd = {root:?}\n\
+         env = {{ PYTHONPATH = \"srv\" }}\n\n\
+         [mcp.chained]\ncommand = [{chained:?}]\nenv = {{ PATH = {path:?} }}\n\n\
+         [mcp.outer]\ncommand = [{outer:?}]\n\n\
+         [tools.java]\ncommand = [\"/usr/bin/java\", {argfile:?}]\nsandbox = \"none\"\n\n\
          [routes.hook]\npath = \"/hook\"\n\
          verify = {{ scheme = \"github\", secret = {{ file = {secret:?} }} }}\n\
          tools = [\"deploy\", \"inner\", \"open\", \"node\", \"shebang\"]\n",
@@ -650,10 +684,15 @@ fn a_tool_cannot_plant_through_secrets_environments_options_or_interpreters() {
         self_link = at(&srv.join("self")),
         job = at(&srv.join("job.py")),
         require = format!("--require={}", srv.join("evil.js").display()),
-        shebang = at(&shebang),
+        shebang = at(&real.join("bin/tool")),
         py = at(&srv.join("py")),
         path = format!("{}:/usr/bin:/bin", srv.join("bin").display()),
         secret = at(&srv.join("secrets/hmac")),
+        quoted = format!("--require \"{}\"", srv.join("evil.js").display()),
+        root = at(&root),
+        chained = at(&real.join("bin/chained")),
+        outer = at(&real.join("bin/outer")),
+        argfile = format!("@{}", srv.join("jvm.args").display()),
     );
     workspace.write_config(&config);
     let checked = workspace.cli(&["check-config"]);
@@ -661,7 +700,20 @@ fn a_tool_cannot_plant_through_secrets_environments_options_or_interpreters() {
     assert_eq!(checked.status.code(), Some(78), "{said}");
     let says = |parts: &[&str]| has_line(&said, parts);
     let hmac = at(&srv.join("secrets/hmac"));
-    let expected: [&[&str]; 7] = [
+    let expected: [&[&str]; 12] = [
+        &["error: mcp.quoted:", "environment variable NODE_OPTIONS"],
+        &["error: mcp.relative:", "environment variable PYTHONPATH"],
+        &[
+            "error: mcp.chained:",
+            "looked up in PATH",
+            "tools.deploy may write",
+        ],
+        &[
+            "error: mcp.outer:",
+            "the #! line of",
+            "tools.deploy may write",
+        ],
+        &["error: tools.java:", "jvm.args", "tools.deploy may write"],
         &[
             "error: tools.deploy.writable:",
             &hmac,

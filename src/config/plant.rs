@@ -314,7 +314,13 @@ fn child_findings(
     }
     for (name, value) in &child.env {
         let value = String::from_utf8_lossy(value.expose());
-        if let Some(writer) = named_paths(&value).find_map(|path| first_writer(&path, writable)) {
+        // A sandboxed child may be told where its own writable path is (`DATA_DIR`).
+        let others = |writer: &&str| child.unconfined || *writer != key.as_str();
+        if let Some(writer) = named_paths(&value, true)
+            .into_iter()
+            .filter_map(|path| first_writer(&base.join(path), writable))
+            .find(others)
+        {
             let what = format!("a path its environment variable {name} names");
             report(what, writer, Severity::Error);
         }
@@ -330,7 +336,10 @@ fn child_findings(
         // directory (`python3 server.py`), not otherwise (`git status`).
         let named = Path::new(argument);
         let paths: Vec<PathBuf> = match child.cwd {
-            _ if argument.contains('/') => named_paths(argument).map(|p| base.join(p)).collect(),
+            _ if argument.contains('/') => named_paths(argument, false)
+                .into_iter()
+                .map(|p| base.join(p))
+                .collect(),
             Some(cwd) if cwd.join(named).exists() => vec![cwd.join(named)],
             Some(_) | None => continue,
         };
@@ -358,8 +367,10 @@ fn child_findings(
 }
 
 /// Where a child's program comes from, as `(what, writer)` for each place a tool may write:
-/// the program itself, the interpreter its `#!` line names, or, for a program named without a
-/// slash, each directory of the search path looked in before the one that holds it.
+/// the program itself, each directory of the search path looked in before the one that holds
+/// a program named without a slash, and the interpreters its `#!` lines name (the kernel
+/// follows [`MAX_INTERPRETERS`] of them), with what those lines name besides (`env`'s program
+/// is looked up in the search path too).
 fn program_findings<'a>(
     child: &ChildCommand<'_>,
     program: &str,
@@ -367,48 +378,87 @@ fn program_findings<'a>(
     writable: &'a [WritablePath],
 ) -> Vec<(String, &'a str)> {
     let mut found = Vec::new();
-    let path = if program.contains('/') {
-        base.join(program)
-    } else {
-        let search = child
-            .env
-            .iter()
-            .find(|(name, _)| *name == "PATH")
-            .map(|(_, value)| OsString::from(String::from_utf8_lossy(value.expose()).as_ref()))
-            .unwrap_or_else(search_path);
-        let mut holder = None;
-        for dir in std::env::split_paths(&search) {
-            let dir = base.join(dir);
-            if let Some(writer) = first_writer(&dir, writable) {
-                let what = format!(
-                    "its program {program:?} is looked up in PATH, and {}",
-                    dir.display()
-                );
-                found.push((what, writer));
+    let search = child
+        .env
+        .iter()
+        .find(|(name, _)| *name == "PATH")
+        .map(|(_, value)| OsString::from(String::from_utf8_lossy(value.expose()).as_ref()))
+        .unwrap_or_else(search_path);
+    let mut next = Some(program.to_string());
+    for depth in 0..=MAX_INTERPRETERS {
+        let Some(name) = next.take() else {
+            break;
+        };
+        let path = if name.contains('/') {
+            base.join(&name)
+        } else {
+            match look_up(&name, &search, base, writable, &mut found) {
+                Some(path) => path,
+                None => break,
             }
-            if dir.join(program).is_file() {
-                holder = Some(dir.join(program));
-                break;
+        };
+        if let Some(writer) = first_writer(&path, writable) {
+            let what = match depth {
+                0 => format!("its program {}", path.display()),
+                _ => format!("the interpreter {} that a #! line names", path.display()),
+            };
+            found.push((what, writer));
+        }
+        let Some(line) = shebang(&path) else {
+            break;
+        };
+        let mut words = line.split_whitespace();
+        next = words.next().map(str::to_string);
+        let rest: Vec<&str> = words.collect();
+        for named in rest.iter().flat_map(|word| named_paths(word, false)) {
+            if let Some(writer) = first_writer(&base.join(named), writable) {
+                found.push((
+                    format!("a path the #! line of {} names", path.display()),
+                    writer,
+                ));
             }
         }
-        match holder {
-            Some(path) => path,
-            None => return found,
+        if next
+            .as_deref()
+            .is_some_and(|interpreter| interpreter.ends_with("/env"))
+        {
+            // `#!/usr/bin/env [-S] [NAME=VALUE]... PROGRAM`: what runs is PROGRAM.
+            next = rest
+                .iter()
+                .find(|word| !word.starts_with('-') && !word.contains('='))
+                .map(|word| (*word).to_string());
         }
-    };
-    if let Some(writer) = first_writer(&path, writable) {
-        found.push((format!("its program {}", path.display()), writer));
-    }
-    if let Some(interpreter) = interpreter(&path)
-        && let Some(writer) = first_writer(&interpreter, writable)
-    {
-        let what = format!(
-            "the interpreter {} that its program's #! line names",
-            interpreter.display()
-        );
-        found.push((what, writer));
     }
     found
+}
+
+/// Interpreters the kernel follows from a script to a binary at most (`#!` naming a script
+/// with a `#!` line of its own).
+const MAX_INTERPRETERS: usize = 4;
+
+/// Where a program named without a slash is found in `search`: each directory looked in before
+/// the one that holds it that a tool may write is noted in `found`.
+fn look_up<'a>(
+    name: &str,
+    search: &OsString,
+    base: &Path,
+    writable: &'a [WritablePath],
+    found: &mut Vec<(String, &'a str)>,
+) -> Option<PathBuf> {
+    for dir in std::env::split_paths(search) {
+        let dir = base.join(dir);
+        if let Some(writer) = first_writer(&dir, writable) {
+            let what = format!(
+                "its program {name:?} is looked up in PATH, and {}",
+                dir.display()
+            );
+            found.push((what, writer));
+        }
+        if dir.join(name).is_file() {
+            return Some(dir.join(name));
+        }
+    }
+    None
 }
 
 /// `PATH` of this process (the service's, under systemd), else systemd's default.
@@ -418,31 +468,49 @@ fn search_path() -> OsString {
         .unwrap_or_else(|| DEFAULT_PATH.into())
 }
 
-/// The interpreter a script's `#!` line names, if `path` is one.
-fn interpreter(path: &Path) -> Option<PathBuf> {
+/// The rest of a script's `#!` line, if `path` is a script.
+fn shebang(path: &Path) -> Option<String> {
     use std::io::Read;
     let mut head = [0_u8; 256];
     let read = std::fs::File::open(path).ok()?.read(&mut head).ok()?;
     let line = head[..read].strip_prefix(b"#!")?;
     let line = line.split(|byte| *byte == b'\n').next()?;
-    let first = String::from_utf8_lossy(line)
-        .split_whitespace()
-        .next()?
-        .to_string();
-    Some(PathBuf::from(first))
+    Some(String::from_utf8_lossy(line).into_owned())
 }
 
 /// The paths a command-line word or an environment value may name: the whole, what follows an
 /// `=` (`--config=/srv/x`), what follows a short option (`-I/srv/lib`), each part of a list
-/// (`/a:/b`), and words apart (`--require /srv/x.js`). Only names with a slash count.
-fn named_paths(text: &str) -> impl Iterator<Item = PathBuf> + '_ {
-    text.split(|c: char| c == '=' || c == ':' || c == ',' || c.is_whitespace())
-        .map(|part| match part.strip_prefix('-') {
-            Some(option) if option.len() > 1 && option[1..].starts_with('/') => &option[1..],
-            Some(_) | None => part,
-        })
-        .filter(|part| part.contains('/'))
-        .map(PathBuf::from)
+/// (`/a:/b`), words apart (`--require "/srv/x.js"`), without quotes or a leading `@` (an
+/// argument file), and `file:` URLs decoded. Only names with a slash count, unless
+/// `bare_words` (an environment value, whose relative names are found from the working
+/// directory: `PYTHONPATH=lib`).
+fn named_paths(text: &str, bare_words: bool) -> Vec<PathBuf> {
+    let mut paths = Vec::new();
+    let words = text.split(|c: char| c == '=' || c == ',' || c.is_whitespace());
+    for word in words {
+        let word = word.trim_matches(|c| c == '"' || c == '\'');
+        let word = word.strip_prefix('@').unwrap_or(word);
+        if word.starts_with("file:") {
+            let decoded = url::Url::parse(word)
+                .ok()
+                .and_then(|url| url.to_file_path().ok());
+            paths.extend(decoded);
+            continue;
+        }
+        // `-I/srv/lib`: a one-letter option with its value, counted by characters.
+        let mut chars = word.chars();
+        let word = match (chars.next(), chars.next()) {
+            (Some('-'), Some(_)) if chars.as_str().starts_with('/') => chars.as_str(),
+            _ => word,
+        };
+        let parts = word.split(':').filter(|part| !part.is_empty());
+        paths.extend(
+            parts
+                .filter(|part| bare_words || part.contains('/'))
+                .map(PathBuf::from),
+        );
+    }
+    paths
 }
 
 /// The key of the first strict child that may write `path` under any name it goes by.
@@ -500,6 +568,32 @@ fn push_reversed(stack: &mut Vec<OsString>, path: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What a word or an environment value may name, in each form a program reads a path in;
+    /// a word that starts with `-` and a character of several bytes is read, not cut inside it.
+    #[test]
+    fn the_paths_a_word_names() {
+        let named = |text: &str, bare: bool| -> Vec<String> {
+            named_paths(text, bare)
+                .iter()
+                .map(|path| path.display().to_string())
+                .collect()
+        };
+        assert_eq!(named("--config=/srv/x", false), ["/srv/x"]);
+        assert_eq!(named("-I/srv/lib", false), ["/srv/lib"]);
+        assert_eq!(named("/a:/b", false), ["/a", "/b"]);
+        assert_eq!(named(r#"--require "/srv/e.js""#, false), ["/srv/e.js"]);
+        assert_eq!(named("'core.fsmonitor'='/srv/hook'", false), ["/srv/hook"]);
+        assert_eq!(named("@/srv/jvm.args", false), ["/srv/jvm.args"]);
+        assert_eq!(named("file:///srv/%77/x.mjs", false), ["/srv/w/x.mjs"]);
+        assert_eq!(named("file://localhost/srv/x", false), ["/srv/x"]);
+        assert_eq!(named("lib:w", true), ["lib", "w"]);
+        assert!(named("status", false).is_empty());
+        for odd in ["-über", "-é/x", "-\u{fffd}/x", "-", "--", "é"] {
+            let _ = named(odd, true);
+        }
+        assert_eq!(named("-é/x", false), ["/x"]);
+    }
 
     /// A link inside a directory is a name on the way to what it leads to, and so is the
     /// directory a relative link climbs out of.
