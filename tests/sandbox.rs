@@ -803,6 +803,9 @@ fn each_sandboxed_call_runs_in_a_tool_unit_of_its_own() {
     let socket = &units.socket;
     let pid_file = workspace.path().join("work").join("sleeper.pid");
     std::fs::create_dir_all(pid_file.parent().expect("dir")).expect("work dir");
+    // A duration no other process on the host sleeps for, so the check below finds this
+    // test's sleeper only (another run's, or another test's `sleep 300`, is not it).
+    let sleep = format!("300.{}", std::process::id());
     let model = Stub::scripted(vec![
         Reply::tool_call("c1", "greet", json!({})),
         Reply::tool_call("c2", "sleeper", json!({})),
@@ -816,7 +819,7 @@ command = ["/bin/echo", "hello from a unit"]
 
 [tools.sleeper]
 description = "Starts a grandchild and outlives its timeout"
-command = ["/bin/sh", "-c", "sleep 300 & echo $$ > {pid}; wait"]
+command = ["/bin/sh", "-c", "sleep {sleep} & echo $$ > {pid}; wait"]
 writable = [{work:?}]
 timeout = "1s"
 
@@ -840,10 +843,11 @@ tools = ["greet", "sleeper"]
         log.contains("sandbox=\"systemd unit, bubblewrap\""),
         "{log}"
     );
-    // The sleeper's shell ran in a pid namespace; nothing named sleep 300 is left on the host.
+    // The sleeper's shell ran in a pid namespace; nothing of it is left on the host.
+    let pattern = format!("^sleep {}$", sleep.replace('.', "\\."));
     wait_until("the timed-out call's processes to be gone", LIMIT, || {
         !std::process::Command::new("pgrep")
-            .args(["-f", "^sleep 300$"])
+            .args(["-f", &pattern])
             .status()
             .is_ok_and(|status| status.success())
     });
