@@ -6,6 +6,7 @@
 #   HISTORY="none" bench/real-model.sh   # one variant only ("none", or a max_turns number)
 #   ORDER="db-1 db-1 db-1" bench/real-model.sh   # another sequence of alerts (one per host named)
 #   CACHE_REUSE=0 bench/real-model.sh    # without llama.cpp's chunk reuse (the server's default)
+#   SLOTS=3 bench/real-model.sh          # a server slot (8k context each) per session
 #
 # Not part of `cargo test`: the first run downloads the model server and weights from PyPI
 # (about 500 MB, or 1.1 GB for the 1.5B model, once, into $REAL_MODEL_DIR or
@@ -37,6 +38,7 @@ flag=(); size=0.5b
 HISTORY=${HISTORY:-"none 2"}
 ORDER=${ORDER:-"db-1 web-1 cache-1 db-1 web-1 db-1 cache-1 web-1 db-1 db-1"}
 export CACHE_REUSE=${CACHE_REUSE:-256}
+export SLOTS=${SLOTS:-1}
 MODEL_PORT=${MODEL_PORT:-18901}
 PORT=${PORT:-18902}
 # ../shared/real-model from the main checkout, ../../shared/real-model from a worktree under it.
@@ -63,7 +65,7 @@ serve() { # serve PORT: the model server in the foreground, as ../shared/real-mo
   model=$("$real_model/install.sh" "${flag[@]}" "${REAL_MODEL_DIR:-/var/tmp/real-model}")
   XL_CHAT_TEMPLATE_FILE=${XL_CHAT_TEMPLATE_FILE:-$real_model/qwen2.5-coder-mdjson-tools.jinja} \
     exec "$(dirname "$model")/venv/bin/python" bench/real-model-server.py \
-    "$real_model/serve_xllamacpp.py" "$CACHE_REUSE" "$model" "$1" 8192 1
+    "$real_model/serve_xllamacpp.py" "$CACHE_REUSE" "$model" "$1" $((8192 * SLOTS)) "$SLOTS"
 }
 
 run_variant() { # run_variant HISTORY: one variant with a fresh model server and state
@@ -180,8 +182,8 @@ for t in turns:
 overall, cached, total = share(counted)
 outcomes = {o: sum(t["outcome"] == o for t in turns) for o in dict.fromkeys(t["outcome"] for t in turns)}
 seconds = [t["model_s"] for t in turns]
-line = (f"# {size} history={history} max_turn_steps={steps} cache_reuse={os.environ.get('CACHE_REUSE')}: reuse {overall:.1%} after each session's first request "
-        f"({cached:,} of {total:,} prompt tokens, {len(counted)} requests), {share(everything)[0]:.1%} over all; "
+line = (f"# {size} history={history} max_turn_steps={steps} cache_reuse={os.environ.get('CACHE_REUSE')} slots={os.environ.get('SLOTS')}: reuse {overall:.1%} after each session's first request "
+        f"({cached:,} of {total:,} prompt tokens, {len(counted)} requests; {total - cached:,} computed), {share(everything)[0]:.1%} over all; "
         f"turns' first requests {share(firsts)[0]:.1%}")
 if past:
     line += f"; past the bound {share(past)[0]:.1%} ({len([t for t in turns if t['past_bound']])} turns)"

@@ -2560,3 +2560,126 @@ fn the_higher_priority_route_runs_first_when_turns_wait() {
     assert!(order[1].contains("site down"), "{order:?}");
     assert!(order[2].contains("routine"), "{order:?}");
 }
+
+/// The model of `nothing_agentgate_adds_moves_a_request_s_early_bytes`: each call it asks for
+/// is decided by the last message it was sent, so a resumed or continued turn asks for the
+/// same thing as the run before.
+fn every_kind_of_step(body: &serde_json::Value) -> Reply {
+    let last = body["messages"]
+        .as_array()
+        .and_then(|messages| messages.last())
+        .cloned()
+        .unwrap_or_default();
+    let text = last["content"].as_str().unwrap_or("");
+    match last["tool_call_id"].as_str() {
+        // Arguments outside the schema: refused before the call, the model sees why.
+        None if text.contains("notice 1") => Reply::tool_call("c1", "echo", json!({"text": 5})),
+        Some("c1") => Reply::tool_call("c2", "fail", json!({})),
+        Some("c2") => Reply::tool_call("c3", "hang", json!({})),
+        Some("c3") => Reply::tool_call("c4", "flood", json!({})),
+        Some("c4") => Reply::tool_call("c5", "gate", json!({"target": "prod"})),
+        Some("c5") => Reply::answer("turn one done"),
+        // The second turn: two events that waited, coalesced; its call is cut off by a crash.
+        None if text.contains("notice 3") => Reply::tool_call("c6", "slow", json!({})),
+        None if text.contains("interrupted") => Reply::answer("turn two done"),
+        _ => Reply::answer(&format!("unexpected: {text}")),
+    }
+}
+
+/// Nothing agentgate adds to a session's requests moves their early bytes, so the server's
+/// prompt cache serves each request up to what is new: arguments refused by the schema, a
+/// failing tool, a timed-out one, output cut at the caps, an approval (the turn is rebuilt from
+/// the store after the decision), coalesced events, and a crash in the middle of a call (the
+/// resumed turn, its "interrupted" result and the resume note). Every request of the session
+/// begins, message for message and byte for byte, with the messages of the request before it.
+#[test]
+fn nothing_agentgate_adds_moves_a_request_s_early_bytes() {
+    let model = Stub::start(|request, _| every_kind_of_step(&request.json()));
+    let receiver = receiver();
+    let text = config(
+        &model,
+        &receiver,
+        "coalesce = \"30s\"\nhistory = { max_turns = 20, max_bytes = \"64KiB\" }",
+        "",
+    )
+    .replace("max_turn_steps = 6", "max_turn_steps = 8")
+    .replace(
+        "tools = [\"echo\", \"hang\", \"flood\", \"fail\"]",
+        "tools = [\"echo\", \"hang\", \"flood\", \"fail\", \"gate\", \"slow\"]",
+    )
+    .replace(
+        "[routes.alerts]",
+        "[tools.gate]\ndescription = \"Deploy\"\ncommand = [\"/bin/echo\", \"deployed\"]\n\
+         parameters = { type = \"object\", properties = { target = { type = \"string\" } } }\n\
+         approval = true\n\n\
+         [tools.slow]\ndescription = \"Takes its time\"\ncommand = [\"/bin/sleep\", \"300.2791\"]\n\
+         timeout = \"60s\"\n\n[routes.alerts]",
+    );
+    let (setup, daemon) = start_with_config(model, receiver, &text);
+    let alert = |daemon: &Daemon, n: u32| {
+        let body = json!({"session": "steady", "alert": format!("disk full, notice {n}")});
+        let response = daemon.post_json("/hooks/alerts", &[], &body.to_string());
+        assert_eq!(response.status, 202, "{response:?}");
+        response.event_id()
+    };
+    let first = alert(&daemon, 1);
+    wait_until("the call to await a decision", TURN_LIMIT, || {
+        setup.workspace.event_status(&first) == "awaiting_approval"
+    });
+    // Two more events wait behind the decision and join one turn.
+    let joined = [alert(&daemon, 2), alert(&daemon, 3)];
+    let pending = setup.workspace.cli_json(&["approvals", "list", "--json"]);
+    let approval = pending["approvals"][0]["id"].as_str().unwrap_or_default();
+    let decided = setup.workspace.cli(&["approvals", "approve", approval]);
+    assert!(decided.status.success(), "{decided:?}");
+    assert_eq!(
+        setup.workspace.wait_terminal(&first, TURN_LIMIT),
+        "completed"
+    );
+    wait_for_argv(&["/bin/sleep", "300.2791"]);
+    daemon.kill9();
+    let daemon = setup
+        .workspace
+        .start_with_env(&[("TEST_MODEL_KEY", "sk-test-123")]);
+    for id in &joined {
+        assert_eq!(setup.workspace.wait_terminal(id, TURN_LIMIT), "completed");
+    }
+    let output = wait_delivery(&setup.receiver, &joined[0]).json()["output"].clone();
+    assert_eq!(output, "turn two done");
+    drop(daemon);
+
+    let bodies: Vec<Vec<u8>> = setup.model.requests().into_iter().map(|r| r.body).collect();
+    let messages: Vec<Vec<&[u8]>> = bodies
+        .iter()
+        .map(|b| raw_items(raw_member(b, "messages").expect("messages")))
+        .collect();
+    // c1..c5 and the answer, then the second turn's call and, resumed, its answer.
+    assert_eq!(messages.len(), 8, "requests of the session");
+    let sent = String::from_utf8_lossy(&bodies[7]).into_owned();
+    for seen in [
+        "the arguments do not match",
+        "exit_status\\\":7",
+        "timed_out\\\":true",
+        "stdout_truncated",
+        "deployed",
+        "notice 2",
+        "interrupted",
+    ] {
+        assert!(sent.contains(seen), "{seen} in {sent}");
+    }
+    assert_same_tools(&bodies);
+    for i in 1..messages.len() {
+        let shared = messages[i]
+            .iter()
+            .zip(&messages[i - 1])
+            .take_while(|(now, before)| now == before)
+            .count();
+        assert_eq!(
+            shared,
+            messages[i - 1].len(),
+            "request {i} differs from the one before at message {shared}:\n{}\n{}",
+            String::from_utf8_lossy(messages[i - 1].get(shared).copied().unwrap_or_default()),
+            String::from_utf8_lossy(messages[i].get(shared).copied().unwrap_or_default()),
+        );
+    }
+}
