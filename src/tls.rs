@@ -150,12 +150,27 @@ fn outbound_roots() -> rustls::RootCertStore {
 }
 
 /// An HTTP client builder whose TLS verifies servers against the public web roots and the
-/// machine's trust store.
+/// machine's trust store, and which follows no redirect: every outbound request goes to the
+/// address the config names, and a `3xx` is that request's answer (docs/reference.md,
+/// "Outbound requests"). Followed, a redirect would re-send a delivery's signed body, a model
+/// request's conversation or an MCP call to wherever the answering server points, loopback
+/// routes and metadata addresses included.
 pub(crate) fn http_client() -> Result<reqwest::ClientBuilder, String> {
     let config = client_config(outbound_roots()).map_err(|err| format!("TLS setup: {err}"))?;
     Ok(reqwest::Client::builder()
         .use_preconfigured_tls(config)
+        .redirect(reqwest::redirect::Policy::none())
         .user_agent(format!("agentgate/{}", crate::VERSION)))
+}
+
+/// How an answer that is not a success reads in an error: its status code, and for a redirect
+/// that it was not followed.
+pub(crate) fn answered(status: reqwest::StatusCode) -> String {
+    if status.is_redirection() {
+        format!("answered {} (a redirect: not followed)", status.as_u16())
+    } else {
+        format!("answered {}", status.as_u16())
+    }
 }
 
 /// As [`http_client`], for a client that blocks its thread: the trace exporter's, which sends
@@ -168,6 +183,7 @@ pub(crate) fn blocking_http_client(
     std::thread::spawn(move || {
         reqwest::blocking::Client::builder()
             .use_preconfigured_tls(config)
+            .redirect(reqwest::redirect::Policy::none())
             .timeout(timeout)
             .user_agent(format!("agentgate/{}", crate::VERSION))
             .build()

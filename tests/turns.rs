@@ -390,6 +390,52 @@ fn model_errors_are_retried_then_succeed_or_fail_clearly() {
     assert_eq!(model.requests().len(), 3, "one try and max_retries = 2");
 }
 
+/// Outbound requests go where the config says and nowhere else: a model server or a delivery
+/// receiver that answers with a redirect (to a loopback route, a metadata address, another
+/// host) gets that answer counted as a failure that says so, and the place it points at is
+/// never sent the conversation or the signed result.
+#[test]
+fn outbound_requests_follow_no_redirect() {
+    let elsewhere = Stub::start(|_, _| Reply::answer("sent where it should not be"));
+    let to = format!("{}/elsewhere", elsewhere.url());
+    let moved = Stub::start(move |_, _| Reply::raw(307, "").with_header("location", &to));
+    fails_saying(
+        moved,
+        "max_retries = 0\noutage_wait = \"0s\"",
+        "answered 307 (a redirect: not followed)",
+    );
+    let to = format!("{}/elsewhere", elsewhere.url());
+    let moved = Stub::start(move |_, _| Reply::raw(308, "").with_header("location", &to));
+    let model = Stub::scripted(vec![Reply::answer("result")]);
+    let (setup, daemon) = start(model, moved, "", "");
+    let event_id = post(&daemon, "moved");
+    assert_eq!(
+        setup.workspace.wait_terminal(&event_id, TURN_LIMIT),
+        "completed"
+    );
+    let mut error = String::new();
+    wait_until("a failed delivery attempt", TURN_LIMIT, || {
+        let pending = cli_json(
+            &setup.workspace,
+            &["deliveries", "list", "--pending", "--json"],
+        );
+        error = pending[0]["last_error"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        !error.is_empty()
+    });
+    assert!(
+        error.ends_with("answered 308 (a redirect: not followed)"),
+        "{error}"
+    );
+    drop(daemon);
+    assert!(
+        elsewhere.requests().is_empty(),
+        "nothing reached the redirect's target"
+    );
+}
+
 /// A reply larger than 4 MiB is not read to its end nor stored: the turn fails and says why
 /// (a model in a loop, or a hostile endpoint, cannot fill the daemon's memory or the state).
 #[test]

@@ -427,8 +427,8 @@ impl Model {
                         Ok(Capped::Over) | Err(_) => String::new(),
                     };
                     let summary = format!(
-                        "{url} answered {}: {}",
-                        status.as_u16(),
+                        "{url} {}: {}",
+                        crate::tls::answered(status),
                         one_line(&text, 200)
                     );
                     if !retryable {

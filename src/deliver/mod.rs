@@ -313,8 +313,8 @@ impl Deliverer {
                 Ok(response) if response.status().is_success() => return Ok(()),
                 Ok(response) => {
                     return Err(format!(
-                        "POST {shown} answered {}",
-                        response.status().as_u16()
+                        "POST {shown} {}",
+                        crate::tls::answered(response.status())
                     ));
                 }
                 Err(err) if !err.is_timeout() && retries < TRANSPORT_RETRIES => retries += 1,
