@@ -325,6 +325,9 @@ async fn an_operator_follows_a_turn_approves_its_call_and_retries_its_delivery()
     );
     let before = entries(&browser).await;
     assert!(before >= 2, "the event and the model's call: {before}");
+    // A rewind waits for the session to be idle; a fork is offered at once.
+    assert!(!displayed(&browser, "#entry-1 button.rewind").await);
+    assert!(displayed(&browser, "#entry-1 button.fork").await);
     // A mark that a reload would erase: the entries below arrive without one.
     browser
         .execute("window.sameVisit = true", Vec::new())
@@ -375,6 +378,28 @@ async fn an_operator_follows_a_turn_approves_its_call_and_retries_its_delivery()
         .await;
     assert_eq!(marked.ok(), Some(json!(true)), "the page was not reloaded");
     assert!(entries(&browser).await > before);
+    // The answer came live, with a rewind and a fork for its own number, as a reload would show
+    // it; the session idle, every rewind is offered.
+    let answer = browser
+        .find(Locator::Css("ol.transcript > li:last-child"))
+        .await
+        .expect("the answer's entry");
+    let n = answer
+        .attr("value")
+        .await
+        .expect("its number")
+        .unwrap_or_default();
+    let rewind = answer
+        .find(Locator::Css("button.rewind"))
+        .await
+        .expect("the live answer's rewind button");
+    assert_eq!(
+        rewind.text().await.expect("its label"),
+        format!("Rewind to #{n}")
+    );
+    assert!(displayed(&browser, "ol.transcript > li:last-child button.rewind").await);
+    assert!(displayed(&browser, "ol.transcript > li:last-child button.fork").await);
+    assert!(displayed(&browser, "#entry-1 button.rewind").await);
     let planted = browser
         .execute("return window.planted === undefined", Vec::new())
         .await;
@@ -683,6 +708,15 @@ async fn an_operator_rewinds_a_session_from_its_page() {
         .expect("scroll to the superseded entries");
     screenshot(&browser, "session-rewound").await;
     browser.close().await.expect("close the browser");
+}
+
+/// Whether the element `css` is shown (found, and not hidden).
+async fn displayed(browser: &Client, css: &str) -> bool {
+    let element = browser
+        .find(Locator::Css(css))
+        .await
+        .unwrap_or_else(|err| panic!("{css}: {err}"));
+    element.is_displayed().await.unwrap_or(false)
 }
 
 /// The sum of the `data-value`s of the chart points `css`, and how many there are.

@@ -1094,8 +1094,16 @@ fn a_stalled_body_is_answered_408_after_four_times_header_timeout() {
 fn a_rewind_and_a_fork_from_the_session_page() {
     let workspace = Workspace::new();
     let (daemon, first, page) = finished_session(&workspace);
-    assert!(page.body.contains("Rewind to #2"), "{}", page.body);
-    assert!(page.body.contains("Fork at #1"), "{}", page.body);
+    assert!(
+        page.body.contains("Rewind to #<span class=\"n\">2</span>"),
+        "{}",
+        page.body
+    );
+    assert!(
+        page.body.contains("Fork at #<span class=\"n\">1</span>"),
+        "{}",
+        page.body
+    );
     let token = form_token(&page.body);
 
     let forged = post_form(

@@ -54,7 +54,7 @@ pub(crate) use model::{
     RenderDelivery, Reservation, Reserving, RetryTarget, SessionCounts, SessionFilter, SessionRow,
     StatusSummary, TranscriptRow, TranscriptTail, TurnEnd, TurnRow,
 };
-pub(crate) use rewind::{RewindFrom, RewindOf, RewindRefusal, RewindRequest, Rewound};
+pub(crate) use rewind::{RewindFrom, RewindOf, RewindRefusal, RewindRequest, Rewound, rerun_start};
 pub(crate) use sqlite::{backup, check_database, session_keys};
 
 pub(crate) use state_dir::{LEDGER_FILE, StateDir};

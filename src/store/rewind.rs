@@ -272,12 +272,6 @@ async fn rerunnable(
 
 /// Where a rerun from `entry` starts, or what the entry is instead (for the refusal).
 fn what_entry_is(entry: &EntryFacts) -> Result<RewindFrom, String> {
-    if entry.kind == super::EVENT_ENTRY {
-        return Ok(RewindFrom::Event);
-    }
-    if entry.kind != "message" {
-        return Err(format!("an entry of kind {}", entry.kind));
-    }
     #[derive(Deserialize)]
     struct Said {
         message: Spoken,
@@ -286,11 +280,24 @@ fn what_entry_is(entry: &EntryFacts) -> Result<RewindFrom, String> {
     struct Spoken {
         role: String,
     }
-    match serde_json::from_str::<Said>(&entry.body).map(|said| said.message.role) {
-        Ok(role) if role == "assistant" => Ok(RewindFrom::Reply),
-        Ok(role) if role == "tool" => Err("a tool result".to_string()),
-        Ok(role) => Err(format!("a {role} message")),
-        Err(_) => Err("not a message this agentgate reads".to_string()),
+    let role = serde_json::from_str::<Said>(&entry.body).map(|said| said.message.role);
+    rerun_start(&entry.kind, role.as_deref().ok())
+}
+
+/// Where a rerun from an entry of `kind` starts (its message's `role`, when it is one), or what
+/// the entry is instead: only an event entry or an assistant message can be rerun.
+pub(crate) fn rerun_start(kind: &str, role: Option<&str>) -> Result<RewindFrom, String> {
+    if kind == super::EVENT_ENTRY {
+        return Ok(RewindFrom::Event);
+    }
+    if kind != "message" {
+        return Err(format!("an entry of kind {kind}"));
+    }
+    match role {
+        Some("assistant") => Ok(RewindFrom::Reply),
+        Some("tool") => Err("a tool result".to_string()),
+        Some(role) => Err(format!("a {role} message")),
+        None => Err("not a message this agentgate reads".to_string()),
     }
 }
 

@@ -151,6 +151,13 @@ fn arguments(value: &Value) -> String {
     }
 }
 
+/// Whether the session page offers a rewind and a fork at `row`: an event entry or an assistant
+/// message that no rewind superseded (docs/reference.md, "Rewind and fork").
+pub(super) fn is_rerun_point(row: &TranscriptRow) -> bool {
+    row.superseded_by.is_none()
+        && crate::store::rerun_start(&row.kind, row.body["message"]["role"].as_str()).is_ok()
+}
+
 fn view(row: &TranscriptRow, names: &mut CallNames) -> EntryView {
     let body = &row.body;
     let mut view = EntryView {
@@ -405,5 +412,34 @@ mod tests {
             "{shown}"
         );
         assert!(shown.contains("<div class=\"text\">hi</div>"), "{shown}");
+    }
+
+    /// A rewind or fork is offered at an event entry and at an assistant message, not at a tool
+    /// result, a note, an approval or an entry a rewind superseded.
+    #[test]
+    fn rerun_points_are_events_and_answers_not_superseded() {
+        let said =
+            |role: &str| json!({"kind": "message", "message": {"role": role, "content": "x"}});
+        let event = row(1, "event", json!({"kind": "event", "event_id": "e1"}));
+        let answer = row(2, "message", said("assistant"));
+        let mut superseded = row(3, "message", said("assistant"));
+        superseded.superseded_by = Some("t2".into());
+        let offered: Vec<bool> = [
+            &event,
+            &answer,
+            &superseded,
+            &row(4, "message", said("tool")),
+            &row(5, "message", said("user")),
+            &row(
+                6,
+                "approval",
+                json!({"kind": "approval", "status": "approved"}),
+            ),
+            &row(7, "tool_start", json!({"kind": "tool_start", "name": "df"})),
+        ]
+        .into_iter()
+        .map(is_rerun_point)
+        .collect();
+        assert_eq!(offered, [true, true, false, false, false, false, false]);
     }
 }

@@ -8,6 +8,7 @@
     return;
   }
   const status = document.getElementById("live-status");
+  const forms = document.getElementById("rerun-forms");
   const state = document.getElementById("session-state");
   const say = (text) => {
     if (status) {
@@ -28,12 +29,33 @@
     item.value = entry.n;
     item.id = "entry-" + entry.n;
     item.insertAdjacentHTML("beforeend", entry.html);
+    if (entry.rerun && forms) {
+      // The page's own forms, for this entry's number.
+      const copy = forms.content.cloneNode(true);
+      copy.querySelectorAll("input[name=to], input[name=at]").forEach((input) => {
+        input.value = String(entry.n);
+      });
+      copy.querySelectorAll("span.n").forEach((span) => {
+        span.textContent = String(entry.n);
+      });
+      item.append(copy);
+    }
     list.append(item);
   });
   source.addEventListener("state", (message) => {
     const session = JSON.parse(message.data);
     if (state) {
       state.textContent = session.reason ? session.state + " (" + session.reason + ")" : session.state;
+    }
+    // A rewind is offered only while the session is idle; the daemon refuses it otherwise.
+    const idle = session.state === "idle";
+    document.querySelectorAll("form.rewind").forEach((form) => {
+      form.hidden = !idle;
+    });
+    if (forms) {
+      forms.content.querySelectorAll("form.rewind").forEach((form) => {
+        form.hidden = !idle;
+      });
     }
   });
 })();

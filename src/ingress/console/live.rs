@@ -37,6 +37,8 @@ struct LiveEntry<'a> {
     n: i64,
     kind: &'a str,
     html: String,
+    /// Whether the page offers a rewind and a fork at this entry.
+    rerun: bool,
 }
 
 impl Console {
@@ -103,6 +105,7 @@ fn entry_frame(row: &TranscriptRow, names: &mut CallNames) -> Bytes {
         n: row.n,
         kind: &row.kind,
         html,
+        rerun: entry::is_rerun_point(row),
     };
     let data = serde_json::to_string(&entry).unwrap_or_default();
     Bytes::from(format!("id: {}\nevent: entry\ndata: {data}\n\n", row.seq))

@@ -135,9 +135,14 @@ impl Console {
                     .iter()
                     .map(|row| Value::from_safe_string(entry::render(row, &mut names)))
                     .collect();
+                let rerun_points: Vec<bool> = document
+                    .transcript
+                    .iter()
+                    .map(entry::is_rerun_point)
+                    .collect();
                 let values = context! {
                     first_seq, last_seq, earlier, shown => ENTRIES_SHOWN, shown_entries,
-                    ..Value::from_serialize(&document)
+                    rerun_points, ..Value::from_serialize(&document)
                 };
                 self.render("session.html", values, door)
             }
