@@ -12,7 +12,7 @@ mod basics;
 
 use std::process::Command;
 
-use basics::{Need, can_run};
+use basics::{Need, as_from_a_shell, can_run};
 
 const FUZZ_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz");
 
@@ -35,7 +35,7 @@ fn every_fuzz_target_survives_a_short_run() {
     }
     let seconds = std::env::var("AGENTGATE_FUZZ_SECONDS").unwrap_or_else(|_| "10".to_string());
     // Every target in fuzz/fuzz_targets, so a new one cannot be left out.
-    let listed = Command::new("cargo")
+    let listed = as_from_a_shell(&mut Command::new("cargo"))
         .current_dir(FUZZ_DIR)
         .env("RUSTC_BOOTSTRAP", "1")
         .args(["fuzz", "list"])
@@ -47,7 +47,8 @@ fn every_fuzz_target_survives_a_short_run() {
         "cargo fuzz list: {targets}"
     );
     for target in targets.lines() {
-        let output = Command::new("cargo")
+        // From a shell's environment, so that it runs what `tests/run` built ahead of it.
+        let output = as_from_a_shell(&mut Command::new("cargo"))
             .current_dir(FUZZ_DIR)
             // cargo fuzz builds with sanitizer flags that stable rustc accepts only this way.
             .env("RUSTC_BOOTSTRAP", "1")

@@ -12,7 +12,8 @@ use common::machine::{Machine, REPO};
 use common::*;
 
 fn build_package() -> std::path::PathBuf {
-    let output = Command::new("bash")
+    // From a shell's environment, so that it finds what `tests/run` built ahead of it.
+    let output = common::basics::as_from_a_shell(&mut Command::new("bash"))
         .arg(format!("{REPO}/packaging/build-deb.sh"))
         .output()
         .expect("packaging/build-deb.sh");

@@ -125,3 +125,33 @@ pub fn wait_until(what: &str, limit: Duration, mut condition: impl FnMut() -> bo
     }
     panic!("timed out after {limit:?} waiting for {what}");
 }
+
+/// `command` without the variables `cargo test` gives a test process (`CARGO`,
+/// `CARGO_MANIFEST_DIR`, `CARGO_PKG_*`...), for a build that a test runs. Some build scripts
+/// (ring's) have cargo build again when one of these changes, so a build run from a test with
+/// them set would not reuse what `tests/run` built ahead of it from a shell, and would build
+/// again: ten minutes of the package test and four of the fuzz test on CI's two cores.
+pub fn as_from_a_shell(command: &mut Command) -> &mut Command {
+    let names: Vec<String> = std::env::vars_os()
+        .filter_map(|(name, _)| name.into_string().ok())
+        .collect();
+    for name in names {
+        let given_by_cargo_test = name == "CARGO"
+            || [
+                "CARGO_PKG_",
+                "CARGO_MANIFEST_",
+                "CARGO_BIN_",
+                "CARGO_CRATE_",
+            ]
+            .iter()
+            .any(|prefix| name.starts_with(prefix))
+            || matches!(
+                name.as_str(),
+                "CARGO_PRIMARY_PACKAGE" | "CARGO_TARGET_TMPDIR" | "CARGO_RUSTC_CURRENT_DIR"
+            );
+        if given_by_cargo_test {
+            command.env_remove(&name);
+        }
+    }
+    command
+}
