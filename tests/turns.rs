@@ -985,6 +985,14 @@ fn raw_member<'a>(json: &'a [u8], key: &str) -> Option<&'a [u8]> {
         .find_map(|item| item.strip_prefix(prefix.as_bytes()))
 }
 
+/// The raw messages of each request of `bodies`, in order.
+fn messages_of(bodies: &[Vec<u8>]) -> Vec<Vec<&[u8]>> {
+    bodies
+        .iter()
+        .map(|b| raw_items(raw_member(b, "messages").expect("messages")))
+        .collect()
+}
+
 /// Every request of `bodies` sends the same tools, byte for byte.
 fn assert_same_tools(bodies: &[Vec<u8>]) {
     let tools: Vec<&[u8]> = bodies
@@ -1033,10 +1041,7 @@ fn a_session_s_requests_keep_a_stable_prefix_also_past_the_history_bound() {
         .filter(|&i| raw_member(&bodies[i], "tool_choice") == Some(b"\"none\""))
         .collect();
     assert_eq!(last_steps, [2, 5, 8, 11, 14, 17]);
-    let messages: Vec<Vec<&[u8]>> = bodies
-        .iter()
-        .map(|b| raw_items(raw_member(b, "messages").expect("messages")))
-        .collect();
+    let messages = messages_of(&bodies);
     let breaks: Vec<usize> = (1..messages.len())
         .filter(|&i| !messages[i].starts_with(&messages[i - 1]))
         .collect();
@@ -1094,10 +1099,7 @@ fn a_model_that_only_writes_calls_as_text_keeps_a_stable_prefix() {
     let bodies: Vec<Vec<u8>> = setup.model.requests().into_iter().map(|r| r.body).collect();
     assert_eq!(bodies.len(), 24, "four steps per turn");
     assert_same_tools(&bodies);
-    let messages: Vec<Vec<&[u8]>> = bodies
-        .iter()
-        .map(|b| raw_items(raw_member(b, "messages").expect("messages")))
-        .collect();
+    let messages = messages_of(&bodies);
     let results = String::from_utf8_lossy(&bodies[3]).into_owned();
     assert!(results.contains("already ran 2 time(s)"), "{results}");
     let breaks: Vec<usize> = (1..messages.len())
@@ -2695,10 +2697,7 @@ fn nothing_agentgate_adds_moves_a_request_s_early_bytes() {
     drop(daemon);
 
     let bodies: Vec<Vec<u8>> = setup.model.requests().into_iter().map(|r| r.body).collect();
-    let messages: Vec<Vec<&[u8]>> = bodies
-        .iter()
-        .map(|b| raw_items(raw_member(b, "messages").expect("messages")))
-        .collect();
+    let messages = messages_of(&bodies);
     // c1..c5 and the answer, then the second turn's call and, resumed, its answer.
     assert_eq!(messages.len(), 8, "requests of the session");
     let sent = String::from_utf8_lossy(&bodies[7]).into_owned();
