@@ -1227,6 +1227,74 @@ fn pump(mut from: std::net::TcpStream, mut to: std::net::TcpStream) {
     });
 }
 
+/// `[tools.NAME]` running `script` with /bin/sh, unsandboxed (its side effects land where the
+/// test looks), within `timeout`.
+fn shell_tool(name: &str, script: &str, timeout: &str) -> String {
+    format!(
+        "[tools.{name}]\ndescription = \"A shell script\"\ncommand = [\"/bin/sh\", \"-c\", {script:?}]\n\
+         timeout = \"{timeout}\"\nsandbox = \"none\"\n"
+    )
+}
+
+/// A model that calls `tool` (no arguments), then answers "done" once it sees a tool result
+/// (of the call, or the "interrupted" one a resume records).
+fn calls_once(tool: &'static str) -> Stub {
+    Stub::start(move |request, _| {
+        if mentions(request, "\"role\":\"tool\"") {
+            Reply::answer("done")
+        } else {
+            Reply::tool_call(&format!("call-{tool}"), tool, serde_json::json!({}))
+        }
+    })
+}
+
+/// A node that can reach PostgreSQL but finds its session's lease held by another node (its
+/// renewals answer without that session) kills the session's tool as one cut off would, before
+/// the lease it last set can expire: no renewal of its other leases stands in for that one.
+#[test]
+fn a_node_whose_lease_another_holds_stops_its_tool() {
+    let Some(pg) = Postgres::start("stolen") else {
+        return;
+    };
+    let pid_dir = tempfile::tempdir().expect("tempdir");
+    let pid_file = pid_dir.path().join("pid");
+    let model = calls_once("hold");
+    let tools = shell_tool(
+        "hold",
+        &format!("echo $$ > {}; exec sleep 120", pid_file.display()),
+        "300s",
+    );
+    let shape = Shape {
+        tools: &tools,
+        route_tools: r#""hold""#,
+        ..Shape::new(1, "3s")
+    };
+    let cluster = Cluster::start_on(pg, &model, &shape);
+    let event = cluster.post(0, "stolen", "hold");
+    let mut pid = String::new();
+    wait_until("the tool to start", LIMIT, || {
+        pid = std::fs::read_to_string(&pid_file).unwrap_or_default();
+        pid.ends_with('\n')
+    });
+    let stat = format!("/proc/{}/stat", pid.trim());
+    assert!(std::path::Path::new(&stat).exists(), "the tool runs");
+    // Another node takes the lease (for 5 s: then it is expired, and this node resumes).
+    cluster.pg.value(
+        "UPDATE sessions SET lease_owner = 'another-node', \
+         lease_expires_at = agentgate_now_ms() + 5000 WHERE key = 'stolen' RETURNING key",
+    );
+    wait_until("the node to kill its tool", Duration::from_secs(20), || {
+        std::fs::read_to_string(&stat)
+            .map(|fields| fields.contains(") Z "))
+            .unwrap_or(true)
+    });
+    let node = cluster.nodes[0].daemon();
+    node.wait_for_log("could not renew the session's lease for most of store.lease_ttl");
+    node.wait_for_log("its session was taken over");
+    cluster.wait_all_terminal(1, LIMIT);
+    assert_eq!(cluster.event_status(&event), "completed");
+}
+
 /// A node cut off from PostgreSQL kills the tool it runs before its lease can expire, so that
 /// no side effect of it happens after another node resumed the session; once healed, its late
 /// commit is refused (the session is the other node's), and the event ends once, there.
@@ -1237,22 +1305,17 @@ fn a_node_cut_off_from_postgresql_stops_its_tools_before_another_takes_over() {
     };
     let ticks_dir = tempfile::tempdir().expect("tempdir");
     let ticks = ticks_dir.path().join("ticks");
-    let model = Stub::start(|request, _| {
-        if mentions(request, "\"role\":\"tool\"") {
-            Reply::answer("done")
-        } else {
-            Reply::tool_call("call-tick", "tick", serde_json::json!({}))
-        }
-    });
+    let model = calls_once("tick");
     let (first, second) = (Partition::start(pg.port), Partition::start(pg.port));
     let urls = [first.url(), second.url()];
-    let tools = format!(
-        r#"[tools.tick]
-description = "Writes the time every 50 ms, as a side effect that keeps going"
-command = ["/bin/sh", "-c", "while :; do date +%s%3N >> {}; sleep 0.05; done"]
-timeout = "60s"
-sandbox = "none""#,
-        ticks.display()
+    // Writes the time every 50 ms, as a side effect that keeps going.
+    let tools = shell_tool(
+        "tick",
+        &format!(
+            "while :; do date +%s%3N >> {}; sleep 0.05; done",
+            ticks.display()
+        ),
+        "60s",
     );
     let shape = Shape {
         tools: &tools,
@@ -1294,7 +1357,7 @@ sandbox = "none""#,
     );
     cluster.nodes[0]
         .daemon()
-        .wait_for_log("could not renew its leases for most of store.lease_ttl");
+        .wait_for_log("could not renew the session's lease for most of store.lease_ttl");
     // Healed, the first node's late commit is refused: the session is the other node's.
     first.heal();
     cluster.nodes[0]

@@ -471,10 +471,11 @@ pub(crate) trait Coordination: Send + Sync {
     /// How often interrupted sessions are looked for again after start: `None` when only a
     /// start can find them (one node), else the sweep that takes over other nodes' work.
     fn failover_interval(&self) -> Option<Duration>;
-    /// Whether this node has not renewed its leases for most of `lease_ttl` (PostgreSQL): its
-    /// running turns must stop their tools before another node can take their sessions over.
-    /// Never with one node.
-    fn leases_at_risk(&self) -> bool;
+    /// Whether this node has not renewed its lease on `session_key` for most of `lease_ttl`
+    /// (PostgreSQL: cut off from the database, or the session is another node's now): the
+    /// session's running turn must stop its tools before another node can take it over. Never
+    /// with one node.
+    fn lease_at_risk(&self, session_key: &str) -> bool;
 }
 
 /// A handle to durable state: the configured [`Backend`], and the commits this process made

@@ -78,7 +78,8 @@ enum Stop {
     Cancelled,
     Shutdown,
     Idle,
-    /// This node has not renewed its leases for most of `lease_ttl` (cut off from PostgreSQL).
+    /// This node has not renewed the session's lease for most of `lease_ttl` (cut off from
+    /// PostgreSQL, or another node holds it now).
     LeaseAtRisk,
 }
 
@@ -563,7 +564,9 @@ impl Running<'_> {
             () = self.control.interrupt.cancelled() => Err(Stop::Interrupted),
             () = self.control.cancel.cancelled() => Err(Stop::Cancelled),
             () = self.context.cancel_turns.cancelled() => Err(Stop::Shutdown),
-            () = leases_at_risk(&self.context.store) => Err(Stop::LeaseAtRisk),
+            () = lease_at_risk(&self.context.store, &self.turn.event.session_key) => {
+                Err(Stop::LeaseAtRisk)
+            }
         }
     }
 
@@ -760,16 +763,18 @@ impl Running<'_> {
             .await;
     }
 
-    /// This node was cut off from the store for most of `lease_ttl`: the turn's tools were
-    /// stopped (dropping them kills them) before the lease could expire, so nothing of it runs
-    /// once another node resumes the session. When the store answers again the turn is left
+    /// This node has not renewed the session's lease for most of `lease_ttl` (cut off from the
+    /// store, or the lease is another node's now): the turn's tools were stopped (dropping them
+    /// kills them) before the lease could expire, so nothing of it runs once another node
+    /// resumes the session. When the store answers again the turn is left
     /// `resume_pending` as crashed, for a resume here or elsewhere; if another node has taken
     /// the session over meanwhile, that commit is refused and the turn just ends here.
     async fn leave_cut_off(&self, steps: u32) {
         let turn = self.turn;
         tracing::error!(
-            "this node could not renew its leases for most of store.lease_ttl: the turn's tools \
-             were stopped so that none runs once another node resumes the session"
+            "this node could not renew the session's lease for most of store.lease_ttl (cut off \
+             from PostgreSQL, or another node holds it now): the turn's tools were stopped so \
+             that none runs once another node resumes the session"
         );
         metrics::turn_ended(
             &turn.event.route,
@@ -823,13 +828,13 @@ impl Running<'_> {
     }
 }
 
-/// Resolves once `store` says this node's leases are at risk (polled: the heartbeat's view),
-/// never with one node.
-async fn leases_at_risk(store: &Store) {
+/// Resolves once `store` says this node's lease on `session_key` is at risk (polled: the
+/// heartbeat's view), never with one node.
+async fn lease_at_risk(store: &Store, session_key: &str) {
     if store.failover_interval().is_none() {
         return std::future::pending().await;
     }
-    while !store.leases_at_risk() {
+    while !store.lease_at_risk(session_key) {
         tokio::time::sleep(LEASE_CHECK).await;
     }
 }

@@ -960,8 +960,9 @@ fn postgres_keeps_the_contract() {
                 "UPDATE sessions SET lease_owner = 'dead-node', lease_expires_at = 0 \
                  WHERE state = 'running'",
             );
-            // Its heartbeat no longer renews its budget reservations.
-            server.value("UPDATE budget_reservations SET expires_at = 0");
+            // Its heartbeat no longer renews its budget reservations (they are the dead
+            // node's: this store's own heartbeat, which keeps running, must not renew them).
+            server.value("UPDATE budget_reservations SET expires_at = 0, node = 'dead-node'");
         })
         .await;
         let backdate = |id: &str| {

@@ -2,6 +2,7 @@
 //! renews its leases with a heartbeat, and every commit of a turn is fenced by its session's
 //! lease; on_busy interrupts reach a turn on another node through its session row.
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -9,6 +10,7 @@ use const_format::concatcp;
 
 use super::connect::{Cached, bounded};
 use super::{NODE_HISTORY_MS, OPERATION_TIMEOUT, PostgresStore};
+use crate::locks;
 use crate::store::model::NodeRow;
 use crate::store::row::StoredRow;
 use crate::store::states::{NodeState, SESSION_RUNNING};
@@ -65,12 +67,8 @@ impl PostgresStore {
                 () = tokio::time::sleep(interval) => {}
             }
             let renewed = bounded(self.renew()).await;
-            match &renewed {
-                Ok(()) => self
-                    .shared
-                    .leases_renewed_at
-                    .store(now_millis(), Ordering::Release),
-                Err(err) => tracing::warn!(error = %err, "cannot renew this node's leases"),
+            if let Err(err) = &renewed {
+                tracing::warn!(error = %err, "cannot renew this node's leases");
             }
             self.set_writable(renewed.is_ok());
             self.shared
@@ -84,26 +82,29 @@ impl PostgresStore {
     /// and a renewal queued behind a turn's commit would hold the row's lock for the moment
     /// after that commit, so a claim made right then would pass the session by. The holder is
     /// this node's own commit, which renews the lease itself, and the next round comes within
-    /// a third of the lease's time.
+    /// a third of the lease's time. The sessions renewed are recorded as of the moment the
+    /// round began ([`Leases`]), once it has committed.
     pub(super) async fn renew(&self) -> Result<(), StoreError> {
+        let asked_at = now_millis();
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
         let me = &self.shared.node_id;
-        tx.run(
-            "UPDATE nodes SET heartbeat_at = $2 WHERE id = $1",
-            &[me, &now_millis()],
-        )
-        .await?;
-        tx.run(
-            concatcp!(
-                "UPDATE sessions SET lease_expires_at = agentgate_now_ms() + $2
-             WHERE key IN (SELECT key FROM sessions WHERE lease_owner = $1 AND state = ",
-                SESSION_RUNNING,
-                " FOR UPDATE SKIP LOCKED)"
-            ),
-            &[me, &self.shared.lease_ttl_ms],
-        )
-        .await?;
+        let sessions = tx
+            .rows(
+                concatcp!(
+                    "UPDATE sessions SET lease_expires_at = agentgate_now_ms() + $2
+                 WHERE key IN (SELECT key FROM sessions WHERE lease_owner = $1 AND state = ",
+                    SESSION_RUNNING,
+                    " FOR UPDATE SKIP LOCKED)
+                 RETURNING key"
+                ),
+                &[me, &self.shared.lease_ttl_ms],
+            )
+            .await?;
+        let renewed = sessions
+            .iter()
+            .map(|row| row.column::<String>("key"))
+            .collect::<Result<Vec<_>, _>>()?;
         tx.run(
             "UPDATE deliveries SET lease_expires_at = agentgate_now_ms() + $2
              WHERE event_id IN (SELECT event_id FROM deliveries WHERE lease_owner = $1
@@ -118,7 +119,15 @@ impl PostgresStore {
             &[me, &self.shared.lease_ttl_ms],
         )
         .await?;
+        tx.run(
+            "UPDATE nodes SET heartbeat_at = $2 WHERE id = $1",
+            &[me, &now_millis()],
+        )
+        .await?;
         tx.commit().await?;
+        let leases = &self.shared.leases;
+        leases.set(renewed.iter().map(String::as_str), asked_at);
+        leases.forget_set_before(asked_at - self.shared.lease_ttl_ms);
         Ok(())
     }
 
@@ -260,20 +269,77 @@ impl Coordination for PostgresStore {
 
     /// Two thirds of the lease without a renewal: the last third is the margin in which this
     /// node's tools are killed before the lease can expire and another node resume the session.
-    fn leases_at_risk(&self) -> bool {
-        let silent = now_millis() - self.shared.leases_renewed_at.load(Ordering::Acquire);
-        silent > self.shared.lease_ttl_ms * 2 / 3
+    /// A session this node did not renew is at risk whether the database could not be reached
+    /// or answered without it (another node holds the lease now).
+    fn lease_at_risk(&self, session_key: &str) -> bool {
+        self.shared
+            .leases
+            .set_at(session_key)
+            .is_none_or(|set_at| now_millis() - set_at > self.shared.lease_ttl_ms * 2 / 3)
+    }
+}
+
+/// The sessions whose leases this node set, each with the time taken just before the statement
+/// that last set its expiry: never later than the database's own reading of its clock for that
+/// expiry, however long the round took. Entries of sessions this node no longer renews age,
+/// and go once they are past any lease.
+#[derive(Default)]
+pub(super) struct Leases(std::sync::Mutex<HashMap<String, i64>>);
+
+impl Leases {
+    /// `sessions`' leases were set at `asked_at` or later, in a transaction that committed
+    /// (or, for a claim, that is about to).
+    pub(super) fn set<'a>(&self, sessions: impl IntoIterator<Item = &'a str>, asked_at: i64) {
+        let mut leases = locks::lock(&self.0);
+        for session in sessions {
+            let set_at = leases.entry(session.to_string()).or_insert(asked_at);
+            *set_at = (*set_at).max(asked_at);
+        }
+    }
+
+    fn set_at(&self, session_key: &str) -> Option<i64> {
+        locks::lock(&self.0).get(session_key).copied()
+    }
+
+    /// Forgets leases set before `cutoff` (expired, unless renewed since).
+    fn forget_set_before(&self, cutoff: i64) {
+        locks::lock(&self.0).retain(|_, set_at| *set_at >= cutoff);
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
+    use std::time::{Duration, Instant};
 
     use super::PostgresStore;
     use crate::config::PostgresSettings;
     use crate::secret::Secret;
     use crate::store::contract::postgres_server::Postgres;
+    use crate::store::{Coordination, now_millis};
+
+    /// A node on `server` (`lease_ttl` 30 s) that renews only when a test calls `renew` (no
+    /// heartbeat round of its own), running turns of `sessions` (their leases expired).
+    async fn renewing_only(server: &Postgres, sessions: &[&str]) -> PostgresStore {
+        let settings = PostgresSettings {
+            url: Secret::for_tests(server.url().as_bytes()),
+            node: "renewal".into(),
+            lease_ttl: Duration::from_secs(30),
+            pool_size: 2,
+            ca_file: None,
+        };
+        let store = PostgresStore::open(&settings, true).await.expect("open");
+        store.shared.stop.cancel();
+        let me = &store.shared.node_id;
+        let rows: Vec<String> = (sessions.iter())
+            .map(|key| format!("('{key}', 'r', 'running', 0, 0, '{me}', 0)"))
+            .collect();
+        server.value(&format!(
+            "INSERT INTO sessions (key, route, state, created_at, updated_at, lease_owner, \
+             lease_expires_at) VALUES {}",
+            rows.join(", ")
+        ));
+        store
+    }
 
     /// The heartbeat never waits for a row another transaction holds: one waiting would hold
     /// the row's lock the moment that transaction commits, and a claim made then (`SKIP
@@ -283,23 +349,8 @@ mod tests {
         let Some(server) = Postgres::start("a_renewal_skips_a_held_session") else {
             return;
         };
-        let settings = PostgresSettings {
-            url: Secret::for_tests(server.url().as_bytes()),
-            node: "renewal".into(),
-            lease_ttl: Duration::from_secs(30),
-            pool_size: 2,
-            ca_file: None,
-        };
         crate::store::contract::runtime().block_on(async {
-            let store = PostgresStore::open(&settings, true).await.expect("open");
-            // Only the renewals below: no heartbeat round of its own.
-            store.shared.stop.cancel();
-            let me = store.shared.node_id.clone();
-            server.value(&format!(
-                "INSERT INTO sessions (key, route, state, created_at, updated_at, lease_owner, \
-                 lease_expires_at) VALUES ('held', 'r', 'running', 0, 0, '{me}', 0), \
-                 ('free', 'r', 'running', 0, 0, '{me}', 0)"
-            ));
+            let store = renewing_only(&server, &["held", "free"]).await;
             let mut holder = store.client().await.expect("client");
             let held = holder.transaction().await.expect("begin");
             held.execute("SELECT 1 FROM sessions WHERE key = 'held' FOR UPDATE", &[])
@@ -318,6 +369,63 @@ mod tests {
                      ORDER BY key) FROM sessions"
                 ),
                 "free=true,held=false"
+            );
+            // The held session was not renewed: its turn must stop its tools (its holder, if
+            // it is this node's own commit, renews it and says so).
+            assert!(store.lease_at_risk("held"));
+            assert!(!store.lease_at_risk("free"));
+        });
+    }
+
+    /// A renewal counts from the moment it was sent, not from its answer: the database set the
+    /// expiry when its UPDATE ran, so a round that took long (here, held up after the sessions'
+    /// UPDATE by a lock on the node's row) must not push the node's view of its leases later
+    /// than the database's, which would shrink the margin in which its tools are killed.
+    #[test]
+    fn a_slow_renewal_counts_from_its_start() {
+        let Some(server) = Postgres::start("a_slow_renewal_counts_from_its_start") else {
+            return;
+        };
+        crate::store::contract::runtime().block_on(async {
+            let store = renewing_only(&server, &["s"]).await;
+            let mut holder = store.client().await.expect("client");
+            let node_row = holder.transaction().await.expect("begin");
+            node_row
+                .execute(
+                    "SELECT 1 FROM nodes WHERE id = $1 FOR UPDATE",
+                    &[&store.shared.node_id],
+                )
+                .await
+                .expect("lock");
+            let renewal = tokio::spawn({
+                let store = store.clone();
+                async move { store.renew().await }
+            });
+            let waiting = "SELECT count(*) FROM pg_stat_activity \
+                           WHERE wait_event_type = 'Lock' AND query LIKE 'UPDATE nodes%'";
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while server.value(waiting) != "1" {
+                assert!(
+                    Instant::now() < deadline,
+                    "the renewal never reached the node's row"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let released_at = now_millis();
+            node_row.rollback().await.expect("rollback");
+            renewal.await.expect("join").expect("renew");
+            let set_at = store.shared.leases.set_at("s").expect("renewed");
+            assert!(
+                set_at < released_at,
+                "counted from {set_at}, after the database set the expiry (before {released_at})"
+            );
+            let expires_at: i64 = server
+                .value("SELECT lease_expires_at FROM sessions WHERE key = 's'")
+                .parse()
+                .expect("a number");
+            assert!(
+                set_at + 30_000 <= expires_at,
+                "the node counts from before the database"
             );
         });
     }

@@ -68,8 +68,8 @@ struct Shared {
     writable: AtomicBool,
     /// When the heartbeat last finished a round, whatever its outcome (unix ms).
     heartbeat_round_at: AtomicI64,
-    /// When this node last renewed its leases (unix ms).
-    leases_renewed_at: AtomicI64,
+    /// When this node last set each of its sessions' leases.
+    leases: coordination::Leases,
     /// Accepts waiting for a group commit (daemon only).
     accepts: Option<mpsc::UnboundedSender<AcceptJob>>,
     /// Stops the heartbeat at release.
@@ -145,7 +145,7 @@ impl PostgresStore {
                 lease_ttl_ms: i64::try_from(settings.lease_ttl.as_millis()).unwrap_or(i64::MAX),
                 writable: AtomicBool::new(true),
                 heartbeat_round_at: AtomicI64::new(now_millis()),
-                leases_renewed_at: AtomicI64::new(now_millis()),
+                leases: coordination::Leases::default(),
                 accepts,
                 stop: CancellationToken::new(),
             }),
@@ -275,11 +275,15 @@ impl PostgresStore {
         session_key: &str,
         script: impl AsyncFnOnce(&InTx<'_, deadpool_postgres::Transaction<'_>>) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        self.in_transaction(async move |tx| {
-            self.hold_lease(tx.tx, session_key).await?;
-            script(tx).await
-        })
-        .await
+        let asked_at = now_millis();
+        let done = self
+            .in_transaction(async move |tx| {
+                self.hold_lease(tx.tx, session_key).await?;
+                script(tx).await
+            })
+            .await?;
+        self.shared.leases.set([session_key], asked_at);
+        Ok(done)
     }
 
     fn set_writable(&self, writable: bool) {

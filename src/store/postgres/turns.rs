@@ -13,6 +13,7 @@ use crate::store::model::{
     Claim, ClaimedTurn, EVENT_ENTRY, Event, Fits, RenderDelivery, Reservation, Reserving,
     TranscriptRow, TurnEnd,
 };
+use crate::store::now_millis;
 use crate::store::row::StoredRow;
 use crate::store::sql::{
     CLAIM_COLUMNS, EARLIER_TURN_SPAN_SQL, END_SESSION_SET, EVENT_HAS_TRANSCRIPT_SQL, HELD_SUMS,
@@ -218,8 +219,14 @@ impl<C: GenericClient + Sync> TurnTx for InTx<'_, C> {
         let (node, lease) = (&shared.node_id, &shared.lease_ttl_ms);
         self.run_adding(START_TURN_SQL, &start.turn_values(), &[&shared.node_name])
             .await?;
+        let asked_at = now_millis();
         self.run_adding(START_SESSION_SQL, &start.session_values(), &[node, lease])
             .await?;
+        // Recorded before the claim commits: should it not, no turn of this node runs the
+        // session, and the entry ages out unread.
+        shared
+            .leases
+            .set([start.turn.event.session_key.as_str()], asked_at);
         Ok(())
     }
 

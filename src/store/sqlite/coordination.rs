@@ -31,7 +31,7 @@ impl Coordination for SqliteStore {
         None
     }
 
-    fn leases_at_risk(&self) -> bool {
+    fn lease_at_risk(&self, _session_key: &str) -> bool {
         false
     }
 }
