@@ -1456,6 +1456,48 @@ fn one_address_holds_at_most_max_connections_per_peer() {
     assert_eq!(health_from_peer(&daemon), "HTTP/1.1 200 OK");
 }
 
+/// Requests the HTTP layer answers itself, before any route sees them (a head that cannot be
+/// parsed, one with too many header lines), are refusals like the rest: counted by reason and
+/// logged.
+#[test]
+fn requests_the_http_layer_refuses_are_counted_and_logged() {
+    let workspace = Workspace::new();
+    workspace.write_config(&github_config(""));
+    let daemon = workspace.start_with_env(&[("TEST_GITHUB_SECRET", GITHUB_SECRET)]);
+    let answer = |head: &[u8]| -> String {
+        let mut stream = TcpStream::connect(daemon.addr).expect("connect");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        stream.write_all(head).expect("head");
+        let mut raw = Vec::new();
+        let _ = stream.read_to_end(&mut raw);
+        String::from_utf8_lossy(&raw)
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert_eq!(
+        answer(b"NOT HTTP AT ALL\r\n\r\n"),
+        "HTTP/1.1 400 Bad Request"
+    );
+    let many: String = (0..200).map(|n| format!("x-{n}: y\r\n")).collect();
+    let head = format!("POST /hooks/github HTTP/1.1\r\nhost: x\r\n{many}\r\n");
+    assert_eq!(
+        answer(head.as_bytes()),
+        "HTTP/1.1 431 Request Header Fields Too Large"
+    );
+    let metrics = workspace.metrics();
+    for (code, reason) in [(400, "malformed_request"), (431, "head_too_large")] {
+        let line =
+            format!("agentgate_refusals_total{{route=\"\",code=\"{code}\",reason=\"{reason}\"}} 1");
+        assert!(metrics.contains(&line), "{line} in:\n{metrics}");
+    }
+    daemon.wait_for_log("webhook refused (400): the request's head cannot be parsed");
+    daemon.wait_for_log("webhook refused (431): the request's head is too large");
+}
+
 /// Memory a flood of connections took goes back to the system once they are gone: the
 /// allocator's free memory is trimmed every few seconds (before, 800 closed keep-alive
 /// connections left their ~12 MiB with the process for good).
@@ -1488,11 +1530,19 @@ fn memory_a_flood_took_is_given_back_after_it() {
         during - before
     );
     drop(flood);
-    wait_until(
-        "the flood's memory to go back",
-        Duration::from_secs(30),
-        || rss() < before + 3 * 1024,
-    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let after = rss();
+        if after < before + 3 * 1024 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the flood's memory did not go back within 30 s: {before} KiB before it, {during} \
+             KiB during it, {after} KiB now"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// When every `max_connections` slot is held by an idle keep-alive connection (one request

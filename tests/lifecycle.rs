@@ -208,6 +208,23 @@ fn sessions_and_events_on_the_control_socket_come_in_pages() {
         let refused = control_request(&socket, "GET", &format!("/v1/sessions?limit={bad}"));
         assert_eq!(refused.status, 400, "limit={bad}");
     }
+    // Each refusal is counted and logged, as on the webhook listener.
+    let metrics = control_request(&socket, "GET", "/metrics").body;
+    assert!(
+        metrics.contains(
+            "agentgate_control_refusals_total{listener=\"control\",code=\"400\",reason=\"bad_limit\"} 3"
+        ),
+        "{metrics}"
+    );
+    daemon.wait_for_log("control request refused (400)");
+    assert_eq!(control_request(&socket, "GET", "/v1/nothing").status, 404);
+    let metrics = control_request(&socket, "GET", "/metrics").body;
+    assert!(
+        metrics.contains(
+            "agentgate_control_refusals_total{listener=\"control\",code=\"404\",reason=\"not_found\"} 1"
+        ),
+        "{metrics}"
+    );
 }
 
 #[test]

@@ -428,6 +428,30 @@ fn a_server_that_changes_its_tools_has_them_offered_in_the_next_turn() {
     );
 }
 
+/// Configures tests/mcp/flood_server.py as `[mcp.NAME]` (with `more_args` after its own, and
+/// `runtime` before the model), offered whole to the route; the file its listings go to.
+fn flood_server(
+    workspace: &Workspace,
+    model: &Stub,
+    name: &str,
+    more_args: &str,
+    runtime: &str,
+) -> std::path::PathBuf {
+    let dir = workspace.path().join(name);
+    std::fs::create_dir(&dir).expect("the server's dir");
+    let listings = dir.join("listings");
+    workspace.write_config(&format!(
+        "{runtime}\n{}\n[mcp.{name}]\ncommand = [\"python3\", {:?}, {:?}{more_args}]\n\
+         writable = [{:?}]\n\n{}",
+        model.model_section(),
+        format!("{}/tests/mcp/flood_server.py", common::machine::REPO),
+        listings.display().to_string(),
+        dir.display().to_string(),
+        route(&format!(r#"["{name}.*"]"#)),
+    ));
+    listings
+}
+
 /// A server that says without end that its tools changed, and writes to stderr without end
 /// (tests/mcp/flood_server.py): its tools are listed again at most once a second, no line says
 /// they changed (they did not), and its stderr cannot push an event's own lines out of the
@@ -435,19 +459,14 @@ fn a_server_that_changes_its_tools_has_them_offered_in_the_next_turn() {
 #[test]
 fn a_server_that_floods_is_listed_once_a_second_and_cannot_push_out_an_event_s_lines() {
     let workspace = Workspace::new();
-    let dir = workspace.path().join("flood");
-    std::fs::create_dir(&dir).expect("flood dir");
-    let listings = dir.join("listings");
     let model = Stub::start(|_, _| Reply::answer("done"));
-    workspace.write_config(&format!(
-        "[runtime]\nevent_log_max_per_second = 20\n\n{}\n\
-         [mcp.flood]\ncommand = [\"python3\", {:?}, {:?}]\nwritable = [{:?}]\n\n{}",
-        model.model_section(),
-        format!("{}/tests/mcp/flood_server.py", common::machine::REPO),
-        listings.display().to_string(),
-        dir.display().to_string(),
-        route(r#"["flood.*"]"#),
-    ));
+    let listings = flood_server(
+        &workspace,
+        &model,
+        "flood",
+        "",
+        "[runtime]\nevent_log_max_per_second = 20\n",
+    );
     let daemon = workspace.start();
     let listed_at = || -> Vec<f64> {
         std::fs::read_to_string(&listings)
@@ -475,6 +494,27 @@ fn a_server_that_floods_is_listed_once_a_second_and_cannot_push_out_an_event_s_l
         });
     }
     assert_eq!(log_count(&daemon, "MCP server flood changed its tools"), 0);
+}
+
+/// A server that lists its tools in pages without end (each naming a next one) is not read
+/// without end: past 32 pages its listing fails, it is reported down with why, and its tools
+/// are not offered; the daemon serves anyway.
+#[test]
+fn a_server_that_pages_its_tools_without_end_is_not_offered() {
+    let workspace = Workspace::new();
+    let model = Stub::start(|_, _| Reply::answer("done"));
+    let listings = flood_server(&workspace, &model, "pager", ", \"pages\"", "");
+    let daemon = workspace.start();
+    wait_until("the server to be reported down", LIMIT, || {
+        workspace.status()["mcp"]["pager"]["error"]
+            .as_str()
+            .is_some_and(|error| error.contains("it lists its tools in more than 32 pages"))
+    });
+    let pages = std::fs::read_to_string(&listings).unwrap_or_default();
+    assert!(pages.lines().count() >= 32, "{pages}");
+    let event = post(&daemon, json!({"session": "p"}));
+    assert_eq!(workspace.wait_terminal(&event, LIMIT), "completed");
+    assert!(offered_tools(&model.requests()[0]).is_empty());
 }
 
 #[test]

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use rmcp::model::{
     CallToolRequestParams, ClientCapabilities, ClientConfig, Implementation, MetaObject,
-    RequestMetaObject, ServerNotification, SubscriptionFilter,
+    PaginatedRequestParams, RequestMetaObject, ServerNotification, SubscriptionFilter,
 };
 use rmcp::service::{NotificationContext, RunningService, serve_client_with_ct};
 use rmcp::transport::StreamableHttpClientTransport;
@@ -343,7 +343,11 @@ impl Instances {
         let connection = tokio::time::timeout(STARTUP_TIMEOUT, opened)
             .await
             .unwrap_or_else(|_| Err(format!("it did not answer within {STARTUP_TIMEOUT:?}")))
-            .map_err(|error| format!("its process for this turn did not start: {error}"))?;
+            .map_err(|error| {
+                tracing::warn!(error = %error,
+                    "MCP server {name}: its process for this turn did not start; the call fails");
+                format!("its process for this turn did not start: {error}")
+            })?;
         Ok(Instance {
             connection,
             _slot: slot,
@@ -752,11 +756,40 @@ async fn ended(connection: &Connection, stop: &CancellationToken) -> Option<Stri
     }
 }
 
+/// The most tools one server may list, and the most pages it may list them in: a server that
+/// pages on and on, or lists without end, is not a catalog to offer a model.
+const MAX_TOOLS: usize = 512;
+const MAX_TOOL_PAGES: usize = 32;
+
+/// How long listing a server's tools may take, all pages together.
+const LIST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The server's tools, every page of them, within [`MAX_TOOLS`], [`MAX_TOOL_PAGES`] and
+/// [`LIST_TIMEOUT`].
 async fn list_tools(peer: &Peer<RoleClient>) -> Result<Vec<McpTool>, String> {
-    let tools = peer
-        .list_all_tools()
+    let listing = async {
+        let mut tools = Vec::new();
+        let mut cursor = None;
+        for _ in 0..MAX_TOOL_PAGES {
+            let params = PaginatedRequestParams::default().with_cursor(cursor);
+            let page = (peer.list_tools(Some(params)).await)
+                .map_err(|err| format!("tools/list failed: {err}"))?;
+            tools.extend(page.tools);
+            if tools.len() > MAX_TOOLS {
+                return Err(format!("it lists more than {MAX_TOOLS} tools"));
+            }
+            cursor = page.next_cursor;
+            if cursor.is_none() {
+                return Ok(tools);
+            }
+        }
+        Err(format!(
+            "it lists its tools in more than {MAX_TOOL_PAGES} pages"
+        ))
+    };
+    let tools = tokio::time::timeout(LIST_TIMEOUT, listing)
         .await
-        .map_err(|err| format!("tools/list failed: {err}"))?;
+        .map_err(|_| format!("tools/list did not end within {LIST_TIMEOUT:?}"))??;
     Ok(tools
         .into_iter()
         .map(|tool| {

@@ -18,6 +18,7 @@ use super::query::{Query, page, percent_decode};
 use super::response::{HttpResponse, error, json_response, request_timeout};
 use crate::agent::catalog;
 use crate::config::ReloadReport;
+use crate::logging::LineBudget;
 use crate::metrics;
 use crate::operator::{OperatorAction, Rerun};
 use crate::store::approval::Verdict;
@@ -48,6 +49,8 @@ pub(crate) struct Control {
     /// Where `agentgate send` reaches the webhook listener from this machine (its address, an
     /// unspecified one as loopback); `None` when it serves HTTPS, whose certificate names a host.
     pub webhook_url: Option<String>,
+    /// Bounds the lines refusals on the control listeners log.
+    pub refusal_log: LineBudget,
 }
 
 impl Control {

@@ -19,7 +19,10 @@ use super::connection::{Answering, Clocked, RequestBody, Watched};
 use super::console::{ConsoleBody, Door, boxed, see_other};
 use super::control::{Control, not_found};
 use super::listener::{self, Accepted, Listener, Serve, Socket, Tls, handshake};
+use super::response::{Counted, RefusalReason};
 use crate::config::ServerSettings;
+use crate::logging::LineBudget;
+use crate::metrics;
 
 /// What a listener serves.
 #[derive(Debug, Clone, Copy)]
@@ -29,9 +32,58 @@ enum Serves {
     Console,
 }
 
+impl Serves {
+    /// The `listener` label of its refusals.
+    fn label(self) -> &'static str {
+        match self {
+            Serves::Everything => "control",
+            Serves::Metrics => "metrics",
+            Serves::Console => "console",
+        }
+    }
+}
+
+/// The budget of lines refusals on the control listeners may log: 5 a second, the rest only
+/// counted (a scan of the metrics listener must not flood the journal).
+pub(crate) fn refusal_log() -> LineBudget {
+    LineBudget::new(5)
+}
+
 impl Control {
-    /// Answers one request on a listener that serves `serves`.
+    /// Answers one request on a listener that serves `serves`; a refusal (4xx, 5xx) is counted
+    /// and logged, unless the console's guard did both already.
     async fn serve(
+        &self,
+        request: Request<RequestBody>,
+        peer: &str,
+        serves: Serves,
+    ) -> http::Response<ConsoleBody> {
+        let (method, mut path) = (request.method().clone(), request.uri().path().to_string());
+        let response = self.serve_unlogged(request, peer, serves).await;
+        let status = response.status();
+        if !(status.is_client_error() || status.is_server_error())
+            || response.extensions().get::<Counted>().is_some()
+        {
+            return response;
+        }
+        let refusal = response.extensions().get::<RefusalReason>();
+        let reason = refusal.map_or_else(
+            || status.canonical_reason().unwrap_or("other"),
+            |refusal| refusal.reason,
+        );
+        metrics::control_refusal(serves.label(), status.as_u16(), reason);
+        if let Some(suppressed) = self.refusal_log.admit() {
+            let message = refusal.map_or("", |refusal| refusal.message.as_str());
+            crate::untrusted::cut(&mut path, 200);
+            tracing::warn!(listener = serves.label(), peer = %peer, method = %method,
+                path = %path, status = status.as_u16(), reason = reason,
+                suppressed_before = suppressed,
+                "{} request refused ({}): {message}", serves.label(), status.as_u16());
+        }
+        response
+    }
+
+    async fn serve_unlogged(
         &self,
         request: Request<RequestBody>,
         peer: &str,

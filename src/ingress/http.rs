@@ -156,6 +156,27 @@ impl Ingress {
         }
     }
 
+    /// A request hyper answered itself before any route saw it, `400` for a head it could not
+    /// parse, `431` for one too large (hyper's limits): counted and logged as the listener's
+    /// other refusals. Other connection errors (a client gone) are no refusal.
+    pub(crate) fn unparsed(&self, peer: SocketAddr, error: &hyper::Error) {
+        let (code, reason) = if error.is_parse_too_large() {
+            (431, "head_too_large")
+        } else if error.is_parse() {
+            (400, "malformed_request")
+        } else {
+            return;
+        };
+        metrics::http_request("", code);
+        metrics::refusal("", code, reason);
+        if let Some(suppressed) = self.refusal_log.admit() {
+            tracing::warn!(peer = %peer.ip(), status = code, reason = reason,
+                suppressed_before = suppressed,
+                "webhook refused ({code}): the request's head {} (answered by the HTTP layer: {error})",
+                if code == 431 { "is too large" } else { "cannot be parsed" });
+        }
+    }
+
     /// A connection whose TLS handshake failed or never came: counted, and logged within the
     /// refusal log's rate.
     pub(crate) fn tls_refused(&self, peer: SocketAddr, reason: &str) {

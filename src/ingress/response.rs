@@ -23,6 +23,10 @@ pub(crate) fn json_response(status: StatusCode, body: &serde_json::Value) -> Htt
     response
 }
 
+/// A refusal already counted and logged where it was decided (the console's guard).
+#[derive(Clone, Copy)]
+pub(super) struct Counted;
+
 /// Why a request was refused, carried beside the response for the refusal's log line and its
 /// count: the reason label (a fixed set: the error code, or the check that failed) and the
 /// one-line message.

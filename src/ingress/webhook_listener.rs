@@ -213,7 +213,7 @@ impl Protocols {
         let Some((stream, protocol)) = self.open(stream, tls, peer, &ingress).await else {
             return;
         };
-        let answering = clock.clone();
+        let (answering, refusals) = (clock.clone(), ingress.clone());
         let service = service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
             let (ingress, clock) = (ingress.clone(), answering.clone());
             clock.answering();
@@ -233,7 +233,11 @@ impl Protocols {
                 // Closed to make room only while idle or stalled: dropping it then loses
                 // nothing (no request of it was acknowledged).
                 tokio::select! {
-                    _ = connection => {}
+                    served = connection => {
+                        if let Err(error) = served {
+                            refusals.unparsed(peer, &error);
+                        }
+                    }
                     () = clock.overdue(self.header_timeout) => {}
                     () = registration.close.cancelled() => {}
                 }

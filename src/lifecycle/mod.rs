@@ -220,6 +220,7 @@ impl Wired {
             webhook_url: webhook_addr
                 .filter(|_| server.tls.is_none())
                 .map(ingress::local_url),
+            refusal_log: ingress::control_listener::refusal_log(),
         });
         let scheduler = Scheduler::new(Arc::new(TurnContext {
             store: store.clone(),

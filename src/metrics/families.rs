@@ -28,6 +28,15 @@ pub(super) struct RouteCodeReason {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct ListenerCodeReason {
+    /// `control`, `metrics` or `console`.
+    pub(super) listener: &'static str,
+    pub(super) code: u16,
+    /// The refusal's error code, else the status's reason phrase: a fixed set.
+    pub(super) reason: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct RouteTemplate {
     pub(super) route: String,
     pub(super) template: String,
@@ -168,6 +177,7 @@ pub(super) struct State {
     pub(super) log_lines_skipped: Counter,
     pub(super) trace_spans: Family<OutcomeLabel, Counter>,
     pub(super) console_refusals: Family<ReasonLabel, Counter>,
+    pub(super) control_refusals: Family<ListenerCodeReason, Counter>,
     pub(super) console_live_reads: Counter,
     pub(super) follow_reads: Counter,
 }
@@ -471,6 +481,12 @@ impl State {
             "Console requests refused, by reason: host, cross_site, form_token, not_logged_in, wrong_token",
             console_refusals.clone(),
         );
+        let control_refusals = Family::default();
+        registry.register(
+            "control_refusals",
+            "Requests refused (4xx, 5xx) on the control socket, the metrics listener and the console's, by listener, status code and reason",
+            control_refusals.clone(),
+        );
         let console_live_reads = Counter::default();
         registry.register(
             "console_live_reads",
@@ -492,6 +508,7 @@ impl State {
             log_lines_skipped,
             trace_spans,
             console_refusals,
+            control_refusals,
             console_live_reads,
             follow_reads,
         }

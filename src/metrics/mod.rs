@@ -439,6 +439,20 @@ pub(crate) fn console_refusal(reason: &str) {
         .inc();
 }
 
+/// A request on the control socket, the metrics listener or the console's was refused with
+/// `code` for `reason` (docs/reference.md, "Metrics").
+pub(crate) fn control_refusal(listener: &'static str, code: u16, reason: &'static str) {
+    METRICS
+        .state
+        .control_refusals
+        .get_or_create(&families::ListenerCodeReason {
+            listener,
+            code,
+            reason,
+        })
+        .inc();
+}
+
 /// A live transcript read the store (docs/reference.md, "Console").
 pub(crate) fn console_live_read() {
     METRICS.state.console_live_reads.inc();

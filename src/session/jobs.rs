@@ -101,6 +101,7 @@ impl BackgroundJobs {
             Ok(()) => self.spawn(job),
             Err(why) => {
                 tracing::warn!(tool = %job.tool.name, reason = %why, "background job refused");
+                metrics::tool_call(&job.tool.name, "refused");
                 format!("error: background job not started: {why}")
             }
         }

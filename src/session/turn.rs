@@ -95,11 +95,29 @@ pub(crate) struct GatedCall {
 /// A tool call the turn refused to run.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct RefusedCall {
+    /// The tool's name, when the route offers it; [`NOT_OFFERED`] for a name the model made
+    /// up, which must not become a metric label or fill the journal.
     pub tool: String,
     pub reason: CallRefusal,
     /// Why, for the journal: without the argument values.
     pub detail: String,
 }
+
+/// The tool of a refused call whose name the route does not offer.
+pub(crate) const NOT_OFFERED: &str = "(not offered)";
+
+/// How a name the model wrote is quoted back to it and to the journal: as a string literal, at
+/// most [`QUOTED_NAME_CHARS`] characters of it.
+fn quoted_name(name: &str) -> String {
+    match name.char_indices().nth(QUOTED_NAME_CHARS) {
+        Some((cut, _)) => format!("{:?}... ({} bytes)", &name[..cut], name.len()),
+        None => format!("{name:?}"),
+    }
+}
+
+/// The names a route offers are OpenAI function names, at most 64 characters: a longer one
+/// was made up.
+const QUOTED_NAME_CHARS: usize = 64;
 
 /// Why a tool call was not run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,6 +130,10 @@ pub(crate) enum CallRefusal {
     InvalidArguments,
     /// The same call already ran as often as one turn allows.
     Repeated,
+    /// The reply asked for more calls than `max_tool_calls_per_reply`: this one and the rest.
+    TooManyInReply,
+    /// The reply came at the turn's last step, where no call runs.
+    LastStep,
     /// An operator denied it.
     Denied,
     /// Nobody decided within `approval_timeout`.
@@ -126,6 +148,8 @@ impl CallRefusal {
             CallRefusal::NotJson => "not_json",
             CallRefusal::InvalidArguments => "invalid",
             CallRefusal::Repeated => "repeated",
+            CallRefusal::TooManyInReply => "too_many",
+            CallRefusal::LastStep => "last_step",
             CallRefusal::Denied => "denied",
             CallRefusal::Expired => "expired",
         }
@@ -381,14 +405,17 @@ impl TurnMachine {
         for (index, call) in calls.into_iter().enumerate() {
             let name = call.function.name.clone();
             if index >= self.max_tool_calls {
-                actions.push(self.record(Message::tool_result(
+                let max = self.max_tool_calls;
+                actions.extend(self.refuse(
                     &call.id,
+                    name,
+                    CallRefusal::TooManyInReply,
                     format!(
-                        "error: not run: this reply asked for {asked} tool calls and at most {} \
-                         run per reply (runtime.max_tool_calls_per_reply); ask for fewer at a time",
-                        self.max_tool_calls
+                        "not run: this reply asked for {asked} tool calls and at most {max} run \
+                         per reply (runtime.max_tool_calls_per_reply); ask for fewer at a time"
                     ),
-                )));
+                    format!("the reply asked for {asked} calls, {max} run"),
+                ));
                 continue;
             }
             actions.extend(self.admit(call.id, name, &call.function.arguments, None));
@@ -426,18 +453,34 @@ impl TurnMachine {
                 });
                 Vec::new()
             }
-            Err((reason, for_model, detail)) => vec![
-                self.record(Message::tool_result(
-                    &call_id,
-                    format!("error: {for_model}"),
-                )),
-                Action::Refused(RefusedCall {
-                    tool: name,
-                    reason,
-                    detail,
-                }),
-            ],
+            Err((reason, for_model, detail)) => {
+                self.refuse(&call_id, name, reason, for_model, detail)
+            }
         }
+    }
+
+    /// Records for the model why the call is not run (`for_model`) and reports the refusal.
+    fn refuse(
+        &mut self,
+        call_id: &str,
+        name: String,
+        reason: CallRefusal,
+        for_model: String,
+        detail: String,
+    ) -> Vec<Action> {
+        let tool = if self.tools.contains_key(&name) {
+            name
+        } else {
+            NOT_OFFERED.to_string()
+        };
+        vec![
+            self.record(Message::tool_result(call_id, format!("error: {for_model}"))),
+            Action::Refused(RefusedCall {
+                tool,
+                reason,
+                detail,
+            }),
+        ]
     }
 
     /// Whether a call of `name` with `arguments` may run: at once (no decision needed, or
@@ -512,7 +555,8 @@ impl TurnMachine {
         let Some(parameters) = self.tools.get(name) else {
             let known: Vec<&str> = self.tools.keys().map(String::as_str).collect();
             let problem = format!(
-                "tool {name:?} is not available on this route (available: {})",
+                "tool {} is not available on this route (available: {})",
+                quoted_name(name),
                 if known.is_empty() {
                     "none".to_string()
                 } else {
@@ -613,13 +657,18 @@ impl TurnMachine {
             (None, true, Some(_)) => "the last reply only wrote a tool call as text",
             (None, true, None) => "the last reply was empty",
         };
-        let calls: Vec<String> = reply.tool_calls.iter().map(|c| c.id.clone()).collect();
+        let calls: Vec<(String, String)> = (reply.tool_calls.iter())
+            .map(|call| (call.id.clone(), call.function.name.clone()))
+            .collect();
         let mut actions = vec![self.record(reply)];
-        for call_id in calls {
-            actions.push(self.record(Message::tool_result(
+        for (call_id, name) in calls {
+            actions.extend(self.refuse(
                 &call_id,
-                "error: not run: the turn reached its last step (runtime.max_turn_steps)",
-            )));
+                name,
+                CallRefusal::LastStep,
+                "not run: the turn reached its last step (runtime.max_turn_steps)".to_string(),
+                "asked for at the turn's last step".to_string(),
+            ));
         }
         actions.push(match output {
             Some(output) => Action::Finish(Outcome::Completed { output }),

@@ -86,13 +86,26 @@ fn unknown_tool_and_bad_arguments_become_tool_errors_the_model_sees() {
     );
     assert_eq!(
         refused(&actions),
-        [("rm_rf".to_string(), CallRefusal::UnknownTool)]
+        [(NOT_OFFERED.to_string(), CallRefusal::UnknownTool)],
+        "a name the model made up is no metric label"
     );
     assert!(
         m.messages()[2]
             .content
             .as_deref()
-            .is_some_and(|c| c.contains("not available"))
+            .is_some_and(|c| c.contains(r#"tool "rm_rf" is not available"#))
+    );
+    // However long the made-up name, the model and the journal get a bounded quote of it.
+    let long = format!("x{}\n", "y".repeat(100_000));
+    let actions = machine(5).on(Input::ModelReplied(call("c1b", &long, "{}")));
+    let Some(Action::Refused(refusal)) = actions.get(2) else {
+        panic!("{actions:?}");
+    };
+    assert!(refusal.detail.len() < 300, "{}", refusal.detail);
+    assert!(
+        refusal.detail.contains("(100002 bytes)"),
+        "{}",
+        refusal.detail
     );
     let actions = m.on(Input::ModelReplied(call("c2", "df", "{not json")));
     assert_eq!(
@@ -166,7 +179,13 @@ fn a_last_reply_that_still_calls_tools_runs_none_and_each_call_gets_a_result() {
     let mut m = machine(1);
     assert_eq!(kinds(&m.start()), ["message", "last_call"]);
     let actions = m.on(Input::ModelReplied(call("c1", "df", r#"{"path":"/"}"#)));
-    assert_eq!(kinds(&actions), ["message", "message", "no_answer"]);
+    assert_eq!(
+        kinds(&actions),
+        ["message", "message", "refused", "no_answer"]
+    );
+    assert!(
+        matches!(&actions[2], Action::Refused(r) if r.reason == CallRefusal::LastStep && r.tool == "df")
+    );
     assert_eq!(
         m.messages().last().and_then(|r| r.tool_call_id.as_deref()),
         Some("c1")
@@ -231,7 +250,10 @@ fn a_last_step_without_an_answer_fails_with_what_the_tools_found() {
     let mut reply = call("c1", "df", r#"{"path":"/"}"#);
     reply.content = Some("The disk is 93% full.".into());
     let actions = m.on(Input::ModelReplied(reply));
-    assert_eq!(kinds(&actions), ["message", "message", "completed"]);
+    assert_eq!(
+        kinds(&actions),
+        ["message", "message", "refused", "completed"]
+    );
 }
 
 /// Only this turn's tool results are what it found: the history's are not, and each result is
@@ -305,14 +327,21 @@ fn a_reply_runs_at_most_the_limit_of_tool_calls() {
         ..call("x", "df", "{}")
     };
     let actions = m.on(Input::ModelReplied(reply));
-    let refused = actions
+    let told = actions
         .iter()
         .filter(|action| {
             matches!(action, Action::Record(Entry::Message { message, .. })
                 if message.content.as_deref().is_some_and(|c| c.contains("max_tool_calls_per_reply")))
         })
         .count();
-    assert_eq!(refused, 3);
+    assert_eq!(told, 3);
+    let refused = actions
+        .iter()
+        .filter(|action| {
+            matches!(action, Action::Refused(r) if r.reason == CallRefusal::TooManyInReply)
+        })
+        .count();
+    assert_eq!(refused, 3, "each call not run is logged and counted");
     let mut ran = actions
         .iter()
         .filter(|action| matches!(action, Action::RunTool { .. }))

@@ -2,7 +2,9 @@
 without end that its tools changed (`notifications/tools/list_changed`, the same tools every
 time) and writes to stderr without end. Plain JSON-RPC on stdin and stdout, no SDK.
 
-Usage: flood_server.py LISTINGS_FILE (each `tools/list` request appends its time there)
+Usage: flood_server.py LISTINGS_FILE [pages]
+(each `tools/list` request appends its time there; with `pages`, it floods nothing but lists
+its tools in pages without end, each naming a next one)
 """
 
 import json
@@ -11,6 +13,7 @@ import threading
 import time
 
 listings = sys.argv[1]
+endless_pages = sys.argv[2:] == ["pages"]
 lock = threading.Lock()
 
 
@@ -41,11 +44,16 @@ for line in sys.stdin:
         }
         send({"jsonrpc": "2.0", "id": ident, "result": result})
     elif method == "notifications/initialized":
-        threading.Thread(target=flood, daemon=True).start()
+        if not endless_pages:
+            threading.Thread(target=flood, daemon=True).start()
     elif method == "tools/list":
         with open(listings, "a", encoding="utf-8") as out:
             out.write("%f\n" % time.time())
-        send({"jsonrpc": "2.0", "id": ident, "result": {"tools": TOOLS}})
+        result = {"tools": TOOLS}
+        if endless_pages:
+            cursor = int((message.get("params") or {}).get("cursor") or 0)
+            result = {"tools": [dict(TOOLS[0], name="noop%d" % cursor)], "nextCursor": str(cursor + 1)}
+        send({"jsonrpc": "2.0", "id": ident, "result": result})
     elif ident is not None:
         error = {"code": -32601, "message": "no such method"}
         send({"jsonrpc": "2.0", "id": ident, "error": error})

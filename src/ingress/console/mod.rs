@@ -35,7 +35,7 @@ use super::connection::RequestBody;
 use super::follow::Streams;
 use super::operations::Operations;
 use super::query::{Query, path_segment};
-use super::response::{HttpResponse, request_timeout};
+use super::response::{Counted, HttpResponse, RefusalReason, request_timeout};
 
 /// A console answer: a page, or the live transcript's stream.
 pub(crate) type ConsoleBody = UnsyncBoxBody<Bytes, Infallible>;
@@ -193,6 +193,7 @@ impl Console {
         let values = context! { message => refusal.message(), status => status.as_u16() };
         let mut page = self.render(page, values, door);
         *page.status_mut() = status;
+        page.extensions_mut().insert(Counted);
         page
     }
 
@@ -210,6 +211,10 @@ impl Console {
             door,
         );
         *page.status_mut() = status;
+        page.extensions_mut().insert(RefusalReason {
+            reason: "action_refused",
+            message: message.to_string(),
+        });
         page
     }
 
