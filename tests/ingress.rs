@@ -349,6 +349,12 @@ fn slow_header_clients_are_disconnected_after_header_timeout() {
     }
     // The daemon still serves others.
     assert_eq!(github_post(&daemon, ISSUE, "after-slow").status, 202);
+    // The head that never ended is a refusal, counted and logged; a connection that sent
+    // nothing (a load balancer's TCP check) is none.
+    let metrics = workspace.metrics();
+    let line = "agentgate_refusals_total{route=\"\",code=\"408\",reason=\"header_timeout\"} 1";
+    assert!(metrics.contains(line), "{line} in:\n{metrics}");
+    daemon.wait_for_log("webhook refused (408): the request's head did not come within");
 }
 
 #[test]

@@ -156,24 +156,20 @@ impl Ingress {
         }
     }
 
-    /// A request hyper answered itself before any route saw it, `400` for a head it could not
-    /// parse, `431` for one too large (hyper's limits): counted and logged as the listener's
-    /// other refusals. Other connection errors (a client gone) are no refusal.
-    pub(crate) fn unparsed(&self, peer: SocketAddr, error: &hyper::Error) {
-        let (code, reason) = if error.is_parse_too_large() {
-            (431, "head_too_large")
-        } else if error.is_parse() {
-            (400, "malformed_request")
-        } else {
-            return;
-        };
-        metrics::http_request("", code);
+    /// A request refused before any route saw it: counted and logged as the listener's other
+    /// refusals.
+    pub(crate) fn refused_unrouted(&self, peer: SocketAddr, refusal: Unrouted) {
+        let (code, reason) = (refusal.code(), refusal.reason());
+        match refusal {
+            Unrouted::Malformed | Unrouted::TooLarge => metrics::http_request("", code),
+            // Nothing was answered: the connection was closed.
+            Unrouted::HeadTimeout => {}
+        }
         metrics::refusal("", code, reason);
         if let Some(suppressed) = self.refusal_log.admit() {
             tracing::warn!(peer = %peer.ip(), status = code, reason = reason,
                 suppressed_before = suppressed,
-                "webhook refused ({code}): the request's head {} (answered by the HTTP layer: {error})",
-                if code == 431 { "is too large" } else { "cannot be parsed" });
+                "webhook refused ({code}): the request's head {}", refusal.what());
         }
     }
 
@@ -724,5 +720,55 @@ mod tests {
         );
         assert_eq!(client_address(proxy, &spoofed, &[]), "10.0.0.5:40000");
         assert_eq!(client_address(proxy, &[], &trusted), "10.0.0.5:40000");
+    }
+}
+
+/// Why a request was refused before any route saw it: by the HTTP layer (hyper answers a head
+/// it cannot parse with `400`, one too large with `431`), or because its head did not come
+/// within `header_timeout` (the connection is closed, answering nothing).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Unrouted {
+    Malformed,
+    TooLarge,
+    HeadTimeout,
+}
+
+impl Unrouted {
+    /// The refusal hyper's connection error stands for; `None` for a client gone or idle.
+    pub(crate) fn of(error: &hyper::Error) -> Option<Unrouted> {
+        if error.is_parse_too_large() {
+            Some(Unrouted::TooLarge)
+        } else if error.is_parse() {
+            Some(Unrouted::Malformed)
+        } else {
+            None
+        }
+    }
+
+    fn code(self) -> u16 {
+        match self {
+            Unrouted::Malformed => 400,
+            Unrouted::TooLarge => 431,
+            Unrouted::HeadTimeout => 408,
+        }
+    }
+
+    /// The `reason` label of `agentgate_refusals_total`.
+    fn reason(self) -> &'static str {
+        match self {
+            Unrouted::Malformed => "malformed_request",
+            Unrouted::TooLarge => "head_too_large",
+            Unrouted::HeadTimeout => "header_timeout",
+        }
+    }
+
+    fn what(self) -> &'static str {
+        match self {
+            Unrouted::Malformed => "cannot be parsed (answered by the HTTP layer)",
+            Unrouted::TooLarge => "is too large (answered by the HTTP layer)",
+            Unrouted::HeadTimeout => {
+                "did not come within server.header_timeout; the connection was closed"
+            }
+        }
     }
 }

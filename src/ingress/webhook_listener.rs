@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Ingress;
 use super::connection::{Clocked, OpenConnections, Protocol, Watched, detect_protocol};
+use super::http::Unrouted;
 use super::listener::{Accepted, Admission, Listener, Opened, Serve, Tls, handshake};
 use super::unread;
 use crate::config::ServerSettings;
@@ -234,11 +235,13 @@ impl Protocols {
                 // nothing (no request of it was acknowledged).
                 tokio::select! {
                     served = connection => {
-                        if let Err(error) = served {
-                            refusals.unparsed(peer, &error);
+                        if let Some(refusal) = served.err().as_ref().and_then(Unrouted::of) {
+                            refusals.refused_unrouted(peer, refusal);
                         }
                     }
-                    () = clock.overdue(self.header_timeout) => {}
+                    () = clock.overdue(self.header_timeout) => {
+                        refusals.refused_unrouted(peer, Unrouted::HeadTimeout);
+                    }
                     () = registration.close.cancelled() => {}
                 }
             }

@@ -31,10 +31,12 @@ pub(crate) struct PastTurn {
     pub messages: Vec<Message>,
 }
 
-/// The earlier turns to show, oldest first.
-pub(crate) fn select(turns: Vec<PastTurn>, limits: HistoryLimits) -> Vec<Message> {
+/// The earlier turns to show, oldest first. `turns` are the session's earlier turns from its
+/// `skipped`-th on: those before it need not be read, since the turn bound leaves them out
+/// whatever they hold ([`never_shown`]).
+pub(crate) fn select(turns: Vec<PastTurn>, limits: HistoryLimits, skipped: usize) -> Vec<Message> {
     let sizes: Vec<usize> = turns.iter().map(turn_bytes).collect();
-    let cut = first_shown(&sizes, limits);
+    let cut = first_shown(&sizes, limits, skipped);
     turns
         .into_iter()
         .skip(cut)
@@ -42,41 +44,49 @@ pub(crate) fn select(turns: Vec<PastTurn>, limits: HistoryLimits) -> Vec<Message
         .collect()
 }
 
-/// The index of the first turn shown. Turns are dropped from the oldest in blocks (in turns,
-/// then in bytes), so the cut stays put across consecutive requests until a whole block must go.
-fn first_shown(sizes: &[usize], limits: HistoryLimits) -> usize {
-    let total_turns = sizes.len();
-    let turn_step = turn_block(limits.max_turns);
-    let mut cut = 0;
-    if total_turns > limits.max_turns {
-        let excess = total_turns - limits.max_turns;
-        cut = excess.div_ceil(turn_step) * turn_step;
+/// How many of a session's `total` earlier turns the turn bound leaves out: whole blocks of
+/// them, from the oldest, so that the cut stays put across consecutive requests until a whole
+/// block must go.
+pub(crate) fn never_shown(total: usize, limits: HistoryLimits) -> usize {
+    let step = turn_block(limits.max_turns);
+    if total > limits.max_turns {
+        (total - limits.max_turns).div_ceil(step) * step
+    } else {
+        0
     }
-    let byte_step = (limits.max_bytes / 2).max(1);
-    let bytes_from = |cut: usize| sizes[cut.min(total_turns)..].iter().sum::<usize>();
-    if bytes_from(cut) > limits.max_bytes {
-        // Drop whole steps of bytes, measured from the session's start, so the cut lands on
-        // the same turn for every request until the next step is needed.
-        let mut boundary = 0;
-        let mut running = 0;
-        let mut next_step = byte_step;
-        for (index, size) in sizes.iter().enumerate() {
-            running += size;
-            if running >= next_step {
-                boundary = index + 1;
-                next_step += byte_step;
-                if boundary >= cut && bytes_from(boundary) <= limits.max_bytes {
-                    break;
-                }
+}
+
+/// The index, in `sizes` (the byte sizes of the session's earlier turns from its `skipped`-th
+/// on), of the first turn shown: past the turn bound's cut, and past the byte bound's, which
+/// drops whole steps of half `max_bytes`, measured from the turn bound's cut, so that it too
+/// lands on the same turn for every request until the next step is needed.
+fn first_shown(sizes: &[usize], limits: HistoryLimits, skipped: usize) -> usize {
+    let by_turns = never_shown(skipped + sizes.len(), limits)
+        .saturating_sub(skipped)
+        .min(sizes.len());
+    let kept = sizes.get(by_turns..).unwrap_or_default();
+    by_turns + first_within_bytes(kept, limits.max_bytes)
+}
+
+/// The index of the first of `sizes` shown within `max_bytes`, in steps of half of it from
+/// the first; all of them (none shown) when the newest alone is larger than the budget.
+fn first_within_bytes(sizes: &[usize], max_bytes: usize) -> usize {
+    let bytes_from = |cut: usize| sizes.get(cut..).unwrap_or_default().iter().sum::<usize>();
+    if bytes_from(0) <= max_bytes {
+        return 0;
+    }
+    let step = (max_bytes / 2).max(1);
+    let (mut running, mut next_step) = (0, step);
+    for (index, size) in sizes.iter().enumerate() {
+        running += size;
+        if running >= next_step {
+            next_step += step;
+            if bytes_from(index + 1) <= max_bytes {
+                return index + 1;
             }
         }
-        cut = cut.max(boundary);
-        // A single turn larger than the budget: show none of the earlier ones.
-        if bytes_from(cut) > limits.max_bytes {
-            cut = total_turns;
-        }
     }
-    cut.min(total_turns)
+    sizes.len()
 }
 
 /// How many turns the cut drops at once under `max_turns`: half of it, and at least two when
@@ -133,7 +143,7 @@ mod tests {
 
     #[test]
     fn everything_fits_everything_is_shown() {
-        let shown = select((0..3).map(|_| turn(100)).collect(), limits(20, 10_000));
+        let shown = select((0..3).map(|_| turn(100)).collect(), limits(20, 10_000), 0);
         assert_eq!(shown.len(), 6);
     }
 
@@ -149,7 +159,7 @@ mod tests {
                 ],
             })
             .collect();
-        let shown = select(turns, limits(20, 1_000_000));
+        let shown = select(turns, limits(20, 1_000_000), 0);
         assert_eq!(shown.len() % 2, 0);
         let turns_shown = shown.len() / 2;
         assert!((10..=20).contains(&turns_shown), "{turns_shown}");
@@ -159,6 +169,7 @@ mod tests {
         let shown = select(
             (0..10).map(|_| turn(300_000)).collect(),
             limits(20, 1_000_000),
+            0,
         );
         let bytes: usize = shown.iter().map(message_bytes).sum();
         assert!(bytes <= 1_000_000, "{bytes}");
@@ -170,7 +181,7 @@ mod tests {
         let mut cuts = Vec::new();
         for total in 25..55 {
             let sizes = vec![10_000; total];
-            cuts.push(first_shown(&sizes, limits(20, 1_000_000)));
+            cuts.push(first_shown(&sizes, limits(20, 1_000_000), 0));
         }
         let moves = cuts.windows(2).filter(|pair| pair[0] != pair[1]).count();
         assert!(
@@ -181,7 +192,7 @@ mod tests {
         let mut cuts = Vec::new();
         for total in 1..31 {
             let sizes = vec![100_000; total];
-            cuts.push(first_shown(&sizes, limits(100, 1_000_000)));
+            cuts.push(first_shown(&sizes, limits(100, 1_000_000), 0));
         }
         let moves = cuts.windows(2).filter(|pair| pair[0] != pair[1]).count();
         assert!(
@@ -207,7 +218,7 @@ mod tests {
             "blocks of half the bound, at least two"
         );
         let cuts: Vec<usize> = (0..12)
-            .map(|total| first_shown(&vec![1_000; total], limits(2, 1_000_000)))
+            .map(|total| first_shown(&vec![1_000; total], limits(2, 1_000_000), 0))
             .collect();
         assert_eq!(cuts, [0, 0, 0, 2, 2, 4, 4, 6, 6, 8, 8, 10]);
         for (total, cut) in cuts.iter().enumerate() {
@@ -221,6 +232,26 @@ mod tests {
             moves.windows(2).all(|pair| !(pair[0] && pair[1])),
             "{cuts:?}"
         );
+    }
+
+    /// A turn reads only the turns from [`never_shown`] on, and shows what it would show had it
+    /// read them all, whichever bound cuts.
+    #[test]
+    fn turns_never_shown_need_not_be_read() {
+        for (max_turns, max_bytes) in [(2, 1_000_000), (20, 50_000), (20, 1_000_000), (5, 3_000)] {
+            for total in 0..60 {
+                let sizes: Vec<usize> = (0..total).map(|n| 1_000 + (n * 7_919) % 9_000).collect();
+                let bounds = limits(max_turns, max_bytes);
+                let skip = never_shown(total, bounds);
+                let read = sizes.get(skip..).unwrap_or_default();
+                assert_eq!(
+                    first_shown(&sizes, bounds, 0),
+                    skip + first_shown(read, bounds, skip),
+                    "{total} turns, {bounds:?}"
+                );
+                assert!(first_shown(&sizes, bounds, 0) >= skip);
+            }
+        }
     }
 
     #[test]

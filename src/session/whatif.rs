@@ -329,7 +329,7 @@ impl Trial {
             Ok(texts) => texts,
             Err(error) => return Run::failed(error, notes),
         };
-        let mut messages = opening(route, &system, recorded.history.clone());
+        let mut messages = opening(route, &system, recorded.history.clone(), 0);
         let turn_start = messages.len();
         let first = prompt::event_message(
             &event.route,

@@ -312,6 +312,15 @@ pub(crate) trait Turns: Send + Sync {
         turn_id: &str,
         traceparent: &str,
     ) -> Result<Option<String>, StoreError>;
+    /// How many turns a session's history counts (its event entries no rewind superseded).
+    async fn history_turns(&self, session_key: &str) -> Result<i64, StoreError>;
+    /// Where the session's `nth` such turn (from 0, oldest first) starts: the seq of its event
+    /// entry; `None` when there are not that many.
+    async fn history_turn_start(
+        &self,
+        session_key: &str,
+        nth: i64,
+    ) -> Result<Option<i64>, StoreError>;
     /// A session's transcript after the entry `after_seq` (`i64::MIN`: all of it).
     async fn transcript(
         &self,

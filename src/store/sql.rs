@@ -313,6 +313,28 @@ pub(crate) const TRANSCRIPT_SQL: &str =
 pub(crate) const TRANSCRIPT_TAIL_SQL: &str =
     concatcp!(TRANSCRIPT_ROWS, " ORDER BY t.seq DESC LIMIT $3");
 
+/// The turns a session's history counts: its event entries that no rewind superseded, each the
+/// start of one turn's entries. Read from their own index (`transcript_events`, whose `WHERE`
+/// these repeat word for word, literal included, so that both engines may use it), so that a
+/// turn reads only the entries of the turns it may show, however long the session.
+const HISTORY_TURNS_WHERE: &str = concatcp!(
+    " FROM transcript WHERE session_key = $1 AND kind = '",
+    super::model::EVENT_ENTRY,
+    "' AND superseded_by IS NULL"
+);
+
+/// `$1` session key: how many turns its history counts.
+pub(crate) const HISTORY_TURNS_SQL: &str =
+    concatcp!("SELECT count(*) AS turns", HISTORY_TURNS_WHERE);
+
+/// `$1` session key, `$2` n: where its n-th turn (from 0, oldest first) starts, the seq of its
+/// event entry.
+pub(crate) const HISTORY_TURN_START_SQL: &str = concatcp!(
+    "SELECT seq",
+    HISTORY_TURNS_WHERE,
+    " ORDER BY seq LIMIT 1 OFFSET $2"
+);
+
 // ---- Recovery --------------------------------------------------------------------------------
 
 /// `$1` event id, `$2` the resume reason, `$3` now, `$4` whether it must run alone: an

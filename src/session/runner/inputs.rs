@@ -6,9 +6,9 @@
 use super::{MCP_START_WAIT, READING, Running};
 use crate::agent::catalog::Catalog;
 use crate::agent::message::{Message, Role};
-use crate::session::prompt;
 use crate::session::transcript::Mark;
 use crate::session::turn::{Entry, Outcome};
+use crate::session::{history, prompt};
 use crate::store::{Continuation, EVENT_ENTRY, Event, TranscriptRow};
 use crate::usage::Spent;
 
@@ -123,20 +123,33 @@ impl Running<'_> {
             })
     }
 
-    /// The session's transcript entries, grouped by event, oldest first: a group starts with
-    /// the entry of its event, and the resumes of that event continue it (a resumed run records
-    /// no event entry of its own), so a call made in one run and re-run in a later one stays
-    /// with its result, or is settled, whichever run was cut off. A rewind to a model reply
-    /// continues the group of that reply the same way. Superseded entries are left out.
-    pub(super) async fn past_turns(&self) -> Option<Vec<Vec<Entry>>> {
+    /// The session's transcript entries from the first turn its history may show (the turns
+    /// before it are not read: [`history::never_shown`]), grouped by event, oldest first, and
+    /// how many turns were not read. A group starts with the entry of its event, and the
+    /// resumes of that event continue it (a resumed run records no event entry of its own), so
+    /// a call made in one run and re-run in a later one stays with its result, or is settled,
+    /// whichever run was cut off. A rewind to a model reply continues the group of that reply
+    /// the same way. Superseded entries are left out. `own_last`: the last group is this run's
+    /// own (it continues it), not an earlier turn.
+    pub(super) async fn past_turns(&self, own_last: bool) -> Option<(Vec<Vec<Entry>>, usize)> {
         let key = &self.turn.event.session_key;
-        let rows = self
+        let limits = self.route.history;
+        let (rows, skipped) = self
             .context
             .retrying(READING, |store| async move {
-                crate::session::transcript(&store, key, i64::MIN).await
+                let counted = usize::try_from(store.history_turns(key).await?).unwrap_or(0);
+                let skipped = history::never_shown(counted.saturating_sub(own_last.into()), limits);
+                let start = match i64::try_from(skipped) {
+                    Ok(0) | Err(_) => None,
+                    Ok(nth) => store.history_turn_start(key, nth).await?,
+                };
+                // Not that many turns after all (a rewind in between): all of them.
+                let (after, skipped) = start.map_or((i64::MIN, 0), |seq| (seq - 1, skipped));
+                let rows = crate::session::transcript(&store, key, after).await?;
+                Ok((rows, skipped))
             })
             .await?;
-        Some(grouped_by_event(rows))
+        Some((grouped_by_event(rows), skipped))
     }
 
     /// Why this run continues an earlier one, if it does. A run cut off before it committed

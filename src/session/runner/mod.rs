@@ -260,10 +260,16 @@ pub(super) fn message_cap(route: &RouteSettings) -> usize {
 }
 
 /// The conversation a turn starts from: the route's system message, then the session's
-/// earlier `turns` (grouped by event, oldest first) within the route's history bounds. A past
-/// turn that ended with a call unanswered (it failed or was cancelled mid-call) still shows
-/// every call with a result: the API refuses a call without one.
-pub(super) fn opening(route: &RouteSettings, system: &str, turns: Vec<Vec<Entry>>) -> Vec<Message> {
+/// earlier `turns` (grouped by event, oldest first, from its `skipped`-th turn on) within the
+/// route's history bounds. A past turn that ended with a call unanswered (it failed or was
+/// cancelled mid-call) still shows every call with a result: the API refuses a call without
+/// one.
+pub(super) fn opening(
+    route: &RouteSettings,
+    system: &str,
+    turns: Vec<Vec<Entry>>,
+    skipped: usize,
+) -> Vec<Message> {
     let message_cap = message_cap(route);
     let past = turns
         .into_iter()
@@ -273,7 +279,7 @@ pub(super) fn opening(route: &RouteSettings, system: &str, turns: Vec<Vec<Entry>
         .collect();
     let mut messages = vec![prompt::system_message(route, system)];
     messages.extend(
-        history::select(past, route.history)
+        history::select(past, route.history, skipped)
             .into_iter()
             .map(|message| history::bounded(message, message_cap)),
     );
@@ -330,9 +336,6 @@ impl Running<'_> {
         let Some((system, prompt_text)) = self.rendered_texts().await else {
             return;
         };
-        let Some(mut turns) = self.past_turns().await else {
-            return;
-        };
         let Some(continues) = self.continues().await else {
             return;
         };
@@ -341,13 +344,17 @@ impl Running<'_> {
         // entry of its own; then, if it is cut off, it resumes as any other turn.
         let rewound_reply = continues.is_none() && self.turn.rewound == Some(RewindFrom::Reply);
         // A resumed turn continues the last one: that one is shown whole, whatever the limits.
-        let interrupted = if continues.is_some() || rewound_reply {
+        let own_last = continues.is_some() || rewound_reply;
+        let Some((mut turns, skipped)) = self.past_turns(own_last).await else {
+            return;
+        };
+        let interrupted = if own_last {
             turns.pop().unwrap_or_default()
         } else {
             Vec::new()
         };
         let message_cap = message_cap(self.route);
-        let mut messages = opening(self.route, &system, turns);
+        let mut messages = opening(self.route, &system, turns, skipped);
         let turn_start = messages.len();
         messages.extend(
             messages_of(&interrupted)

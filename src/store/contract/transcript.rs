@@ -1,10 +1,13 @@
 //! A long session's transcript is read from its end: the console's session page reads the
 //! latest entries (and one more, to know there are earlier ones), never the whole transcript,
-//! whatever its length; an event's page reads its turns' entries through the turns (both plans
-//! are pinned on a deep table, on both backends).
+//! whatever its length; an event's page reads its turns' entries through the turns; a turn
+//! finds where the turns its history may show start from their own index (the plans are
+//! pinned on a deep table, on both backends).
 
 use crate::store::Store;
-use crate::store::sql::{EVENT_TRANSCRIPT_SQL, TRANSCRIPT_TAIL_SQL};
+use crate::store::sql::{
+    EVENT_TRANSCRIPT_SQL, HISTORY_TURN_START_SQL, HISTORY_TURNS_SQL, TRANSCRIPT_TAIL_SQL,
+};
 
 /// Entries of the deep session: months of a busy one.
 const DEEP: i64 = 50_000;
@@ -31,6 +34,7 @@ pub(super) async fn a_deep_transcript_is_read_from_its_end(
     assert!(tail_plan.contains(index_read), "{tail_plan}");
     assert!(!reads_all_or_sorts(&tail_plan), "{tail_plan}");
     an_event_s_entries_are_read_through_its_turns(store, &run, explain, node).await;
+    the_history_s_turns_are_found_in_their_own_index(store, &run, explain).await;
 }
 
 /// Writes the session `deep`: `DEEP` entries of one old turn, then fresh statistics.
@@ -112,6 +116,38 @@ async fn an_event_s_entries_are_read_through_its_turns(
         step == "scan t" || step.starts_with("seq scan on transcript")
     });
     assert!(!scans, "{plan}");
+}
+
+/// The turns a history counts are the event entries no rewind superseded, found without
+/// walking the deep session's other entries: `TURNS` of them after its `DEEP` messages, one
+/// more superseded.
+async fn the_history_s_turns_are_found_in_their_own_index(
+    store: &Store,
+    run: &impl Fn(&str) -> String,
+    explain: &str,
+) {
+    const TURNS: i64 = 100;
+    run(&format!(
+        "INSERT INTO transcript (session_key, seq, turn_id, kind, body, created_at, superseded_by)
+         WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < {TURNS})
+         SELECT 'deep', {start} + 10 * i, 'history-turn', 'event', '{{\"kind\":\"event\"}}', 0,
+                CASE WHEN i = 1 THEN 'rewinding-turn' END
+         FROM n;
+         ANALYZE",
+        start = 2 * DEEP
+    ));
+    assert_eq!(store.history_turns("deep").await.expect("count"), TURNS);
+    assert_eq!(store.history_turns("none").await.expect("count"), 0);
+    for (nth, seq) in [(0, Some(2 * DEEP)), (1, Some(2 * DEEP + 20)), (TURNS, None)] {
+        let start = store.history_turn_start("deep", nth).await.expect("start");
+        assert_eq!(start, seq, "turn {nth}");
+    }
+    for sql in [HISTORY_TURNS_SQL, HISTORY_TURN_START_SQL] {
+        let sql = sql.replace("$1", "'deep'").replace("$2", "50");
+        let plan = run(&format!("{explain} {sql}"));
+        assert!(plan.contains("transcript_events"), "{plan}");
+        assert!(!reads_all_or_sorts(&plan), "{plan}");
+    }
 }
 
 /// Whether a plan (SQLite's or PostgreSQL's) scans the whole transcript or sorts what it read.

@@ -258,6 +258,9 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE events ADD COLUMN rewind_entry BIGINT;
     ALTER TABLE events ADD COLUMN rewind_from TEXT;
     ALTER TABLE events ADD COLUMN rewind_turn TEXT;",
+    // 15: the turns a session's history counts, as in the SQLite schema.
+    "CREATE INDEX transcript_events ON transcript (session_key, seq)
+        WHERE kind = 'event' AND superseded_by IS NULL;",
 ];
 
 impl PostgresStore {

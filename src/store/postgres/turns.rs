@@ -17,7 +17,8 @@ use crate::store::now_millis;
 use crate::store::row::StoredRow;
 use crate::store::sql::{
     CLAIM_COLUMNS, EARLIER_TURN_SPAN_SQL, END_SESSION_SET, EVENT_HAS_TRANSCRIPT_SQL, HELD_SUMS,
-    JOIN_QUEUED_SET, RECORD_TURN_SPAN_SQL, RELEASE_SQL, TRANSCRIPT_SQL,
+    HISTORY_TURN_START_SQL, HISTORY_TURNS_SQL, JOIN_QUEUED_SET, RECORD_TURN_SPAN_SQL, RELEASE_SQL,
+    TRANSCRIPT_SQL,
 };
 use crate::store::states::{
     IDLE, PENDING, QUEUED, RESUME_PENDING, ResumeReason, SESSION_RUNNING, SUSPENDED, TURN_RUNNING,
@@ -338,6 +339,24 @@ impl Turns for PostgresStore {
     async fn event_has_transcript(&self, event_id: &str) -> Result<bool, StoreError> {
         self.fetch_one(EVENT_HAS_TRANSCRIPT_SQL, &[&event_id], |row| {
             row.column("found")
+        })
+        .await
+    }
+
+    async fn history_turns(&self, session_key: &str) -> Result<i64, StoreError> {
+        self.fetch_one(HISTORY_TURNS_SQL, &[&session_key], |row| {
+            row.column("turns")
+        })
+        .await
+    }
+
+    async fn history_turn_start(
+        &self,
+        session_key: &str,
+        nth: i64,
+    ) -> Result<Option<i64>, StoreError> {
+        self.fetch_optional(HISTORY_TURN_START_SQL, &[&session_key, &nth], |row| {
+            row.column("seq")
         })
         .await
     }

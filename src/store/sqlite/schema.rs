@@ -233,6 +233,11 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE events ADD COLUMN rewind_entry INTEGER;
     ALTER TABLE events ADD COLUMN rewind_from TEXT;
     ALTER TABLE events ADD COLUMN rewind_turn TEXT;",
+    // 17: a turn reads only the entries of the turns its history may show: the turns a
+    // session's history counts (its event entries no rewind superseded) have an index of their
+    // own (`store::sql::HISTORY_TURNS_SQL`).
+    "CREATE INDEX transcript_events ON transcript(session_key, seq)
+        WHERE kind = 'event' AND superseded_by IS NULL;",
 ];
 
 /// The schema version this build writes.

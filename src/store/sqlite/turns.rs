@@ -15,7 +15,8 @@ use crate::store::model::{
 use crate::store::row::StoredRow;
 use crate::store::sql::{
     CLAIM_COLUMNS, EARLIER_TURN_SPAN_SQL, END_SESSION_SET, EVENT_HAS_TRANSCRIPT_SQL, HELD_SUMS,
-    JOIN_QUEUED_SET, RECORD_TURN_SPAN_SQL, RELEASE_SQL, TRANSCRIPT_SQL,
+    HISTORY_TURN_START_SQL, HISTORY_TURNS_SQL, JOIN_QUEUED_SET, RECORD_TURN_SPAN_SQL, RELEASE_SQL,
+    TRANSCRIPT_SQL,
 };
 use crate::store::states::{
     IDLE, PENDING, QUEUED, RESUME_PENDING, ResumeReason, SESSION_RUNNING, SUSPENDED, TURN_RUNNING,
@@ -333,6 +334,30 @@ impl Turns for SqliteStore {
         self.read(move |connection| {
             query_one(connection, EVENT_HAS_TRANSCRIPT_SQL, &[&event_id], |row| {
                 value(row, "found")
+            })
+        })
+        .await
+    }
+
+    async fn history_turns(&self, session_key: &str) -> Result<i64, StoreError> {
+        let key = session_key.to_string();
+        self.read(move |connection| {
+            query_one(connection, HISTORY_TURNS_SQL, &[&key], |row| {
+                value(row, "turns")
+            })
+        })
+        .await
+    }
+
+    async fn history_turn_start(
+        &self,
+        session_key: &str,
+        nth: i64,
+    ) -> Result<Option<i64>, StoreError> {
+        let key = session_key.to_string();
+        self.read(move |connection| {
+            query_optional(connection, HISTORY_TURN_START_SQL, &[&key, &nth], |row| {
+                value(row, "seq")
             })
         })
         .await
