@@ -13,8 +13,12 @@
 //!    Each sample is the time from one model request to the next within a turn: one model round
 //!    trip, two commits and the tool call, so the difference between the two kinds is the
 //!    difference between their calls. Needs the servers of `tests/mcp/install`.
+//! 5. one long session: the daemon's CPU per event while a session is young and after
+//!    thousands of earlier turns (AGENTGATE_BENCH_HISTORY, default 2,000), within the default
+//!    history bound.
 //!
-//! Run: cargo bench --bench turns
+//! Run: cargo bench --bench turns [per_step|concurrent_turns|time_to_ready|tool_calls|long_session]
+//! (AGENTGATE_BENCH_BIN=PATH measures another build of the daemon, to compare with)
 
 #[path = "../tests/common/stub.rs"]
 #[expect(dead_code, reason = "the tests' stub model; the benchmark uses a part")]
@@ -27,7 +31,11 @@ use std::time::{Duration, Instant};
 
 use stub::{Reply, Stub};
 
-const BIN: &str = env!("CARGO_BIN_EXE_agentgate");
+/// The daemon measured: this build's, or AGENTGATE_BENCH_BIN (another build, to compare with).
+fn daemon_binary() -> String {
+    std::env::var("AGENTGATE_BENCH_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_agentgate").to_string())
+}
 
 struct Daemon {
     child: Child,
@@ -74,7 +82,7 @@ session = "{{{{ payload.session }}}}"
 }
 
 fn start(config: &std::path::Path, notify: Option<&std::path::Path>) -> Daemon {
-    let mut command = Command::new(BIN);
+    let mut command = Command::new(daemon_binary());
     command
         .args(["serve", "--config"])
         .arg(config)
@@ -448,6 +456,69 @@ fn tool_calls() {
     }
 }
 
+/// The daemon's CPU time so far (user and system), in milliseconds.
+fn cpu_ms(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command's name, which is in parentheses and may hold spaces.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks = |index: usize| fields.get(index).and_then(|t| t.parse::<f64>().ok());
+    // utime and stime, fields 14 and 15 of the line, in ticks of 10 ms (USER_HZ).
+    (ticks(11).unwrap_or(0.0) + ticks(12).unwrap_or(0.0)) * 10.0
+}
+
+/// Posts `count` events of `payload_bytes` to session `long` and waits until `until` turns
+/// have completed; the daemon's CPU milliseconds per event meanwhile.
+fn session_events(port: u16, dir: &std::path::Path, pid: u32, count: usize, until: i64) -> f64 {
+    let filler = "x".repeat(8 * 1024);
+    let before = cpu_ms(pid);
+    for n in 0..count {
+        let body = format!(r#"{{"session":"long","n":{n},"detail":"{filler}"}}"#);
+        assert!(post(port, &body));
+    }
+    let deadline = Instant::now() + Duration::from_secs(1800);
+    while query(
+        dir,
+        "SELECT count(*), 0, 0 FROM turns WHERE status = 'completed'",
+    )[0]
+    .0 < until
+    {
+        assert!(Instant::now() < deadline, "the turns did not complete");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (cpu_ms(pid) - before) / count as f64
+}
+
+/// One session that lives long: the daemon's CPU per event while the session is young, and
+/// after AGENTGATE_BENCH_HISTORY (default 2,000) earlier turns, each event 8 KiB, the route's
+/// history bound the default (20 turns), the model answering at once.
+fn long_session() {
+    const MEASURED: usize = 100;
+    let history: usize = std::env::var("AGENTGATE_BENCH_HISTORY")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(2_000);
+    let model = Stub::start(|_, _| Reply::answer("done"));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = free_port();
+    let daemon = start(&config(dir.path(), port, &model.url(), 4), None);
+    wait_ready(port);
+    let pid = daemon.child.id();
+    let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+    let young = session_events(port, dir.path(), pid, MEASURED, count(MEASURED));
+    let filled = history.max(MEASURED);
+    session_events(port, dir.path(), pid, filled - MEASURED, count(filled));
+    let old = session_events(port, dir.path(), pid, MEASURED, count(filled + MEASURED));
+    println!(
+        "long_session: daemon CPU per event: {young:.2} ms over turns 1-{MEASURED}, \
+         {old:.2} ms over turns {}-{} (8 KiB events, history bound 20 turns)",
+        filled + 1,
+        filled + MEASURED
+    );
+}
+
 fn main() {
     let which = std::env::args().nth(1).filter(|a| !a.starts_with("--"));
     match which.as_deref() {
@@ -455,11 +526,13 @@ fn main() {
         Some("concurrent_turns") => concurrent_turns(),
         Some("time_to_ready") => time_to_ready(),
         Some("tool_calls") => tool_calls(),
+        Some("long_session") => long_session(),
         _ => {
             per_step();
             concurrent_turns();
             time_to_ready();
             tool_calls();
+            long_session();
         }
     }
 }
