@@ -76,7 +76,8 @@ pub(crate) fn start(settings: &TelemetrySettings) -> Result<(), TelemetryError> 
         .with_endpoint(format!("{endpoint}/v1/traces"))
         .with_timeout(EXPORT_TIMEOUT)
         .build()
-        .map_err(|err| failed(err.to_string()))?;
+        // Its message may repeat the endpoint, which may hold a secret.
+        .map_err(|err| failed(err.to_string().replace(endpoint.as_str(), "the endpoint")))?;
     let batches = BatchConfigBuilder::default()
         .with_max_queue_size(QUEUE)
         .build();

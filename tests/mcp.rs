@@ -517,6 +517,32 @@ fn a_server_that_pages_its_tools_without_end_is_not_offered() {
     assert!(offered_tools(&model.requests()[0]).is_empty());
 }
 
+/// An MCP server's `url` may hold a token: when the server cannot be reached, `status` and the
+/// journal say so without it.
+#[test]
+fn an_unreachable_http_server_is_reported_without_its_url() {
+    let workspace = Workspace::new();
+    let model = Stub::start(|_, _| Reply::answer("no tools needed"));
+    let closed = common::free_port();
+    workspace.write_config(&format!(
+        "{}\n[mcp.remote]\nurl = \"http://127.0.0.1:{closed}/s3cr3t-path/mcp?token=s3cr3t\"\n\n{}",
+        model.model_section(),
+        route(r#"["remote.*"]"#),
+    ));
+    let daemon = workspace.start();
+    let mut error = String::new();
+    wait_until("the server to be reported down", LIMIT, || {
+        error = workspace.status()["mcp"]["remote"]["error"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        !error.is_empty()
+    });
+    assert!(!error.contains("s3cr3t"), "{error}");
+    daemon.wait_for_log("MCP server remote is down");
+    assert!(!daemon.log().contains("s3cr3t"), "{}", daemon.log());
+}
+
 #[test]
 fn a_server_that_cannot_start_is_reported_and_the_daemon_serves_anyway() {
     let workspace = Workspace::new();
@@ -582,7 +608,7 @@ tools = ["missing.*", "ok."]
         + &String::from_utf8_lossy(&check.stderr);
     for expected in [
         "mcp.both: give exactly one transport",
-        "mcp.web.url: \"ftp://example.com\" is not an http:// or https:// URL",
+        "mcp.web.url: ftp://example.com/… is not an http:// or https:// URL",
         "mcp.web.cwd: cwd is for the stdio transport",
         "mcp.web.max_instances: max_instances is for the stdio transport",
         "mcp.ok.max_instances: 0 must be a positive whole number",

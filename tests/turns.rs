@@ -436,6 +436,40 @@ fn outbound_requests_follow_no_redirect() {
     );
 }
 
+/// A model endpoint's URL may hold a secret (a password, a token in its path): a failure names
+/// only its scheme and host, in the delivered error and in the journal.
+#[test]
+fn a_model_failure_names_the_endpoint_without_its_secrets() {
+    let model = Stub::start(|_, _| Reply::raw(401, "{}"));
+    let receiver = receiver();
+    let secret_url = format!("http://user:pa55word@{}/t0ken-in-the-path/v1", model.addr);
+    let text = config(&model, &receiver, "", "")
+        .replace(
+            "max_retries = 2\n",
+            "max_retries = 0\noutage_wait = \"0s\"\n",
+        )
+        .replace(
+            &format!("base_url = \"{}/v1\"", model.url()),
+            &format!("base_url = \"{secret_url}\""),
+        );
+    assert!(text.contains("t0ken-in-the-path"), "{text}");
+    let (setup, daemon) = start_with_config(model, receiver, &text);
+    let event_id = post(&daemon, "secret");
+    assert_eq!(
+        setup.workspace.wait_terminal(&event_id, TURN_LIMIT),
+        "failed"
+    );
+    let body = wait_delivery(&setup.receiver, &event_id).json();
+    let error = body["error"].as_str().unwrap_or_default();
+    assert!(error.contains("answered 401"), "{body}");
+    assert!(error.contains("127.0.0.1"), "{body}");
+    let log = daemon.log();
+    for secret in ["t0ken", "pa55word"] {
+        assert!(!body.to_string().contains(secret), "{body}");
+        assert!(!log.contains(secret), "{log}");
+    }
+}
+
 /// A reply larger than 4 MiB is not read to its end nor stored: the turn fails and says why
 /// (a model in a loop, or a hostile endpoint, cannot fill the daemon's memory or the state).
 #[test]

@@ -1,7 +1,9 @@
 //! The HTTP client of MCP servers on the streamable HTTP transport: rmcp's own reqwest client,
 //! which also sends a request's `traceparent` (the one a tool call carries in `_meta`) as an
 //! HTTP header, so that the server's HTTP layer, and any proxy before it, joins the trace
-//! (docs/reference.md, "Traces"). Everything else, the response limits included, is rmcp's.
+//! (docs/reference.md, "Traces"), and whose errors do not carry the server's URL (a `url` may
+//! hold a token: the errors reach the journal, `status` and the model). Everything else, the
+//! response limits included, is rmcp's.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -37,6 +39,14 @@ fn with_traceparent(
     custom_headers
 }
 
+/// `error` without the URL reqwest puts in its text.
+fn without_url(error: StreamableHttpError<reqwest::Error>) -> StreamableHttpError<reqwest::Error> {
+    if let StreamableHttpError::Client(error) = error {
+        return StreamableHttpError::Client(error.without_url());
+    }
+    error
+}
+
 impl StreamableHttpClient for TracedClient {
     type Error = reqwest::Error;
 
@@ -52,6 +62,7 @@ impl StreamableHttpClient for TracedClient {
         self.0
             .post_message(uri, message, session_id, auth_header, headers)
             .await
+            .map_err(without_url)
     }
 
     async fn post_message_with_max_sse_event_size(
@@ -74,6 +85,7 @@ impl StreamableHttpClient for TracedClient {
                 max_sse_event_size,
             )
             .await
+            .map_err(without_url)
     }
 
     async fn post_message_with_response_limits(
@@ -96,6 +108,7 @@ impl StreamableHttpClient for TracedClient {
                 limits,
             )
             .await
+            .map_err(without_url)
     }
 
     async fn delete_session(
@@ -108,6 +121,7 @@ impl StreamableHttpClient for TracedClient {
         self.0
             .delete_session(uri, session_id, auth_header, custom_headers)
             .await
+            .map_err(without_url)
     }
 
     async fn get_stream(
@@ -122,6 +136,7 @@ impl StreamableHttpClient for TracedClient {
         self.0
             .get_stream(uri, session_id, last_event_id, auth_header, custom_headers)
             .await
+            .map_err(without_url)
     }
 
     async fn get_stream_with_max_sse_event_size(
@@ -144,5 +159,6 @@ impl StreamableHttpClient for TracedClient {
                 max_sse_event_size,
             )
             .await
+            .map_err(without_url)
     }
 }

@@ -389,7 +389,8 @@ impl Model {
         endpoint: &Endpoint,
         body: &serde_json::Value,
     ) -> Result<Completion, ModelError> {
-        let url = &endpoint.url;
+        // Errors name the endpoint as `shown` (scheme and host): its URL may hold a secret.
+        let (url, shown) = (&endpoint.url, &endpoint.shown);
         let mut attempt = 0;
         loop {
             let mut request = endpoint.client.post(url).json(body);
@@ -410,12 +411,13 @@ impl Model {
                             Ok(Capped::Whole(bytes)) => bytes,
                             Ok(Capped::Over) => {
                                 return Err(ModelError::Malformed(format!(
-                                    "{url} sent a reply of more than {REPLY_CAP} bytes"
+                                    "{shown} sent a reply of more than {REPLY_CAP} bytes"
                                 )));
                             }
                             Err(err) => {
                                 return Err(ModelError::Unavailable(format!(
-                                    "reading the reply: {err}"
+                                    "{shown}: reading the reply: {}",
+                                    crate::tls::request_failure(&err, "the reply stalled")
                                 )));
                             }
                         };
@@ -427,7 +429,7 @@ impl Model {
                         Ok(Capped::Over) | Err(_) => String::new(),
                     };
                     let summary = format!(
-                        "{url} {}: {}",
+                        "{shown} {}: {}",
                         crate::tls::answered(status),
                         one_line(&text, 200)
                     );
@@ -438,7 +440,7 @@ impl Model {
                 }
                 Err(err) => (
                     format!(
-                        "{url}: {}",
+                        "{shown}: {}",
                         crate::tls::request_failure(&err, "no answer within model.request_timeout")
                     ),
                     None,

@@ -205,7 +205,7 @@ impl Deliverer {
         });
         let result = match &settings {
             DeliverSettings::Log => {
-                tracing::info!(result = %delivery.body, "turn result");
+                tracing::info!(result = %journal_body(&delivery.body), "turn result");
                 Ok(())
             }
             DeliverSettings::Http { url, key, .. } => {
@@ -396,4 +396,25 @@ async fn run_command(
 /// lockstep.
 fn backoff(attempt: u32) -> Duration {
     crate::clock::backoff(Duration::from_secs(1), BACKOFF_CAP, attempt, 0.5)
+}
+
+/// A delivery's body as `deliver = "log"` writes it to the journal: an approval request's links
+/// left out (whoever holds one decides with it, and the journal is read more widely than a
+/// route's target: `agentgate approvals` decides there).
+fn journal_body(body: &str) -> std::borrow::Cow<'_, str> {
+    let Ok(serde_json::Value::Object(mut request)) = serde_json::from_str(body) else {
+        return body.into();
+    };
+    if request.get("kind").and_then(|kind| kind.as_str()) != Some("approval_request") {
+        return body.into();
+    }
+    for link in ["approve_url", "deny_url"] {
+        if request.get(link).is_some_and(|url| !url.is_null()) {
+            request.insert(
+                link.to_string(),
+                "(not logged: decide with agentgate approvals)".into(),
+            );
+        }
+    }
+    serde_json::Value::Object(request).to_string().into()
 }

@@ -114,7 +114,10 @@ impl Checker<'_> {
         if url::Url::parse(base_url).is_err() {
             self.error(
                 key,
-                format!("{base_url:?} is not a URL such as \"http://127.0.0.1:8000/v1\""),
+                format!(
+                    "{} is not a URL such as \"http://127.0.0.1:8000/v1\"",
+                    super::redacted_url(base_url)
+                ),
             );
         }
         base_url.trim_end_matches('/').to_string()

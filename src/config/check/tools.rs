@@ -176,7 +176,10 @@ impl Checker<'_> {
                     Ok(parsed) if matches!(parsed.scheme(), "http" | "https") => {}
                     _ => self.error(
                         &format!("{prefix}.url"),
-                        format!("{url:?} is not an http:// or https:// URL"),
+                        format!(
+                            "{} is not an http:// or https:// URL",
+                            super::redacted_url(&url)
+                        ),
                     ),
                 }
                 let mut headers = BTreeMap::new();

@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use const_format::concatcp;
+use tokio_postgres::error::SqlState;
 
 use super::connect::{Cached, bounded};
 use super::{NODE_HISTORY_MS, OPERATION_TIMEOUT, PostgresStore};
@@ -15,6 +16,14 @@ use crate::store::model::NodeRow;
 use crate::store::row::StoredRow;
 use crate::store::states::{NodeState, SESSION_RUNNING};
 use crate::store::{Coordination, StoreError, now_millis};
+
+/// How long a renewal waits for a session row another transaction holds, in milliseconds.
+const HELD_WAIT_MS: &str = "500";
+
+/// The `key` column of `rows`.
+fn keys(rows: &[tokio_postgres::Row]) -> Result<Vec<String>, StoreError> {
+    rows.iter().map(|row| row.column::<String>("key")).collect()
+}
 
 /// `$1` the cutoff: node rows with a heartbeat since, or with a running session.
 const NODES_SQL: &str = concatcp!(
@@ -78,16 +87,16 @@ impl PostgresStore {
     }
 
     /// Renews this node's leases in one transaction. A row another transaction holds is
-    /// skipped, not waited for: a claim takes sessions and deliveries `FOR UPDATE SKIP LOCKED`,
-    /// and a renewal queued behind a turn's commit would hold the row's lock for the moment
-    /// after that commit, so a claim made right then would pass the session by. The holder is
-    /// this node's own commit, which renews the lease itself, and the next round comes within
-    /// a third of the lease's time. The sessions renewed are recorded as of the moment the
+    /// skipped at first, not waited for: a claim takes sessions and deliveries `FOR UPDATE SKIP
+    /// LOCKED`, and a renewal queued behind a turn's commit would hold the row's lock for the
+    /// moment after that commit, so a claim made right then would pass the session by. A
+    /// running session skipped so is then waited for, briefly ([`PostgresStore::renew_held`]):
+    /// its holder may be the accepts of a flood of events for it, round after round. The sessions renewed are recorded as of the moment the
     /// round began ([`Leases`]), once it has committed.
     pub(super) async fn renew(&self) -> Result<(), StoreError> {
         let asked_at = now_millis();
         let mut client = self.client().await?;
-        let tx = client.transaction().await?;
+        let mut tx = client.transaction().await?;
         let me = &self.shared.node_id;
         let sessions = tx
             .rows(
@@ -101,10 +110,8 @@ impl PostgresStore {
                 &[me, &self.shared.lease_ttl_ms],
             )
             .await?;
-        let renewed = sessions
-            .iter()
-            .map(|row| row.column::<String>("key"))
-            .collect::<Result<Vec<_>, _>>()?;
+        let renewed = keys(&sessions)?;
+        let (held, held_asked_at) = self.renew_held(&mut tx, &renewed).await?;
         tx.run(
             "UPDATE deliveries SET lease_expires_at = agentgate_now_ms() + $2
              WHERE event_id IN (SELECT event_id FROM deliveries WHERE lease_owner = $1
@@ -127,8 +134,64 @@ impl PostgresStore {
         tx.commit().await?;
         let leases = &self.shared.leases;
         leases.set(renewed.iter().map(String::as_str), asked_at);
+        leases.set(held.iter().map(String::as_str), held_asked_at);
         leases.forget_set_before(asked_at - self.shared.lease_ttl_ms);
         Ok(())
+    }
+
+    /// Renews the running sessions of this node that the first pass skipped, their rows locked
+    /// (by an accept committing a new event of theirs, or this node's own commit), once the lock
+    /// goes, waiting for it at most [`HELD_WAIT_MS`]: under a flood of events for one session
+    /// its row is locked most of the time, and a lease skipped round after round would run out
+    /// under its running turn. Returns them, with the time taken before their renewal.
+    async fn renew_held(
+        &self,
+        tx: &mut deadpool_postgres::Transaction<'_>,
+        renewed: &[String],
+    ) -> Result<(Vec<String>, i64), StoreError> {
+        let me = &self.shared.node_id;
+        let running: i64 = tx
+            .row(
+                concatcp!(
+                    "SELECT count(*) AS running FROM sessions WHERE lease_owner = $1 AND state = ",
+                    SESSION_RUNNING
+                ),
+                &[me],
+            )
+            .await?
+            .column("running")?;
+        let asked_at = now_millis();
+        if usize::try_from(running).unwrap_or(0) <= renewed.len() {
+            return Ok((Vec::new(), asked_at));
+        }
+        let held = tx.savepoint("held").await?;
+        held.batch_execute(concatcp!("SET LOCAL lock_timeout = ", HELD_WAIT_MS))
+            .await?;
+        let answer = held
+            .query(
+                concatcp!(
+                    "UPDATE sessions SET lease_expires_at = agentgate_now_ms() + $2
+                     WHERE lease_owner = $1 AND state = ",
+                    SESSION_RUNNING,
+                    " AND NOT (key = ANY($3)) RETURNING key"
+                ),
+                &[me, &self.shared.lease_ttl_ms, &renewed],
+            )
+            .await;
+        match answer {
+            Ok(rows) => {
+                held.batch_execute("SET LOCAL lock_timeout = DEFAULT")
+                    .await?;
+                held.commit().await?;
+                Ok((keys(&rows)?, asked_at))
+            }
+            // Still locked: the next round tries again.
+            Err(err) if err.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+                held.rollback().await?;
+                Ok((Vec::new(), asked_at))
+            }
+            Err(err) => Err(err.into()),
+        }
     }
 
     /// Renews the session's lease, or fails with `LeaseLost` when another node owns it now.
@@ -315,7 +378,7 @@ mod tests {
     use crate::config::PostgresSettings;
     use crate::secret::Secret;
     use crate::store::contract::postgres_server::Postgres;
-    use crate::store::{Coordination, now_millis};
+    use crate::store::{Coordination, StoreError, now_millis};
 
     /// A node on `server` (`lease_ttl` 30 s) that renews only when a test calls `renew` (no
     /// heartbeat round of its own), running turns of `sessions` (their leases expired).
@@ -324,7 +387,7 @@ mod tests {
             url: Secret::for_tests(server.url().as_bytes()),
             node: "renewal".into(),
             lease_ttl: Duration::from_secs(30),
-            pool_size: 2,
+            pool_size: 3,
             ca_file: None,
         };
         let store = PostgresStore::open(&settings, true).await.expect("open");
@@ -339,6 +402,40 @@ mod tests {
             rows.join(", ")
         ));
         store
+    }
+
+    /// A renewal of `store`, started, once it waits for a lock in a statement that begins with
+    /// `statement` (watched through a connection of its own, so that the test lets the lock go
+    /// as soon as it waits).
+    async fn renewal_waiting_at(
+        store: &PostgresStore,
+        statement: &str,
+    ) -> tokio::task::JoinHandle<Result<(), StoreError>> {
+        let renewal = tokio::spawn({
+            let store = store.clone();
+            async move { store.renew().await }
+        });
+        let watcher = store.client().await.expect("client");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let waiting: i64 = watcher
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity \
+                     WHERE wait_event_type = 'Lock' AND starts_with(query, $1)",
+                    &[&statement],
+                )
+                .await
+                .expect("pg_stat_activity")
+                .get(0);
+            if waiting == 1 {
+                return renewal;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the renewal never waited at {statement}"
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
     }
 
     /// The heartbeat never waits for a row another transaction holds: one waiting would hold
@@ -377,6 +474,32 @@ mod tests {
         });
     }
 
+    /// A running session whose row another transaction holds a moment (an accept's commit of
+    /// an event for it) is renewed in the same round once the lock goes, not skipped: under a
+    /// flood of events for one session its row is locked most of the time.
+    #[test]
+    fn a_renewal_waits_a_moment_for_a_running_session_s_row() {
+        let Some(server) = Postgres::start("a_renewal_waits_a_moment") else {
+            return;
+        };
+        crate::store::contract::runtime().block_on(async {
+            let store = renewing_only(&server, &["busy"]).await;
+            let mut holder = store.client().await.expect("client");
+            let held = holder.transaction().await.expect("begin");
+            held.execute("SELECT 1 FROM sessions WHERE key = 'busy' FOR UPDATE", &[])
+                .await
+                .expect("lock");
+            let renewal = renewal_waiting_at(&store, "UPDATE sessions").await;
+            held.rollback().await.expect("rollback");
+            renewal.await.expect("join").expect("renew");
+            assert_eq!(
+                server.value("SELECT lease_expires_at > 0 FROM sessions WHERE key = 'busy'"),
+                "t"
+            );
+            assert!(!store.lease_at_risk("busy"));
+        });
+    }
+
     /// A renewal counts from the moment it was sent, not from its answer: the database set the
     /// expiry when its UPDATE ran, so a round that took long (here, held up after the sessions'
     /// UPDATE by a lock on the node's row) must not push the node's view of its leases later
@@ -397,20 +520,7 @@ mod tests {
                 )
                 .await
                 .expect("lock");
-            let renewal = tokio::spawn({
-                let store = store.clone();
-                async move { store.renew().await }
-            });
-            let waiting = "SELECT count(*) FROM pg_stat_activity \
-                           WHERE wait_event_type = 'Lock' AND query LIKE 'UPDATE nodes%'";
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while server.value(waiting) != "1" {
-                assert!(
-                    Instant::now() < deadline,
-                    "the renewal never reached the node's row"
-                );
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+            let renewal = renewal_waiting_at(&store, "UPDATE nodes").await;
             let released_at = now_millis();
             node_row.rollback().await.expect("rollback");
             renewal.await.expect("join").expect("renew");
