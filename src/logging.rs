@@ -313,11 +313,12 @@ pub(crate) enum LogTarget {
     Terminal,
 }
 
-/// `AGENTGATE_LOG` if set, else `default`, with the MCP SDK's own lines at warnings: agentgate
-/// logs what an operator needs of its MCP servers itself (started, down, tools changed).
+/// `AGENTGATE_LOG` if set, else `default`, without the MCP SDK's own lines: agentgate logs what
+/// an operator needs of its MCP servers itself (started, down, tools changed, why), and the
+/// SDK's lines print its errors whole, which may repeat a server's URL and the token in it.
 fn filter(default: &str) -> EnvFilter {
     EnvFilter::try_from_env("AGENTGATE_LOG")
-        .unwrap_or_else(|_| EnvFilter::new(format!("{default},rmcp=warn")))
+        .unwrap_or_else(|_| EnvFilter::new(format!("{default},rmcp=off")))
 }
 
 /// Installs the global subscriber. Safe to call once per process.

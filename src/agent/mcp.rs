@@ -215,6 +215,8 @@ pub(crate) struct Connection {
     /// A stdio server's process: dropping it stops the server and whatever it left running.
     _process: Option<Running>,
     timeout: Duration,
+    /// An HTTP server's `url`, which may hold a token: never shown ([`Connection::scrubbed`]).
+    url: Option<String>,
 }
 
 impl Drop for Connection {
@@ -386,7 +388,10 @@ impl Connection {
                         text: result_text(&value),
                     }
                 }
-                Err(err) => CallOutcome::Failed(format!("the call failed: {err}")),
+                Err(err) => CallOutcome::Failed(without(
+                    self.url.as_deref(),
+                    format!("the call failed: {err}"),
+                )),
             },
             () = self.closed.cancelled() => CallOutcome::Failed(
                 "the server went away during the call; its outcome is unknown".to_string()),
@@ -717,7 +722,7 @@ impl Supervisor {
                 () = tokio::time::sleep_until(next_listing) => {}
             }
             next_listing = tokio::time::Instant::now() + RELIST_EVERY;
-            match list_tools(&connection.peer).await {
+            match list_tools(connection).await {
                 Ok(tools) => {
                     if !self.offers(&tools) {
                         tracing::info!(tools = tools.len(), "MCP server {name} changed its tools");
@@ -766,14 +771,19 @@ const LIST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The server's tools, every page of them, within [`MAX_TOOLS`], [`MAX_TOOL_PAGES`] and
 /// [`LIST_TIMEOUT`].
-async fn list_tools(peer: &Peer<RoleClient>) -> Result<Vec<McpTool>, String> {
+async fn list_tools(connection: &Connection) -> Result<Vec<McpTool>, String> {
+    let peer = &connection.peer;
     let listing = async {
         let mut tools = Vec::new();
         let mut cursor = None;
         for _ in 0..MAX_TOOL_PAGES {
             let params = PaginatedRequestParams::default().with_cursor(cursor);
-            let page = (peer.list_tools(Some(params)).await)
-                .map_err(|err| format!("tools/list failed: {err}"))?;
+            let page = (peer.list_tools(Some(params)).await).map_err(|err| {
+                without(
+                    connection.url.as_deref(),
+                    format!("tools/list failed: {err}"),
+                )
+            })?;
             tools.extend(page.tools);
             if tools.len() > MAX_TOOLS {
                 return Err(format!("it lists more than {MAX_TOOLS} tools"));
@@ -827,7 +837,7 @@ async fn connect(
     )
     .await?;
     // A server that does not get as far as its tools is stopped with `connection`.
-    let tools = list_tools(&connection.peer).await?;
+    let tools = list_tools(&connection).await?;
     // Ends with the connection: `next` fails once the transport is gone.
     tokio::spawn(
         subscribe_to_tool_changes(connection.peer.clone(), tools_changed).in_current_span(),
@@ -896,7 +906,7 @@ async fn open(
             );
             let running = serve_client_with_ct(listener, transport, service.clone())
                 .await
-                .map_err(|err| format!("initialize failed: {err}"))?;
+                .map_err(|err| without(Some(url), format!("initialize failed: {err}")))?;
             (running, None)
         }
     };
@@ -909,7 +919,25 @@ async fn open(
         service,
         _process: process,
         timeout: settings.timeout,
+        url: match &settings.transport {
+            McpTransport::Http { url, .. } => Some(url.clone()),
+            McpTransport::Stdio { .. } => None,
+        },
     })
+}
+
+/// `text` with `url` (as written, and as a URL library prints it) shown as scheme and host:
+/// an error from the HTTP layer may repeat the URL of the request that failed.
+fn without(url: Option<&str>, text: String) -> String {
+    let Some(url) = url else {
+        return text;
+    };
+    let shown = crate::config::redacted_url(url);
+    let printed = url::Url::parse(url).map(String::from).unwrap_or_default();
+    [url, printed.as_str()]
+        .into_iter()
+        .filter(|form| !form.is_empty())
+        .fold(text, |text, form| text.replace(form, &shown))
 }
 
 /// Fires `closed` when the client's service loop ends.
@@ -958,6 +986,24 @@ async fn read_capped_line<R: tokio::io::AsyncBufRead + Unpin>(
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// An error's text never shows an HTTP server's URL, as written or as a URL library
+    /// prints it (here with a default port it leaves out and a path it normalizes).
+    #[test]
+    fn errors_show_a_server_s_url_as_scheme_and_host() {
+        let url = "HTTPS://Host.example:443/s3cr3t/../mcp?token=t0ken";
+        let printed = url::Url::parse(url).map(String::from).unwrap_or_default();
+        assert_ne!(printed, url);
+        for text in [format!("for url ({url})"), format!("for url ({printed})")] {
+            let shown = without(Some(url), text);
+            assert!(
+                !shown.contains("t0ken") && !shown.contains("mcp?"),
+                "{shown}"
+            );
+            assert!(shown.contains("https://host.example/"), "{shown}");
+        }
+        assert_eq!(without(None, "as is".into()), "as is");
+    }
 
     #[test]
     fn text_blocks_are_joined_and_other_kinds_noted() {
