@@ -151,6 +151,27 @@ deliver = {deliver}
     }
 }
 
+/// With `deliver = log`, the request goes to the journal without its links: whoever holds a
+/// link decides with it, and the journal is read more widely than a route's target.
+#[test]
+fn a_request_delivered_to_the_journal_leaves_its_links_out() {
+    let workspace = Workspace::new();
+    let unused = Stub::start(|_, _| Reply::raw(204, ""));
+    let setup = Setup::linked(workspace, unused, r#"{ kind = "log" }"#);
+    let daemon = setup.workspace.start();
+    let event = post(&daemon, "journal");
+    let approval = setup.wait_awaiting(&event);
+    daemon.wait_for_log(&approval);
+    wait_until("the request in the journal", TURN_LIMIT, || {
+        daemon
+            .log()
+            .lines()
+            .any(|line| line.contains("approval_request") && line.contains("not logged"))
+    });
+    let log = daemon.log();
+    assert!(!log.contains("/approvals/"), "{log}");
+}
+
 fn post(daemon: &Daemon, session: &str) -> String {
     let response = daemon.post_json(
         "/hooks/ops",
