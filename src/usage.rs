@@ -18,12 +18,21 @@ pub(crate) struct Usage {
     pub output_tokens: u64,
 }
 
+/// The most tokens one reply's usage counts (2^32, thousands of times any context window).
+const MAX_REPLY_TOKENS: u64 = 1 << 32;
+
 impl Usage {
     /// The `usage` of a Chat Completions reply (`prompt_tokens`, `completion_tokens`,
     /// `prompt_tokens_details.cached_tokens`), if it has one.
     pub(crate) fn of_reply(reply: &serde_json::Value) -> Option<Usage> {
         let usage = reply.get("usage")?;
-        let count = |pointer: &str| usage.pointer(pointer).and_then(serde_json::Value::as_u64);
+        // A count past any real reply's is the server's error (or a hostile one's): capped, so
+        // that sums over days of replies stay far from overflowing.
+        let count = |pointer: &str| {
+            (usage.pointer(pointer))
+                .and_then(serde_json::Value::as_u64)
+                .map(|count| count.min(MAX_REPLY_TOKENS))
+        };
         Some(Usage {
             input_tokens: count("/prompt_tokens")?,
             cached_input_tokens: count("/prompt_tokens_details/cached_tokens").unwrap_or(0),
@@ -32,9 +41,10 @@ impl Usage {
     }
 
     pub(crate) fn add(&mut self, other: Usage) {
-        self.input_tokens += other.input_tokens;
-        self.cached_input_tokens += other.cached_input_tokens;
-        self.output_tokens += other.output_tokens;
+        self.input_tokens = self.input_tokens.saturating_add(other.input_tokens);
+        self.cached_input_tokens =
+            (self.cached_input_tokens).saturating_add(other.cached_input_tokens);
+        self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
     }
 
     /// Its cost in US dollars at `price`.
@@ -84,13 +94,15 @@ impl Spent {
 
     pub(crate) fn add(&mut self, other: Spent) {
         self.usage.add(other.usage);
-        self.unknown_steps += other.unknown_steps;
-        self.estimated_tokens += other.estimated_tokens;
+        self.unknown_steps = self.unknown_steps.saturating_add(other.unknown_steps);
+        self.estimated_tokens = self.estimated_tokens.saturating_add(other.estimated_tokens);
     }
 
     /// Input and output tokens, estimated ones included: what token budgets count.
     pub(crate) fn budget_tokens(&self) -> u64 {
-        self.usage.input_tokens + self.usage.output_tokens + self.estimated_tokens
+        (self.usage.input_tokens)
+            .saturating_add(self.usage.output_tokens)
+            .saturating_add(self.estimated_tokens)
     }
 
     /// The cost at `price`, estimated tokens at the input rate: what dollar budgets count.
@@ -352,7 +364,7 @@ pub(crate) fn default_usage_since(now_ms: i64) -> i64 {
 
 /// The first millisecond of the UTC day of `now_ms`.
 pub(crate) fn day_start(now_ms: i64) -> i64 {
-    now_ms.div_euclid(DAY_MS) * DAY_MS
+    now_ms.div_euclid(DAY_MS).saturating_mul(DAY_MS)
 }
 
 /// `[budgets]` or a route's `budget` (docs/reference.md, "Budgets"). In a route's, `turn_*`,
@@ -381,6 +393,29 @@ impl BudgetLimits {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// A reply that claims absurd counts cannot overflow the sums that budgets check: each
+    /// count is capped, and the sums saturate.
+    #[test]
+    fn absurd_usage_neither_overflows_nor_wraps_a_budget() {
+        let reply = json!({"usage": {"prompt_tokens": u64::MAX, "completion_tokens": u64::MAX}});
+        let usage = Usage::of_reply(&reply).expect("usage");
+        assert_eq!(usage.input_tokens, MAX_REPLY_TOKENS);
+        let mut spent = Spent {
+            usage: Usage {
+                input_tokens: u64::MAX,
+                cached_input_tokens: 0,
+                output_tokens: u64::MAX,
+            },
+            unknown_steps: 1,
+            estimated_tokens: 2,
+        };
+        assert_eq!(spent.budget_tokens(), u64::MAX);
+        spent.usage.add(usage);
+        assert_eq!(spent.usage.input_tokens, u64::MAX);
+        // A day asked for by the control socket's `since`: no overflow (test builds check).
+        assert!(day_start(i64::MIN) <= 0);
+    }
 
     #[test]
     fn a_reply_s_usage_is_read_and_a_missing_one_is_none() {

@@ -5,10 +5,21 @@ use std::time::Duration;
 
 /// Parses a duration such as `"250ms"`, `"20s"`, `"5m"`, `"6h"` or `"7d"` (humantime syntax).
 pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
-    humantime::parse_duration(text.trim()).map_err(|err| {
+    let duration = humantime::parse_duration(text.trim()).map_err(|err| {
         format!("invalid duration {text:?} ({err}); use e.g. \"20s\", \"5m\", \"7d\"")
-    })
+    })?;
+    if duration > LONGEST {
+        return Err(format!(
+            "{text:?} is longer than 100 years; no duration here needs more"
+        ));
+    }
+    Ok(duration)
 }
+
+/// The longest duration a setting takes: far beyond any useful one, and short enough that
+/// every deadline and stored time computed from it stays in range (a deadline of now plus
+/// thousands of years overflows, and a time past year 9999 has no RFC 3339 form).
+const LONGEST: Duration = Duration::from_secs(100 * 366 * 86_400);
 
 /// Parses a byte size such as `"1MiB"`, `"512KiB"`, `"64kB"` or a plain number of bytes.
 pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
@@ -77,6 +88,10 @@ mod tests {
         assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
         assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(7 * 86_400)));
         assert!(parse_duration("soon").is_err());
+        // Deadlines computed from a setting must stay in range: no more than 100 years.
+        assert!(parse_duration("100y").is_ok());
+        assert!(parse_duration("8000y").is_err());
+        assert!(parse_duration("200000000000y").is_err());
     }
 
     #[test]

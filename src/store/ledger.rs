@@ -247,8 +247,9 @@ impl LedgerFile {
     /// and returns the count.
     pub(crate) fn record_resume(&self, session: &str, counts: bool) -> Result<u64, LedgerError> {
         self.update(|ledger| {
-            let attempts =
-                ledger.sessions.get(session).map_or(0, |e| e.attempts) + u64::from(counts);
+            let attempts = (ledger.sessions.get(session))
+                .map_or(0, |e| e.attempts)
+                .saturating_add(u64::from(counts));
             ledger.set(session, attempts);
             (true, attempts)
         })
@@ -322,6 +323,16 @@ mod tests {
         assert_eq!(file.load().expect("load").sessions["s"].attempts, 2);
         file.clear("s").expect("clear");
         assert!(file.load().expect("load").sessions.is_empty());
+        // A count at its largest stays there: it never wraps to a session that may run again.
+        std::fs::write(
+            file.path(),
+            format!(
+                r#"{{"version":1,"sessions":{{"s":{{"attempts":{}}}}}}}"#,
+                u64::MAX
+            ),
+        )
+        .expect("planted");
+        assert_eq!(file.record_resume("s", true).expect("count"), u64::MAX);
         std::fs::write(file.path(), b"{oops").expect("corrupt");
         assert!(matches!(
             file.record_resume("s", false),

@@ -170,11 +170,16 @@ impl StoreError {
 /// Unix time in milliseconds, as every stored time is kept.
 pub(crate) use crate::clock::now_millis;
 
-/// A stored time (unix ms) as RFC 3339, UTC, to the second.
+/// A stored time (unix ms) as RFC 3339, UTC, to the second; times before 1970 as 1970, and
+/// after year 9999 (which RFC 3339 cannot write) as its last second.
 pub(crate) fn rfc3339(millis: i64) -> String {
+    let millis = millis.clamp(0, LAST_RFC3339_MS);
     let since_epoch = Duration::from_millis(u64::try_from(millis).unwrap_or(0));
     humantime::format_rfc3339_seconds(UNIX_EPOCH + since_epoch).to_string()
 }
+
+/// 9999-12-31T23:59:59Z, in unix milliseconds.
+const LAST_RFC3339_MS: i64 = 253_402_300_799_000;
 
 /// The terms an interrupted session is settled by (`[runtime]`, read at every settlement); the
 /// rule that applies them is `admission::settle`'s.
@@ -556,6 +561,16 @@ pub(crate) fn ensure_state_dir(state_dir: &Path) -> Result<(), StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Any stored time has an RFC 3339 form, past year 9999 included (a request's `since`, an
+    /// expiry computed from a long setting): never a panic.
+    #[test]
+    fn every_time_has_an_rfc3339_form() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(-5), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(253_402_300_800_000), "9999-12-31T23:59:59Z");
+        assert_eq!(rfc3339(i64::MAX), "9999-12-31T23:59:59Z");
+    }
 
     fn sqlite_failure(code: std::ffi::c_int) -> StoreError {
         StoreError::Query(rusqlite::Error::SqliteFailure(

@@ -284,7 +284,12 @@ impl PostgresStore {
                 "the database is at schema version {found}, newer than this agentgate ({current}); upgrade agentgate"
             )));
         }
-        for (index, sql) in MIGRATIONS.iter().enumerate().skip(found as usize) {
+        let done = usize::try_from(found).map_err(|_| {
+            StoreError::Setup(format!(
+                "the database says it is at schema version {found}, which no agentgate writes"
+            ))
+        })?;
+        for (index, sql) in MIGRATIONS.iter().enumerate().skip(done) {
             let version = index as i32 + 1;
             tx.batch_execute(sql).await.map_err(|err| {
                 StoreError::ServerUnavailable(format!(

@@ -259,6 +259,8 @@ pub(crate) enum MigrationError {
         "the database is at schema version {found}, newer than this agentgate ({CURRENT_VERSION}); upgrade agentgate"
     )]
     TooNew { found: i64 },
+    #[error("the database says it is at schema version {found}, which no agentgate writes")]
+    Unknown { found: i64 },
     #[error("migration to schema version {version} failed: {source}")]
     Failed {
         version: i64,
@@ -273,6 +275,9 @@ pub(crate) fn migrate(connection: &mut Connection) -> Result<(), MigrationError>
     if found > CURRENT_VERSION {
         return Err(MigrationError::TooNew { found });
     }
+    let Ok(done) = usize::try_from(found) else {
+        return Err(MigrationError::Unknown { found });
+    };
     if found == 0 {
         // Set while the database is still empty (the VACUUM makes it take effect on a file
         // already in WAL mode, and costs nothing here): retention's deletes then give pages back
@@ -281,7 +286,7 @@ pub(crate) fn migrate(connection: &mut Connection) -> Result<(), MigrationError>
             .execute_batch("PRAGMA auto_vacuum = INCREMENTAL; VACUUM;")
             .map_err(|source| MigrationError::Failed { version: 1, source })?;
     }
-    for (index, sql) in MIGRATIONS.iter().enumerate().skip(found as usize) {
+    for (index, sql) in MIGRATIONS.iter().enumerate().skip(done) {
         let version = index as i64 + 1;
         let failed = |source| MigrationError::Failed { version, source };
         let tx = connection.transaction().map_err(failed)?;
@@ -296,6 +301,19 @@ pub(crate) fn migrate(connection: &mut Connection) -> Result<(), MigrationError>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A database that says it is at a negative version is refused, not taken as migrated.
+    #[test]
+    fn a_negative_schema_version_is_refused() {
+        let mut connection = Connection::open_in_memory().expect("memory");
+        connection
+            .execute_batch("PRAGMA user_version = -1")
+            .expect("plant");
+        assert!(matches!(
+            migrate(&mut connection),
+            Err(MigrationError::Unknown { found: -1 })
+        ));
+    }
 
     /// A migration that adds a trigger must name it in [`TRIGGERS`], or every connection would
     /// refuse the database as planted.
