@@ -215,7 +215,7 @@ pub(crate) struct Connection {
     /// A stdio server's process: dropping it stops the server and whatever it left running.
     _process: Option<Running>,
     timeout: Duration,
-    /// An HTTP server's `url`, which may hold a token: never shown ([`Connection::scrubbed`]).
+    /// An HTTP server's `url`, which may hold a token: never shown ([`without`]).
     url: Option<String>,
 }
 

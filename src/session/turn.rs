@@ -107,17 +107,18 @@ pub(crate) struct RefusedCall {
 pub(crate) const NOT_OFFERED: &str = "(not offered)";
 
 /// How a name the model wrote is quoted back to it and to the journal: as a string literal, at
-/// most [`QUOTED_NAME_CHARS`] characters of it.
+/// most [`QUOTED_NAME_BYTES`] of it.
 fn quoted_name(name: &str) -> String {
-    match name.char_indices().nth(QUOTED_NAME_CHARS) {
-        Some((cut, _)) => format!("{:?}... ({} bytes)", &name[..cut], name.len()),
-        None => format!("{name:?}"),
+    let mut shown = name.to_string();
+    match crate::untrusted::cut(&mut shown, QUOTED_NAME_BYTES) {
+        0 => format!("{name:?}"),
+        _ => format!("{shown:?}... ({} bytes)", name.len()),
     }
 }
 
-/// The names a route offers are OpenAI function names, at most 64 characters: a longer one
-/// was made up.
-const QUOTED_NAME_CHARS: usize = 64;
+/// The names a route offers are OpenAI function names, at most 64 ASCII characters: a longer
+/// one was made up.
+const QUOTED_NAME_BYTES: usize = 64;
 
 /// Why a tool call was not run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

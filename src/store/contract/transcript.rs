@@ -37,14 +37,19 @@ pub(super) async fn a_deep_transcript_is_read_from_its_end(
     the_history_s_turns_are_found_in_their_own_index(store, &run, explain).await;
 }
 
+/// The body of the deep session's entry `i`, as SQL: a message whose content says `entry i`.
+const DEEP_ENTRY_BODY: &str =
+    r#"'{"kind":"message","message":{"role":"assistant","content":"entry ' || i || '"}}'"#;
+
+/// The body of an event entry, as SQL.
+const EVENT_ENTRY_BODY: &str = r#"'{"kind":"event"}'"#;
+
 /// Writes the session `deep`: `DEEP` entries of one old turn, then fresh statistics.
 fn plant_deep_session(run: &impl Fn(&str) -> String) {
     run(&format!(
         "INSERT INTO transcript (session_key, seq, turn_id, kind, body, created_at)
          WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < {DEEP})
-         SELECT 'deep', i, 'old-turn', 'message',
-                '{{\"kind\":\"message\",\"message\":{{\"role\":\"assistant\",\"content\":\"entry ' || i || '\"}}}}',
-                0
+         SELECT 'deep', i, 'old-turn', 'message', {DEEP_ENTRY_BODY}, 0
          FROM n"
     ));
     run("ANALYZE");
@@ -130,7 +135,7 @@ async fn the_history_s_turns_are_found_in_their_own_index(
     run(&format!(
         "INSERT INTO transcript (session_key, seq, turn_id, kind, body, created_at, superseded_by)
          WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < {TURNS})
-         SELECT 'deep', {start} + 10 * i, 'history-turn', 'event', '{{\"kind\":\"event\"}}', 0,
+         SELECT 'deep', {start} + 10 * i, 'history-turn', 'event', {EVENT_ENTRY_BODY}, 0,
                 CASE WHEN i = 1 THEN 'rewinding-turn' END
          FROM n;
          ANALYZE",
