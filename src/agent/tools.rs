@@ -13,14 +13,18 @@ use crate::config::{HiddenPaths, ToolSettings};
 /// and discarded, and the truncation is marked.
 pub(crate) const OUTPUT_CAP: usize = 64 * 1024;
 
-/// How a tool run ended, as recorded in the transcript and shown to the model.
+/// How a tool run ended, as recorded in the transcript and shown to the model. Fields that say
+/// nothing (no signal, an empty stderr) are left out: the model reads a result again in every
+/// later request that shows it.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub(crate) struct ToolOutcome {
     /// The exit code, if the tool exited on its own.
     pub exit_status: Option<i32>,
     /// The signal that ended it, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub signal: Option<i32>,
     pub stdout: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
     pub stderr: String,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub stdout_truncated: bool,

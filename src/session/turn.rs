@@ -190,9 +190,8 @@ enum Gate {
 }
 
 /// The note before a turn's last model request, in which no tool call runs.
-const LAST_STEP_NOTE: &str = "[agentgate] This is the last step of this turn \
-(runtime.max_turn_steps): no more tools can be called, and a tool call you write now will not \
-run. Give your final answer now, in plain text, with what you have found so far.";
+const LAST_STEP_NOTE: &str = "[agentgate] Last step of this turn (runtime.max_turn_steps): a \
+tool call will not run. Give your final answer now, in plain text, with what you have found.";
 
 /// What a turn without a final answer delivers of each tool result, and of all of them, at most.
 const FOUND_RESULT_MAX: usize = 2 * 1024;
@@ -535,9 +534,8 @@ impl TurnMachine {
             return Err((
                 CallRefusal::Repeated,
                 format!(
-                    "not run: this exact call (the same tool with the same arguments) already ran \
-                     {times} time(s) in this turn, and its result is above. Use that result, call \
-                     with other arguments, or give your final answer."
+                    "not run: the same call already ran {times} time(s) in this turn; its result \
+                     is above. Use that result, or give your final answer."
                 ),
                 format!("the same call already ran {times} time(s) in this turn"),
             ));
@@ -667,7 +665,7 @@ impl TurnMachine {
                 &call_id,
                 name,
                 CallRefusal::LastStep,
-                "not run: the turn reached its last step (runtime.max_turn_steps)".to_string(),
+                "not run: the turn reached its last step".to_string(),
                 "asked for at the turn's last step".to_string(),
             ));
         }

@@ -165,7 +165,7 @@ fn the_last_step_offers_no_tools_and_its_answer_ends_the_turn() {
         m.messages()
             .last()
             .and_then(|note| note.content.as_deref())
-            .is_some_and(|note| note.contains("last step"))
+            .is_some_and(|note| note.contains("Last step of this turn"))
     );
     let actions = m.on(Input::ModelReplied(Message::text(
         Role::Assistant,
