@@ -517,6 +517,38 @@ fn a_server_that_pages_its_tools_without_end_is_not_offered() {
     assert!(offered_tools(&model.requests()[0]).is_empty());
 }
 
+/// A server that answers a call with one line of 10 MB of empty content blocks (which the MCP
+/// SDK would parse into hundreds of MB, and which is below its own line limit) is cut off
+/// unread: the call fails at once with an error the model sees, the journal says why, it is
+/// counted, and the daemon's memory stays small.
+#[test]
+fn a_server_that_answers_with_a_huge_message_is_cut_off_unread() {
+    let workspace = Workspace::new();
+    let model = Stub::start(|_, n| match n {
+        0 => Reply::tool_call("call_1", "wide__noop", json!({})),
+        _ => Reply::answer("done"),
+    });
+    flood_server(&workspace, &model, "wide", ", \"wide\"", "");
+    let daemon = workspace.start();
+    let event = post(&daemon, json!({"session": "w"}));
+    assert_eq!(workspace.wait_terminal(&event, LIMIT), "completed");
+    let results = tool_results(&model.requests()[1]);
+    assert!(
+        results.len() == 1 && results[0].contains("went away"),
+        "{results:?}"
+    );
+    daemon.wait_for_log("the MCP server sent a message larger than 1024 KiB");
+    assert!(
+        workspace
+            .metrics()
+            .contains("agentgate_mcp_messages_too_large_total{mcp_server=\"wide\"} 1"),
+        "{}",
+        workspace.metrics()
+    );
+    let peak_mib = daemon.peak_rss_kib() / 1024;
+    assert!(peak_mib < 150, "the daemon's peak RSS was {peak_mib} MiB");
+}
+
 /// An MCP server's `url` may hold a token: when the server cannot be reached, `status` and the
 /// journal say so without it.
 #[test]

@@ -28,11 +28,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rmcp::model::{
-    CallToolRequestParams, ClientCapabilities, ClientConfig, Implementation, MetaObject,
-    PaginatedRequestParams, RequestMetaObject, ServerNotification, SubscriptionFilter,
+    CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, ContentBlock,
+    Implementation, MetaObject, PaginatedRequestParams, RequestMetaObject, ResourceContents,
+    ServerNotification, SubscriptionFilter,
 };
 use rmcp::service::{NotificationContext, RunningService, serve_client_with_ct};
 use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::async_rw::AsyncRwTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::{ClientHandler, Peer, RoleClient};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -41,6 +43,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
+use super::mcp_stdio::{Bounded, MESSAGE_MAX};
 use super::process::{Child, Running};
 use super::tools::OUTPUT_CAP;
 use crate::config::{HiddenPaths, McpServerSettings, McpTransport};
@@ -357,6 +360,9 @@ impl Instances {
     }
 }
 
+/// Why a call failed when its server's connection ended under it.
+const WENT_AWAY: &str = "the server went away during the call; its outcome is unknown";
+
 impl Connection {
     /// Calls `tool` with `arguments`, carrying `key` in `_meta`. Fails at once if the server
     /// goes away, and after the server's `timeout`.
@@ -381,20 +387,19 @@ impl Connection {
         params.meta = Some(RequestMetaObject(MetaObject(meta)));
         tokio::select! {
             answer = self.peer.call_tool(params) => match answer {
-                Ok(result) => {
-                    let value = serde_json::to_value(&result).unwrap_or_default();
-                    CallOutcome::Answered {
-                        is_error: result.is_error.unwrap_or(false),
-                        text: result_text(&value),
-                    }
-                }
+                Ok(result) => CallOutcome::Answered {
+                    is_error: result.is_error.unwrap_or(false),
+                    text: result_text(&result),
+                },
+                // The connection ended first (the process exited, or sent what it may not):
+                // the same as the arm below, whichever of the two is polled first.
+                Err(rmcp::ServiceError::TransportClosed) => CallOutcome::Failed(WENT_AWAY.to_string()),
                 Err(err) => CallOutcome::Failed(without(
                     self.url.as_deref(),
                     format!("the call failed: {err}"),
                 )),
             },
-            () = self.closed.cancelled() => CallOutcome::Failed(
-                "the server went away during the call; its outcome is unknown".to_string()),
+            () = self.closed.cancelled() => CallOutcome::Failed(WENT_AWAY.to_string()),
             () = tokio::time::sleep(self.timeout) => CallOutcome::Failed(format!(
                 "no answer within its timeout of {:?}; its outcome is unknown", self.timeout)),
         }
@@ -403,31 +408,43 @@ impl Connection {
 
 /// The text of a `tools/call` result: its text blocks, a note for each block of another kind
 /// (an image is no use to a text model), else its structured content; capped like a command
-/// tool's output.
-fn result_text(result: &serde_json::Value) -> String {
-    let mut parts: Vec<String> = Vec::new();
-    for block in result["content"].as_array().into_iter().flatten() {
-        match block["type"].as_str() {
-            Some("text") => parts.push(block["text"].as_str().unwrap_or_default().to_string()),
-            Some("resource") if block["resource"]["text"].is_string() => parts.push(
-                block["resource"]["text"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_string(),
-            ),
-            Some("resource_link") => parts.push(format!(
-                "[resource link: {}]",
-                block["uri"].as_str().unwrap_or_default()
-            )),
-            other => parts.push(format!("[{} content omitted]", other.unwrap_or("unknown"))),
+/// tool's output, and read only up to the cap (the blocks after it are not looked at).
+fn result_text(result: &CallToolResult) -> String {
+    let mut text = String::new();
+    let mut cut = false;
+    for (index, block) in result.content.iter().enumerate() {
+        if text.len() > OUTPUT_CAP {
+            cut = true;
+            break;
+        }
+        if index > 0 {
+            text.push('\n');
+        }
+        match block {
+            ContentBlock::Text(content) => text.push_str(&content.text),
+            ContentBlock::Resource(embedded) => match &embedded.resource {
+                ResourceContents::TextResourceContents { text: resource, .. } => {
+                    text.push_str(resource);
+                }
+                ResourceContents::BlobResourceContents { .. } | _ => {
+                    text.push_str("[resource content omitted]");
+                }
+            },
+            ContentBlock::ResourceLink(link) => {
+                text.push_str(&format!("[resource link: {}]", link.uri));
+            }
+            ContentBlock::Image(_) => text.push_str("[image content omitted]"),
+            ContentBlock::Audio(_) => text.push_str("[audio content omitted]"),
+            // A kind of block the MCP SDK adds later.
+            _ => text.push_str("[unknown content omitted]"),
         }
     }
-    if parts.is_empty()
-        && let Some(structured) = result.get("structuredContent")
+    if result.content.is_empty()
+        && let Some(structured) = &result.structured_content
     {
-        parts.push(structured.to_string());
+        text = structured.to_string();
     }
-    crate::untrusted::tool_output(&parts.join("\n"), false, OUTPUT_CAP).0
+    crate::untrusted::tool_output(&text, cut, OUTPUT_CAP).0
 }
 
 /// Servers of protocol version 2026-07-28 and later announce a changed tool list only to a
@@ -880,10 +897,12 @@ async fn open(
             let started = child.start().await?;
             tokio::spawn(log_stderr(started.stderr, settings.name.clone()).in_current_span());
             // A server that does not answer `initialize` is stopped with `started.running`.
-            let running =
-                serve_client_with_ct(listener, (started.stdout, started.stdin), service.clone())
-                    .await
-                    .map_err(|err| format!("initialize failed: {err}"))?;
+            let output = Bounded::new(started.stdout, &settings.name);
+            let transport = AsyncRwTransport::new_client(output, started.stdin)
+                .with_max_line_length(MESSAGE_MAX);
+            let running = serve_client_with_ct(listener, transport, service.clone())
+                .await
+                .map_err(|err| format!("initialize failed: {err}"))?;
             (running, Some(started.running))
         }
         McpTransport::Http { url, headers } => {
@@ -900,9 +919,12 @@ async fn open(
                 .default_headers(default_headers)
                 .build()
                 .map_err(|err| format!("cannot build the HTTP client: {err}"))?;
+            let mut config = StreamableHttpClientTransportConfig::with_uri(url.as_str());
+            config.max_json_response_size = MESSAGE_MAX;
+            config.max_sse_event_size = MESSAGE_MAX;
             let transport = StreamableHttpClientTransport::with_client(
                 super::mcp_http::TracedClient(client),
-                StreamableHttpClientTransportConfig::with_uri(url.as_str()),
+                config,
             );
             let running = serve_client_with_ct(listener, transport, service.clone())
                 .await
@@ -1012,19 +1034,34 @@ mod tests {
             {"type": "image", "data": "AAAA", "mimeType": "image/png"},
             {"type": "text", "text": "two"},
         ]});
-        assert_eq!(result_text(&result), "one\n[image content omitted]\ntwo");
+        assert_eq!(
+            result_text(&typed(result)),
+            "one\n[image content omitted]\ntwo"
+        );
     }
 
     #[test]
     fn structured_content_is_used_when_there_is_no_block() {
         let result = json!({"content": [], "structuredContent": {"temperature": 21}});
-        assert_eq!(result_text(&result), r#"{"temperature":21}"#);
+        assert_eq!(result_text(&typed(result)), r#"{"temperature":21}"#);
+    }
+
+    fn typed(result: serde_json::Value) -> CallToolResult {
+        serde_json::from_value(result).unwrap_or_else(|err| panic!("a result: {err}"))
+    }
+
+    #[test]
+    fn a_result_of_many_blocks_is_read_up_to_the_cap() {
+        let blocks = vec![json!({"type": "text", "text": ""}); 200_000];
+        let text = result_text(&typed(json!({"content": blocks})));
+        assert!(text.len() < OUTPUT_CAP + 100, "{}", text.len());
+        assert!(text.ends_with(&format!("[output truncated at {OUTPUT_CAP} bytes]")));
     }
 
     #[test]
     fn long_results_are_capped_and_marked() {
         let result = json!({"content": [{"type": "text", "text": "é".repeat(OUTPUT_CAP)}]});
-        let text = result_text(&result);
+        let text = result_text(&typed(result));
         assert!(text.len() < OUTPUT_CAP + 100);
         assert!(text.ends_with(&format!("[output truncated at {OUTPUT_CAP} bytes]")));
     }

@@ -5,6 +5,7 @@ mod confinement;
 pub(crate) mod endpoint;
 pub(crate) mod mcp;
 mod mcp_http;
+mod mcp_stdio;
 pub(crate) mod message;
 pub(crate) mod model;
 pub(crate) mod process;

@@ -90,6 +90,11 @@ pub(super) struct McpOutcome {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct McpServerLabel {
+    pub(super) mcp_server: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct ToolLabel {
     pub(super) tool: String,
 }
@@ -165,6 +170,7 @@ pub(super) struct Tools {
     pub(super) approvals_pending: Gauge,
     pub(super) approval_wait: Histogram,
     pub(super) mcp_over_bound: Family<McpOutcome, Counter>,
+    pub(super) mcp_too_large: Family<McpServerLabel, Counter>,
 }
 
 /// The stored state as the gauges read it at a scrape, the outbox, and the journal.
@@ -415,6 +421,13 @@ impl Tools {
              server and outcome (waited, refused)",
             mcp_over_bound.clone(),
         );
+        let mcp_too_large = Family::default();
+        registry.register(
+            "mcp_messages_too_large",
+            "MCP messages over the size bound (1 MiB), by server: each ended its connection \
+             unread",
+            mcp_too_large.clone(),
+        );
         Tools {
             tool_calls,
             approval_requests,
@@ -422,6 +435,7 @@ impl Tools {
             approvals_pending,
             approval_wait,
             mcp_over_bound,
+            mcp_too_large,
         }
     }
 }

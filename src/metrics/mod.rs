@@ -21,9 +21,9 @@ mod families;
 pub(crate) mod recent;
 
 use families::{
-    ActionLabel, McpOutcome, Model, ReasonLabel, ResultLabel, RouteBudget, RouteCode,
-    RouteCodeReason, RouteKind, RouteLabel, RouteStatus, RouteTemplate, State, StateLabel,
-    StatusLabel, ToolDecision, ToolLabel, ToolResult, Tools, Turns, Webhooks,
+    ActionLabel, McpOutcome, McpServerLabel, Model, ReasonLabel, ResultLabel, RouteBudget,
+    RouteCode, RouteCodeReason, RouteKind, RouteLabel, RouteStatus, RouteTemplate, State,
+    StateLabel, StatusLabel, ToolDecision, ToolLabel, ToolResult, Tools, Turns, Webhooks,
 };
 
 /// The content type of the exposition: Prometheus text format 0.0.4 (see [`legacy_text`]).
@@ -338,6 +338,17 @@ pub(crate) fn mcp_over_bound(server: &str, outcome: OverBound) {
         .get_or_create(&McpOutcome {
             mcp_server: server.to_string(),
             outcome: outcome.label().to_string(),
+        })
+        .inc();
+}
+
+/// MCP server `server` sent a message over the size bound; its connection ended.
+pub(crate) fn mcp_message_too_large(server: &str) {
+    METRICS
+        .tools
+        .mcp_too_large
+        .get_or_create(&McpServerLabel {
+            mcp_server: server.to_string(),
         })
         .inc();
 }

@@ -2,9 +2,11 @@
 without end that its tools changed (`notifications/tools/list_changed`, the same tools every
 time) and writes to stderr without end. Plain JSON-RPC on stdin and stdout, no SDK.
 
-Usage: flood_server.py LISTINGS_FILE [pages]
+Usage: flood_server.py LISTINGS_FILE [pages | wide]
 (each `tools/list` request appends its time there; with `pages`, it floods nothing but lists
-its tools in pages without end, each naming a next one)
+its tools in pages without end, each naming a next one; with `wide`, it floods nothing but
+answers every call with one line of 400,000 empty text blocks, 10 MB, below the MCP SDK's own
+line limit of 16 MiB)
 """
 
 import json
@@ -14,6 +16,7 @@ import time
 
 listings = sys.argv[1]
 endless_pages = sys.argv[2:] == ["pages"]
+wide = sys.argv[2:] == ["wide"]
 lock = threading.Lock()
 
 
@@ -44,7 +47,7 @@ for line in sys.stdin:
         }
         send({"jsonrpc": "2.0", "id": ident, "result": result})
     elif method == "notifications/initialized":
-        if not endless_pages:
+        if not (endless_pages or wide):
             threading.Thread(target=flood, daemon=True).start()
     elif method == "tools/list":
         with open(listings, "a", encoding="utf-8") as out:
@@ -54,6 +57,9 @@ for line in sys.stdin:
             cursor = int((message.get("params") or {}).get("cursor") or 0)
             result = {"tools": [dict(TOOLS[0], name="noop%d" % cursor)], "nextCursor": str(cursor + 1)}
         send({"jsonrpc": "2.0", "id": ident, "result": result})
+    elif method == "tools/call" and wide:
+        blocks = [{"type": "text", "text": ""}] * 400_000
+        send({"jsonrpc": "2.0", "id": ident, "result": {"content": blocks}})
     elif ident is not None:
         error = {"code": -32601, "message": "no such method"}
         send({"jsonrpc": "2.0", "id": ident, "error": error})

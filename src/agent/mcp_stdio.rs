@@ -1,0 +1,99 @@
+//! What a stdio MCP server writes, bounded before the MCP SDK reads it.
+//!
+//! The SDK parses each line of a server's output whole, and a parsed message takes tens of
+//! times its size in memory (a line of 10 MB of tiny content blocks took 600 MB): a server
+//! that answers a call with such a line, or floods notifications, could take the daemon's
+//! memory, and with it every route's. The SDK drops a line over its own limit (16 MiB) without
+//! a word, and the call it answered would wait for its timeout. Here a line over
+//! [`MESSAGE_MAX`] ends the connection at once instead: the call in flight fails ("the server
+//! went away"), the journal says why, and `agentgate_mcp_messages_too_large_total` counts it.
+//! The HTTP transport gets the same bound from the SDK's own response limits (`mcp.rs`).
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, ReadBuf};
+
+/// The largest message an MCP server may send: a tool listing of hundreds of tools fits many
+/// times over, and a call's result is cut to 64 KiB for the model anyway.
+pub(crate) const MESSAGE_MAX: usize = 1024 * 1024;
+
+/// A server's output, failing once a line grows past [`MESSAGE_MAX`].
+pub(crate) struct Bounded<R> {
+    inner: R,
+    /// Bytes of the line being read so far.
+    line: usize,
+    server: String,
+}
+
+impl<R> Bounded<R> {
+    pub(crate) fn new(inner: R, server: &str) -> Bounded<R> {
+        Bounded {
+            inner,
+            line: 0,
+            server: server.to_string(),
+        }
+    }
+
+    /// Counts `read` (what one read returned) into the lines it continues and starts; false
+    /// when one of them is over the bound.
+    fn within_bound(&mut self, read: &[u8]) -> bool {
+        let mut within = true;
+        for (index, part) in read.split(|&byte| byte == b'\n').enumerate() {
+            self.line = if index == 0 { self.line } else { 0 } + part.len();
+            within &= self.line <= MESSAGE_MAX;
+        }
+        within
+    }
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for Bounded<R> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = polled
+            && !this.within_bound(&buf.filled()[before..])
+        {
+            tracing::warn!(mcp_server = %this.server,
+                "the MCP server sent a message larger than {} KiB: its connection is closed, and \
+                 a call in flight fails", MESSAGE_MAX / 1024);
+            crate::metrics::mcp_message_too_large(&this.server);
+            // A read that fails hands over nothing.
+            buf.set_filled(before);
+            return Poll::Ready(Err(io::Error::other("an MCP message over the size bound")));
+        }
+        polled
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncReadExt;
+
+    async fn read_all(input: Vec<u8>) -> io::Result<usize> {
+        let mut reader = Bounded::new(input.as_slice(), "test");
+        let mut sink = Vec::new();
+        reader.read_to_end(&mut sink).await
+    }
+
+    #[tokio::test]
+    async fn lines_up_to_the_bound_pass_and_a_longer_one_fails() {
+        let mut fits = vec![b'x'; MESSAGE_MAX];
+        fits.push(b'\n');
+        fits.extend(vec![b'y'; MESSAGE_MAX]);
+        fits.push(b'\n');
+        assert_eq!(read_all(fits.clone()).await.ok(), Some(fits.len()));
+
+        let mut over = b"{}\n".to_vec();
+        over.extend(vec![b'x'; MESSAGE_MAX + 1]);
+        over.push(b'\n');
+        assert!(read_all(over).await.is_err());
+    }
+}
