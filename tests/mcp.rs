@@ -389,6 +389,42 @@ fn the_streamable_http_transport_carries_headers_from_secrets_and_the_call_key()
     assert!(!daemon.log().contains(PythonServer::TOKEN));
 }
 
+/// An HTTP server's answer over the 1 MiB bound on an MCP message is not read: the call fails
+/// with the MCP SDK's response limit, which the model sees, and the daemon serves on.
+#[test]
+fn an_http_server_s_answer_over_the_bound_fails_the_call() {
+    if !servers_or_skip("an_http_server_s_answer_over_the_bound_fails_the_call") {
+        return;
+    }
+    let workspace = Workspace::new();
+    let server = PythonServer::start(&workspace);
+    let model = Stub::start(|request, _| {
+        if tool_results(request).is_empty() {
+            Reply::tool_call("call_1", "web__wide", json!({}))
+        } else {
+            Reply::answer("too wide")
+        }
+    });
+    workspace.write_config(&format!(
+        "{}\n{}\n{}",
+        model.model_section(),
+        server.config(&workspace),
+        route(r#"["web.wide"]"#),
+    ));
+    let daemon = workspace.start();
+    let event_id = post(&daemon, json!({"session": "wide"}));
+    assert_eq!(workspace.wait_terminal(&event_id, LIMIT), "completed");
+    let results = recorded_results(&workspace, "wide");
+    assert!(
+        results.len() == 1
+            && results[0].starts_with("error: MCP server \"web\"")
+            && !results[0].contains("xxxx"),
+        "{results:?}"
+    );
+    let peak_mib = daemon.peak_rss_kib() / 1024;
+    assert!(peak_mib < 150, "the daemon's peak RSS was {peak_mib} MiB");
+}
+
 #[test]
 fn a_server_that_changes_its_tools_has_them_offered_in_the_next_turn() {
     if !servers_or_skip("a_server_that_changes_its_tools_has_them_offered_in_the_next_turn") {

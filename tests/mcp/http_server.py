@@ -4,7 +4,7 @@ Usage: http_server.py PORT TOKEN CALLS_FILE
 
 Every request must carry `X-Test-Token: TOKEN` (agentgate sends it from a secret), else 401.
 The `grow` tool adds a tool and sends `notifications/tools/list_changed`. The `shout` tool
-upper-cases its text; each call appends the idempotency key agentgate put in
+upper-cases its text (and `wide` answers with 2 MiB of it); each `shout` call appends the idempotency key agentgate put in
 the request's `_meta`, and the text, to CALLS_FILE, so a test can see what arrived, and the
 `traceparent` of the `_meta` and of the HTTP request's header (each "-" when absent) to
 CALLS_FILE.trace.
@@ -52,6 +52,12 @@ async def grow(name: str, ctx: Context) -> str:
     await ctx.session.send_tool_list_changed()
     await ctx.notify_tools_changed()
     return f"added {name}"
+
+
+@server.tool()
+def wide() -> str:
+    """Answers with 2 MiB of text, more than agentgate reads of one MCP message."""
+    return "x" * (2 * 1024 * 1024)
 
 
 app = server.streamable_http_app()
