@@ -14,7 +14,8 @@
 //!   still carries it when the run ends is killed ([`RunMark`]);
 //! - one stop policy: on timeout or cancellation SIGTERM to the group, SIGKILL after
 //!   `KILL_GRACE`; when the leader exits, whatever it left running in its group is killed;
-//! - capped output: what is over the cap is read and discarded, and the truncation is marked.
+//! - capped output: what is over the cap is read and discarded, at most [`DISCARD_RATE`], and
+//!   the truncation is marked.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -559,20 +560,51 @@ async fn collect(reader: Option<tokio::task::JoinHandle<Captured>>) -> Captured 
     }
 }
 
+/// How fast output over the cap is read and discarded. The output must still be read, or a tool
+/// that writes more than the cap would block on its full pipe until its timeout; but read as
+/// fast as a tool can write (`yes`, a `cat` of `/dev/zero`), it costs the daemon most of a core
+/// for the whole call. Paced, a flood is slowed to this rate instead, and a tool with large
+/// output (a `find /`) still finishes: 1 GiB over the cap takes 16 s.
+const DISCARD_RATE: u64 = 64 * 1024 * 1024;
+
 async fn read_capped<R: AsyncRead + Unpin>(mut reader: R, cap: usize) -> Captured {
     let mut kept = Captured::default();
     let mut buffer = [0u8; 16 * 1024];
+    let mut discarded = Discarded::default();
     loop {
         match reader.read(&mut buffer).await {
             Ok(0) | Err(_) => break,
             Ok(n) => {
                 let room = cap.saturating_sub(kept.bytes.len());
                 kept.bytes.extend_from_slice(&buffer[..n.min(room)]);
-                kept.truncated |= n > room;
+                if n > room {
+                    kept.truncated = true;
+                    discarded.pace(n - room).await;
+                }
             }
         }
     }
     kept
+}
+
+/// Output read over the cap so far, and since when: reading waits whenever it is ahead of
+/// [`DISCARD_RATE`].
+#[derive(Default)]
+struct Discarded {
+    since: Option<tokio::time::Instant>,
+    bytes: u64,
+}
+
+impl Discarded {
+    async fn pace(&mut self, more: usize) {
+        let since = *self.since.get_or_insert_with(tokio::time::Instant::now);
+        self.bytes = self.bytes.saturating_add(more as u64);
+        let due = Duration::from_micros(self.bytes.saturating_mul(1_000_000) / DISCARD_RATE);
+        // Sleeps of a millisecond or more: the timer's resolution.
+        if due > since.elapsed() + Duration::from_millis(1) {
+            tokio::time::sleep_until(since + due).await;
+        }
+    }
 }
 
 /// A child's process group (its leader's pid), stopped as a whole.
@@ -750,6 +782,19 @@ mod tests {
             timeout,
             output_cap: 64 * 1024,
         }
+    }
+
+    /// Output over the cap is read no faster than `DISCARD_RATE` (on the test's paused clock,
+    /// which moves only when the reader waits): 64 MiB over it take a second.
+    #[tokio::test(start_paused = true)]
+    async fn output_over_the_cap_is_discarded_at_a_bounded_rate() {
+        let flood = tokio::io::repeat(b'y').take(DISCARD_RATE + 10);
+        let started = tokio::time::Instant::now();
+        let kept = read_capped(flood, 10).await;
+        assert_eq!((kept.bytes.len(), kept.truncated), (10, true));
+        let took = started.elapsed();
+        assert!(took >= Duration::from_millis(999), "{took:?}");
+        assert!(took < Duration::from_millis(1100), "{took:?}");
     }
 
     /// A process with an empty environment looks like one caught in an `execve`: it is looked at
