@@ -33,6 +33,27 @@ fn tool_results(request: &Received) -> Vec<String> {
         .collect()
 }
 
+/// A model that calls `tool` with `arguments` once, then answers `answer`.
+fn calls_once(tool: &'static str, arguments: Value, answer: &'static str) -> Stub {
+    Stub::start(move |request, _| {
+        if tool_results(request).is_empty() {
+            Reply::tool_call("call_1", tool, arguments.clone())
+        } else {
+            Reply::answer(answer)
+        }
+    })
+}
+
+/// Configures the Python SDK's HTTP server as `[mcp.web]`, its `tools` offered to the route.
+fn with_python_server(workspace: &Workspace, server: &PythonServer, model: &Stub, tools: &str) {
+    workspace.write_config(&format!(
+        "{}\n{}\n{}",
+        model.model_section(),
+        server.config(workspace),
+        route(tools),
+    ));
+}
+
 fn offered_tools(request: &Received) -> Vec<String> {
     request.json()["tools"]
         .as_array()
@@ -361,19 +382,8 @@ fn the_streamable_http_transport_carries_headers_from_secrets_and_the_call_key()
     }
     let workspace = Workspace::new();
     let server = PythonServer::start(&workspace);
-    let model = Stub::start(|request, _| {
-        if tool_results(request).is_empty() {
-            Reply::tool_call("call_1", "web__shout", json!({"text": "quiet words"}))
-        } else {
-            Reply::answer("shouted")
-        }
-    });
-    workspace.write_config(&format!(
-        "{}\n{}\n{}",
-        model.model_section(),
-        server.config(&workspace),
-        route(r#"["web.shout"]"#),
-    ));
+    let model = calls_once("web__shout", json!({"text": "quiet words"}), "shouted");
+    with_python_server(&workspace, &server, &model, r#"["web.shout"]"#);
     let daemon = workspace.start();
     let event_id = post(&daemon, json!({"session": "loud"}));
     assert_eq!(workspace.wait_terminal(&event_id, LIMIT), "completed");
@@ -398,19 +408,8 @@ fn an_http_server_s_answer_over_the_bound_fails_the_call() {
     }
     let workspace = Workspace::new();
     let server = PythonServer::start(&workspace);
-    let model = Stub::start(|request, _| {
-        if tool_results(request).is_empty() {
-            Reply::tool_call("call_1", "web__wide", json!({}))
-        } else {
-            Reply::answer("too wide")
-        }
-    });
-    workspace.write_config(&format!(
-        "{}\n{}\n{}",
-        model.model_section(),
-        server.config(&workspace),
-        route(r#"["web.wide"]"#),
-    ));
+    let model = calls_once("web__wide", json!({}), "too wide");
+    with_python_server(&workspace, &server, &model, r#"["web.wide"]"#);
     let daemon = workspace.start();
     let event_id = post(&daemon, json!({"session": "wide"}));
     assert_eq!(workspace.wait_terminal(&event_id, LIMIT), "completed");
