@@ -5,7 +5,8 @@
 //! that answers a call with such a line, or floods notifications, could take the daemon's
 //! memory, and with it every route's. The SDK drops a line over its own limit (16 MiB) without
 //! a word, and the call it answered would wait for its timeout. Here a line over
-//! [`MESSAGE_MAX`] ends the connection at once instead: the call in flight fails ("the server
+//! [`MESSAGE_MAX`] bytes, or of more than [`CONTAINERS_MAX`] objects and arrays (what a
+//! parsed message's size follows), ends the connection at once instead: the call in flight fails ("the server
 //! went away"), the journal says why, and `agentgate_mcp_messages_too_large_total` counts it.
 //! The HTTP transport gets the same bound from the SDK's own response limits (`mcp.rs`).
 
@@ -19,32 +20,71 @@ use tokio::io::{AsyncRead, ReadBuf};
 /// times over, and a call's result is cut to 64 KiB for the model anyway.
 pub(crate) const MESSAGE_MAX: usize = 1024 * 1024;
 
-/// A server's output, failing once a line grows past [`MESSAGE_MAX`].
+/// The most JSON objects and arrays one message may hold. Parsed, each takes hundreds of bytes
+/// whatever its size on the wire (`{"":0}` is 7 bytes; the map it becomes, more than 500), so
+/// the byte bound alone lets a line of tiny or deeply nested objects take a few hundred MB: a
+/// call's result of a thousand content blocks, or a listing of a hundred tools with their
+/// schemas, holds a few thousand.
+pub(crate) const CONTAINERS_MAX: usize = 16 * 1024;
+
+/// A server's output, failing once a line grows past [`MESSAGE_MAX`] bytes or
+/// [`CONTAINERS_MAX`] objects and arrays.
 pub(crate) struct Bounded<R> {
     inner: R,
-    /// Bytes of the line being read so far.
-    line: usize,
+    line: Line,
     server: String,
+}
+
+/// What the line being read holds so far.
+#[derive(Default)]
+struct Line {
+    bytes: usize,
+    containers: usize,
+    in_string: bool,
+    escaped: bool,
+}
+
+impl Line {
+    /// Counts `byte` in; false when the line is over a bound. A newline ends the line (JSON
+    /// text escapes the newlines of its strings).
+    fn take(&mut self, byte: u8) -> bool {
+        if byte == b'\n' {
+            *self = Line::default();
+            return true;
+        }
+        self.bytes += 1;
+        if self.in_string {
+            match (self.escaped, byte) {
+                (true, _) => self.escaped = false,
+                (false, b'\\') => self.escaped = true,
+                (false, b'"') => self.in_string = false,
+                (false, _) => {}
+            }
+        } else {
+            match byte {
+                b'"' => self.in_string = true,
+                b'{' | b'[' => self.containers += 1,
+                _ => {}
+            }
+        }
+        self.bytes <= MESSAGE_MAX && self.containers <= CONTAINERS_MAX
+    }
 }
 
 impl<R> Bounded<R> {
     pub(crate) fn new(inner: R, server: &str) -> Bounded<R> {
         Bounded {
             inner,
-            line: 0,
+            line: Line::default(),
             server: server.to_string(),
         }
     }
 
     /// Counts `read` (what one read returned) into the lines it continues and starts; false
-    /// when one of them is over the bound.
+    /// when one of them is over a bound.
     fn within_bound(&mut self, read: &[u8]) -> bool {
-        let mut within = true;
-        for (index, part) in read.split(|&byte| byte == b'\n').enumerate() {
-            self.line = if index == 0 { self.line } else { 0 } + part.len();
-            within &= self.line <= MESSAGE_MAX;
-        }
-        within
+        // Once over, the connection ends: the rest of `read` need not be counted.
+        read.iter().all(|&byte| self.line.take(byte))
     }
 }
 
@@ -61,8 +101,9 @@ impl<R: AsyncRead + Unpin> AsyncRead for Bounded<R> {
             && !this.within_bound(&buf.filled()[before..])
         {
             tracing::warn!(mcp_server = %this.server,
-                "the MCP server sent a message larger than {} KiB: its connection is closed, and \
-                 a call in flight fails", MESSAGE_MAX / 1024);
+                "the MCP server sent a message larger than {} KiB or of more than {} JSON objects \
+                 and arrays: its connection is closed, and a call in flight fails",
+                MESSAGE_MAX / 1024, CONTAINERS_MAX);
             crate::metrics::mcp_message_too_large(&this.server);
             // A read that fails hands over nothing.
             buf.set_filled(before);
@@ -95,5 +136,23 @@ mod tests {
         over.extend(vec![b'x'; MESSAGE_MAX + 1]);
         over.push(b'\n');
         assert!(read_all(over).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn a_line_of_too_many_objects_fails_and_brackets_in_strings_do_not_count() {
+        let many = |n: usize| format!("[{}]\n", vec!["{}"; n].join(",")).into_bytes();
+        assert!(read_all(many(CONTAINERS_MAX - 1)).await.is_ok());
+        assert!(read_all(many(CONTAINERS_MAX)).await.is_err());
+        let quoted = format!(
+            "[\"{}\\\"{}\"]\n",
+            "{".repeat(CONTAINERS_MAX),
+            "[".repeat(10)
+        );
+        assert!(read_all(quoted.into_bytes()).await.is_ok());
+        let nested = format!("{}\n", "[".repeat(CONTAINERS_MAX + 1));
+        assert!(read_all(nested.into_bytes()).await.is_err());
+        // Each line counts on its own.
+        let lines = many(CONTAINERS_MAX / 2).repeat(4);
+        assert!(read_all(lines).await.is_ok());
     }
 }

@@ -424,8 +424,8 @@ impl Tools {
         let mcp_too_large = Family::default();
         registry.register(
             "mcp_messages_too_large",
-            "MCP messages over the size bound (1 MiB), by server: each ended its connection \
-             unread",
+            "MCP messages over the size bounds (1 MiB, 16,384 objects and arrays), by server: \
+             each ended its connection unread",
             mcp_too_large.clone(),
         );
         Tools {
