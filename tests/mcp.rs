@@ -588,6 +588,30 @@ fn a_server_that_answers_with_a_huge_message_is_cut_off_unread() {
     assert!(peak_mib < 150, "the daemon's peak RSS was {peak_mib} MiB");
 }
 
+/// A message under 1 MiB of objects nested deep (a log notification sent before the answer),
+/// which the MCP SDK would parse into hundreds of MB, is not read either: the connection ends,
+/// the call fails, and the daemon's memory stays small.
+#[test]
+fn a_server_that_sends_a_message_of_too_many_objects_is_cut_off_unread() {
+    let workspace = Workspace::new();
+    let model = Stub::start(|_, n| match n {
+        0 => Reply::tool_call("call_1", "deep__noop", json!({})),
+        _ => Reply::answer("done"),
+    });
+    flood_server(&workspace, &model, "deep", ", \"deep\"", "");
+    let daemon = workspace.start();
+    let event = post(&daemon, json!({"session": "d"}));
+    assert_eq!(workspace.wait_terminal(&event, LIMIT), "completed");
+    let results = tool_results(&model.requests()[1]);
+    assert!(
+        results.len() == 1 && results[0].contains("went away"),
+        "{results:?}"
+    );
+    daemon.wait_for_log("or of more than 16384 JSON objects and arrays");
+    let peak_mib = daemon.peak_rss_kib() / 1024;
+    assert!(peak_mib < 150, "the daemon's peak RSS was {peak_mib} MiB");
+}
+
 /// An MCP server's `url` may hold a token: when the server cannot be reached, `status` and the
 /// journal say so without it.
 #[test]

@@ -2,11 +2,12 @@
 without end that its tools changed (`notifications/tools/list_changed`, the same tools every
 time) and writes to stderr without end. Plain JSON-RPC on stdin and stdout, no SDK.
 
-Usage: flood_server.py LISTINGS_FILE [pages | wide]
+Usage: flood_server.py LISTINGS_FILE [pages | wide | deep]
 (each `tools/list` request appends its time there; with `pages`, it floods nothing but lists
 its tools in pages without end, each naming a next one; with `wide`, it floods nothing but
 answers every call with one line of 400,000 empty text blocks, 10 MB, below the MCP SDK's own
-line limit of 16 MiB)
+line limit of 16 MiB; with `deep`, it floods nothing but sends, before it answers a call, a
+log notification of 1,700 objects nested 100 deep, under 1 MiB)
 """
 
 import json
@@ -17,6 +18,7 @@ import time
 listings = sys.argv[1]
 endless_pages = sys.argv[2:] == ["pages"]
 wide = sys.argv[2:] == ["wide"]
+deep = sys.argv[2:] == ["deep"]
 lock = threading.Lock()
 
 
@@ -47,7 +49,7 @@ for line in sys.stdin:
         }
         send({"jsonrpc": "2.0", "id": ident, "result": result})
     elif method == "notifications/initialized":
-        if not (endless_pages or wide):
+        if not (endless_pages or wide or deep):
             threading.Thread(target=flood, daemon=True).start()
     elif method == "tools/list":
         with open(listings, "a", encoding="utf-8") as out:
@@ -60,6 +62,13 @@ for line in sys.stdin:
     elif method == "tools/call" and wide:
         blocks = [{"type": "text", "text": ""}] * 400_000
         send({"jsonrpc": "2.0", "id": ident, "result": {"content": blocks}})
+    elif method == "tools/call" and deep:
+        nested = 0
+        for _ in range(100):
+            nested = {"": nested}
+        data = [nested] * 1_700
+        send({"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": data}})
+        send({"jsonrpc": "2.0", "id": ident, "result": {"content": [{"type": "text", "text": "deep"}]}})
     elif ident is not None:
         error = {"code": -32601, "message": "no such method"}
         send({"jsonrpc": "2.0", "id": ident, "error": error})
