@@ -556,26 +556,30 @@ fn a_server_that_pages_its_tools_without_end_is_not_offered() {
     assert!(offered_tools(&model.requests()[0]).is_empty());
 }
 
-/// A server that answers a call with one line of 10 MB of empty content blocks (which the MCP
-/// SDK would parse into hundreds of MB, and which is below its own line limit) is cut off
-/// unread: the call fails at once with an error the model sees, the journal says why, it is
-/// counted, and the daemon's memory stays small.
-#[test]
-fn a_server_that_answers_with_a_huge_message_is_cut_off_unread() {
+/// Runs one turn whose only call goes to tests/mcp/flood_server.py in `mode` (as MCP server
+/// `mode`, tool `noop`), and checks that the call failed because the server went away.
+fn a_call_cut_off(mode: &'static str, tool: &'static str) -> (Workspace, Daemon) {
     let workspace = Workspace::new();
-    let model = Stub::start(|_, n| match n {
-        0 => Reply::tool_call("call_1", "wide__noop", json!({})),
-        _ => Reply::answer("done"),
-    });
-    flood_server(&workspace, &model, "wide", ", \"wide\"", "");
+    let model = calls_once(tool, json!({}), "done");
+    flood_server(&workspace, &model, mode, &format!(", {mode:?}"), "");
     let daemon = workspace.start();
-    let event = post(&daemon, json!({"session": "w"}));
+    let event = post(&daemon, json!({"session": mode}));
     assert_eq!(workspace.wait_terminal(&event, LIMIT), "completed");
     let results = tool_results(&model.requests()[1]);
     assert!(
         results.len() == 1 && results[0].contains("went away"),
         "{results:?}"
     );
+    (workspace, daemon)
+}
+
+/// A server that answers a call with one line of 10 MB of empty content blocks (which the MCP
+/// SDK would parse into hundreds of MB, and which is below its own line limit) is cut off
+/// unread: the call fails at once with an error the model sees, the journal says why, it is
+/// counted, and the daemon's memory stays small.
+#[test]
+fn a_server_that_answers_with_a_huge_message_is_cut_off_unread() {
+    let (workspace, daemon) = a_call_cut_off("wide", "wide__noop");
     daemon.wait_for_log("the MCP server sent a message larger than 1024 KiB");
     assert!(
         workspace
@@ -593,20 +597,7 @@ fn a_server_that_answers_with_a_huge_message_is_cut_off_unread() {
 /// the call fails, and the daemon's memory stays small.
 #[test]
 fn a_server_that_sends_a_message_of_too_many_objects_is_cut_off_unread() {
-    let workspace = Workspace::new();
-    let model = Stub::start(|_, n| match n {
-        0 => Reply::tool_call("call_1", "deep__noop", json!({})),
-        _ => Reply::answer("done"),
-    });
-    flood_server(&workspace, &model, "deep", ", \"deep\"", "");
-    let daemon = workspace.start();
-    let event = post(&daemon, json!({"session": "d"}));
-    assert_eq!(workspace.wait_terminal(&event, LIMIT), "completed");
-    let results = tool_results(&model.requests()[1]);
-    assert!(
-        results.len() == 1 && results[0].contains("went away"),
-        "{results:?}"
-    );
+    let (_workspace, daemon) = a_call_cut_off("deep", "deep__noop");
     daemon.wait_for_log("or of more than 16384 JSON objects and arrays");
     let peak_mib = daemon.peak_rss_kib() / 1024;
     assert!(peak_mib < 150, "the daemon's peak RSS was {peak_mib} MiB");
