@@ -603,6 +603,24 @@ fn a_server_that_sends_a_message_of_too_many_objects_is_cut_off_unread() {
     assert!(peak_mib < 150, "the daemon's peak RSS was {peak_mib} MiB");
 }
 
+/// A server that sends requests (200,000 pings) without reading the replies, which the MCP SDK
+/// would queue in memory without end, is cut off: the call fails, the journal says why, it is
+/// counted, and the daemon's memory stays small.
+#[test]
+fn a_server_that_sends_without_reading_is_cut_off() {
+    let (workspace, daemon) = a_call_cut_off("pings", "pings__noop");
+    daemon.wait_for_log("messages while it read nothing of what was written to it");
+    assert!(
+        workspace
+            .metrics()
+            .contains("agentgate_mcp_servers_not_reading_total{mcp_server=\"pings\"} 1"),
+        "{}",
+        workspace.metrics()
+    );
+    let peak_mib = daemon.peak_rss_kib() / 1024;
+    assert!(peak_mib < 150, "the daemon's peak RSS was {peak_mib} MiB");
+}
+
 /// An MCP server's `url` may hold a token: when the server cannot be reached, `status` and the
 /// journal say so without it.
 #[test]

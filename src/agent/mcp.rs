@@ -43,7 +43,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use super::mcp_stdio::{Bounded, MESSAGE_MAX};
+use super::mcp_stdio::{MESSAGE_MAX, watched};
 use super::process::{Child, Running};
 use super::tools::OUTPUT_CAP;
 use crate::config::{HiddenPaths, McpServerSettings, McpTransport};
@@ -897,9 +897,9 @@ async fn open(
             let started = child.start().await?;
             tokio::spawn(log_stderr(started.stderr, settings.name.clone()).in_current_span());
             // A server that does not answer `initialize` is stopped with `started.running`.
-            let output = Bounded::new(started.stdout, &settings.name);
-            let transport = AsyncRwTransport::new_client(output, started.stdin)
-                .with_max_line_length(MESSAGE_MAX);
+            let (output, input) = watched(started.stdout, started.stdin, &settings.name);
+            let transport =
+                AsyncRwTransport::new_client(output, input).with_max_line_length(MESSAGE_MAX);
             let running = serve_client_with_ct(listener, transport, service.clone())
                 .await
                 .map_err(|err| format!("initialize failed: {err}"))?;

@@ -9,12 +9,24 @@
 //! parsed message's size follows), ends the connection at once instead: the call in flight fails ("the server
 //! went away"), the journal says why, and `agentgate_mcp_messages_too_large_total` counts it.
 //! The HTTP transport gets the same bound from the SDK's own response limits (`mcp.rs`).
+//!
+//! The SDK also answers every request a server sends (a `ping`, say), and a reply that cannot
+//! be written yet waits in memory with no bound: a server that sends requests without reading
+//! its stdin would grow that queue until the call ends, or forever on the connection that lists
+//! its tools. So the two ends are watched together ([`watched`]): more than [`SENT_UNREAD_MAX`]
+//! messages while a write to the server waits for it to read end the connection the same way
+//! (`agentgate_mcp_servers_not_reading_total`).
 
 use std::io;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
-use tokio::io::{AsyncRead, ReadBuf};
+use futures::task::AtomicWaker;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use crate::metrics::McpCut;
 
 /// The largest message an MCP server may send: a tool listing of hundreds of tools fits many
 /// times over, and a call's result is cut to 64 KiB for the model anyway.
@@ -27,12 +39,53 @@ pub(crate) const MESSAGE_MAX: usize = 1024 * 1024;
 /// schemas, holds a few thousand.
 pub(crate) const CONTAINERS_MAX: usize = 16 * 1024;
 
-/// A server's output, failing once a line grows past [`MESSAGE_MAX`] bytes or
-/// [`CONTAINERS_MAX`] objects and arrays.
+/// The most messages a server may send while a write to it waits for it to read. A server
+/// reads its stdin between calls and while it runs one, and a write waits only once 64 KiB
+/// of it are unread (a pipe's buffer): a thousand replies to a server's requests, at most,
+/// queue behind the one that waits.
+pub(crate) const SENT_UNREAD_MAX: usize = 1024;
+
+/// A server's output and its stdin, for the SDK's transport: the output fails once a line
+/// grows past [`MESSAGE_MAX`] bytes or [`CONTAINERS_MAX`] objects and arrays, or once the
+/// server sent more than [`SENT_UNREAD_MAX`] messages while a write to its stdin waited.
+pub(crate) fn watched<R, W>(output: R, input: W, server: &str) -> (Bounded<R>, Watched<W>) {
+    let ends = Arc::new(Ends::default());
+    let output = Bounded {
+        inner: output,
+        line: Line::default(),
+        sent_while_waiting: 0,
+        ends: ends.clone(),
+        server: server.to_string(),
+    };
+    (output, Watched { inner: input, ends })
+}
+
+/// What the two ends of a connection know of each other.
+#[derive(Default)]
+struct Ends {
+    /// A write to the server waits for it to read.
+    write_waits: AtomicBool,
+    /// The output broke a bound: writes fail too, so that none waits on for a server that
+    /// will not read (the SDK waits for every write before it lets the connection go).
+    cut: AtomicBool,
+    /// Wakes the write that waits, once cut.
+    writer: AtomicWaker,
+}
+
+/// A server's output, read through the bounds.
 pub(crate) struct Bounded<R> {
     inner: R,
     line: Line,
+    /// Messages read since a write to the server started waiting.
+    sent_while_waiting: usize,
+    ends: Arc<Ends>,
     server: String,
+}
+
+/// A server's stdin, telling its output's reader while a write waits for the server to read.
+pub(crate) struct Watched<W> {
+    inner: W,
+    ends: Arc<Ends>,
 }
 
 /// What the line being read holds so far.
@@ -45,13 +98,8 @@ struct Line {
 }
 
 impl Line {
-    /// Counts `byte` in; false when the line is over a bound. A newline ends the line (JSON
-    /// text escapes the newlines of its strings).
+    /// Counts `byte`, which is not a newline, in; false when the line is over a bound.
     fn take(&mut self, byte: u8) -> bool {
-        if byte == b'\n' {
-            *self = Line::default();
-            return true;
-        }
         self.bytes += 1;
         if self.in_string {
             match (self.escaped, byte) {
@@ -72,19 +120,48 @@ impl Line {
 }
 
 impl<R> Bounded<R> {
-    pub(crate) fn new(inner: R, server: &str) -> Bounded<R> {
-        Bounded {
-            inner,
-            line: Line::default(),
-            server: server.to_string(),
+    /// Counts `read` (what one read returned) into the lines it continues and starts; the
+    /// bound it breaks, if one. A newline ends a line (JSON text escapes the newlines of its
+    /// strings), and a message.
+    fn within_bounds(&mut self, read: &[u8]) -> Result<(), McpCut> {
+        // Once over, the connection ends: the rest of `read` need not be counted.
+        for &byte in read {
+            if byte == b'\n' {
+                self.line = Line::default();
+                self.count_message()?;
+            } else if !self.line.take(byte) {
+                return Err(McpCut::TooLarge);
+            }
         }
+        Ok(())
     }
 
-    /// Counts `read` (what one read returned) into the lines it continues and starts; false
-    /// when one of them is over a bound.
-    fn within_bound(&mut self, read: &[u8]) -> bool {
-        // Once over, the connection ends: the rest of `read` need not be counted.
-        read.iter().all(|&byte| self.line.take(byte))
+    fn count_message(&mut self) -> Result<(), McpCut> {
+        if self.ends.write_waits.load(Ordering::Relaxed) {
+            self.sent_while_waiting += 1;
+        } else {
+            self.sent_while_waiting = 0;
+        }
+        if self.sent_while_waiting > SENT_UNREAD_MAX {
+            return Err(McpCut::NotReading);
+        }
+        Ok(())
+    }
+}
+
+/// What the journal says when a connection is cut for `why`.
+fn cut_reason(why: McpCut) -> String {
+    match why {
+        McpCut::TooLarge => format!(
+            "the MCP server sent a message larger than {} KiB or of more than {} JSON objects \
+             and arrays: its connection is closed, and a call in flight fails",
+            MESSAGE_MAX / 1024,
+            CONTAINERS_MAX
+        ),
+        McpCut::NotReading => format!(
+            "the MCP server sent more than {SENT_UNREAD_MAX} messages while it read nothing \
+             of what was written to it: its connection is closed, and a call in flight fails"
+        ),
     }
 }
 
@@ -98,28 +175,68 @@ impl<R: AsyncRead + Unpin> AsyncRead for Bounded<R> {
         let before = buf.filled().len();
         let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
         if let Poll::Ready(Ok(())) = polled
-            && !this.within_bound(&buf.filled()[before..])
+            && let Err(why) = this.within_bounds(&buf.filled()[before..])
         {
-            tracing::warn!(mcp_server = %this.server,
-                "the MCP server sent a message larger than {} KiB or of more than {} JSON objects \
-                 and arrays: its connection is closed, and a call in flight fails",
-                MESSAGE_MAX / 1024, CONTAINERS_MAX);
-            crate::metrics::mcp_message_too_large(&this.server);
+            tracing::warn!(mcp_server = %this.server, "{}", cut_reason(why));
+            crate::metrics::mcp_connection_cut(&this.server, why);
+            this.ends.cut.store(true, Ordering::Relaxed);
+            this.ends.writer.wake();
             // A read that fails hands over nothing.
             buf.set_filled(before);
-            return Poll::Ready(Err(io::Error::other("an MCP message over the size bound")));
+            return Poll::Ready(Err(io::Error::other("an MCP server over a bound")));
         }
         polled
+    }
+}
+
+impl<W: AsyncWrite + Unpin> Watched<W> {
+    /// Polls the write `poll` makes, unless the connection is cut, and notes whether it waits.
+    fn write<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        poll: impl FnOnce(Pin<&mut W>, &mut Context<'_>) -> Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        self.ends.writer.register(cx.waker());
+        if self.ends.cut.load(Ordering::Relaxed) {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "the connection to the MCP server was cut",
+            )));
+        }
+        let polled = poll(Pin::new(&mut self.inner), cx);
+        self.ends
+            .write_waits
+            .store(polled.is_pending(), Ordering::Relaxed);
+        polled
+    }
+}
+
+impl<W: AsyncWrite + Unpin> AsyncWrite for Watched<W> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.get_mut()
+            .write(cx, |inner, cx| inner.poll_write(cx, buf))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.get_mut().write(cx, AsyncWrite::poll_flush)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio::io::AsyncReadExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     async fn read_all(input: Vec<u8>) -> io::Result<usize> {
-        let mut reader = Bounded::new(input.as_slice(), "test");
+        let (mut reader, _stdin) = watched(input.as_slice(), tokio::io::sink(), "test");
         let mut sink = Vec::new();
         reader.read_to_end(&mut sink).await
     }
@@ -154,5 +271,27 @@ mod tests {
         // Each line counts on its own.
         let lines = many(CONTAINERS_MAX / 2).repeat(4);
         assert!(read_all(lines).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_server_may_send_only_so_much_while_a_write_to_it_waits() {
+        let messages = |n: usize| -> &'static [u8] { "{}\n".repeat(n).into_bytes().leak() };
+        // The server's end of its stdin, never read: a write of more than its 16 bytes waits.
+        let (_unread, stdin) = tokio::io::duplex(16);
+        let (mut reader, mut writer) = watched(messages(3 * SENT_UNREAD_MAX), stdin, "test");
+        let mut read = Vec::new();
+        // Nothing waits yet: any number of messages is read.
+        assert!(reader.read_to_end(&mut read).await.is_ok());
+
+        let mut write = Box::pin(writer.write_all(&[b'x'; 64]));
+        assert!(futures::poll!(&mut write).is_pending());
+        reader.inner = messages(SENT_UNREAD_MAX);
+        assert!(reader.read_to_end(&mut read).await.is_ok());
+        reader.inner = messages(1);
+        let error = reader.read_to_end(&mut read).await.err();
+        assert!(error.is_some_and(|error| error.to_string().contains("over a bound")));
+        // The write that waited fails, and so does any other.
+        assert!(write.await.is_err());
+        assert!(writer.write_all(b"x").await.is_err());
     }
 }

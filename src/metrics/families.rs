@@ -171,6 +171,7 @@ pub(super) struct Tools {
     pub(super) approval_wait: Histogram,
     pub(super) mcp_over_bound: Family<McpOutcome, Counter>,
     pub(super) mcp_too_large: Family<McpServerLabel, Counter>,
+    pub(super) mcp_not_reading: Family<McpServerLabel, Counter>,
 }
 
 /// The stored state as the gauges read it at a scrape, the outbox, and the journal.
@@ -428,6 +429,13 @@ impl Tools {
              each ended its connection unread",
             mcp_too_large.clone(),
         );
+        let mcp_not_reading = Family::default();
+        registry.register(
+            "mcp_servers_not_reading",
+            "Stdio MCP servers that sent more than 1,024 messages while a write to them waited \
+             for them to read, by server: each ended its connection",
+            mcp_not_reading.clone(),
+        );
         Tools {
             tool_calls,
             approval_requests,
@@ -436,6 +444,7 @@ impl Tools {
             approval_wait,
             mcp_over_bound,
             mcp_too_large,
+            mcp_not_reading,
         }
     }
 }

@@ -342,11 +342,22 @@ pub(crate) fn mcp_over_bound(server: &str, outcome: OverBound) {
         .inc();
 }
 
-/// MCP server `server` sent a message over the size bound; its connection ended.
-pub(crate) fn mcp_message_too_large(server: &str) {
-    METRICS
-        .tools
-        .mcp_too_large
+/// Why agentgate ended a stdio MCP server's connection without reading on.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum McpCut {
+    /// It sent a message over the size bounds.
+    TooLarge,
+    /// It kept sending while it read none of what agentgate wrote to it.
+    NotReading,
+}
+
+/// Agentgate ended MCP server `server`'s connection, for `why`.
+pub(crate) fn mcp_connection_cut(server: &str, why: McpCut) {
+    let family = match why {
+        McpCut::TooLarge => &METRICS.tools.mcp_too_large,
+        McpCut::NotReading => &METRICS.tools.mcp_not_reading,
+    };
+    family
         .get_or_create(&McpServerLabel {
             mcp_server: server.to_string(),
         })

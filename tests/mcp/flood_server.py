@@ -2,12 +2,13 @@
 without end that its tools changed (`notifications/tools/list_changed`, the same tools every
 time) and writes to stderr without end. Plain JSON-RPC on stdin and stdout, no SDK.
 
-Usage: flood_server.py LISTINGS_FILE [pages | wide | deep]
+Usage: flood_server.py LISTINGS_FILE [pages | wide | deep | pings]
 (each `tools/list` request appends its time there; with `pages`, it floods nothing but lists
 its tools in pages without end, each naming a next one; with `wide`, it floods nothing but
 answers every call with one line of 400,000 empty text blocks, 10 MB, below the MCP SDK's own
 line limit of 16 MiB; with `deep`, it floods nothing but sends, before it answers a call, a
-log notification of 1,700 objects nested 100 deep, under 1 MiB)
+log notification of 1,700 objects nested 100 deep, under 1 MiB; with `pings`, it floods nothing
+but answers a call with 200,000 `ping` requests, and reads nothing more)
 """
 
 import json
@@ -19,6 +20,7 @@ listings = sys.argv[1]
 endless_pages = sys.argv[2:] == ["pages"]
 wide = sys.argv[2:] == ["wide"]
 deep = sys.argv[2:] == ["deep"]
+pings = sys.argv[2:] == ["pings"]
 lock = threading.Lock()
 
 
@@ -49,7 +51,7 @@ for line in sys.stdin:
         }
         send({"jsonrpc": "2.0", "id": ident, "result": result})
     elif method == "notifications/initialized":
-        if not (endless_pages or wide or deep):
+        if not (endless_pages or wide or deep or pings):
             threading.Thread(target=flood, daemon=True).start()
     elif method == "tools/list":
         with open(listings, "a", encoding="utf-8") as out:
@@ -69,6 +71,10 @@ for line in sys.stdin:
         data = [nested] * 1_700
         send({"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": data}})
         send({"jsonrpc": "2.0", "id": ident, "result": {"content": [{"type": "text", "text": "deep"}]}})
+    elif method == "tools/call" and pings:
+        for n in range(200_000):
+            send({"jsonrpc": "2.0", "id": "ping-%d" % n, "method": "ping"})
+        time.sleep(3600)
     elif ident is not None:
         error = {"code": -32601, "message": "no such method"}
         send({"jsonrpc": "2.0", "id": ident, "error": error})
