@@ -556,9 +556,31 @@ fn a_server_that_pages_its_tools_without_end_is_not_offered() {
     assert!(offered_tools(&model.requests()[0]).is_empty());
 }
 
+/// A server that lists a tool whose schema holds more objects than a message may (20,000
+/// properties, under 1 MiB, which the MCP SDK would parse into tens of MB per listing) is cut
+/// off at its listing: it is reported down, its tools are not offered, and the daemon serves
+/// anyway with its memory small.
+#[test]
+fn a_server_whose_listing_holds_too_many_objects_is_not_offered() {
+    let workspace = Workspace::new();
+    let model = Stub::start(|_, _| Reply::answer("done"));
+    flood_server(&workspace, &model, "schema", ", \"schema\"", "");
+    let daemon = workspace.start();
+    let error = format!("tools/list failed: agentgate cut the server off: it {TOO_LARGE}");
+    wait_until("the server to be reported down", LIMIT, || {
+        workspace.status()["mcp"]["schema"]["error"].as_str() == Some(error.as_str())
+    });
+    let event = post(&daemon, json!({"session": "s"}));
+    assert_eq!(workspace.wait_terminal(&event, LIMIT), "completed");
+    assert!(offered_tools(&model.requests()[0]).is_empty());
+    let peak_mib = daemon.peak_rss_kib() / 1024;
+    assert!(peak_mib < 150, "the daemon's peak RSS was {peak_mib} MiB");
+}
+
 /// Runs one turn whose only call goes to tests/mcp/flood_server.py in `mode` (as MCP server
-/// `mode`, tool `noop`), and checks that the call failed because the server went away.
-fn a_call_cut_off(mode: &'static str, tool: &'static str) -> (Workspace, Daemon) {
+/// `mode`, tool `noop`), and checks that agentgate cut the server off for `why`: the call
+/// failed with it, and the journal says it.
+fn a_call_cut_off(mode: &'static str, tool: &'static str, why: &str) -> (Workspace, Daemon) {
     let workspace = Workspace::new();
     let model = calls_once(tool, json!({}), "done");
     flood_server(&workspace, &model, mode, &format!(", {mode:?}"), "");
@@ -567,11 +589,18 @@ fn a_call_cut_off(mode: &'static str, tool: &'static str) -> (Workspace, Daemon)
     assert_eq!(workspace.wait_terminal(&event, LIMIT), "completed");
     let results = tool_results(&model.requests()[1]);
     assert!(
-        results.len() == 1 && results[0].contains("went away"),
+        results.len() == 1
+            && results[0].contains(&format!("agentgate cut the server off: it {why}"))
+            && results[0].contains("during the call; its outcome is unknown"),
         "{results:?}"
     );
+    daemon.wait_for_log(&format!("the MCP server {why}: its connection is closed"));
     (workspace, daemon)
 }
+
+/// What a server did when it sent a message over the bounds.
+const TOO_LARGE: &str =
+    "sent a message larger than 1024 KiB or of more than 16384 JSON objects and arrays";
 
 /// A server that answers a call with one line of 10 MB of empty content blocks (which the MCP
 /// SDK would parse into hundreds of MB, and which is below its own line limit) is cut off
@@ -579,8 +608,7 @@ fn a_call_cut_off(mode: &'static str, tool: &'static str) -> (Workspace, Daemon)
 /// counted, and the daemon's memory stays small.
 #[test]
 fn a_server_that_answers_with_a_huge_message_is_cut_off_unread() {
-    let (workspace, daemon) = a_call_cut_off("wide", "wide__noop");
-    daemon.wait_for_log("the MCP server sent a message larger than 1024 KiB");
+    let (workspace, daemon) = a_call_cut_off("wide", "wide__noop", TOO_LARGE);
     assert!(
         workspace
             .metrics()
@@ -597,8 +625,7 @@ fn a_server_that_answers_with_a_huge_message_is_cut_off_unread() {
 /// the call fails, and the daemon's memory stays small.
 #[test]
 fn a_server_that_sends_a_message_of_too_many_objects_is_cut_off_unread() {
-    let (_workspace, daemon) = a_call_cut_off("deep", "deep__noop");
-    daemon.wait_for_log("or of more than 16384 JSON objects and arrays");
+    let (_workspace, daemon) = a_call_cut_off("deep", "deep__noop", TOO_LARGE);
     let peak_mib = daemon.peak_rss_kib() / 1024;
     assert!(peak_mib < 150, "the daemon's peak RSS was {peak_mib} MiB");
 }
@@ -608,8 +635,11 @@ fn a_server_that_sends_a_message_of_too_many_objects_is_cut_off_unread() {
 /// counted, and the daemon's memory stays small.
 #[test]
 fn a_server_that_sends_without_reading_is_cut_off() {
-    let (workspace, daemon) = a_call_cut_off("pings", "pings__noop");
-    daemon.wait_for_log("messages while it read nothing of what was written to it");
+    let (workspace, daemon) = a_call_cut_off(
+        "pings",
+        "pings__noop",
+        "sent more than 1024 messages while it read nothing of what was written to it",
+    );
     assert!(
         workspace
             .metrics()

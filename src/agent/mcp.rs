@@ -43,7 +43,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use super::mcp_stdio::{MESSAGE_MAX, watched};
+use super::mcp_stdio::{CutOff, MESSAGE_MAX, watched};
 use super::process::{Child, Running};
 use super::tools::OUTPUT_CAP;
 use crate::config::{HiddenPaths, McpServerSettings, McpTransport};
@@ -220,6 +220,8 @@ pub(crate) struct Connection {
     timeout: Duration,
     /// An HTTP server's `url`, which may hold a token: never shown ([`without`]).
     url: Option<String>,
+    /// A stdio server's: why agentgate cut the connection, if it did.
+    cut_off: Option<CutOff>,
 }
 
 impl Drop for Connection {
@@ -360,10 +362,23 @@ impl Instances {
     }
 }
 
-/// Why a call failed when its server's connection ended under it.
-const WENT_AWAY: &str = "the server went away during the call; its outcome is unknown";
-
 impl Connection {
+    /// Why a call or a listing failed when the connection ended under it.
+    fn went_away(&self) -> String {
+        match self.cut_off.as_ref().and_then(CutOff::why) {
+            Some(what) => format!("agentgate cut the server off: it {what}"),
+            None => "the server went away".to_string(),
+        }
+    }
+
+    /// Why a call failed when the connection ended under it.
+    fn went_away_during_call(&self) -> String {
+        format!(
+            "{} during the call; its outcome is unknown",
+            self.went_away()
+        )
+    }
+
     /// Calls `tool` with `arguments`, carrying `key` in `_meta`. Fails at once if the server
     /// goes away, and after the server's `timeout`.
     pub(crate) async fn call(
@@ -393,13 +408,13 @@ impl Connection {
                 },
                 // The connection ended first (the process exited, or sent what it may not):
                 // the same as the arm below, whichever of the two is polled first.
-                Err(rmcp::ServiceError::TransportClosed) => CallOutcome::Failed(WENT_AWAY.to_string()),
+                Err(rmcp::ServiceError::TransportClosed) => CallOutcome::Failed(self.went_away_during_call()),
                 Err(err) => CallOutcome::Failed(without(
                     self.url.as_deref(),
                     format!("the call failed: {err}"),
                 )),
             },
-            () = self.closed.cancelled() => CallOutcome::Failed(WENT_AWAY.to_string()),
+            () = self.closed.cancelled() => CallOutcome::Failed(self.went_away_during_call()),
             () = tokio::time::sleep(self.timeout) => CallOutcome::Failed(format!(
                 "no answer within its timeout of {:?}; its outcome is unknown", self.timeout)),
         }
@@ -796,10 +811,14 @@ async fn list_tools(connection: &Connection) -> Result<Vec<McpTool>, String> {
         for _ in 0..MAX_TOOL_PAGES {
             let params = PaginatedRequestParams::default().with_cursor(cursor);
             let page = (peer.list_tools(Some(params)).await).map_err(|err| {
-                without(
-                    connection.url.as_deref(),
-                    format!("tools/list failed: {err}"),
-                )
+                if matches!(err, rmcp::ServiceError::TransportClosed) {
+                    format!("tools/list failed: {}", connection.went_away())
+                } else {
+                    without(
+                        connection.url.as_deref(),
+                        format!("tools/list failed: {err}"),
+                    )
+                }
             })?;
             tools.extend(page.tools);
             if tools.len() > MAX_TOOLS {
@@ -871,7 +890,7 @@ async fn open(
     tools_changed: Arc<Notify>,
 ) -> Result<Connection, String> {
     let listener = Listener { tools_changed };
-    let (running, process) = match &settings.transport {
+    let (running, process, cut_off) = match &settings.transport {
         McpTransport::Stdio {
             command,
             env,
@@ -897,13 +916,13 @@ async fn open(
             let started = child.start().await?;
             tokio::spawn(log_stderr(started.stderr, settings.name.clone()).in_current_span());
             // A server that does not answer `initialize` is stopped with `started.running`.
-            let (output, input) = watched(started.stdout, started.stdin, &settings.name);
+            let (output, input, cut_off) = watched(started.stdout, started.stdin, &settings.name);
             let transport =
                 AsyncRwTransport::new_client(output, input).with_max_line_length(MESSAGE_MAX);
             let running = serve_client_with_ct(listener, transport, service.clone())
                 .await
                 .map_err(|err| format!("initialize failed: {err}"))?;
-            (running, Some(started.running))
+            (running, Some(started.running), Some(cut_off))
         }
         McpTransport::Http { url, headers } => {
             let mut default_headers = http::HeaderMap::new();
@@ -929,7 +948,7 @@ async fn open(
             let running = serve_client_with_ct(listener, transport, service.clone())
                 .await
                 .map_err(|err| without(Some(url), format!("initialize failed: {err}")))?;
-            (running, None)
+            (running, None, None)
         }
     };
     let peer = running.peer().clone();
@@ -940,6 +959,7 @@ async fn open(
         closed,
         service,
         _process: process,
+        cut_off,
         timeout: settings.timeout,
         url: match &settings.transport {
             McpTransport::Http { url, .. } => Some(url.clone()),

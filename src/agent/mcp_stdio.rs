@@ -6,8 +6,9 @@
 //! memory, and with it every route's. The SDK drops a line over its own limit (16 MiB) without
 //! a word, and the call it answered would wait for its timeout. Here a line over
 //! [`MESSAGE_MAX`] bytes, or of more than [`CONTAINERS_MAX`] objects and arrays (what a
-//! parsed message's size follows), ends the connection at once instead: the call in flight fails ("the server
-//! went away"), the journal says why, and `agentgate_mcp_messages_too_large_total` counts it.
+//! parsed message's size follows), ends the connection at once instead: the call in flight
+//! fails, and it, `status` and the journal say why ([`CutOff`]);
+//! `agentgate_mcp_messages_too_large_total` counts it.
 //! The HTTP transport gets the same bound from the SDK's own response limits (`mcp.rs`).
 //!
 //! The SDK also answers every request a server sends (a `ping`, say), and a reply that cannot
@@ -19,8 +20,8 @@
 
 use std::io;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
 use futures::task::AtomicWaker;
@@ -45,10 +46,11 @@ pub(crate) const CONTAINERS_MAX: usize = 16 * 1024;
 /// queue behind the one that waits.
 pub(crate) const SENT_UNREAD_MAX: usize = 1024;
 
-/// A server's output and its stdin, for the SDK's transport: the output fails once a line
-/// grows past [`MESSAGE_MAX`] bytes or [`CONTAINERS_MAX`] objects and arrays, or once the
-/// server sent more than [`SENT_UNREAD_MAX`] messages while a write to its stdin waited.
-pub(crate) fn watched<R, W>(output: R, input: W, server: &str) -> (Bounded<R>, Watched<W>) {
+/// A server's output and its stdin, for the SDK's transport, and what says why they were cut:
+/// the output fails once a line grows past [`MESSAGE_MAX`] bytes or [`CONTAINERS_MAX`] objects
+/// and arrays, or once the server sent more than [`SENT_UNREAD_MAX`] messages while a write to
+/// its stdin waited.
+pub(crate) fn watched<R, W>(output: R, input: W, server: &str) -> (Bounded<R>, Watched<W>, CutOff) {
     let ends = Arc::new(Ends::default());
     let output = Bounded {
         inner: output,
@@ -57,7 +59,18 @@ pub(crate) fn watched<R, W>(output: R, input: W, server: &str) -> (Bounded<R>, W
         ends: ends.clone(),
         server: server.to_string(),
     };
-    (output, Watched { inner: input, ends })
+    let cut_off = CutOff(ends.clone());
+    (output, Watched { inner: input, ends }, cut_off)
+}
+
+/// Says why a connection was cut, once it was.
+pub(crate) struct CutOff(Arc<Ends>);
+
+impl CutOff {
+    /// What the server did that ended its connection, in words ("sent …"), if it was cut.
+    pub(crate) fn why(&self) -> Option<String> {
+        self.0.cut.get().copied().map(what_it_did)
+    }
 }
 
 /// What the two ends of a connection know of each other.
@@ -65,9 +78,9 @@ pub(crate) fn watched<R, W>(output: R, input: W, server: &str) -> (Bounded<R>, W
 struct Ends {
     /// A write to the server waits for it to read.
     write_waits: AtomicBool,
-    /// The output broke a bound: writes fail too, so that none waits on for a server that
+    /// The bound the output broke: writes fail too, so that none waits on for a server that
     /// will not read (the SDK waits for every write before it lets the connection go).
-    cut: AtomicBool,
+    cut: OnceLock<McpCut>,
     /// Wakes the write that waits, once cut.
     writer: AtomicWaker,
 }
@@ -149,18 +162,17 @@ impl<R> Bounded<R> {
     }
 }
 
-/// What the journal says when a connection is cut for `why`.
-fn cut_reason(why: McpCut) -> String {
+/// What a server did that got its connection cut for `why`.
+fn what_it_did(why: McpCut) -> String {
     match why {
         McpCut::TooLarge => format!(
-            "the MCP server sent a message larger than {} KiB or of more than {} JSON objects \
-             and arrays: its connection is closed, and a call in flight fails",
-            MESSAGE_MAX / 1024,
-            CONTAINERS_MAX
+            "sent a message larger than {} KiB or of more than {CONTAINERS_MAX} JSON objects \
+             and arrays",
+            MESSAGE_MAX / 1024
         ),
         McpCut::NotReading => format!(
-            "the MCP server sent more than {SENT_UNREAD_MAX} messages while it read nothing \
-             of what was written to it: its connection is closed, and a call in flight fails"
+            "sent more than {SENT_UNREAD_MAX} messages while it read nothing of what was \
+             written to it"
         ),
     }
 }
@@ -177,9 +189,12 @@ impl<R: AsyncRead + Unpin> AsyncRead for Bounded<R> {
         if let Poll::Ready(Ok(())) = polled
             && let Err(why) = this.within_bounds(&buf.filled()[before..])
         {
-            tracing::warn!(mcp_server = %this.server, "{}", cut_reason(why));
+            tracing::warn!(mcp_server = %this.server,
+                "the MCP server {}: its connection is closed, and a call in flight fails",
+                what_it_did(why));
             crate::metrics::mcp_connection_cut(&this.server, why);
-            this.ends.cut.store(true, Ordering::Relaxed);
+            // Set once: the read that failed ends the connection.
+            let _ = this.ends.cut.set(why);
             this.ends.writer.wake();
             // A read that fails hands over nothing.
             buf.set_filled(before);
@@ -197,7 +212,7 @@ impl<W: AsyncWrite + Unpin> Watched<W> {
         poll: impl FnOnce(Pin<&mut W>, &mut Context<'_>) -> Poll<io::Result<T>>,
     ) -> Poll<io::Result<T>> {
         self.ends.writer.register(cx.waker());
-        if self.ends.cut.load(Ordering::Relaxed) {
+        if self.ends.cut.get().is_some() {
             return Poll::Ready(Err(io::Error::new(
                 io::ErrorKind::BrokenPipe,
                 "the connection to the MCP server was cut",
@@ -236,7 +251,7 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     async fn read_all(input: Vec<u8>) -> io::Result<usize> {
-        let (mut reader, _stdin) = watched(input.as_slice(), tokio::io::sink(), "test");
+        let (mut reader, _stdin, _) = watched(input.as_slice(), tokio::io::sink(), "test");
         let mut sink = Vec::new();
         reader.read_to_end(&mut sink).await
     }
@@ -278,7 +293,8 @@ mod tests {
         let messages = |n: usize| -> &'static [u8] { "{}\n".repeat(n).into_bytes().leak() };
         // The server's end of its stdin, never read: a write of more than its 16 bytes waits.
         let (_unread, stdin) = tokio::io::duplex(16);
-        let (mut reader, mut writer) = watched(messages(3 * SENT_UNREAD_MAX), stdin, "test");
+        let (mut reader, mut writer, cut_off) =
+            watched(messages(3 * SENT_UNREAD_MAX), stdin, "test");
         let mut read = Vec::new();
         // Nothing waits yet: any number of messages is read.
         assert!(reader.read_to_end(&mut read).await.is_ok());
@@ -290,6 +306,11 @@ mod tests {
         reader.inner = messages(1);
         let error = reader.read_to_end(&mut read).await.err();
         assert!(error.is_some_and(|error| error.to_string().contains("over a bound")));
+        assert!(
+            cut_off
+                .why()
+                .is_some_and(|why| why.contains("while it read nothing"))
+        );
         // The write that waited fails, and so does any other.
         assert!(write.await.is_err());
         assert!(writer.write_all(b"x").await.is_err());
