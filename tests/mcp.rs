@@ -638,7 +638,7 @@ fn a_server_that_sends_without_reading_is_cut_off() {
     let (workspace, daemon) = a_call_cut_off(
         "pings",
         "pings__noop",
-        "sent more than 1024 messages while it read nothing of what was written to it",
+        "sent more than 1024 messages or 4096 KiB while it read nothing of what was written to it",
     );
     assert!(
         workspace

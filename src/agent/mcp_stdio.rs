@@ -15,7 +15,8 @@
 //! be written yet waits in memory with no bound: a server that sends requests without reading
 //! its stdin would grow that queue until the call ends, or forever on the connection that lists
 //! its tools. So the two ends are watched together ([`watched`]): more than [`SENT_UNREAD_MAX`]
-//! messages while a write to the server waits for it to read end the connection the same way
+//! messages, or [`SENT_UNREAD_BYTES_MAX`] bytes (a reply repeats its request's id, which may be
+//! long), while a write to the server waits for it to read end the connection the same way
 //! (`agentgate_mcp_servers_not_reading_total`).
 
 use std::io;
@@ -46,16 +47,20 @@ pub(crate) const CONTAINERS_MAX: usize = 16 * 1024;
 /// queue behind the one that waits.
 pub(crate) const SENT_UNREAD_MAX: usize = 1024;
 
+/// The most bytes a server may send while a write to it waits for it to read: a reply repeats
+/// its request's id, and an id may be as long as a message.
+pub(crate) const SENT_UNREAD_BYTES_MAX: usize = 4 * MESSAGE_MAX;
+
 /// A server's output and its stdin, for the SDK's transport, and what says why they were cut:
 /// the output fails once a line grows past [`MESSAGE_MAX`] bytes or [`CONTAINERS_MAX`] objects
-/// and arrays, or once the server sent more than [`SENT_UNREAD_MAX`] messages while a write to
-/// its stdin waited.
+/// and arrays, or once the server sent more than [`SENT_UNREAD_MAX`] messages or
+/// [`SENT_UNREAD_BYTES_MAX`] bytes while a write to its stdin waited.
 pub(crate) fn watched<R, W>(output: R, input: W, server: &str) -> (Bounded<R>, Watched<W>, CutOff) {
     let ends = Arc::new(Ends::default());
     let output = Bounded {
         inner: output,
         line: Line::default(),
-        sent_while_waiting: 0,
+        sent_while_waiting: Sent::default(),
         ends: ends.clone(),
         server: server.to_string(),
     };
@@ -89,10 +94,17 @@ struct Ends {
 pub(crate) struct Bounded<R> {
     inner: R,
     line: Line,
-    /// Messages read since a write to the server started waiting.
-    sent_while_waiting: usize,
+    /// What was read since a write to the server started waiting.
+    sent_while_waiting: Sent,
     ends: Arc<Ends>,
     server: String,
+}
+
+/// Messages and their bytes.
+#[derive(Default)]
+struct Sent {
+    messages: usize,
+    bytes: usize,
 }
 
 /// A server's stdin, telling its output's reader while a write waits for the server to read.
@@ -140,8 +152,9 @@ impl<R> Bounded<R> {
         // Once over, the connection ends: the rest of `read` need not be counted.
         for &byte in read {
             if byte == b'\n' {
+                let bytes = self.line.bytes;
                 self.line = Line::default();
-                self.count_message()?;
+                self.count_message(bytes)?;
             } else if !self.line.take(byte) {
                 return Err(McpCut::TooLarge);
             }
@@ -149,13 +162,16 @@ impl<R> Bounded<R> {
         Ok(())
     }
 
-    fn count_message(&mut self) -> Result<(), McpCut> {
+    /// Counts a message of `bytes` in, if a write waits.
+    fn count_message(&mut self, bytes: usize) -> Result<(), McpCut> {
+        let sent = &mut self.sent_while_waiting;
         if self.ends.write_waits.load(Ordering::Relaxed) {
-            self.sent_while_waiting += 1;
+            sent.messages += 1;
+            sent.bytes += bytes;
         } else {
-            self.sent_while_waiting = 0;
+            *sent = Sent::default();
         }
-        if self.sent_while_waiting > SENT_UNREAD_MAX {
+        if sent.messages > SENT_UNREAD_MAX || sent.bytes > SENT_UNREAD_BYTES_MAX {
             return Err(McpCut::NotReading);
         }
         Ok(())
@@ -171,8 +187,9 @@ fn what_it_did(why: McpCut) -> String {
             MESSAGE_MAX / 1024
         ),
         McpCut::NotReading => format!(
-            "sent more than {SENT_UNREAD_MAX} messages while it read nothing of what was \
-             written to it"
+            "sent more than {SENT_UNREAD_MAX} messages or {} KiB while it read nothing of \
+             what was written to it",
+            SENT_UNREAD_BYTES_MAX / 1024
         ),
     }
 }
@@ -314,5 +331,21 @@ mod tests {
         // The write that waited fails, and so does any other.
         assert!(write.await.is_err());
         assert!(writer.write_all(b"x").await.is_err());
+    }
+
+    #[tokio::test]
+    async fn a_server_may_send_only_so_many_bytes_while_a_write_to_it_waits() {
+        let long = |n: usize| -> &'static [u8] {
+            let line = format!("{{\"id\":\"{}\"}}\n", "x".repeat(MESSAGE_MAX / 2));
+            line.repeat(n).into_bytes().leak()
+        };
+        let (_unread, stdin) = tokio::io::duplex(16);
+        let (mut reader, mut writer, _) = watched(long(7), stdin, "test");
+        let mut write = Box::pin(writer.write_all(&[b'x'; 64]));
+        assert!(futures::poll!(&mut write).is_pending());
+        let mut read = Vec::new();
+        assert!(reader.read_to_end(&mut read).await.is_ok());
+        reader.inner = long(1);
+        assert!(reader.read_to_end(&mut read).await.is_err());
     }
 }
