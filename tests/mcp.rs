@@ -577,6 +577,27 @@ fn a_server_whose_listing_holds_too_many_objects_is_not_offered() {
     assert!(peak_mib < 150, "the daemon's peak RSS was {peak_mib} MiB");
 }
 
+/// A server whose tools' schemas hold more objects in all than a listing may (four pages of
+/// 9,000 properties each, every page under the bounds of a message), which would be compiled
+/// into hundreds of MB and again at every change, is not offered, and `status` says why.
+#[test]
+fn a_server_whose_schemas_hold_too_many_objects_in_all_is_not_offered() {
+    let workspace = Workspace::new();
+    let model = Stub::start(|_, _| Reply::answer("done"));
+    flood_server(&workspace, &model, "schemas", ", \"schemas\"", "");
+    let daemon = workspace.start();
+    wait_until("the server to be reported down", LIMIT, || {
+        workspace.status()["mcp"]["schemas"]["error"]
+            .as_str()
+            .is_some_and(|error| {
+                error.contains("input schemas hold more than 16384 JSON objects and arrays in all")
+            })
+    });
+    let event = post(&daemon, json!({"session": "s"}));
+    assert_eq!(workspace.wait_terminal(&event, LIMIT), "completed");
+    assert!(offered_tools(&model.requests()[0]).is_empty());
+}
+
 /// Runs one turn whose only call goes to tests/mcp/flood_server.py in `mode` (as MCP server
 /// `mode`, tool `noop`), and checks that agentgate cut the server off for `why`: the call
 /// failed with it, and the journal says it.

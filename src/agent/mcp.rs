@@ -798,6 +798,32 @@ async fn ended(connection: &Connection, stop: &CancellationToken) -> Option<Stri
 const MAX_TOOLS: usize = 512;
 const MAX_TOOL_PAGES: usize = 32;
 
+/// The most JSON objects and arrays the input schemas of one server's tools may hold in all:
+/// each is compiled into a validator of tens of times its size, and the tools are listed
+/// again whenever the server says they changed.
+const SCHEMA_OBJECTS_MAX: usize = super::mcp_stdio::CONTAINERS_MAX;
+
+/// How many JSON objects and arrays `schema` holds, itself included.
+fn objects_in(schema: &serde_json::Map<String, serde_json::Value>) -> usize {
+    use serde_json::Value;
+    let mut count = 1;
+    let mut to_visit: Vec<&Value> = schema.values().collect();
+    while let Some(value) = to_visit.pop() {
+        match value {
+            Value::Object(object) => {
+                count += 1;
+                to_visit.extend(object.values());
+            }
+            Value::Array(items) => {
+                count += 1;
+                to_visit.extend(items);
+            }
+            Value::Null | Value::Bool(_) | Value::Number(_) | Value::String(_) => {}
+        }
+    }
+    count
+}
+
 /// How long listing a server's tools may take, all pages together.
 const LIST_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -807,6 +833,7 @@ async fn list_tools(connection: &Connection) -> Result<Vec<McpTool>, String> {
     let peer = &connection.peer;
     let listing = async {
         let mut tools = Vec::new();
+        let mut schema_objects = 0;
         let mut cursor = None;
         for _ in 0..MAX_TOOL_PAGES {
             let params = PaginatedRequestParams::default().with_cursor(cursor);
@@ -820,9 +847,20 @@ async fn list_tools(connection: &Connection) -> Result<Vec<McpTool>, String> {
                     )
                 }
             })?;
+            schema_objects += page
+                .tools
+                .iter()
+                .map(|tool| objects_in(&tool.input_schema))
+                .sum::<usize>();
             tools.extend(page.tools);
             if tools.len() > MAX_TOOLS {
                 return Err(format!("it lists more than {MAX_TOOLS} tools"));
+            }
+            if schema_objects > SCHEMA_OBJECTS_MAX {
+                return Err(format!(
+                    "its tools' input schemas hold more than {SCHEMA_OBJECTS_MAX} JSON objects \
+                     and arrays in all"
+                ));
             }
             cursor = page.next_cursor;
             if cursor.is_none() {
