@@ -540,20 +540,32 @@ fn a_server_that_floods_is_listed_once_a_second_and_cannot_push_out_an_event_s_l
 /// are not offered; the daemon serves anyway.
 #[test]
 fn a_server_that_pages_its_tools_without_end_is_not_offered() {
-    let workspace = Workspace::new();
-    let model = Stub::start(|_, _| Reply::answer("done"));
-    let listings = flood_server(&workspace, &model, "pager", ", \"pages\"", "");
-    let daemon = workspace.start();
-    wait_until("the server to be reported down", LIMIT, || {
-        workspace.status()["mcp"]["pager"]["error"]
-            .as_str()
-            .is_some_and(|error| error.contains("it lists its tools in more than 32 pages"))
-    });
+    let (workspace, _daemon) = a_listing_refused(
+        "pages",
+        "it lists its tools in more than 32 pages".to_string(),
+    );
+    let listings = workspace.path().join("pages").join("listings");
     let pages = std::fs::read_to_string(&listings).unwrap_or_default();
     assert!(pages.lines().count() >= 32, "{pages}");
-    let event = post(&daemon, json!({"session": "p"}));
+}
+
+/// Starts tests/mcp/flood_server.py in `mode` (as MCP server `mode`), waits until `status`
+/// reports it down with an error that contains `error`, and checks that a turn then runs
+/// without its tools.
+fn a_listing_refused(mode: &'static str, error: String) -> (Workspace, Daemon) {
+    let workspace = Workspace::new();
+    let model = Stub::start(|_, _| Reply::answer("done"));
+    flood_server(&workspace, &model, mode, &format!(", {mode:?}"), "");
+    let daemon = workspace.start();
+    wait_until("the server to be reported down", LIMIT, || {
+        workspace.status()["mcp"][mode]["error"]
+            .as_str()
+            .is_some_and(|reported| reported.contains(&error))
+    });
+    let event = post(&daemon, json!({"session": mode}));
     assert_eq!(workspace.wait_terminal(&event, LIMIT), "completed");
     assert!(offered_tools(&model.requests()[0]).is_empty());
+    (workspace, daemon)
 }
 
 /// A server that lists a tool whose schema holds more objects than a message may (20,000
@@ -562,17 +574,10 @@ fn a_server_that_pages_its_tools_without_end_is_not_offered() {
 /// anyway with its memory small.
 #[test]
 fn a_server_whose_listing_holds_too_many_objects_is_not_offered() {
-    let workspace = Workspace::new();
-    let model = Stub::start(|_, _| Reply::answer("done"));
-    flood_server(&workspace, &model, "schema", ", \"schema\"", "");
-    let daemon = workspace.start();
-    let error = format!("tools/list failed: agentgate cut the server off: it {TOO_LARGE}");
-    wait_until("the server to be reported down", LIMIT, || {
-        workspace.status()["mcp"]["schema"]["error"].as_str() == Some(error.as_str())
-    });
-    let event = post(&daemon, json!({"session": "s"}));
-    assert_eq!(workspace.wait_terminal(&event, LIMIT), "completed");
-    assert!(offered_tools(&model.requests()[0]).is_empty());
+    let (_workspace, daemon) = a_listing_refused(
+        "schema",
+        format!("tools/list failed: agentgate cut the server off: it {TOO_LARGE}"),
+    );
     let peak_mib = daemon.peak_rss_kib() / 1024;
     assert!(peak_mib < 150, "the daemon's peak RSS was {peak_mib} MiB");
 }
@@ -582,20 +587,10 @@ fn a_server_whose_listing_holds_too_many_objects_is_not_offered() {
 /// into hundreds of MB and again at every change, is not offered, and `status` says why.
 #[test]
 fn a_server_whose_schemas_hold_too_many_objects_in_all_is_not_offered() {
-    let workspace = Workspace::new();
-    let model = Stub::start(|_, _| Reply::answer("done"));
-    flood_server(&workspace, &model, "schemas", ", \"schemas\"", "");
-    let daemon = workspace.start();
-    wait_until("the server to be reported down", LIMIT, || {
-        workspace.status()["mcp"]["schemas"]["error"]
-            .as_str()
-            .is_some_and(|error| {
-                error.contains("input schemas hold more than 16384 JSON objects and arrays in all")
-            })
-    });
-    let event = post(&daemon, json!({"session": "s"}));
-    assert_eq!(workspace.wait_terminal(&event, LIMIT), "completed");
-    assert!(offered_tools(&model.requests()[0]).is_empty());
+    a_listing_refused(
+        "schemas",
+        "input schemas hold more than 16384 JSON objects and arrays in all".to_string(),
+    );
 }
 
 /// Runs one turn whose only call goes to tests/mcp/flood_server.py in `mode` (as MCP server
