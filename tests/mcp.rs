@@ -424,8 +424,7 @@ fn an_http_server_s_answer_over_the_bound_fails_the_call() {
             .map(|result| result.chars().take(200).collect::<String>())
             .collect::<Vec<_>>()
     );
-    let peak_mib = daemon.peak_rss_kib() / 1024;
-    assert!(peak_mib < 150, "the daemon's peak RSS was {peak_mib} MiB");
+    memory_stayed_small(&daemon);
 }
 
 #[test]
@@ -578,8 +577,7 @@ fn a_server_whose_listing_holds_too_many_objects_is_not_offered() {
         "schema",
         format!("tools/list failed: agentgate cut the server off: it {TOO_LARGE}"),
     );
-    let peak_mib = daemon.peak_rss_kib() / 1024;
-    assert!(peak_mib < 150, "the daemon's peak RSS was {peak_mib} MiB");
+    memory_stayed_small(&daemon);
 }
 
 /// A server whose tools' schemas hold more objects in all than a listing may (four pages of
@@ -614,6 +612,18 @@ fn a_call_cut_off(mode: &'static str, tool: &'static str, why: &str) -> (Workspa
     (workspace, daemon)
 }
 
+/// The daemon's peak RSS stayed under 150 MiB.
+fn memory_stayed_small(daemon: &Daemon) {
+    let peak_mib = daemon.peak_rss_kib() / 1024;
+    assert!(peak_mib < 150, "the daemon's peak RSS was {peak_mib} MiB");
+}
+
+/// The daemon's metrics hold `line`.
+fn counted(workspace: &Workspace, line: &str) {
+    let metrics = workspace.metrics();
+    assert!(metrics.contains(line), "{metrics}");
+}
+
 /// What a server did when it sent a message over the bounds.
 const TOO_LARGE: &str =
     "sent a message larger than 1024 KiB or of more than 16384 JSON objects and arrays";
@@ -625,15 +635,11 @@ const TOO_LARGE: &str =
 #[test]
 fn a_server_that_answers_with_a_huge_message_is_cut_off_unread() {
     let (workspace, daemon) = a_call_cut_off("wide", "wide__noop", TOO_LARGE);
-    assert!(
-        workspace
-            .metrics()
-            .contains("agentgate_mcp_messages_too_large_total{mcp_server=\"wide\"} 1"),
-        "{}",
-        workspace.metrics()
+    counted(
+        &workspace,
+        "agentgate_mcp_messages_too_large_total{mcp_server=\"wide\"} 1",
     );
-    let peak_mib = daemon.peak_rss_kib() / 1024;
-    assert!(peak_mib < 150, "the daemon's peak RSS was {peak_mib} MiB");
+    memory_stayed_small(&daemon);
 }
 
 /// A message under 1 MiB of objects nested deep (a log notification sent before the answer),
@@ -642,8 +648,7 @@ fn a_server_that_answers_with_a_huge_message_is_cut_off_unread() {
 #[test]
 fn a_server_that_sends_a_message_of_too_many_objects_is_cut_off_unread() {
     let (_workspace, daemon) = a_call_cut_off("deep", "deep__noop", TOO_LARGE);
-    let peak_mib = daemon.peak_rss_kib() / 1024;
-    assert!(peak_mib < 150, "the daemon's peak RSS was {peak_mib} MiB");
+    memory_stayed_small(&daemon);
 }
 
 /// A server that sends requests (200,000 pings) without reading the replies, which the MCP SDK
@@ -656,15 +661,11 @@ fn a_server_that_sends_without_reading_is_cut_off() {
         "pings__noop",
         "sent more than 1024 messages or 4096 KiB while it read nothing of what was written to it",
     );
-    assert!(
-        workspace
-            .metrics()
-            .contains("agentgate_mcp_servers_not_reading_total{mcp_server=\"pings\"} 1"),
-        "{}",
-        workspace.metrics()
+    counted(
+        &workspace,
+        "agentgate_mcp_servers_not_reading_total{mcp_server=\"pings\"} 1",
     );
-    let peak_mib = daemon.peak_rss_kib() / 1024;
-    assert!(peak_mib < 150, "the daemon's peak RSS was {peak_mib} MiB");
+    memory_stayed_small(&daemon);
 }
 
 /// An MCP server's `url` may hold a token: when the server cannot be reached, `status` and the
