@@ -595,11 +595,23 @@ fn a_server_whose_schemas_hold_too_many_objects_in_all_is_not_offered() {
 /// `mode`, tool `noop`), and checks that agentgate cut the server off for `why`: the call
 /// failed with it, and the journal says it.
 fn a_call_cut_off(mode: &'static str, tool: &'static str, why: &str) -> (Workspace, Daemon) {
+    a_call_cut_off_from(mode, tool, why, |workspace, model| {
+        flood_server(workspace, model, mode, &format!(", {mode:?}"), "");
+    })
+}
+
+/// As [`a_call_cut_off`], with the server `configure` writes into the config beside `model`.
+fn a_call_cut_off_from(
+    session: &str,
+    tool: &'static str,
+    why: &str,
+    configure: impl FnOnce(&Workspace, &Stub),
+) -> (Workspace, Daemon) {
     let workspace = Workspace::new();
     let model = calls_once(tool, json!({}), "done");
-    flood_server(&workspace, &model, mode, &format!(", {mode:?}"), "");
+    configure(&workspace, &model);
     let daemon = workspace.start();
-    let event = post(&daemon, json!({"session": mode}));
+    let event = post(&daemon, json!({"session": session}));
     assert_eq!(workspace.wait_terminal(&event, LIMIT), "completed");
     let results = tool_results(&model.requests()[1]);
     assert!(
@@ -651,19 +663,54 @@ fn a_server_that_sends_a_message_of_too_many_objects_is_cut_off_unread() {
     memory_stayed_small(&daemon);
 }
 
+/// What a server did when it sent requests and read none of the replies.
+const NOT_READING: &str = "sent requests without reading the replies (more than 1024 replies, \
+                           or 4096 KiB of them, waited for it)";
+
 /// A server that sends requests (200,000 pings) without reading the replies, which the MCP SDK
 /// would queue in memory without end, is cut off: the call fails, the journal says why, it is
 /// counted, and the daemon's memory stays small.
 #[test]
 fn a_server_that_sends_without_reading_is_cut_off() {
-    let (workspace, daemon) = a_call_cut_off(
-        "pings",
-        "pings__noop",
-        "sent more than 1024 messages or 4096 KiB while it read nothing of what was written to it",
-    );
+    let (workspace, daemon) = a_call_cut_off("pings", "pings__noop", NOT_READING);
     counted(
         &workspace,
         "agentgate_mcp_servers_not_reading_total{mcp_server=\"pings\"} 1",
+    );
+    memory_stayed_small(&daemon);
+}
+
+/// The same over HTTP (tests/mcp/flood_http_server.py): 200,000 pings on a call's event stream,
+/// and every POST that carries a reply held open unanswered, where the MCP SDK sends one reply
+/// at a time and queues the rest in memory.
+#[test]
+fn an_http_server_that_sends_without_reading_is_cut_off() {
+    let port = common::free_port();
+    let server = std::process::Command::new("python3")
+        .arg(format!(
+            "{}/tests/mcp/flood_http_server.py",
+            common::machine::REPO
+        ))
+        .arg(port.to_string())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start the HTTP flood server");
+    let _server = KillOnDrop(server);
+    wait_until("the HTTP flood server to listen", LIMIT, || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    let (workspace, daemon) =
+        a_call_cut_off_from("hang", "hang__noop", NOT_READING, |workspace, model| {
+            workspace.write_config(&format!(
+                "{}\n[mcp.hang]\nurl = \"http://127.0.0.1:{port}/mcp\"\n\n{}",
+                model.model_section(),
+                route(r#"["hang.*"]"#),
+            ));
+        });
+    counted(
+        &workspace,
+        "agentgate_mcp_servers_not_reading_total{mcp_server=\"hang\"} 1",
     );
     memory_stayed_small(&daemon);
 }

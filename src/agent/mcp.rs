@@ -43,7 +43,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use super::mcp_stdio::{CutOff, MESSAGE_MAX, watched};
+use super::mcp_bounds::{CutOff, MESSAGE_MAX, Replies};
+use super::mcp_stdio::bounded;
 use super::process::{Child, Running};
 use super::tools::OUTPUT_CAP;
 use crate::config::{HiddenPaths, McpServerSettings, McpTransport};
@@ -220,8 +221,8 @@ pub(crate) struct Connection {
     timeout: Duration,
     /// An HTTP server's `url`, which may hold a token: never shown ([`without`]).
     url: Option<String>,
-    /// A stdio server's: why agentgate cut the connection, if it did.
-    cut_off: Option<CutOff>,
+    /// Why agentgate cut the connection, if it did.
+    cut_off: CutOff,
 }
 
 impl Drop for Connection {
@@ -365,7 +366,7 @@ impl Instances {
 impl Connection {
     /// Why a call or a listing failed when the connection ended under it.
     fn went_away(&self) -> String {
-        match self.cut_off.as_ref().and_then(CutOff::why) {
+        match self.cut_off.why() {
             Some(what) => format!("agentgate cut the server off: it {what}"),
             None => "the server went away".to_string(),
         }
@@ -801,7 +802,7 @@ const MAX_TOOL_PAGES: usize = 32;
 /// The most JSON objects and arrays the input schemas of one server's tools may hold in all:
 /// each is compiled into a validator of tens of times its size, and the tools are listed
 /// again whenever the server says they changed.
-const SCHEMA_OBJECTS_MAX: usize = super::mcp_stdio::CONTAINERS_MAX;
+const SCHEMA_OBJECTS_MAX: usize = super::mcp_bounds::CONTAINERS_MAX;
 
 /// How many JSON objects and arrays `schema` holds, itself included.
 fn objects_in(schema: &serde_json::Map<String, serde_json::Value>) -> usize {
@@ -928,7 +929,9 @@ async fn open(
     tools_changed: Arc<Notify>,
 ) -> Result<Connection, String> {
     let listener = Listener { tools_changed };
-    let (running, process, cut_off) = match &settings.transport {
+    let closed = CancellationToken::new();
+    let cut_off = CutOff::new(&settings.name, closed.clone());
+    let (running, process) = match &settings.transport {
         McpTransport::Stdio {
             command,
             env,
@@ -954,13 +957,14 @@ async fn open(
             let started = child.start().await?;
             tokio::spawn(log_stderr(started.stderr, settings.name.clone()).in_current_span());
             // A server that does not answer `initialize` is stopped with `started.running`.
-            let (output, input, cut_off) = watched(started.stdout, started.stdin, &settings.name);
-            let transport =
-                AsyncRwTransport::new_client(output, input).with_max_line_length(MESSAGE_MAX);
+            let output = bounded(started.stdout, cut_off.clone());
+            let transport = AsyncRwTransport::new_client(output, started.stdin)
+                .with_max_line_length(MESSAGE_MAX);
+            let transport = Replies::new(transport, cut_off.clone());
             let running = serve_client_with_ct(listener, transport, service.clone())
                 .await
                 .map_err(|err| format!("initialize failed: {err}"))?;
-            (running, Some(started.running), Some(cut_off))
+            (running, Some(started.running))
         }
         McpTransport::Http { url, headers } => {
             let mut default_headers = http::HeaderMap::new();
@@ -983,14 +987,14 @@ async fn open(
                 super::mcp_http::TracedClient(client),
                 config,
             );
+            let transport = Replies::new(transport, cut_off.clone());
             let running = serve_client_with_ct(listener, transport, service.clone())
                 .await
                 .map_err(|err| without(Some(url), format!("initialize failed: {err}")))?;
-            (running, None, None)
+            (running, None)
         }
     };
     let peer = running.peer().clone();
-    let closed = CancellationToken::new();
     tokio::spawn(watch_service(running, closed.clone()));
     Ok(Connection {
         peer,

@@ -4,6 +4,7 @@ pub(crate) mod catalog;
 mod confinement;
 pub(crate) mod endpoint;
 pub(crate) mod mcp;
+mod mcp_bounds;
 mod mcp_http;
 mod mcp_stdio;
 pub(crate) mod message;

@@ -432,8 +432,8 @@ impl Tools {
         let mcp_not_reading = Family::default();
         registry.register(
             "mcp_servers_not_reading",
-            "Stdio MCP servers that sent more than 1,024 messages or 4 MiB while a write to them \
-             waited for them to read, by server: each ended its connection",
+            "MCP servers that left more than 1,024 replies to their requests, or 4 MiB of them, \
+             unread, by server: each ended its connection",
             mcp_not_reading.clone(),
         );
         Tools {

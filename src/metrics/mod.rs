@@ -347,7 +347,7 @@ pub(crate) fn mcp_over_bound(server: &str, outcome: OverBound) {
 pub(crate) enum McpCut {
     /// It sent a message over the size bounds.
     TooLarge,
-    /// It kept sending while it read none of what agentgate wrote to it.
+    /// It sent requests and left too many replies unread.
     NotReading,
 }
 
