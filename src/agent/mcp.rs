@@ -43,8 +43,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use super::mcp_bounds::{CutOff, MESSAGE_MAX, Replies};
+use super::mcp_bounds::{CutOff, MESSAGE_MAX, Watched};
 use super::mcp_stdio::bounded;
+use super::pace::Pace;
 use super::process::{Child, Running};
 use super::tools::OUTPUT_CAP;
 use crate::config::{HiddenPaths, McpServerSettings, McpTransport};
@@ -61,6 +62,9 @@ const BACKOFF_LAST: Duration = Duration::from_secs(60);
 const STOP_GRACE: Duration = Duration::from_secs(2);
 /// A server's stderr lines are logged up to this length.
 const STDERR_LINE_CAP: usize = 512;
+/// A server's stderr lines are read no faster than this many a second, past a burst of as many
+/// (`pace.rs`): far more than the journal is given of them, and little of a core.
+const STDERR_LINES_PER_SECOND: u64 = 1_000;
 /// A server's tools are listed again at most this often, however often it says they changed.
 const RELIST_EVERY: Duration = Duration::from_secs(1);
 /// A server that keeps saying its tools changed and then cannot list them: one line this often.
@@ -960,7 +964,7 @@ async fn open(
             let output = bounded(started.stdout, cut_off.clone());
             let transport = AsyncRwTransport::new_client(output, started.stdin)
                 .with_max_line_length(MESSAGE_MAX);
-            let transport = Replies::new(transport, cut_off.clone());
+            let transport = Watched::new(transport, cut_off.clone());
             let running = serve_client_with_ct(listener, transport, service.clone())
                 .await
                 .map_err(|err| format!("initialize failed: {err}"))?;
@@ -987,7 +991,7 @@ async fn open(
                 super::mcp_http::TracedClient(client),
                 config,
             );
-            let transport = Replies::new(transport, cut_off.clone());
+            let transport = Watched::new(transport, cut_off.clone());
             let running = serve_client_with_ct(listener, transport, service.clone())
                 .await
                 .map_err(|err| without(Some(url), format!("initialize failed: {err}")))?;
@@ -1034,11 +1038,14 @@ async fn watch_service(running: RunningService<RoleClient, Listener>, closed: Ca
 /// lines from outside: within `[runtime] event_log_max_per_second` of their own (so that they
 /// never push out an event's own lines), the rest counted in
 /// `agentgate_log_lines_skipped_total`. A server that writes without end costs neither memory
-/// nor the journal's allowance.
+/// nor the journal's allowance, and is read at [`STDERR_LINES_PER_SECOND`]: a flood is slowed
+/// (the server waits on its stderr), not lost.
 async fn log_stderr(stderr: super::process::Output, server: String) {
     let mut reader = BufReader::new(stderr);
+    let mut pace = Pace::new(STDERR_LINES_PER_SECOND, STDERR_LINES_PER_SECOND);
     while let Some(line) = read_capped_line(&mut reader, STDERR_LINE_CAP).await {
         crate::logging::event_line!(from_outside; stderr = %crate::untrusted::for_terminal(&line), "MCP server {server} says");
+        pace.take(1).await;
     }
 }
 

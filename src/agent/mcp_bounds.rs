@@ -1,5 +1,5 @@
-//! What an MCP server may make the daemon hold, on either transport, and what says why a
-//! connection was ended over it.
+//! What an MCP server may make the daemon hold and spend, on either transport, and what says
+//! why a connection was ended over it.
 //!
 //! The MCP SDK answers every request a server sends (a `ping`, say), and holds each reply in
 //! memory until its transport has written it: to a stdio server's stdin, which the server may
@@ -7,15 +7,20 @@
 //! sends one reply POST at a time, and queues the rest). A server that sends requests without
 //! reading the replies would grow that queue without bound: until the call ends, or for as long
 //! as the daemon runs on the connection that lists its tools. So every connection goes through
-//! [`Replies`], which counts the replies not yet written, whatever the transport, and ends the
+//! [`Watched`], which counts the replies not yet written, whatever the transport, and ends the
 //! connection past [`REPLIES_WAITING_MAX`] of them or [`REPLIES_WAITING_BYTES_MAX`] bytes (a
 //! reply repeats its request's id, which may be as long as a message). Counting what waits,
 //! rather than what the server sent while a write waited, leaves no way around it: a server
-//! that reads a little now and then still owes every reply it has not read.
+//! that reads a little now and then still owes every reply it has not read. The call in flight
+//! fails at once, and it, `status` and the journal say why ([`CutOff`]);
+//! `agentgate_mcp_servers_not_reading_total` counts it.
 //!
-//! The call in flight fails at once, and it, `status` and the journal say why ([`CutOff`]);
-//! `agentgate_mcp_servers_not_reading_total` counts it. A stdio server's output is bounded
-//! message by message too (`mcp_stdio.rs`); an HTTP server's by the SDK's response limits.
+//! Each message a server sends costs the daemon its parsing and handling, so [`Watched`] also
+//! reads them no faster than [`MESSAGES_PER_SECOND`] (`pace.rs`): a server that floods
+//! notifications is slowed, not cut off, and costs a small part of a core instead of one.
+//!
+//! A stdio server's output is bounded message by message too (`mcp_stdio.rs`); an HTTP
+//! server's by the SDK's response limits.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -25,8 +30,10 @@ use rmcp::RoleClient;
 use rmcp::model::JsonRpcMessage;
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::pace::Pace;
 use crate::metrics::McpCut;
 
 /// The largest message an MCP server may send: a tool listing of hundreds of tools fits many
@@ -47,6 +54,10 @@ pub(crate) const REPLIES_WAITING_MAX: usize = 1024;
 
 /// The most bytes of replies that may wait to be written to a server.
 pub(crate) const REPLIES_WAITING_BYTES_MAX: usize = 4 * MESSAGE_MAX;
+
+/// How many messages a second are read from a server, past a burst of as many: a call's result,
+/// a listing's pages and a stream of progress notifications are far below it.
+pub(crate) const MESSAGES_PER_SECOND: u64 = 1_000;
 
 /// Says why a connection was cut, once it was; shared by what cuts it (the bounds) and the
 /// connection, which says why a call failed.
@@ -104,11 +115,15 @@ fn what_it_did(why: McpCut) -> String {
     }
 }
 
-/// A connection's transport, counting the replies that wait to be written.
-pub(crate) struct Replies<T> {
+/// A connection's transport, counting the replies that wait to be written, and pacing what is
+/// read.
+pub(crate) struct Watched<T> {
     inner: T,
     waiting: Arc<Waiting>,
     cut_off: CutOff,
+    pace: Pace,
+    /// When the next message may be read: reading is ahead of the pace until then.
+    resume: Option<Instant>,
 }
 
 /// The replies that wait to be written, and their bytes.
@@ -131,22 +146,24 @@ impl Drop for Owed {
     }
 }
 
-/// Why a send through [`Replies`] failed.
+/// Why a send through [`Watched`] failed.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum RepliesError<E> {
+pub(crate) enum WatchedError<E> {
     #[error(transparent)]
     Transport(E),
     #[error("the connection to the MCP server was closed")]
     Closed,
 }
 
-impl<T> Replies<T> {
+impl<T> Watched<T> {
     /// `inner`, cut with `cut_off` once too many replies wait.
     pub(crate) fn new(inner: T, cut_off: CutOff) -> Self {
         Self {
             inner,
             waiting: Arc::default(),
             cut_off,
+            pace: Pace::new(MESSAGES_PER_SECOND, MESSAGES_PER_SECOND),
+            resume: None,
         }
     }
 
@@ -168,8 +185,8 @@ impl<T> Replies<T> {
     }
 }
 
-impl<T: Transport<RoleClient>> Transport<RoleClient> for Replies<T> {
-    type Error = RepliesError<T::Error>;
+impl<T: Transport<RoleClient>> Transport<RoleClient> for Watched<T> {
+    type Error = WatchedError<T::Error>;
 
     fn send(
         &mut self,
@@ -184,23 +201,38 @@ impl<T: Transport<RoleClient>> Transport<RoleClient> for Replies<T> {
             // SDK waits for every send before it lets a connection go.
             tokio::select! {
                 biased;
-                () = closed.cancelled() => Err(RepliesError::Closed),
-                sent = send => sent.map_err(RepliesError::Transport),
+                () = closed.cancelled() => Err(WatchedError::Closed),
+                sent = send => sent.map_err(WatchedError::Transport),
             }
         }
     }
 
+    /// The next message, once the pace allows it. The SDK drops this future whenever something
+    /// else comes first, and calls again: the wait's end is kept, and only a message received
+    /// counts.
     async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleClient>> {
         let closed = self.cut_off.0.closed.clone();
-        tokio::select! {
+        let resume = self.resume;
+        let inner = &mut self.inner;
+        let received = tokio::select! {
             biased;
-            () = closed.cancelled() => None,
-            received = self.inner.receive() => received,
-        }
+            () = closed.cancelled() => return None,
+            received = async move {
+                if let Some(resume) = resume {
+                    tokio::time::sleep_until(resume).await;
+                }
+                inner.receive().await
+            } => received,
+        };
+        self.resume = received
+            .as_ref()
+            .and_then(|_| self.pace.owed(1))
+            .map(|wait| Instant::now() + wait);
+        received
     }
 
     async fn close(&mut self) -> Result<(), Self::Error> {
-        self.inner.close().await.map_err(RepliesError::Transport)
+        self.inner.close().await.map_err(WatchedError::Transport)
     }
 }
 
@@ -235,17 +267,17 @@ mod tests {
         JsonRpcMessage::response(ClientResult::empty(()), NumberOrString::String(id.into()))
     }
 
-    fn deaf() -> (Replies<Deaf>, CutOff, CancellationToken) {
+    fn deaf() -> (Watched<Deaf>, CutOff, CancellationToken) {
         let closed = CancellationToken::new();
         let cut_off = CutOff::new("test", closed.clone());
-        (Replies::new(Deaf, cut_off.clone()), cut_off, closed)
+        (Watched::new(Deaf, cut_off.clone()), cut_off, closed)
     }
 
     /// Sends `item` in a task of its own, as the MCP SDK does.
     fn spawned(
-        transport: &mut Replies<Deaf>,
+        transport: &mut Watched<Deaf>,
         item: TxJsonRpcMessage<RoleClient>,
-    ) -> tokio::task::JoinHandle<Result<(), RepliesError<std::io::Error>>> {
+    ) -> tokio::task::JoinHandle<Result<(), WatchedError<std::io::Error>>> {
         tokio::spawn(transport.send(item))
     }
 
@@ -266,7 +298,7 @@ mod tests {
                 .is_some_and(|why| why.contains("without reading the replies"))
         );
         for send in sends {
-            assert!(matches!(send.await, Ok(Err(RepliesError::Closed))));
+            assert!(matches!(send.await, Ok(Err(WatchedError::Closed))));
         }
         assert!(transport.receive().await.is_none());
     }
@@ -300,5 +332,49 @@ mod tests {
         assert!(cut_off.why().is_none());
         sends.push(spawned(&mut transport, reply(&long)));
         assert!(cut_off.why().is_some());
+    }
+
+    /// A server that sends without end: a message whenever one is asked for.
+    struct Chatty;
+
+    impl Transport<RoleClient> for Chatty {
+        type Error = std::io::Error;
+
+        fn send(
+            &mut self,
+            _item: TxJsonRpcMessage<RoleClient>,
+        ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+            std::future::ready(Ok(()))
+        }
+
+        async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleClient>> {
+            let changed = serde_json::json!({
+                "jsonrpc": "2.0", "method": "notifications/tools/list_changed"
+            });
+            serde_json::from_value(changed).ok()
+        }
+
+        async fn close(&mut self) -> Result<(), Self::Error> {
+            Ok(())
+        }
+    }
+
+    /// On the test's paused clock, which moves only when something waits.
+    #[tokio::test(start_paused = true)]
+    async fn messages_are_read_at_the_pace_past_a_burst() {
+        let cut_off = CutOff::new("test", CancellationToken::new());
+        let mut transport = Watched::new(Chatty, cut_off);
+        let started = Instant::now();
+        for _ in 0..MESSAGES_PER_SECOND {
+            assert!(transport.receive().await.is_some());
+        }
+        assert_eq!(started.elapsed(), std::time::Duration::ZERO);
+        for _ in 0..2 * MESSAGES_PER_SECOND {
+            // A receive dropped before its message (the SDK's select) counts nothing.
+            drop(transport.receive());
+            assert!(transport.receive().await.is_some());
+        }
+        let took = started.elapsed().as_millis();
+        assert!((1_998..=2_001).contains(&took), "{took} ms");
     }
 }

@@ -9,6 +9,7 @@ mod mcp_http;
 mod mcp_stdio;
 pub(crate) mod message;
 pub(crate) mod model;
+mod pace;
 pub(crate) mod process;
 pub(crate) mod sandbox;
 pub(crate) mod textcall;

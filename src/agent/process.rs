@@ -570,7 +570,8 @@ const DISCARD_RATE: u64 = 64 * 1024 * 1024;
 async fn read_capped<R: AsyncRead + Unpin>(mut reader: R, cap: usize) -> Captured {
     let mut kept = Captured::default();
     let mut buffer = [0u8; 16 * 1024];
-    let mut discarded = Discarded::default();
+    // No burst: a tool's output over the cap is read at the rate from the first byte.
+    let mut discarded = super::pace::Pace::new(DISCARD_RATE, 0);
     loop {
         match reader.read(&mut buffer).await {
             Ok(0) | Err(_) => break,
@@ -579,32 +580,12 @@ async fn read_capped<R: AsyncRead + Unpin>(mut reader: R, cap: usize) -> Capture
                 kept.bytes.extend_from_slice(&buffer[..n.min(room)]);
                 if n > room {
                     kept.truncated = true;
-                    discarded.pace(n - room).await;
+                    discarded.take(n - room).await;
                 }
             }
         }
     }
     kept
-}
-
-/// Output read over the cap so far, and since when: reading waits whenever it is ahead of
-/// [`DISCARD_RATE`].
-#[derive(Default)]
-struct Discarded {
-    since: Option<tokio::time::Instant>,
-    bytes: u64,
-}
-
-impl Discarded {
-    async fn pace(&mut self, more: usize) {
-        let since = *self.since.get_or_insert_with(tokio::time::Instant::now);
-        self.bytes = self.bytes.saturating_add(more as u64);
-        let due = Duration::from_micros(self.bytes.saturating_mul(1_000_000) / DISCARD_RATE);
-        // Sleeps of a millisecond or more: the timer's resolution.
-        if due > since.elapsed() + Duration::from_millis(1) {
-            tokio::time::sleep_until(since + due).await;
-        }
-    }
 }
 
 /// A child's process group (its leader's pid), stopped as a whole.

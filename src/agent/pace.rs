@@ -1,0 +1,88 @@
+//! Reading what a child process writes no faster than a rate.
+//!
+//! What a child writes must be read, or it blocks on its full pipe; but read as fast as it can
+//! write, a flood (a command's `yes`, an MCP server's notifications or stderr without end) costs
+//! the daemon most of a core for as long as the child runs, and a few of them stall every
+//! route's work. A [`Pace`] lets a burst through and then holds reading to its rate: the child
+//! blocks on its pipe (or its socket) instead, and what it wrote is read later, none of it lost.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// A rate of reading, in units (bytes, lines, messages) a second, with a burst let through at
+/// once: a token bucket.
+pub(crate) struct Pace {
+    per_second: f64,
+    burst: f64,
+    /// Units that may be read now; below zero, how far reading is ahead of the rate.
+    credit: f64,
+    last: Instant,
+}
+
+/// The shortest wait: the timer's resolution. Less is owed until it adds up.
+const WAIT_MIN: Duration = Duration::from_millis(1);
+
+impl Pace {
+    /// `per_second` units a second, `burst` of them at once (and to begin with). What a wait
+    /// earns past its end (the timer rounds up to [`WAIT_MIN`]) is kept whatever the burst, or
+    /// every wait would lose it.
+    pub(crate) fn new(per_second: u64, burst: u64) -> Self {
+        let per_second = per_second as f64;
+        Self {
+            per_second,
+            burst: (burst as f64).max(per_second * WAIT_MIN.as_secs_f64()),
+            credit: burst as f64,
+            last: Instant::now(),
+        }
+    }
+
+    /// Counts `units` read; how long to wait before reading on, if reading is ahead of the rate.
+    pub(crate) fn owed(&mut self, units: usize) -> Option<Duration> {
+        let now = Instant::now();
+        let earned = now.duration_since(self.last).as_secs_f64() * self.per_second;
+        self.last = now;
+        self.credit = (self.credit + earned).min(self.burst) - units as f64;
+        let wait = Duration::from_secs_f64((-self.credit).max(0.0) / self.per_second);
+        (wait >= WAIT_MIN).then_some(wait)
+    }
+
+    /// Counts `units` read, and waits until reading is back within the rate.
+    pub(crate) async fn take(&mut self, units: usize) {
+        if let Some(wait) = self.owed(units) {
+            tokio::time::sleep(wait).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On the test's paused clock, which moves only when something waits.
+    #[tokio::test(start_paused = true)]
+    async fn a_burst_passes_at_once_and_the_rest_at_the_rate() {
+        let started = Instant::now();
+        let mut pace = Pace::new(1_000, 100);
+        for _ in 0..100 {
+            pace.take(1).await;
+        }
+        assert_eq!(started.elapsed(), Duration::ZERO);
+        for _ in 0..2_000 {
+            pace.take(1).await;
+        }
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(1_999) && took <= Duration::from_millis(2_001),
+            "{took:?}"
+        );
+        // Idle, it earns no more than its burst.
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        let rested = Instant::now();
+        for _ in 0..1_100 {
+            pace.take(1).await;
+        }
+        let took = rested.elapsed();
+        assert!(took >= Duration::from_millis(999), "{took:?}");
+    }
+}
