@@ -60,6 +60,9 @@ fn every_fuzz_target_survives_a_short_run() {
                 "run",
                 "-O",
                 "--sanitizer=none",
+                // As fuzz/Cargo.toml's profile says; cargo fuzz passes 1 unless told.
+                "--codegen-units",
+                "16",
                 target,
                 "--",
                 &format!("-max_total_time={seconds}"),
