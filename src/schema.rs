@@ -44,6 +44,12 @@ impl Parameters {
         Parameters(Arc::new(compile(schema)))
     }
 
+    /// Whether `other` is this very compilation, not another of the same schema.
+    #[cfg(test)]
+    pub(crate) fn is(&self, other: &Parameters) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
     /// Validates a call's arguments, `value`.
     pub(crate) fn validate(&self, value: &Value) -> Result<(), Mismatch> {
         let validator = self.0.as_ref().as_ref().map_err(|err| Mismatch {

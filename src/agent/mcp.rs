@@ -759,9 +759,10 @@ impl Supervisor {
                 () = tokio::time::sleep_until(next_listing) => {}
             }
             next_listing = tokio::time::Instant::now() + RELIST_EVERY;
-            match list_tools(connection).await {
+            let offered = self.offered();
+            match list_tools(connection, offered.as_deref().map(Vec::as_slice)).await {
                 Ok(tools) => {
-                    if !self.offers(&tools) {
+                    if offered.is_none_or(|offered| *offered != tools) {
                         tracing::info!(tools = tools.len(), "MCP server {name} changed its tools");
                     }
                     self.state.send_replace(ServerState::Ready {
@@ -779,11 +780,11 @@ impl Supervisor {
         }
     }
 
-    /// Whether the server offers `tools` already, as they are.
-    fn offers(&self, tools: &[McpTool]) -> bool {
+    /// The tools the server offers now, if it is ready.
+    fn offered(&self) -> Option<Arc<Vec<McpTool>>> {
         match &*self.state.borrow() {
-            ServerState::Ready { tools: offered, .. } => offered.as_slice() == tools,
-            ServerState::Starting | ServerState::Down { .. } => false,
+            ServerState::Ready { tools, .. } => Some(tools.clone()),
+            ServerState::Starting | ServerState::Down { .. } => None,
         }
     }
 }
@@ -833,8 +834,13 @@ fn objects_in(schema: &serde_json::Map<String, serde_json::Value>) -> usize {
 const LIST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The server's tools, every page of them, within [`MAX_TOOLS`], [`MAX_TOOL_PAGES`] and
-/// [`LIST_TIMEOUT`].
-async fn list_tools(connection: &Connection) -> Result<Vec<McpTool>, String> {
+/// [`LIST_TIMEOUT`]. A tool listed in `offered` with the same input schema keeps the validator
+/// compiled then: a server that says its tools changed when they did not (or without end)
+/// costs a listing, not a compilation of every schema.
+async fn list_tools(
+    connection: &Connection,
+    offered: Option<&[McpTool]>,
+) -> Result<Vec<McpTool>, String> {
     let peer = &connection.peer;
     let listing = async {
         let mut tools = Vec::new();
@@ -879,7 +885,18 @@ async fn list_tools(connection: &Connection) -> Result<Vec<McpTool>, String> {
     let tools = tokio::time::timeout(LIST_TIMEOUT, listing)
         .await
         .map_err(|_| format!("tools/list did not end within {LIST_TIMEOUT:?}"))??;
-    Ok(tools
+    Ok(described(tools, offered))
+}
+
+/// `listed`, as the server described them, each with its input schema compiled: reused from
+/// the tool of the same name in `offered` when its schema is the same.
+fn described(listed: Vec<rmcp::model::Tool>, offered: Option<&[McpTool]>) -> Vec<McpTool> {
+    let compiled: HashMap<&str, &McpTool> = offered
+        .unwrap_or_default()
+        .iter()
+        .map(|tool| (tool.name.as_str(), tool))
+        .collect();
+    listed
         .into_iter()
         .map(|tool| {
             let annotations = tool.annotations.as_ref();
@@ -890,15 +907,19 @@ async fn list_tools(connection: &Connection) -> Result<Vec<McpTool>, String> {
             let idempotent = hint(|a| a.idempotent_hint);
             let destructive = hint(|a| a.destructive_hint);
             let input_schema = serde_json::Value::Object((*tool.input_schema).clone());
+            let checked = match compiled.get(tool.name.as_ref()) {
+                Some(offered) if offered.input_schema == input_schema => offered.checked.clone(),
+                Some(_) | None => crate::schema::Parameters::compile(&input_schema),
+            };
             McpTool {
                 name: tool.name.to_string(),
                 description: tool.description.as_deref().unwrap_or_default().to_string(),
-                checked: crate::schema::Parameters::compile(&input_schema),
+                checked,
                 input_schema,
                 annotated_idempotent: read_only || (idempotent && !destructive),
             }
         })
-        .collect())
+        .collect()
 }
 
 /// Starts (stdio) or reaches (HTTP) the server and lists its tools; a changed list is told to
@@ -916,7 +937,7 @@ async fn connect(
     )
     .await?;
     // A server that does not get as far as its tools is stopped with `connection`.
-    let tools = list_tools(&connection).await?;
+    let tools = list_tools(&connection, None).await?;
     // Ends with the connection: `next` fails once the transport is gone.
     tokio::spawn(
         subscribe_to_tool_changes(connection.peer.clone(), tools_changed).in_current_span(),
@@ -1077,6 +1098,37 @@ async fn read_capped_line<R: tokio::io::AsyncBufRead + Unpin>(
 mod tests {
     use super::*;
     use serde_json::json;
+
+    fn listed(tools: serde_json::Value) -> Vec<rmcp::model::Tool> {
+        serde_json::from_value(tools).expect("tools")
+    }
+
+    /// A listing again (the server said its tools changed) compiles only the schemas that did
+    /// change: a server that says so without end costs no compilation.
+    #[test]
+    fn a_tool_listed_again_with_the_same_schema_keeps_its_compiled_schema() {
+        let object = json!({"type": "object"});
+        let first = described(
+            listed(json!([
+                {"name": "kept", "inputSchema": object},
+                {"name": "changed", "inputSchema": object},
+            ])),
+            None,
+        );
+        let strict = json!({"type": "object", "required": ["path"]});
+        let again = described(
+            listed(json!([
+                {"name": "kept", "inputSchema": object, "description": "now described"},
+                {"name": "changed", "inputSchema": strict},
+                {"name": "new", "inputSchema": object},
+            ])),
+            Some(&first),
+        );
+        assert!(again[0].checked.is(&first[0].checked));
+        assert!(!again[1].checked.is(&first[1].checked));
+        assert!(again[1].checked.validate(&json!({})).is_err());
+        assert!(!again[2].checked.is(&first[0].checked));
+    }
 
     /// An error's text never shows an HTTP server's URL, as written or as a URL library
     /// prints it (here with a default port it leaves out and a path it normalizes).
