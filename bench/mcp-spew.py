@@ -1,8 +1,9 @@
 """A stdio MCP server that floods its client, for bench/mcp-flood.sh: once initialized, it
 writes without end, as fast as its pipes take it, `notifications/tools/list_changed` (`notes`),
-stderr lines (`stderr`), or both (`both`). Plain JSON-RPC, no SDK.
+stderr lines (`stderr`), both (`both`), or log notifications of 1,000,000 bytes each, under the
+1 MiB bound on a message (`large`). Plain JSON-RPC, no SDK.
 
-Usage: mcp-spew.py notes|stderr|both
+Usage: mcp-spew.py notes|stderr|both|large
 """
 
 import json, sys, threading
@@ -12,7 +13,11 @@ def send(m):
 def flood():
     note = json.dumps({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}) + "\n"
     err = "spew " * 8 + "\n"
+    large = json.dumps({"jsonrpc": "2.0", "method": "notifications/message",
+                        "params": {"level": "info", "data": "x" * 999_900}}) + "\n"
     while True:
+        if mode == "large":
+            sys.stdout.write(large); sys.stdout.flush()
         if mode in ("notes", "both"):
             sys.stdout.write(note * 64); sys.stdout.flush()
         if mode in ("stderr", "both"):

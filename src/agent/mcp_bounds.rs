@@ -16,8 +16,10 @@
 //! `agentgate_mcp_servers_not_reading_total` counts it.
 //!
 //! Each message a server sends costs the daemon its parsing and handling, so [`Watched`] also
-//! reads them no faster than [`MESSAGES_PER_SECOND`] (`pace.rs`): a server that floods
-//! notifications is slowed, not cut off, and costs a small part of a core instead of one.
+//! reads them no faster than [`MESSAGES_PER_SECOND`] (`pace.rs`), and the transports read
+//! their bytes no faster than [`BYTES_PER_SECOND`] (a stdio server's output in `mcp_stdio.rs`,
+//! an HTTP server's event streams in `mcp_http.rs`): a server that floods is slowed, not cut
+//! off, and costs a small part of a core instead of one.
 //!
 //! A stdio server's output is bounded message by message too (`mcp_stdio.rs`); an HTTP
 //! server's by the SDK's response limits.
@@ -30,10 +32,9 @@ use rmcp::RoleClient;
 use rmcp::model::JsonRpcMessage;
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::pace::Pace;
+use super::pace::Paced;
 use crate::metrics::McpCut;
 
 /// The largest message an MCP server may send: a tool listing of hundreds of tools fits many
@@ -58,6 +59,10 @@ pub(crate) const REPLIES_WAITING_BYTES_MAX: usize = 4 * MESSAGE_MAX;
 /// How many messages a second are read from a server, past a burst of as many: a call's result,
 /// a listing's pages and a stream of progress notifications are far below it.
 pub(crate) const MESSAGES_PER_SECOND: u64 = 1_000;
+
+/// How many bytes a second are read from a server, past a burst of as many: eight of the
+/// largest messages. Parsed at this rate, messages of any size cost a small part of a core.
+pub(crate) const BYTES_PER_SECOND: u64 = 8 * MESSAGE_MAX as u64;
 
 /// Says why a connection was cut, once it was; shared by what cuts it (the bounds) and the
 /// connection, which says why a call failed.
@@ -121,9 +126,7 @@ pub(crate) struct Watched<T> {
     inner: T,
     waiting: Arc<Waiting>,
     cut_off: CutOff,
-    pace: Pace,
-    /// When the next message may be read: reading is ahead of the pace until then.
-    resume: Option<Instant>,
+    pace: Paced,
 }
 
 /// The replies that wait to be written, and their bytes.
@@ -162,8 +165,7 @@ impl<T> Watched<T> {
             inner,
             waiting: Arc::default(),
             cut_off,
-            pace: Pace::new(MESSAGES_PER_SECOND, MESSAGES_PER_SECOND),
-            resume: None,
+            pace: Paced::new(MESSAGES_PER_SECOND, MESSAGES_PER_SECOND),
         }
     }
 
@@ -208,26 +210,21 @@ impl<T: Transport<RoleClient>> Transport<RoleClient> for Watched<T> {
     }
 
     /// The next message, once the pace allows it. The SDK drops this future whenever something
-    /// else comes first, and calls again: the wait's end is kept, and only a message received
-    /// counts.
+    /// else comes first, and calls again: the wait is kept, and only a message received counts.
     async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleClient>> {
         let closed = self.cut_off.0.closed.clone();
-        let resume = self.resume;
-        let inner = &mut self.inner;
+        let Self { inner, pace, .. } = self;
         let received = tokio::select! {
             biased;
             () = closed.cancelled() => return None,
-            received = async move {
-                if let Some(resume) = resume {
-                    tokio::time::sleep_until(resume).await;
-                }
+            received = async {
+                std::future::poll_fn(|cx| pace.poll_ready(cx)).await;
                 inner.receive().await
             } => received,
         };
-        self.resume = received
-            .as_ref()
-            .and_then(|_| self.pace.owed(1))
-            .map(|wait| Instant::now() + wait);
+        if received.is_some() {
+            self.pace.count(1);
+        }
         received
     }
 
@@ -364,7 +361,7 @@ mod tests {
     async fn messages_are_read_at_the_pace_past_a_burst() {
         let cut_off = CutOff::new("test", CancellationToken::new());
         let mut transport = Watched::new(Chatty, cut_off);
-        let started = Instant::now();
+        let started = tokio::time::Instant::now();
         for _ in 0..MESSAGES_PER_SECOND {
             assert!(transport.receive().await.is_some());
         }

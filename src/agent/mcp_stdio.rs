@@ -14,20 +14,23 @@
 
 use std::io;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 
 use tokio::io::{AsyncRead, ReadBuf};
 
-use super::mcp_bounds::{CONTAINERS_MAX, CutOff, MESSAGE_MAX};
+use super::mcp_bounds::{BYTES_PER_SECOND, CONTAINERS_MAX, CutOff, MESSAGE_MAX};
+use super::pace::Paced;
 use crate::metrics::McpCut;
 
 /// A server's output, for the SDK's transport: it fails once a line grows past
-/// [`MESSAGE_MAX`] bytes or [`CONTAINERS_MAX`] objects and arrays, and `cut_off` says why.
+/// [`MESSAGE_MAX`] bytes or [`CONTAINERS_MAX`] objects and arrays, and `cut_off` says why; it is
+/// read no faster than [`BYTES_PER_SECOND`].
 pub(crate) fn bounded<R>(output: R, cut_off: CutOff) -> Bounded<R> {
     Bounded {
         inner: output,
         line: Line::default(),
         cut_off,
+        pace: Paced::new(BYTES_PER_SECOND, BYTES_PER_SECOND),
     }
 }
 
@@ -36,6 +39,7 @@ pub(crate) struct Bounded<R> {
     inner: R,
     line: Line,
     cut_off: CutOff,
+    pace: Paced,
 }
 
 /// What the line being read holds so far.
@@ -93,15 +97,18 @@ impl<R: AsyncRead + Unpin> AsyncRead for Bounded<R> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        ready!(this.pace.poll_ready(cx));
         let before = buf.filled().len();
         let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
-        if let Poll::Ready(Ok(())) = polled
-            && !this.within_bounds(&buf.filled()[before..])
-        {
-            this.cut_off.cut(McpCut::TooLarge);
-            // A read that fails hands over nothing.
-            buf.set_filled(before);
-            return Poll::Ready(Err(io::Error::other("an MCP server over a bound")));
+        if let Poll::Ready(Ok(())) = polled {
+            let read = &buf.filled()[before..];
+            this.pace.count(read.len());
+            if !this.within_bounds(read) {
+                this.cut_off.cut(McpCut::TooLarge);
+                // A read that fails hands over nothing.
+                buf.set_filled(before);
+                return Poll::Ready(Err(io::Error::other("an MCP server over a bound")));
+            }
         }
         polled
     }
@@ -150,5 +157,17 @@ mod tests {
         // Each line counts on its own.
         let lines = many(CONTAINERS_MAX / 2).repeat(4);
         assert!(read_all(lines).await.is_ok());
+    }
+
+    /// On the test's paused clock, which moves only when something waits.
+    #[tokio::test(start_paused = true)]
+    async fn output_is_read_at_the_pace_past_a_burst() {
+        let flood = tokio::io::repeat(b'\n').take(3 * BYTES_PER_SECOND);
+        let mut reader = bounded(flood, CutOff::new("test", CancellationToken::new()));
+        let started = tokio::time::Instant::now();
+        let read = tokio::io::copy(&mut reader, &mut tokio::io::sink()).await;
+        assert_eq!(read.ok(), Some(3 * BYTES_PER_SECOND));
+        let took = started.elapsed().as_millis();
+        assert!((1_998..=2_001).contains(&took), "{took} ms");
     }
 }

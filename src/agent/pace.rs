@@ -6,9 +6,12 @@
 //! route's work. A [`Pace`] lets a burst through and then holds reading to its rate: the child
 //! blocks on its pipe (or its socket) instead, and what it wrote is read later, none of it lost.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 
 /// A rate of reading, in units (bytes, lines, messages) a second, with a burst let through at
 /// once: a token bucket.
@@ -51,6 +54,40 @@ impl Pace {
     pub(crate) async fn take(&mut self, units: usize) {
         if let Some(wait) = self.owed(units) {
             tokio::time::sleep(wait).await;
+        }
+    }
+}
+
+/// A [`Pace`] for what is read by polling (an `AsyncRead`, a `Stream`): the wait is kept between
+/// polls, so a reader polled again, or dropped and made again, waits it out once.
+pub(crate) struct Paced {
+    pace: Pace,
+    wait: Option<Pin<Box<Sleep>>>,
+}
+
+impl Paced {
+    /// As [`Pace::new`].
+    pub(crate) fn new(per_second: u64, burst: u64) -> Self {
+        Self {
+            pace: Pace::new(per_second, burst),
+            wait: None,
+        }
+    }
+
+    /// Ready once reading may go on.
+    pub(crate) fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if let Some(wait) = self.wait.as_mut() {
+            ready!(wait.as_mut().poll(cx));
+            self.wait = None;
+        }
+        Poll::Ready(())
+    }
+
+    /// Counts `units` read; reading waits, if it is ahead of the rate, at the next
+    /// [`Paced::poll_ready`].
+    pub(crate) fn count(&mut self, units: usize) {
+        if let Some(wait) = self.pace.owed(units) {
+            self.wait = Some(Box::pin(tokio::time::sleep(wait)));
         }
     }
 }
