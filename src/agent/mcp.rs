@@ -45,7 +45,7 @@ use tracing::Instrument;
 
 use super::mcp_bounds::{CutOff, MESSAGE_MAX, Watched};
 use super::mcp_stdio::bounded;
-use super::pace::Pace;
+use super::pace::{Pace, PacedRead};
 use super::process::{Child, Running};
 use super::tools::OUTPUT_CAP;
 use crate::config::{HiddenPaths, McpServerSettings, McpTransport};
@@ -65,6 +65,9 @@ const STDERR_LINE_CAP: usize = 512;
 /// A server's stderr lines are read no faster than this many a second, past a burst of as many
 /// (`pace.rs`): far more than the journal is given of them, and little of a core.
 const STDERR_LINES_PER_SECOND: u64 = 1_000;
+/// And its stderr's bytes no faster than this many, past a burst of as many: a line without end
+/// is read (and dropped past its first 512 bytes) at this rate.
+const STDERR_BYTES_PER_SECOND: u64 = 1024 * 1024;
 /// A server's tools are listed again at most this often, however often it says they changed.
 const RELIST_EVERY: Duration = Duration::from_secs(1);
 /// A server that keeps saying its tools changed and then cannot list them: one line this often.
@@ -1059,10 +1062,10 @@ async fn watch_service(running: RunningService<RoleClient, Listener>, closed: Ca
 /// lines from outside: within `[runtime] event_log_max_per_second` of their own (so that they
 /// never push out an event's own lines), the rest counted in
 /// `agentgate_log_lines_skipped_total`. A server that writes without end costs neither memory
-/// nor the journal's allowance, and is read at [`STDERR_LINES_PER_SECOND`]: a flood is slowed
-/// (the server waits on its stderr), not lost.
-async fn log_stderr(stderr: super::process::Output, server: String) {
-    let mut reader = BufReader::new(stderr);
+/// nor the journal's allowance, and is read at [`STDERR_LINES_PER_SECOND`] and
+/// [`STDERR_BYTES_PER_SECOND`]: a flood is slowed (the server waits on its stderr), not lost.
+async fn log_stderr<R: tokio::io::AsyncRead + Unpin>(stderr: R, server: String) {
+    let mut reader = BufReader::new(PacedRead::new(stderr, STDERR_BYTES_PER_SECOND));
     let mut pace = Pace::new(STDERR_LINES_PER_SECOND, STDERR_LINES_PER_SECOND);
     while let Some(line) = read_capped_line(&mut reader, STDERR_LINE_CAP).await {
         crate::logging::event_line!(from_outside; stderr = %crate::untrusted::for_terminal(&line), "MCP server {server} says");
@@ -1101,6 +1104,24 @@ mod tests {
 
     fn listed(tools: serde_json::Value) -> Vec<rmcp::model::Tool> {
         serde_json::from_value(tools).expect("tools")
+    }
+
+    /// On the test's paused clock, which moves only when something waits: a line without end
+    /// is read at the byte pace, and short lines at the line pace.
+    #[tokio::test(start_paused = true)]
+    async fn a_server_s_stderr_is_read_at_the_pace() {
+        use tokio::io::AsyncReadExt;
+        let endless = tokio::io::repeat(b'x').take(3 * STDERR_BYTES_PER_SECOND);
+        let started = tokio::time::Instant::now();
+        log_stderr(endless, "test".to_string()).await;
+        let took = started.elapsed().as_millis();
+        assert!((1_998..=2_001).contains(&took), "{took} ms");
+
+        let lines = tokio::io::repeat(b'\n').take(3 * STDERR_LINES_PER_SECOND);
+        let started = tokio::time::Instant::now();
+        log_stderr(lines, "test".to_string()).await;
+        let took = started.elapsed().as_millis();
+        assert!((1_998..=2_001).contains(&took), "{took} ms");
     }
 
     /// A listing again (the server said its tools changed) compiles only the schemas that did

@@ -14,12 +14,12 @@
 
 use std::io;
 use std::pin::Pin;
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, ReadBuf};
 
 use super::mcp_bounds::{BYTES_PER_SECOND, CONTAINERS_MAX, CutOff, MESSAGE_MAX};
-use super::pace::Paced;
+use super::pace::PacedRead;
 use crate::metrics::McpCut;
 
 /// A server's output, for the SDK's transport: it fails once a line grows past
@@ -27,19 +27,17 @@ use crate::metrics::McpCut;
 /// read no faster than [`BYTES_PER_SECOND`].
 pub(crate) fn bounded<R>(output: R, cut_off: CutOff) -> Bounded<R> {
     Bounded {
-        inner: output,
+        inner: PacedRead::new(output, BYTES_PER_SECOND),
         line: Line::default(),
         cut_off,
-        pace: Paced::new(BYTES_PER_SECOND, BYTES_PER_SECOND),
     }
 }
 
 /// A server's output, read through the bounds.
 pub(crate) struct Bounded<R> {
-    inner: R,
+    inner: PacedRead<R>,
     line: Line,
     cut_off: CutOff,
-    pace: Paced,
 }
 
 /// What the line being read holds so far.
@@ -97,18 +95,15 @@ impl<R: AsyncRead + Unpin> AsyncRead for Bounded<R> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        ready!(this.pace.poll_ready(cx));
         let before = buf.filled().len();
         let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
-        if let Poll::Ready(Ok(())) = polled {
-            let read = &buf.filled()[before..];
-            this.pace.count(read.len());
-            if !this.within_bounds(read) {
-                this.cut_off.cut(McpCut::TooLarge);
-                // A read that fails hands over nothing.
-                buf.set_filled(before);
-                return Poll::Ready(Err(io::Error::other("an MCP server over a bound")));
-            }
+        if let Poll::Ready(Ok(())) = polled
+            && !this.within_bounds(&buf.filled()[before..])
+        {
+            this.cut_off.cut(McpCut::TooLarge);
+            // A read that fails hands over nothing.
+            buf.set_filled(before);
+            return Poll::Ready(Err(io::Error::other("an MCP server over a bound")));
         }
         polled
     }

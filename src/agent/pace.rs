@@ -7,10 +7,12 @@
 //! blocks on its pipe (or its socket) instead, and what it wrote is read later, none of it lost.
 
 use std::future::Future;
+use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
+use tokio::io::{AsyncRead, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
 /// A rate of reading, in units (bytes, lines, messages) a second, with a burst let through at
@@ -92,6 +94,37 @@ impl Paced {
     }
 }
 
+/// A reader read no faster than a rate of bytes.
+pub(crate) struct PacedRead<R> {
+    inner: R,
+    pace: Paced,
+}
+
+impl<R> PacedRead<R> {
+    /// `inner`, read at `per_second` bytes a second past a burst of as many.
+    pub(crate) fn new(inner: R, per_second: u64) -> Self {
+        Self {
+            inner,
+            pace: Paced::new(per_second, per_second),
+        }
+    }
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for PacedRead<R> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        ready!(this.pace.poll_ready(cx));
+        let before = buf.filled().len();
+        ready!(Pin::new(&mut this.inner).poll_read(cx, buf))?;
+        this.pace.count(buf.filled().len() - before);
+        Poll::Ready(Ok(()))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -121,5 +154,17 @@ mod tests {
         }
         let took = rested.elapsed();
         assert!(took >= Duration::from_millis(999), "{took:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reader_is_read_at_the_pace_past_a_burst() {
+        use tokio::io::AsyncReadExt;
+        let flood = tokio::io::repeat(b'x').take(3 * 1024 * 1024);
+        let mut reader = PacedRead::new(flood, 1024 * 1024);
+        let started = Instant::now();
+        let read = tokio::io::copy(&mut reader, &mut tokio::io::sink()).await;
+        assert_eq!(read.ok(), Some(3 * 1024 * 1024));
+        let took = started.elapsed().as_millis();
+        assert!((1_998..=2_001).contains(&took), "{took} ms");
     }
 }
