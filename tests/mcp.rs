@@ -680,11 +680,9 @@ fn a_server_that_sends_without_reading_is_cut_off() {
     memory_stayed_small(&daemon);
 }
 
-/// The same over HTTP (tests/mcp/flood_http_server.py): 200,000 pings on a call's event stream,
-/// and every POST that carries a reply held open unanswered, where the MCP SDK sends one reply
-/// at a time and queues the rest in memory.
-#[test]
-fn an_http_server_that_sends_without_reading_is_cut_off() {
+/// An HTTP MCP server (tests/mcp/flood_http_server.py) started with `args`, and the config
+/// section that names it `name`.
+fn flood_http_server(name: &str, args: &[&str]) -> (KillOnDrop, String) {
     let port = common::free_port();
     let server = std::process::Command::new("python3")
         .arg(format!(
@@ -692,18 +690,31 @@ fn an_http_server_that_sends_without_reading_is_cut_off() {
             common::machine::REPO
         ))
         .arg(port.to_string())
+        .args(args)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("start the HTTP flood server");
-    let _server = KillOnDrop(server);
+    let server = KillOnDrop(server);
     wait_until("the HTTP flood server to listen", LIMIT, || {
         std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
     });
+    (
+        server,
+        format!("[mcp.{name}]\nurl = \"http://127.0.0.1:{port}/mcp\"\n"),
+    )
+}
+
+/// The same over HTTP: 200,000 pings on a call's event stream, and every POST that carries a
+/// reply held open unanswered, where the MCP SDK sends one reply at a time and queues the rest
+/// in memory.
+#[test]
+fn an_http_server_that_sends_without_reading_is_cut_off() {
+    let (_server, section) = flood_http_server("hang", &[]);
     let (workspace, daemon) =
         a_call_cut_off_from("hang", "hang__noop", NOT_READING, |workspace, model| {
             workspace.write_config(&format!(
-                "{}\n[mcp.hang]\nurl = \"http://127.0.0.1:{port}/mcp\"\n\n{}",
+                "{}\n{section}\n{}",
                 model.model_section(),
                 route(r#"["hang.*"]"#),
             ));
@@ -713,6 +724,38 @@ fn an_http_server_that_sends_without_reading_is_cut_off() {
         "agentgate_mcp_servers_not_reading_total{mcp_server=\"hang\"} 1",
     );
     memory_stayed_small(&daemon);
+}
+
+/// A server cut off while its tools are being listed (pings on the session's stream, the
+/// listing never answered) is down at once, and `status` says why: not after the listing's
+/// 30 s timeout, which the MCP SDK would otherwise make it wait.
+#[test]
+fn a_server_cut_off_while_listed_is_down_at_once() {
+    let (_server, section) = flood_http_server("hang", &["listing"]);
+    let workspace = Workspace::new();
+    let model = Stub::start(|_, _| Reply::answer("no tools"));
+    workspace.write_config(&format!(
+        "{}\n{section}\n{}",
+        model.model_section(),
+        route(r#"["hang.*"]"#),
+    ));
+    let daemon = workspace.start();
+    let mut error = String::new();
+    // Well under the listing's timeout of 30 s.
+    wait_until("the server to be down", Duration::from_secs(15), || {
+        error = workspace.status()["mcp"]["hang"]["error"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        !error.is_empty()
+    });
+    assert!(
+        error.contains(&format!("agentgate cut the server off: it {NOT_READING}")),
+        "{error}"
+    );
+    daemon.wait_for_log(&format!(
+        "the MCP server {NOT_READING}: its connection is closed"
+    ));
 }
 
 /// An MCP server's `url` may hold a token: when the server cannot be reached, `status` and the

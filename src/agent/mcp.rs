@@ -885,9 +885,15 @@ async fn list_tools(
             "it lists its tools in more than {MAX_TOOL_PAGES} pages"
         ))
     };
-    let tools = tokio::time::timeout(LIST_TIMEOUT, listing)
-        .await
-        .map_err(|_| format!("tools/list did not end within {LIST_TIMEOUT:?}"))??;
+    // A connection that ends fails the listing at once: the SDK answers a request in flight
+    // only once it has let the connection go, which a server that does not read delays.
+    let tools = tokio::select! {
+        listed = tokio::time::timeout(LIST_TIMEOUT, listing) => listed
+            .map_err(|_| format!("tools/list did not end within {LIST_TIMEOUT:?}"))??,
+        () = connection.closed.cancelled() => {
+            return Err(format!("tools/list failed: {}", connection.went_away()));
+        }
+    };
     Ok(described(tools, offered))
 }
 

@@ -3,8 +3,9 @@
 //! HTTP header, so that the server's HTTP layer, and any proxy before it, joins the trace
 //! (docs/reference.md, "Traces"), whose errors do not carry the server's URL (a `url` may
 //! hold a token: the errors reach the journal, `status` and the model), and which reads each
-//! event stream a server sends no faster than `BYTES_PER_SECOND` (`mcp_bounds.rs`): a server
-//! that floods events of any size is slowed by its socket, not parsed at a core's speed.
+//! event stream a server sends no faster than `BYTES_PER_SECOND` (`mcp_bounds.rs`), nor for
+//! more than [`READING_MICROS_PER_SECOND`] of a second: a server that floods events of any
+//! size, or comments, is slowed by its socket, not parsed at a core's speed.
 //! Everything else, the response limits included, is rmcp's.
 
 use std::collections::HashMap;
@@ -55,10 +56,17 @@ fn without_url(error: StreamableHttpError<reqwest::Error>) -> StreamableHttpErro
     error
 }
 
-/// A server's event stream, read through a pace.
+/// How long reading one event stream may take, in microseconds a second, past a burst of as
+/// many: 5 % of a core. The SSE parser reads on past comment lines, and past blank lines that
+/// end no event, without returning, so neither bytes nor events measure what a stream of them
+/// costs; the time its reading takes does.
+const READING_MICROS_PER_SECOND: u64 = 50_000;
+
+/// A server's event stream, read through its paces: of bytes, and of the time reading takes.
 struct PacedEvents {
     inner: BoxStream<'static, Result<Sse, SseError>>,
-    pace: Paced,
+    bytes: Paced,
+    reading: Paced,
 }
 
 impl Stream for PacedEvents {
@@ -66,24 +74,30 @@ impl Stream for PacedEvents {
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
-        ready!(this.pace.poll_ready(cx));
-        let event = ready!(this.inner.as_mut().poll_next(cx));
+        ready!(this.bytes.poll_ready(cx));
+        ready!(this.reading.poll_ready(cx));
+        let began = std::time::Instant::now();
+        let polled = this.inner.as_mut().poll_next(cx);
+        let micros = usize::try_from(began.elapsed().as_micros()).unwrap_or(usize::MAX);
+        this.reading.count(micros);
+        let event = ready!(polled);
         if let Some(Ok(event)) = &event {
             let length = |field: &Option<String>| field.as_ref().map_or(0, String::len);
-            this.pace
+            this.bytes
                 .count(length(&event.data) + length(&event.event) + length(&event.id));
         }
         Poll::Ready(event)
     }
 }
 
-/// `events`, read no faster than [`BYTES_PER_SECOND`].
+/// `events`, read no faster than [`BYTES_PER_SECOND`] and [`READING_MICROS_PER_SECOND`].
 fn paced(
     events: BoxStream<'static, Result<Sse, SseError>>,
 ) -> BoxStream<'static, Result<Sse, SseError>> {
     Box::pin(PacedEvents {
         inner: events,
-        pace: Paced::new(BYTES_PER_SECOND, BYTES_PER_SECOND),
+        bytes: Paced::new(BYTES_PER_SECOND, BYTES_PER_SECOND),
+        reading: Paced::new(READING_MICROS_PER_SECOND, READING_MICROS_PER_SECOND),
     })
 }
 
@@ -235,5 +249,25 @@ mod tests {
         assert_eq!(paced(events).count().await, 24);
         let took = started.elapsed().as_millis();
         assert!((1_998..=2_001).contains(&took), "{took} ms");
+    }
+
+    /// A stream whose every poll takes a millisecond of work (as a flood of comment lines does,
+    /// which the parser reads past without returning) is read for at most 5 % of the time.
+    #[tokio::test]
+    async fn an_event_stream_is_read_for_a_bounded_share_of_the_time() {
+        let busy = futures::stream::repeat_with(|| {
+            let began = std::time::Instant::now();
+            while began.elapsed() < std::time::Duration::from_millis(1) {
+                std::hint::spin_loop();
+            }
+            Ok(Sse::default())
+        })
+        .take(150)
+        .boxed();
+        let started = std::time::Instant::now();
+        assert_eq!(paced(busy).count().await, 150);
+        // 50 ms of reading at once, then 50 ms a second: the other 100 take 2 s.
+        let took = started.elapsed().as_millis();
+        assert!(took >= 1_900, "{took} ms");
     }
 }

@@ -14,21 +14,26 @@
 
 use std::io;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 
 use tokio::io::{AsyncRead, ReadBuf};
 
-use super::mcp_bounds::{BYTES_PER_SECOND, CONTAINERS_MAX, CutOff, MESSAGE_MAX};
-use super::pace::PacedRead;
+use super::mcp_bounds::{
+    BYTES_PER_SECOND, CONTAINERS_MAX, CutOff, MESSAGE_MAX, MESSAGES_PER_SECOND,
+};
+use super::pace::{Paced, PacedRead};
 use crate::metrics::McpCut;
 
 /// A server's output, for the SDK's transport: it fails once a line grows past
 /// [`MESSAGE_MAX`] bytes or [`CONTAINERS_MAX`] objects and arrays, and `cut_off` says why; it is
-/// read no faster than [`BYTES_PER_SECOND`].
+/// read no faster than [`BYTES_PER_SECOND`], and its lines no faster than
+/// [`MESSAGES_PER_SECOND`]. Lines, not only the messages the SDK hands on: it reads on past
+/// lines it cannot parse, empty ones and ones it ignores, each at a cost, without returning.
 pub(crate) fn bounded<R>(output: R, cut_off: CutOff) -> Bounded<R> {
     Bounded {
         inner: PacedRead::new(output, BYTES_PER_SECOND),
         line: Line::default(),
+        lines: Paced::new(MESSAGES_PER_SECOND, MESSAGES_PER_SECOND),
         cut_off,
     }
 }
@@ -37,6 +42,7 @@ pub(crate) fn bounded<R>(output: R, cut_off: CutOff) -> Bounded<R> {
 pub(crate) struct Bounded<R> {
     inner: PacedRead<R>,
     line: Line,
+    lines: Paced,
     cut_off: CutOff,
 }
 
@@ -72,19 +78,21 @@ impl Line {
 }
 
 impl<R> Bounded<R> {
-    /// Counts `read` (what one read returned) into the lines it continues and starts; false
-    /// once a line is over a bound. A newline ends a line (JSON text escapes the newlines of
-    /// its strings), and a message.
-    fn within_bounds(&mut self, read: &[u8]) -> bool {
+    /// Counts `read` (what one read returned) into the lines it continues and starts: how many
+    /// it ended, or `None` once a line is over a bound. A newline ends a line (JSON text
+    /// escapes the newlines of its strings), and a message.
+    fn within_bounds(&mut self, read: &[u8]) -> Option<usize> {
+        let mut ended = 0;
         // Once over, the connection ends: the rest of `read` need not be counted.
         for &byte in read {
             if byte == b'\n' {
                 self.line = Line::default();
+                ended += 1;
             } else if !self.line.take(byte) {
-                return false;
+                return None;
             }
         }
-        true
+        Some(ended)
     }
 }
 
@@ -95,17 +103,17 @@ impl<R: AsyncRead + Unpin> AsyncRead for Bounded<R> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        ready!(this.lines.poll_ready(cx));
         let before = buf.filled().len();
-        let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
-        if let Poll::Ready(Ok(())) = polled
-            && !this.within_bounds(&buf.filled()[before..])
-        {
+        ready!(Pin::new(&mut this.inner).poll_read(cx, buf))?;
+        let Some(ended) = this.within_bounds(&buf.filled()[before..]) else {
             this.cut_off.cut(McpCut::TooLarge);
             // A read that fails hands over nothing.
             buf.set_filled(before);
             return Poll::Ready(Err(io::Error::other("an MCP server over a bound")));
-        }
-        polled
+        };
+        this.lines.count(ended);
+        Poll::Ready(Ok(()))
     }
 }
 
@@ -157,11 +165,29 @@ mod tests {
     /// On the test's paused clock, which moves only when something waits.
     #[tokio::test(start_paused = true)]
     async fn output_is_read_at_the_pace_past_a_burst() {
-        let flood = tokio::io::repeat(b'\n').take(3 * BYTES_PER_SECOND);
-        let mut reader = bounded(flood, CutOff::new("test", CancellationToken::new()));
+        // Lines of 64 KiB: a hundred or so a second, far below the pace of lines.
+        let line = format!("{}\n", "x".repeat(64 * 1024 - 1));
+        let flood = line.repeat(usize::try_from(3 * BYTES_PER_SECOND).unwrap_or(0) / line.len());
+        let mut reader = bounded(
+            flood.as_bytes(),
+            CutOff::new("test", CancellationToken::new()),
+        );
         let started = tokio::time::Instant::now();
         let read = tokio::io::copy(&mut reader, &mut tokio::io::sink()).await;
         assert_eq!(read.ok(), Some(3 * BYTES_PER_SECOND));
+        let took = started.elapsed().as_millis();
+        assert!((1_998..=2_001).contains(&took), "{took} ms");
+    }
+
+    /// Empty lines, which the SDK reads past without returning, are paced as lines.
+    #[tokio::test(start_paused = true)]
+    async fn lines_are_read_at_the_pace_past_a_burst() {
+        let lines = MESSAGES_PER_SECOND;
+        let flood = tokio::io::repeat(b'\n').take(3 * lines);
+        let mut reader = bounded(flood, CutOff::new("test", CancellationToken::new()));
+        let started = tokio::time::Instant::now();
+        let read = tokio::io::copy(&mut reader, &mut tokio::io::sink()).await;
+        assert_eq!(read.ok(), Some(3 * lines));
         let took = started.elapsed().as_millis();
         assert!((1_998..=2_001).contains(&took), "{took} ms");
     }

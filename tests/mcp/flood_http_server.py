@@ -1,9 +1,10 @@
 """An MCP server on the streamable HTTP transport that sends requests and never reads the
 replies, for agentgate's tests: it answers a `tools/call` with an event stream of 200,000 `ping`
 requests, and holds every POST that carries a reply open without answering it. Plain JSON-RPC
-over Python's own HTTP server, no SDK; one tool, `noop`.
+over Python's own HTTP server, no SDK; one tool, `noop`. With `listing`, it sends the pings on
+the session's own stream (the GET) instead, and never answers `tools/list`.
 
-Usage: flood_http_server.py PORT
+Usage: flood_http_server.py PORT [listing]
 """
 
 import json
@@ -12,6 +13,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 port = int(sys.argv[1])
+listing = sys.argv[2:] == ["listing"]
 TOOLS = [{"name": "noop", "description": "Does nothing.", "inputSchema": {"type": "object"}}]
 
 
@@ -30,9 +32,22 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def pings(self):
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for n in range(200_000):
+            ping = {"jsonrpc": "2.0", "id": "ping-%d" % n, "method": "ping"}
+            self.wfile.write(b"event: message\ndata: " + json.dumps(ping).encode() + b"\n\n")
+        self.wfile.flush()
+        time.sleep(3600)
+
     def do_GET(self):
-        # No stream of its own: everything comes in answer to a POST.
-        self.answer(405)
+        if listing:
+            self.pings()
+        else:
+            # No stream of its own: everything comes in answer to a POST.
+            self.answer(405)
 
     def do_DELETE(self):
         self.answer(200)
@@ -53,17 +68,12 @@ class Handler(BaseHTTPRequestHandler):
             }
             reply = {"jsonrpc": "2.0", "id": ident, "result": result}
             self.answer(200, reply, [("Mcp-Session-Id", "flood")])
+        elif method == "tools/list" and listing:
+            time.sleep(3600)
         elif method == "tools/list":
             self.answer(200, {"jsonrpc": "2.0", "id": ident, "result": {"tools": TOOLS}})
         elif method == "tools/call":
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.end_headers()
-            for n in range(200_000):
-                ping = {"jsonrpc": "2.0", "id": "ping-%d" % n, "method": "ping"}
-                self.wfile.write(b"event: message\ndata: " + json.dumps(ping).encode() + b"\n\n")
-            self.wfile.flush()
-            time.sleep(3600)
+            self.pings()
         else:
             error = {"code": -32601, "message": "no such method"}
             self.answer(200, {"jsonrpc": "2.0", "id": ident, "error": error})
