@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The daemon's CPU while one stdio MCP server floods it (bench/mcp-spew.py): notifications
-# without end, stderr without end, both, or messages of 1 MB. For each binary and each flood,
-# the daemon is started with the server (its listing process, which no turn needs), given 4 s
-# to settle, and its CPU time (user + system) read over the next 10 s. Results:
-# docs/benchmarks.md, "An MCP server that floods".
+# without end, stderr without end, both, messages of 1 MB, lines that are no JSON, or one
+# stderr line without end (MODES picks some). For each binary and each flood, the daemon is
+# started with the server (its listing process, which no turn needs), given 4 s to settle, and
+# its CPU time (user + system) read over the next 10 s. Results: docs/benchmarks.md, "An MCP
+# server that floods".
 #
 #   BINS="/tmp/before/agentgate target/release/agentgate" bench/mcp-flood.sh
 set -euo pipefail
@@ -18,7 +19,7 @@ ticks=$(getconf CLK_TCK)
 cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 
 for bin in $bins; do
-    for mode in notes stderr both large; do
+    for mode in ${MODES:-notes stderr both large junk endless}; do
         rm -rf "$work/state"
         cat >"$work/agentgate.toml" <<CONFIG
 state_dir = "$work/state"

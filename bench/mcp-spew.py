@@ -1,9 +1,10 @@
 """A stdio MCP server that floods its client, for bench/mcp-flood.sh: once initialized, it
 writes without end, as fast as its pipes take it, `notifications/tools/list_changed` (`notes`),
-stderr lines (`stderr`), both (`both`), or log notifications of 1,000,000 bytes each, under the
-1 MiB bound on a message (`large`). Plain JSON-RPC, no SDK.
+stderr lines (`stderr`), both (`both`), log notifications of 1,000,000 bytes each, under the
+1 MiB bound on a message (`large`), lines that are no JSON (`junk`), or one stderr line without
+end (`endless`). Plain JSON-RPC, no SDK.
 
-Usage: mcp-spew.py notes|stderr|both|large
+Usage: mcp-spew.py notes|stderr|both|large|junk|endless
 """
 
 import json, sys, threading
@@ -15,7 +16,13 @@ def flood():
     err = "spew " * 8 + "\n"
     large = json.dumps({"jsonrpc": "2.0", "method": "notifications/message",
                         "params": {"level": "info", "data": "x" * 999_900}}) + "\n"
+    junk = "x\n" * 32768
+    endless = "e" * 65536
     while True:
+        if mode == "junk":
+            sys.stdout.write(junk); sys.stdout.flush()
+        if mode == "endless":
+            sys.stderr.write(endless); sys.stderr.flush()
         if mode == "large":
             sys.stdout.write(large); sys.stdout.flush()
         if mode in ("notes", "both"):

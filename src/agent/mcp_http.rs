@@ -23,7 +23,7 @@ use rmcp::transport::streamable_http_client::{
 };
 use sse_stream::Sse;
 
-use super::mcp_bounds::BYTES_PER_SECOND;
+use super::mcp_bounds::{BYTES_PER_SECOND, MESSAGES_PER_SECOND};
 use super::pace::Paced;
 
 /// rmcp's reqwest client, with the trace header.
@@ -57,14 +57,17 @@ fn without_url(error: StreamableHttpError<reqwest::Error>) -> StreamableHttpErro
 }
 
 /// How long reading one event stream may take, in microseconds a second, past a burst of as
-/// many: 5 % of a core. The SSE parser reads on past comment lines, and past blank lines that
-/// end no event, without returning, so neither bytes nor events measure what a stream of them
-/// costs; the time its reading takes does.
-const READING_MICROS_PER_SECOND: u64 = 50_000;
+/// many: 2.5 % of a core (what the HTTP layer spends to read those bytes comes on top). The
+/// SSE parser reads on past comment lines, and past blank lines that end no event, without
+/// returning, so neither bytes nor events measure what a stream of them costs; the time its
+/// reading takes does.
+const READING_MICROS_PER_SECOND: u64 = 25_000;
 
-/// A server's event stream, read through its paces: of bytes, and of the time reading takes.
+/// A server's event stream, read through its paces: of events (each one, with data or
+/// without, costs its handling), of bytes, and of the time reading takes.
 struct PacedEvents {
     inner: BoxStream<'static, Result<Sse, SseError>>,
+    events: Paced,
     bytes: Paced,
     reading: Paced,
 }
@@ -74,6 +77,7 @@ impl Stream for PacedEvents {
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
+        ready!(this.events.poll_ready(cx));
         ready!(this.bytes.poll_ready(cx));
         ready!(this.reading.poll_ready(cx));
         let began = std::time::Instant::now();
@@ -83,6 +87,7 @@ impl Stream for PacedEvents {
         let event = ready!(polled);
         if let Some(Ok(event)) = &event {
             let length = |field: &Option<String>| field.as_ref().map_or(0, String::len);
+            this.events.count(1);
             this.bytes
                 .count(length(&event.data) + length(&event.event) + length(&event.id));
         }
@@ -90,12 +95,14 @@ impl Stream for PacedEvents {
     }
 }
 
-/// `events`, read no faster than [`BYTES_PER_SECOND`] and [`READING_MICROS_PER_SECOND`].
+/// `events`, read no faster than [`MESSAGES_PER_SECOND`], [`BYTES_PER_SECOND`] and
+/// [`READING_MICROS_PER_SECOND`].
 fn paced(
     events: BoxStream<'static, Result<Sse, SseError>>,
 ) -> BoxStream<'static, Result<Sse, SseError>> {
     Box::pin(PacedEvents {
         inner: events,
+        events: Paced::new(MESSAGES_PER_SECOND, MESSAGES_PER_SECOND),
         bytes: Paced::new(BYTES_PER_SECOND, BYTES_PER_SECOND),
         reading: Paced::new(READING_MICROS_PER_SECOND, READING_MICROS_PER_SECOND),
     })
@@ -252,7 +259,7 @@ mod tests {
     }
 
     /// A stream whose every poll takes a millisecond of work (as a flood of comment lines does,
-    /// which the parser reads past without returning) is read for at most 5 % of the time.
+    /// which the parser reads past without returning) is read for at most 2.5 % of the time.
     #[tokio::test]
     async fn an_event_stream_is_read_for_a_bounded_share_of_the_time() {
         let busy = futures::stream::repeat_with(|| {
@@ -262,11 +269,11 @@ mod tests {
             }
             Ok(Sse::default())
         })
-        .take(150)
+        .take(75)
         .boxed();
         let started = std::time::Instant::now();
-        assert_eq!(paced(busy).count().await, 150);
-        // 50 ms of reading at once, then 50 ms a second: the other 100 take 2 s.
+        assert_eq!(paced(busy).count().await, 75);
+        // 25 ms of reading at once, then 25 ms a second: the other 50 take 2 s.
         let took = started.elapsed().as_millis();
         assert!(took >= 1_900, "{took} ms");
     }
