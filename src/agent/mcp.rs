@@ -43,9 +43,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use super::mcp_bounds::{CutOff, MESSAGE_MAX, Watched};
+use super::mcp_bounds::{CutOff, MESSAGE_MAX, ServerPaces, Watched};
 use super::mcp_stdio::bounded;
-use super::pace::{Pace, PacedRead};
+use super::pace::{Paced, PacedRead};
 use super::process::{Child, Running};
 use super::tools::OUTPUT_CAP;
 use crate::config::{HiddenPaths, McpServerSettings, McpTransport};
@@ -62,12 +62,6 @@ const BACKOFF_LAST: Duration = Duration::from_secs(60);
 const STOP_GRACE: Duration = Duration::from_secs(2);
 /// A server's stderr lines are logged up to this length.
 const STDERR_LINE_CAP: usize = 512;
-/// A server's stderr lines are read no faster than this many a second, past a burst of as many
-/// (`pace.rs`): far more than the journal is given of them, and little of a core.
-const STDERR_LINES_PER_SECOND: u64 = 1_000;
-/// And its stderr's bytes no faster than this many, past a burst of as many: a line without end
-/// is read (and dropped past its first 512 bytes) at this rate.
-const STDERR_BYTES_PER_SECOND: u64 = 1024 * 1024;
 /// A server's tools are listed again at most this often, however often it says they changed.
 const RELIST_EVERY: Duration = Duration::from_secs(1);
 /// A server that keeps saying its tools changed and then cannot list them: one line this often.
@@ -158,6 +152,8 @@ struct Instances {
     max_instances: usize,
     /// The drain's token: it closes every process still running.
     drain: CancellationToken,
+    /// The server's paces, which its listing connection shares.
+    paces: ServerPaces,
 }
 
 /// A stdio server's process slots: `max` permits, each held by a running process.
@@ -354,6 +350,7 @@ impl Instances {
             &self.hidden,
             self.drain.child_token(),
             Arc::new(Notify::new()),
+            &self.paces,
         );
         let connection = tokio::time::timeout(STARTUP_TIMEOUT, opened)
             .await
@@ -559,6 +556,7 @@ impl McpServers {
             let (state, watcher) = watch::channel(ServerState::Starting);
             let stop = self.stop.child_token();
             let span = tracing::info_span!("mcp", mcp_server = %name);
+            let paces = ServerPaces::default();
             let instances = match &settings.transport {
                 McpTransport::Stdio { max_instances, .. } => Some(Arc::new(Instances {
                     settings: settings.clone(),
@@ -566,6 +564,7 @@ impl McpServers {
                     slots: self.slots_of(name, *max_instances),
                     max_instances: *max_instances,
                     drain: self.stop.clone(),
+                    paces: paces.clone(),
                 })),
                 McpTransport::Http { .. } => None,
             };
@@ -574,6 +573,7 @@ impl McpServers {
                 hidden: hidden.clone(),
                 instances,
                 state,
+                paces,
             };
             self.tracker
                 .spawn(supervisor.run(stop.clone()).instrument(span));
@@ -655,6 +655,8 @@ struct Supervisor {
     /// A stdio server's per-turn processes; `None` over HTTP.
     instances: Option<Arc<Instances>>,
     state: watch::Sender<ServerState>,
+    /// The server's paces, shared by all its connections.
+    paces: ServerPaces,
 }
 
 impl Supervisor {
@@ -667,7 +669,7 @@ impl Supervisor {
             self.state.send_replace(ServerState::Starting);
             let tools_changed = Arc::new(Notify::new());
             let started = Instant::now();
-            let connecting = connect(settings, &self.hidden, tools_changed.clone());
+            let connecting = connect(settings, &self.hidden, tools_changed.clone(), &self.paces);
             let connected = tokio::select! {
                 connected = tokio::time::timeout(STARTUP_TIMEOUT, connecting) => {
                     connected.unwrap_or_else(|_| Err(format!("it did not answer within {STARTUP_TIMEOUT:?}")))
@@ -937,12 +939,14 @@ async fn connect(
     settings: &McpServerSettings,
     hidden: &HiddenPaths,
     tools_changed: Arc<Notify>,
+    paces: &ServerPaces,
 ) -> Result<(Connection, Vec<McpTool>), String> {
     let connection = open(
         settings,
         hidden,
         CancellationToken::new(),
         tools_changed.clone(),
+        paces,
     )
     .await?;
     // A server that does not get as far as its tools is stopped with `connection`.
@@ -955,12 +959,13 @@ async fn connect(
 }
 
 /// Starts (stdio) or reaches (HTTP) the server and initializes the session with it; `service`
-/// closes the connection when cancelled.
+/// closes the connection when cancelled. What it reads goes through `paces`.
 async fn open(
     settings: &McpServerSettings,
     hidden: &HiddenPaths,
     service: CancellationToken,
     tools_changed: Arc<Notify>,
+    paces: &ServerPaces,
 ) -> Result<Connection, String> {
     let listener = Listener { tools_changed };
     let closed = CancellationToken::new();
@@ -989,12 +994,14 @@ async fn open(
                 "starting the MCP server"
             );
             let started = child.start().await?;
-            tokio::spawn(log_stderr(started.stderr, settings.name.clone()).in_current_span());
+            tokio::spawn(
+                log_stderr(started.stderr, settings.name.clone(), paces.clone()).in_current_span(),
+            );
             // A server that does not answer `initialize` is stopped with `started.running`.
-            let output = bounded(started.stdout, cut_off.clone());
+            let output = bounded(started.stdout, cut_off.clone(), paces);
             let transport = AsyncRwTransport::new_client(output, started.stdin)
                 .with_max_line_length(MESSAGE_MAX);
-            let transport = Watched::new(transport, cut_off.clone());
+            let transport = Watched::new(transport, cut_off.clone(), &paces.messages);
             let running = serve_client_with_ct(listener, transport, service.clone())
                 .await
                 .map_err(|err| format!("initialize failed: {err}"))?;
@@ -1018,10 +1025,13 @@ async fn open(
             config.max_json_response_size = MESSAGE_MAX;
             config.max_sse_event_size = MESSAGE_MAX;
             let transport = StreamableHttpClientTransport::with_client(
-                super::mcp_http::TracedClient(client),
+                super::mcp_http::TracedClient {
+                    client,
+                    paces: paces.clone(),
+                },
                 config,
             );
-            let transport = Watched::new(transport, cut_off.clone());
+            let transport = Watched::new(transport, cut_off.clone(), &paces.messages);
             let running = serve_client_with_ct(listener, transport, service.clone())
                 .await
                 .map_err(|err| without(Some(url), format!("initialize failed: {err}")))?;
@@ -1068,14 +1078,19 @@ async fn watch_service(running: RunningService<RoleClient, Listener>, closed: Ca
 /// lines from outside: within `[runtime] event_log_max_per_second` of their own (so that they
 /// never push out an event's own lines), the rest counted in
 /// `agentgate_log_lines_skipped_total`. A server that writes without end costs neither memory
-/// nor the journal's allowance, and is read at [`STDERR_LINES_PER_SECOND`] and
-/// [`STDERR_BYTES_PER_SECOND`]: a flood is slowed (the server waits on its stderr), not lost.
-async fn log_stderr<R: tokio::io::AsyncRead + Unpin>(stderr: R, server: String) {
-    let mut reader = BufReader::new(PacedRead::new(stderr, STDERR_BYTES_PER_SECOND));
-    let mut pace = Pace::new(STDERR_LINES_PER_SECOND, STDERR_LINES_PER_SECOND);
+/// nor the journal's allowance, and is read at the server's stderr paces (`mcp_bounds.rs`): a
+/// flood is slowed (the server waits on its stderr), not lost.
+async fn log_stderr<R: tokio::io::AsyncRead + Unpin>(
+    stderr: R,
+    server: String,
+    paces: ServerPaces,
+) {
+    let mut reader = BufReader::new(PacedRead::sharing(stderr, &paces.stderr_bytes));
+    let mut lines = Paced::sharing(&paces.stderr_lines);
     while let Some(line) = read_capped_line(&mut reader, STDERR_LINE_CAP).await {
         crate::logging::event_line!(from_outside; stderr = %crate::untrusted::for_terminal(&line), "MCP server {server} says");
-        pace.take(1).await;
+        lines.count(1);
+        lines.ready().await;
     }
 }
 
@@ -1116,16 +1131,17 @@ mod tests {
     /// is read at the byte pace, and short lines at the line pace.
     #[tokio::test(start_paused = true)]
     async fn a_server_s_stderr_is_read_at_the_pace() {
+        use crate::agent::mcp_bounds::{STDERR_BYTES_PER_SECOND, STDERR_LINES_PER_SECOND};
         use tokio::io::AsyncReadExt;
         let endless = tokio::io::repeat(b'x').take(3 * STDERR_BYTES_PER_SECOND);
         let started = tokio::time::Instant::now();
-        log_stderr(endless, "test".to_string()).await;
+        log_stderr(endless, "test".to_string(), ServerPaces::default()).await;
         let took = started.elapsed().as_millis();
         assert!((1_998..=2_001).contains(&took), "{took} ms");
 
         let lines = tokio::io::repeat(b'\n').take(3 * STDERR_LINES_PER_SECOND);
         let started = tokio::time::Instant::now();
-        log_stderr(lines, "test".to_string()).await;
+        log_stderr(lines, "test".to_string(), ServerPaces::default()).await;
         let took = started.elapsed().as_millis();
         assert!((1_998..=2_001).contains(&took), "{took} ms");
     }

@@ -34,7 +34,7 @@ use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
 use tokio_util::sync::CancellationToken;
 
-use super::pace::Paced;
+use super::pace::{Paced, Shared, shared};
 use crate::metrics::McpCut;
 
 /// The largest message an MCP server may send: a tool listing of hundreds of tools fits many
@@ -63,6 +63,52 @@ pub(crate) const MESSAGES_PER_SECOND: u64 = 1_000;
 /// How many bytes a second are read from a server, past a burst of as many: eight of the
 /// largest messages. Parsed at this rate, messages of any size cost a small part of a core.
 pub(crate) const BYTES_PER_SECOND: u64 = 8 * MESSAGE_MAX as u64;
+
+/// How long reading a server's event streams may take, in microseconds a second, past a burst
+/// of as many: 2.5 % of a core (what the HTTP layer spends to read those bytes comes on top).
+/// The SSE parser reads on past comment lines, and past blank lines that end no event, without
+/// returning, so neither bytes nor events measure what a stream of them costs; the time its
+/// reading takes does.
+pub(crate) const READING_MICROS_PER_SECOND: u64 = 25_000;
+
+/// A server's stderr lines are read no faster than this many a second, past a burst of as many:
+/// far more than the journal is given of them, and little of a core.
+pub(crate) const STDERR_LINES_PER_SECOND: u64 = 1_000;
+
+/// And its stderr's bytes no faster than this many, past a burst of as many: a line without end
+/// is read (and dropped past its first 512 bytes) at this rate.
+pub(crate) const STDERR_BYTES_PER_SECOND: u64 = 1024 * 1024;
+
+/// One server's paces, shared by everything read from it: its listing connection, each turn's
+/// process of it (a stdio server), each event stream (HTTP). Paced per connection, a server that
+/// floods from every turn's process at once would cost as many times the rate.
+#[derive(Clone)]
+pub(crate) struct ServerPaces {
+    /// The messages the SDK hands on.
+    pub(crate) messages: Shared,
+    /// Lines of a stdio server's output, events of an HTTP server's streams.
+    pub(crate) lines: Shared,
+    /// Bytes of either.
+    pub(crate) bytes: Shared,
+    /// Microseconds of reading event streams.
+    pub(crate) reading: Shared,
+    pub(crate) stderr_lines: Shared,
+    pub(crate) stderr_bytes: Shared,
+}
+
+impl Default for ServerPaces {
+    fn default() -> Self {
+        let pace = |per_second| shared(per_second, per_second);
+        Self {
+            messages: pace(MESSAGES_PER_SECOND),
+            lines: pace(MESSAGES_PER_SECOND),
+            bytes: pace(BYTES_PER_SECOND),
+            reading: pace(READING_MICROS_PER_SECOND),
+            stderr_lines: pace(STDERR_LINES_PER_SECOND),
+            stderr_bytes: pace(STDERR_BYTES_PER_SECOND),
+        }
+    }
+}
 
 /// Says why a connection was cut, once it was; shared by what cuts it (the bounds) and the
 /// connection, which says why a call failed.
@@ -159,13 +205,14 @@ pub(crate) enum WatchedError<E> {
 }
 
 impl<T> Watched<T> {
-    /// `inner`, cut with `cut_off` once too many replies wait.
-    pub(crate) fn new(inner: T, cut_off: CutOff) -> Self {
+    /// `inner`, cut with `cut_off` once too many replies wait, its messages read through
+    /// `messages`.
+    pub(crate) fn new(inner: T, cut_off: CutOff, messages: &Shared) -> Self {
         Self {
             inner,
             waiting: Arc::default(),
             cut_off,
-            pace: Paced::new(MESSAGES_PER_SECOND, MESSAGES_PER_SECOND),
+            pace: Paced::sharing(messages),
         }
     }
 
@@ -267,7 +314,11 @@ mod tests {
     fn deaf() -> (Watched<Deaf>, CutOff, CancellationToken) {
         let closed = CancellationToken::new();
         let cut_off = CutOff::new("test", closed.clone());
-        (Watched::new(Deaf, cut_off.clone()), cut_off, closed)
+        (
+            Watched::new(Deaf, cut_off.clone(), &ServerPaces::default().messages),
+            cut_off,
+            closed,
+        )
     }
 
     /// Sends `item` in a task of its own, as the MCP SDK does.
@@ -360,7 +411,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn messages_are_read_at_the_pace_past_a_burst() {
         let cut_off = CutOff::new("test", CancellationToken::new());
-        let mut transport = Watched::new(Chatty, cut_off);
+        let mut transport = Watched::new(Chatty, cut_off, &ServerPaces::default().messages);
         let started = tokio::time::Instant::now();
         for _ in 0..MESSAGES_PER_SECOND {
             assert!(transport.receive().await.is_some());

@@ -2,10 +2,10 @@
 //! which also sends a request's `traceparent` (the one a tool call carries in `_meta`) as an
 //! HTTP header, so that the server's HTTP layer, and any proxy before it, joins the trace
 //! (docs/reference.md, "Traces"), whose errors do not carry the server's URL (a `url` may
-//! hold a token: the errors reach the journal, `status` and the model), and which reads each
-//! event stream a server sends no faster than `BYTES_PER_SECOND` (`mcp_bounds.rs`), nor for
-//! more than [`READING_MICROS_PER_SECOND`] of a second: a server that floods events of any
-//! size, or comments, is slowed by its socket, not parsed at a core's speed.
+//! hold a token: the errors reach the journal, `status` and the model), and which reads the
+//! event streams a server sends through its paces (`mcp_bounds.rs`: events, bytes, and the
+//! time their reading takes): a server that floods events of any size, or comments, is slowed
+//! by its socket, not parsed at a core's speed.
 //! Everything else, the response limits included, is rmcp's.
 
 use std::collections::HashMap;
@@ -23,12 +23,16 @@ use rmcp::transport::streamable_http_client::{
 };
 use sse_stream::Sse;
 
-use super::mcp_bounds::{BYTES_PER_SECOND, MESSAGES_PER_SECOND};
+use super::mcp_bounds::ServerPaces;
 use super::pace::Paced;
 
-/// rmcp's reqwest client, with the trace header.
+/// rmcp's reqwest client, with the trace header, reading the server's event streams through
+/// its paces.
 #[derive(Clone)]
-pub(crate) struct TracedClient(pub(crate) reqwest::Client);
+pub(crate) struct TracedClient {
+    pub(crate) client: reqwest::Client,
+    pub(crate) paces: ServerPaces,
+}
 
 /// `custom_headers` with `message`'s `_meta.traceparent`, when it has one.
 fn with_traceparent(
@@ -55,13 +59,6 @@ fn without_url(error: StreamableHttpError<reqwest::Error>) -> StreamableHttpErro
     }
     error
 }
-
-/// How long reading one event stream may take, in microseconds a second, past a burst of as
-/// many: 2.5 % of a core (what the HTTP layer spends to read those bytes comes on top). The
-/// SSE parser reads on past comment lines, and past blank lines that end no event, without
-/// returning, so neither bytes nor events measure what a stream of them costs; the time its
-/// reading takes does.
-const READING_MICROS_PER_SECOND: u64 = 25_000;
 
 /// A server's event stream, read through its paces: of events (each one, with data or
 /// without, costs its handling), of bytes, and of the time reading takes.
@@ -95,25 +92,36 @@ impl Stream for PacedEvents {
     }
 }
 
-/// `events`, read no faster than [`MESSAGES_PER_SECOND`], [`BYTES_PER_SECOND`] and
-/// [`READING_MICROS_PER_SECOND`].
+/// `events`, read through the server's paces of events, bytes and reading time
+/// (`mcp_bounds.rs`), which its other streams share.
 fn paced(
     events: BoxStream<'static, Result<Sse, SseError>>,
+    paces: &ServerPaces,
 ) -> BoxStream<'static, Result<Sse, SseError>> {
     Box::pin(PacedEvents {
         inner: events,
-        events: Paced::new(MESSAGES_PER_SECOND, MESSAGES_PER_SECOND),
-        bytes: Paced::new(BYTES_PER_SECOND, BYTES_PER_SECOND),
-        reading: Paced::new(READING_MICROS_PER_SECOND, READING_MICROS_PER_SECOND),
+        events: Paced::sharing(&paces.lines),
+        bytes: Paced::sharing(&paces.bytes),
+        reading: Paced::sharing(&paces.reading),
     })
 }
 
-/// `response`, its event stream (if it is one) paced.
-fn paced_response(response: StreamableHttpPostResponse) -> StreamableHttpPostResponse {
-    if let StreamableHttpPostResponse::Sse(events, session) = response {
-        return StreamableHttpPostResponse::Sse(paced(events), session);
+impl TracedClient {
+    /// `response`, its event stream (if it is one) paced.
+    fn paced_response(&self, response: StreamableHttpPostResponse) -> StreamableHttpPostResponse {
+        if let StreamableHttpPostResponse::Sse(events, session) = response {
+            return StreamableHttpPostResponse::Sse(paced(events, &self.paces), session);
+        }
+        response
     }
-    response
+
+    /// `events`, paced.
+    fn paced(
+        &self,
+        events: BoxStream<'static, Result<Sse, SseError>>,
+    ) -> BoxStream<'static, Result<Sse, SseError>> {
+        paced(events, &self.paces)
+    }
 }
 
 impl StreamableHttpClient for TracedClient {
@@ -128,10 +136,10 @@ impl StreamableHttpClient for TracedClient {
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> Result<StreamableHttpPostResponse, StreamableHttpError<reqwest::Error>> {
         let headers = with_traceparent(custom_headers, &message);
-        self.0
+        self.client
             .post_message(uri, message, session_id, auth_header, headers)
             .await
-            .map(paced_response)
+            .map(|response| self.paced_response(response))
             .map_err(without_url)
     }
 
@@ -145,7 +153,7 @@ impl StreamableHttpClient for TracedClient {
         max_sse_event_size: usize,
     ) -> Result<StreamableHttpPostResponse, StreamableHttpError<reqwest::Error>> {
         let headers = with_traceparent(custom_headers, &message);
-        self.0
+        self.client
             .post_message_with_max_sse_event_size(
                 uri,
                 message,
@@ -155,7 +163,7 @@ impl StreamableHttpClient for TracedClient {
                 max_sse_event_size,
             )
             .await
-            .map(paced_response)
+            .map(|response| self.paced_response(response))
             .map_err(without_url)
     }
 
@@ -169,7 +177,7 @@ impl StreamableHttpClient for TracedClient {
         limits: StreamableHttpResponseLimits,
     ) -> Result<StreamableHttpPostResponse, StreamableHttpError<reqwest::Error>> {
         let headers = with_traceparent(custom_headers, &message);
-        self.0
+        self.client
             .post_message_with_response_limits(
                 uri,
                 message,
@@ -179,7 +187,7 @@ impl StreamableHttpClient for TracedClient {
                 limits,
             )
             .await
-            .map(paced_response)
+            .map(|response| self.paced_response(response))
             .map_err(without_url)
     }
 
@@ -190,7 +198,7 @@ impl StreamableHttpClient for TracedClient {
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> Result<(), StreamableHttpError<reqwest::Error>> {
-        self.0
+        self.client
             .delete_session(uri, session_id, auth_header, custom_headers)
             .await
             .map_err(without_url)
@@ -205,10 +213,10 @@ impl StreamableHttpClient for TracedClient {
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> Result<BoxStream<'static, Result<Sse, SseError>>, StreamableHttpError<reqwest::Error>>
     {
-        self.0
+        self.client
             .get_stream(uri, session_id, last_event_id, auth_header, custom_headers)
             .await
-            .map(paced)
+            .map(|events| self.paced(events))
             .map_err(without_url)
     }
 
@@ -222,7 +230,7 @@ impl StreamableHttpClient for TracedClient {
         max_sse_event_size: usize,
     ) -> Result<BoxStream<'static, Result<Sse, SseError>>, StreamableHttpError<reqwest::Error>>
     {
-        self.0
+        self.client
             .get_stream_with_max_sse_event_size(
                 uri,
                 session_id,
@@ -232,7 +240,7 @@ impl StreamableHttpClient for TracedClient {
                 max_sse_event_size,
             )
             .await
-            .map(paced)
+            .map(|events| self.paced(events))
             .map_err(without_url)
     }
 }
@@ -253,7 +261,7 @@ mod tests {
         };
         let events = futures::stream::iter((0..24).map(move |_| Ok(event.clone()))).boxed();
         let started = tokio::time::Instant::now();
-        assert_eq!(paced(events).count().await, 24);
+        assert_eq!(paced(events, &ServerPaces::default()).count().await, 24);
         let took = started.elapsed().as_millis();
         assert!((1_998..=2_001).contains(&took), "{took} ms");
     }
@@ -272,7 +280,7 @@ mod tests {
         .take(75)
         .boxed();
         let started = std::time::Instant::now();
-        assert_eq!(paced(busy).count().await, 75);
+        assert_eq!(paced(busy, &ServerPaces::default()).count().await, 75);
         // 25 ms of reading at once, then 25 ms a second: the other 50 take 2 s.
         let took = started.elapsed().as_millis();
         assert!(took >= 1_900, "{took} ms");

@@ -18,22 +18,21 @@ use std::task::{Context, Poll, ready};
 
 use tokio::io::{AsyncRead, ReadBuf};
 
-use super::mcp_bounds::{
-    BYTES_PER_SECOND, CONTAINERS_MAX, CutOff, MESSAGE_MAX, MESSAGES_PER_SECOND,
-};
+use super::mcp_bounds::{CONTAINERS_MAX, CutOff, MESSAGE_MAX, ServerPaces};
 use super::pace::{Paced, PacedRead};
 use crate::metrics::McpCut;
 
 /// A server's output, for the SDK's transport: it fails once a line grows past
 /// [`MESSAGE_MAX`] bytes or [`CONTAINERS_MAX`] objects and arrays, and `cut_off` says why; it is
-/// read no faster than [`BYTES_PER_SECOND`], and its lines no faster than
-/// [`MESSAGES_PER_SECOND`]. Lines, not only the messages the SDK hands on: it reads on past
-/// lines it cannot parse, empty ones and ones it ignores, each at a cost, without returning.
-pub(crate) fn bounded<R>(output: R, cut_off: CutOff) -> Bounded<R> {
+/// read through the server's paces of bytes and lines (`mcp_bounds.rs`), which its other
+/// readers share. Lines, not only the
+/// messages the SDK hands on: it reads on past lines it cannot parse, empty ones and ones it
+/// ignores, each at a cost, without returning.
+pub(crate) fn bounded<R>(output: R, cut_off: CutOff, paces: &ServerPaces) -> Bounded<R> {
     Bounded {
-        inner: PacedRead::new(output, BYTES_PER_SECOND),
+        inner: PacedRead::sharing(output, &paces.bytes),
         line: Line::default(),
-        lines: Paced::new(MESSAGES_PER_SECOND, MESSAGES_PER_SECOND),
+        lines: Paced::sharing(&paces.lines),
         cut_off,
     }
 }
@@ -120,12 +119,13 @@ impl<R: AsyncRead + Unpin> AsyncRead for Bounded<R> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::agent::mcp_bounds::{BYTES_PER_SECOND, MESSAGES_PER_SECOND};
     use tokio::io::AsyncReadExt;
     use tokio_util::sync::CancellationToken;
 
     async fn read_all(input: Vec<u8>) -> io::Result<usize> {
         let cut_off = CutOff::new("test", CancellationToken::new());
-        let mut reader = bounded(input.as_slice(), cut_off);
+        let mut reader = bounded(input.as_slice(), cut_off, &ServerPaces::default());
         let mut sink = Vec::new();
         reader.read_to_end(&mut sink).await
     }
@@ -171,6 +171,7 @@ mod tests {
         let mut reader = bounded(
             flood.as_bytes(),
             CutOff::new("test", CancellationToken::new()),
+            &ServerPaces::default(),
         );
         let started = tokio::time::Instant::now();
         let read = tokio::io::copy(&mut reader, &mut tokio::io::sink()).await;
@@ -184,7 +185,11 @@ mod tests {
     async fn lines_are_read_at_the_pace_past_a_burst() {
         let lines = MESSAGES_PER_SECOND;
         let flood = tokio::io::repeat(b'\n').take(3 * lines);
-        let mut reader = bounded(flood, CutOff::new("test", CancellationToken::new()));
+        let mut reader = bounded(
+            flood,
+            CutOff::new("test", CancellationToken::new()),
+            &ServerPaces::default(),
+        );
         let started = tokio::time::Instant::now();
         let read = tokio::io::copy(&mut reader, &mut tokio::io::sink()).await;
         assert_eq!(read.ok(), Some(3 * lines));

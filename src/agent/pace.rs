@@ -9,6 +9,7 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
@@ -60,18 +61,28 @@ impl Pace {
     }
 }
 
+/// A [`Pace`] several readers share: what they read in all is held to its rate (a server's
+/// connections, one per turn for a stdio server, and its event streams). Each reader that reads
+/// ahead of the rate waits until the debt of all of them is paid.
+pub(crate) type Shared = Arc<Mutex<Pace>>;
+
+/// A [`Shared`] pace of `per_second` units a second, `burst` at once.
+pub(crate) fn shared(per_second: u64, burst: u64) -> Shared {
+    Arc::new(Mutex::new(Pace::new(per_second, burst)))
+}
+
 /// A [`Pace`] for what is read by polling (an `AsyncRead`, a `Stream`): the wait is kept between
 /// polls, so a reader polled again, or dropped and made again, waits it out once.
 pub(crate) struct Paced {
-    pace: Pace,
+    pace: Shared,
     wait: Option<Pin<Box<Sleep>>>,
 }
 
 impl Paced {
-    /// As [`Pace::new`].
-    pub(crate) fn new(per_second: u64, burst: u64) -> Self {
+    /// Read through `pace`, which other readers may share.
+    pub(crate) fn sharing(pace: &Shared) -> Self {
         Self {
-            pace: Pace::new(per_second, burst),
+            pace: pace.clone(),
             wait: None,
         }
     }
@@ -85,10 +96,16 @@ impl Paced {
         Poll::Ready(())
     }
 
+    /// Waits until reading may go on.
+    pub(crate) async fn ready(&mut self) {
+        std::future::poll_fn(|cx| self.poll_ready(cx)).await;
+    }
+
     /// Counts `units` read; reading waits, if it is ahead of the rate, at the next
     /// [`Paced::poll_ready`].
     pub(crate) fn count(&mut self, units: usize) {
-        if let Some(wait) = self.pace.owed(units) {
+        let owed = crate::locks::lock(&self.pace).owed(units);
+        if let Some(wait) = owed {
             self.wait = Some(Box::pin(tokio::time::sleep(wait)));
         }
     }
@@ -102,10 +119,16 @@ pub(crate) struct PacedRead<R> {
 
 impl<R> PacedRead<R> {
     /// `inner`, read at `per_second` bytes a second past a burst of as many.
+    #[cfg(test)]
     pub(crate) fn new(inner: R, per_second: u64) -> Self {
+        Self::sharing(inner, &shared(per_second, per_second))
+    }
+
+    /// `inner`, read through `pace` (bytes), which other readers may share.
+    pub(crate) fn sharing(inner: R, pace: &Shared) -> Self {
         Self {
             inner,
-            pace: Paced::new(per_second, per_second),
+            pace: Paced::sharing(pace),
         }
     }
 }
@@ -166,5 +189,21 @@ mod tests {
         assert_eq!(read.ok(), Some(3 * 1024 * 1024));
         let took = started.elapsed().as_millis();
         assert!((1_998..=2_001).contains(&took), "{took} ms");
+    }
+
+    /// Two readers sharing a pace read, together, at its rate.
+    #[tokio::test(start_paused = true)]
+    async fn readers_that_share_a_pace_read_at_its_rate_together() {
+        let pace = shared(1_000, 100);
+        let (mut one, mut other) = (Paced::sharing(&pace), Paced::sharing(&pace));
+        let started = Instant::now();
+        for _ in 0..1_050 {
+            one.ready().await;
+            one.count(1);
+            other.ready().await;
+            other.count(1);
+        }
+        let took = started.elapsed().as_millis();
+        assert!((1_995..=2_005).contains(&took), "{took} ms");
     }
 }
