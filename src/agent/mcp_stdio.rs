@@ -162,21 +162,23 @@ mod tests {
         assert!(read_all(lines).await.is_ok());
     }
 
-    /// On the test's paused clock, which moves only when something waits.
+    /// What `bounded` reads of `output`, and in how many ms of the test's paused clock, which
+    /// moves only when something waits.
+    async fn read_paced<R: AsyncRead + Unpin>(output: R) -> (Option<u64>, u128) {
+        let cut_off = CutOff::new("test", CancellationToken::new());
+        let mut reader = bounded(output, cut_off, &ServerPaces::default());
+        let started = tokio::time::Instant::now();
+        let read = tokio::io::copy(&mut reader, &mut tokio::io::sink()).await;
+        (read.ok(), started.elapsed().as_millis())
+    }
+
     #[tokio::test(start_paused = true)]
     async fn output_is_read_at_the_pace_past_a_burst() {
         // Lines of 64 KiB: a hundred or so a second, far below the pace of lines.
         let line = format!("{}\n", "x".repeat(64 * 1024 - 1));
         let flood = line.repeat(usize::try_from(3 * BYTES_PER_SECOND).unwrap_or(0) / line.len());
-        let mut reader = bounded(
-            flood.as_bytes(),
-            CutOff::new("test", CancellationToken::new()),
-            &ServerPaces::default(),
-        );
-        let started = tokio::time::Instant::now();
-        let read = tokio::io::copy(&mut reader, &mut tokio::io::sink()).await;
-        assert_eq!(read.ok(), Some(3 * BYTES_PER_SECOND));
-        let took = started.elapsed().as_millis();
+        let (read, took) = read_paced(flood.as_bytes()).await;
+        assert_eq!(read, Some(3 * BYTES_PER_SECOND));
         assert!((1_998..=2_001).contains(&took), "{took} ms");
     }
 
@@ -184,16 +186,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn lines_are_read_at_the_pace_past_a_burst() {
         let lines = MESSAGES_PER_SECOND;
-        let flood = tokio::io::repeat(b'\n').take(3 * lines);
-        let mut reader = bounded(
-            flood,
-            CutOff::new("test", CancellationToken::new()),
-            &ServerPaces::default(),
-        );
-        let started = tokio::time::Instant::now();
-        let read = tokio::io::copy(&mut reader, &mut tokio::io::sink()).await;
-        assert_eq!(read.ok(), Some(3 * lines));
-        let took = started.elapsed().as_millis();
+        let (read, took) = read_paced(tokio::io::repeat(b'\n').take(3 * lines)).await;
+        assert_eq!(read, Some(3 * lines));
         assert!((1_998..=2_001).contains(&took), "{took} ms");
     }
 }
