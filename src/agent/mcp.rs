@@ -1001,7 +1001,7 @@ async fn open(
             let output = bounded(started.stdout, cut_off.clone(), paces);
             let transport = AsyncRwTransport::new_client(output, started.stdin)
                 .with_max_line_length(MESSAGE_MAX);
-            let transport = Watched::new(transport, cut_off.clone(), &paces.messages);
+            let transport = Watched::new(transport, cut_off.clone());
             let running = serve_client_with_ct(listener, transport, service.clone())
                 .await
                 .map_err(|err| format!("initialize failed: {err}"))?;
@@ -1031,7 +1031,7 @@ async fn open(
                 },
                 config,
             );
-            let transport = Watched::new(transport, cut_off.clone(), &paces.messages);
+            let transport = Watched::new(transport, cut_off.clone());
             let running = serve_client_with_ct(listener, transport, service.clone())
                 .await
                 .map_err(|err| without(Some(url), format!("initialize failed: {err}")))?;

@@ -15,10 +15,10 @@
 //! fails at once, and it, `status` and the journal say why ([`CutOff`]);
 //! `agentgate_mcp_servers_not_reading_total` counts it.
 //!
-//! Each message a server sends costs the daemon its parsing and handling, so [`Watched`] also
-//! reads them no faster than [`MESSAGES_PER_SECOND`] (`pace.rs`), and the transports read
-//! their bytes no faster than [`BYTES_PER_SECOND`] (a stdio server's output in `mcp_stdio.rs`,
-//! an HTTP server's event streams in `mcp_http.rs`): a server that floods is slowed, not cut
+//! Each message a server sends costs the daemon its parsing and handling, so the transports
+//! read a server's lines (stdio, `mcp_stdio.rs`) or events (HTTP, `mcp_http.rs`), each of its
+//! messages among them, no faster than [`MESSAGES_PER_SECOND`], and their bytes no faster than
+//! [`BYTES_PER_SECOND`] ([`ServerPaces`], `pace.rs`): a server that floods is slowed, not cut
 //! off, and costs a small part of a core instead of one.
 //!
 //! A stdio server's output is bounded message by message too (`mcp_stdio.rs`); an HTTP
@@ -34,7 +34,7 @@ use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
 use tokio_util::sync::CancellationToken;
 
-use super::pace::{Paced, Shared, shared};
+use super::pace::{Shared, shared};
 use crate::metrics::McpCut;
 
 /// The largest message an MCP server may send: a tool listing of hundreds of tools fits many
@@ -84,8 +84,6 @@ pub(crate) const STDERR_BYTES_PER_SECOND: u64 = 1024 * 1024;
 /// floods from every turn's process at once would cost as many times the rate.
 #[derive(Clone)]
 pub(crate) struct ServerPaces {
-    /// The messages the SDK hands on.
-    pub(crate) messages: Shared,
     /// Lines of a stdio server's output, events of an HTTP server's streams.
     pub(crate) lines: Shared,
     /// Bytes of either.
@@ -100,7 +98,6 @@ impl Default for ServerPaces {
     fn default() -> Self {
         let pace = |per_second| shared(per_second, per_second);
         Self {
-            messages: pace(MESSAGES_PER_SECOND),
             lines: pace(MESSAGES_PER_SECOND),
             bytes: pace(BYTES_PER_SECOND),
             reading: pace(READING_MICROS_PER_SECOND),
@@ -166,13 +163,11 @@ fn what_it_did(why: McpCut) -> String {
     }
 }
 
-/// A connection's transport, counting the replies that wait to be written, and pacing what is
-/// read.
+/// A connection's transport, counting the replies that wait to be written.
 pub(crate) struct Watched<T> {
     inner: T,
     waiting: Arc<Waiting>,
     cut_off: CutOff,
-    pace: Paced,
 }
 
 /// The replies that wait to be written, and their bytes.
@@ -205,14 +200,12 @@ pub(crate) enum WatchedError<E> {
 }
 
 impl<T> Watched<T> {
-    /// `inner`, cut with `cut_off` once too many replies wait, its messages read through
-    /// `messages`.
-    pub(crate) fn new(inner: T, cut_off: CutOff, messages: &Shared) -> Self {
+    /// `inner`, cut with `cut_off` once too many replies wait.
+    pub(crate) fn new(inner: T, cut_off: CutOff) -> Self {
         Self {
             inner,
             waiting: Arc::default(),
             cut_off,
-            pace: Paced::sharing(messages),
         }
     }
 
@@ -256,23 +249,13 @@ impl<T: Transport<RoleClient>> Transport<RoleClient> for Watched<T> {
         }
     }
 
-    /// The next message, once the pace allows it. The SDK drops this future whenever something
-    /// else comes first, and calls again: the wait is kept, and only a message received counts.
     async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleClient>> {
         let closed = self.cut_off.0.closed.clone();
-        let Self { inner, pace, .. } = self;
-        let received = tokio::select! {
+        tokio::select! {
             biased;
-            () = closed.cancelled() => return None,
-            received = async {
-                std::future::poll_fn(|cx| pace.poll_ready(cx)).await;
-                inner.receive().await
-            } => received,
-        };
-        if received.is_some() {
-            self.pace.count(1);
+            () = closed.cancelled() => None,
+            received = self.inner.receive() => received,
         }
-        received
     }
 
     async fn close(&mut self) -> Result<(), Self::Error> {
@@ -314,11 +297,7 @@ mod tests {
     fn deaf() -> (Watched<Deaf>, CutOff, CancellationToken) {
         let closed = CancellationToken::new();
         let cut_off = CutOff::new("test", closed.clone());
-        (
-            Watched::new(Deaf, cut_off.clone(), &ServerPaces::default().messages),
-            cut_off,
-            closed,
-        )
+        (Watched::new(Deaf, cut_off.clone()), cut_off, closed)
     }
 
     /// Sends `item` in a task of its own, as the MCP SDK does.
@@ -380,49 +359,5 @@ mod tests {
         assert!(cut_off.why().is_none());
         sends.push(spawned(&mut transport, reply(&long)));
         assert!(cut_off.why().is_some());
-    }
-
-    /// A server that sends without end: a message whenever one is asked for.
-    struct Chatty;
-
-    impl Transport<RoleClient> for Chatty {
-        type Error = std::io::Error;
-
-        fn send(
-            &mut self,
-            _item: TxJsonRpcMessage<RoleClient>,
-        ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
-            std::future::ready(Ok(()))
-        }
-
-        async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleClient>> {
-            let changed = serde_json::json!({
-                "jsonrpc": "2.0", "method": "notifications/tools/list_changed"
-            });
-            serde_json::from_value(changed).ok()
-        }
-
-        async fn close(&mut self) -> Result<(), Self::Error> {
-            Ok(())
-        }
-    }
-
-    /// On the test's paused clock, which moves only when something waits.
-    #[tokio::test(start_paused = true)]
-    async fn messages_are_read_at_the_pace_past_a_burst() {
-        let cut_off = CutOff::new("test", CancellationToken::new());
-        let mut transport = Watched::new(Chatty, cut_off, &ServerPaces::default().messages);
-        let started = tokio::time::Instant::now();
-        for _ in 0..MESSAGES_PER_SECOND {
-            assert!(transport.receive().await.is_some());
-        }
-        assert_eq!(started.elapsed(), std::time::Duration::ZERO);
-        for _ in 0..2 * MESSAGES_PER_SECOND {
-            // A receive dropped before its message (the SDK's select) counts nothing.
-            drop(transport.receive());
-            assert!(transport.receive().await.is_some());
-        }
-        let took = started.elapsed().as_millis();
-        assert!((1_998..=2_001).contains(&took), "{took} ms");
     }
 }
