@@ -726,6 +726,19 @@ fn an_http_server_that_sends_without_reading_is_cut_off() {
     memory_stayed_small(&daemon);
 }
 
+/// The error `status` reports for server `name`, once it reports one (within `limit`).
+fn reported_error(workspace: &Workspace, name: &str, limit: Duration) -> String {
+    let mut error = String::new();
+    wait_until("the server to be reported down", limit, || {
+        error = workspace.status()["mcp"][name]["error"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        !error.is_empty()
+    });
+    error
+}
+
 /// A server cut off while its tools are being listed (pings on the session's stream, the
 /// listing never answered) is down at once, and `status` says why: not after the listing's
 /// 30 s timeout, which the MCP SDK would otherwise make it wait.
@@ -740,15 +753,8 @@ fn a_server_cut_off_while_listed_is_down_at_once() {
         route(r#"["hang.*"]"#),
     ));
     let daemon = workspace.start();
-    let mut error = String::new();
     // Well under the listing's timeout of 30 s.
-    wait_until("the server to be down", Duration::from_secs(15), || {
-        error = workspace.status()["mcp"]["hang"]["error"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        !error.is_empty()
-    });
+    let error = reported_error(&workspace, "hang", Duration::from_secs(15));
     assert!(
         error.contains(&format!("agentgate cut the server off: it {NOT_READING}")),
         "{error}"
@@ -771,14 +777,7 @@ fn an_unreachable_http_server_is_reported_without_its_url() {
         route(r#"["remote.*"]"#),
     ));
     let daemon = workspace.start();
-    let mut error = String::new();
-    wait_until("the server to be reported down", LIMIT, || {
-        error = workspace.status()["mcp"]["remote"]["error"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        !error.is_empty()
-    });
+    let error = reported_error(&workspace, "remote", LIMIT);
     assert!(!error.contains("s3cr3t"), "{error}");
     daemon.wait_for_log("MCP server remote is down");
     assert!(!daemon.log().contains("s3cr3t"), "{}", daemon.log());

@@ -92,35 +92,27 @@ impl Stream for PacedEvents {
     }
 }
 
-/// `events`, read through the server's paces of events, bytes and reading time
-/// (`mcp_bounds.rs`), which its other streams share.
-fn paced(
-    events: BoxStream<'static, Result<Sse, SseError>>,
-    paces: &ServerPaces,
-) -> BoxStream<'static, Result<Sse, SseError>> {
-    Box::pin(PacedEvents {
-        inner: events,
-        events: Paced::sharing(&paces.lines),
-        bytes: Paced::sharing(&paces.bytes),
-        reading: Paced::sharing(&paces.reading),
-    })
-}
-
 impl TracedClient {
-    /// `response`, its event stream (if it is one) paced.
-    fn paced_response(&self, response: StreamableHttpPostResponse) -> StreamableHttpPostResponse {
-        if let StreamableHttpPostResponse::Sse(events, session) = response {
-            return StreamableHttpPostResponse::Sse(paced(events, &self.paces), session);
-        }
-        response
-    }
-
-    /// `events`, paced.
+    /// `events`, read through the server's paces of events, bytes and reading time
+    /// (`mcp_bounds.rs`), which its other streams share.
     fn paced(
         &self,
         events: BoxStream<'static, Result<Sse, SseError>>,
     ) -> BoxStream<'static, Result<Sse, SseError>> {
-        paced(events, &self.paces)
+        Box::pin(PacedEvents {
+            inner: events,
+            events: Paced::sharing(&self.paces.lines),
+            bytes: Paced::sharing(&self.paces.bytes),
+            reading: Paced::sharing(&self.paces.reading),
+        })
+    }
+
+    /// `response`, its event stream (if it is one) paced.
+    fn paced_response(&self, response: StreamableHttpPostResponse) -> StreamableHttpPostResponse {
+        if let StreamableHttpPostResponse::Sse(events, session) = response {
+            return StreamableHttpPostResponse::Sse(self.paced(events), session);
+        }
+        response
     }
 }
 
@@ -251,6 +243,15 @@ mod tests {
     use crate::agent::mcp_bounds::MESSAGE_MAX;
     use futures::StreamExt;
 
+    fn client() -> TracedClient {
+        TracedClient {
+            client: crate::tls::http_client()
+                .and_then(|builder| builder.build().map_err(|err| err.to_string()))
+                .expect("an HTTP client"),
+            paces: ServerPaces::default(),
+        }
+    }
+
     /// On the test's paused clock, which moves only when something waits.
     #[tokio::test(start_paused = true)]
     async fn event_streams_are_read_at_the_pace_past_a_burst() {
@@ -261,7 +262,7 @@ mod tests {
         };
         let events = futures::stream::iter((0..24).map(move |_| Ok(event.clone()))).boxed();
         let started = tokio::time::Instant::now();
-        assert_eq!(paced(events, &ServerPaces::default()).count().await, 24);
+        assert_eq!(client().paced(events).count().await, 24);
         let took = started.elapsed().as_millis();
         assert!((1_998..=2_001).contains(&took), "{took} ms");
     }
@@ -280,7 +281,7 @@ mod tests {
         .take(75)
         .boxed();
         let started = std::time::Instant::now();
-        assert_eq!(paced(busy, &ServerPaces::default()).count().await, 75);
+        assert_eq!(client().paced(busy).count().await, 75);
         // 25 ms of reading at once, then 25 ms a second: the other 50 take 2 s.
         let took = started.elapsed().as_millis();
         assert!(took >= 1_900, "{took} ms");
